@@ -1,0 +1,5 @@
+import sys
+
+from seedlocal.cli import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""Typed configuration, parsed by tyro; checked before any process starts.
+
+Every check raises :class:`ConfigError` whose message starts with the field
+and the value it refuses, e.g. ``pipeline.envs_per_worker=3: ...``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """environment id: any envpool id (Atari *-v5, classic control, MiniGrid, gfootball ...) or a registered Gymnasium id"""
+    backend: Literal["auto", "envpool", "gymnasium", "null"] = "auto"
+    """auto: envpool if it has the id, else the Gymnasium fallback; null: no env (transport ceiling)"""
+    seed: int = 1
+    """base seed; environment i of the run gets seed + i"""
+
+
+@dataclass
+class PipelineConfig:
+    num_workers: int = 2
+    """env worker processes"""
+    envs_per_worker: int = 32
+    """environments per worker, stepped in two equal groups (double buffering)"""
+    env_threads: int = 0
+    """envpool threads over all workers; 0 = one per CPU core"""
+    unroll_length: int = 32
+    """steps per unroll (T); each unroll stores T + 1 observations"""
+    num_buffers: int = 0
+    """unrolls held in shared memory; 0 = three per group"""
+    min_batch_envs: int = 0
+    """inference waits for this many ready envs (0 = half of all envs, one group per worker) ..."""
+    batch_timeout_ms: float = 2.0
+    """... or this long after the first is ready, whichever comes first"""
+    device: str = "auto"
+    """where the policy runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N"""
+    max_restarts: int = 3
+    """restarts allowed per env worker before the run stops with an error"""
+    inference_threads: int = 1
+    """torch CPU threads for inference (cores are better spent on environments)"""
+
+
+def fail(field: str, value, why: str) -> None:
+    raise ConfigError(f"{field}={value!r}: {why}")
+
+
+def resolve_device(value: str) -> torch.device:
+    if value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(value)
+    except RuntimeError:
+        fail("device", value, "not a torch device name (auto, cpu, cuda, cuda:N)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            fail("device", value, "CUDA is not available on this machine (torch sees no GPU)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            fail("device", value, f"only {torch.cuda.device_count()} CUDA device(s) here")
+    elif dev.type != "cpu":
+        fail("device", value, "only cpu and cuda devices are supported")
+    return dev
+
+
+def validate_env(env: EnvConfig, prefix: str = "env"):
+    """Resolve the env id to a spec, or fail naming the field."""
+    from seedlocal.pipeline.envs import describe
+
+    try:
+        return describe(env.id, env.backend)
+    except ValueError as e:
+        msg = str(e)
+        if msg.startswith("env."):
+            msg = prefix + msg[3:]
+        raise ConfigError(msg) from None
+
+
+def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
+    for name in ("num_workers", "envs_per_worker", "unroll_length", "max_restarts", "inference_threads"):
+        v = getattr(p, name)
+        if v < (0 if name == "max_restarts" else 1):
+            fail(f"{prefix}.{name}", v, "must be positive")
+    if p.envs_per_worker % 2:
+        fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
+    for name in ("env_threads", "num_buffers", "min_batch_envs"):
+        if getattr(p, name) < 0:
+            fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
+    if p.num_buffers and p.num_buffers < 2 * p.num_workers:
+        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({2 * p.num_workers})")
+    if p.batch_timeout_ms < 0:
+        fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
+    try:
+        resolve_device(p.device)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.{e}") from None
+
+
+def threads_per_group(p: PipelineConfig) -> int:
+    """Each group may use all of its worker's share of the cores: a worker's two
+    groups mostly alternate (one steps while the other waits for actions), so
+    halving the share would leave a core idle whenever a group waits."""
+    total = p.env_threads or os.cpu_count() or 1
+    return max(1, total // p.num_workers)

@@ -1,0 +1,149 @@
+"""Starting, watching and stopping env worker processes.
+
+``ActorPool`` owns the shared memory of a run (control block and unroll
+store) and the worker processes. Whatever way the run ends (return,
+exception, Ctrl-C, SIGTERM), ``close()`` stops the workers within a few
+seconds, escalating to SIGKILL, and unlinks every segment.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+from seedlocal.pipeline.envs import EnvSpec
+from seedlocal.pipeline.worker import WorkerArgs, run_worker
+from seedlocal.shm.arrays import SharedArrays
+from seedlocal.shm.rollout import RolloutLayout, create_store
+from seedlocal.shm.slots import STEPPING, Signal, create_control
+
+GROUPS_PER_WORKER = 2
+
+
+class WorkerDied(RuntimeError):
+    """An env worker exited and may not be restarted."""
+
+
+class ActorPool:
+    def __init__(
+        self,
+        spec: EnvSpec,
+        layout: RolloutLayout,
+        num_workers: int,
+        threads_per_group: int,
+        seed: int,
+        max_restarts: int,
+    ):
+        self.spec, self.layout = spec, layout
+        self.num_workers = num_workers
+        self.envs_per_group = layout.envs
+        self.num_groups = num_workers * GROUPS_PER_WORKER
+        self.threads_per_group = threads_per_group
+        self.seed, self.max_restarts = seed, max_restarts
+        self._ctx = mp.get_context("spawn")
+        self.control: SharedArrays | None = None
+        self.store: SharedArrays | None = None
+        self.procs: list[mp.Process | None] = [None] * num_workers
+        self.restarts = [0] * num_workers
+        self.obs_ready = Signal(self._ctx)
+        self.wake = [Signal(self._ctx) for _ in range(self.num_groups)]
+        try:
+            self.control = create_control(self.num_groups)
+            self.store = create_store(layout)
+        except BaseException:
+            self.close()
+            raise
+
+    def groups_of(self, worker: int) -> range:
+        return range(worker * GROUPS_PER_WORKER, (worker + 1) * GROUPS_PER_WORKER)
+
+    def worker_of(self, group: int) -> int:
+        return group // GROUPS_PER_WORKER
+
+    def start(self) -> None:
+        for w in range(self.num_workers):
+            self._spawn(w)
+
+    def _spawn(self, w: int) -> None:
+        groups = self.groups_of(w)
+        # A restarted worker gets new seeds so that its fresh episodes differ.
+        seed = self.seed + (w * GROUPS_PER_WORKER + self.restarts[w] * self.num_groups) * self.envs_per_group
+        args = WorkerArgs(
+            index=w,
+            groups=tuple(groups),
+            envs_per_group=self.envs_per_group,
+            threads_per_group=self.threads_per_group,
+            seed=seed,
+            spec=self.spec,
+            control=self.control.handle(),
+            rollout=self.store.handle(),
+            wake=tuple(self.wake[g] for g in groups),
+            obs_ready=self.obs_ready,
+            parent_pid=os.getpid(),
+        )
+        proc = self._ctx.Process(target=run_worker, args=(args,), name=f"seedlocal-env-{w}", daemon=True)
+        proc.start()
+        self.procs[w] = proc
+
+    def dead_workers(self) -> list[int]:
+        return [w for w, p in enumerate(self.procs) if p is not None and p.exitcode is not None]
+
+    def describe_exit(self, w: int) -> str:
+        p = self.procs[w]
+        code = p.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}"
+
+    def restart(self, w: int) -> None:
+        """Start a fresh worker in place of dead worker ``w``.
+
+        The caller has already rebound the worker's groups to fresh unrolls;
+        here the slots go back to the worker and stale wake-ups are dropped.
+        """
+        if self.restarts[w] >= self.max_restarts:
+            raise WorkerDied(f"{self.describe_exit(w)}; restarted {self.restarts[w]} times already "
+                             f"(pipeline.max_restarts={self.max_restarts}), stopping")
+        self.procs[w].join(0)
+        self.restarts[w] += 1
+        for g in self.groups_of(w):
+            self.control["state"][g] = STEPPING
+            self.wake[g].drain()
+        self._spawn(w)
+
+    def worker_stats(self) -> dict[str, float]:
+        c = self.control
+        return {
+            "wait_s": float(c["group_wait_s"].sum()),
+            "env_s": float(c["group_env_s"].sum()),
+            "steps": int(c["group_steps"].sum()),
+        }
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Stop every worker (gently, then by force) and unlink shared memory."""
+        if self.control is not None:
+            self.control["stop"][0] = 1
+        for s in self.wake:
+            s.post()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            if p is not None:
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p is not None and p.is_alive():
+                p.terminate()
+                p.join(1.0)
+            if p is not None and p.is_alive():
+                p.kill()
+                p.join(1.0)
+        self.procs = [None] * self.num_workers
+        for seg in (self.store, self.control):
+            if seg is not None:
+                seg.close()
+        self.store = self.control = None
+
+    def __enter__(self) -> "ActorPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

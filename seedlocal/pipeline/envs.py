@@ -1,0 +1,240 @@
+"""Environment backends, all seen by a worker as one *group*: a batch of
+environments with ``reset()``, ``send(actions)`` and ``recv()``.
+
+``send`` starts stepping and may return at once (envpool steps in its own
+threads); ``recv`` waits for the results. A worker with two groups sends one
+and then receives the other, which is what keeps its CPU busy while the
+inference loop computes the first group's next actions.
+
+Every backend follows envpool's auto-reset convention: the step after an
+episode ends resets that env, ignores its action and returns reward 0. The
+worker marks such rows ``ignored`` in the unroll store.
+
+Observations are always a dict (key ``""`` for a plain array observation).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from seedlocal.shm.rollout import TensorSpec
+
+BACKENDS = ("auto", "envpool", "gymnasium", "null")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the pipeline must know of an environment to lay out storage."""
+
+    env_id: str
+    backend: str
+    obs: dict[str, TensorSpec]
+    action: TensorSpec
+    num_actions: int | None  # discrete action count; None for a Box action space
+    action_low: tuple[float, ...] | None
+    action_high: tuple[float, ...] | None
+    frames_per_step: int
+
+
+@functools.lru_cache(maxsize=1)
+def _envpool_ids() -> frozenset[str]:
+    try:
+        import envpool
+    except ImportError:
+        return frozenset()
+    return frozenset(envpool.list_all_envs())
+
+
+def _gymnasium_ids() -> frozenset[str]:
+    import gymnasium
+
+    return frozenset(gymnasium.registry.keys())
+
+
+def resolve_backend(env_id: str, backend: str = "auto") -> str:
+    """The backend that will run ``env_id``; ValueError if none can."""
+    if backend not in BACKENDS:
+        raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+    in_envpool = env_id in _envpool_ids()
+    if backend == "auto":
+        if in_envpool:
+            return "envpool"
+        if env_id in _gymnasium_ids():
+            return "gymnasium"
+        raise ValueError(
+            f"env.id={env_id!r}: not an envpool id nor a registered Gymnasium id "
+            "(see envpool.list_all_envs() and gymnasium.pprint_registry())"
+        )
+    if backend == "envpool" and not in_envpool:
+        raise ValueError(f"env.id={env_id!r}: not an envpool id (env.backend=envpool)")
+    if backend == "gymnasium" and env_id not in _gymnasium_ids():
+        raise ValueError(f"env.id={env_id!r}: not a registered Gymnasium id (env.backend=gymnasium)")
+    if backend == "null" and not (in_envpool or env_id in _gymnasium_ids()):
+        raise ValueError(f"env.id={env_id!r}: the null backend copies a real env's spaces; unknown id")
+    return backend
+
+
+def _leaf_spec(space) -> TensorSpec:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Box):
+        return TensorSpec(tuple(space.shape), np.dtype(space.dtype).name)
+    if isinstance(space, spaces.Discrete):
+        return TensorSpec((), "int64")
+    if isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):
+        return TensorSpec(tuple(space.shape), "int64")
+    raise ValueError(f"observation space {space} is not supported (Box, Discrete, Dict of those)")
+
+
+def _space_spec(space) -> dict[str, TensorSpec]:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        return {k: _leaf_spec(sub) for k, sub in space.spaces.items()}
+    return {"": _leaf_spec(space)}
+
+
+def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | None]:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return TensorSpec((), "int64"), int(space.n), None, None
+    if isinstance(space, spaces.Box):
+        low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
+        high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
+        return TensorSpec(tuple(space.shape), "float32"), None, low, high
+    raise ValueError(f"action space {space} is not supported (Discrete or Box)")
+
+
+@functools.lru_cache(maxsize=32)
+def describe(env_id: str, backend: str = "auto") -> EnvSpec:
+    """Read an env's spaces by building one instance of it (cached)."""
+    backend = resolve_backend(env_id, backend)
+    real = "envpool" if backend in ("envpool", "null") and env_id in _envpool_ids() else "gymnasium"
+    if real == "envpool":
+        import envpool
+
+        env = envpool.make(env_id, env_type="gymnasium", num_envs=1)
+        obs_space, act_space = env.observation_space, env.action_space
+        frames = int(getattr(env.spec.config, "frame_skip", 1))
+        env.close() if hasattr(env, "close") else None
+    else:
+        import gymnasium
+
+        env = gymnasium.make(env_id)
+        obs_space, act_space = env.observation_space, env.action_space
+        frames = 1
+        env.close()
+    action, n, low, high = _action_spec(act_space)
+    return EnvSpec(env_id, backend, _space_spec(obs_space), action, n, low, high, frames)
+
+
+class EnvpoolGroup:
+    """``num_envs`` envpool environments stepped together in envpool's threads."""
+
+    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec):
+        import envpool
+
+        self._env = envpool.make(
+            env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
+            num_threads=num_threads, seed=seed,
+        )
+        self._dict_obs = len(spec.obs) > 1 or "" not in spec.obs
+        self._discrete = spec.num_actions is not None
+
+    def reset(self) -> None:
+        self._env.async_reset()
+
+    def send(self, actions: np.ndarray) -> None:
+        # envpool converts the dtype itself; int64 → int32 is one small copy.
+        self._env.send(actions)
+
+    def recv(self):
+        obs, reward, terminated, truncated, _ = self._env.recv()
+        if not self._dict_obs:
+            obs = {"": obs}
+        return obs, reward, terminated, truncated
+
+    def close(self) -> None:
+        close = getattr(self._env, "close", None)
+        if close is not None:
+            close()
+
+
+class GymnasiumGroup:
+    """Fallback for Gymnasium ids that envpool lacks: plain envs stepped in turn
+    by the worker itself, with envpool's next-step auto-reset."""
+
+    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec):
+        import gymnasium
+
+        self._envs = [gymnasium.make(env_id) for _ in range(num_envs)]
+        self._seed = seed
+        self._keys = list(spec.obs)
+        self._obs = {k: np.zeros((num_envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self._reward = np.zeros(num_envs, np.float32)
+        self._terminated = np.zeros(num_envs, bool)
+        self._truncated = np.zeros(num_envs, bool)
+        self._needs_reset = np.ones(num_envs, bool)
+        self._first = True
+
+    def _put_obs(self, i: int, obs) -> None:
+        if isinstance(obs, dict):
+            for k in self._keys:
+                self._obs[k][i] = obs[k]
+        else:
+            self._obs[""][i] = obs
+
+    def reset(self) -> None:
+        self._needs_reset[:] = True
+        self.send(None)
+
+    def send(self, actions: np.ndarray | None) -> None:
+        for i, env in enumerate(self._envs):
+            if self._needs_reset[i]:
+                seed = self._seed + i if self._first else None
+                obs, _ = env.reset(seed=seed)
+                self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
+            else:
+                obs, r, te, tr, _ = env.step(actions[i])
+                self._reward[i], self._terminated[i], self._truncated[i] = r, te, tr
+            self._needs_reset[i] = self._terminated[i] or self._truncated[i]
+            self._put_obs(i, obs)
+        self._first = False
+
+    def recv(self):
+        return self._obs, self._reward, self._terminated, self._truncated
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+
+
+class NullGroup:
+    """No environment at all: returns the previous arrays at once. Measures
+    the ceiling of the transport (slots, notification, gather, write-back)."""
+
+    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec):
+        self._obs = {k: np.zeros((num_envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self._reward = np.zeros(num_envs, np.float32)
+        self._false = np.zeros(num_envs, bool)
+
+    def reset(self) -> None:
+        pass
+
+    def send(self, actions) -> None:
+        pass
+
+    def recv(self):
+        return self._obs, self._reward, self._false, self._false
+
+    def close(self) -> None:
+        pass
+
+
+def make_group(spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
+    cls = {"envpool": EnvpoolGroup, "gymnasium": GymnasiumGroup, "null": NullGroup}[spec.backend]
+    return cls(spec.env_id, num_envs, num_threads, seed, spec)

@@ -1,0 +1,232 @@
+"""The inference loop: batches ready groups, runs the policy, writes actions.
+
+Each call of :meth:`InferenceLoop.step`
+
+1. waits (in the kernel) until ``min_batch_envs`` observations are ready or
+   ``batch_timeout_s`` has passed since the first one was (dynamic batching);
+2. hands every group that filled its unroll's last row to the consumer and
+   rebinds it to a free unroll, whose row 0 is the same observation;
+3. gathers the observations with one ``np.take`` per field into a staging
+   buffer (pinned when the device is CUDA) and copies it to the device;
+4. runs the policy and scatters actions and outputs into the same rows;
+5. gives the slots back to their workers.
+
+It also watches the workers: a dead one is restarted on fresh episodes (its
+partial unrolls are dropped and its recurrent state is zeroed) or, once
+``max_restarts`` is spent, the loop raises ``WorkerDied`` naming it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from seedlocal.pipeline.actors import ActorPool
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, STEPPING
+
+
+class LoopStats:
+    """Counters the loop updates per batch; read and reset by loggers."""
+
+    def __init__(self, window: int = 4096):
+        self.env_steps = 0
+        self.batches = 0
+        self.batch_envs = 0
+        self.forward_s = 0.0
+        self.collect_s: deque[float] = deque(maxlen=window)
+        self.episodes: deque[tuple[float, int]] = deque(maxlen=window)
+        self.episodes_total = 0
+        self.restarts = 0
+
+
+class InferenceLoop:
+    def __init__(
+        self,
+        pool: ActorPool,
+        policy,
+        device: torch.device,
+        min_batch_envs: int,
+        batch_timeout_s: float,
+        consume: bool = False,
+        poll_s: float = 0.25,
+    ):
+        self.pool, self.policy, self.device = pool, policy, device
+        self.store, ctl = pool.store, pool.control
+        self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
+        self.layout = pool.layout
+        self.E, self.L = pool.envs_per_group, pool.layout.length
+        self.G = pool.num_groups
+        self.min_batch_envs = max(1, min_batch_envs)
+        self.batch_timeout_s = batch_timeout_s
+        self.poll_s = poll_s
+        self.version = 0  # bumped by the learner after each parameter update
+        self.stats = LoopStats()
+        # Unroll buffers: free → bound to a group → completed (consumer) → free.
+        self._free: deque[int] = deque(range(pool.layout.num_buffers))
+        self._free_cv = threading.Condition()
+        self.consume = consume
+        self.completed: queue.Queue[int] = queue.Queue()
+        self._last_check = 0.0
+
+        pin = device.type == "cuda"
+        self._obs_keys = pool.layout.obs_keys()
+        # Flat [buffers * rows, envs, ...] views so one np.take gathers a batch.
+        self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in self._obs_keys}
+        self._staging = {
+            k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=_torch_dtype(self.store[k].dtype),
+                           pin_memory=pin)
+            for k in self._obs_keys
+        }
+        self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
+        self.core = None
+        if policy.core_state is not None:
+            shape = (self.G, self.E) + policy.core_state.shape
+            self.core = torch.zeros(shape, device=device)
+
+    # -- buffers --------------------------------------------------------------
+
+    def _take_free(self) -> int:
+        with self._free_cv:
+            while not self._free:
+                # The consumer holds every unroll: back-pressure on the actors.
+                if not self._free_cv.wait(self.poll_s):
+                    self._check_workers()
+            return self._free.popleft()
+
+    def release(self, buf: int) -> None:
+        """The consumer is done with a completed unroll."""
+        with self._free_cv:
+            self._free.append(buf)
+            self._free_cv.notify()
+
+    def _bind_fresh(self, g: int) -> None:
+        self._tbuf[g] = self._take_free()
+        self._trow[g] = 0
+        if self.core is not None:
+            self.core[g].zero_()
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        for g in range(self.G):
+            self._state[g] = STEPPING
+            self._bind_fresh(g)
+        self.pool.start()
+
+    def _check_workers(self) -> None:
+        self._last_check = time.monotonic()
+        for w in self.pool.dead_workers():
+            if self.pool.control["stop"][0]:
+                return
+            print(f"seedlocal: {self.pool.describe_exit(w)}; restarting it on fresh episodes", flush=True)
+            for g in self.pool.groups_of(w):
+                # The partial unroll mixes pre-crash steps with nothing: drop it.
+                self.release(int(self._tbuf[g]))
+                self._bind_fresh(g)
+            self.pool.restart(w)  # raises WorkerDied once restarts are spent
+            self.stats.restarts += 1
+
+    # -- one batch ----------------------------------------------------------------
+
+    def _collect(self) -> np.ndarray:
+        t0 = time.perf_counter()
+        deadline = None
+        while True:
+            ready = np.flatnonzero(self._state == OBS_READY)
+            now = time.perf_counter()
+            if len(ready) * self.E >= self.min_batch_envs or (deadline is not None and now >= deadline):
+                break
+            if len(ready) and deadline is None:
+                deadline = now + self.batch_timeout_s
+            woke = self.pool.obs_ready.wait(self.poll_s if deadline is None else max(0.0, deadline - now))
+            if not woke or time.monotonic() - self._last_check > self.poll_s:
+                self._check_workers()
+        self.stats.collect_s.append(time.perf_counter() - t0)
+        return ready
+
+    def step(self) -> int:
+        """Serve one batch; returns the number of env steps it answered."""
+        ready = self._collect()
+        store, E, L = self.store, self.E, self.L
+        bufs = self._tbuf[ready].astype(np.int64)
+        rows = self._trow[ready].astype(np.int64)
+        stepped = rows > 0
+        # Episode ends and auto-reset flags of the step that produced these obs.
+        prev_b, prev_r = bufs[stepped], rows[stepped] - 1
+        first = np.ones((len(ready), E), bool)
+        first[stepped] = store["ignored"][prev_b, prev_r]
+        done = store["terminated"][prev_b, prev_r] | store["truncated"][prev_b, prev_r]
+        if done.any():
+            rets, lens = store["ep_return"][prev_b, prev_r][done], store["ep_length"][prev_b, prev_r][done]
+            self.stats.episodes.extend(zip(rets.tolist(), lens.tolist()))
+            self.stats.episodes_total += int(done.sum())
+
+        for i in np.flatnonzero(rows == L - 1):
+            self._rotate(int(ready[i]), i, bufs, rows)
+
+        core = None
+        if self.core is not None:
+            core = self.core[torch.from_numpy(ready)]
+            core[torch.from_numpy(first)] = 0.0
+            for i in np.flatnonzero(rows == 0):
+                store["core_state"][bufs[i]] = core[i].cpu().numpy()
+
+        n = len(ready) * E
+        flat_idx = bufs * L + rows
+        obs = {}
+        for k in self._obs_keys:
+            np.take(self._flat[k], flat_idx, axis=0, out=self._staging_np[k][: len(ready)])
+            obs[k[4:] if k != "obs" else ""] = (
+                self._staging[k][: len(ready)].reshape((n,) + self._staging[k].shape[2:])
+                .to(self.device, non_blocking=True)
+            )
+
+        t0 = time.perf_counter()
+        actions, outputs, new_core = self.policy.act(obs, core)
+        host_actions = actions.cpu().numpy()
+        host_out = {name: t.cpu().numpy() for name, t in outputs.items()}
+        self.stats.forward_s += time.perf_counter() - t0
+        if new_core is not None:
+            self.core[torch.from_numpy(ready)] = new_core
+
+        k = len(ready)
+        store["action"][bufs, rows] = host_actions.reshape((k, E) + host_actions.shape[1:])
+        for name, v in host_out.items():
+            store[f"out.{name}"][bufs, rows] = v.reshape((k, E) + v.shape[1:])
+        store["policy_version"][bufs, rows] = self.version
+
+        self._trow[ready] = rows + 1
+        self._state[ready] = ACTION_READY
+        for g in ready:
+            self.pool.wake[g].post()
+
+        self.stats.batches += 1
+        self.stats.batch_envs += n
+        self.stats.env_steps += int(stepped.sum()) * E
+        return int(stepped.sum()) * E
+
+    def _rotate(self, g: int, i: int, bufs: np.ndarray, rows: np.ndarray) -> None:
+        """Group ``g`` filled its unroll's bootstrap row: pass the unroll on and
+        continue in a free one that starts from the same observation."""
+        old, new = int(bufs[i]), self._take_free()
+        for k in self._obs_keys:
+            self.store[k][new, 0] = self.store[k][old, self.L - 1]
+        self._tbuf[g], bufs[i], rows[i] = new, new, 0
+        if self.consume:
+            self.completed.put(old)
+        else:
+            self.release(old)
+
+    def run(self, seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            self.step()
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype

@@ -1,0 +1,154 @@
+"""The env worker process: steps environments, nothing else.
+
+A worker holds two groups of environments, each driven by its own thread:
+while one group waits for its actions, the other steps (envpool steps in its
+own threads, without the GIL). Results go straight into the rows of the
+unroll store that the inference loop assigned (``target_buf``,
+``target_row``). It never imports torch and never allocates shared memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from seedlocal.pipeline.envs import EnvSpec, make_group
+from seedlocal.shm.arrays import ArraySpec, SharedArrays
+from seedlocal.shm.rollout import obs_key
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, STEPPING, Signal
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    index: int
+    groups: tuple[int, ...]
+    envs_per_group: int
+    threads_per_group: int
+    seed: int
+    spec: EnvSpec
+    control: tuple[str, list[ArraySpec]]
+    rollout: tuple[str, list[ArraySpec]]
+    wake: tuple[Signal, ...]  # per group, posted by the inference loop when its actions are in
+    obs_ready: Signal  # posted by this worker when a group's observations are in
+    parent_pid: int
+    poll_s: float = 0.5
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us if the learner dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _GroupWriter:
+    """Per-group bookkeeping the worker keeps between steps."""
+
+    def __init__(self, n: int):
+        self.ep_return = np.zeros(n, np.float32)
+        self.ep_length = np.zeros(n, np.int32)
+        # Envs whose last step ended an episode: their next action is ignored.
+        self.was_done = np.zeros(n, bool)
+
+    def write(self, store: SharedArrays, buf: int, row: int, result) -> None:
+        obs, reward, terminated, truncated = result
+        for k, v in obs.items():
+            store[obs_key(k)][buf, row] = v
+        if row == 0:  # a fresh (re)start: observations of a reset, no step to record
+            return
+        t = row - 1
+        ignored = self.was_done
+        store["reward"][buf, t] = reward
+        store["terminated"][buf, t] = terminated
+        store["truncated"][buf, t] = truncated
+        store["ignored"][buf, t] = ignored
+        self.ep_return += reward
+        self.ep_length += ~ignored
+        store["ep_return"][buf, t] = self.ep_return
+        store["ep_length"][buf, t] = self.ep_length
+        done = np.logical_or(terminated, truncated)
+        self.ep_return[done] = 0.0
+        self.ep_length[done] = 0
+        self.was_done = done
+
+
+def run_worker(args: WorkerArgs) -> None:
+    # Ctrl-C reaches the whole process group; the learner decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    control = SharedArrays.attach(*args.control)
+    store = SharedArrays.attach(*args.rollout)
+    envs = []
+    try:
+        envs = [
+            make_group(args.spec, args.envs_per_group, args.threads_per_group, args.seed + i * args.envs_per_group)
+            for i in range(len(args.groups))
+        ]
+        threads = [
+            threading.Thread(target=_run_group, args=(args, g, env, control, store), daemon=True,
+                             name=f"group-{g}")
+            for g, env in zip(args.groups, envs)
+        ]
+        for t in threads:
+            t.start()
+        # The main thread only watches: for the stop flag and for an orphaning.
+        while not control["stop"][0] and any(t.is_alive() for t in threads):
+            threads[0].join(args.poll_s)
+            if os.getppid() != args.parent_pid:
+                break
+    finally:
+        for env in envs:
+            env.close()
+        store.close()
+        control.close()
+
+
+def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
+    """One thread per group, so each blocks on its own env and its own slot.
+
+    envpool releases the GIL while its threads step, so the other group's
+    thread can publish and send meanwhile (measured: two threads on two pools
+    step Pong and CartPole as fast as raw envpool; one thread alternating
+    ``recv`` calls serialises the groups and halves Pong).
+    """
+    try:
+        _group_loop(args, g, env, control, store)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # a half-dead worker must look dead to the inference loop
+
+
+def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
+    state, target_buf, target_row = control["state"], control["target_buf"], control["target_row"]
+    stop = control["stop"]
+    wait_s, env_s, steps = control["group_wait_s"], control["group_env_s"], control["group_steps"]
+    wake, n = args.wake[g - args.groups[0]], args.envs_per_group
+    writer = _GroupWriter(n)
+    env.reset()
+    while True:
+        t0 = time.perf_counter()
+        result = env.recv()
+        env_s[g] += time.perf_counter() - t0
+        writer.write(store, target_buf[g], target_row[g], result)
+        steps[g] += n
+        state[g] = OBS_READY
+        args.obs_ready.post()
+        t0 = time.perf_counter()
+        while state[g] != ACTION_READY:
+            if stop[0]:
+                return
+            wake.wait(args.poll_s)
+        wait_s[g] += time.perf_counter() - t0
+        state[g] = STEPPING
+        env.send(store["action"][target_buf[g], target_row[g] - 1])

@@ -1,0 +1,133 @@
+"""Named, typed arrays packed into one shared-memory segment.
+
+One process (the owner) creates a segment from a list of :class:`ArraySpec`
+and is the only one that unlinks it; any other process attaches by the
+segment's name and the same specs. Every array is a zero-copy numpy view of
+the segment (``torch.from_numpy`` on it is zero-copy too).
+
+This module is the only place in seedlocal that allocates or names shared
+memory.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+# Each array starts on a cache-line (and AVX-512) boundary so that two arrays
+# never share a line that two processes write.
+_ALIGN = 64
+
+SEGMENT_PREFIX = "seedlocal_"
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Shape and dtype of one named array inside a segment."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def _layout(specs: list[ArraySpec]) -> tuple[dict[str, int], int]:
+    offsets, cursor = {}, 0
+    for spec in specs:
+        if spec.name in offsets:
+            raise ValueError(f"duplicate array name {spec.name!r} in one segment")
+        offsets[spec.name] = cursor
+        cursor += -(-spec.nbytes // _ALIGN) * _ALIGN
+    return offsets, max(cursor, _ALIGN)
+
+
+def new_segment_name(tag: str) -> str:
+    """A name unique to this process and call, recognisable in /dev/shm."""
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}"
+
+
+class SharedArrays:
+    """A shared-memory segment seen as a dict of numpy arrays.
+
+    ``SharedArrays.create(specs, tag)`` allocates (fill value ``fill``) and owns;
+    ``SharedArrays.attach(name, specs)`` maps an existing segment. ``close()``
+    unmaps; the owner's ``close()`` also unlinks.
+    """
+
+    def __init__(self, shm: shared_memory.SharedMemory, specs: list[ArraySpec], owner: bool):
+        self._shm = shm
+        self.specs = {s.name: s for s in specs}
+        self.owner = owner
+        offsets, _ = _layout(specs)
+        self.arrays: dict[str, np.ndarray] = {
+            s.name: np.ndarray(s.shape, dtype=s.dtype, buffer=shm.buf, offset=offsets[s.name])
+            for s in specs
+        }
+
+    @classmethod
+    def create(cls, specs: list[ArraySpec], tag: str, fill: int = 0) -> "SharedArrays":
+        _, size = _layout(specs)
+        shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
+        self = cls(shm, specs, owner=True)
+        if fill:
+            np.frombuffer(shm.buf, dtype=np.uint8)[:] = fill
+        return self
+
+    @classmethod
+    def attach(cls, name: str, specs: list[ArraySpec]) -> "SharedArrays":
+        return cls(shared_memory.SharedMemory(name=name, create=False), specs, owner=False)
+
+    @property
+    def name(self) -> str:
+        return self._shm.name
+
+    @property
+    def nbytes(self) -> int:
+        return self._shm.size
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.arrays
+
+    def handle(self) -> tuple[str, list[ArraySpec]]:
+        """What another process needs to attach: picklable, a few hundred bytes."""
+        return self.name, list(self.specs.values())
+
+    def close(self) -> None:
+        if self._shm is None:
+            return
+        # Views must go before the mapping can close (BufferError otherwise).
+        self.arrays.clear()
+        shm, self._shm = self._shm, None
+        try:
+            shm.close()
+        except BufferError:
+            # Someone still holds a view (e.g. a torch tensor). The mapping is
+            # freed when that view dies; unlinking below still removes the name.
+            pass
+        if self.owner:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "SharedArrays":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # last resort; normal paths call close()
+        try:
+            self.close()
+        except Exception:
+            pass
