@@ -190,7 +190,7 @@ def run(cfg: BenchConfig) -> dict:
     pipe_cfg = PipelineConfig(num_workers=cfg.num_workers, envs_per_worker=cfg.envs_per_worker,
                               env_threads=cfg.env_threads, device=cfg.device)
     validate_pipeline(pipe_cfg, prefix="bench")
-    spec = validate_env(EnvConfig(id=cfg.env), prefix="bench")
+    spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
     resolve_device(cfg.device)
     n = cfg.num_workers * cfg.envs_per_worker
     threads = cfg.env_threads or os.cpu_count() or 1

@@ -72,16 +72,16 @@ def resolve_device(value: str) -> torch.device:
     return dev
 
 
-def validate_env(env: EnvConfig, prefix: str = "env"):
-    """Resolve the env id to a spec, or fail naming the field."""
+def validate_env(env: EnvConfig, id_field: str = "env.id"):
+    """Resolve the env id to a spec, or fail naming the field that holds it."""
     from seedlocal.pipeline.envs import describe
 
     try:
         return describe(env.id, env.backend)
     except ValueError as e:
         msg = str(e)
-        if msg.startswith("env."):
-            msg = prefix + msg[3:]
+        if msg.startswith("env.id="):
+            msg = id_field + msg[len("env.id"):]
         raise ConfigError(msg) from None
 
 

@@ -95,11 +95,11 @@ class ActorPool:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}"
 
-    def restart(self, w: int) -> None:
-        """Start a fresh worker in place of dead worker ``w``.
+    def begin_restart(self, w: int) -> None:
+        """Take dead worker ``w``'s slots back, or raise ``WorkerDied``.
 
-        The caller has already rebound the worker's groups to fresh unrolls;
-        here the slots go back to the worker and stale wake-ups are dropped.
+        The caller then rebinds the worker's groups to fresh unrolls and calls
+        ``spawn(w)``; the new worker sees only what was bound after this.
         """
         if self.restarts[w] >= self.max_restarts:
             raise WorkerDied(f"{self.describe_exit(w)}; restarted {self.restarts[w]} times already "
@@ -109,6 +109,8 @@ class ActorPool:
         for g in self.groups_of(w):
             self.control["state"][g] = STEPPING
             self.wake[g].drain()
+
+    def spawn(self, w: int) -> None:
         self._spawn(w)
 
     def worker_stats(self) -> dict[str, float]:

@@ -54,6 +54,7 @@ class InferenceLoop:
         batch_timeout_s: float,
         consume: bool = False,
         poll_s: float = 0.25,
+        check_every_s: float = 0.1,
     ):
         self.pool, self.policy, self.device = pool, policy, device
         self.store, ctl = pool.store, pool.control
@@ -64,6 +65,7 @@ class InferenceLoop:
         self.min_batch_envs = max(1, min_batch_envs)
         self.batch_timeout_s = batch_timeout_s
         self.poll_s = poll_s
+        self.check_every_s = check_every_s  # a waitpid per worker: cheap
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
         # Unroll buffers: free → bound to a group → completed (consumer) → free.
@@ -104,8 +106,15 @@ class InferenceLoop:
             self._free.append(buf)
             self._free_cv.notify()
 
+    def _bind(self, g: int) -> int:
+        buf = self._take_free()
+        self._tbuf[g] = buf
+        self.store["unroll_group"][buf] = g
+        self.store["unroll_epoch"][buf] = self.pool.restarts[self.pool.worker_of(g)]
+        return buf
+
     def _bind_fresh(self, g: int) -> None:
-        self._tbuf[g] = self._take_free()
+        self._bind(g)
         self._trow[g] = 0
         if self.core is not None:
             self.core[g].zero_()
@@ -123,12 +132,13 @@ class InferenceLoop:
         for w in self.pool.dead_workers():
             if self.pool.control["stop"][0]:
                 return
-            print(f"seedlocal: {self.pool.describe_exit(w)}; restarting it on fresh episodes", flush=True)
+            self.pool.begin_restart(w)  # raises WorkerDied once restarts are spent
+            print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", flush=True)
             for g in self.pool.groups_of(w):
-                # The partial unroll mixes pre-crash steps with nothing: drop it.
+                # Drop the partial unroll: nothing before the crash is kept.
                 self.release(int(self._tbuf[g]))
                 self._bind_fresh(g)
-            self.pool.restart(w)  # raises WorkerDied once restarts are spent
+            self.pool.spawn(w)
             self.stats.restarts += 1
 
     # -- one batch ----------------------------------------------------------------
@@ -144,7 +154,7 @@ class InferenceLoop:
             if len(ready) and deadline is None:
                 deadline = now + self.batch_timeout_s
             woke = self.pool.obs_ready.wait(self.poll_s if deadline is None else max(0.0, deadline - now))
-            if not woke or time.monotonic() - self._last_check > self.poll_s:
+            if not woke or time.monotonic() - self._last_check > self.check_every_s:
                 self._check_workers()
         self.stats.collect_s.append(time.perf_counter() - t0)
         return ready
@@ -213,10 +223,10 @@ class InferenceLoop:
     def _rotate(self, g: int, i: int, bufs: np.ndarray, rows: np.ndarray) -> None:
         """Group ``g`` filled its unroll's bootstrap row: pass the unroll on and
         continue in a free one that starts from the same observation."""
-        old, new = int(bufs[i]), self._take_free()
+        old, new = int(bufs[i]), self._bind(g)
         for k in self._obs_keys:
             self.store[k][new, 0] = self.store[k][old, self.L - 1]
-        self._tbuf[g], bufs[i], rows[i] = new, new, 0
+        bufs[i], rows[i] = new, 0
         if self.consume:
             self.completed.put(old)
         else:

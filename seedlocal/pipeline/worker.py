@@ -89,6 +89,7 @@ def run_worker(args: WorkerArgs) -> None:
     control = SharedArrays.attach(*args.control)
     store = SharedArrays.attach(*args.rollout)
     envs = []
+    code = 0
     try:
         envs = [
             make_group(args.spec, args.envs_per_group, args.threads_per_group, args.seed + i * args.envs_per_group)
@@ -106,11 +107,20 @@ def run_worker(args: WorkerArgs) -> None:
             threads[0].join(args.poll_s)
             if os.getppid() != args.parent_pid:
                 break
+        for t in threads:
+            t.join(args.poll_s * 2)
+        if not any(t.is_alive() for t in threads):
+            for env in envs:
+                env.close()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     finally:
-        for env in envs:
-            env.close()
-        store.close()
-        control.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Leave without interpreter teardown: destroying an env pool while
+        # one of its threads still runs aborts the process (std::terminate).
+        os._exit(code)
 
 
 def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:

@@ -16,6 +16,8 @@ plus one bootstrap row) of one group of ``envs`` environments:
     ep_length     episode length in steps, same rows            (worker)
     core_state    recurrent state at row 0, one per env     (inference loop)
     policy_version  parameter version that acted at row t   (inference loop)
+    unroll_group  the group that filled the unroll          (inference loop)
+    unroll_epoch  that group's worker restarts when it began (inference loop)
 
 Row ``length - 1`` holds only an observation: it is copied to row 0 of the
 group's next unroll, so consecutive unrolls share it as in IMPALA.
@@ -67,6 +69,8 @@ class RolloutLayout:
             shape = (self.num_buffers, self.envs) + self.core_state.shape
             specs.append(ArraySpec("core_state", shape, self.core_state.dtype))
         specs.append(ArraySpec("policy_version", (self.num_buffers, self.length), "int64"))
+        specs.append(ArraySpec("unroll_group", (self.num_buffers,), "int32"))
+        specs.append(ArraySpec("unroll_epoch", (self.num_buffers,), "int32"))
         return specs
 
     def obs_keys(self) -> list[str]:

@@ -1,0 +1,125 @@
+"""V-trace off-policy correction and the IMPALA actor-critic loss.
+
+Reference: L. Espeholt et al., 2018, "IMPALA: Scalable Distributed Deep-RL with
+Importance Weighted Actor-Learner Architectures", arXiv:1802.01561 (section 4).
+
+Conventions (all inputs are time-major):
+  * Shapes are [T, B]; logits are [T, B, A]; ``bootstrap_value`` is [B] = V(x_T).
+  * ``discounts[t] = gamma * (1 - terminated_t)``. A time-limit truncation keeps
+    gamma, so the step bootstraps from the value of the next observation.
+  * ``valid[t]`` is False for a row whose action was ignored by an environment
+    auto-reset (the step after an episode ended: reward 0, the next observation
+    starts a new episode). An invalid row contributes nothing: its TD error is 0,
+    vs_t = V(x_t) exactly, and the correction does not propagate through it.
+    The row before it (the end of the episode) therefore sees vs - V = 0 there;
+    if it was truncated it bootstraps from values[t] = V(final observation).
+  * rho_t = min(rho_bar, pi/mu), c_t = lam * min(c_bar, pi/mu).
+    delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) - V(x_t)).
+    vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1})),
+    with vs_T = bootstrap_value.
+  * pg_advantages_t = rho_t * (r_t + discount_t * vs_{t+1} - V(x_t)), where the
+    policy-gradient importance weight is clipped by the same ``rho_bar`` (as in
+    the paper).
+  * Everything returned by ``vtrace`` is detached (computed under no_grad).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class VTraceReturns(NamedTuple):
+    vs: Tensor  # [T, B] v-trace value targets
+    pg_advantages: Tensor  # [T, B] advantages for the policy gradient
+    rhos: Tensor  # [T, B] clipped importance weights min(rho_bar, pi/mu)
+
+
+def log_prob_of(logits: Tensor, actions: Tensor) -> Tensor:
+    """log pi(a|x) for integer ``actions`` [T, B] under ``logits`` [T, B, A]."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def vtrace(
+    behaviour_log_probs: Tensor,
+    target_log_probs: Tensor,
+    rewards: Tensor,
+    discounts: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    valid: Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    lam: float = 1.0,
+) -> VTraceReturns:
+    """V-trace targets and policy-gradient advantages (see module docstring)."""
+    valid_f = valid.to(values.dtype)
+    ratios = torch.exp(target_log_probs - behaviour_log_probs)
+    rhos = torch.clamp(ratios, max=rho_bar)
+    cs = lam * torch.clamp(ratios, max=c_bar)
+
+    # V(x_{t+1}) for every row: the next row's value, and the bootstrap at the end.
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    # Zeroing delta at invalid rows means the ignored action and its (zero)
+    # reward never leak into the targets.
+    deltas = rhos * (rewards + discounts * next_values - values) * valid_f
+
+    # Backward recursion on the correction vs_t - V(x_t). Multiplying by valid
+    # after each step both forces vs = V on invalid rows and cuts the trace,
+    # since the row before only ever sees the (zero) correction of that row.
+    corrections = torch.zeros_like(values)
+    acc = torch.zeros_like(bootstrap_value)  # vs_T - V(x_T) = 0
+    for t in reversed(range(values.shape[0])):
+        acc = (deltas[t] + discounts[t] * cs[t] * acc) * valid_f[t]
+        corrections[t] = acc
+    vs = values + corrections
+
+    next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_advantages = rhos * (rewards + discounts * next_vs - values) * valid_f
+    return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach(), rhos=rhos.detach())
+
+
+def impala_loss(
+    target_logits: Tensor,
+    actions: Tensor,
+    values: Tensor,
+    vtrace_returns: VTraceReturns,
+    valid: Tensor,
+    baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """IMPALA loss: policy gradient + baseline regression - entropy bonus.
+
+    Means are taken over valid rows only, so invalid (auto-reset) rows neither
+    contribute nor dilute the loss. ``values`` must carry the baseline's graph;
+    ``target_logits`` the policy's graph.
+    """
+    valid_f = valid.to(values.dtype)
+    n_valid = valid_f.sum().clamp(min=1.0)
+
+    def masked_mean(x: Tensor) -> Tensor:
+        # torch.where (not multiply) so NaN/inf in invalid rows cannot leak in.
+        return torch.where(valid, x, torch.zeros_like(x)).sum() / n_valid
+
+    log_probs_all = F.log_softmax(target_logits, dim=-1)
+    action_log_probs = log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    policy_loss = -masked_mean(action_log_probs * vtrace_returns.pg_advantages.detach())
+
+    baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
+
+    entropy_per_row = -(log_probs_all.exp() * log_probs_all).sum(-1)
+    entropy = masked_mean(entropy_per_row)
+
+    total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
+    stats = {
+        "policy_loss": policy_loss.detach(),
+        "baseline_loss": baseline_loss.detach(),
+        "entropy": entropy.detach(),
+        "total_loss": total_loss.detach(),
+    }
+    return total_loss, stats

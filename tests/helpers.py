@@ -1,0 +1,66 @@
+"""Small runners shared by the pipeline tests."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+
+from seedlocal.config import EnvConfig, PipelineConfig
+from seedlocal.pipeline.pipeline import Pipeline
+
+FIELDS = ("obs", "action", "reward", "terminated", "truncated", "ignored", "ep_return", "ep_length",
+          "out.logits", "out.value", "policy_version")
+
+
+def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", **pipe) -> Pipeline:
+    cfg = dict(num_workers=1, envs_per_worker=4, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
+    cfg.update(pipe)
+    return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=True)
+
+
+def take_unrolls(pipe: Pipeline, n: int, max_batches: int = 20000) -> list[dict]:
+    """Serve batches until ``n`` unrolls completed; return copies of them."""
+    out = []
+    store = pipe.store
+    for _ in range(max_batches):
+        pipe.loop.step()
+        while True:
+            try:
+                b = pipe.loop.completed.get_nowait()
+            except queue.Empty:
+                break
+            u = {k: np.array(store[k][b]) for k in store.arrays if k.startswith(FIELDS)}
+            u["group"] = int(store["unroll_group"][b])
+            u["epoch"] = int(store["unroll_epoch"][b])
+            out.append(u)
+            pipe.loop.release(b)
+        if len(out) >= n:
+            return out
+    raise AssertionError(f"only {len(out)} unrolls completed in {max_batches} batches")
+
+
+def check_autoreset_rows(u: dict, is_reset_obs=None) -> int:
+    """Assert the stored rows never credit an ignored action; returns #episodes checked."""
+    T = u["reward"].shape[0] - 1
+    done = u["terminated"][:T] | u["truncated"][:T]
+    ign = u["ignored"][:T]
+    rew = u["reward"][:T]
+    checked = 0
+    for e in range(rew.shape[1]):
+        start = None  # row of the first real step of an episode that began in this unroll
+        for t in range(T):
+            if ign[t, e]:
+                assert rew[t, e] == 0.0, "an ignored action was credited a reward"
+                assert not done[t, e], "an ignored action ended an episode"
+                assert t == 0 or done[t - 1, e], "ignored row not preceded by an episode end"
+                if is_reset_obs is not None:
+                    assert is_reset_obs(u["obs"][t + 1, e]), "row after an ignored action is not a reset"
+                start = t + 1
+            elif t > 0:
+                assert not done[t - 1, e], "the step after an episode end was not marked ignored"
+            if done[t, e] and start is not None:
+                assert u["ep_length"][t, e] == t - start + 1
+                np.testing.assert_allclose(u["ep_return"][t, e], rew[start:t + 1, e].sum(), rtol=1e-5)
+                checked += 1
+    return checked

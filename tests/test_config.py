@@ -1,0 +1,60 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, validate_env, validate_pipeline
+from seedlocal.models import RandomPolicy
+from seedlocal.pipeline.pipeline import Pipeline
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_workers", 0, r"pipeline.num_workers=0: must be positive"),
+        ("envs_per_worker", -4, r"pipeline.envs_per_worker=-4: must be positive"),
+        ("envs_per_worker", 7, r"pipeline.envs_per_worker=7: must be even"),
+        ("unroll_length", 0, r"pipeline.unroll_length=0: must be positive"),
+        ("num_buffers", 1, r"pipeline.num_buffers=1: needs at least one unroll per group"),
+        ("batch_timeout_ms", -1.0, r"pipeline.batch_timeout_ms=-1.0"),
+        ("device", "tpu", r"pipeline.device='tpu'"),
+    ],
+)
+def test_bad_pipeline_values_name_the_field(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_pipeline(PipelineConfig(**{field: value}))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_missing_cuda_is_refused():
+    with pytest.raises(ConfigError, match=r"pipeline.device='cuda': CUDA is not available"):
+        validate_pipeline(PipelineConfig(device="cuda"))
+
+
+def test_unknown_env_id():
+    with pytest.raises(ConfigError, match=r"env.id='NoSuchGame-v9': not an envpool id nor a registered Gymnasium id"):
+        validate_env(EnvConfig(id="NoSuchGame-v9"))
+
+
+def test_pipeline_refuses_before_starting_anything():
+    with pytest.raises(ConfigError, match="envs_per_worker=3"):
+        Pipeline(EnvConfig(), PipelineConfig(envs_per_worker=3), RandomPolicy)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--envs-per-worker", "3"], "bench.envs_per_worker=3: must be even"),
+        (["--env", "Nope-v0"], "bench.env='Nope-v0': not an envpool id"),
+        (["--device", "cuda:7"], "bench.device='cuda:7'"),
+        (["--seconds", "0"], "seconds=0.0: must be positive"),
+    ],
+)
+def test_cli_reports_bad_input_in_one_line(args, message):
+    out = subprocess.run([sys.executable, "-m", "seedlocal", "bench", *args], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.startswith("seedlocal: error:")]
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,134 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import seedlocal_segments
+from helpers import check_autoreset_rows, take_unrolls, tiny_pipeline
+from seedlocal.models import RandomPolicy
+from seedlocal.pipeline.actors import WorkerDied
+
+
+def _wait_alive(pipe, timeout=30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        pipe.loop.step()
+        if all(p is not None and p.is_alive() for p in pipe.pool.procs) and pipe.loop.stats.env_steps > 0:
+            return
+    raise AssertionError("workers did not start")
+
+
+def test_killed_worker_is_restarted_on_fresh_episodes():
+    with tiny_pipeline(RandomPolicy, num_workers=2, unroll_length=16, num_buffers=64) as pipe:
+        take_unrolls(pipe, 8)
+        victim = pipe.pool.procs[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10)
+        # Keep serving: the other worker goes on; the dead one is noticed and replaced.
+        end = time.monotonic() + 10
+        while pipe.loop.stats.restarts == 0 and time.monotonic() < end:
+            pipe.loop.step()
+            while not pipe.loop.completed.empty():
+                pipe.loop.release(pipe.loop.completed.get())
+        assert pipe.loop.stats.restarts == 1
+        fresh, end = [], time.monotonic() + 30
+        while {u["group"] for u in fresh} != {2, 3} and time.monotonic() < end:
+            fresh += [u for u in take_unrolls(pipe, 10) if u["group"] in (2, 3)]
+        assert pipe.pool.procs[1].pid != victim.pid and pipe.pool.procs[1].is_alive()
+    assert {u["group"] for u in fresh} == {2, 3}, "no unroll came from the restarted worker"
+    assert all(u["epoch"] == 1 for u in fresh), "an unroll begun before the crash was delivered after it"
+    for g in (2, 3):
+        first = next(u for u in fresh if u["group"] == g)
+        # Row 0 of its first unroll is a reset: every episode there began at row 0,
+        # so an episode that ends at row t has exactly t + 1 steps.
+        done = first["terminated"][:-1] | first["truncated"][:-1]
+        for e in range(done.shape[1]):
+            ends = np.flatnonzero(done[:, e])
+            if len(ends):
+                assert first["ep_length"][ends[0], e] == ends[0] + 1
+        assert np.all(np.abs(first["obs"][0]) <= 0.05)
+    for u in fresh:
+        check_autoreset_rows(u)
+
+
+def test_dead_worker_without_restarts_stops_with_a_clear_error():
+    with tiny_pipeline(RandomPolicy, max_restarts=0) as pipe:
+        _wait_alive(pipe)
+        pid = pipe.pool.procs[0].pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDied, match=rf"env worker 0 \(pid {pid}, env CartPole-v1\) was killed by signal 9"):
+            for _ in range(100000):
+                pipe.loop.step()
+
+
+def _launch(*args):
+    cmd = [sys.executable, "-m", "seedlocal", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _workers_of(proc: subprocess.Popen, n: int, timeout: float = 60.0) -> list[psutil.Process]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        kids = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                if "resource_tracker" not in " ".join(c.cmdline())]
+        if len(kids) >= n and seedlocal_segments(proc.pid):
+            time.sleep(1.0)  # let them get into the stepping loop
+            return kids
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError("run did not start its workers")
+
+
+def _assert_gone(proc, kids, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and (any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
+                                       or seedlocal_segments(proc.pid)):
+        time.sleep(0.1)
+    alive = [k.pid for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"processes left behind: {alive}"
+    assert not seedlocal_segments(proc.pid), f"segments left behind: {seedlocal_segments(proc.pid)}"
+
+
+RUN = ("bench", "--env", "CartPole-v1", "--transport-only", "--num-workers", "2", "--envs-per-worker", "8",
+       "--seconds", "120", "--warmup", "0.1")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_stop_everything_quickly(sig):
+    proc = _launch(*RUN)
+    kids = _workers_of(proc, 2)
+    t0 = time.monotonic()
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # what a terminal does on Ctrl-C
+    else:
+        proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 10, "stopping took too long"
+    assert proc.returncode in (130, 128 + signal.SIGTERM), out
+    _assert_gone(proc, kids)
+
+
+def test_killed_learner_takes_its_workers_and_memory_along():
+    proc = _launch(*RUN)
+    kids = _workers_of(proc, 2)
+    proc.kill()
+    proc.wait(10)
+    # Workers die of PDEATHSIG; multiprocessing's resource tracker unlinks the segments.
+    _assert_gone(proc, kids, timeout=20)
+    proc.stdout.close()
+
+
+def test_normal_end_leaves_nothing():
+    proc = _launch("bench", "--env", "CartPole-v1", "--envs-per-worker", "8", "--seconds", "0.3",
+                   "--warmup", "0.1", "--skip-model")
+    kids = _workers_of(proc, 1)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert '"ratio_random"' in out.strip().splitlines()[-1]
+    _assert_gone(proc, kids)

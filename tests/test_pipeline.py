@@ -1,0 +1,100 @@
+import numpy as np
+import pytest
+import torch
+
+from helpers import check_autoreset_rows, take_unrolls, tiny_pipeline
+from seedlocal.models import ActorCritic, ModelPolicy, RandomPolicy
+from seedlocal.pipeline.envs import resolve_backend
+
+
+def cartpole_reset(obs) -> bool:
+    return bool(np.all(np.abs(obs) <= 0.05))  # CartPole resets uniformly in [-0.05, 0.05]
+
+
+def short_cartpole(*args, **kw):
+    return tiny_pipeline(RandomPolicy, *args, **kw)
+
+
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_ignored_actions_get_no_reward_or_transition(backend):
+    with tiny_pipeline(RandomPolicy, backend=backend, unroll_length=64) as pipe:
+        unrolls = take_unrolls(pipe, 30)
+    episodes = sum(check_autoreset_rows(u, cartpole_reset) for u in unrolls)
+    assert episodes >= 5
+    ignored = sum(int(u["ignored"][:-1].sum()) for u in unrolls)
+    assert ignored > 0  # the test saw auto-resets at all
+
+
+def test_episode_stats_reach_the_loop():
+    with tiny_pipeline(RandomPolicy) as pipe:
+        take_unrolls(pipe, 30)
+        eps = list(pipe.loop.stats.episodes)
+    assert len(eps) >= 5
+    for ret, length in eps:
+        assert ret == length  # CartPole: +1 per real step, nothing for the ignored reset step
+        assert 8 <= length <= 500
+
+
+def test_unrolls_share_the_bootstrap_observation():
+    with tiny_pipeline(RandomPolicy, num_buffers=2 * 2 + 40) as pipe:
+        unrolls = take_unrolls(pipe, 20)
+    by_group = {}
+    for u in unrolls:
+        by_group.setdefault(u["group"], []).append(u)
+    pairs = 0
+    for us in by_group.values():
+        for a, b in zip(us, us[1:]):
+            np.testing.assert_array_equal(a["obs"][-1], b["obs"][0])
+            pairs += 1
+    assert pairs >= 10
+
+
+def test_model_policy_rows_are_consistent():
+    """Observation, action, behaviour logits and value of a row belong together."""
+    torch.manual_seed(0)
+    holder = {}
+
+    def make(spec, device):
+        holder["model"] = ActorCritic(spec).to(device)
+        return ModelPolicy(holder["model"], spec)
+
+    with tiny_pipeline(make) as pipe:
+        unrolls = take_unrolls(pipe, 6)
+    model = holder["model"]
+    for u in unrolls:
+        obs = torch.from_numpy(u["obs"][:-1].reshape(-1, 4))
+        logits, value = model({"": obs})
+        np.testing.assert_allclose(u["out.logits"][:-1].reshape(-1, 2), logits.detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(u["out.value"][:-1].reshape(-1), value.detach().numpy(), atol=1e-5)
+        assert set(np.unique(u["action"][:-1])) <= {0, 1}
+
+
+def test_dict_observations_minigrid():
+    with tiny_pipeline(lambda spec, dev: ModelPolicy(ActorCritic(spec), spec), env="MiniGrid-Empty-5x5-v0") as pipe:
+        assert set(pipe.layout.obs) == {"direction", "image", "mission"}
+        unrolls = take_unrolls(pipe, 2)
+    u = unrolls[0]
+    assert u["obs.image"].shape == (9, 2, 7, 7, 3) and u["obs.image"].dtype == np.uint8
+    assert u["obs.image"].max() > 0
+    check_autoreset_rows(u)
+
+
+def test_atari_with_nature_cnn():
+    with tiny_pipeline(lambda spec, dev: ModelPolicy(ActorCritic(spec), spec), env="Pong-v5", unroll_length=4) as pipe:
+        assert pipe.spec.frames_per_step == 4
+        assert isinstance(pipe.policy.model.encoder, torch.nn.Module) and pipe.policy.model.kind == "nature"
+        unrolls = take_unrolls(pipe, 2)
+    assert unrolls[0]["obs"].shape == (5, 2, 4, 84, 84)
+    assert unrolls[0]["obs"].max() > 0
+
+
+def test_gymnasium_fallback_for_ids_envpool_lacks():
+    assert resolve_backend("Taxi-v4") == "gymnasium"
+    with tiny_pipeline(RandomPolicy, env="Taxi-v4", unroll_length=256) as pipe:
+        assert pipe.spec.obs[""].shape == ()  # a Discrete observation
+        unrolls = take_unrolls(pipe, 6)
+        eps = list(pipe.loop.stats.episodes)
+    assert sum(check_autoreset_rows(u) for u in unrolls) >= 1
+    # Taxi's 200-step limit truncates (not terminates) random episodes.
+    assert any(length == 200 for _, length in eps)
+    assert any(u["truncated"].any() and not u["terminated"][u["truncated"]].any() for u in unrolls)

@@ -1,0 +1,263 @@
+"""Tests for seedlocal.algos.vtrace against a plain per-step reference."""
+
+import math
+
+import pytest
+import torch
+
+from seedlocal.algos.vtrace import impala_loss, log_prob_of, vtrace
+
+GAMMA = 0.99
+
+
+def reference_vtrace(mu_lp, pi_lp, rewards, discounts, values, bootstrap, valid,
+                     rho_bar=1.0, c_bar=1.0, lam=1.0):
+    """Per-step V-trace from the sum definition (IMPALA eq. 1), python floats.
+
+    vs_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} discount_i c_i) delta_t,
+    where the sum stops at the first invalid row (and vs_s = V(x_s) if s is invalid).
+    """
+    T, B = len(rewards), len(rewards[0])
+    vs = [[0.0] * B for _ in range(T)]
+    pg = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        def v(t):
+            return values[t][b] if t < T else bootstrap[b]
+
+        def ratio(t):
+            return math.exp(pi_lp[t][b] - mu_lp[t][b])
+
+        def rho(t):
+            return min(rho_bar, ratio(t))
+
+        def c(t):
+            return lam * min(c_bar, ratio(t))
+
+        def delta(t):
+            return rho(t) * (rewards[t][b] + discounts[t][b] * v(t + 1) - v(t))
+
+        for s in range(T):
+            if not valid[s][b]:
+                vs[s][b] = values[s][b]
+                continue
+            total, trace = 0.0, 1.0
+            for t in range(s, T):
+                if not valid[t][b]:
+                    break
+                total += trace * delta(t)
+                trace *= discounts[t][b] * c(t)
+            vs[s][b] = values[s][b] + total
+        for s in range(T):
+            if not valid[s][b]:
+                pg[s][b] = 0.0
+                continue
+            next_vs = vs[s + 1][b] if s + 1 < T else bootstrap[b]
+            pg[s][b] = rho(s) * (rewards[s][b] + discounts[s][b] * next_vs - values[s][b])
+    return torch.tensor(vs, dtype=torch.float64), torch.tensor(pg, dtype=torch.float64)
+
+
+def random_inputs(T, B, seed, off_policy=True):
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(generator=g, dtype=torch.float64)
+    mu_lp = -torch.rand(T, B, **kw) * 2.0
+    pi_lp = (mu_lp + torch.randn(T, B, **kw) * 0.7).clamp(max=0.0) if off_policy else mu_lp.clone()
+    return dict(
+        behaviour_log_probs=mu_lp,
+        target_log_probs=pi_lp,
+        rewards=torch.randn(T, B, **kw),
+        discounts=torch.full((T, B), GAMMA, dtype=torch.float64),
+        values=torch.randn(T, B, **kw),
+        bootstrap_value=torch.randn(B, **kw),
+        valid=torch.ones(T, B, dtype=torch.bool),
+    )
+
+
+def run_both(inputs, **clip):
+    out = vtrace(**inputs, **clip)
+    ref_vs, ref_pg = reference_vtrace(
+        inputs["behaviour_log_probs"].tolist(), inputs["target_log_probs"].tolist(),
+        inputs["rewards"].tolist(), inputs["discounts"].tolist(), inputs["values"].tolist(),
+        inputs["bootstrap_value"].tolist(), inputs["valid"].tolist(), **clip)
+    return out, ref_vs, ref_pg
+
+
+@pytest.mark.parametrize("clip", [
+    dict(rho_bar=1.0, c_bar=1.0, lam=1.0),
+    dict(rho_bar=0.8, c_bar=0.9, lam=0.95),
+], ids=["unclipped_defaults", "rho0.8_c0.9_lam0.95"])
+def test_vtrace_matches_reference_off_policy(clip):
+    inputs = random_inputs(T=7, B=5, seed=0)
+    # Off-policy for real: some ratios above and some below the clip thresholds.
+    ratios = torch.exp(inputs["target_log_probs"] - inputs["behaviour_log_probs"])
+    assert (ratios > 1.0).any() and (ratios < 0.8).any()
+    out, ref_vs, ref_pg = run_both(inputs, **clip)
+    torch.testing.assert_close(out.vs, ref_vs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.pg_advantages, ref_pg, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.rhos, ratios.clamp(max=clip["rho_bar"]), atol=1e-12, rtol=0)
+
+
+def episode_end_inputs():
+    """T=8, B=5 with episode ends inside the unroll.
+
+    col 0: terminated at t=2, invalid row t=3
+    col 1: truncated at t=3 (discount stays gamma), invalid row t=4
+    col 2: terminated at t=1 (invalid t=2) and truncated at t=5 (invalid t=6)
+    col 3: invalid at t=0 (previous unroll ended on its last step), truncated at t=6, invalid t=7
+    col 4: no episode end
+    """
+    inputs = random_inputs(T=8, B=5, seed=1)
+    valid, disc = inputs["valid"], inputs["discounts"]
+    for t, b in [(3, 0), (4, 1), (2, 2), (6, 2), (0, 3), (7, 3)]:
+        valid[t, b] = False
+        inputs["rewards"][t, b] = 0.0  # what an auto-reset step reports
+    for t, b in [(2, 0), (1, 2)]:  # terminations
+        disc[t, b] = 0.0
+    # truncations (3,1), (5,2), (6,3) keep discount gamma
+    return inputs
+
+
+@pytest.mark.parametrize("clip", [
+    dict(rho_bar=1.0, c_bar=1.0, lam=1.0),
+    dict(rho_bar=0.8, c_bar=0.9, lam=0.95),
+], ids=["unclipped_defaults", "rho0.8_c0.9_lam0.95"])
+def test_vtrace_episode_ends_inside_unroll(clip):
+    inputs = episode_end_inputs()
+    out, ref_vs, ref_pg = run_both(inputs, **clip)
+    torch.testing.assert_close(out.vs, ref_vs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.pg_advantages, ref_pg, atol=1e-6, rtol=0)
+
+    invalid = ~inputs["valid"]
+    values = inputs["values"]
+    # Invalid rows: zero correction (vs == V exactly) and zero advantage.
+    assert torch.equal(out.vs[invalid], values[invalid])
+    assert torch.all(out.pg_advantages[invalid] == 0)
+
+    # A truncated row bootstraps from V(final obs) = values of the invalid row after it.
+    rho = out.rhos
+    r = inputs["rewards"]
+    for t, b in [(3, 1), (5, 2), (6, 3)]:
+        expected = values[t, b] + rho[t, b] * (r[t, b] + GAMMA * values[t + 1, b] - values[t, b])
+        assert out.vs[t, b].item() == pytest.approx(expected.item(), abs=1e-12)
+        assert out.pg_advantages[t, b].item() == pytest.approx((expected - values[t, b]).item(), abs=1e-12)
+    # A terminated row's target is just its (clipped) reward.
+    for t, b in [(2, 0), (1, 2)]:
+        expected = values[t, b] + rho[t, b] * (r[t, b] - values[t, b])
+        assert out.vs[t, b].item() == pytest.approx(expected.item(), abs=1e-12)
+
+    # delta at invalid rows is 0: their reward and importance ratio change nothing.
+    changed = {k: v.clone() for k, v in inputs.items()}
+    changed["rewards"][invalid] = 123.0
+    changed["target_log_probs"][invalid] = 0.0
+    changed["behaviour_log_probs"][invalid] = -5.0
+    out2 = vtrace(**changed, **clip)
+    assert torch.equal(out2.vs, out.vs)
+    assert torch.equal(out2.pg_advantages, out.pg_advantages)
+
+
+def test_vtrace_on_policy_equals_n_step_returns():
+    inputs = random_inputs(T=9, B=4, seed=2, off_policy=False)
+    inputs["discounts"][4, 1] = 0.0  # a terminal inside the unroll (no invalid rows here)
+    out = vtrace(**inputs)
+    r, d = inputs["rewards"], inputs["discounts"]
+    returns = torch.zeros_like(r)
+    g = inputs["bootstrap_value"].clone()
+    for t in reversed(range(r.shape[0])):
+        g = r[t] + d[t] * g
+        returns[t] = g
+    torch.testing.assert_close(out.vs, returns, atol=1e-6, rtol=0)
+    next_returns = torch.cat([returns[1:], inputs["bootstrap_value"][None]])
+    torch.testing.assert_close(out.pg_advantages, r + d * next_returns - inputs["values"], atol=1e-6, rtol=0)
+    assert torch.all(out.rhos == 1.0)
+
+
+def test_vtrace_outputs_are_detached():
+    inputs = random_inputs(T=5, B=3, seed=3)
+    inputs["values"].requires_grad_(True)
+    inputs["target_log_probs"].requires_grad_(True)
+    out = vtrace(**inputs)
+    assert not out.vs.requires_grad and not out.pg_advantages.requires_grad and not out.rhos.requires_grad
+
+
+def _loss_setup(seed=4, T=6, B=4, A=5):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(T, B, A, generator=g, dtype=torch.float64)
+    behaviour_logits = torch.randn(T, B, A, generator=g, dtype=torch.float64)
+    actions = torch.randint(0, A, (T, B), generator=g)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    discounts = torch.full((T, B), GAMMA, dtype=torch.float64)
+    valid = torch.ones(T, B, dtype=torch.bool)
+    # Terminated rows followed by invalid auto-reset rows (one also at t=0).
+    for t, b in [(2, 0), (4, 2)]:
+        discounts[t, b] = 0.0
+        valid[t + 1, b] = False
+    valid[0, 3] = False
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    return logits, behaviour_logits, actions, values, rewards, discounts, valid, bootstrap
+
+
+def _full_loss(logits, behaviour_logits, actions, values, rewards, discounts, valid, bootstrap):
+    returns = vtrace(log_prob_of(behaviour_logits, actions), log_prob_of(logits, actions),
+                     rewards, discounts, values, bootstrap, valid)
+    return impala_loss(logits, actions, values, returns, valid)
+
+
+def test_impala_loss_gradients_flow_and_skip_invalid_rows():
+    logits, beh, actions, values, rewards, discounts, valid, bootstrap = _loss_setup()
+    logits.requires_grad_(True)
+    values.requires_grad_(True)
+    total, stats = _full_loss(logits, beh, actions, values, rewards, discounts, valid, bootstrap)
+    total.backward()
+    assert logits.grad is not None and values.grad is not None
+    invalid = ~valid
+    assert logits.grad[valid].abs().sum() > 0 and values.grad[valid].abs().sum() > 0
+    assert torch.all(logits.grad[invalid] == 0) and torch.all(values.grad[invalid] == 0)
+    assert set(stats) == {"policy_loss", "baseline_loss", "entropy", "total_loss"}
+    assert all(not v.requires_grad and v.dim() == 0 for v in stats.values())
+    expected_total = stats["policy_loss"] + 0.5 * stats["baseline_loss"] - 0.01 * stats["entropy"]
+    assert stats["total_loss"].item() == pytest.approx(expected_total.item(), abs=1e-12)
+
+
+def test_impala_loss_ignores_invalid_rows():
+    args = _loss_setup()
+    logits, beh, actions, values, rewards, discounts, valid, bootstrap = args
+    total, _ = _full_loss(*args)
+
+    invalid = ~valid
+    logits2, values2, rewards2, beh2 = logits.clone(), values.clone(), rewards.clone(), beh.clone()
+    logits2[invalid] = 50.0 * torch.randn_like(logits2[invalid])
+    beh2[invalid] = -logits2[invalid]
+    values2[invalid] = 1e3
+    rewards2[invalid] = -1e3
+    # The rows before these invalid ones are terminated (discount 0), so even the
+    # invalid rows' values (their bootstrap) play no part here.
+    total2, _ = _full_loss(logits2, beh2, actions, values2, rewards2, discounts, valid, bootstrap)
+    assert total2.item() == pytest.approx(total.item(), abs=1e-10)
+
+    # With the v-trace targets held fixed, the loss itself never reads invalid rows.
+    returns = vtrace(log_prob_of(beh, actions), log_prob_of(logits, actions),
+                     rewards, discounts, values, bootstrap, valid)
+    a, _ = impala_loss(logits, actions, values, returns, valid)
+    b, _ = impala_loss(logits2, actions, values2, returns, valid)
+    assert a.item() == pytest.approx(b.item(), abs=1e-10)
+
+
+def test_impala_loss_uniform_entropy_and_empty_mask():
+    T, B, A = 4, 3, 6
+    logits = torch.zeros(T, B, A, dtype=torch.float64)
+    actions = torch.zeros(T, B, dtype=torch.long)
+    values = torch.zeros(T, B, dtype=torch.float64)
+    valid = torch.ones(T, B, dtype=torch.bool)
+    valid[1, 2] = False
+    lp = log_prob_of(logits, actions)
+    returns = vtrace(lp, lp, torch.zeros(T, B, dtype=torch.float64),
+                     torch.full((T, B), GAMMA, dtype=torch.float64), values,
+                     torch.zeros(B, dtype=torch.float64), valid)
+    _, stats = impala_loss(logits, actions, values, returns, valid)
+    assert stats["entropy"].item() == pytest.approx(math.log(A), abs=1e-12)
+    assert torch.allclose(lp, torch.full_like(lp, -math.log(A)))
+
+    # No valid rows at all: means divide by 1, everything is 0 and finite.
+    none_valid = torch.zeros(T, B, dtype=torch.bool)
+    total, stats = impala_loss(logits, actions, values, returns, none_valid)
+    assert total.item() == 0.0 and all(v.item() == 0.0 for v in stats.values())
