@@ -8,7 +8,9 @@ share the cores:
 - raw envpool in its async mode (``batch_size = num_envs / 2``) and as two
   fixed half pools on two threads: the two ways to double-buffer inside a
   worker, reported so the choice stays measured;
-- the seedlocal pipeline with a random policy, and with the default network.
+- the seedlocal pipeline with a random policy, and with the default network,
+  each alternating with the raw reference for ``--rounds`` rounds so that
+  drift on a shared machine affects both sides of each ratio alike.
 
 With ``--transport-only`` the workers run no environment at all, which gives
 the ceiling of the shared-memory transport and the batch-collection latency.
@@ -54,6 +56,9 @@ class BenchConfig:
     """see pipeline.batch_timeout_ms"""
     skip_model: bool = False
     """measure the random policy only"""
+    rounds: int = 3
+    """raw and pipeline alternate this many times; ratios are the median of per-round ratios,
+    so drift on a shared machine hits both sides alike"""
 
 
 def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np.ndarray]:
@@ -63,18 +68,23 @@ def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np
     return [rng.uniform(low, high, (n,) + spec.action.shape).astype(np.float32) for _ in range(k)]
 
 
-def raw_sync(env_id: str, spec, n: int, threads: int, warmup: float, seconds: float) -> float:
-    import envpool
+class RawSync:
+    """One envpool of all envs stepped synchronously with random actions, no model."""
 
-    env = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
-    env.reset()
-    acts = _raw_actions(spec, n, np.random.default_rng(0))
+    def __init__(self, env_id: str, spec, n: int, threads: int):
+        import envpool
 
-    def one(i):
-        env.step(acts[i % len(acts)])
-        return n
+        self.env = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
+        self.env.reset()
+        self.n = n
+        self.acts = _raw_actions(spec, n, np.random.default_rng(0))
 
-    return _timed(one, warmup, seconds)
+    def _one(self, i: int) -> int:
+        self.env.step(self.acts[i % len(self.acts)])
+        return self.n
+
+    def measure(self, warmup: float, seconds: float) -> float:
+        return _timed(self._one, warmup, seconds)
 
 
 def raw_async_half(env_id: str, spec, n: int, threads: int, warmup: float, seconds: float) -> float:
@@ -142,7 +152,8 @@ def _timed(step, warmup: float, seconds: float) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def pipeline_run(cfg: BenchConfig, backend: str, model: bool) -> dict:
+def pipeline_run(cfg: BenchConfig, backend: str, model: bool, raw: RawSync | None) -> dict:
+    """Start a pipeline, then alternate ``cfg.rounds`` times: raw, pipeline."""
     from seedlocal.models import ActorCritic, ModelPolicy, RandomPolicy
     from seedlocal.pipeline.pipeline import Pipeline
 
@@ -156,37 +167,59 @@ def pipeline_run(cfg: BenchConfig, backend: str, model: bool) -> dict:
         num_workers=cfg.num_workers, envs_per_worker=cfg.envs_per_worker, env_threads=cfg.env_threads,
         device=cfg.device, min_batch_envs=cfg.min_batch_envs, batch_timeout_ms=cfg.batch_timeout_ms,
     )
+    raws, pipes, ratios = [], [], []
     with Pipeline(env_cfg, pipe_cfg, make_policy) as pipe:
         loop = pipe.loop
         loop.run(cfg.warmup)
-        s, w0 = loop.stats, pipe.pool.worker_stats()
-        steps0, batches0, envs0, fwd0 = s.env_steps, s.batches, s.batch_envs, s.forward_s
+        s = loop.stats
+        totals = {"dt": 0.0, "steps": 0, "batches": 0, "envs": 0, "fwd": 0.0, "wait": 0.0, "env": 0.0}
         s.collect_s.clear()
-        t0 = time.perf_counter()
-        loop.run(cfg.seconds)
-        dt = time.perf_counter() - t0
-        w1 = pipe.pool.worker_stats()
-        batches = s.batches - batches0
+        for _ in range(cfg.rounds):
+            if raw is not None:
+                raws.append(raw.measure(min(0.5, cfg.warmup), cfg.seconds))
+            loop.run(0.3)  # the workers slept during the raw run: wake them first
+            w0 = pipe.pool.worker_stats()
+            steps0, batches0, envs0, fwd0 = s.env_steps, s.batches, s.batch_envs, s.forward_s
+            t0 = time.perf_counter()
+            loop.run(cfg.seconds)
+            dt = time.perf_counter() - t0
+            w1 = pipe.pool.worker_stats()
+            pipes.append((s.env_steps - steps0) / dt)
+            if raws:
+                ratios.append(pipes[-1] / raws[-1])
+            for k, v in (("dt", dt), ("steps", s.env_steps - steps0), ("batches", s.batches - batches0),
+                         ("envs", s.batch_envs - envs0), ("fwd", s.forward_s - fwd0),
+                         ("wait", w1["wait_s"] - w0["wait_s"]), ("env", w1["env_s"] - w0["env_s"])):
+                totals[k] += v
         lat = np.array(s.collect_s) * 1e3
         total_envs = cfg.num_workers * cfg.envs_per_worker
+        batches = max(1, totals["batches"])
+        thread_s = totals["dt"] * 2 * cfg.num_workers
         return {
-            "steps_per_s": (s.env_steps - steps0) / dt,
-            "batches_per_s": batches / dt,
-            "mean_batch": (s.batch_envs - envs0) / max(1, batches),
-            "batch_fill": (s.batch_envs - envs0) / max(1, batches) / total_envs,
+            "steps_per_s": float(np.median(pipes)),
+            "raw_steps_per_s": float(np.median(raws)) if raws else None,
+            "ratio": float(np.median(ratios)) if ratios else None,
+            "ratios": ratios,
+            "batches_per_s": totals["batches"] / totals["dt"],
+            "mean_batch": totals["envs"] / batches,
+            # Fill of the batch the loop waits for (min_batch_envs; default half
+            # of all envs, since the other half is stepping by design).
+            "batch_fill": totals["envs"] / batches / (cfg.min_batch_envs or total_envs // 2),
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "collect_ms_p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
-            "forward_ms_per_batch": (s.forward_s - fwd0) / max(1, batches) * 1e3,
+            "forward_ms_per_batch": totals["fwd"] / batches * 1e3,
             # Shares of all group-thread time: waiting for actions, inside the env.
-            "worker_wait_share": (w1["wait_s"] - w0["wait_s"]) / (dt * 2 * cfg.num_workers),
-            "worker_env_share": (w1["env_s"] - w0["env_s"]) / (dt * 2 * cfg.num_workers),
+            "worker_wait_share": totals["wait"] / thread_s,
+            "worker_env_share": totals["env"] / thread_s,
             "device": str(pipe.device),
         }
 
 
 def run(cfg: BenchConfig) -> dict:
     if cfg.seconds <= 0:
-        raise ConfigError(f"seconds={cfg.seconds!r}: must be positive")
+        raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive")
+    if cfg.rounds < 1:
+        raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
     pipe_cfg = PipelineConfig(num_workers=cfg.num_workers, envs_per_worker=cfg.envs_per_worker,
                               env_threads=cfg.env_threads, device=cfg.device)
     validate_pipeline(pipe_cfg, prefix="bench")
@@ -194,48 +227,46 @@ def run(cfg: BenchConfig) -> dict:
     resolve_device(cfg.device)
     n = cfg.num_workers * cfg.envs_per_worker
     threads = cfg.env_threads or os.cpu_count() or 1
-    rows: list[tuple[str, float, str]] = []
+    rows: list[tuple[str, float, float | None, str]] = []
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": cfg.num_workers,
               "envs_per_worker": cfg.envs_per_worker, "env_threads": threads,
               "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count()}
 
     if cfg.transport_only:
-        p = pipeline_run(cfg, "null", model=False)
+        p = pipeline_run(cfg, "null", model=False, raw=None)
         result.update({"transport_steps_per_s": p["steps_per_s"], "transport_batches_per_s": p["batches_per_s"],
                        "collect_ms_p50": p["collect_ms_p50"], "collect_ms_p99": p["collect_ms_p99"],
                        "batch_fill": p["batch_fill"], "device": p["device"]})
-        rows.append(("transport only (null env)", p["steps_per_s"], _detail(p)))
+        rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
+        raw = None
         if spec.backend == "envpool":
-            raw = raw_sync(cfg.env, spec, n, threads, cfg.warmup, cfg.seconds)
-            rows.append(("raw envpool, sync step", raw, ""))
+            raw = RawSync(cfg.env, spec, n, threads)
             a = raw_async_half(cfg.env, spec, n, threads, cfg.warmup, cfg.seconds)
-            rows.append(("raw envpool, async batch_size=n/2", a, ""))
             t = raw_two_groups(cfg.env, spec, n, threads, cfg.warmup, cfg.seconds)
-            rows.append(("raw envpool, two half pools, 2 threads", t, ""))
-            result.update({"raw_steps_per_s": raw, "raw_async_half_steps_per_s": a, "raw_two_groups_steps_per_s": t})
-        else:
-            raw = float("nan")
-            result["raw_steps_per_s"] = raw
-        p = pipeline_run(cfg, "auto", model=False)
-        rows.append(("seedlocal, random policy", p["steps_per_s"], _detail(p)))
-        result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["steps_per_s"] / raw,
-                       "random_detail": p, "device": p["device"]})
+            ref = raw.measure(0.5, cfg.seconds)
+            rows.append(("raw envpool, sync step", ref, None, ""))
+            rows.append(("raw envpool, async batch_size=n/2", a, a / ref, ""))
+            rows.append(("raw envpool, two half pools, 2 threads", t, t / ref, ""))
+            result.update({"raw_async_half_steps_per_s": a, "raw_two_groups_steps_per_s": t})
+        p = pipeline_run(cfg, "auto", model=False, raw=raw)
+        rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
+        result.update({"raw_steps_per_s": p["raw_steps_per_s"], "random_policy_steps_per_s": p["steps_per_s"],
+                       "ratio_random": p["ratio"], "random_detail": p, "device": p["device"]})
         if not cfg.skip_model and spec.num_actions is not None:
-            m = pipeline_run(cfg, "auto", model=True)
-            rows.append(("seedlocal, default network", m["steps_per_s"], _detail(m)))
-            result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["steps_per_s"] / raw,
-                           "model_detail": m})
+            m = pipeline_run(cfg, "auto", model=True, raw=raw)
+            rows.append(("seedlocal, default network", m["steps_per_s"], m["ratio"], _detail(m)))
+            result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
+                           "model_raw_steps_per_s": m["raw_steps_per_s"], "model_detail": m})
         else:
             result.update({"model_policy_steps_per_s": None, "ratio_model": None})
 
     print(f"\n{cfg.env}: {cfg.num_workers} worker(s) x {cfg.envs_per_worker} envs, {threads} env threads, "
           f"frames/step {spec.frames_per_step}, {cfg.seconds:g}s each")
-    print(f"{'configuration':42s} {'steps/s':>12s} {'ratio':>7s}  details")
-    ref = result.get("raw_steps_per_s")
-    for name, v, d in rows:
-        ratio = f"{v / ref:7.3f}" if ref and not np.isnan(ref) else "      -"
-        print(f"{name:42s} {v:12,.0f} {ratio}  {d}")
+    print(f"{'configuration':42s} {'steps/s':>12s} {'ratio':>7s}  details (ratio: median of per-round ratios to raw sync)")
+    for name, v, ratio, d in rows:
+        r = f"{ratio:7.3f}" if ratio is not None else "      -"
+        print(f"{name:42s} {v:12,.0f} {r}  {d}")
     print(json.dumps(result, default=float))
     return result
 

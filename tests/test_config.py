@@ -48,7 +48,7 @@ def test_pipeline_refuses_before_starting_anything():
         (["--envs-per-worker", "3"], "bench.envs_per_worker=3: must be even"),
         (["--env", "Nope-v0"], "bench.env='Nope-v0': not an envpool id"),
         (["--device", "cuda:7"], "bench.device='cuda:7'"),
-        (["--seconds", "0"], "seconds=0.0: must be positive"),
+        (["--seconds", "0"], "bench.seconds=0.0: must be positive"),
     ],
 )
 def test_cli_reports_bad_input_in_one_line(args, message):
