@@ -1,4 +1,12 @@
-"""Command line: ``seedlocal <command> [--options]`` (also ``python -m seedlocal``)."""
+"""Command line (also ``python -m seedlocal``):
+
+    seedlocal train vtrace [--preset atari] [--env.id Pong-v5] [...]
+    seedlocal eval --checkpoint runs/<run> [--episodes 10] [--video out.gif]
+    seedlocal bench [--env Pong-v5] [...]
+
+Every command takes ``--help``. Configuration errors print one line naming
+the field and exit with status 2 before any process starts.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,18 @@ import sys
 
 import tyro
 
-from seedlocal.bench import BenchConfig
+from seedlocal.checkpoint import CheckpointError
 from seedlocal.config import ConfigError
 
-COMMANDS = {
-    "bench": BenchConfig,
-}
+USAGE = """usage: seedlocal {train vtrace,eval,bench} [--help] [options]
+
+  train vtrace   train IMPALA (V-trace) with central batched inference
+                 presets: --preset cartpole (default), --preset atari
+  eval           play a saved checkpoint: mean/std return, optional video
+  bench          pipeline efficiency vs raw envpool (ratios from one run)
+"""
+
+TRAINERS = ("vtrace",)
 
 
 def _sigterm_as_exit(signum, frame):
@@ -20,24 +34,72 @@ def _sigterm_as_exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
+    rest, name = [], "cartpole"
+    it = iter(args)
+    for a in it:
+        if a == "--preset":
+            name = next(it, "")
+        elif a.startswith("--preset="):
+            name = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if name not in presets:
+        raise ConfigError(f"preset={name!r}: expected one of {', '.join(presets)}")
+    return presets[name], rest
+
+
+def _parse(argv: list[str]):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        raise SystemExit(0)
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        from seedlocal.bench import BenchConfig
+
+        return cmd, tyro.cli(BenchConfig, args=rest, prog="seedlocal bench")
+    if cmd == "eval":
+        from seedlocal.evaluate import EvalConfig
+
+        return cmd, tyro.cli(EvalConfig, args=rest, prog="seedlocal eval")
+    if cmd == "train":
+        if not rest or rest[0] not in TRAINERS:
+            given = rest[0] if rest else "nothing"
+            print(f"seedlocal: error: train needs an algorithm ({', '.join(TRAINERS)}), got {given}\n\n{USAGE}",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        from seedlocal.train import PRESETS, VTraceRun
+
+        default, args = _pop_preset(rest[1:], PRESETS)
+        return "train", tyro.cli(VTraceRun, args=args, default=default, prog="seedlocal train vtrace",
+                                 description="IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari.")
+    print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = tyro.extras.subcommand_cli_from_dict(
-        {name: cls for name, cls in COMMANDS.items()},
-        args=argv,
-        prog="seedlocal",
-        description="SEED RL central inference and GPU neuroevolution on one workstation.",
-    )
+    argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     try:
-        if isinstance(cfg, BenchConfig):
+        cmd, cfg = _parse(argv)
+        if cmd == "bench":
             from seedlocal.bench import main as bench
 
             bench(cfg)
-    except ConfigError as e:
+        elif cmd == "eval":
+            from seedlocal.evaluate import main as evaluate
+
+            evaluate(cfg)
+        else:
+            from seedlocal.train import train
+
+            train(cfg)
+    except (ConfigError, CheckpointError) as e:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("seedlocal: interrupted, stopped cleanly", file=sys.stderr)
+        print("\nseedlocal: interrupted; stopped cleanly (checkpoint written where a run was training)",
+              file=sys.stderr)
         return 130
     return 0
 

@@ -8,6 +8,7 @@ same outputs, so the benchmark compares like with like.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.shm.rollout import TensorSpec
 
-ENCODERS = ("auto", "mlp", "nature")
+ENCODERS = ("auto", "mlp", "nature", "impala")
 
 
 def is_image(spec: TensorSpec) -> bool:
@@ -58,14 +59,52 @@ class NatureCNN(nn.Module):
         return self.fc(self.conv(x))
 
 
+class _ResidualBlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaResNet(nn.Module):
+    """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of
+    conv + max-pool + two residual blocks, 16/32/32 channels, then 256 units."""
+
+    def __init__(self, in_shape: tuple[int, int, int], channels=(16, 32, 32), out_dim: int = 256):
+        super().__init__()
+        c, h, w = in_shape
+        stages = []
+        for out_c in channels:
+            stages += [nn.Conv2d(c, out_c, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                       _ResidualBlock(out_c), _ResidualBlock(out_c)]
+            c = out_c
+        self.conv = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, *in_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x))
+
+
 def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
 
 
 class ActorCritic(nn.Module):
-    """Encoder → (policy logits, state value) for a discrete action space."""
+    """Encoder → optional LSTM core → (policy logits, state value).
 
-    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64)):
+    ``forward`` serves feed-forward batches; ``step`` one time step with a
+    recurrent state ``core`` of shape [B, 2, H] (h and c); ``unroll`` a whole
+    time-major unroll for the learner, zeroing the state where ``first``.
+    """
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
+                 lstm_size: int = 0, separate_critic: bool = False):
         super().__init__()
         if spec.num_actions is None:
             raise ValueError(f"env.id={spec.env_id!r}: network policies need a Discrete action space")
@@ -75,26 +114,78 @@ class ActorCritic(nn.Module):
         single = spec.obs.get("")
         if encoder == "auto":
             encoder = "nature" if single is not None and is_image(single) else "mlp"
-        if encoder == "nature":
+        if encoder in ("nature", "impala"):
             if single is None or len(single.shape) != 3:
-                raise ValueError(f"encoder=nature needs one image observation (C, H, W); {spec.env_id} has {spec.obs}")
-            self.encoder = NatureCNN(single.shape)
+                raise ValueError(f"encoder={encoder} needs one image observation (C, H, W); "
+                                 f"{spec.env_id} has {spec.obs}")
+            self.encoder = NatureCNN(single.shape) if encoder == "nature" else ImpalaResNet(single.shape)
         else:
             in_dim = sum(max(1, math.prod(s.shape)) for s in spec.obs.values())
             self.encoder = MLPEncoder(in_dim, hidden)
         self.kind = encoder
-        self.policy = nn.Linear(self.encoder.out_dim, spec.num_actions)
-        self.value = nn.Linear(self.encoder.out_dim, 1)
+        # A critic with its own MLP: value regression then cannot steer the
+        # policy's features (CartPole: 450 in ~90-150k steps instead of >300k).
+        # Image torsos and LSTM cores stay shared, as in IMPALA.
+        separate = separate_critic and encoder == "mlp" and not lstm_size
+        self.critic = MLPEncoder(self.encoder.net[0].in_features, hidden) if separate else None
+        d = self.encoder.out_dim
+        self.lstm = nn.LSTMCell(d, lstm_size) if lstm_size else None
+        if self.lstm is not None:
+            d = lstm_size
+        self.policy = nn.Linear(d, spec.num_actions)
+        self.value = nn.Linear(d, 1)
+
+    @property
+    def core_spec(self) -> TensorSpec | None:
+        return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
 
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.kind == "nature":
+        if self.kind in ("nature", "impala"):
             return self.encoder(_as_float(obs[""]))
+        return self.encoder(self._flat(obs))
+
+    def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy(h), self.value(h if hv is None else hv).squeeze(-1)
+
+    def _flat(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         flat = [_as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in self.obs_keys]
-        return self.encoder(torch.cat(flat, dim=1) if len(flat) > 1 else flat[0])
+        return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.critic is not None:
+            x = self._flat(obs)
+            return self._heads(self.encoder(x), self.critic(x))
+        return self._heads(self.encode(obs))
+
+    def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None):
+        if self.critic is not None:
+            return (*self.forward(obs), None)
         h = self.encode(obs)
-        return self.policy(h), self.value(h).squeeze(-1)
+        if self.lstm is None:
+            return (*self._heads(h), None)
+        hx, cx = self.lstm(h, (core[:, 0], core[:, 1]))
+        return (*self._heads(hx), torch.stack([hx, cx], dim=1))
+
+    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None, first: torch.Tensor):
+        """obs [L, B, ...] → logits [L, B, A], values [L, B]. ``core`` is the
+        state before row 0 (already reset if row 0 starts an episode)."""
+        L, B = first.shape
+        flat_obs = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
+        if self.lstm is None:
+            logits, values = self.forward(flat_obs)
+            return logits.reshape(L, B, -1), values.reshape(L, B)
+        h = self.encode(flat_obs)
+        h = h.reshape(L, B, -1)
+        hx, cx = core[:, 0], core[:, 1]
+        keep = (~first).float().unsqueeze(-1)
+        outs = []
+        for t in range(L):
+            if t > 0:  # row 0's reset is already in ``core``
+                hx, cx = hx * keep[t], cx * keep[t]
+            hx, cx = self.lstm(h[t], (hx, cx))
+            outs.append(hx)
+        logits, values = self._heads(torch.stack(outs))
+        return logits, values
 
 
 def policy_outputs(spec: EnvSpec) -> dict[str, TensorSpec]:
@@ -126,16 +217,22 @@ class RandomPolicy:
 
 
 class ModelPolicy:
-    """Samples actions from an ``ActorCritic`` without tracking gradients."""
+    """Samples actions from an ``ActorCritic`` without tracking gradients.
 
-    core_state = None
+    ``lock`` (shared with the learner's optimiser step) keeps a forward pass
+    from reading parameters halfway through an update: inference reads the
+    learner's own weights, as in SEED, with no copy.
+    """
 
-    def __init__(self, model: ActorCritic, spec: EnvSpec):
+    def __init__(self, model: ActorCritic, spec: EnvSpec, lock=None):
         self.model = model
         self.outputs = policy_outputs(spec)
+        self.core_state = model.core_spec
+        self.lock = lock if lock is not None else contextlib.nullcontext()
 
     @torch.inference_mode()
     def act(self, obs: dict[str, torch.Tensor], core=None):
-        logits, value = self.model(obs)
+        with self.lock:
+            logits, value, core = self.model.step(obs, core)
         actions = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
-        return actions, {"logits": logits, "value": value}, None
+        return actions, {"logits": logits, "value": value}, core

@@ -25,7 +25,9 @@ Conventions (all inputs are time-major):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -123,3 +125,96 @@ def impala_loss(
         "total_loss": total_loss.detach(),
     }
     return total_loss, stats
+
+
+# -- the learner step -----------------------------------------------------------
+
+
+@dataclass
+class VTraceParams:
+    """IMPALA learner hyperparameters (defaults: CartPole; see presets for Atari)."""
+
+    batch_size: int = 8
+    """trajectories (one env's unroll each) per update; a multiple of the envs per group"""
+    learning_rate: float = 1e-3
+    """initial learning rate"""
+    lr_decay: bool = True
+    """decay the learning rate linearly to 0 over the step budget"""
+    optimizer: Literal["adam", "rmsprop"] = "adam"
+    """adam, or rmsprop as in the IMPALA paper"""
+    rmsprop_alpha: float = 0.99
+    """RMSProp smoothing constant"""
+    optimizer_eps: float = 1e-5
+    """epsilon of Adam / RMSProp (IMPALA used 0.01 with RMSProp)"""
+    discount: float = 0.99
+    """gamma"""
+    entropy_cost: float = 0.001
+    """weight of the entropy bonus"""
+    baseline_cost: float = 0.5
+    """weight of the value loss"""
+    reward_clip: float = 0.0
+    """clip rewards to [-x, x] for learning (0 = off; 1 for Atari); logged returns stay raw"""
+    max_grad_norm: float = 40.0
+    """clip the global gradient norm (0 = off)"""
+    rho_bar: float = 1.0
+    """V-trace truncation of importance weights for values and policy gradient"""
+    c_bar: float = 1.0
+    """V-trace truncation of the trace coefficients"""
+    lam: float = 1.0
+    """V-trace lambda"""
+    encoder: Literal["auto", "mlp", "nature", "impala"] = "auto"
+    """network torso: auto = nature CNN for images, MLP otherwise"""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP hidden sizes"""
+    lstm_size: int = 0
+    """size of an LSTM core after the encoder (0 = no LSTM)"""
+    separate_critic: bool = True
+    """give the value its own MLP; applies to MLP torsos without LSTM (image torsos are shared)"""
+
+
+def make_optimizer(params, p: VTraceParams) -> torch.optim.Optimizer:
+    if p.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=p.learning_rate, alpha=p.rmsprop_alpha, eps=p.optimizer_eps)
+    return torch.optim.Adam(params, lr=p.learning_rate, eps=p.optimizer_eps)
+
+
+def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None) -> dict[str, float]:
+    """One optimiser step on a batch of unrolls.
+
+    ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
+    rows), ``action``, ``reward``, ``terminated``, ``ignored``,
+    ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state``
+    ([B, 2, H] or None). ``step_lock`` guards only the parameter write, which
+    is all the inference thread must not see half done.
+    """
+    ignored = batch["ignored"]
+    L = ignored.shape[0]
+    T = L - 1
+    first = torch.zeros_like(ignored)
+    first[1:] = ignored[:-1]  # the observation after an ignored action starts an episode
+    logits, values = model.unroll(batch["obs"], batch["core_state"], first)
+
+    actions = batch["action"][:T]
+    rewards = batch["reward"][:T]
+    if p.reward_clip > 0:
+        rewards = rewards.clamp(-p.reward_clip, p.reward_clip)
+    discounts = p.discount * (~batch["terminated"][:T]).to(values.dtype)
+    valid = ~ignored[:T]
+    returns = vtrace(
+        log_prob_of(batch["behaviour_logits"][:T], actions),
+        log_prob_of(logits[:T].detach(), actions),
+        rewards, discounts, values[:T].detach(), values[T].detach(), valid,
+        rho_bar=p.rho_bar, c_bar=p.c_bar, lam=p.lam,
+    )
+    loss, stats = impala_loss(logits[:T], actions, values[:T], returns, valid,
+                              baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    with step_lock if step_lock is not None else contextlib.nullcontext():
+        optimizer.step()
+    out = {k: float(v) for k, v in stats.items()}
+    out["grad_norm"] = float(grad_norm)
+    out["mean_rho"] = float(returns.rhos[valid].mean()) if valid.any() else 1.0
+    return out

@@ -30,6 +30,10 @@ from seedlocal.pipeline.actors import ActorPool
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, STEPPING
 
 
+class LoopStopped(Exception):
+    """Raised inside ``step`` once ``request_stop`` was called."""
+
+
 class LoopStats:
     """Counters the loop updates per batch; read and reset by loggers."""
 
@@ -74,6 +78,7 @@ class InferenceLoop:
         self.consume = consume
         self.completed: queue.Queue[int] = queue.Queue()
         self._last_check = 0.0
+        self._stop = threading.Event()
 
         pin = device.type == "cuda"
         self._obs_keys = pool.layout.obs_keys()
@@ -96,8 +101,11 @@ class InferenceLoop:
         with self._free_cv:
             while not self._free:
                 # The consumer holds every unroll: back-pressure on the actors.
-                if not self._free_cv.wait(self.poll_s):
-                    self._check_workers()
+                # No worker check here: this runs mid-batch, and rebinding a
+                # dead worker's group now would race the batch's own writes.
+                if self._stop.is_set():
+                    raise LoopStopped
+                self._free_cv.wait(self.poll_s)
             return self._free.popleft()
 
     def release(self, buf: int) -> None:
@@ -147,6 +155,8 @@ class InferenceLoop:
         t0 = time.perf_counter()
         deadline = None
         while True:
+            if self._stop.is_set():
+                raise LoopStopped
             ready = np.flatnonzero(self._state == OBS_READY)
             now = time.perf_counter()
             if len(ready) * self.E >= self.min_batch_envs or (deadline is not None and now >= deadline):
@@ -197,12 +207,13 @@ class InferenceLoop:
             )
 
         t0 = time.perf_counter()
-        actions, outputs, new_core = self.policy.act(obs, core)
+        flat_core = None if core is None else core.reshape((n,) + core.shape[2:])
+        actions, outputs, new_core = self.policy.act(obs, flat_core)
         host_actions = actions.cpu().numpy()
         host_out = {name: t.cpu().numpy() for name, t in outputs.items()}
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
-            self.core[torch.from_numpy(ready)] = new_core
+            self.core[torch.from_numpy(ready)] = new_core.reshape(core.shape)
 
         k = len(ready)
         store["action"][bufs, rows] = host_actions.reshape((k, E) + host_actions.shape[1:])
@@ -236,6 +247,21 @@ class InferenceLoop:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             self.step()
+
+    def request_stop(self) -> None:
+        """Make ``step``/``run_until_stopped`` return soon, from any thread."""
+        self._stop.set()
+        with self._free_cv:
+            self._free_cv.notify_all()
+        self.pool.obs_ready.post()
+
+    def run_until_stopped(self) -> None:
+        """Serve batches until ``request_stop``; for an inference thread."""
+        try:
+            while True:
+                self.step()
+        except LoopStopped:
+            pass
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

@@ -1,0 +1,83 @@
+"""Checkpoints: written atomically, rotated, checked before use.
+
+A checkpoint is one ``torch.save`` file under ``<run>/checkpoints/`` named
+``ckpt_<steps>_<frames>.pt``. It is written to a temporary file and renamed,
+so a crash mid-write never leaves a torn file where a good one was. Only
+plain types and tensors are stored, so loading uses ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+FORMAT = 1
+_NAME = re.compile(r"ckpt_(\d+)_(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, unreadable or for another config."""
+
+
+def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
+    folder = Path(run_dir) / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ckpt_{steps:012d}_{frames}.pt"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if keep > 0:
+        for old in all_checkpoints(folder)[:-keep]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def all_checkpoints(folder: Path) -> list[Path]:
+    found = [p for p in Path(folder).glob("ckpt_*.pt") if _NAME.search(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or the newest checkpoint of a run directory."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        for folder in (p / "checkpoints", p):
+            found = all_checkpoints(folder)
+            if found:
+                return found[-1]
+        raise CheckpointError(f"{p}: no checkpoint (ckpt_*.pt) in this directory or its checkpoints/")
+    raise CheckpointError(f"{p}: no such checkpoint file or run directory")
+
+
+def load(path: str | Path) -> dict:
+    p = resolve(path)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # torn, truncated, not a torch file, or unsafe pickle
+        raise CheckpointError(f"{p}: not a readable seedlocal checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{p}: not a seedlocal checkpoint of format {FORMAT}")
+    state["path"] = str(p)
+    return state
+
+
+def check_compatible(state: dict, expected: dict) -> None:
+    """Refuse a checkpoint whose identity (algorithm, env, network) differs."""
+    have = state.get("identity", {})
+    diffs = [f"{k}: checkpoint has {have.get(k)!r}, this run has {v!r}"
+             for k, v in expected.items() if have.get(k) != v]
+    if diffs:
+        raise CheckpointError(f"{state.get('path')}: incompatible with this configuration; " + "; ".join(diffs))

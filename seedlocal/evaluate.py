@@ -1,0 +1,160 @@
+"""``seedlocal eval``: play a checkpoint, report its return, record an episode.
+
+A plain function of (checkpoint, episodes, video), independent of training:
+it builds the network from the checkpoint's identity and steps the env
+backend directly, one env per episode, no pipeline.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal import checkpoint
+from seedlocal.config import ConfigError, fail, resolve_device
+from seedlocal.models import ActorCritic
+from seedlocal.pipeline.envs import describe, make_group
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str
+    """checkpoint file, or a run directory (its newest checkpoint)"""
+    episodes: int = 10
+    """episodes to play (in parallel, one env each)"""
+    greedy: bool = False
+    """take the most likely action instead of sampling"""
+    video: str = ""
+    """write one episode as an animated GIF here (e.g. pong.gif); also logged to the run's TensorBoard"""
+    video_max_steps: int = 2000
+    """stop recording after this many steps"""
+    max_steps: int = 100_000
+    """give up on an episode after this many steps"""
+    seed: int = 12345
+    """env seed (different from training's by default)"""
+    device: str = "cpu"
+    """where the network runs"""
+
+
+def _policy(model: ActorCritic, greedy: bool):
+    @torch.inference_mode()
+    def act(obs: dict[str, np.ndarray], core):
+        logits, _, core = model.step({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()}, core)
+        a = logits.argmax(-1) if greedy else torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        return a.numpy(), core
+
+    return act
+
+
+def load_model(path: str, device: torch.device) -> tuple[ActorCritic, dict, object]:
+    state = checkpoint.load(path)
+    ident = state.get("identity", {})
+    try:
+        spec = describe(ident["env_id"])
+        model = ActorCritic(spec, encoder=ident["encoder"], hidden=tuple(ident["hidden"]),
+                            lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False))
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise checkpoint.CheckpointError(f"{state['path']}: cannot rebuild its network ({e})") from None
+    return model.to(device).eval(), state, spec
+
+
+def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_steps: int) -> np.ndarray:
+    """Returns one raw return per episode (each env plays its first episode)."""
+    env = make_group(spec, episodes, 1, seed)
+    act = _policy(model, greedy)
+    core = None if model.core_spec is None else torch.zeros((episodes,) + model.core_spec.shape)
+    env.reset()
+    obs, _, _, _ = env.recv()
+    returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
+    for _ in range(max_steps):
+        actions, core = act(obs, core)
+        env.send(actions)
+        obs, reward, terminated, truncated = env.recv()
+        returns += np.where(finished, 0.0, reward)
+        finished |= terminated | truncated
+        if finished.all():
+            break
+    env.close()
+    return returns
+
+
+def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) -> list[np.ndarray]:
+    """Frames of one episode: rendered by Gymnasium where it can, else image observations."""
+    act = _policy(model, greedy)
+    core = None if model.core_spec is None else torch.zeros((1,) + model.core_spec.shape)
+    single = spec.obs.get("")
+    if single is not None and len(single.shape) == 3:
+        env = make_group(spec, 1, 1, seed)
+        env.reset()
+        obs, *_ = env.recv()
+        frames = []
+        for _ in range(max_steps):
+            frames.append(np.asarray(obs[""][0, -1]))  # newest frame of the stack
+            actions, core = act(obs, core)
+            env.send(actions)
+            obs, _, te, tr = env.recv()
+            if te[0] or tr[0]:
+                break
+        env.close()
+        return frames
+    import gymnasium
+
+    try:
+        genv = gymnasium.make(spec.env_id, render_mode="rgb_array")
+        obs, _ = genv.reset(seed=seed)
+        frames = [genv.render()]
+    except Exception as e:  # e.g. pygame missing for classic control
+        raise ConfigError(f"video={spec.env_id}: cannot render this env ({type(e).__name__}: {e}); "
+                          "for classic control install pygame (pip install pygame)") from None
+    keys = list(spec.obs)
+    for _ in range(max_steps):
+        batch = {k: np.asarray(obs[k] if isinstance(obs, dict) else obs)[None] for k in keys}
+        actions, core = act(batch, core)
+        obs, _, te, tr, _ = genv.step(int(actions[0]))
+        frames.append(genv.render())
+        if te or tr:
+            break
+    genv.close()
+    return frames
+
+
+def encode_gif(frames: list[np.ndarray], fps: int = 30) -> tuple[bytes, int, int]:
+    from PIL import Image
+
+    imgs = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    buf = io.BytesIO()
+    imgs[0].save(buf, format="GIF", save_all=True, append_images=imgs[1:], duration=int(1000 / fps), loop=0)
+    return buf.getvalue(), imgs[0].height, imgs[0].width
+
+
+def main(cfg: EvalConfig) -> dict:
+    if cfg.episodes < 1:
+        fail("episodes", cfg.episodes, "must be positive")
+    if cfg.video and not cfg.video.lower().endswith(".gif"):
+        fail("video", cfg.video, "only .gif output is supported")
+    device = resolve_device(cfg.device)
+    model, state, spec = load_model(cfg.checkpoint, device)
+    returns = play(model, spec, cfg.episodes, cfg.greedy, cfg.seed, cfg.max_steps)
+    steps = state.get("counters", {}).get("steps", 0)
+    print(f"{spec.env_id}: {cfg.episodes} episodes, return mean {returns.mean():.2f} std {returns.std():.2f} "
+          f"(min {returns.min():.1f}, max {returns.max():.1f}); checkpoint {state['path']} at {steps:,d} steps")
+    out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist()}
+    if cfg.video:
+        frames = record(model, spec, cfg.greedy, cfg.seed, cfg.video_max_steps)
+        gif, h, w = encode_gif(frames)
+        Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.video).write_bytes(gif)
+        run_dir = Path(state["path"]).parent.parent
+        from seedlocal.monitor import RunMonitor
+
+        mon = RunMonitor(run_dir, progress=False)
+        mon.image_summary("eval/episode", gif, h, w, steps)
+        mon.close()
+        print(f"video: {cfg.video} ({len(frames)} frames); also in TensorBoard under eval/episode of {run_dir}")
+        out["video"] = cfg.video
+    return out

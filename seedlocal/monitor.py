@@ -1,0 +1,73 @@
+"""TensorBoard scalars and the one-line terminal progress display.
+
+Metric names are part of the interface; this list is where they are defined.
+The x axis of every scalar is the agent step count (env.step calls).
+
+charts/episode_return     mean raw return of episodes finished since the last log
+charts/episode_length     their mean length, in steps
+charts/episodes           episodes finished so far
+charts/steps_per_s        agent steps per second since the last log
+charts/frames_per_s       emulator frames per second (steps x frame skip)
+charts/learning_rate      current learning rate
+losses/policy_loss, losses/baseline_loss, losses/entropy, losses/total_loss
+losses/grad_norm          global gradient norm before clipping
+losses/mean_rho           mean clipped importance weight (1 = on-policy)
+perf/inference_batch_size mean envs per inference batch
+perf/inference_forward_ms mean policy forward (+ copies) per batch
+perf/batch_collect_ms     median time the inference loop waited to fill a batch
+perf/worker_wait_share    share of env-group time spent waiting for actions
+perf/worker_env_share     share of env-group time spent stepping environments
+perf/learner_wait_share   share of learner time spent waiting for unrolls
+perf/policy_lag           parameter updates between acting and learning
+perf/worker_restarts      env workers restarted so far
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+
+class RunMonitor:
+    def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True):
+        self.run_dir = Path(run_dir)
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
+        self.progress_enabled = progress
+        self._tty = sys.stderr.isatty()
+        self._last_line = 0.0
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, v in values.items():
+            if v is not None:
+                self.writer.add_scalar(tag, v, step)
+
+    def text(self, tag: str, value: str, step: int = 0) -> None:
+        self.writer.add_text(tag, value, step)
+
+    def image_summary(self, tag: str, encoded: bytes, height: int, width: int, step: int) -> None:
+        """An already-encoded image (PNG, or an animated GIF, which TensorBoard plays)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        img = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=encoded)
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=img)]), step)
+
+    def progress(self, line: str) -> None:
+        """One live line on a terminal; a plain line every 10 s in a log file."""
+        if not self.progress_enabled:
+            return
+        now = time.monotonic()
+        if self._tty:
+            sys.stderr.write("\r" + line[:160].ljust(100))
+            sys.stderr.flush()
+        elif now - self._last_line >= 10.0:
+            print(line, file=sys.stderr, flush=True)
+            self._last_line = now
+
+    def close(self) -> None:
+        if self._tty and self.progress_enabled:
+            sys.stderr.write("\n")
+        self.writer.flush()
+        self.writer.close()

@@ -1,0 +1,332 @@
+"""``seedlocal train vtrace``: IMPALA on the SEED-style pipeline.
+
+One process holds the model. Its inference thread serves the env workers
+with the learner's own parameters (a lock covers only the optimiser's write);
+its main thread turns finished unrolls into V-trace updates. Unrolls go from
+shared memory to the device in one copy per field and go back to the free
+pool at once, so actors never wait on the learner's arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal import checkpoint
+from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
+from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
+from seedlocal.models import ActorCritic, ModelPolicy
+from seedlocal.monitor import RunMonitor
+
+
+@dataclass
+class VTraceRun:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=16, unroll_length=16, min_batch_envs=8))
+    algo: VTraceParams = field(default_factory=VTraceParams)
+    total_steps: int = 200_000
+    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
+    seconds: float = 0.0
+    """wall-clock budget in seconds; 0 = none"""
+    stop_at_return: float = 0.0
+    """stop early once the mean return of the last 20 episodes reaches this (0 = never)"""
+    run_name: str = ""
+    """folder under log_dir (default: <env>__vtrace__<seed>__<date-time>)"""
+    log_dir: str = "runs"
+    """where runs (TensorBoard events, checkpoints) are written"""
+    log_every_s: float = 2.0
+    """seconds between TensorBoard points"""
+    checkpoint_every_min: float = 5.0
+    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept per run"""
+    resume: str = ""
+    """run directory or checkpoint to continue; same config, same TensorBoard curve"""
+    progress: bool = True
+    """live one-line progress on the terminal"""
+
+
+PRESETS: dict[str, VTraceRun] = {
+    "cartpole": VTraceRun(),
+    # IMPALA's Atari settings (Espeholt et al. 2018, table G.1) with the
+    # Nature CNN, on envpool's v5 preprocessing (84x84 gray, 4-frame stack).
+    "atari": VTraceRun(
+        env=EnvConfig(id="Pong-v5"),
+        pipeline=PipelineConfig(num_workers=8, envs_per_worker=16, unroll_length=20),
+        algo=VTraceParams(batch_size=32, learning_rate=6e-4, optimizer="rmsprop", optimizer_eps=0.01,
+                          entropy_cost=0.01, reward_clip=1.0, encoder="nature", separate_critic=False),
+        total_steps=2_500_000,
+    ),
+}
+
+
+def identity(cfg: VTraceRun, spec) -> dict:
+    """What a checkpoint must match to be resumed or evaluated with this config."""
+    a = cfg.algo
+    return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
+            "obs": {k: list(s.shape) for k, s in spec.obs.items()},
+            "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size,
+            "separate_critic": a.separate_critic}
+
+
+def build_model(cfg: VTraceRun, spec) -> ActorCritic:
+    a = cfg.algo
+    return ActorCritic(spec, encoder=a.encoder, hidden=tuple(a.hidden), lstm_size=a.lstm_size,
+                       separate_critic=a.separate_critic)
+
+
+def validate(cfg: VTraceRun):
+    validate_pipeline(cfg.pipeline)
+    spec = validate_env(cfg.env)
+    a, p = cfg.algo, cfg.pipeline
+    if spec.num_actions is None:
+        fail("env.id", cfg.env.id, "V-trace here needs a Discrete action space")
+    group = p.envs_per_worker // 2
+    if a.batch_size < 1 or a.batch_size % group:
+        fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group})")
+    k = a.batch_size // group
+    groups = 2 * p.num_workers
+    if p.num_buffers and p.num_buffers < groups + k:
+        fail("pipeline.num_buffers", p.num_buffers, f"needs one unroll per group ({groups}) plus a batch ({k})")
+    for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
+        if getattr(a, name) <= 0:
+            fail(f"algo.{name}", getattr(a, name), "must be positive")
+    if not 0 <= a.discount <= 1:
+        fail("algo.discount", a.discount, "must be in [0, 1]")
+    if not 0 <= a.lam <= 1:
+        fail("algo.lam", a.lam, "must be in [0, 1]")
+    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm", "lstm_size"):
+        if getattr(a, name) < 0:
+            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    if cfg.total_steps < 0 or cfg.seconds < 0:
+        fail("total_steps" if cfg.total_steps < 0 else "seconds",
+             cfg.total_steps if cfg.total_steps < 0 else cfg.seconds, "must be >= 0")
+    if cfg.total_steps == 0 and cfg.seconds == 0:
+        fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
+    if cfg.checkpoint_every_min <= 0:
+        fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
+    try:
+        build_model(cfg, spec)
+    except ValueError as e:
+        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "separate_critic")) else str(e)) from None
+    return spec
+
+
+class _InferenceThread(threading.Thread):
+    def __init__(self, loop):
+        super().__init__(name="inference", daemon=True)
+        self.loop, self.error = loop, None
+
+    def run(self) -> None:
+        try:
+            self.loop.run_until_stopped()
+        except BaseException as e:  # surfaced in the learner thread
+            self.error = e
+
+    def stop(self) -> None:
+        self.loop.request_stop()
+        self.join(10)
+
+
+def _gather(store, bufs: list[int], device: torch.device, obs_keys: list[str]) -> dict:
+    """k unrolls [k, L, E, ...] → one time-major batch [L, k*E, ...] on device."""
+    idx = np.asarray(bufs)
+
+    def tm(name: str) -> torch.Tensor:
+        a = torch.from_numpy(np.take(store[name], idx, axis=0))
+        k, L, E = a.shape[:3]
+        t = a.transpose(0, 1).reshape((L, k * E) + a.shape[3:])
+        if device.type == "cuda":
+            t = t.pin_memory()
+        return t.to(device, non_blocking=True)
+
+    batch = {
+        "obs": {("" if k == "obs" else k[4:]): tm(k) for k in obs_keys},
+        "action": tm("action"), "reward": tm("reward"), "terminated": tm("terminated"),
+        "ignored": tm("ignored"), "behaviour_logits": tm("out.logits"),
+        "core_state": None,
+    }
+    if "core_state" in store:
+        cs = np.take(store["core_state"], idx, axis=0)
+        batch["core_state"] = torch.from_numpy(cs.reshape((-1,) + cs.shape[2:])).to(device)
+    batch["policy_version"] = np.take(store["policy_version"], idx, axis=0)[:, :-1]
+    return batch
+
+
+def _run_dir(cfg: VTraceRun) -> tuple[Path, dict | None]:
+    if cfg.resume:
+        state = checkpoint.load(cfg.resume)
+        return Path(state["path"]).parent.parent, state
+    name = cfg.run_name or f"{cfg.env.id.replace('/', '_')}__vtrace__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(cfg.log_dir) / name
+    if (run_dir / "checkpoints").exists() and checkpoint.all_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(f"run_name={name!r}: {run_dir} already holds checkpoints; "
+                          f"continue it with --resume {run_dir} or pick another name")
+    return run_dir, None
+
+
+def train(cfg: VTraceRun) -> dict:
+    """Train until a budget ends; returns a summary (also on Ctrl-C, re-raised after saving)."""
+    spec = validate(cfg)
+    device = resolve_device(cfg.pipeline.device)
+    torch.manual_seed(cfg.env.seed)
+    run_dir, resumed = _run_dir(cfg)
+    ident = identity(cfg, spec)
+    model = build_model(cfg, spec).to(device)
+    optimizer = make_optimizer(model.parameters(), cfg.algo)
+    counters = {"steps": 0, "updates": 0, "episodes": 0}
+    if resumed is not None:
+        checkpoint.check_compatible(resumed, ident)
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        counters.update(resumed["counters"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    monitor = RunMonitor(run_dir, purge_step=counters["steps"] if resumed else None, progress=cfg.progress)
+    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
+    print(f"seedlocal: training V-trace on {spec.env_id}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
+          f"(run {run_dir})", flush=True)
+
+    lock = threading.Lock()
+    policy = ModelPolicy(model, spec, lock)
+    group = cfg.pipeline.envs_per_worker // 2
+    k = cfg.algo.batch_size // group
+    pipe_cfg = dataclasses.replace(cfg.pipeline)
+    if not pipe_cfg.num_buffers:
+        # One unroll per group plus two batches: actors may run one batch
+        # ahead of the learner, no more (policy lag stays ~ one round of groups).
+        pipe_cfg.num_buffers = 2 * pipe_cfg.num_workers + 2 * k
+    frames_per_step = spec.frames_per_step
+    recent: deque[float] = deque(maxlen=20)
+    summary = {"run_dir": str(run_dir), "steps_to_target": None}
+    state = {"saved": time.monotonic(), "path": None}
+
+    def save() -> None:
+        state["path"] = checkpoint.save(run_dir, {
+            "identity": ident, "config": dataclasses.asdict(cfg), "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "counters": dict(counters),
+        }, counters["steps"], counters["steps"] * frames_per_step, keep=cfg.keep_checkpoints)
+        state["saved"] = time.monotonic()
+
+    from seedlocal.pipeline.pipeline import Pipeline
+
+    steps0 = counters["steps"]
+    with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec) as pipe:
+        loop, store = pipe.loop, pipe.store
+        obs_keys = pipe.layout.obs_keys()
+        runner = _InferenceThread(loop)
+        runner.start()
+        t_start = t_log = time.monotonic()
+        log_steps, wait_s, learn_s, acc = steps0, 0.0, 0.0, {}
+        w_prev = pipe.pool.worker_stats()
+        fwd_prev, batches_prev, envs_prev = 0.0, 0, 0
+        try:
+            while True:
+                counters["steps"] = steps0 + loop.stats.env_steps
+                elapsed = time.monotonic() - t_start
+                if (cfg.total_steps and counters["steps"] >= cfg.total_steps) or (cfg.seconds and elapsed >= cfg.seconds):
+                    break
+                if cfg.stop_at_return and len(recent) == recent.maxlen and np.mean(recent) >= cfg.stop_at_return:
+                    break
+                # -- wait for a batch of unrolls
+                t0 = time.monotonic()
+                bufs = []
+                while len(bufs) < k:
+                    if runner.error is not None:
+                        raise runner.error
+                    try:
+                        bufs.append(loop.completed.get(timeout=0.5))
+                    except queue.Empty:
+                        continue
+                t1 = time.monotonic()
+                wait_s += t1 - t0
+                batch = _gather(store, bufs, device, obs_keys)
+                for b in bufs:
+                    loop.release(b)
+                # -- one update
+                lr = cfg.algo.learning_rate
+                if cfg.algo.lr_decay and cfg.total_steps:
+                    lr *= max(0.0, 1.0 - counters["steps"] / cfg.total_steps)
+                for g in optimizer.param_groups:
+                    g["lr"] = lr
+                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock)
+                loop.version += 1
+                counters["updates"] += 1
+                stats["policy_lag"] = float(loop.version - 1 - batch["policy_version"].mean())
+                for key, v in stats.items():
+                    acc[key] = acc.get(key, 0.0) + v
+                acc["n"] = acc.get("n", 0) + 1
+                learn_s += time.monotonic() - t1
+                # -- episodes, logging, checkpoints
+                new_eps = []
+                while loop.stats.episodes:
+                    new_eps.append(loop.stats.episodes.popleft())
+                counters["episodes"] += len(new_eps)
+                recent.extend(r for r, _ in new_eps)
+                if (cfg.stop_at_return and summary["steps_to_target"] is None and len(recent) == recent.maxlen
+                        and np.mean(recent) >= cfg.stop_at_return):
+                    summary["steps_to_target"] = steps0 + loop.stats.env_steps
+                acc.setdefault("ep", []).extend(new_eps)
+                now = time.monotonic()
+                if now - t_log >= cfg.log_every_s:
+                    step_now = steps0 + loop.stats.env_steps
+                    sps = (step_now - log_steps) / (now - t_log)
+                    n = acc.pop("n")
+                    eps = acc.pop("ep")
+                    w = pipe.pool.worker_stats()
+                    thread_s = (now - t_log) * 2 * cfg.pipeline.num_workers
+                    ls = loop.stats
+                    nb = max(1, ls.batches - batches_prev)
+                    values = {f"losses/{key}": v / n for key, v in acc.items() if key != "policy_lag"}
+                    values.update({
+                        "charts/episode_return": float(np.mean([r for r, _ in eps])) if eps else None,
+                        "charts/episode_length": float(np.mean([l for _, l in eps])) if eps else None,
+                        "charts/episodes": counters["episodes"],
+                        "charts/steps_per_s": sps,
+                        "charts/frames_per_s": sps * frames_per_step,
+                        "charts/learning_rate": lr,
+                        "perf/inference_batch_size": (ls.batch_envs - envs_prev) / nb,
+                        "perf/inference_forward_ms": (ls.forward_s - fwd_prev) / nb * 1e3,
+                        "perf/batch_collect_ms": float(np.median(ls.collect_s)) * 1e3 if ls.collect_s else None,
+                        "perf/worker_wait_share": (w["wait_s"] - w_prev["wait_s"]) / thread_s,
+                        "perf/worker_env_share": (w["env_s"] - w_prev["env_s"]) / thread_s,
+                        "perf/learner_wait_share": wait_s / max(1e-9, wait_s + learn_s),
+                        "perf/policy_lag": acc["policy_lag"] / n,
+                        "perf/worker_restarts": ls.restarts,
+                    })
+                    monitor.scalars(step_now, values)
+                    ret = f"{np.mean(recent):7.1f}" if recent else "      -"
+                    monitor.progress(
+                        f"steps {step_now:>10,d}  frames/s {sps * frames_per_step:>9,.0f}  "
+                        f"return(20) {ret}  updates {counters['updates']:,d}  "
+                        f"loss {values['losses/total_loss']:.3f}")
+                    t_log, log_steps, wait_s, learn_s, acc = now, step_now, 0.0, 0.0, {}
+                    w_prev, fwd_prev, batches_prev, envs_prev = w, ls.forward_s, ls.batches, ls.batch_envs
+                if now - state["saved"] >= cfg.checkpoint_every_min * 60:
+                    save()
+        finally:
+            runner.stop()
+            counters["steps"] = steps0 + loop.stats.env_steps
+            counters["episodes"] += len(loop.stats.episodes)
+            try:
+                save()
+            finally:
+                monitor.close()
+    summary.update({
+        "steps": counters["steps"], "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+        "episodes": counters["episodes"], "mean_return_last20": float(np.mean(recent)) if recent else math.nan,
+        "seconds": time.monotonic() - t_start, "checkpoint": str(state["path"]),
+    })
+    print(f"\nseedlocal: done: {summary['steps']:,d} steps, mean return (last 20) "
+          f"{summary['mean_return_last20']:.1f}; checkpoint {summary['checkpoint']}", flush=True)
+    return summary

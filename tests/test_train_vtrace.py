@@ -1,0 +1,166 @@
+"""V-trace end to end: it learns, it logs, it checkpoints, it resumes, it evaluates."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import seedlocal_segments
+from seedlocal import checkpoint
+from seedlocal.checkpoint import CheckpointError
+from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
+from seedlocal.evaluate import EvalConfig
+from seedlocal.evaluate import main as evaluate
+from seedlocal.train import PRESETS, VTraceRun, train
+
+STEP_BUDGET = 400_000  # CartPole-v1 must reach a mean return of 450 (last 20 episodes) within this many agent steps
+TAGS = [
+    "charts/episode_return", "charts/episode_length", "charts/steps_per_s", "charts/frames_per_s",
+    "charts/learning_rate", "losses/policy_loss", "losses/baseline_loss", "losses/entropy",
+    "losses/total_loss", "losses/grad_norm", "perf/inference_batch_size", "perf/inference_forward_ms",
+    "perf/batch_collect_ms", "perf/learner_wait_share", "perf/worker_wait_share", "perf/policy_lag",
+]
+
+
+def scalars(run_dir) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    return {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}, ea
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("runs")
+    cfg = VTraceRun(total_steps=STEP_BUDGET, stop_at_return=450, log_dir=str(log_dir), run_name="cp",
+                    progress=False, log_every_s=1.0)
+    summary = train(cfg)
+    return cfg, summary, log_dir / "cp"
+
+
+def test_vtrace_learns_cartpole_within_budget(cartpole_run):
+    _, summary, _ = cartpole_run
+    assert summary["steps_to_target"] is not None, f"no 450 within {STEP_BUDGET} steps: {summary}"
+    assert summary["steps_to_target"] <= STEP_BUDGET
+    assert summary["mean_return_last20"] >= 450
+    print(f"steps to 450: {summary['steps_to_target']:,d} ({summary['seconds']:.1f} s)")
+
+
+def test_tensorboard_has_the_documented_tags(cartpole_run):
+    _, _, run_dir = cartpole_run
+    found, ea = scalars(run_dir)
+    missing = [t for t in TAGS if t not in found]
+    assert not missing, f"missing tags: {missing}"
+    returns = [v for _, v in found["charts/episode_return"]]
+    assert returns and all(math.isfinite(v) for v in returns)
+    assert max(returns) > 100  # the curve rose
+    assert "config/text_summary" in ea.Tags()["tensors"]
+
+
+def test_eval_plays_the_checkpoint(cartpole_run, capsys):
+    _, _, run_dir = cartpole_run
+    out = evaluate(EvalConfig(checkpoint=str(run_dir), episodes=8))
+    assert out["mean"] >= 300  # the trained policy, sampled, on fresh seeds
+    printed = capsys.readouterr().out
+    assert "return mean" in printed and "std" in printed
+
+
+def _tiny(tmp_path, **kw) -> VTraceRun:
+    base = dict(total_steps=3000, log_dir=str(tmp_path), run_name="tiny", progress=False, log_every_s=0.2)
+    base.update(kw)
+    return VTraceRun(**base)
+
+
+def test_resume_continues_the_same_curve(tmp_path):
+    first = train(_tiny(tmp_path))
+    state = checkpoint.load(tmp_path / "tiny")
+    assert state["counters"]["steps"] == first["steps"] > 0
+    second = train(_tiny(tmp_path, total_steps=first["steps"] + 3000, resume=str(tmp_path / "tiny")))
+    assert second["steps"] >= first["steps"] + 3000 - 200
+    found, _ = scalars(tmp_path / "tiny")
+    steps = [s for s, _ in found["charts/steps_per_s"]]
+    assert max(steps) > first["steps"]  # the resumed run logged onto the same curve, further along
+    assert len(checkpoint.all_checkpoints(tmp_path / "tiny" / "checkpoints")) == 2
+
+
+def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
+    train(_tiny(tmp_path))
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train(_tiny(tmp_path))
+
+
+def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
+    train(_tiny(tmp_path))
+    cfg = _tiny(tmp_path, resume=str(tmp_path / "tiny"))
+    cfg.algo.hidden = (32,)
+    with pytest.raises(CheckpointError, match=r"incompatible.*hidden: checkpoint has \[64, 64\], this run has \[32\]"):
+        train(cfg)
+    newest = checkpoint.resolve(tmp_path / "tiny")
+    good = newest.read_bytes()
+    newest.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match="not a readable seedlocal checkpoint"):
+        train(_tiny(tmp_path, resume=str(newest)))
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        evaluate(EvalConfig(checkpoint=str(tmp_path / "nope.pt")))
+    newest.write_bytes(good)  # nothing else was touched by the refusals
+    assert checkpoint.load(newest)["counters"]["steps"] > 0
+
+
+def test_bad_training_config_is_refused_before_start(tmp_path):
+    with pytest.raises(ConfigError, match=r"algo.batch_size=12: must be a positive multiple of the envs per group \(8\)"):
+        cfg = _tiny(tmp_path)
+        cfg.algo.batch_size = 12
+        train(cfg)
+    with pytest.raises(ConfigError, match=r"total_steps=0: with seconds=0"):
+        train(_tiny(tmp_path, total_steps=0))
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_atari_preset_trains_and_records_a_video(tmp_path):
+    cfg = PRESETS["atari"]
+    cfg = VTraceRun(env=cfg.env, algo=cfg.algo, total_steps=400, log_dir=str(tmp_path), run_name="pong",
+                    progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=5))
+    cfg.algo.batch_size = 8
+    summary = train(cfg)
+    assert summary["updates"] >= 1 and summary["frames"] == 4 * summary["steps"]
+    gif = tmp_path / "pong.gif"
+    out = evaluate(EvalConfig(checkpoint=str(tmp_path / "pong"), episodes=1, video=str(gif), video_max_steps=50,
+                              max_steps=50))
+    assert gif.read_bytes()[:6] == b"GIF89a"
+    from PIL import Image
+
+    assert Image.open(gif).n_frames >= 10
+    assert "eval/episode" in scalars(tmp_path / "pong")[1].Tags()["images"]
+    assert math.isfinite(out["mean"])
+
+
+def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
+    cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--total-steps", "10000000", "--log-dir",
+           str(tmp_path), "--run-name", "cli", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not list((tmp_path / "cli").glob("events.*")):
+        time.sleep(0.2)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "tensorboard --logdir" in out
+    state = checkpoint.load(tmp_path / "cli")
+    assert state["counters"]["steps"] > 0
+    assert not seedlocal_segments(proc.pid)
+
+
+@pytest.mark.slow
+def test_vtrace_lstm_learns_cartpole(tmp_path):
+    cfg = VTraceRun(total_steps=600_000, stop_at_return=450, log_dir=str(tmp_path), run_name="lstm", progress=False)
+    cfg.algo.lstm_size = 64
+    summary = train(cfg)
+    assert summary["steps_to_target"] is not None, summary
