@@ -33,9 +33,9 @@ from seedlocal.monitor import RunMonitor
 class VTraceRun:
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
-        num_workers=2, envs_per_worker=16, unroll_length=16, min_batch_envs=8))
+        num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
     algo: VTraceParams = field(default_factory=VTraceParams)
-    total_steps: int = 200_000
+    total_steps: int = 300_000
     """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
     seconds: float = 0.0
     """wall-clock budget in seconds; 0 = none"""

@@ -134,7 +134,7 @@ def impala_loss(
 class VTraceParams:
     """IMPALA learner hyperparameters (defaults: CartPole; see presets for Atari)."""
 
-    batch_size: int = 8
+    batch_size: int = 4
     """trajectories (one env's unroll each) per update; a multiple of the envs per group"""
     learning_rate: float = 1e-3
     """initial learning rate"""
