@@ -1,6 +1,7 @@
 """Command line (also ``python -m seedlocal``):
 
     seedlocal train vtrace [--preset atari] [--env.id Pong-v5] [...]
+    seedlocal train ga|es|random-search [--env.id CartPole-v1] [...]
     seedlocal eval --checkpoint runs/<run> [--episodes 10] [--video out.gif]
     seedlocal bench [--env Pong-v5] [...]
 
@@ -18,15 +19,18 @@ import tyro
 from seedlocal.checkpoint import CheckpointError
 from seedlocal.config import ConfigError
 
-USAGE = """usage: seedlocal {train vtrace,eval,bench} [--help] [options]
+USAGE = """usage: seedlocal {train vtrace|ga|es|random-search,eval,bench} [--help] [options]
 
   train vtrace   train IMPALA (V-trace) with central batched inference
                  presets: --preset cartpole (default), --preset atari
+  train ga       deep GA: a population evaluated in batched forward passes
+  train es       evolution strategies (antithetic, centred ranks, Adam)
+  train random-search   the random-search baseline of the deep-GA paper
   eval           play a saved checkpoint: mean/std return, optional video
   bench          pipeline efficiency vs raw envpool (ratios from one run)
 """
 
-TRAINERS = ("vtrace",)
+TRAINERS = ("vtrace", "ga", "es", "random-search")
 
 
 def _sigterm_as_exit(signum, frame):
@@ -68,6 +72,10 @@ def _parse(argv: list[str]):
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TRAINERS)}), got {given}\n\n{USAGE}",
                   file=sys.stderr)
             raise SystemExit(2)
+        if rest[0] != "vtrace":
+            from seedlocal.neuroevolution import ALGOS
+
+            return "train", tyro.cli(ALGOS[rest[0]], args=rest[1:], prog=f"seedlocal train {rest[0]}")
         from seedlocal.train import PRESETS, VTraceRun
 
         default, args = _pop_preset(rest[1:], PRESETS)
@@ -90,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             from seedlocal.evaluate import main as evaluate
 
             evaluate(cfg)
-        else:
+        elif type(cfg).__name__ == "VTraceRun":
             from seedlocal.train import train
 
             train(cfg)
+        else:
+            from seedlocal.neuroevolution import train as evolve
+
+            evolve(cfg)
     except (ConfigError, CheckpointError) as e:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 2

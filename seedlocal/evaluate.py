@@ -16,7 +16,7 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.config import ConfigError, fail, resolve_device
-from seedlocal.models import ActorCritic
+from seedlocal.models import ActorCritic, PolicyNet
 from seedlocal.pipeline.envs import describe, make_group
 
 
@@ -50,14 +50,18 @@ def _policy(model: ActorCritic, greedy: bool):
     return act
 
 
-def load_model(path: str, device: torch.device) -> tuple[ActorCritic, dict, object]:
+def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, object]:
     state = checkpoint.load(path)
     ident = state.get("identity", {})
     try:
         spec = describe(ident["env_id"])
-        model = ActorCritic(spec, encoder=ident["encoder"], hidden=tuple(ident["hidden"]),
-                            lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False))
-        model.load_state_dict(state["model"])
+        if ident.get("network") == "policy":  # neuroevolution: the best member's flat parameters
+            model = PolicyNet(spec, ident["encoder"], tuple(ident["hidden"]))
+            torch.nn.utils.vector_to_parameters(state["best_params"].float(), model.parameters())
+        else:
+            model = ActorCritic(spec, encoder=ident["encoder"], hidden=tuple(ident["hidden"]),
+                                lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False))
+            model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, ValueError) as e:
         raise checkpoint.CheckpointError(f"{state['path']}: cannot rebuild its network ({e})") from None
     return model.to(device).eval(), state, spec
@@ -140,7 +144,8 @@ def main(cfg: EvalConfig) -> dict:
     device = resolve_device(cfg.device)
     model, state, spec = load_model(cfg.checkpoint, device)
     returns = play(model, spec, cfg.episodes, cfg.greedy, cfg.seed, cfg.max_steps)
-    steps = state.get("counters", {}).get("steps", 0)
+    counters = state.get("counters", {})
+    steps = counters.get("steps", counters.get("generation", 0))
     print(f"{spec.env_id}: {cfg.episodes} episodes, return mean {returns.mean():.2f} std {returns.std():.2f} "
           f"(min {returns.min():.1f}, max {returns.max():.1f}); checkpoint {state['path']} at {steps:,d} steps")
     out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist()}

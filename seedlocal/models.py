@@ -95,6 +95,48 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
 
 
+def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
+    """(kind, torso) for an env: ``auto`` picks the Nature CNN for images, else an MLP."""
+    if spec.num_actions is None:
+        raise ValueError(f"env.id={spec.env_id!r}: network policies need a Discrete action space")
+    if encoder not in ENCODERS:
+        raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
+    single = spec.obs.get("")
+    if encoder == "auto":
+        encoder = "nature" if single is not None and is_image(single) else "mlp"
+    if encoder in ("nature", "impala"):
+        if single is None or len(single.shape) != 3:
+            raise ValueError(f"encoder={encoder} needs one image observation (C, H, W); {spec.env_id} has {spec.obs}")
+        return encoder, NatureCNN(single.shape) if encoder == "nature" else ImpalaResNet(single.shape)
+    in_dim = sum(max(1, math.prod(s.shape)) for s in spec.obs.values())
+    return encoder, MLPEncoder(in_dim, hidden)
+
+
+def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if kind in ("nature", "impala"):
+        return encoder(_as_float(obs[""]))
+    flat = [_as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
+    return encoder(torch.cat(flat, dim=1) if len(flat) > 1 else flat[0])
+
+
+class PolicyNet(nn.Module):
+    """Encoder → action logits: the network a neuroevolution genome encodes."""
+
+    core_spec = None
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64)):
+        super().__init__()
+        self.obs_keys = list(spec.obs)
+        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        self.policy = nn.Linear(self.encoder.out_dim, spec.num_actions)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.policy(encode_obs(self.kind, self.encoder, self.obs_keys, obs))
+
+    def step(self, obs: dict[str, torch.Tensor], core=None):
+        return self.forward(obs), None, None
+
+
 class ActorCritic(nn.Module):
     """Encoder → optional LSTM core → (policy logits, state value).
 
@@ -106,23 +148,9 @@ class ActorCritic(nn.Module):
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  lstm_size: int = 0, separate_critic: bool = False):
         super().__init__()
-        if spec.num_actions is None:
-            raise ValueError(f"env.id={spec.env_id!r}: network policies need a Discrete action space")
-        if encoder not in ENCODERS:
-            raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
         self.obs_keys = list(spec.obs)
-        single = spec.obs.get("")
-        if encoder == "auto":
-            encoder = "nature" if single is not None and is_image(single) else "mlp"
-        if encoder in ("nature", "impala"):
-            if single is None or len(single.shape) != 3:
-                raise ValueError(f"encoder={encoder} needs one image observation (C, H, W); "
-                                 f"{spec.env_id} has {spec.obs}")
-            self.encoder = NatureCNN(single.shape) if encoder == "nature" else ImpalaResNet(single.shape)
-        else:
-            in_dim = sum(max(1, math.prod(s.shape)) for s in spec.obs.values())
-            self.encoder = MLPEncoder(in_dim, hidden)
-        self.kind = encoder
+        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        encoder = self.kind
         # A critic with its own MLP: value regression then cannot steer the
         # policy's features (CartPole: 450 in ~90-150k steps instead of >300k).
         # Image torsos and LSTM cores stay shared, as in IMPALA.
@@ -140,9 +168,7 @@ class ActorCritic(nn.Module):
         return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
 
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.kind in ("nature", "impala"):
-            return self.encoder(_as_float(obs[""]))
-        return self.encoder(self._flat(obs))
+        return encode_obs(self.kind, self.encoder, self.obs_keys, obs)
 
     def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy(h), self.value(h if hv is None else hv).squeeze(-1)

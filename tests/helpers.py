@@ -13,10 +13,11 @@ FIELDS = ("obs", "action", "reward", "terminated", "truncated", "ignored", "ep_r
           "out.logits", "out.value", "policy_version")
 
 
-def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", **pipe) -> Pipeline:
+def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, **pipe) -> Pipeline:
+    """consume=True: the test must take and release completed unrolls (take_unrolls does)."""
     cfg = dict(num_workers=1, envs_per_worker=4, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
     cfg.update(pipe)
-    return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=True)
+    return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=consume)
 
 
 def take_unrolls(pipe: Pipeline, n: int, max_batches: int = 20000) -> list[dict]:

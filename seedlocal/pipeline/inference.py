@@ -27,7 +27,10 @@ import numpy as np
 import torch
 
 from seedlocal.pipeline.actors import ActorPool
-from seedlocal.shm.slots import ACTION_READY, OBS_READY, STEPPING
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING
+
+# What a planning policy may ask for each ready group (see InferenceLoop.step).
+SERVE, HOLD, RESTART = 0, 1, 2
 
 
 class LoopStopped(Exception):
@@ -79,6 +82,11 @@ class InferenceLoop:
         self.completed: queue.Queue[int] = queue.Queue()
         self._last_check = 0.0
         self._stop = threading.Event()
+        # Groups a planning policy parked: left unanswered (their workers
+        # sleep) until ``unhold``.
+        self._held = np.zeros(self.G, bool)
+        self._unhold = threading.Event()
+        self._plan = getattr(policy, "plan", None)
 
         pin = device.type == "cuda"
         self._obs_keys = pool.layout.obs_keys()
@@ -157,7 +165,10 @@ class InferenceLoop:
         while True:
             if self._stop.is_set():
                 raise LoopStopped
-            ready = np.flatnonzero(self._state == OBS_READY)
+            if self._unhold.is_set():
+                self._unhold.clear()
+                self._held[:] = False
+            ready = np.flatnonzero((self._state == OBS_READY) & ~self._held)
             now = time.perf_counter()
             if len(ready) * self.E >= self.min_batch_envs or (deadline is not None and now >= deadline):
                 break
@@ -185,6 +196,21 @@ class InferenceLoop:
             rets, lens = store["ep_return"][prev_b, prev_r][done], store["ep_length"][prev_b, prev_r][done]
             self.stats.episodes.extend(zip(rets.tolist(), lens.tolist()))
             self.stats.episodes_total += int(done.sum())
+        n_stepped = int(stepped.sum()) * E
+        self.stats.env_steps += n_stepped
+
+        if self._plan is not None:
+            full_done = np.zeros((len(ready), E), bool)
+            full_ret = np.zeros((len(ready), E), np.float32)
+            full_done[stepped] = done
+            full_ret[stepped] = store["ep_return"][prev_b, prev_r]
+            codes = np.asarray(self._plan(ready, first, full_done, full_ret))
+            if (codes != SERVE).any():
+                self._apply_plan(ready, codes)
+                keep = codes == SERVE
+                ready, bufs, rows, first = ready[keep], bufs[keep], rows[keep], first[keep]
+                if not len(ready):
+                    return n_stepped
 
         for i in np.flatnonzero(rows == L - 1):
             self._rotate(int(ready[i]), i, bufs, rows)
@@ -208,7 +234,10 @@ class InferenceLoop:
 
         t0 = time.perf_counter()
         flat_core = None if core is None else core.reshape((n,) + core.shape[2:])
-        actions, outputs, new_core = self.policy.act(obs, flat_core)
+        if self._plan is not None:
+            actions, outputs, new_core = self.policy.act(obs, flat_core, groups=ready)
+        else:
+            actions, outputs, new_core = self.policy.act(obs, flat_core)
         host_actions = actions.cpu().numpy()
         host_out = {name: t.cpu().numpy() for name, t in outputs.items()}
         self.stats.forward_s += time.perf_counter() - t0
@@ -228,8 +257,23 @@ class InferenceLoop:
 
         self.stats.batches += 1
         self.stats.batch_envs += n
-        self.stats.env_steps += int(stepped.sum()) * E
-        return int(stepped.sum()) * E
+        return n_stepped
+
+    def _apply_plan(self, groups: np.ndarray, codes: np.ndarray) -> None:
+        for g, code in zip(groups.tolist(), codes.tolist()):
+            if code == HOLD:
+                self._held[g] = True
+            elif code == RESTART:
+                # Fresh episodes in a fresh unroll: the partial one is dropped.
+                self.release(int(self._tbuf[g]))
+                self._bind_fresh(g)
+                self._state[g] = RESET
+                self.pool.wake[g].post()
+
+    def unhold(self) -> None:
+        """Serve held groups again (they are offered to ``policy.plan`` anew)."""
+        self._unhold.set()
+        self.pool.obs_ready.post()
 
     def _rotate(self, g: int, i: int, bufs: np.ndarray, rows: np.ndarray) -> None:
         """Group ``g`` filled its unroll's bootstrap row: pass the unroll on and

@@ -23,7 +23,7 @@ import numpy as np
 from seedlocal.pipeline.envs import EnvSpec, make_group
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
-from seedlocal.shm.slots import ACTION_READY, OBS_READY, STEPPING, Signal
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
 
 
 @dataclass(frozen=True)
@@ -155,10 +155,15 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
         state[g] = OBS_READY
         args.obs_ready.post()
         t0 = time.perf_counter()
-        while state[g] != ACTION_READY:
+        while state[g] != ACTION_READY and state[g] != RESET:
             if stop[0]:
                 return
             wake.wait(args.poll_s)
         wait_s[g] += time.perf_counter() - t0
+        if state[g] == RESET:
+            state[g] = STEPPING
+            writer = _GroupWriter(n)  # fresh episodes: nothing carries over
+            env.reset()
+            continue
         state[g] = STEPPING
         env.send(store["action"][target_buf[g], target_row[g] - 1])

@@ -7,6 +7,9 @@ small control segment; the slot's state says who may touch the group's rows:
                   the results into row ``target_row`` of unroll ``target_buf``
     OBS_READY     the inference loop: observations are in that row
     ACTION_READY  the worker: actions are in row ``target_row - 1``
+    RESET         the worker: reset every env of the group and write the
+                  first observations into row 0 of ``target_buf`` (a fresh
+                  unroll); neuroevolution starts each generation this way
 
 State changes are published after the data they guard is written and are
 followed by a semaphore post, which is a full memory barrier on every
@@ -23,6 +26,7 @@ from seedlocal.shm.arrays import ArraySpec, SharedArrays
 STEPPING = 0
 OBS_READY = 1
 ACTION_READY = 2
+RESET = 3
 
 
 def control_specs(num_groups: int) -> list[ArraySpec]:

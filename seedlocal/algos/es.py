@@ -1,0 +1,123 @@
+"""Evolution strategies with antithetic sampling, centred ranks and Adam.
+
+Reference: T. Salimans et al., 2017, "Evolution Strategies as a Scalable
+Alternative to Reinforcement Learning", arXiv:1703.03864 (Algorithm 2 and
+section 2.2: mirrored sampling, fitness shaping, weight decay).
+
+Conventions:
+  * theta is a flat float32 CPU vector (see ``neuroevo.ParamSpace``).
+  * Generation g draws P/2 seeds from ``generation_rng(seed, g)``; eps_i =
+    ``noise(seed_i, size)``, and the population is ordered
+    [theta + sigma*eps_1, theta - sigma*eps_1, theta + sigma*eps_2, ...].
+    ``ask`` draws nothing into the state, so asking twice gives the same seeds.
+  * Fitness is higher-is-better; NaN counts as the worst. With r = the centred
+    ranks of all P fitnesses,
+    g = sum_i (r(+i) - r(-i)) * eps_i / (P * sigma),
+    and Adam (bias-corrected) ascends g - weight_decay * theta.
+  * The state holds ints, a dict and tensors: ``dataclasses.asdict`` of it
+    loads with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from seedlocal.algos.neuroevo import centered_ranks, generation_rng, nan_to_worst, new_seeds, noise
+from seedlocal.config import fail
+
+
+@dataclass
+class ESParams:
+    """ES hyperparameters (defaults as in Salimans et al. except the population)."""
+
+    population_size: int = 64
+    """perturbations per generation (P); even, since they come in antithetic pairs"""
+    sigma: float = 0.05
+    """standard deviation of the parameter noise"""
+    learning_rate: float = 0.03
+    """Adam step size"""
+    weight_decay: float = 0.005
+    """L2 coefficient pulling theta towards 0"""
+    beta1: float = 0.9
+    """Adam first-moment decay"""
+    beta2: float = 0.999
+    """Adam second-moment decay"""
+    adam_eps: float = 1e-8
+    """Adam denominator epsilon"""
+
+
+def validate(p: ESParams, prefix: str = "algo") -> None:
+    if p.population_size < 2:
+        fail(f"{prefix}.population_size", p.population_size, "must be >= 2 (one antithetic pair)")
+    if p.population_size % 2:
+        fail(f"{prefix}.population_size", p.population_size, "must be even (antithetic pairs)")
+    # `not x > 0` rather than `x <= 0` so that NaN fails too.
+    for name in ("sigma", "learning_rate", "adam_eps"):
+        if not getattr(p, name) > 0:
+            fail(f"{prefix}.{name}", getattr(p, name), "must be > 0")
+    if not p.weight_decay >= 0:
+        fail(f"{prefix}.weight_decay", p.weight_decay, "must be >= 0")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(p, name) < 1:
+            fail(f"{prefix}.{name}", getattr(p, name), "must be in [0, 1)")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: == on tensors is elementwise
+class ESState:
+    theta: Tensor
+    """[size] float32: the current parameters"""
+    m: Tensor
+    """[size] Adam first moment"""
+    v: Tensor
+    """[size] Adam second moment"""
+    t: int
+    """Adam steps taken"""
+    generation: int
+    """generations completed"""
+    rng: dict
+    """{"seed": int}: the run's base seed"""
+
+
+def init(theta0: Tensor, seed: int) -> ESState:
+    theta = theta0.detach().to(device="cpu", dtype=torch.float32).reshape(-1).clone()
+    return ESState(theta=theta, m=torch.zeros_like(theta), v=torch.zeros_like(theta),
+                   t=0, generation=0, rng={"seed": int(seed)})
+
+
+def ask(state: ESState, p: ESParams) -> tuple[list[int], Tensor]:
+    """P/2 noise seeds and the [P, size] perturbed parameters (pairs +, -)."""
+    seeds = new_seeds(generation_rng(state.rng["seed"], state.generation), p.population_size // 2)
+    rows = []
+    for s in seeds:
+        step = p.sigma * noise(s, state.theta.numel())
+        rows += [state.theta + step, state.theta - step]
+    return seeds, torch.stack(rows)
+
+
+def gradient(state: ESState, p: ESParams, seeds: list[int], fitness) -> Tensor:
+    """The ES estimate of the gradient of expected fitness (no weight decay)."""
+    ranks = centered_ranks(nan_to_worst(fitness))
+    if ranks.numel() != 2 * len(seeds):
+        raise ValueError(f"{ranks.numel()} fitness values for {len(seeds)} antithetic pairs")
+    weights = (ranks[0::2] - ranks[1::2]).tolist()
+    # Regenerate eps one seed at a time rather than stacking [P/2, size]:
+    # memory stays O(size) however large the population.
+    g = torch.zeros_like(state.theta)
+    for w, s in zip(weights, seeds):
+        g.add_(noise(s, g.numel()), alpha=w)
+    return g / (ranks.numel() * p.sigma)
+
+
+def tell(state: ESState, p: ESParams, seeds: list[int], fitness) -> ESState:
+    """One Adam ascent step on the ES gradient estimate; returns the new state."""
+    ascent = gradient(state, p, seeds, fitness) - p.weight_decay * state.theta
+    t = state.t + 1
+    m = p.beta1 * state.m + (1 - p.beta1) * ascent
+    v = p.beta2 * state.v + (1 - p.beta2) * ascent * ascent
+    m_hat = m / (1 - p.beta1**t)
+    v_hat = v / (1 - p.beta2**t)
+    theta = state.theta + p.learning_rate * m_hat / (v_hat.sqrt() + p.adam_eps)
+    return ESState(theta=theta, m=m, v=v, t=t, generation=state.generation + 1, rng=state.rng)

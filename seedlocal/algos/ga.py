@@ -1,0 +1,152 @@
+"""Deep genetic algorithm with genomes compressed to lists of seeds.
+
+Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
+Are a Competitive Alternative for Training Deep Neural Networks for
+Reinforcement Learning", arXiv:1712.06567 (section 3 and Algorithm 1).
+
+Conventions:
+  * A genome is a tuple of ints: ``genome[0]`` seeds the initialisation and
+    each later element one mutation, so
+    theta = init(g[0]) + sigma * eps(g[1]) + sigma * eps(g[2]) + ...
+    with eps(s) = ``noise(s, size)``. The sum is taken in order, one addition
+    at a time, so ``rebuild(genome)`` equals ``mutate(rebuild(genome[:-1]),
+    genome[-1])`` bit for bit: a worker that keeps last generation's vectors
+    (keyed by genome) builds each child with a single mutation.
+  * Storage: a genome grows by one seed per generation, 8 bytes as an int64
+    (+ the tuple's overhead); pickled, a 31-bit seed takes 5 bytes.
+  * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite
+    candidates) -> evaluate each candidate ``elite_episodes`` times ->
+    ``advance``. Fitness is higher-is-better; NaN counts as the worst.
+  * The next population is [elite] + children; fitness ties go to the lower
+    index, so an elite that ties with a child stays ahead of it.
+  * The state holds plain types only (``dataclasses.asdict`` of it loads with
+    ``torch.load(weights_only=True)``); the draws of generation g come from
+    ``generation_rng(seed, g)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from seedlocal.algos.neuroevo import ParamSpace, generation_rng, nan_to_worst, new_seeds, noise
+from seedlocal.config import fail
+
+Genome = tuple[int, ...]
+
+
+@dataclass
+class GAParams:
+    """Deep GA hyperparameters (defaults: a small run; the paper used P = 1000 and up)."""
+
+    population_size: int = 64
+    """genomes per generation (P), the elite included"""
+    truncation: int = 8
+    """the top T genomes by fitness become the parents"""
+    sigma: float = 0.05
+    """mutation power: the scale of the Gaussian noise added per mutation"""
+    elite_candidates: int = 4
+    """the top C genomes are re-evaluated to choose the elite"""
+    elite_episodes: int = 5
+    """extra episodes per elite candidate"""
+
+
+def validate(p: GAParams, prefix: str = "algo") -> None:
+    if p.population_size < 2:
+        fail(f"{prefix}.population_size", p.population_size, "must be >= 2 (the elite and at least one child)")
+    if p.truncation < 1:
+        fail(f"{prefix}.truncation", p.truncation, "must be >= 1")
+    if p.truncation > p.population_size:
+        fail(f"{prefix}.truncation", p.truncation, f"must be <= {prefix}.population_size ({p.population_size})")
+    if not p.sigma > 0:  # written so that NaN fails too
+        fail(f"{prefix}.sigma", p.sigma, "must be > 0")
+    if not 1 <= p.elite_candidates <= p.truncation:
+        fail(f"{prefix}.elite_candidates", p.elite_candidates, f"must be in [1, {prefix}.truncation ({p.truncation})]")
+    if p.elite_episodes < 1:
+        fail(f"{prefix}.elite_episodes", p.elite_episodes, "must be >= 1")
+
+
+def mutate(parent_vec: Tensor, seed: int, sigma: float) -> Tensor:
+    """One mutation: ``parent_vec + sigma * noise(seed)`` (a new tensor)."""
+    step = sigma * noise(seed, parent_vec.numel())
+    return parent_vec + step.to(parent_vec.device).view_as(parent_vec)
+
+
+def rebuild(genome: Genome, space: ParamSpace, sigma: float) -> Tensor:
+    """The parameter vector a genome stands for (cost: one noise draw per generation)."""
+    vec = space.init(genome[0])
+    for s in genome[1:]:
+        vec = mutate(vec, s, sigma)
+    return vec
+
+
+@dataclass(frozen=True)
+class GAState:
+    genomes: tuple[Genome, ...]
+    """the population to evaluate, elite first from generation 1 on"""
+    generation: int
+    """generations completed"""
+    elite: Genome | None
+    """the elite carried into this population (None in generation 0)"""
+    rng: dict
+    """{"seed": int}: the run's base seed"""
+
+
+def init(p: GAParams, seed: int) -> GAState:
+    """Generation 0: P genomes, each a fresh initialisation seed."""
+    validate(p)
+    seeds = new_seeds(generation_rng(seed, 0), p.population_size)
+    return GAState(genomes=tuple((s,) for s in seeds), generation=0, elite=None, rng={"seed": int(seed)})
+
+
+def ask(state: GAState) -> list[Genome]:
+    return list(state.genomes)
+
+
+def _ranked(state: GAState, fitness) -> list[int]:
+    """Population indices, best fitness first (ties: lower index first)."""
+    f = nan_to_worst(fitness)
+    if f.numel() != len(state.genomes):
+        raise ValueError(f"{f.numel()} fitness values for {len(state.genomes)} genomes")
+    return torch.argsort(-f, stable=True).tolist()
+
+
+def tell(state: GAState, p: GAParams, fitness) -> list[Genome]:
+    """The elite candidates to re-evaluate: the top C by ``fitness``, then the
+    previous elite if it is not among them (no genome twice)."""
+    candidates: list[Genome] = []
+    for i in _ranked(state, fitness)[: p.elite_candidates]:
+        if state.genomes[i] not in candidates:
+            candidates.append(state.genomes[i])
+    # The previous elite competes on fresh episodes rather than on its single
+    # (noisy) score of this generation, so one lucky episode cannot evict it.
+    if state.elite is not None and state.elite not in candidates:
+        candidates.append(state.elite)
+    return candidates
+
+
+def advance(state: GAState, p: GAParams, fitness, candidate_scores) -> GAState:
+    """The next generation: [elite] + (P - 1) mutated children of the top T.
+
+    ``candidate_scores[i]`` holds the extra-episode returns of ``tell(...)[i]``;
+    the elite is the candidate with the best mean (ties: the earlier candidate).
+    """
+    candidates = tell(state, p, fitness)
+    if len(candidate_scores) != len(candidates):
+        raise ValueError(f"{len(candidate_scores)} score lists for {len(candidates)} elite candidates")
+    means = []
+    for scores in candidate_scores:
+        s = nan_to_worst(scores)
+        if s.numel() == 0:
+            raise ValueError("every elite candidate needs at least one score")
+        means.append(float(s.mean()))
+    elite = candidates[max(range(len(means)), key=means.__getitem__)]
+
+    parents = [state.genomes[i] for i in _ranked(state, fitness)[: p.truncation]]
+    rng = generation_rng(state.rng["seed"], state.generation + 1)
+    picks = rng.integers(0, len(parents), size=p.population_size - 1)
+    seeds = new_seeds(rng, p.population_size - 1)
+    children = tuple(parents[int(k)] + (s,) for k, s in zip(picks, seeds))
+    return GAState(genomes=(elite,) + children, generation=state.generation + 1, elite=elite, rng=state.rng)

@@ -1,0 +1,104 @@
+"""Shared pieces of the neuroevolution algorithms (GA, ES, random search).
+
+References: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
+Are a Competitive Alternative for Training Deep Neural Networks for
+Reinforcement Learning", arXiv:1712.06567; T. Salimans et al., 2017,
+"Evolution Strategies as a Scalable Alternative to Reinforcement Learning",
+arXiv:1703.03864.
+
+Conventions:
+  * A parameter vector is a flat float32 CPU tensor in ``parameters()`` order.
+  * Everything random is named by an int seed, so a vector can be rebuilt from
+    a few seeds anywhere (the workers of both papers ship seeds, not weights).
+  * The algorithms keep no generator state: the draws of generation g come
+    from ``generation_rng(seed, g)``, so a state of plain ints is resumable.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+
+class ParamSpace:
+    """The parameters of a template module, seen as one flat vector."""
+
+    def __init__(self, template: nn.Module):
+        # Our own CPU float32 copy: init() must not depend on where (or in
+        # which dtype) the caller keeps its module.
+        self.template = copy.deepcopy(template).cpu().float()
+        self.size = sum(p.numel() for p in self.template.parameters())
+
+    def init(self, seed: int) -> Tensor:
+        """Freshly initialised parameters, a pure function of ``seed``."""
+        module = copy.deepcopy(self.template)
+        with torch.random.fork_rng(devices=[]):
+            # Seed only the CPU generator: torch.manual_seed would also reseed
+            # CUDA, which fork_rng(devices=[]) does not restore afterwards.
+            torch.default_generator.manual_seed(seed)
+            for m in module.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+        return parameters_to_vector(module.parameters()).detach().clone()
+
+    def load(self, module: nn.Module, flat: Tensor) -> None:
+        """Write ``flat`` into ``module``'s parameters (in place of their data)."""
+        if flat.numel() != self.size:
+            raise ValueError(f"vector has {flat.numel()} elements, the space {self.size}")
+        first = next(module.parameters())
+        # vector_to_parameters rebinds param.data to slices of the vector, so
+        # the vector must already have the module's device and dtype.
+        vector_to_parameters(flat.detach().to(device=first.device, dtype=first.dtype), module.parameters())
+
+    def stack(self, flats: list[Tensor]) -> Tensor:
+        """[P, size] matrix of P parameter vectors."""
+        return torch.stack([f.reshape(self.size) for f in flats])
+
+
+def noise(seed: int, size: int) -> Tensor:
+    """Standard normal float32 CPU vector, the same for a seed on any machine."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed)
+    return torch.randn(size, generator=g, dtype=torch.float32)
+
+
+def centered_ranks(x: Tensor) -> Tensor:
+    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.).
+
+    The smallest value gets -0.5, the largest +0.5, so the transform ignores the
+    scale of the fitness and outliers. Ties are ranked by index (a stable sort:
+    the earlier entry gets the lower rank). NaN counts as the worst value.
+    """
+    x = nan_to_worst(x.detach())
+    n = x.numel()
+    if n <= 1:
+        return torch.zeros(n, dtype=torch.float32)
+    order = torch.argsort(x, stable=True)
+    ranks = torch.empty(n, dtype=torch.float64)
+    ranks[order] = torch.arange(n, dtype=torch.float64)
+    return (ranks / (n - 1) - 0.5).to(torch.float32)
+
+
+def new_seeds(rng: np.random.Generator, n: int) -> list[int]:
+    """``n`` fresh seeds in [0, 2**31), as Python ints (picklable, any framework)."""
+    return [int(s) for s in rng.integers(0, 2**31, size=n)]
+
+
+def generation_rng(seed: int, generation: int) -> np.random.Generator:
+    """The generator for the draws of one generation of a run.
+
+    A fixed-length key keeps streams apart: SeedSequence pads short entropy
+    with zeros, so [seed] and [seed, 0] would collide.
+    """
+    return np.random.default_rng([seed, generation])
+
+
+def nan_to_worst(values: Tensor) -> Tensor:
+    """float64 copy with NaN as -inf, so a diverged evaluation is never selected."""
+    x = torch.as_tensor(values, dtype=torch.float64).cpu().reshape(-1)
+    # Not nan_to_num: it would also clamp +-inf to finite values.
+    return torch.where(torch.isnan(x), torch.full_like(x, -float("inf")), x)

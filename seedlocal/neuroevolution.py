@@ -1,0 +1,307 @@
+"""``seedlocal train ga|es|random-search``: neuroevolution on the pipeline.
+
+The learner thread asks the algorithm for a population, posts it to the
+``PopulationPolicy`` (a work queue of member x episode jobs served by the
+inference thread in batched forward passes), waits for every return, tells
+the algorithm, logs and checkpoints, once per generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal import checkpoint
+from seedlocal.algos import es, ga, random_search
+from seedlocal.algos.neuroevo import ParamSpace
+from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
+from seedlocal.models import PolicyNet
+from seedlocal.monitor import RunMonitor
+from seedlocal.population import PopulationPolicy
+
+
+def _pipeline_default() -> PipelineConfig:
+    # Slots are scratch here (no learner reads them): short unrolls, few buffers.
+    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
+
+
+@dataclass
+class NeuroevoRun:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    pipeline: PipelineConfig = field(default_factory=_pipeline_default)
+    generations: int = 100
+    """generations to run (0 = until another budget ends)"""
+    total_frames: int = 0
+    """emulator frames to spend (0 = no frame budget)"""
+    seconds: float = 0.0
+    """wall-clock budget (0 = none)"""
+    stop_at_return: float = 0.0
+    """stop once the best member's mean return over its evaluation episodes reaches this (0 = never)"""
+    episodes_per_member: int = 1
+    """episodes averaged into each member's fitness"""
+    best_episodes: int = 5
+    """episodes that score the best member each generation (ES centre, random-search winner)"""
+    encoder: str = "auto"
+    """network torso: auto, mlp, nature"""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP hidden sizes"""
+    greedy: bool = True
+    """act by argmax (the deep-GA convention) rather than sampling"""
+    run_name: str = ""
+    """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
+    log_dir: str = "runs"
+    """where runs are written"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept (one is written every generation)"""
+    resume: str = ""
+    """run directory or checkpoint to continue"""
+    progress: bool = True
+    """a line per generation on the terminal"""
+
+
+@dataclass
+class GARun(NeuroevoRun):
+    algo: ga.GAParams = field(default_factory=ga.GAParams)
+
+
+@dataclass
+class ESRun(NeuroevoRun):
+    algo: es.ESParams = field(default_factory=es.ESParams)
+
+
+@dataclass
+class RandomSearchRun(NeuroevoRun):
+    algo: random_search.RSParams = field(default_factory=random_search.RSParams)
+
+
+ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun}
+
+
+def _algo_name(cfg: NeuroevoRun) -> str:
+    return {GARun: "ga", ESRun: "es", RandomSearchRun: "random-search"}[type(cfg)]
+
+
+def validate(cfg: NeuroevoRun):
+    validate_pipeline(cfg.pipeline)
+    spec = validate_env(cfg.env)
+    {"ga": ga, "es": es, "random-search": random_search}[_algo_name(cfg)].validate(cfg.algo)
+    for name in ("generations", "total_frames"):
+        if getattr(cfg, name) < 0:
+            fail(name, getattr(cfg, name), "must be >= 0")
+    if cfg.seconds < 0:
+        fail("seconds", cfg.seconds, "must be >= 0")
+    if not (cfg.generations or cfg.total_frames or cfg.seconds):
+        fail("generations", 0, "with no frame or time budget the run would never end")
+    for name in ("episodes_per_member", "best_episodes"):
+        if getattr(cfg, name) < 1:
+            fail(name, getattr(cfg, name), "must be positive")
+    try:
+        PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return spec
+
+
+def identity(cfg: NeuroevoRun, spec) -> dict:
+    return {"algo": _algo_name(cfg), "env_id": spec.env_id, "num_actions": spec.num_actions,
+            "obs": {k: list(s.shape) for k, s in spec.obs.items()}, "network": "policy",
+            "encoder": cfg.encoder, "hidden": list(cfg.hidden)}
+
+
+class _Evolver:
+    """One algorithm behind one interface: ``generation(evaluate) -> stats``."""
+
+    def __init__(self, cfg: NeuroevoRun, space: ParamSpace, saved: dict | None):
+        self.cfg, self.space, self.name = cfg, space, _algo_name(cfg)
+        self.best_params: torch.Tensor | None = None
+        self.best_return = -math.inf
+        seed = cfg.env.seed
+        if saved is not None:
+            self.state = saved["algo_state"]
+            self.best_params, self.best_return = saved["best_params"], saved["best_return"]
+        elif self.name == "ga":
+            self.state = ga.init(cfg.algo, seed)
+        elif self.name == "es":
+            self.state = es.init(space.init(seed), seed)
+        else:
+            self.state = random_search.init(seed)
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def state_dict(self) -> dict:
+        return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
+
+    def restore(self, d: dict) -> None:
+        cls = {"ga": ga.GAState, "es": es.ESState, "random-search": random_search.RSState}[self.name]
+        if self.name == "ga":
+            d = {**d, "genomes": tuple(tuple(g) for g in d["genomes"]),
+                 "elite": tuple(d["elite"]) if d["elite"] is not None else None}
+        self.state = cls(**d)
+
+    def _genome_vec(self, g: tuple) -> torch.Tensor:
+        # Children are one mutation from a cached parent: rebuilding a genome
+        # from all its seeds every generation would cost a noise draw per seed.
+        if g not in self._cache:
+            parent = self._cache.get(g[:-1])
+            self._cache[g] = (ga.mutate(parent, g[-1], self.cfg.algo.sigma) if parent is not None
+                              else ga.rebuild(g, self.space, self.cfg.algo.sigma))
+        return self._cache[g]
+
+    def generation(self, evaluate) -> dict:
+        cfg, n_eps = self.cfg, self.cfg.episodes_per_member
+        if self.name == "ga":
+            genomes = ga.ask(self.state)
+            params = self.space.stack([self._genome_vec(g) for g in genomes])
+            fitness = [float(np.mean(r)) for r in evaluate(params, n_eps)]
+            candidates = ga.tell(self.state, cfg.algo, fitness)
+            scores = evaluate(self.space.stack([self._genome_vec(g) for g in candidates]), cfg.algo.elite_episodes)
+            self.state = ga.advance(self.state, cfg.algo, fitness, scores)
+            elite_vec = self._genome_vec(self.state.elite)
+            best = float(np.mean(scores[candidates.index(self.state.elite)]))
+            keep = set(self.state.genomes) | {self.state.elite}
+            self._cache = {g: v for g, v in self._cache.items() if g in keep}
+            self._set_best(elite_vec, best, always=True)
+        elif self.name == "es":
+            seeds, params = es.ask(self.state, cfg.algo)
+            fitness = [float(np.mean(r)) for r in evaluate(params, n_eps)]
+            self.state = es.tell(self.state, cfg.algo, seeds, fitness)
+            centre = self.state.theta.clone()
+            best = float(np.mean(evaluate(centre[None], cfg.best_episodes)[0]))
+            self._set_best(centre, best, always=True)
+        else:
+            seeds = random_search.ask(self.state, cfg.algo)
+            params = self.space.stack([self.space.init(s) for s in seeds])
+            fitness = [float(np.mean(r)) for r in evaluate(params, n_eps)]
+            self.state = random_search.tell(self.state, fitness)
+            top = params[int(np.argmax(fitness))]
+            best = float(np.mean(evaluate(top[None], cfg.best_episodes)[0]))
+            self._set_best(top, best, always=False)
+        f = np.array(fitness)
+        return {"best_fitness": float(f.max()), "mean_fitness": float(f.mean()),
+                "median_fitness": float(np.median(f)), "best_member_return": best}
+
+    def _set_best(self, vec: torch.Tensor, score: float, always: bool) -> None:
+        # GA's elite and ES's centre are *the* current solution; random search
+        # keeps the best network it has ever seen.
+        if always or score > self.best_return:
+            self.best_params, self.best_return = vec.clone(), score
+
+
+def train(cfg: NeuroevoRun) -> dict:
+    spec = validate(cfg)
+    device = resolve_device(cfg.pipeline.device)
+    name = _algo_name(cfg)
+    saved = checkpoint.load(cfg.resume) if cfg.resume else None
+    ident = identity(cfg, spec)
+    if saved is not None:
+        checkpoint.check_compatible(saved, ident)
+        run_dir = Path(saved["path"]).parent.parent
+    else:
+        run_dir = Path(cfg.log_dir) / (cfg.run_name or
+                                       f"{spec.env_id.replace('/', '_')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
+        if checkpoint.all_checkpoints(run_dir / "checkpoints"):
+            raise ConfigError(f"run_name={run_dir.name!r}: {run_dir} already holds checkpoints; "
+                              f"continue it with --resume {run_dir} or pick another name")
+    template = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
+    space = ParamSpace(template)
+    evolver = _Evolver(cfg, space, None)
+    counters = {"generation": 0, "frames": 0, "episodes": 0}
+    if saved is not None:
+        evolver.restore(saved["algo_state"])
+        evolver.best_params, evolver.best_return = saved["best_params"], saved["best_return"]
+        counters.update(saved["counters"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Generation g is logged at step g: a resumed run writes from g + 1 on.
+    monitor = RunMonitor(run_dir, purge_step=counters["generation"] + 1 if saved else None, progress=cfg.progress)
+    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["generation"])
+    print(f"seedlocal: {name} on {spec.env_id}, {space.size:,d} parameters per network; "
+          f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
+
+    group = cfg.pipeline.envs_per_worker // 2
+    policy = PopulationPolicy(template, group, 2 * cfg.pipeline.num_workers, device, greedy=cfg.greedy)
+    fps = spec.frames_per_step
+    summary = {"run_dir": str(run_dir), "generations_to_target": None, "frames_to_target": None}
+    t_start = time.monotonic()
+
+    def save() -> Path:
+        return checkpoint.save(run_dir, {
+            "identity": ident, "config": dataclasses.asdict(cfg), "algo_state": evolver.state_dict(),
+            "best_params": evolver.best_params, "best_return": evolver.best_return, "counters": dict(counters),
+        }, counters["generation"], counters["frames"], keep=cfg.keep_checkpoints)
+
+    from seedlocal.pipeline.pipeline import Pipeline
+
+    path = None
+    with Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec) as pipe:
+        loop = pipe.loop
+        policy.loop = loop
+        error: list[BaseException] = []
+
+        def serve():
+            try:
+                loop.run_until_stopped()
+            except BaseException as e:
+                error.append(e)
+
+        runner = threading.Thread(target=serve, name="inference", daemon=True)
+        runner.start()
+
+        def check():
+            if error:
+                raise error[0]
+
+        def evaluate(params: torch.Tensor, episodes: int) -> list[list[float]]:
+            return policy.evaluate(params, episodes, check)
+
+        try:
+            while True:
+                elapsed = time.monotonic() - t_start
+                if ((cfg.generations and counters["generation"] >= cfg.generations)
+                        or (cfg.total_frames and counters["frames"] >= cfg.total_frames)
+                        or (cfg.seconds and elapsed >= cfg.seconds)):
+                    break
+                t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes_total
+                w0, fwd0 = pipe.pool.worker_stats(), policy.forward_s
+                stats = evolver.generation(evaluate)
+                dt = time.monotonic() - t0
+                frames = (loop.stats.env_steps - steps0) * fps
+                w1 = pipe.pool.worker_stats()
+                counters["generation"] += 1
+                counters["frames"] += frames
+                counters["episodes"] += loop.stats.episodes_total - eps0
+                loop.stats.episodes.clear()
+                values = {f"charts/{k}": v for k, v in stats.items()}
+                values.update({
+                    "charts/frames": counters["frames"], "charts/episodes": counters["episodes"],
+                    "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
+                    "perf/generation_s": dt,
+                    "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / (2 * cfg.pipeline.num_workers),
+                    "perf/inference_time_s": policy.forward_s - fwd0,
+                })
+                monitor.scalars(counters["generation"], values)
+                monitor.progress(
+                    f"gen {counters['generation']:>4d}  best {stats['best_fitness']:8.1f}  "
+                    f"mean {stats['mean_fitness']:8.1f}  best member {stats['best_member_return']:8.1f}  "
+                    f"frames {counters['frames']:>12,d}  frames/s {frames / dt:>9,.0f}")
+                path = save()
+                if cfg.stop_at_return and stats["best_member_return"] >= cfg.stop_at_return:
+                    summary["generations_to_target"] = counters["generation"]
+                    summary["frames_to_target"] = counters["frames"]
+                    break
+        finally:
+            loop.request_stop()
+            runner.join(10)
+            monitor.close()
+    summary.update({"generations": counters["generation"], "frames": counters["frames"],
+                    "episodes": counters["episodes"], "best_member_return": evolver.best_return,
+                    "seconds": time.monotonic() - t_start, "checkpoint": str(path)})
+    print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
+          f"best member return {evolver.best_return:.1f}; checkpoint {path}", flush=True)
+    return summary

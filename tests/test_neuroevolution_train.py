@@ -1,0 +1,123 @@
+"""Neuroevolution end to end: population inference, the work queue, GA and ES learning."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import tiny_pipeline
+from seedlocal import checkpoint
+from seedlocal.config import ConfigError, EnvConfig, validate_env
+from seedlocal.evaluate import EvalConfig
+from seedlocal.evaluate import main as evaluate
+from seedlocal.models import PolicyNet
+from seedlocal.neuroevolution import ESRun, GARun, RandomSearchRun, train
+from seedlocal.population import PopulationForward, PopulationPolicy
+
+GA_FRAME_BUDGET = 1_000_000  # CartPole-v1: best member >= 475 over 5 episodes within this many frames
+ES_FRAME_BUDGET = 3_000_000
+
+
+def test_population_forward_equals_each_network_alone():
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    nets = [PolicyNet(spec) for _ in range(5)]
+    flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
+    members = torch.tensor([3, 0, 4, 4, 1, 2])
+    obs = torch.randn(6, 4)
+    out = PopulationForward(nets[0])(flats[members], {"": obs})
+    for i, m in enumerate(members.tolist()):
+        torch.testing.assert_close(out[i], nets[m]({"": obs[i:i + 1]})[0])
+
+
+def test_population_forward_nature_cnn():
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    nets = [PolicyNet(spec) for _ in range(2)]
+    flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
+    obs = torch.randint(0, 255, (2, 4, 84, 84), dtype=torch.uint8)
+    out = PopulationForward(nets[0])(flats, {"": obs})
+    for i in range(2):
+        torch.testing.assert_close(out[i], nets[i]({"": obs[i:i + 1]})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_work_queue_serves_every_job_once_and_nothing_else():
+    """Each (member, episode) job gets one episode; forward rows = steps of those
+    episodes exactly (CartPole: return == length), so idle slots cost no compute."""
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    template = PolicyNet(spec)
+    holder = {}
+
+    def make(s, device):
+        holder["p"] = PopulationPolicy(template, 4, 4, device)
+        return holder["p"]
+
+    with tiny_pipeline(make, num_workers=2, envs_per_worker=8, consume=False) as pipe:
+        policy = holder["p"]
+        policy.loop = pipe.loop
+        import threading
+
+        t = threading.Thread(target=pipe.loop.run_until_stopped, daemon=True)
+        t.start()
+        try:
+            params = torch.stack([torch.nn.utils.parameters_to_vector(PolicyNet(spec).parameters()) for _ in range(7)])
+            results = policy.evaluate(params, episodes=3)  # 21 jobs on 16 slots: a queue, then a tail
+            second = policy.evaluate(params[:2], episodes=1)  # held groups come back on fresh episodes
+        finally:
+            pipe.loop.request_stop()
+            t.join(10)
+    assert [len(r) for r in results] == [3] * 7 and [len(r) for r in second] == [1, 1]
+    served = sum(sum(r) for r in results) + sum(sum(r) for r in second)
+    assert policy.forward_envs == served
+    # Greedy members are deterministic, but episodes start from different states.
+    assert all(1 <= x <= 500 for r in results for x in r)
+
+
+def test_ga_learns_cartpole(tmp_path):
+    cfg = GARun(generations=0, total_frames=GA_FRAME_BUDGET, stop_at_return=475, log_dir=str(tmp_path),
+                run_name="ga", progress=False)
+    summary = train(cfg)
+    assert summary["frames_to_target"] is not None and summary["frames_to_target"] <= GA_FRAME_BUDGET, summary
+    assert summary["best_member_return"] >= 475
+    state = checkpoint.load(tmp_path / "ga")
+    genomes = state["algo_state"]["genomes"]
+    assert len(genomes) == cfg.algo.population_size
+    assert all(len(g) <= state["counters"]["generation"] + 1 for g in genomes)  # one seed per generation
+    out = evaluate(EvalConfig(checkpoint=str(tmp_path / "ga"), episodes=5, greedy=True))
+    assert out["mean"] >= 300  # the elite, replayed on fresh seeds
+
+
+def test_es_learns_cartpole(tmp_path):
+    cfg = ESRun(generations=0, total_frames=ES_FRAME_BUDGET, stop_at_return=475, log_dir=str(tmp_path),
+                run_name="es", progress=False)
+    summary = train(cfg)
+    assert summary["frames_to_target"] is not None and summary["frames_to_target"] <= ES_FRAME_BUDGET, summary
+
+
+def test_random_search_and_resume(tmp_path):
+    first = train(RandomSearchRun(generations=2, log_dir=str(tmp_path), run_name="rs", progress=False))
+    second = train(RandomSearchRun(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "rs"),
+                                   progress=False))
+    assert second["generations"] == 3 and second["best_member_return"] >= first["best_member_return"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tmp_path / "rs"))
+    ea.Reload()
+    for tag in ("charts/best_fitness", "charts/mean_fitness", "charts/median_fitness", "charts/episodes",
+                "charts/frames", "perf/frames_per_s", "perf/env_time_s", "perf/inference_time_s"):
+        assert tag in ea.Tags()["scalars"], tag
+    assert [e.step for e in ea.Scalars("charts/best_fitness")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ga", "--algo.truncation", "80"], "algo.truncation=80: must be <= algo.population_size (64)"),
+    (["es", "--algo.population-size", "7"], "algo.population_size=7: must be even"),
+    (["es", "--algo.sigma", "0"], "algo.sigma=0.0"),
+    (["ga", "--algo.sigma", "-1"], "algo.sigma=-1.0"),
+])
+def test_bad_population_settings_are_refused(args, message):
+    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", *args], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.startswith("seedlocal: error:")]
+    assert len(lines) == 1 and message in lines[0], out.stderr
