@@ -3,8 +3,10 @@
 For P networks (one env slot each) of which a fraction is still playing,
 times a forward pass three ways and prints the ratios:
 
-- work queue:   one vmap call over the active slots only (what seedlocal does)
+- work queue:   one vmap call over the active slots only
 - python loop:  one forward per active member, in a Python loop
+  (seedlocal's PopulationForward times both on its first batch and keeps
+  the faster; see its docstring)
 - all + mask:   one vmap call over every slot, finished ones masked afterwards
 
     python scripts/bench_population.py --population 256 --network mlp
@@ -57,7 +59,7 @@ def main(a: Args) -> None:
     device = resolve_device(a.device)
     spec = validate_env(EnvConfig(id="CartPole-v1" if a.network == "mlp" else "Pong-v5"))
     template = PolicyNet(spec).to(device)
-    fwd = PopulationForward(template)
+    fwd = PopulationForward(template, strategy="vmap")
     flats = torch.randn(a.population, fwd.size, device=device) * 0.05
     shape = spec.obs[""].shape
     obs = (torch.randint(0, 255, (a.population,) + shape, dtype=torch.uint8, device=device)
@@ -71,12 +73,11 @@ def main(a: Args) -> None:
         idx = torch.randperm(a.population, device=device)[:k]
 
         def queue():
-            return fwd(flats[idx], {"": obs[idx]})
+            return fwd(flats, {"": obs[idx]}, idx)
 
         def loop():
             with torch.inference_mode():
-                for i in idx.tolist():
-                    torch.func.functional_call(template, fwd.unflatten(flats[i]), ({"": obs[i:i + 1]},))
+                return fwd.loop(flats, {"": obs[idx]}, idx)
 
         def all_masked():
             out = fwd(flats, {"": obs})

@@ -29,12 +29,24 @@ from seedlocal.pipeline.inference import HOLD, RESTART, SERVE
 
 
 class PopulationForward:
-    """Runs a template network with per-sample parameters from flat vectors."""
+    """Runs a template network with per-sample parameters from flat vectors.
 
-    def __init__(self, template: torch.nn.Module):
+    Two ways, chosen by measurement (``strategy="auto"``: both are timed on
+    the first batch of at least 8 samples and the faster is kept):
+    ``vmap`` makes one batched call but copies every sample's parameters into
+    a contiguous block first; ``loop`` runs one call per sample on views.
+    Measured on 2 CPU cores: MLPs, vmap 30x faster than the loop at P=256;
+    Nature CNNs, the loop 5x faster at P=32 (the 1.7M-parameter copy per
+    sample and CPU grouped convolutions dominate). On a GPU the copy is cheap.
+    """
+
+    def __init__(self, template: torch.nn.Module, strategy: str = "auto"):
+        if strategy not in ("auto", "vmap", "loop"):
+            raise ValueError(f"strategy={strategy!r}: expected auto, vmap or loop")
         self.template = template
         self.layout = [(name, p.shape, p.numel()) for name, p in template.named_parameters()]
         self.size = sum(n for _, _, n in self.layout)
+        self.strategy = strategy
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out, o = {}, 0
@@ -48,9 +60,34 @@ class PopulationForward:
         return functional_call(self.template, self.unflatten(flat), (x,)).squeeze(0)
 
     @torch.inference_mode()
-    def __call__(self, flats: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """flats [B, size], obs {k: [B, ...]} → logits [B, A], row i by network i."""
-        return vmap(self._one)(flats, obs)
+    def __call__(self, params: torch.Tensor, obs: dict[str, torch.Tensor], rows: torch.Tensor | None = None):
+        """Logits [B, A] where row i comes from network ``params[rows[i]]`` on
+        ``obs[i]`` (``rows`` defaults to 0..B-1)."""
+        if rows is None:
+            rows = torch.arange(params.shape[0], device=params.device)
+        if self.strategy == "auto" and len(rows) >= 8:
+            self.strategy = self._measure(params, obs, rows)
+        if self.strategy == "loop":
+            return self.loop(params, obs, rows)
+        return vmap(self._one)(params[rows], obs)
+
+    def loop(self, params: torch.Tensor, obs: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        outs = [self._one(params[r], {k: v[i] for k, v in obs.items()}) for i, r in enumerate(rows.tolist())]
+        return torch.stack(outs)
+
+    def _measure(self, params, obs, rows) -> str:
+        timings = {}
+        for name, fn in (("vmap", lambda: vmap(self._one)(params[rows], obs)),
+                         ("loop", lambda: self.loop(params, obs, rows))):
+            fn()  # warm-up
+            if params.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if params.device.type == "cuda":
+                torch.cuda.synchronize()
+            timings[name] = time.perf_counter() - t0
+        return min(timings, key=timings.get)
 
 
 class PopulationPolicy:
@@ -127,8 +164,8 @@ class PopulationPolicy:
         if len(active):
             t0 = time.perf_counter()
             idx = torch.from_numpy(active).to(self.device)
-            flats = self.params[torch.from_numpy(members[active]).to(self.device)]
-            logits = self.forward(flats, {k: v[idx] for k, v in obs.items()})
+            rows = torch.from_numpy(members[active]).to(self.device)
+            logits = self.forward(self.params, {k: v[idx] for k, v in obs.items()}, rows)
             if self.greedy:
                 chosen = logits.argmax(-1)
             else:

@@ -24,11 +24,12 @@ def test_population_forward_equals_each_network_alone():
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     nets = [PolicyNet(spec) for _ in range(5)]
     flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
-    members = torch.tensor([3, 0, 4, 4, 1, 2])
-    obs = torch.randn(6, 4)
-    out = PopulationForward(nets[0])(flats[members], {"": obs})
-    for i, m in enumerate(members.tolist()):
-        torch.testing.assert_close(out[i], nets[m]({"": obs[i:i + 1]})[0])
+    members = torch.tensor([3, 0, 4, 4, 1, 2, 0, 3, 1])
+    obs = torch.randn(9, 4)
+    for strategy in ("vmap", "loop", "auto"):
+        out = PopulationForward(nets[0], strategy)(flats, {"": obs}, members)
+        for i, m in enumerate(members.tolist()):
+            torch.testing.assert_close(out[i], nets[m]({"": obs[i:i + 1]})[0])
 
 
 def test_population_forward_nature_cnn():
@@ -36,7 +37,7 @@ def test_population_forward_nature_cnn():
     nets = [PolicyNet(spec) for _ in range(2)]
     flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
     obs = torch.randint(0, 255, (2, 4, 84, 84), dtype=torch.uint8)
-    out = PopulationForward(nets[0])(flats, {"": obs})
+    out = PopulationForward(nets[0], "vmap")(flats, {"": obs})
     for i in range(2):
         torch.testing.assert_close(out[i], nets[i]({"": obs[i:i + 1]})[0], rtol=1e-4, atol=1e-4)
 
@@ -94,11 +95,18 @@ def test_es_learns_cartpole(tmp_path):
     assert summary["frames_to_target"] is not None and summary["frames_to_target"] <= ES_FRAME_BUDGET, summary
 
 
-def test_random_search_and_resume(tmp_path):
-    first = train(RandomSearchRun(generations=2, log_dir=str(tmp_path), run_name="rs", progress=False))
-    second = train(RandomSearchRun(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "rs"),
-                                   progress=False))
-    assert second["generations"] == 3 and second["best_member_return"] >= first["best_member_return"]
+@pytest.mark.parametrize("run", [GARun, ESRun, RandomSearchRun])
+def test_resume_continues_each_algorithm(tmp_path, run):
+    first = train(run(generations=2, log_dir=str(tmp_path), run_name="rs", progress=False))
+    state = checkpoint.load(tmp_path / "rs")
+    second = train(run(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "rs"), progress=False))
+    assert second["generations"] == 3
+    if run is RandomSearchRun:  # keeps the best ever seen
+        assert second["best_member_return"] >= first["best_member_return"]
+    if run is GARun:  # the resumed population descends from the saved one
+        after = checkpoint.load(tmp_path / "rs")["algo_state"]["genomes"]
+        saved = {tuple(g) for g in state["algo_state"]["genomes"]}
+        assert all(tuple(g)[:-1] in saved or tuple(g) in saved for g in after)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(tmp_path / "rs"))
