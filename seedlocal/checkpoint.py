@@ -23,6 +23,17 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, unreadable or for another config."""
 
 
+def new_run_dir(log_dir: str, name: str) -> Path:
+    """``log_dir/name``, refusing one that already holds checkpoints."""
+    run_dir = Path(log_dir) / name
+    if all_checkpoints(run_dir / "checkpoints"):
+        from seedlocal.config import ConfigError
+
+        raise ConfigError(f"run_name={name!r}: {run_dir} already holds checkpoints; "
+                          f"continue it with --resume {run_dir} or pick another name")
+    return run_dir
+
+
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
 from seedlocal.models import PolicyNet
 from seedlocal.monitor import RunMonitor
+from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.population import PopulationPolicy
 
 
@@ -119,15 +119,12 @@ def identity(cfg: NeuroevoRun, spec) -> dict:
 class _Evolver:
     """One algorithm behind one interface: ``generation(evaluate) -> stats``."""
 
-    def __init__(self, cfg: NeuroevoRun, space: ParamSpace, saved: dict | None):
+    def __init__(self, cfg: NeuroevoRun, space: ParamSpace):
         self.cfg, self.space, self.name = cfg, space, _algo_name(cfg)
         self.best_params: torch.Tensor | None = None
         self.best_return = -math.inf
         seed = cfg.env.seed
-        if saved is not None:
-            self.state = saved["algo_state"]
-            self.best_params, self.best_return = saved["best_params"], saved["best_return"]
-        elif self.name == "ga":
+        if self.name == "ga":
             self.state = ga.init(cfg.algo, seed)
         elif self.name == "es":
             self.state = es.init(space.init(seed), seed)
@@ -204,14 +201,11 @@ def train(cfg: NeuroevoRun) -> dict:
         checkpoint.check_compatible(saved, ident)
         run_dir = Path(saved["path"]).parent.parent
     else:
-        run_dir = Path(cfg.log_dir) / (cfg.run_name or
-                                       f"{spec.env_id.replace('/', '_')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
-        if checkpoint.all_checkpoints(run_dir / "checkpoints"):
-            raise ConfigError(f"run_name={run_dir.name!r}: {run_dir} already holds checkpoints; "
-                              f"continue it with --resume {run_dir} or pick another name")
+        run_dir = checkpoint.new_run_dir(cfg.log_dir, cfg.run_name or
+                                         f"{spec.env_id.replace('/', '_')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
     template = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
     space = ParamSpace(template)
-    evolver = _Evolver(cfg, space, None)
+    evolver = _Evolver(cfg, space)
     counters = {"generation": 0, "frames": 0, "episodes": 0}
     if saved is not None:
         evolver.restore(saved["algo_state"])
@@ -242,23 +236,11 @@ def train(cfg: NeuroevoRun) -> dict:
     with Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec) as pipe:
         loop = pipe.loop
         policy.loop = loop
-        error: list[BaseException] = []
-
-        def serve():
-            try:
-                loop.run_until_stopped()
-            except BaseException as e:
-                error.append(e)
-
-        runner = threading.Thread(target=serve, name="inference", daemon=True)
+        runner = InferenceThread(loop)
         runner.start()
 
-        def check():
-            if error:
-                raise error[0]
-
         def evaluate(params: torch.Tensor, episodes: int) -> list[list[float]]:
-            return policy.evaluate(params, episodes, check)
+            return policy.evaluate(params, episodes, runner.check)
 
         try:
             while True:
@@ -296,8 +278,7 @@ def train(cfg: NeuroevoRun) -> dict:
                     summary["frames_to_target"] = counters["frames"]
                     break
         finally:
-            loop.request_stop()
-            runner.join(10)
+            runner.stop()
             monitor.close()
     summary.update({"generations": counters["generation"], "frames": counters["frames"],
                     "episodes": counters["episodes"], "best_member_return": evolver.best_return,

@@ -27,6 +27,7 @@ from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
 from seedlocal.models import ActorCritic, ModelPolicy
 from seedlocal.monitor import RunMonitor
+from seedlocal.pipeline.inference import InferenceThread
 
 
 @dataclass
@@ -123,22 +124,6 @@ def validate(cfg: VTraceRun):
     return spec
 
 
-class _InferenceThread(threading.Thread):
-    def __init__(self, loop):
-        super().__init__(name="inference", daemon=True)
-        self.loop, self.error = loop, None
-
-    def run(self) -> None:
-        try:
-            self.loop.run_until_stopped()
-        except BaseException as e:  # surfaced in the learner thread
-            self.error = e
-
-    def stop(self) -> None:
-        self.loop.request_stop()
-        self.join(10)
-
-
 def _gather(store, bufs: list[int], device: torch.device, obs_keys: list[str]) -> dict:
     """k unrolls [k, L, E, ...] → one time-major batch [L, k*E, ...] on device."""
     idx = np.asarray(bufs)
@@ -169,11 +154,7 @@ def _run_dir(cfg: VTraceRun) -> tuple[Path, dict | None]:
         state = checkpoint.load(cfg.resume)
         return Path(state["path"]).parent.parent, state
     name = cfg.run_name or f"{cfg.env.id.replace('/', '_')}__vtrace__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.log_dir) / name
-    if (run_dir / "checkpoints").exists() and checkpoint.all_checkpoints(run_dir / "checkpoints"):
-        raise ConfigError(f"run_name={name!r}: {run_dir} already holds checkpoints; "
-                          f"continue it with --resume {run_dir} or pick another name")
-    return run_dir, None
+    return checkpoint.new_run_dir(cfg.log_dir, name), None
 
 
 def train(cfg: VTraceRun) -> dict:
@@ -224,7 +205,7 @@ def train(cfg: VTraceRun) -> dict:
     with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec) as pipe:
         loop, store = pipe.loop, pipe.store
         obs_keys = pipe.layout.obs_keys()
-        runner = _InferenceThread(loop)
+        runner = InferenceThread(loop)
         runner.start()
         t_start = t_log = time.monotonic()
         log_steps, wait_s, learn_s, acc = steps0, 0.0, 0.0, {}
@@ -242,8 +223,7 @@ def train(cfg: VTraceRun) -> dict:
                 t0 = time.monotonic()
                 bufs = []
                 while len(bufs) < k:
-                    if runner.error is not None:
-                        raise runner.error
+                    runner.check()
                     try:
                         bufs.append(loop.completed.get(timeout=0.5))
                     except queue.Empty:

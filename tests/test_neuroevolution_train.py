@@ -3,13 +3,12 @@
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from helpers import tiny_pipeline
 from seedlocal import checkpoint
-from seedlocal.config import ConfigError, EnvConfig, validate_env
+from seedlocal.config import EnvConfig, validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.models import PolicyNet

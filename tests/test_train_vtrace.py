@@ -6,15 +6,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import seedlocal_segments
 from seedlocal import checkpoint
 from seedlocal.checkpoint import CheckpointError
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
+from seedlocal.config import ConfigError, PipelineConfig
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.train import PRESETS, VTraceRun, train
@@ -163,7 +161,11 @@ def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_vtrace_lstm_learns_cartpole(tmp_path):
-    cfg = VTraceRun(total_steps=600_000, stop_at_return=450, log_dir=str(tmp_path), run_name="lstm", progress=False)
+    # An LSTM core shares its torso with the critic: it needs a higher learning
+    # rate and more steps than the feed-forward default (measured: 450 at 784k).
+    cfg = VTraceRun(total_steps=1_500_000, stop_at_return=450, log_dir=str(tmp_path), run_name="lstm",
+                    progress=False)
     cfg.algo.lstm_size = 64
+    cfg.algo.learning_rate = 3e-3
     summary = train(cfg)
     assert summary["steps_to_target"] is not None, summary

@@ -310,3 +310,25 @@ class InferenceLoop:
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+class InferenceThread(threading.Thread):
+    """Serves the loop until ``stop``; an error is kept for the learner to raise."""
+
+    def __init__(self, loop: InferenceLoop):
+        super().__init__(name="inference", daemon=True)
+        self.loop, self.error = loop, None
+
+    def run(self) -> None:
+        try:
+            self.loop.run_until_stopped()
+        except BaseException as e:  # surfaced in the learner thread by check()
+            self.error = e
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self.loop.request_stop()
+        self.join(10)
