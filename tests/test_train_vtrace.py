@@ -144,12 +144,18 @@ def test_atari_preset_trains_and_records_a_video(tmp_path):
 
 def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
     cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--total-steps", "10000000", "--log-dir",
-           str(tmp_path), "--run-name", "cli", "--no-progress"]
+           str(tmp_path), "--run-name", "cli", "--no-progress", "--log-every-s", "0.5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    end = time.monotonic() + 60
-    while time.monotonic() < end and not list((tmp_path / "cli").glob("events.*")):
-        time.sleep(0.2)
-    time.sleep(3)
+    # Interrupt only once training has provably run (a logged scalar), however
+    # slowly this machine starts the workers.
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if (tmp_path / "cli").exists() and "charts/steps_per_s" in scalars(tmp_path / "cli")[0]:
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    else:
+        raise AssertionError("training logged nothing within 120 s")
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, out
