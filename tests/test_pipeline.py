@@ -144,3 +144,11 @@ def test_impala_resnet_encoder_shapes():
     obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
     logits, value = model({"": obs})
     assert logits.shape == (3, 6) and value.shape == (3,)
+
+
+def test_google_research_football_through_envpool():
+    with tiny_pipeline(RandomPolicy, env="gfootball/academy_empty_goal_close-v1", unroll_length=8) as pipe:
+        assert pipe.spec.backend == "envpool" and pipe.spec.num_actions == 19
+        unrolls = take_unrolls(pipe, 2)
+    assert unrolls[0]["obs"].shape == (9, 2, 72, 96, 4)
+    check_autoreset_rows(unrolls[0])
