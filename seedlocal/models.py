@@ -112,11 +112,16 @@ def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple
     return encoder, MLPEncoder(in_dim, hidden)
 
 
+def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every observation field as floats, flattened and side by side: an MLP's input."""
+    flat = [_as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
+    return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
+
+
 def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
     if kind in ("nature", "impala"):
         return encoder(_as_float(obs[""]))
-    flat = [_as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
-    return encoder(torch.cat(flat, dim=1) if len(flat) > 1 else flat[0])
+    return encoder(flatten_obs(obs_keys, obs))
 
 
 class PolicyNet(nn.Module):
@@ -173,13 +178,9 @@ class ActorCritic(nn.Module):
     def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy(h), self.value(h if hv is None else hv).squeeze(-1)
 
-    def _flat(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        flat = [_as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in self.obs_keys]
-        return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
-
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.critic is not None:
-            x = self._flat(obs)
+            x = flatten_obs(self.obs_keys, obs)
             return self._heads(self.encoder(x), self.critic(x))
         return self._heads(self.encode(obs))
 
