@@ -162,7 +162,9 @@ class _Evolver:
             self.state = ga.advance(self.state, cfg.algo, fitness, scores)
             elite_vec = self._genome_vec(self.state.elite)
             best = float(np.mean(scores[candidates.index(self.state.elite)]))
-            keep = set(self.state.genomes) | {self.state.elite}
+            # Keep exactly what the next generation is built from: its
+            # children's parents (one mutation away) and the elite.
+            keep = {g[:-1] for g in self.state.genomes[1:]} | {self.state.elite}
             self._cache = {g: v for g, v in self._cache.items() if g in keep}
             self._set_best(elite_vec, best, always=True)
         elif self.name == "es":
