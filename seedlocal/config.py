@@ -48,7 +48,9 @@ class PipelineConfig:
     max_restarts: int = 3
     """restarts allowed per env worker before the run stops with an error"""
     inference_threads: int = 1
-    """torch CPU threads for inference (cores are better spent on environments)"""
+    """torch CPU threads of the inference thread (cores are better spent on environments)"""
+    learner_threads: int = 0
+    """torch CPU threads of the learner thread; 0 = one per CPU core"""
 
 
 def fail(field: str, value, why: str) -> None:
@@ -92,7 +94,7 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
             fail(f"{prefix}.{name}", v, "must be positive")
     if p.envs_per_worker % 2:
         fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
-    for name in ("env_threads", "num_buffers", "min_batch_envs"):
+    for name in ("env_threads", "num_buffers", "min_batch_envs", "learner_threads"):
         if getattr(p, name) < 0:
             fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
     if p.num_buffers and p.num_buffers < 2 * p.num_workers:

@@ -128,3 +128,70 @@ def test_bad_population_settings_are_refused(args, message):
     assert out.returncode == 2, out.stderr
     lines = [l for l in out.stderr.splitlines() if l.startswith("seedlocal: error:")]
     assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
+    """The production ``_Evolver`` builds each child from its parent's cached
+    vector: noise draws per generation stay at P - 1 (one per child), not a
+    count that grows with the genome's length."""
+    import numpy as np
+
+    from seedlocal.algos import ga
+    from seedlocal.algos.neuroevo import ParamSpace
+    from seedlocal.neuroevolution import _Evolver
+
+    draws = []
+    real_noise = ga.noise
+    monkeypatch.setattr(ga, "noise", lambda seed, size: (draws.append(seed), real_noise(seed, size))[1])
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    cfg = GARun()
+    cfg.algo.population_size, cfg.algo.truncation = 16, 4
+    evolver = _Evolver(cfg, ParamSpace(PolicyNet(spec)))
+    rng = np.random.default_rng(0)
+
+    def evaluate(params, episodes):  # any fitness will do: the cache is what is tested
+        return [[float(rng.normal())] * episodes for _ in range(params.shape[0])]
+
+    per_generation = []
+    for _ in range(20):
+        before = len(draws)
+        evolver.generation(evaluate)
+        per_generation.append(len(draws) - before)
+    # Generation 0 initialises (no mutation draws); each later one mutates P - 1 children.
+    assert per_generation[0] == 0
+    assert per_generation[1:] == [15] * 19, per_generation
+
+
+def test_a_few_busy_groups_do_not_wait_for_held_ones():
+    """While only some groups have work (a generation's tail, the elite's extra
+    episodes), batches must not wait out ``batch_timeout_ms`` for groups that
+    are held and can never become ready."""
+    import threading
+
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    template = PolicyNet(spec)
+    holder = {}
+
+    def make(s, device):
+        holder["p"] = PopulationPolicy(template, 4, 8, device)
+        return holder["p"]
+
+    # min_batch_envs 16 = every group's envs; a 200 ms timeout makes any wait for held groups obvious.
+    with tiny_pipeline(make, num_workers=4, envs_per_worker=8, consume=False, min_batch_envs=32,
+                       batch_timeout_ms=200.0) as pipe:
+        policy = holder["p"]
+        policy.loop = pipe.loop
+        t = threading.Thread(target=pipe.loop.run_until_stopped, daemon=True)
+        t.start()
+        try:
+            params = torch.stack([torch.nn.utils.parameters_to_vector(PolicyNet(spec).parameters()) for _ in range(2)])
+            policy.evaluate(params, episodes=1)  # the first call holds the idle groups
+            before, batches = pipe.loop.stats.timeouts, pipe.loop.stats.batches
+            results = policy.evaluate(params, episodes=2)  # 4 jobs: at most 1-2 groups busy
+            timeouts, batches = pipe.loop.stats.timeouts - before, pipe.loop.stats.batches - batches
+        finally:
+            pipe.loop.request_stop()
+            t.join(10)
+    assert [len(r) for r in results] == [2, 2]
+    assert batches >= 8  # episodes of >= 8 steps each were served
+    assert timeouts <= 2, f"{timeouts} of {batches} batches waited out the timeout"

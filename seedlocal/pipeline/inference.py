@@ -49,6 +49,7 @@ class LoopStats:
         self.episodes: deque[tuple[float, int]] = deque(maxlen=window)
         self.episodes_total = 0
         self.restarts = 0
+        self.timeouts = 0  # batches served short because batch_timeout_s ran out
 
 
 class InferenceLoop:
@@ -62,8 +63,13 @@ class InferenceLoop:
         consume: bool = False,
         poll_s: float = 0.25,
         check_every_s: float = 0.1,
+        threads: int = 1,
     ):
         self.pool, self.policy, self.device = pool, policy, device
+        # torch's CPU thread count is per OS thread (OpenMP): whichever thread
+        # serves batches sets it for itself, so a learner in another thread
+        # keeps its own count.
+        self.threads = threads
         self.store, ctl = pool.store, pool.control
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
         self.layout = pool.layout
@@ -170,7 +176,13 @@ class InferenceLoop:
                 self._held[:] = False
             ready = np.flatnonzero((self._state == OBS_READY) & ~self._held)
             now = time.perf_counter()
-            if len(ready) * self.E >= self.min_batch_envs or (deadline is not None and now >= deadline):
+            # Held groups cannot become ready: waiting for them would cost a
+            # full timeout per batch whenever only a few groups have work.
+            need = min(self.min_batch_envs, max(1, self.G - int(self._held.sum())) * self.E)
+            if len(ready) * self.E >= need:
+                break
+            if deadline is not None and now >= deadline:
+                self.stats.timeouts += 1
                 break
             if len(ready) and deadline is None:
                 deadline = now + self.batch_timeout_s
@@ -288,6 +300,7 @@ class InferenceLoop:
             self.release(old)
 
     def run(self, seconds: float) -> None:
+        torch.set_num_threads(self.threads)
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             self.step()
@@ -301,6 +314,7 @@ class InferenceLoop:
 
     def run_until_stopped(self) -> None:
         """Serve batches until ``request_stop``; for an inference thread."""
+        torch.set_num_threads(self.threads)
         try:
             while True:
                 self.step()

@@ -32,7 +32,6 @@ class Pipeline:
         validate_pipeline(pipe)
         self.spec = spec or validate_env(env)
         self.device = resolve_device(pipe.device)
-        torch.set_num_threads(pipe.inference_threads)
         self.policy = make_policy(self.spec, self.device)
         groups = pipe.num_workers * GROUPS_PER_WORKER
         self.layout = RolloutLayout(
@@ -53,6 +52,7 @@ class Pipeline:
                 min_batch_envs=pipe.min_batch_envs or (pipe.num_workers * pipe.envs_per_worker) // 2,
                 batch_timeout_s=pipe.batch_timeout_ms / 1000.0,
                 consume=consume,
+                threads=pipe.inference_threads,
             )
             self.loop.start()
         except BaseException:
