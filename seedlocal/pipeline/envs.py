@@ -54,10 +54,40 @@ def _gymnasium_ids() -> frozenset[str]:
     return frozenset(gymnasium.registry.keys())
 
 
+def import_env_module(env_id: str) -> str:
+    """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose
+    import registers the id) and return the bare id; other ids pass through.
+
+    ``gymnasium.make`` accepts the same form and imports the module itself,
+    so worker processes and ``eval`` need nothing but the id string.
+    """
+    if ":" not in env_id:
+        return env_id
+    import importlib
+
+    module, _, name = env_id.partition(":")
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"env.id={env_id!r}: cannot import module {module!r} ({e}); "
+                         "it must be importable (installed, or on PYTHONPATH)") from None
+    except Exception as e:
+        raise ValueError(f"env.id={env_id!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+    if name not in _gymnasium_ids():
+        raise ValueError(f"env.id={env_id!r}: importing {module!r} did not register {name!r} with Gymnasium "
+                         "(the module should call gymnasium.register)")
+    return name
+
+
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
     """The backend that will run ``env_id``; ValueError if none can."""
     if backend not in BACKENDS:
         raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+    if ":" in env_id:  # a user's own Gymnasium env, registered by its module
+        import_env_module(env_id)
+        if backend in ("envpool",):
+            raise ValueError(f"env.id={env_id!r}: a module:EnvId id is a Gymnasium env, not an envpool one")
+        return "gymnasium" if backend == "auto" else backend
     in_envpool = env_id in _envpool_ids()
     if backend == "auto":
         if in_envpool:
