@@ -5,13 +5,22 @@ The x axis of every scalar is the agent step count (env.step calls).
 
 charts/episode_return     mean raw return of episodes finished since the last log
 charts/episode_length     their mean length, in steps
+charts/return_mean20      mean raw return of the last 20 episodes (what --stop-at-return tests)
 charts/episodes           episodes finished so far
 charts/steps_per_s        agent steps per second since the last log
 charts/frames_per_s       emulator frames per second (steps x frame skip)
 charts/learning_rate      current learning rate
+charts/replay_ratio       learner rows consumed per env step (1 = each step used once; algo.echo = k gives ~k)
 losses/policy_loss, losses/baseline_loss, losses/entropy, losses/total_loss
 losses/grad_norm          global gradient norm before clipping
 losses/mean_rho           mean clipped importance weight (1 = on-policy)
+  measured on one update per logging interval:
+losses/update_ratio       median over weight tensors of |w_new - w_old| / |w_old| (healthy ~1e-4..1e-2;
+                          far below 1e-4 means the optimiser barely moves the network)
+update_ratio/<parameter>  the same ratio for each weight tensor
+losses/advantage_std      standard deviation of the policy-gradient advantages
+losses/value_error        mean |vs - V(x)|: V-trace target vs value head
+losses/explained_variance 1 - Var(vs - V) / Var(vs) (1 = the value head predicts the targets; <= 0 = not at all)
 perf/inference_batch_size mean envs per inference batch
 perf/inference_forward_ms mean policy forward (+ copies) per batch
 perf/batch_collect_ms     median time the inference loop waited to fill a batch

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import queue
 import threading
 import time
@@ -25,9 +26,12 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
-from seedlocal.models import ActorCritic, ModelPolicy
+from seedlocal.models import ActorCritic, ModelPolicy, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
+
+# Learner statistics measured once per logging interval (see learner_step).
+DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
 
 
 @dataclass
@@ -60,13 +64,15 @@ class VTraceRun:
 
 PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
-    # IMPALA's Atari settings (Espeholt et al. 2018, table G.1) with the
-    # Nature CNN, on envpool's v5 preprocessing (84x84 gray, 4-frame stack).
+    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
+    # small batches and many updates, a mean loss with Adam, orthogonal init,
+    # on envpool's v5 preprocessing (84x84 gray, 4-frame stack).
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5"),
-        pipeline=PipelineConfig(num_workers=8, envs_per_worker=16, unroll_length=20),
-        algo=VTraceParams(batch_size=32, learning_rate=6e-4, optimizer="rmsprop", optimizer_eps=0.01,
-                          entropy_cost=0.01, reward_clip=1.0, encoder="nature", separate_critic=False),
+        pipeline=PipelineConfig(num_workers=4, envs_per_worker=16, unroll_length=20),
+        algo=VTraceParams(batch_size=8, learning_rate=6e-4, optimizer="adam", optimizer_eps=1e-5,
+                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, encoder="nature",
+                          separate_critic=False, init="orthogonal"),
         total_steps=2_500_000,
     ),
 }
@@ -84,7 +90,7 @@ def identity(cfg: VTraceRun, spec) -> dict:
 def build_model(cfg: VTraceRun, spec) -> ActorCritic:
     a = cfg.algo
     return ActorCritic(spec, encoder=a.encoder, hidden=tuple(a.hidden), lstm_size=a.lstm_size,
-                       separate_critic=a.separate_critic)
+                       separate_critic=a.separate_critic, init=a.init)
 
 
 def validate(cfg: VTraceRun):
@@ -100,6 +106,10 @@ def validate(cfg: VTraceRun):
     groups = 2 * p.num_workers
     if p.num_buffers and p.num_buffers < groups + k:
         fail("pipeline.num_buffers", p.num_buffers, f"needs one unroll per group ({groups}) plus a batch ({k})")
+    if a.precision not in ("auto", "fp32", "bf16"):
+        fail("algo.precision", a.precision, "expected auto, fp32 or bf16")
+    if a.echo < 1:
+        fail("algo.echo", a.echo, "must be >= 1 (updates per batch of unrolls)")
     for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
         if getattr(a, name) <= 0:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
@@ -172,14 +182,15 @@ def train(cfg: VTraceRun) -> dict:
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         counters.update(resumed["counters"])
+    precision = resolve_precision(cfg.algo.precision, model.kind, device)
     run_dir.mkdir(parents=True, exist_ok=True)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
-    print(f"seedlocal: training V-trace on {spec.env_id}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
-          f"(run {run_dir})", flush=True)
+    print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso, {precision} on {device}); "
+          f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
     lock = threading.Lock()
-    policy = ModelPolicy(model, spec, lock)
+    policy = ModelPolicy(model, spec, lock, precision=precision)
     group = cfg.pipeline.envs_per_worker // 2
     k = cfg.algo.batch_size // group
     pipe_cfg = dataclasses.replace(cfg.pipeline)
@@ -202,13 +213,15 @@ def train(cfg: VTraceRun) -> dict:
     from seedlocal.pipeline.pipeline import Pipeline
 
     steps0 = counters["steps"]
+    rows_per_batch = cfg.algo.batch_size * cfg.pipeline.unroll_length
+    torch.set_num_threads(cfg.pipeline.learner_threads or os.cpu_count() or 1)
     with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec) as pipe:
         loop, store = pipe.loop, pipe.store
         obs_keys = pipe.layout.obs_keys()
         runner = InferenceThread(loop)
         runner.start()
         t_start = t_log = time.monotonic()
-        log_steps, wait_s, learn_s, acc = steps0, 0.0, 0.0, {}
+        log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
         w_prev = pipe.pool.worker_stats()
         fwd_prev, batches_prev, envs_prev = 0.0, 0, 0
         try:
@@ -239,13 +252,18 @@ def train(cfg: VTraceRun) -> dict:
                     lr *= max(0.0, 1.0 - counters["steps"] / cfg.total_steps)
                 for g in optimizer.param_groups:
                     g["lr"] = lr
-                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock)
-                loop.version += 1
-                counters["updates"] += 1
-                stats["policy_lag"] = float(loop.version - 1 - batch["policy_version"].mean())
-                for key, v in stats.items():
-                    acc[key] = acc.get(key, 0.0) + v
-                acc["n"] = acc.get("n", 0) + 1
+                acted_version = float(batch["policy_version"].mean())
+                for _ in range(cfg.algo.echo):
+                    stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock, diagnose=diag is None,
+                                         precision=precision)
+                    if diag is None:  # once per logging interval: it copies the weights
+                        diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
+                    loop.version += 1
+                    counters["updates"] += 1
+                    stats["policy_lag"] = loop.version - 1 - acted_version
+                    for key, v in stats.items():
+                        acc[key] = acc.get(key, 0.0) + v
+                    acc["n"] = acc.get("n", 0) + 1
                 learn_s += time.monotonic() - t1
                 # -- episodes, logging, checkpoints
                 new_eps = []
@@ -268,13 +286,17 @@ def train(cfg: VTraceRun) -> dict:
                     ls = loop.stats
                     nb = max(1, ls.batches - batches_prev)
                     values = {f"losses/{key}": v / n for key, v in acc.items() if key != "policy_lag"}
+                    values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
+                                   for key, v in (diag or {}).items()})
                     values.update({
                         "charts/episode_return": float(np.mean([r for r, _ in eps])) if eps else None,
                         "charts/episode_length": float(np.mean([l for _, l in eps])) if eps else None,
+                        "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
                         "charts/episodes": counters["episodes"],
                         "charts/steps_per_s": sps,
                         "charts/frames_per_s": sps * frames_per_step,
                         "charts/learning_rate": lr,
+                        "charts/replay_ratio": n * rows_per_batch / max(1, step_now - log_steps),
                         "perf/inference_batch_size": (ls.batch_envs - envs_prev) / nb,
                         "perf/inference_forward_ms": (ls.forward_s - fwd_prev) / nb * 1e3,
                         "perf/batch_collect_ms": float(np.median(ls.collect_s)) * 1e3 if ls.collect_s else None,
@@ -289,8 +311,8 @@ def train(cfg: VTraceRun) -> dict:
                     monitor.progress(
                         f"steps {step_now:>10,d}  frames/s {sps * frames_per_step:>9,.0f}  "
                         f"return(20) {ret}  updates {counters['updates']:,d}  "
-                        f"loss {values['losses/total_loss']:.3f}")
-                    t_log, log_steps, wait_s, learn_s, acc = now, step_now, 0.0, 0.0, {}
+                        f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
+                    t_log, log_steps, wait_s, learn_s, acc, diag = now, step_now, 0.0, 0.0, {}, None
                     w_prev, fwd_prev, batches_prev, envs_prev = w, ls.forward_s, ls.batches, ls.batch_envs
                 if now - state["saved"] >= cfg.checkpoint_every_min * 60:
                     save()

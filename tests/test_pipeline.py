@@ -152,3 +152,46 @@ def test_google_research_football_through_envpool():
         unrolls = take_unrolls(pipe, 2)
     assert unrolls[0]["obs"].shape == (9, 2, 72, 96, 4)
     check_autoreset_rows(unrolls[0])
+
+
+def test_atari_data_path_end_to_end():
+    """Pong as the learner sees it: a 4-frame stack that shifts by one frame per
+    step (and restarts on reset), raw rewards in {-1, 0, 1} that the learner's
+    clip leaves alone, the network's input scaled to [0, 1], and actions
+    sampled from exactly the behaviour logits stored beside them."""
+    from seedlocal.models import _as_float
+
+    bias = torch.tensor([2.0, 0.0, -1.0, 1.0, 0.0, -2.0])
+
+    def make(spec, device):
+        model = ActorCritic(spec, init="orthogonal")
+        with torch.no_grad():  # a fixed, far from uniform policy
+            model.policy.weight.zero_()
+            model.policy.bias.copy_(bias)
+        return ModelPolicy(model, spec)
+
+    with tiny_pipeline(make, env="Pong-v5", unroll_length=64, num_buffers=40) as pipe:
+        unrolls = take_unrolls(pipe, 24)
+    actions = np.concatenate([u["action"][:-1].ravel() for u in unrolls])
+    logits = np.concatenate([u["out.logits"][:-1].reshape(-1, 6) for u in unrolls])
+    np.testing.assert_allclose(logits, np.broadcast_to(bias.numpy(), logits.shape), atol=1e-6)
+    freq = np.bincount(actions, minlength=6) / len(actions)
+    expected = torch.softmax(bias, 0).numpy()
+    # ~3,000 samples: each frequency within 4 standard errors of its probability.
+    assert np.all(np.abs(freq - expected) <= 4 * np.sqrt(expected * (1 - expected) / len(actions)) + 1e-3), freq
+
+    shifted = resets = 0
+    for u in unrolls:
+        obs, ign = u["obs"], u["ignored"]
+        assert obs.dtype == np.uint8 and obs.shape[2:] == (4, 84, 84)
+        assert set(np.unique(u["reward"][:-1])) <= {-1.0, 0.0, 1.0}
+        for t in range(obs.shape[0] - 1):
+            for e in range(obs.shape[1]):
+                if ign[t, e]:
+                    resets += 1
+                else:  # the newest three frames of t are the oldest three of t + 1
+                    np.testing.assert_array_equal(obs[t + 1, e, :3], obs[t, e, 1:])
+                    shifted += 1
+    assert shifted > 1000
+    x = _as_float(torch.from_numpy(unrolls[0]["obs"][:2]))
+    assert x.dtype == torch.float32 and 0.0 <= float(x.min()) and float(x.max()) <= 1.0 and float(x.max()) > 0.1

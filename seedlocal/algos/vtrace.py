@@ -170,6 +170,12 @@ class VTraceParams:
     """size of an LSTM core after the encoder (0 = no LSTM)"""
     separate_critic: bool = True
     """give the value its own MLP; applies to MLP torsos without LSTM (image torsos are shared)"""
+    init: Literal["torch", "orthogonal"] = "torch"
+    """weight init: torch's default, or orthogonal (gain sqrt 2; 0.01 policy head, 1 value head)"""
+    echo: int = 1
+    """updates per batch of unrolls (data echoing, Choi et al. 2019); V-trace corrects for the policy having moved"""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """network arithmetic: auto = bf16 for CNN torsos on CPUs with native bf16 (AMX/AVX512-BF16), else fp32"""
 
 
 def make_optimizer(params, p: VTraceParams) -> torch.optim.Optimizer:
@@ -178,7 +184,8 @@ def make_optimizer(params, p: VTraceParams) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=p.learning_rate, eps=p.optimizer_eps)
 
 
-def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None) -> dict[str, float]:
+def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
+                 diagnose: bool = False, precision: str = "fp32") -> dict[str, float]:
     """One optimiser step on a batch of unrolls.
 
     ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
@@ -186,13 +193,27 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None)
     ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state``
     ([B, 2, H] or None). ``step_lock`` guards only the parameter write, which
     is all the inference thread must not see half done.
+
+    With ``diagnose`` the step also measures what tells a stuck learner from
+    a working one: the size of each weight tensor's update relative to the
+    tensor (``update_ratio/<name>``; about 1e-3 is healthy for Adam/RMSProp,
+    1e-5 and below means the optimiser barely moves it), the scale of the
+    policy-gradient advantages and how much of the V-trace targets' variance
+    the value head explains. ``precision`` ``bf16`` runs the network's
+    forward and backward under autocast; V-trace and the loss stay fp32.
     """
     ignored = batch["ignored"]
     L = ignored.shape[0]
     T = L - 1
     first = torch.zeros_like(ignored)
     first[1:] = ignored[:-1]  # the observation after an ignored action starts an episode
-    logits, values = model.unroll(batch["obs"], batch["core_state"], first)
+    device = ignored.device
+    if precision == "bf16":
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits, values = model.unroll(batch["obs"], batch["core_state"], first)
+        logits, values = logits.float(), values.float()
+    else:
+        logits, values = model.unroll(batch["obs"], batch["core_state"], first)
 
     actions = batch["action"][:T]
     rewards = batch["reward"][:T]
@@ -212,9 +233,32 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None)
     loss.backward()
     max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1} if diagnose else None
     with step_lock if step_lock is not None else contextlib.nullcontext():
         optimizer.step()
     out = {k: float(v) for k, v in stats.items()}
     out["grad_norm"] = float(grad_norm)
     out["mean_rho"] = float(returns.rhos[valid].mean()) if valid.any() else 1.0
+    if diagnose:
+        out.update(_diagnostics(model, before, returns, values[:T].detach(), valid))
+    return out
+
+
+@torch.no_grad()
+def _diagnostics(model, before: dict[str, Tensor], returns: VTraceReturns, values: Tensor,
+                 valid: Tensor) -> dict[str, float]:
+    out = {}
+    ratios = []
+    for name, w in model.named_parameters():
+        if name in before:
+            r = float((w - before[name]).norm() / before[name].norm().clamp(min=1e-12))
+            out[f"update_ratio/{name}"] = r
+            ratios.append(r)
+    out["update_ratio"] = float(torch.tensor(ratios).median()) if ratios else 0.0
+    adv = returns.pg_advantages[valid]
+    vs, v = returns.vs[valid], values[valid]
+    out["advantage_std"] = float(adv.std()) if adv.numel() > 1 else 0.0
+    out["value_error"] = float((vs - v).abs().mean()) if vs.numel() else 0.0
+    var = vs.var() if vs.numel() > 1 else torch.tensor(0.0)
+    out["explained_variance"] = float(1 - (vs - v).var() / var) if var > 0 else 0.0
     return out
