@@ -7,6 +7,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+import torch
 
 from conftest import seedlocal_segments
 from helpers import check_autoreset_rows, take_unrolls, tiny_pipeline
@@ -132,3 +133,63 @@ def test_normal_end_leaves_nothing():
     assert proc.returncode == 0, out
     assert '"ratio_random"' in out.strip().splitlines()[-1]
     _assert_gone(proc, kids)
+
+
+def test_rows_are_read_only_after_the_acquiring_token():
+    """Publication order for weakly ordered CPUs (shm/slots.py): a state store
+    alone may become visible before the rows it guards, so neither side acts
+    on it until it has taken the token the other side posted after writing.
+    Here the test plays each side by hand against the production code."""
+    import threading
+
+    from seedlocal.config import EnvConfig, validate_env
+    from seedlocal.models import RandomPolicy
+    from seedlocal.pipeline.actors import ActorPool
+    from seedlocal.pipeline.envs import make_group
+    from seedlocal.pipeline.inference import InferenceLoop
+    from seedlocal.pipeline.worker import WorkerArgs, _group_loop
+    from seedlocal.shm.rollout import RolloutLayout
+    from seedlocal.shm.slots import ACTION_READY, OBS_READY
+
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    policy = RandomPolicy(spec, torch.device("cpu"))
+    layout = RolloutLayout(num_buffers=8, length=5, envs=2, obs=spec.obs, action=spec.action, outputs=policy.outputs)
+    with ActorPool(spec, layout, num_workers=1, threads_per_group=1, seed=0, max_restarts=0) as pool:
+        loop = InferenceLoop(pool, policy, torch.device("cpu"), min_batch_envs=2, batch_timeout_s=0.0)
+        state = pool.control["state"]
+        for g in range(2):  # bind unrolls as start() would, without spawning the worker
+            loop._bind_fresh(g)
+        # Loop side: a group whose state says OBS_READY but whose token is not posted is not served.
+        state[0] = OBS_READY
+        loop._claim()
+        assert not loop._owned[0]
+        pool.ready[0].post()
+        loop._claim()
+        assert loop._owned[0]
+        assert loop.step() == 0 and state[0] == ACTION_READY  # served (row 0: a reset, no step counted)
+
+        # Worker side: the group's thread must not step on ACTION_READY until it takes the wake token.
+        env = make_group(spec, 2, 1, 0)
+        args = WorkerArgs(index=0, groups=(0, 1), envs_per_group=2, threads_per_group=1, seed=0, spec=spec,
+                          control=pool.control.handle(), rollout=pool.store.handle(), wake=(pool.wake[0], pool.wake[1]),
+                          ready=(pool.ready[0], pool.ready[1]), obs_ready=pool.obs_ready, parent_pid=os.getpid(),
+                          poll_s=0.05)
+        pool.wake[1].drain()
+        state[1] = 0  # STEPPING: the thread below writes its first observations
+        t = threading.Thread(target=_group_loop, args=(args, 1, env, pool.control, pool.store), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while state[1] != OBS_READY and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.ready[1].wait(5)  # the worker published its first step with a token
+        steps = int(pool.control["group_steps"][1])
+        state[1] = ACTION_READY  # visible, but no token yet
+        time.sleep(0.3)
+        assert int(pool.control["group_steps"][1]) == steps, "the worker acted on the state alone"
+        pool.wake[1].post()
+        assert pool.ready[1].wait(5)  # now it stepped and published again
+        assert int(pool.control["group_steps"][1]) == steps + 2
+        pool.control["stop"][0] = 1
+        pool.wake[1].post()
+        t.join(5)
+        env.close()

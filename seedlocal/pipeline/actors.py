@@ -46,7 +46,8 @@ class ActorPool:
         self.store: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
         self.restarts = [0] * num_workers
-        self.obs_ready = Signal(self._ctx)
+        self.obs_ready = Signal(self._ctx)  # a wake-up hint for the inference loop
+        self.ready = [Signal(self._ctx) for _ in range(self.num_groups)]  # per group: its rows are published
         self.wake = [Signal(self._ctx) for _ in range(self.num_groups)]
         try:
             self.control = create_control(self.num_groups)
@@ -79,6 +80,7 @@ class ActorPool:
             control=self.control.handle(),
             rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups),
+            ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready,
             parent_pid=os.getpid(),
         )
@@ -109,6 +111,7 @@ class ActorPool:
         for g in self.groups_of(w):
             self.control["state"][g] = STEPPING
             self.wake[g].drain()
+            self.ready[g].drain()
 
     def spawn(self, w: int) -> None:
         self._spawn(w)

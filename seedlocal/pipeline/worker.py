@@ -37,7 +37,8 @@ class WorkerArgs:
     control: tuple[str, list[ArraySpec]]
     rollout: tuple[str, list[ArraySpec]]
     wake: tuple[Signal, ...]  # per group, posted by the inference loop when its actions are in
-    obs_ready: Signal  # posted by this worker when a group's observations are in
+    ready: tuple[Signal, ...]  # per group, posted by this worker when its observations are in
+    obs_ready: Signal  # a wake-up hint for the inference loop (orders nothing)
     parent_pid: int
     poll_s: float = 0.5
 
@@ -143,7 +144,8 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
     state, target_buf, target_row = control["state"], control["target_buf"], control["target_row"]
     stop = control["stop"]
     wait_s, env_s, steps = control["group_wait_s"], control["group_env_s"], control["group_steps"]
-    wake, n = args.wake[g - args.groups[0]], args.envs_per_group
+    i = g - args.groups[0]
+    wake, ready, n = args.wake[i], args.ready[i], args.envs_per_group
     writer = _GroupWriter(n)
     env.reset()
     while True:
@@ -153,12 +155,14 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
         writer.write(store, target_buf[g], target_row[g], result)
         steps[g] += n
         state[g] = OBS_READY
+        ready.post()  # release: publishes the rows above (see shm/slots.py)
         args.obs_ready.post()
         t0 = time.perf_counter()
-        while state[g] != ACTION_READY and state[g] != RESET:
+        # Read the state and the action only after taking the token the loop
+        # posted once it wrote them (acquire); never on the state alone.
+        while not (wake.wait(args.poll_s) and state[g] in (ACTION_READY, RESET)):
             if stop[0]:
                 return
-            wake.wait(args.poll_s)
         wait_s[g] += time.perf_counter() - t0
         if state[g] == RESET:
             state[g] = STEPPING

@@ -11,10 +11,26 @@ small control segment; the slot's state says who may touch the group's rows:
                   first observations into row 0 of ``target_buf`` (a fresh
                   unroll); neuroevolution starts each generation this way
 
-State changes are published after the data they guard is written and are
-followed by a semaphore post, which is a full memory barrier on every
-platform Python supports. Waiting sides block in ``sem_timedwait`` (never
-spin), always with a timeout so that a dead peer is noticed.
+Publication order (correct on weakly ordered CPUs such as ARM, not only
+x86): a side reads the rows a state guards only after an *acquiring*
+operation that pairs with the other side's *releasing* operation made after
+it wrote them. The state array alone is never trusted for that: a plain
+store to ``state`` may become visible to another core before the stores to
+the rows it guards. The pairs are POSIX semaphores (glibc's ``sem_post`` is a
+release RMW, ``sem_wait``/``sem_trywait`` an acquire RMW on the same counter):
+
+    worker:  write obs/reward rows; state = OBS_READY; ready[g].post()
+    loop:    ready[g].try_acquire() succeeds  ->  read those rows
+    loop:    write action rows; state = ACTION_READY (or RESET); wake[g].post()
+    worker:  wake[g].wait() succeeds  ->  read state and the action row
+
+Each transition posts exactly one token to the group's own semaphore, and
+the reader takes exactly one per transition, so a token it takes is always
+the one posted after the rows it is about to read. ``obs_ready`` is only a
+wake-up hint for the inference loop (one post per transition, plus control
+posts such as stop); it orders nothing. Waiting sides block in
+``sem_timedwait`` (never spin), always with a timeout so that a dead peer is
+noticed.
 """
 
 from __future__ import annotations
@@ -62,6 +78,10 @@ class Signal:
 
     def wait(self, timeout: float | None) -> bool:
         return self._sem.acquire(True, timeout)
+
+    def try_acquire(self) -> bool:
+        """Take a token if one is there (an acquire operation; never blocks)."""
+        return self._sem.acquire(False)
 
     def drain(self) -> None:
         while self._sem.acquire(False):
