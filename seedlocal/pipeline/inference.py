@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,6 +38,53 @@ class LoopStopped(Exception):
     """Raised inside ``step`` once ``request_stop`` was called."""
 
 
+class EpisodeLog:
+    """Finished episodes, counted exactly at any episode rate.
+
+    The inference thread ``add``s each batch's finished episodes; a reader
+    ``take``s what finished since its last take: the exact count and sums
+    (so means are exact however many episodes end between two reads) and the
+    most recent ``keep`` episodes themselves. Memory stays bounded whether
+    or not anyone reads.
+    """
+
+    def __init__(self, keep: int = 1000):
+        self._lock = threading.Lock()
+        self._count, self._return_sum, self._length_sum = 0, 0.0, 0
+        self._recent: deque[tuple[float, int]] = deque(maxlen=keep)
+        self.total = 0  # episodes ever added
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        with self._lock:
+            self._count += len(returns)
+            self._return_sum += float(np.sum(returns, dtype=np.float64))
+            self._length_sum += int(np.sum(lengths, dtype=np.int64))
+            self._recent.extend(zip(returns.tolist(), lengths.tolist()))
+            self.total += len(returns)
+
+    def take(self) -> "Episodes":
+        with self._lock:
+            out = Episodes(self._count, self._return_sum, self._length_sum, list(self._recent))
+            self._count, self._return_sum, self._length_sum = 0, 0.0, 0
+            self._recent.clear()
+        return out
+
+
+class Episodes(NamedTuple):
+    count: int
+    return_sum: float
+    length_sum: int
+    recent: list[tuple[float, int]]  # the last (return, length) pairs, oldest first, at most EpisodeLog.keep
+
+    @property
+    def mean_return(self) -> float | None:
+        return self.return_sum / self.count if self.count else None
+
+    @property
+    def mean_length(self) -> float | None:
+        return self.length_sum / self.count if self.count else None
+
+
 class LoopStats:
     """Counters the loop updates per batch; read and reset by loggers."""
 
@@ -46,8 +94,7 @@ class LoopStats:
         self.batch_envs = 0
         self.forward_s = 0.0
         self.collect_s: deque[float] = deque(maxlen=window)
-        self.episodes: deque[tuple[float, int]] = deque(maxlen=window)
-        self.episodes_total = 0
+        self.episodes = EpisodeLog()
         self.restarts = 0
         self.timeouts = 0  # batches served short because batch_timeout_s ran out
 
@@ -91,6 +138,9 @@ class InferenceLoop:
         # Groups a planning policy parked: left unanswered (their workers
         # sleep) until ``unhold``.
         self._held = np.zeros(self.G, bool)
+        # Groups whose ready token the loop took: their rows are published to
+        # this thread (shm/slots.py) until it hands them back to the worker.
+        self._owned = np.zeros(self.G, bool)
         self._unhold = threading.Event()
         self._plan = getattr(policy, "plan", None)
 
@@ -158,6 +208,7 @@ class InferenceLoop:
             print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", flush=True)
             for g in self.pool.groups_of(w):
                 # Drop the partial unroll: nothing before the crash is kept.
+                self._owned[g] = False
                 self.release(int(self._tbuf[g]))
                 self._bind_fresh(g)
             self.pool.spawn(w)
@@ -174,7 +225,8 @@ class InferenceLoop:
             if self._unhold.is_set():
                 self._unhold.clear()
                 self._held[:] = False
-            ready = np.flatnonzero((self._state == OBS_READY) & ~self._held)
+            self._claim()
+            ready = np.flatnonzero(self._owned & ~self._held)
             now = time.perf_counter()
             # Held groups cannot become ready: waiting for them would cost a
             # full timeout per batch whenever only a few groups have work.
@@ -192,6 +244,18 @@ class InferenceLoop:
         self.stats.collect_s.append(time.perf_counter() - t0)
         return ready
 
+    def _claim(self) -> None:
+        """Take the ready token of every group that says OBS_READY and has
+        posted it; only those groups' rows may be read (acquire order)."""
+        for g in np.flatnonzero((self._state == OBS_READY) & ~self._owned).tolist():
+            if self.pool.ready[g].try_acquire():
+                self._owned[g] = True
+
+    def _hand_back(self, g: int, state: int) -> None:
+        self._owned[g] = False
+        self._state[g] = state
+        self.pool.wake[g].post()  # release: publishes the rows written for g
+
     def step(self) -> int:
         """Serve one batch; returns the number of env steps it answered."""
         ready = self._collect()
@@ -206,8 +270,7 @@ class InferenceLoop:
         done = store["terminated"][prev_b, prev_r] | store["truncated"][prev_b, prev_r]
         if done.any():
             rets, lens = store["ep_return"][prev_b, prev_r][done], store["ep_length"][prev_b, prev_r][done]
-            self.stats.episodes.extend(zip(rets.tolist(), lens.tolist()))
-            self.stats.episodes_total += int(done.sum())
+            self.stats.episodes.add(rets, lens)
         n_stepped = int(stepped.sum()) * E
         self.stats.env_steps += n_stepped
 
@@ -263,9 +326,8 @@ class InferenceLoop:
         store["policy_version"][bufs, rows] = self.version
 
         self._trow[ready] = rows + 1
-        self._state[ready] = ACTION_READY
-        for g in ready:
-            self.pool.wake[g].post()
+        for g in ready.tolist():
+            self._hand_back(g, ACTION_READY)
 
         self.stats.batches += 1
         self.stats.batch_envs += n
@@ -279,8 +341,7 @@ class InferenceLoop:
                 # Fresh episodes in a fresh unroll: the partial one is dropped.
                 self.release(int(self._tbuf[g]))
                 self._bind_fresh(g)
-                self._state[g] = RESET
-                self.pool.wake[g].post()
+                self._hand_back(g, RESET)
 
     def unhold(self) -> None:
         """Serve held groups again (they are offered to ``policy.plan`` anew)."""
