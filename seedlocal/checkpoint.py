@@ -54,6 +54,24 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
     return path
 
 
+def write_summary(run_dir: Path, summary: dict) -> Path:
+    """``<run>/summary.json``: what a program needs to read of a finished run
+    (written atomically, like checkpoints)."""
+    import json
+
+    path = Path(run_dir) / "summary.json"
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(summary, f, indent=2, default=float)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def all_checkpoints(folder: Path) -> list[Path]:
     found = [p for p in Path(folder).glob("ckpt_*.pt") if _NAME.search(p.name)]
     return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))

@@ -53,6 +53,30 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
     return presets[name], rest
 
 
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``--name X`` or ``--name=X`` in ``args`` (the last one given)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _resumed_default(args: list[str], cls):
+    """With ``--resume``, the run's saved configuration becomes the default,
+    so only options given on this command line change it."""
+    path = _option(args, "--resume")
+    if not path:
+        return None
+    from seedlocal.checkpoint import load
+    from seedlocal.config import from_dict
+
+    saved = load(path).get("config")
+    return from_dict(cls, saved) if isinstance(saved, dict) else None
+
+
 def _parse(argv: list[str]):
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -67,6 +91,9 @@ def _parse(argv: list[str]):
 
         return cmd, tyro.cli(EvalConfig, args=rest, prog="seedlocal eval")
     if cmd == "train":
+        if rest and rest[0] in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
         if not rest or rest[0] not in TRAINERS:
             given = rest[0] if rest else "nothing"
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TRAINERS)}), got {given}\n\n{USAGE}",
@@ -75,10 +102,18 @@ def _parse(argv: list[str]):
         if rest[0] != "vtrace":
             from seedlocal.neuroevolution import ALGOS
 
-            return "train", tyro.cli(ALGOS[rest[0]], args=rest[1:], prog=f"seedlocal train {rest[0]}")
+            cls = ALGOS[rest[0]]
+            return "train", tyro.cli(cls, args=rest[1:], default=_resumed_default(rest[1:], cls),
+                                     prog=f"seedlocal train {rest[0]}")
         from seedlocal.train import PRESETS, VTraceRun
 
         default, args = _pop_preset(rest[1:], PRESETS)
+        saved = _resumed_default(args, VTraceRun)
+        if saved is not None:
+            if _option(rest[1:], "--preset") is not None:
+                raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
+                                  "give the options to change explicitly instead")
+            default = saved
         return "train", tyro.cli(VTraceRun, args=args, default=default, prog="seedlocal train vtrace",
                                  description="IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari.")
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)

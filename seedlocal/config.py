@@ -117,3 +117,49 @@ def threads_per_group(p: PipelineConfig) -> int:
     """
     total = p.env_threads or os.cpu_count() or 1
     return max(1, total // (2 * p.num_workers))
+
+
+def from_dict(cls, d: dict):
+    """A config dataclass rebuilt from ``dataclasses.asdict`` output (as saved
+    in checkpoints): nested dataclasses recursively, lists back to tuples where
+    the default is a tuple. Keys the class no longer has are dropped, fields
+    the dict lacks keep their defaults, so older checkpoints stay resumable."""
+    import dataclasses
+
+    base = cls()
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        default, v = getattr(base, f.name), d[f.name]
+        if dataclasses.is_dataclass(default) and isinstance(v, dict):
+            v = from_dict(type(default), v)
+        elif isinstance(default, tuple) and isinstance(v, list):
+            v = tuple(v)
+        kwargs[f.name] = v
+    return cls(**kwargs)
+
+
+def config_changes(old, new, prefix: str = "") -> list[str]:
+    """``field: old -> new`` for every leaf that differs between two configs."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(new):
+        a, b = getattr(old, f.name, None), getattr(new, f.name)
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(b) and dataclasses.is_dataclass(a):
+            out += config_changes(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out
+
+
+def resume_line(saved: dict | None, cfg, path: str) -> str:
+    """The one line a resumed run prints: what differs from the saved config."""
+    if saved is None:
+        return f"seedlocal: resuming {path} (it holds no saved configuration; using this one as given)"
+    changes = [c for c in config_changes(from_dict(type(cfg), saved), cfg) if not c.startswith("resume:")]
+    if not changes:
+        return f"seedlocal: resuming {path} with its saved configuration"
+    return f"seedlocal: resuming {path}; changed from its saved configuration: " + "; ".join(changes)

@@ -29,6 +29,23 @@ perf/worker_env_share     share of env-group time spent stepping environments
 perf/learner_wait_share   share of learner time spent waiting for unrolls
 perf/policy_lag           parameter updates between acting and learning
 perf/worker_restarts      env workers restarted so far
+
+Neuroevolution (``train ga|es|random-search``) logs once per generation, with
+the generation number as the x axis:
+
+charts/best_fitness, charts/mean_fitness, charts/median_fitness   over the population
+charts/best_member_return the elite's / ES centre's / best member's mean return on fresh episodes
+charts/episodes, charts/frames   totals so far (frames: evaluation episodes only)
+perf/frames_per_generation, perf/frames_per_s, perf/generation_s
+perf/idle_share           share of stepped env slots that played no evaluation episode
+                          (idle while a generation's last episodes finish, auto-reset steps)
+perf/env_time_s, perf/inference_time_s   time in env stepping (per group) and in forward passes
+
+Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
+target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
+(``mean_return_last20``; ``best_member_return`` for neuroevolution),
+``steps_to_target``/``frames_to_target`` (null unless --stop-at-return was
+reached), the checkpoint path and ``status`` (done, interrupted, error).
 """
 
 from __future__ import annotations

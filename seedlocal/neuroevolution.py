@@ -21,7 +21,8 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import ParamSpace
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
+from seedlocal.config import (ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, resume_line,
+                              validate_env, validate_pipeline)
 from seedlocal.models import PolicyNet
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
@@ -200,6 +201,7 @@ def train(cfg: NeuroevoRun) -> dict:
     saved = checkpoint.load(cfg.resume) if cfg.resume else None
     ident = identity(cfg, spec)
     if saved is not None:
+        print(resume_line(saved.get("config"), cfg, saved["path"]), flush=True)
         checkpoint.check_compatible(saved, ident)
         run_dir = Path(saved["path"]).parent.parent
     else:
@@ -223,7 +225,8 @@ def train(cfg: NeuroevoRun) -> dict:
     group = cfg.pipeline.envs_per_worker // 2
     policy = PopulationPolicy(template, group, 2 * cfg.pipeline.num_workers, device, greedy=cfg.greedy)
     fps = spec.frames_per_step
-    summary = {"run_dir": str(run_dir), "generations_to_target": None, "frames_to_target": None}
+    summary = {"status": "done", "run_dir": str(run_dir), "generations_to_target": None,
+               "steps_to_target": None, "frames_to_target": None}
     t_start = time.monotonic()
 
     def save() -> Path:
@@ -251,20 +254,27 @@ def train(cfg: NeuroevoRun) -> dict:
                         or (cfg.total_frames and counters["frames"] >= cfg.total_frames)
                         or (cfg.seconds and elapsed >= cfg.seconds)):
                     break
-                t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes_total
-                w0, fwd0 = pipe.pool.worker_stats(), policy.forward_s
+                t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes.total
+                w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
                 stats = evolver.generation(evaluate)
                 dt = time.monotonic() - t0
-                frames = (loop.stats.env_steps - steps0) * fps
+                # Frames of evaluation episodes only: each served row is one
+                # step of a member's episode. Idle slots and auto-reset steps
+                # are stepped too (a group steps all its envs), but are no
+                # evaluation; their share is reported as perf/idle_share.
+                served = policy.forward_envs - served0
+                frames = served * fps
+                stepped = loop.stats.env_steps - steps0
                 w1 = pipe.pool.worker_stats()
                 counters["generation"] += 1
                 counters["frames"] += frames
-                counters["episodes"] += loop.stats.episodes_total - eps0
-                loop.stats.episodes.clear()
+                counters["episodes"] += loop.stats.episodes.total - eps0
+                loop.stats.episodes.take()
                 values = {f"charts/{k}": v for k, v in stats.items()}
                 values.update({
                     "charts/frames": counters["frames"], "charts/episodes": counters["episodes"],
                     "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
+                    "perf/idle_share": 1.0 - served / stepped if stepped else 0.0,
                     "perf/generation_s": dt,
                     "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / (2 * cfg.pipeline.num_workers),
                     "perf/inference_time_s": policy.forward_s - fwd0,
@@ -278,13 +288,24 @@ def train(cfg: NeuroevoRun) -> dict:
                 if cfg.stop_at_return and stats["best_member_return"] >= cfg.stop_at_return:
                     summary["generations_to_target"] = counters["generation"]
                     summary["frames_to_target"] = counters["frames"]
+                    summary["steps_to_target"] = counters["frames"] // fps
                     break
+        except BaseException as e:
+            summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            raise
         finally:
             runner.stop()
-            monitor.close()
-    summary.update({"generations": counters["generation"], "frames": counters["frames"],
-                    "episodes": counters["episodes"], "best_member_return": evolver.best_return,
-                    "seconds": time.monotonic() - t_start, "checkpoint": str(path)})
+            try:
+                path = save()  # also when stopped mid-generation: the last finished one
+            finally:
+                monitor.close()
+            best = evolver.best_return if math.isfinite(evolver.best_return) else None
+            summary.update({"algo": name, "env": spec.env_id, "generations": counters["generation"],
+                            "steps": counters["frames"] // fps, "frames": counters["frames"],
+                            "episodes": counters["episodes"], "best_member_return": best,
+                            "seconds": round(time.monotonic() - t_start, 2),
+                            "checkpoint": str(path) if path is not None else None})
+            checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
           f"best member return {evolver.best_return:.1f}; checkpoint {path}", flush=True)
     return summary

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import queue
 import threading
@@ -25,7 +24,8 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, validate_env, validate_pipeline
+from seedlocal.config import (ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, resume_line,
+                              validate_env, validate_pipeline)
 from seedlocal.models import ActorCritic, ModelPolicy, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
@@ -178,6 +178,7 @@ def train(cfg: VTraceRun) -> dict:
     optimizer = make_optimizer(model.parameters(), cfg.algo)
     counters = {"steps": 0, "updates": 0, "episodes": 0}
     if resumed is not None:
+        print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
         checkpoint.check_compatible(resumed, ident)
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
@@ -200,7 +201,7 @@ def train(cfg: VTraceRun) -> dict:
         pipe_cfg.num_buffers = 2 * pipe_cfg.num_workers + 2 * k
     frames_per_step = spec.frames_per_step
     recent: deque[float] = deque(maxlen=20)
-    summary = {"run_dir": str(run_dir), "steps_to_target": None}
+    summary = {"status": "done", "run_dir": str(run_dir), "steps_to_target": None}
     state = {"saved": time.monotonic(), "path": None}
 
     def save() -> None:
@@ -222,6 +223,7 @@ def train(cfg: VTraceRun) -> dict:
         runner.start()
         t_start = t_log = time.monotonic()
         log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
+        ep_acc = {"ep_n": 0, "ep_ret": 0.0, "ep_len": 0}
         w_prev = pipe.pool.worker_stats()
         fwd_prev, batches_prev, envs_prev = 0.0, 0, 0
         try:
@@ -266,21 +268,20 @@ def train(cfg: VTraceRun) -> dict:
                     acc["n"] = acc.get("n", 0) + 1
                 learn_s += time.monotonic() - t1
                 # -- episodes, logging, checkpoints
-                new_eps = []
-                while loop.stats.episodes:
-                    new_eps.append(loop.stats.episodes.popleft())
-                counters["episodes"] += len(new_eps)
-                recent.extend(r for r, _ in new_eps)
+                eps = loop.stats.episodes.take()
+                counters["episodes"] += eps.count
+                recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
+                for key, v in (("ep_n", eps.count), ("ep_ret", eps.return_sum), ("ep_len", eps.length_sum)):
+                    ep_acc[key] += v
                 if (cfg.stop_at_return and summary["steps_to_target"] is None and len(recent) == recent.maxlen
                         and np.mean(recent) >= cfg.stop_at_return):
                     summary["steps_to_target"] = steps0 + loop.stats.env_steps
-                acc.setdefault("ep", []).extend(new_eps)
                 now = time.monotonic()
                 if now - t_log >= cfg.log_every_s:
                     step_now = steps0 + loop.stats.env_steps
                     sps = (step_now - log_steps) / (now - t_log)
                     n = acc.pop("n")
-                    eps = acc.pop("ep")
+                    n_eps = ep_acc["ep_n"]
                     w = pipe.pool.worker_stats()
                     thread_s = (now - t_log) * 2 * cfg.pipeline.num_workers
                     ls = loop.stats
@@ -289,8 +290,8 @@ def train(cfg: VTraceRun) -> dict:
                     values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
                                    for key, v in (diag or {}).items()})
                     values.update({
-                        "charts/episode_return": float(np.mean([r for r, _ in eps])) if eps else None,
-                        "charts/episode_length": float(np.mean([l for _, l in eps])) if eps else None,
+                        "charts/episode_return": ep_acc["ep_ret"] / n_eps if n_eps else None,
+                        "charts/episode_length": ep_acc["ep_len"] / n_eps if n_eps else None,
                         "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
                         "charts/episodes": counters["episodes"],
                         "charts/steps_per_s": sps,
@@ -313,22 +314,35 @@ def train(cfg: VTraceRun) -> dict:
                         f"return(20) {ret}  updates {counters['updates']:,d}  "
                         f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
                     t_log, log_steps, wait_s, learn_s, acc, diag = now, step_now, 0.0, 0.0, {}, None
+                    ep_acc = dict.fromkeys(ep_acc, 0)
                     w_prev, fwd_prev, batches_prev, envs_prev = w, ls.forward_s, ls.batches, ls.batch_envs
                 if now - state["saved"] >= cfg.checkpoint_every_min * 60:
                     save()
+        except BaseException as e:
+            summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            raise
         finally:
             runner.stop()
             counters["steps"] = steps0 + loop.stats.env_steps
-            counters["episodes"] += len(loop.stats.episodes)
+            eps = loop.stats.episodes.take()
+            counters["episodes"] += eps.count
+            recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
             try:
                 save()
             finally:
                 monitor.close()
-    summary.update({
-        "steps": counters["steps"], "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
-        "episodes": counters["episodes"], "mean_return_last20": float(np.mean(recent)) if recent else math.nan,
-        "seconds": time.monotonic() - t_start, "checkpoint": str(state["path"]),
-    })
+                summary.update({
+                    "algo": "vtrace", "env": spec.env_id, "steps": counters["steps"],
+                    "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+                    "episodes": counters["episodes"],
+                    "mean_return_last20": float(np.mean(recent)) if recent else None,
+                    "frames_to_target": (summary["steps_to_target"] * frames_per_step
+                                         if summary["steps_to_target"] is not None else None),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": str(state["path"]),
+                })
+                checkpoint.write_summary(run_dir, summary)
+    ret = summary["mean_return_last20"]
     print(f"\nseedlocal: done: {summary['steps']:,d} steps, mean return (last 20) "
-          f"{summary['mean_return_last20']:.1f}; checkpoint {summary['checkpoint']}", flush=True)
+          f"{'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint']}; "
+          f"summary {run_dir / 'summary.json'}", flush=True)
     return summary

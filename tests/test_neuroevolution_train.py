@@ -1,5 +1,6 @@
 """Neuroevolution end to end: population inference, the work queue, GA and ES learning."""
 
+import json
 import subprocess
 import sys
 
@@ -114,6 +115,22 @@ def test_resume_continues_each_algorithm(tmp_path, run):
                 "charts/frames", "perf/frames_per_s", "perf/env_time_s", "perf/inference_time_s"):
         assert tag in ea.Tags()["scalars"], tag
     assert [e.step for e in ea.Scalars("charts/best_fitness")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("run", [GARun, ESRun, RandomSearchRun])
+def test_resume_restores_each_algorithm_bitwise(tmp_path, run):
+    from test_train_vtrace import assert_same_state
+
+    train(run(generations=2, log_dir=str(tmp_path), run_name="b", progress=False))
+    saved = checkpoint.load(tmp_path / "b")
+    # The generation budget is already spent: restore, run nothing, save again.
+    train(run(generations=2, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False))
+    restored = checkpoint.load(tmp_path / "b")
+    for key in ("algo_state", "best_params", "best_return", "counters", "identity"):
+        assert_same_state(saved[key], restored[key], key)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["algo"] == {GARun: "ga", ESRun: "es", RandomSearchRun: "random-search"}[run]
+    assert summary["generations"] == 2 and summary["best_member_return"] == saved["best_return"]
 
 
 @pytest.mark.parametrize("args, message", [

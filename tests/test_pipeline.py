@@ -28,7 +28,7 @@ def test_ignored_actions_get_no_reward_or_transition(backend):
 def test_episode_stats_reach_the_loop():
     with tiny_pipeline(RandomPolicy) as pipe:
         take_unrolls(pipe, 30)
-        eps = list(pipe.loop.stats.episodes)
+        eps = pipe.loop.stats.episodes.take().recent
     assert len(eps) >= 5
     for ret, length in eps:
         assert ret == length  # CartPole: +1 per real step, nothing for the ignored reset step
@@ -94,7 +94,7 @@ def test_gymnasium_fallback_for_ids_envpool_lacks():
     with tiny_pipeline(RandomPolicy, env="Taxi-v4", unroll_length=448) as pipe:
         assert pipe.spec.obs[""].shape == ()  # a Discrete observation
         unrolls = take_unrolls(pipe, 6)
-        eps = list(pipe.loop.stats.episodes)
+        eps = pipe.loop.stats.episodes.take().recent
     assert all(check_autoreset_rows(u) >= 1 for u in unrolls)
     # Taxi's 200-step limit truncates (not terminates) random episodes.
     assert any(length == 200 for _, length in eps)

@@ -1,5 +1,6 @@
 """V-trace end to end: it learns, it logs, it checkpoints, it resumes, it evaluates."""
 
+import json
 import math
 import os
 import signal
@@ -91,6 +92,76 @@ def test_resume_continues_the_same_curve(tmp_path):
     assert len(checkpoint.all_checkpoints(tmp_path / "tiny" / "checkpoints")) == 2
 
 
+def assert_same_state(a, b, path=""):
+    """Bitwise equality of nested checkpoint contents (tensors, dicts, lists, numbers)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (path, set(a) ^ set(b))
+        for k in a:
+            assert_same_state(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), (path, a, b)
+
+
+def test_resume_restores_weights_optimizer_and_counters_bitwise(tmp_path):
+    first = train(_tiny(tmp_path))
+    saved = checkpoint.load(tmp_path / "tiny")
+    # A budget that is already spent: the run restores, does no update, saves again.
+    again = train(_tiny(tmp_path, total_steps=first["steps"], resume=str(tmp_path / "tiny")))
+    assert again["updates"] == saved["counters"]["updates"]
+    restored = checkpoint.load(tmp_path / "tiny")
+    for key in ("model", "optimizer", "counters", "identity"):
+        assert_same_state(saved[key], restored[key], key)
+
+
+def test_cli_resume_keeps_the_saved_config_and_names_what_changed(tmp_path):
+    base = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "r",
+            "--no-progress"]
+    out = subprocess.run(base + ["--total-steps", "2000", "--algo.batch-size", "8", "--algo.entropy-cost", "0.02"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", "vtrace", "--resume", str(tmp_path / "r"),
+                          "--total-steps", "4000", "--algo.learning-rate", "0.0005", "--no-progress"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = [l for l in out.stdout.splitlines() if l.startswith("seedlocal: resuming")]
+    assert len(lines) == 1, out.stdout
+    assert "algo.learning_rate: 0.001 -> 0.0005" in lines[0] and "total_steps: 2000 -> 4000" in lines[0]
+    assert "batch_size" not in lines[0] and "entropy_cost" not in lines[0]
+    cfg = checkpoint.load(tmp_path / "r")["config"]
+    assert cfg["algo"]["batch_size"] == 8 and cfg["algo"]["entropy_cost"] == 0.02  # kept from the saved run
+    assert cfg["algo"]["learning_rate"] == 0.0005 and cfg["total_steps"] == 4000
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] >= 4000 and summary["status"] == "done"
+
+
+def test_summary_json_is_written_at_every_end(tmp_path):
+    s = train(_tiny(tmp_path, stop_at_return=15.0))  # random CartPole play averages ~22
+    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+    for key in ("algo", "env", "steps", "frames", "seconds", "mean_return_last20", "steps_to_target",
+                "frames_to_target", "checkpoint", "status"):
+        assert key in summary, key
+    assert summary["algo"] == "vtrace" and summary["env"] == "CartPole-v1" and summary["status"] == "done"
+    assert summary["steps_to_target"] == s["steps_to_target"] and summary["steps_to_target"] is not None
+    assert summary["frames_to_target"] == summary["steps_to_target"]
+    assert checkpoint.load(summary["checkpoint"])["counters"]["steps"] == summary["steps"]
+
+
+def test_train_help_lists_the_algorithms():
+    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    for algo in ("vtrace", "ga", "es", "random-search"):
+        assert algo in out.stdout
+
+
 def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
     train(_tiny(tmp_path))
     with pytest.raises(ConfigError, match="already holds checkpoints"):
@@ -163,6 +234,8 @@ def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
     state = checkpoint.load(tmp_path / "cli")
     assert state["counters"]["steps"] > 0
     assert not seedlocal_segments(proc.pid)
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == state["counters"]["steps"]
 
 
 @pytest.mark.slow
