@@ -61,12 +61,13 @@ class _GroupWriter:
         # Envs whose last step ended an episode: their next action is ignored.
         self.was_done = np.zeros(n, bool)
 
-    def write(self, store: SharedArrays, buf: int, row: int, result) -> None:
+    def write(self, store: SharedArrays, buf: int, row: int, result) -> int:
+        """Store one step's results; returns the number of episodes it ended."""
         obs, reward, terminated, truncated = result
         for k, v in obs.items():
             store[obs_key(k)][buf, row] = v
         if row == 0:  # a fresh (re)start: observations of a reset, no step to record
-            return
+            return 0
         t = row - 1
         ignored = self.was_done
         store["reward"][buf, t] = reward
@@ -81,6 +82,7 @@ class _GroupWriter:
         self.ep_return[done] = 0.0
         self.ep_length[done] = 0
         self.was_done = done
+        return int(done.sum())
 
 
 def run_worker(args: WorkerArgs) -> None:
@@ -144,6 +146,7 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
     state, target_buf, target_row = control["state"], control["target_buf"], control["target_row"]
     stop = control["stop"]
     wait_s, env_s, steps = control["group_wait_s"], control["group_env_s"], control["group_steps"]
+    episodes = control["group_episodes"]
     i = g - args.groups[0]
     wake, ready, n = args.wake[i], args.ready[i], args.envs_per_group
     writer = _GroupWriter(n)
@@ -152,7 +155,7 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
         t0 = time.perf_counter()
         result = env.recv()
         env_s[g] += time.perf_counter() - t0
-        writer.write(store, target_buf[g], target_row[g], result)
+        episodes[g] += writer.write(store, target_buf[g], target_row[g], result)
         steps[g] += n
         state[g] = OBS_READY
         ready.post()  # release: publishes the rows above (see shm/slots.py)

@@ -55,6 +55,7 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("group_wait_s", (num_groups,), "float64"),
         ArraySpec("group_env_s", (num_groups,), "float64"),
         ArraySpec("group_steps", (num_groups,), "int64"),
+        ArraySpec("group_episodes", (num_groups,), "int64"),
     ]
 
 
