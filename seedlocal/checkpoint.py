@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -94,9 +95,22 @@ def resolve(path: str | Path) -> Path:
 def load(path: str | Path) -> dict:
     p = resolve(path)
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # torn, truncated, not a torch file, or unsafe pickle
-        raise CheckpointError(f"{p}: not a readable seedlocal checkpoint ({type(e).__name__}: {e})") from None
+        # One line naming the problem. torch's own message goes on for lines,
+        # with advice to load with weights_only=False: never right for a file
+        # seedlocal wrote, and unsafe for one it did not.
+        import pickle
+
+        if isinstance(e, pickle.UnpicklingError):
+            why = "it holds objects other than tensors and plain values, so it was not written by seedlocal"
+        elif isinstance(e, (RuntimeError, EOFError)) or "zip" in str(e).lower():
+            why = "the file is truncated or corrupt"
+        else:
+            why = f"not a torch checkpoint file ({type(e).__name__})"
+        raise CheckpointError(f"{p}: not a readable seedlocal checkpoint ({why})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{p}: not a seedlocal checkpoint of format {FORMAT}")
     state["path"] = str(p)

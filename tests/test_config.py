@@ -58,3 +58,21 @@ def test_cli_reports_bad_input_in_one_line(args, message):
     lines = [line for line in out.stderr.splitlines() if line.startswith("seedlocal: error:")]
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_cli_is_quiet_and_errors_are_one_line(tmp_path):
+    """A short run prints no Gymnasium float32 warnings (one per worker start
+    before), and a corrupt checkpoint's error is one line with no torch advice."""
+    base = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--log-dir", str(tmp_path), "--no-progress"]
+    out = subprocess.run(base + ["--run-name", "q", "--total-steps", "1500"], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "precision lowered" not in out.stderr and "Warning" not in out.stderr, out.stderr
+    ckpt = sorted((tmp_path / "q" / "checkpoints").glob("ckpt_*.pt"))[-1]
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    out = subprocess.run(base + ["--resume", str(ckpt), "--total-steps", "3000"], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("seedlocal: error:") and "truncated or corrupt" in lines[0], lines
+    assert "weights_only" not in out.stderr

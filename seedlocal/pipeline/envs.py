@@ -25,6 +25,15 @@ from seedlocal.shm.rollout import TensorSpec
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
 
 
+def quiet_gymnasium() -> None:
+    """Silence Gymnasium's per-env-creation warning that a float64 Box bound
+    was cast to float32 (classic control): harmless, and printed by every
+    worker at every start. Other warnings stay on."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What the pipeline must know of an environment to lay out storage."""
@@ -142,6 +151,7 @@ def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | N
 @functools.lru_cache(maxsize=32)
 def describe(env_id: str, backend: str = "auto") -> EnvSpec:
     """Read an env's spaces by building one instance of it (cached)."""
+    quiet_gymnasium()
     backend = resolve_backend(env_id, backend)
     real = "envpool" if backend in ("envpool", "null") and env_id in _envpool_ids() else "gymnasium"
     if real == "envpool":
@@ -266,5 +276,6 @@ class NullGroup:
 
 
 def make_group(spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
+    quiet_gymnasium()
     cls = {"envpool": EnvpoolGroup, "gymnasium": GymnasiumGroup, "null": NullGroup}[spec.backend]
     return cls(spec.env_id, num_envs, num_threads, seed, spec)
