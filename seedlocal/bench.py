@@ -3,28 +3,36 @@
 For one env configuration it measures, one after the other so they never
 share the cores:
 
-- raw envpool, one pool of all envs stepped synchronously with random actions
-  and no model (the reference: same env count, same total threads);
-- raw envpool in its async mode (``batch_size = num_envs / 2``) and as two
-  fixed half pools on two threads: the two ways to double-buffer inside a
-  worker, reported so the choice stays measured;
-- the seedlocal pipeline with a random policy, and with the default network,
-  each alternating with the raw reference for ``--rounds`` rounds so that
-  drift on a shared machine affects both sides of each ratio alike.
+- raw envpool stepped with random actions and no model, three ways, with the
+  same env count and total threads: one pool stepped synchronously, one pool
+  in async mode (``batch_size = num_envs / 2``), and two fixed half pools on
+  two threads. The best of the three is the limit every ratio divides by: the
+  pipeline can beat plain sync stepping, so sync alone is no limit.
+- the seedlocal pipeline with a random policy, and with the network that
+  training uses by default for this env, each alternating with the raw
+  references for ``--rounds`` rounds so that drift on a shared machine
+  affects both sides of each ratio alike;
+- with ``--learning``, the real V-trace learner on the pipeline (the sizes
+  of the env's training preset unless given), for the same seconds.
 
-With ``--transport-only`` the workers run no environment at all, which gives
-the ceiling of the shared-memory transport and the batch-collection latency.
+``--transport-only`` replaces environments with a null backend: the ceiling
+of the shared-memory transport. ``--autotune`` tries a bounded set of worker,
+env and batch settings and writes the best to a file that ``seedlocal train
+--pipeline-config FILE`` loads.
 
 The last line printed is one JSON object (keys documented in the README).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,10 +44,11 @@ from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, resolve_dev
 class BenchConfig:
     env: str = "CartPole-v1"
     """environment id (envpool or Gymnasium)"""
-    num_workers: int = 1
-    """env worker processes"""
-    envs_per_worker: int = 512
-    """environments per worker (two groups of half)"""
+    num_workers: int = 0
+    """env worker processes; 0 = 1 (with --learning: the env's training preset)"""
+    envs_per_worker: int = 0
+    """environments per worker (two groups of half); 0 = 512 for envs with vector observations and 32 for
+    images (with --learning: the env's training preset)"""
     seconds: float = 5.0
     """measured seconds per configuration (after a warm-up)"""
     warmup: float = 1.5
@@ -59,6 +68,12 @@ class BenchConfig:
     rounds: int = 3
     """raw and pipeline alternate this many times; ratios are the median of per-round ratios,
     so drift on a shared machine hits both sides alike"""
+    learning: bool = False
+    """also run the V-trace learner on the pipeline: learning_steps_per_s and ratio_learning"""
+    autotune: bool = False
+    """try a bounded set of worker/env/batch settings (~2 minutes) and write the best to --pipeline-out"""
+    pipeline_out: str = "pipeline.json"
+    """where --autotune writes the chosen settings (load them with seedlocal train --pipeline-config FILE)"""
 
 
 def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np.ndarray]:
@@ -66,77 +81,6 @@ def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np
         return [rng.integers(0, spec.num_actions, n).astype(np.int32) for _ in range(k)]
     low, high = np.array(spec.action_low), np.array(spec.action_high)
     return [rng.uniform(low, high, (n,) + spec.action.shape).astype(np.float32) for _ in range(k)]
-
-
-class RawSync:
-    """One envpool of all envs stepped synchronously with random actions, no model."""
-
-    def __init__(self, env_id: str, spec, n: int, threads: int):
-        import envpool
-
-        self.env = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
-        self.env.reset()
-        self.n = n
-        self.acts = _raw_actions(spec, n, np.random.default_rng(0))
-
-    def _one(self, i: int) -> int:
-        self.env.step(self.acts[i % len(self.acts)])
-        return self.n
-
-    def measure(self, warmup: float, seconds: float) -> float:
-        return _timed(self._one, warmup, seconds)
-
-
-def raw_async_half(env_id: str, spec, n: int, threads: int, warmup: float, seconds: float) -> float:
-    import envpool
-
-    half = n // 2
-    env = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=half, num_threads=threads)
-    env.async_reset()
-    acts = _raw_actions(spec, half, np.random.default_rng(0))
-
-    def one(i):
-        *_, info = env.recv()
-        env.send(acts[i % len(acts)], info["env_id"])
-        return half
-
-    return _timed(one, warmup, seconds)
-
-
-def raw_two_groups(env_id: str, spec, n: int, threads: int, warmup: float, seconds: float) -> float:
-    """Two pools of n/2 envs, each driven by its own thread (the worker's way)."""
-    import envpool
-
-    half = n // 2
-    envs = [envpool.make(env_id, env_type="gymnasium", num_envs=half, num_threads=max(1, threads // 2))
-            for _ in range(2)]
-    acts = _raw_actions(spec, half, np.random.default_rng(0))
-    counts, phase = [0, 0], {"measure": False, "stop": False}
-
-    def drive(j):
-        e = envs[j]
-        e.async_reset()
-        i = 0
-        while not phase["stop"]:
-            e.recv()
-            e.send(acts[i % len(acts)])
-            i += 1
-            if phase["measure"]:
-                counts[j] += half
-
-    ts = [threading.Thread(target=drive, args=(j,), daemon=True) for j in range(2)]
-    for t in ts:
-        t.start()
-    time.sleep(warmup)
-    phase["measure"] = True
-    t0 = time.perf_counter()
-    time.sleep(seconds)
-    total = sum(counts)
-    dt = time.perf_counter() - t0
-    phase["stop"] = True
-    for t in ts:
-        t.join()
-    return total / dt
 
 
 def _timed(step, warmup: float, seconds: float) -> float:
@@ -152,23 +96,104 @@ def _timed(step, warmup: float, seconds: float) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def pipeline_run(cfg: BenchConfig, backend: str, model: bool, raw: RawSync | None) -> dict:
+class RawEnvpool:
+    """The three ways to step ``n`` envpool envs with random actions and no model.
+
+    The pools are built once and kept (idle pools sleep), so each round
+    measures all three under the same machine conditions.
+    """
+
+    KINDS = ("sync", "async_half", "two_groups")
+
+    def __init__(self, env_id: str, spec, n: int, threads: int):
+        import envpool
+
+        self.n, self.half = n, n // 2
+        self.sync = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
+        self.sync.reset()
+        self.async_env = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=self.half,
+                                      num_threads=threads)
+        self.async_env.async_reset()
+        self.groups = [envpool.make(env_id, env_type="gymnasium", num_envs=self.half,
+                                    num_threads=max(1, threads // 2)) for _ in range(2)]
+        for g in self.groups:
+            g.async_reset()
+        rng = np.random.default_rng(0)
+        self.acts = _raw_actions(spec, n, rng)
+        self.half_acts = _raw_actions(spec, self.half, rng)
+
+    def _sync(self, warmup: float, seconds: float) -> float:
+        def one(i):
+            self.sync.step(self.acts[i % len(self.acts)])
+            return self.n
+
+        return _timed(one, warmup, seconds)
+
+    def _async_half(self, warmup: float, seconds: float) -> float:
+        def one(i):
+            *_, info = self.async_env.recv()
+            self.async_env.send(self.half_acts[i % len(self.half_acts)], info["env_id"])
+            return self.half
+
+        return _timed(one, warmup, seconds)
+
+    def _two_groups(self, warmup: float, seconds: float) -> float:
+        """Two pools of n/2 envs, each driven by its own thread (the worker's way)."""
+        counts, phase = [0, 0], {"measure": False, "stop": False}
+
+        def drive(j):
+            e, i = self.groups[j], 0
+            while not phase["stop"]:
+                e.recv()
+                e.send(self.half_acts[i % len(self.half_acts)])
+                i += 1
+                if phase["measure"]:
+                    counts[j] += self.half
+            # One step stays in flight: the next measurement starts with recv().
+
+        ts = [threading.Thread(target=drive, args=(j,), daemon=True) for j in range(2)]
+        for t in ts:
+            t.start()
+        time.sleep(warmup)
+        phase["measure"] = True
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        total, dt = sum(counts), time.perf_counter() - t0
+        phase["stop"] = True
+        for t in ts:
+            t.join()
+        return total / dt
+
+    def measure(self, warmup: float, seconds: float) -> dict[str, float]:
+        return {"sync": self._sync(warmup, seconds), "async_half": self._async_half(warmup, seconds),
+                "two_groups": self._two_groups(warmup, seconds)}
+
+
+def training_model(spec, device: torch.device):
+    """The network (and arithmetic) ``seedlocal train vtrace`` uses by default
+    for this env: the Atari preset's for images, the CartPole defaults else."""
+    from seedlocal.models import is_image
+    from seedlocal.train import PRESETS, build_model
+
+    single = spec.obs.get("")
+    preset = PRESETS["atari"] if single is not None and is_image(single) else PRESETS["cartpole"]
+    return preset, build_model(preset, spec).to(device)
+
+
+def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model: bool,
+                 raw: RawEnvpool | None) -> dict:
     """Start a pipeline, then alternate ``cfg.rounds`` times: raw, pipeline."""
-    from seedlocal.models import ActorCritic, ModelPolicy, RandomPolicy
+    from seedlocal.models import ModelPolicy, RandomPolicy, resolve_precision
     from seedlocal.pipeline.pipeline import Pipeline
 
     def make_policy(spec, device):
         if not model:
             return RandomPolicy(spec, device)
-        return ModelPolicy(ActorCritic(spec).to(device), spec)
+        preset, net = training_model(spec, device)
+        return ModelPolicy(net, spec, precision=resolve_precision(preset.algo.precision, net.kind, device))
 
-    env_cfg = EnvConfig(id=cfg.env, backend=backend)
-    pipe_cfg = PipelineConfig(
-        num_workers=cfg.num_workers, envs_per_worker=cfg.envs_per_worker, env_threads=cfg.env_threads,
-        device=cfg.device, min_batch_envs=cfg.min_batch_envs, batch_timeout_ms=cfg.batch_timeout_ms,
-    )
     raws, pipes, ratios = [], [], []
-    with Pipeline(env_cfg, pipe_cfg, make_policy) as pipe:
+    with Pipeline(EnvConfig(id=cfg.env, backend=backend), pipe_cfg, make_policy) as pipe:
         loop = pipe.loop
         loop.run(cfg.warmup)
         s = loop.stats
@@ -186,25 +211,25 @@ def pipeline_run(cfg: BenchConfig, backend: str, model: bool, raw: RawSync | Non
             w1 = pipe.pool.worker_stats()
             pipes.append((s.env_steps - steps0) / dt)
             if raws:
-                ratios.append(pipes[-1] / raws[-1])
+                ratios.append(pipes[-1] / max(raws[-1].values()))
             for k, v in (("dt", dt), ("steps", s.env_steps - steps0), ("batches", s.batches - batches0),
                          ("envs", s.batch_envs - envs0), ("fwd", s.forward_s - fwd0),
                          ("wait", w1["wait_s"] - w0["wait_s"]), ("env", w1["env_s"] - w0["env_s"])):
                 totals[k] += v
         lat = np.array(s.collect_s) * 1e3
-        total_envs = cfg.num_workers * cfg.envs_per_worker
+        total_envs = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
         batches = max(1, totals["batches"])
-        thread_s = totals["dt"] * 2 * cfg.num_workers
+        thread_s = totals["dt"] * 2 * pipe_cfg.num_workers
         return {
             "steps_per_s": float(np.median(pipes)),
-            "raw_steps_per_s": float(np.median(raws)) if raws else None,
+            "raw": {k: float(np.median([r[k] for r in raws])) for k in RawEnvpool.KINDS} if raws else None,
             "ratio": float(np.median(ratios)) if ratios else None,
             "ratios": ratios,
             "batches_per_s": totals["batches"] / totals["dt"],
             "mean_batch": totals["envs"] / batches,
             # Fill of the batch the loop waits for (min_batch_envs; default half
             # of all envs, since the other half is stepping by design).
-            "batch_fill": totals["envs"] / batches / (cfg.min_batch_envs or total_envs // 2),
+            "batch_fill": totals["envs"] / batches / (pipe_cfg.min_batch_envs or total_envs // 2),
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "collect_ms_p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
             "forward_ms_per_batch": totals["fwd"] / batches * 1e3,
@@ -215,55 +240,131 @@ def pipeline_run(cfg: BenchConfig, backend: str, model: bool, raw: RawSync | Non
         }
 
 
+def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
+    """The V-trace learner on the pipeline for warmup + seconds, through
+    ``train()`` itself; steps/s is read from the run's own TensorBoard points
+    after the warm-up (so worker start-up is not counted)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from seedlocal.train import train
+
+    spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
+    preset, _ = training_model(spec, torch.device("cpu"))
+    with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
+        run_cfg = dataclasses.replace(
+            preset, env=EnvConfig(id=cfg.env), pipeline=pipe_cfg, algo=dataclasses.replace(preset.algo),
+            total_steps=0, seconds=cfg.warmup + 1.0 + cfg.seconds, log_dir=tmp, run_name="bench",
+            log_every_s=0.5, progress=False, checkpoint_every_min=1e6)
+        t0 = time.time()
+        summary = train(run_cfg)
+        ea = EventAccumulator(str(Path(tmp) / "bench"), size_guidance={"scalars": 0})
+        ea.Reload()
+        points = ea.Scalars("charts/steps_per_s") if "charts/steps_per_s" in ea.Tags()["scalars"] else []
+        if len(points) < 2:  # too short to leave out the warm-up: the whole run's rate
+            rate, since = summary["steps"] / max(1e-9, summary["seconds"]), 0.0
+        else:
+            # Steps between the first logging point after the warm-up and the
+            # last one, over the wall-clock between them.
+            window = [e for e in points if e.wall_time >= points[0].wall_time + cfg.warmup]
+            first, last = (window[0], window[-1]) if len(window) >= 2 else (points[0], points[-1])
+            rate = (last.step - first.step) / max(1e-9, last.wall_time - first.wall_time)
+            since = first.wall_time
+
+        def mean_over(tag: str) -> float | None:
+            vals = [e.value for e in ea.Scalars(tag) if e.wall_time >= since] \
+                if tag in ea.Tags()["scalars"] else []
+            return float(np.mean(vals)) if vals else None
+
+        return {"learning_steps_per_s": rate,
+                "learner_wait_share": mean_over("perf/learner_wait_share"),
+                "worker_wait_share": mean_over("perf/worker_wait_share"),
+                "updates_per_s": summary["updates"] / max(1e-9, time.time() - t0),
+                "batch_size": run_cfg.algo.batch_size, "unroll_length": pipe_cfg.unroll_length}
+
+
+def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
+    """(num_workers, envs_per_worker, unroll_length) for this bench run."""
+    from seedlocal.models import is_image
+
+    if cfg.learning:
+        preset, _ = training_model(spec, torch.device("cpu"))
+        p = preset.pipeline
+        return cfg.num_workers or p.num_workers, cfg.envs_per_worker or p.envs_per_worker, p.unroll_length
+    single = spec.obs.get("")
+    default_envs = 32 if single is not None and is_image(single) else 512
+    return cfg.num_workers or 1, cfg.envs_per_worker or default_envs, 32
+
+
 def run(cfg: BenchConfig) -> dict:
     if cfg.seconds <= 0:
         raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive")
     if cfg.rounds < 1:
         raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
-    pipe_cfg = PipelineConfig(num_workers=cfg.num_workers, envs_per_worker=cfg.envs_per_worker,
-                              env_threads=cfg.env_threads, device=cfg.device)
-    validate_pipeline(pipe_cfg, prefix="bench")
+    for name in ("num_workers", "envs_per_worker"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")
     spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
+    workers, envs, unroll = _sizes(cfg, spec)
+    pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
+                              device=cfg.device, min_batch_envs=cfg.min_batch_envs,
+                              batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
+    validate_pipeline(pipe_cfg, prefix="bench")
     resolve_device(cfg.device)
-    n = cfg.num_workers * cfg.envs_per_worker
+    if cfg.autotune:
+        from seedlocal.autotune import autotune
+
+        return autotune(cfg, spec)
+    n = workers * envs
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []
-    result = {"env": cfg.env, "backend": spec.backend, "num_workers": cfg.num_workers,
-              "envs_per_worker": cfg.envs_per_worker, "env_threads": threads,
-              "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count()}
+    result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
+              "env_threads": threads, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count()}
 
     if cfg.transport_only:
-        p = pipeline_run(cfg, "null", model=False, raw=None)
+        p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)
         result.update({"transport_steps_per_s": p["steps_per_s"], "transport_batches_per_s": p["batches_per_s"],
                        "collect_ms_p50": p["collect_ms_p50"], "collect_ms_p99": p["collect_ms_p99"],
                        "batch_fill": p["batch_fill"], "device": p["device"]})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
-        raw = None
-        if spec.backend == "envpool":
-            raw = RawSync(cfg.env, spec, n, threads)
-            a = raw_async_half(cfg.env, spec, n, threads, cfg.warmup, cfg.seconds)
-            t = raw_two_groups(cfg.env, spec, n, threads, cfg.warmup, cfg.seconds)
-            ref = raw.measure(0.5, cfg.seconds)
-            rows.append(("raw envpool, sync step", ref, None, ""))
-            rows.append(("raw envpool, async batch_size=n/2", a, a / ref, ""))
-            rows.append(("raw envpool, two half pools, 2 threads", t, t / ref, ""))
-            result.update({"raw_async_half_steps_per_s": a, "raw_two_groups_steps_per_s": t})
-        p = pipeline_run(cfg, "auto", model=False, raw=raw)
+        raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
+        p = pipeline_run(cfg, pipe_cfg, "auto", model=False, raw=raw)
+        if p["raw"] is not None:
+            best = max(p["raw"].values())
+            for kind, label in (("sync", "sync step"), ("async_half", "async batch_size=n/2"),
+                                ("two_groups", "two half pools, 2 threads")):
+                rows.append((f"raw envpool, {label}", p["raw"][kind], p["raw"][kind] / best, ""))
+            result.update({"raw_best_steps_per_s": best, "raw_best": max(p["raw"], key=p["raw"].get),
+                           "raw_sync_steps_per_s": p["raw"]["sync"],
+                           "raw_async_half_steps_per_s": p["raw"]["async_half"],
+                           "raw_two_groups_steps_per_s": p["raw"]["two_groups"]})
         rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
-        result.update({"raw_steps_per_s": p["raw_steps_per_s"], "random_policy_steps_per_s": p["steps_per_s"],
-                       "ratio_random": p["ratio"], "random_detail": p, "device": p["device"]})
+        result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
+                       "random_detail": p, "device": p["device"]})
         if not cfg.skip_model and spec.num_actions is not None:
-            m = pipeline_run(cfg, "auto", model=True, raw=raw)
-            rows.append(("seedlocal, default network", m["steps_per_s"], m["ratio"], _detail(m)))
+            m = pipeline_run(cfg, pipe_cfg, "auto", model=True, raw=raw)
+            rows.append(("seedlocal, training's network", m["steps_per_s"], m["ratio"], _detail(m)))
             result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
-                           "model_raw_steps_per_s": m["raw_steps_per_s"], "model_detail": m})
+                           "model_detail": m})
         else:
             result.update({"model_policy_steps_per_s": None, "ratio_model": None})
+        if cfg.learning:
+            if spec.num_actions is None:
+                raise ConfigError(f"bench.env={cfg.env!r}: --learning runs V-trace, which needs discrete actions")
+            lr = learning_run(cfg, pipe_cfg)
+            best = result.get("raw_best_steps_per_s")
+            ratio = lr["learning_steps_per_s"] / best if best and lr["learning_steps_per_s"] else None
+            rows.append(("seedlocal, V-trace learner training", lr["learning_steps_per_s"] or 0.0, ratio,
+                         f"learner waits {lr['learner_wait_share'] or 0:.0%}, workers wait "
+                         f"{lr['worker_wait_share'] or 0:.0%}, {lr['updates_per_s']:.1f} updates/s of "
+                         f"{lr['batch_size']} x {lr['unroll_length']}"))
+            result.update({"learning_steps_per_s": lr["learning_steps_per_s"], "ratio_learning": ratio,
+                           "learning_detail": lr})
 
-    print(f"\n{cfg.env}: {cfg.num_workers} worker(s) x {cfg.envs_per_worker} envs, {threads} env threads, "
+    print(f"\n{cfg.env}: {workers} worker(s) x {envs} envs, {threads} env threads, "
           f"frames/step {spec.frames_per_step}, {cfg.seconds:g}s each")
-    print(f"{'configuration':42s} {'steps/s':>12s} {'ratio':>7s}  details (ratio: median of per-round ratios to raw sync)")
+    print(f"{'configuration':42s} {'steps/s':>12s} {'ratio':>7s}  details "
+          f"(ratio: median of per-round ratios to the best raw configuration)")
     for name, v, ratio, d in rows:
         r = f"{ratio:7.3f}" if ratio is not None else "      -"
         print(f"{name:42s} {v:12,.0f} {r}  {d}")

@@ -23,11 +23,14 @@ USAGE = """usage: seedlocal {train vtrace|ga|es|random-search,eval,bench} [--hel
 
   train vtrace   train IMPALA (V-trace) with central batched inference
                  presets: --preset cartpole (default), --preset atari
+                 --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
   train ga       deep GA: a population evaluated in batched forward passes
   train es       evolution strategies (antithetic, centred ranks, Adam)
   train random-search   the random-search baseline of the deep-GA paper
   eval           play a saved checkpoint: mean/std return, optional video
-  bench          pipeline efficiency vs raw envpool (ratios from one run)
+  bench          pipeline efficiency vs the best raw envpool configuration (ratios from
+                 one run); --learning adds the V-trace learner; --autotune picks sizes
+                 for this machine and writes them for train --pipeline-config FILE
 """
 
 TRAINERS = ("vtrace", "ga", "es", "random-search")
@@ -77,6 +80,28 @@ def _resumed_default(args: list[str], cls):
     return from_dict(cls, saved) if isinstance(saved, dict) else None
 
 
+def _pop_pipeline_config(args: list[str], default):
+    """``--pipeline-config FILE`` (from ``seedlocal bench --autotune``): its
+    fields become the pipeline's defaults; explicit --pipeline.* options win."""
+    import dataclasses
+
+    path = _option(args, "--pipeline-config")
+    if path is None:
+        return default, args
+    from seedlocal.autotune import load_pipeline_file
+
+    rest, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--pipeline-config":
+            skip = True
+        elif not a.startswith("--pipeline-config="):
+            rest.append(a)
+    fields = load_pipeline_file(path)
+    return dataclasses.replace(default, pipeline=dataclasses.replace(default.pipeline, **fields)), rest
+
+
 def _parse(argv: list[str]):
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -103,8 +128,9 @@ def _parse(argv: list[str]):
             from seedlocal.neuroevolution import ALGOS
 
             cls = ALGOS[rest[0]]
-            return "train", tyro.cli(cls, args=rest[1:], default=_resumed_default(rest[1:], cls),
-                                     prog=f"seedlocal train {rest[0]}")
+            default = _resumed_default(rest[1:], cls) or cls()
+            default, args = _pop_pipeline_config(rest[1:], default)
+            return "train", tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}")
         from seedlocal.train import PRESETS, VTraceRun
 
         default, args = _pop_preset(rest[1:], PRESETS)
@@ -114,6 +140,7 @@ def _parse(argv: list[str]):
                 raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
                                   "give the options to change explicitly instead")
             default = saved
+        default, args = _pop_pipeline_config(args, default)
         return "train", tyro.cli(VTraceRun, args=args, default=default, prog="seedlocal train vtrace",
                                  description="IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari.")
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)

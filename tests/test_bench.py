@@ -1,0 +1,58 @@
+"""Smoke tests of the benchmark's modes through the CLI: tiny sizes, short runs.
+
+No wall-clock figure is asserted (these machines are shared): only that each
+mode measures what it says and reports it with the documented keys.
+"""
+
+import json
+import subprocess
+import sys
+
+from seedlocal import checkpoint
+
+FAST = ["--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
+
+
+def bench(*args: str, timeout: int = 240) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-m", "seedlocal", "bench", *args], capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stdout
+
+
+def test_ratios_divide_by_the_best_raw_configuration():
+    r, text = bench("--env", "CartPole-v1", "--envs-per-worker", "64", *FAST)
+    raws = [r["raw_sync_steps_per_s"], r["raw_async_half_steps_per_s"], r["raw_two_groups_steps_per_s"]]
+    assert all(v > 0 for v in raws)
+    assert r["raw_best_steps_per_s"] == max(raws)
+    # One round: the ratio is exactly that round's pipeline rate over its best raw rate.
+    assert abs(r["ratio_random"] - r["random_policy_steps_per_s"] / r["raw_best_steps_per_s"]) < 1e-6
+    assert r["ratio_model"] is not None and "training's network" in text
+
+
+def test_learning_mode_runs_the_vtrace_learner():
+    r, text = bench("--env", "CartPole-v1", "--learning", "--seconds", "3", "--warmup", "0.5", "--rounds", "1",
+                    "--skip-model")
+    assert r["num_workers"] == 2 and r["envs_per_worker"] == 8  # the CartPole training preset's sizes
+    assert r["learning_steps_per_s"] > 0 and r["learning_detail"]["updates_per_s"] > 0
+    assert abs(r["ratio_learning"] - r["learning_steps_per_s"] / r["raw_best_steps_per_s"]) < 1e-6
+    assert 0.0 <= r["learning_detail"]["learner_wait_share"] <= 1.0
+    assert "V-trace learner" in text
+
+
+def test_autotune_writes_settings_that_train_loads(tmp_path):
+    out = tmp_path / "pipe.json"
+    r, text = bench("--env", "CartPole-v1", "--autotune", "--pipeline-out", str(out), *FAST)
+    assert {"num_workers", "envs_per_worker", "min_batch_envs", "ratio_random"} <= set(r)
+    assert r["num_workers"] * r["envs_per_worker"] == 16  # the preset's env count, spread differently
+    assert r["candidates"] >= 3 and r["ratio_random"] > 0
+    saved = json.loads(out.read_text())["pipeline"]
+    assert saved == {k: r[k] for k in ("num_workers", "envs_per_worker", "min_batch_envs")}
+    group = r["envs_per_worker"] // 2
+    run = subprocess.run([sys.executable, "-m", "seedlocal", "train", "vtrace", "--pipeline-config", str(out),
+                          "--algo.batch-size", str(max(4, group)), "--total-steps", "1500", "--log-dir",
+                          str(tmp_path), "--run-name", "t", "--no-progress"],
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    cfg = checkpoint.load(tmp_path / "t")["config"]["pipeline"]
+    assert {k: cfg[k] for k in saved} == saved
