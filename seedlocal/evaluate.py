@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -26,8 +27,9 @@ class EvalConfig:
     """checkpoint file, or a run directory (its newest checkpoint)"""
     episodes: int = 10
     """episodes to play (in parallel, one env each)"""
-    greedy: bool = False
-    """take the most likely action instead of sampling"""
+    policy: Literal["trained", "sample", "argmax"] = "trained"
+    """how to act: trained = as the run acted in training (V-trace samples; GA/ES/random search take the
+    argmax unless trained with --no-greedy); sample; argmax"""
     video: str = ""
     """write one episode as an animated GIF here (e.g. pong.gif); also logged to the run's TensorBoard"""
     video_max_steps: int = 2000
@@ -136,6 +138,14 @@ def encode_gif(frames: list[np.ndarray], fps: int = 30) -> tuple[bytes, int, int
     return buf.getvalue(), imgs[0].height, imgs[0].width
 
 
+def trained_greedy(state: dict) -> bool:
+    """Whether the checkpoint's run acted by argmax in training: neuroevolution
+    does by default (its ``greedy`` option), V-trace samples."""
+    if state.get("identity", {}).get("network") == "policy":
+        return bool(state.get("config", {}).get("greedy", True))
+    return False
+
+
 def main(cfg: EvalConfig) -> dict:
     if cfg.episodes < 1:
         fail("episodes", cfg.episodes, "must be positive")
@@ -143,14 +153,18 @@ def main(cfg: EvalConfig) -> dict:
         fail("video", cfg.video, "only .gif output is supported")
     device = resolve_device(cfg.device)
     model, state, spec = load_model(cfg.checkpoint, device)
-    returns = play(model, spec, cfg.episodes, cfg.greedy, cfg.seed, cfg.max_steps)
+    greedy = trained_greedy(state) if cfg.policy == "trained" else cfg.policy == "argmax"
+    returns = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
-    print(f"{spec.env_id}: {cfg.episodes} episodes, return mean {returns.mean():.2f} std {returns.std():.2f} "
-          f"(min {returns.min():.1f}, max {returns.max():.1f}); checkpoint {state['path']} at {steps:,d} steps")
-    out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist()}
+    how = "argmax" if greedy else "sampled"
+    print(f"{spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
+          f"std {returns.std():.2f} (min {returns.min():.1f}, max {returns.max():.1f}); "
+          f"checkpoint {state['path']} at {steps:,d} {'steps' if 'steps' in counters else 'generations'}")
+    out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist(),
+           "policy": how}
     if cfg.video:
-        frames = record(model, spec, cfg.greedy, cfg.seed, cfg.video_max_steps)
+        frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps)
         gif, h, w = encode_gif(frames)
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.video).write_bytes(gif)

@@ -206,7 +206,7 @@ def train(cfg: NeuroevoRun) -> dict:
         run_dir = Path(saved["path"]).parent.parent
     else:
         run_dir = checkpoint.new_run_dir(cfg.log_dir, cfg.run_name or
-                                         f"{spec.env_id.replace('/', '_')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
+                                         f"{spec.env_id.replace('/', '_').replace(':', '.')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
     template = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
     space = ParamSpace(template)
     evolver = _Evolver(cfg, space)

@@ -163,7 +163,7 @@ def _run_dir(cfg: VTraceRun) -> tuple[Path, dict | None]:
     if cfg.resume:
         state = checkpoint.load(cfg.resume)
         return Path(state["path"]).parent.parent, state
-    name = cfg.run_name or f"{cfg.env.id.replace('/', '_')}__vtrace__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.run_name or f"{cfg.env.id.replace('/', '_').replace(':', '.')}__vtrace__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
     return checkpoint.new_run_dir(cfg.log_dir, name), None
 
 

@@ -84,7 +84,8 @@ def test_ga_learns_cartpole(tmp_path):
     genomes = state["algo_state"]["genomes"]
     assert len(genomes) == cfg.algo.population_size
     assert all(len(g) <= state["counters"]["generation"] + 1 for g in genomes)  # one seed per generation
-    out = evaluate(EvalConfig(checkpoint=str(tmp_path / "ga"), episodes=5, greedy=True))
+    out = evaluate(EvalConfig(checkpoint=str(tmp_path / "ga"), episodes=5))
+    assert out["policy"] == "argmax"  # as the GA acted in training, without being told
     assert out["mean"] >= 300  # the elite, replayed on fresh seeds
 
 
@@ -212,3 +213,11 @@ def test_a_few_busy_groups_do_not_wait_for_held_ones():
     assert [len(r) for r in results] == [2, 2]
     assert batches >= 8  # episodes of >= 8 steps each were served
     assert timeouts <= 2, f"{timeouts} of {batches} batches waited out the timeout"
+
+
+def test_eval_acts_as_the_run_acted_in_training():
+    from seedlocal.evaluate import trained_greedy
+
+    assert trained_greedy({"identity": {"network": "policy"}, "config": {"greedy": True}})
+    assert not trained_greedy({"identity": {"network": "policy"}, "config": {"greedy": False}})
+    assert not trained_greedy({"identity": {"algo": "vtrace"}, "config": {}})

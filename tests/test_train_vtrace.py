@@ -66,6 +66,7 @@ def test_tensorboard_has_the_documented_tags(cartpole_run):
 def test_eval_plays_the_checkpoint(cartpole_run, capsys):
     _, _, run_dir = cartpole_run
     out = evaluate(EvalConfig(checkpoint=str(run_dir), episodes=8))
+    assert out["policy"] == "sampled"  # V-trace's behaviour policy samples
     # The trained weights, sampled on fresh seeds: random play averages ~22. (The
     # snapshot taken the moment training first averages 450 is mid-learning and
     # measured 270 +- 19 here; a full 300k-step run ends near 500.)
