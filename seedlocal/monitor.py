@@ -10,8 +10,9 @@ charts/episodes           episodes finished so far
 charts/steps_per_s        agent steps per second since the last log
 charts/frames_per_s       emulator frames per second (steps x frame skip)
 charts/learning_rate      current learning rate
-charts/replay_ratio       learner rows consumed per env step (1 = each step used once; algo.echo = k gives ~k)
-losses/policy_loss, losses/baseline_loss, losses/entropy, losses/total_loss
+charts/replay_ratio       learner rows consumed per env step (the data echo: algo.echo passes give ~echo)
+losses/policy_loss, losses/baseline_loss, losses/entropy, losses/total_loss   (means over the updates)
+losses/clip_fraction      share of rows whose ratio pi/mu left [1 - clip, 1 + clip] (only with algo.clip > 0)
 losses/grad_norm          global gradient norm before clipping
 losses/mean_rho           mean clipped importance weight (1 = on-policy)
   measured on one update per logging interval:
@@ -27,7 +28,7 @@ perf/batch_collect_ms     median time the inference loop waited to fill a batch
 perf/worker_wait_share    share of env-group time spent waiting for actions
 perf/worker_env_share     share of env-group time spent stepping environments
 perf/learner_wait_share   share of learner time spent waiting for unrolls
-perf/policy_lag           parameter updates between acting and learning
+perf/policy_lag           parameter updates between acting and learning (averaged over a batch's updates)
 perf/worker_restarts      env workers restarted so far
 
 Neuroevolution (``train ga|es|random-search``) logs once per generation, with

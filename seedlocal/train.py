@@ -24,10 +24,11 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import (ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, resume_line,
-                              validate_env, validate_pipeline)
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
+                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.models import ActorCritic, ModelPolicy, resolve_precision
 from seedlocal.monitor import RunMonitor
+from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread
 
 # Learner statistics measured once per logging interval (see learner_step).
@@ -40,6 +41,7 @@ class VTraceRun:
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
     algo: VTraceParams = field(default_factory=VTraceParams)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
     total_steps: int = 300_000
     """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
     seconds: float = 0.0
@@ -69,8 +71,9 @@ PRESETS: dict[str, VTraceRun] = {
     # on envpool's v5 preprocessing (84x84 gray, 4-frame stack).
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5"),
-        pipeline=PipelineConfig(num_workers=4, envs_per_worker=16, unroll_length=20),
-        algo=VTraceParams(batch_size=8, learning_rate=6e-4, optimizer="adam", optimizer_eps=1e-5,
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
+        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
+                          learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
                           entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, encoder="nature",
                           separate_critic=False, init="orthogonal"),
         total_steps=2_500_000,
@@ -94,7 +97,8 @@ def build_model(cfg: VTraceRun, spec) -> ActorCritic:
 
 
 def validate(cfg: VTraceRun):
-    validate_pipeline(cfg.pipeline)
+    validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
     a, p = cfg.algo, cfg.pipeline
     if spec.num_actions is None:
@@ -103,13 +107,25 @@ def validate(cfg: VTraceRun):
     if a.batch_size < 1 or a.batch_size % group:
         fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group})")
     k = a.batch_size // group
-    groups = 2 * p.num_workers
-    if p.num_buffers and p.num_buffers < groups + k:
-        fail("pipeline.num_buffers", p.num_buffers, f"needs one unroll per group ({groups}) plus a batch ({k})")
+    groups = num_groups(cfg.pipeline, cfg.bridge)
+    if p.num_buffers and p.num_buffers < max(groups, k):
+        fail("pipeline.num_buffers", p.num_buffers,
+             f"needs one unroll per group ({groups}) and at least a batch ({k})")
     if a.precision not in ("auto", "fp32", "bf16"):
         fail("algo.precision", a.precision, "expected auto, fp32 or bf16")
     if a.echo < 1:
-        fail("algo.echo", a.echo, "must be >= 1 (updates per batch of unrolls)")
+        fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
+    if a.minibatches < 1:
+        fail("algo.minibatches", a.minibatches, "must be >= 1 (updates per pass over a batch)")
+    if a.lstm_size and a.minibatches > a.batch_size:
+        fail("algo.minibatches", a.minibatches,
+             f"with an LSTM a minibatch holds whole unrolls: at most algo.batch_size ({a.batch_size})")
+    if a.minibatches > a.batch_size * p.unroll_length:
+        fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
+    if a.sync not in ("auto", "on", "off"):
+        fail("algo.sync", a.sync, "expected auto, on or off")
+    if not 0 <= a.clip < 1:
+        fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
     for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
         if getattr(a, name) <= 0:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
@@ -184,10 +200,15 @@ def train(cfg: VTraceRun) -> dict:
         optimizer.load_state_dict(resumed["optimizer"])
         counters.update(resumed["counters"])
     precision = resolve_precision(cfg.algo.precision, model.kind, device)
+    # On a CPU the learner and the actors share the cores: overlapping them
+    # buys no throughput (Pong: 2,200 frames/s either way on 2 cores, and
+    # less with one batch of slack) and adds a batch of policy lag.
+    sync = cfg.algo.sync == "on" or (cfg.algo.sync == "auto" and device.type == "cpu")
     run_dir.mkdir(parents=True, exist_ok=True)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
-    print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso, {precision} on {device}); "
+    print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso, {precision} on {device}, "
+          f"{'actors wait for each update' if sync else 'acting overlaps learning'}); "
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
     lock = threading.Lock()
@@ -196,9 +217,10 @@ def train(cfg: VTraceRun) -> dict:
     k = cfg.algo.batch_size // group
     pipe_cfg = dataclasses.replace(cfg.pipeline)
     if not pipe_cfg.num_buffers:
-        # One unroll per group plus two batches: actors may run one batch
-        # ahead of the learner, no more (policy lag stays ~ one round of groups).
-        pipe_cfg.num_buffers = 2 * pipe_cfg.num_workers + 2 * k
+        # One unroll per group, and at least a batch: while the learner works
+        # on a batch, actors fill the next one (or, with algo.sync, wait),
+        # no more, so the policy lag stays about one batch of updates.
+        pipe_cfg.num_buffers = max(num_groups(pipe_cfg, cfg.bridge), k)
     frames_per_step = spec.frames_per_step
     recent: deque[float] = deque(maxlen=20)
     summary = {"status": "done", "run_dir": str(run_dir), "steps_to_target": None}
@@ -216,13 +238,19 @@ def train(cfg: VTraceRun) -> dict:
     steps0 = counters["steps"]
     rows_per_batch = cfg.algo.batch_size * cfg.pipeline.unroll_length
     torch.set_num_threads(cfg.pipeline.learner_threads or os.cpu_count() or 1)
-    with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec) as pipe:
+    with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
         loop, store = pipe.loop, pipe.store
         obs_keys = pipe.layout.obs_keys()
         runner = InferenceThread(loop)
         runner.start()
         t_start = t_log = time.monotonic()
         log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
+        rows_learned = 0
+        meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
+        t_said = 0.0
+
+        def bump_version() -> None:
+            loop.version += 1
         ep_acc = {"ep_n": 0, "ep_ret": 0.0, "ep_len": 0}
         w_prev = pipe.pool.worker_stats()
         fwd_prev, batches_prev, envs_prev = 0.0, 0, 0
@@ -242,12 +270,18 @@ def train(cfg: VTraceRun) -> dict:
                     try:
                         bufs.append(loop.completed.get(timeout=0.5))
                     except queue.Empty:
+                        if meter is not None and time.monotonic() - t0 > 10 and time.monotonic() - t_said > 10:
+                            t_said = time.monotonic()
+                            line = meter.waiting_line(pipe.pool.num_remote_groups)
+                            if line:
+                                print(line, flush=True)
                         continue
                 t1 = time.monotonic()
                 wait_s += t1 - t0
                 batch = _gather(store, bufs, device, obs_keys)
-                for b in bufs:
-                    loop.release(b)
+                if not sync:
+                    for b in bufs:
+                        loop.release(b)
                 # -- one update
                 lr = cfg.algo.learning_rate
                 if cfg.algo.lr_decay and cfg.total_steps:
@@ -255,17 +289,22 @@ def train(cfg: VTraceRun) -> dict:
                 for g in optimizer.param_groups:
                     g["lr"] = lr
                 acted_version = float(batch["policy_version"].mean())
-                for _ in range(cfg.algo.echo):
-                    stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock, diagnose=diag is None,
-                                         precision=precision)
-                    if diag is None:  # once per logging interval: it copies the weights
-                        diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
-                    loop.version += 1
-                    counters["updates"] += 1
-                    stats["policy_lag"] = loop.version - 1 - acted_version
-                    for key, v in stats.items():
-                        acc[key] = acc.get(key, 0.0) + v
-                    acc["n"] = acc.get("n", 0) + 1
+                version0 = loop.version
+                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock, diagnose=diag is None,
+                                     precision=precision, after_update=bump_version)
+                if diag is None:  # once per logging interval: it copies the weights
+                    diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
+                n_updates = stats.pop("updates")
+                counters["updates"] += n_updates
+                # Updates between acting and learning, averaged over this batch's updates.
+                stats["policy_lag"] = version0 + (n_updates - 1) / 2 - acted_version
+                for key, v in stats.items():
+                    acc[key] = acc.get(key, 0.0) + v
+                acc["n"] = acc.get("n", 0) + 1
+                rows_learned += rows_per_batch * cfg.algo.echo
+                if sync:
+                    for b in bufs:
+                        loop.release(b)
                 learn_s += time.monotonic() - t1
                 # -- episodes, logging, checkpoints
                 eps = loop.stats.episodes.take()
@@ -283,7 +322,7 @@ def train(cfg: VTraceRun) -> dict:
                     n = acc.pop("n")
                     n_eps = ep_acc["ep_n"]
                     w = pipe.pool.worker_stats()
-                    thread_s = (now - t_log) * 2 * cfg.pipeline.num_workers
+                    thread_s = (now - t_log) * 2 * max(1, cfg.pipeline.num_workers)
                     ls = loop.stats
                     nb = max(1, ls.batches - batches_prev)
                     values = {f"losses/{key}": v / n for key, v in acc.items() if key != "policy_lag"}
@@ -297,7 +336,7 @@ def train(cfg: VTraceRun) -> dict:
                         "charts/steps_per_s": sps,
                         "charts/frames_per_s": sps * frames_per_step,
                         "charts/learning_rate": lr,
-                        "charts/replay_ratio": n * rows_per_batch / max(1, step_now - log_steps),
+                        "charts/replay_ratio": rows_learned / max(1, step_now - log_steps),
                         "perf/inference_batch_size": (ls.batch_envs - envs_prev) / nb,
                         "perf/inference_forward_ms": (ls.forward_s - fwd_prev) / nb * 1e3,
                         "perf/batch_collect_ms": float(np.median(ls.collect_s)) * 1e3 if ls.collect_s else None,
@@ -307,6 +346,8 @@ def train(cfg: VTraceRun) -> dict:
                         "perf/policy_lag": acc["policy_lag"] / n,
                         "perf/worker_restarts": ls.restarts,
                     })
+                    if meter is not None:
+                        values.update(meter.scalars())
                     monitor.scalars(step_now, values)
                     ret = f"{np.mean(recent):7.1f}" if recent else "      -"
                     monitor.progress(
@@ -314,6 +355,7 @@ def train(cfg: VTraceRun) -> dict:
                         f"return(20) {ret}  updates {counters['updates']:,d}  "
                         f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
                     t_log, log_steps, wait_s, learn_s, acc, diag = now, step_now, 0.0, 0.0, {}, None
+                    rows_learned = 0
                     ep_acc = dict.fromkeys(ep_acc, 0)
                     w_prev, fwd_prev, batches_prev, envs_prev = w, ls.forward_s, ls.batches, ls.batch_envs
                 if now - state["saved"] >= cfg.checkpoint_every_min * 60:

@@ -43,17 +43,9 @@ def test_atari_preset_learns_catch_from_pixels(tmp_path):
     assert summary["mean_return_last20"] >= 3.0
 
 
-def test_update_ratio_diagnostic_measures_the_step_taken():
-    """losses/update_ratio and update_ratio/<name> report |w_new - w_old| / |w_old|
-    of the update just applied (the diagnostic that exposes a stuck optimiser)."""
-    torch.manual_seed(0)
-    spec = describe(CATCH)
-    algo = PRESETS["atari"].algo
-    model = build_model(PRESETS["atari"], spec)
-    opt = make_optimizer(model.parameters(), algo)
-    L, B = 21, 8
+def random_batch(L: int = 21, B: int = 8) -> dict:
     g = torch.Generator().manual_seed(1)
-    batch = {
+    return {
         "obs": {"": torch.randint(0, 256, (L, B, 4, 84, 84), dtype=torch.uint8, generator=g)},
         "action": torch.randint(0, 6, (L, B), generator=g),
         "reward": torch.randint(-1, 2, (L, B), generator=g).float(),
@@ -62,6 +54,17 @@ def test_update_ratio_diagnostic_measures_the_step_taken():
         "behaviour_logits": torch.zeros(L, B, 6),
         "core_state": None,
     }
+
+
+def test_update_ratio_diagnostic_measures_the_step_taken():
+    """losses/update_ratio and update_ratio/<name> report |w_new - w_old| / |w_old|
+    of the update just applied (the diagnostic that exposes a stuck optimiser)."""
+    torch.manual_seed(0)
+    spec = describe(CATCH)
+    algo = dataclasses.replace(PRESETS["atari"].algo, echo=1, minibatches=1)  # one update per step
+    model = build_model(PRESETS["atari"], spec)
+    opt = make_optimizer(model.parameters(), algo)
+    batch = random_batch()
     before = {n: w.detach().clone() for n, w in model.named_parameters()}
     stats = learner_step(model, opt, batch, algo, diagnose=True)
     ratios = []
@@ -74,3 +77,22 @@ def test_update_ratio_diagnostic_measures_the_step_taken():
     assert 1e-5 < stats["update_ratio"] < 1e-1
     for key in ("advantage_std", "value_error", "explained_variance"):
         assert key in stats and stats[key] == stats[key]  # present and not NaN
+
+
+def test_update_ratio_flags_the_old_presets_stuck_optimiser():
+    """What issue 7 found on Pong: RMSProp's eps 0.01 (tuned for a loss summed
+    over 640 rows) swamps the gradient of a mean loss, so weights barely move.
+    On a batch with Pong's sparse rewards the diagnostic shows it at once: the
+    old optimiser's steps are an order of magnitude below a healthy ~1e-3."""
+    spec = describe(CATCH)
+    batch = random_batch()
+    batch["reward"].zero_()
+    batch["reward"][15, 3], batch["reward"][20, :2] = -1.0, 1.0
+    ratios = {}
+    for name, algo in (("old", OLD_ATARI), ("new", PRESETS["atari"].algo)):
+        torch.manual_seed(0)
+        model = build_model(dataclasses.replace(PRESETS["atari"], algo=algo), spec)
+        one = dataclasses.replace(algo, echo=1, minibatches=1)
+        ratios[name] = learner_step(model, make_optimizer(model.parameters(), one), batch, one,
+                                    diagnose=True)["update_ratio"]
+    assert ratios["old"] < 5e-4 and ratios["new"] > 1e-3, ratios

@@ -17,9 +17,9 @@ Conventions (all inputs are time-major):
     delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) - V(x_t)).
     vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1})),
     with vs_T = bootstrap_value.
-  * pg_advantages_t = rho_t * (r_t + discount_t * vs_{t+1} - V(x_t)), where the
-    policy-gradient importance weight is clipped by the same ``rho_bar`` (as in
-    the paper).
+  * advantages_t = r_t + discount_t * vs_{t+1} - V(x_t), and
+    pg_advantages_t = rho_t * advantages_t, where the policy-gradient
+    importance weight is clipped by the same ``rho_bar`` (as in the paper).
   * Everything returned by ``vtrace`` is detached (computed under no_grad).
 """
 
@@ -36,8 +36,9 @@ from torch import Tensor
 
 class VTraceReturns(NamedTuple):
     vs: Tensor  # [T, B] v-trace value targets
-    pg_advantages: Tensor  # [T, B] advantages for the policy gradient
+    pg_advantages: Tensor  # [T, B] advantages for the policy gradient, weighted by rhos
     rhos: Tensor  # [T, B] clipped importance weights min(rho_bar, pi/mu)
+    advantages: Tensor  # [T, B] the same advantages before the rho weighting
 
 
 def log_prob_of(logits: Tensor, actions: Tensor) -> Tensor:
@@ -82,8 +83,9 @@ def vtrace(
     vs = values + corrections
 
     next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    pg_advantages = rhos * (rewards + discounts * next_vs - values) * valid_f
-    return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach(), rhos=rhos.detach())
+    advantages = (rewards + discounts * next_vs - values) * valid_f
+    return VTraceReturns(vs=vs.detach(), pg_advantages=(rhos * advantages).detach(), rhos=rhos.detach(),
+                         advantages=advantages.detach())
 
 
 def impala_loss(
@@ -94,12 +96,24 @@ def impala_loss(
     valid: Tensor,
     baseline_cost: float = 0.5,
     entropy_cost: float = 0.01,
+    behaviour_log_probs: Tensor | None = None,
+    clip: float = 0.0,
+    normalize_advantages: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
     Means are taken over valid rows only, so invalid (auto-reset) rows neither
     contribute nor dilute the loss. ``values`` must carry the baseline's graph;
     ``target_logits`` the policy's graph.
+
+    With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et
+    al. 2017) on the ratio r = pi/mu to the behaviour policy, with the V-trace
+    advantages (as in APPO): min(r A, clip(r, 1 - clip, 1 + clip) A). It
+    bounds how far one batch can pull the policy, which is what makes using a
+    batch in several updates (``echo``) safe; IMPALA's plain rho-weighted
+    gradient keeps pushing however far the policy already moved.
+    ``normalize_advantages`` rescales A to zero mean, unit variance over the
+    valid rows, which makes the policy step independent of the reward scale.
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -110,7 +124,21 @@ def impala_loss(
 
     log_probs_all = F.log_softmax(target_logits, dim=-1)
     action_log_probs = log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    policy_loss = -masked_mean(action_log_probs * vtrace_returns.pg_advantages.detach())
+    adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
+    if normalize_advantages:
+        mean = masked_mean(adv)
+        std = masked_mean((adv - mean) ** 2).sqrt()
+        adv = (adv - mean) / (std + 1e-8)
+    stats = {}
+    if clip > 0:
+        if behaviour_log_probs is None:
+            raise ValueError("clip > 0 needs behaviour_log_probs")
+        ratio = torch.exp(action_log_probs - behaviour_log_probs)
+        surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+        policy_loss = -masked_mean(surrogate)
+        stats["clip_fraction"] = masked_mean(((ratio - 1.0).abs() > clip).to(values.dtype)).detach()
+    else:
+        policy_loss = -masked_mean(action_log_probs * adv)
 
     baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
 
@@ -118,12 +146,12 @@ def impala_loss(
     entropy = masked_mean(entropy_per_row)
 
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
-    stats = {
+    stats.update({
         "policy_loss": policy_loss.detach(),
         "baseline_loss": baseline_loss.detach(),
         "entropy": entropy.detach(),
         "total_loss": total_loss.detach(),
-    }
+    })
     return total_loss, stats
 
 
@@ -135,7 +163,7 @@ class VTraceParams:
     """IMPALA learner hyperparameters (defaults: CartPole; see presets for Atari)."""
 
     batch_size: int = 4
-    """trajectories (one env's unroll each) per update; a multiple of the envs per group"""
+    """unrolls (T steps of one env each) per batch; a multiple of the envs per group"""
     learning_rate: float = 1e-3
     """initial learning rate"""
     lr_decay: bool = True
@@ -173,7 +201,18 @@ class VTraceParams:
     init: Literal["torch", "orthogonal"] = "torch"
     """weight init: torch's default, or orthogonal (gain sqrt 2; 0.01 policy head, 1 value head)"""
     echo: int = 1
-    """updates per batch of unrolls (data echoing, Choi et al. 2019); V-trace corrects for the policy having moved"""
+    """passes over each batch (data echoing, Choi et al. 2019; PPO's epochs): the replay ratio, how many times
+    each step is learned from"""
+    minibatches: int = 1
+    """updates per pass: each pass splits the batch into this many shuffled minibatches (of rows; of whole
+    unrolls with an LSTM)"""
+    clip: float = 0.0
+    """PPO's clipped surrogate on pi/mu with V-trace advantages (0 = IMPALA's policy gradient); keeps echo > 1 safe"""
+    normalize_advantages: bool = False
+    """rescale the policy-gradient advantages of each batch to zero mean and unit variance"""
+    sync: Literal["auto", "on", "off"] = "auto"
+    """on: actors pause while the learner works on a batch (PPO's rhythm: no policy lag at a batch's first pass);
+    off: they fill the next batch meanwhile; auto: on when the learner runs on the CPU, whose cores the actors share"""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """network arithmetic: auto = bf16 for CNN torsos on CPUs with native bf16 (AMX/AVX512-BF16), else fp32"""
 
@@ -184,63 +223,136 @@ def make_optimizer(params, p: VTraceParams) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=p.learning_rate, eps=p.optimizer_eps)
 
 
-def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
-                 diagnose: bool = False, precision: str = "fp32") -> dict[str, float]:
-    """One optimiser step on a batch of unrolls.
+class _Targets(NamedTuple):
+    """What the loss needs of each row besides the network's outputs: [T, B] each."""
 
-    ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
-    rows), ``action``, ``reward``, ``terminated``, ``ignored``,
-    ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state``
-    ([B, 2, H] or None). ``step_lock`` guards only the parameter write, which
-    is all the inference thread must not see half done.
+    actions: Tensor
+    behaviour_log_probs: Tensor
+    valid: Tensor
+    returns: VTraceReturns
 
-    With ``diagnose`` the step also measures what tells a stuck learner from
-    a working one: the size of each weight tensor's update relative to the
-    tensor (``update_ratio/<name>``; about 1e-3 is healthy for Adam/RMSProp,
-    1e-5 and below means the optimiser barely moves it), the scale of the
-    policy-gradient advantages and how much of the V-trace targets' variance
-    the value head explains. ``precision`` ``bf16`` runs the network's
-    forward and backward under autocast; V-trace and the loss stay fp32.
-    """
-    ignored = batch["ignored"]
-    L = ignored.shape[0]
-    T = L - 1
-    first = torch.zeros_like(ignored)
-    first[1:] = ignored[:-1]  # the observation after an ignored action starts an episode
-    device = ignored.device
+    def select(self, index) -> "_Targets":
+        return _Targets(self.actions[index], self.behaviour_log_probs[index], self.valid[index],
+                        VTraceReturns(*(x[index] for x in self.returns)))
+
+
+def _unroll(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
+    """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``)."""
+    obs, core = batch["obs"], batch["core_state"]
+    if cols is not None:
+        obs = {k: v[:, cols] for k, v in obs.items()}
+        core, first = (None if core is None else core[cols]), first[:, cols]
+    with _autocast(first.device, precision):
+        logits, values = model.unroll(obs, core, first)
+    return logits.float(), values.float()
+
+
+def _autocast(device: torch.device, precision: str):
     if precision == "bf16":
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits, values = model.unroll(batch["obs"], batch["core_state"], first)
-        logits, values = logits.float(), values.float()
-    else:
-        logits, values = model.unroll(batch["obs"], batch["core_state"], first)
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
+
+def _targets(p: VTraceParams, batch: dict, logits: Tensor, values: Tensor) -> _Targets:
+    """V-trace targets for every row of a batch from the network's detached outputs [L, B]."""
+    T = values.shape[0] - 1
     actions = batch["action"][:T]
     rewards = batch["reward"][:T]
     if p.reward_clip > 0:
         rewards = rewards.clamp(-p.reward_clip, p.reward_clip)
     discounts = p.discount * (~batch["terminated"][:T]).to(values.dtype)
-    valid = ~ignored[:T]
-    returns = vtrace(
-        log_prob_of(batch["behaviour_logits"][:T], actions),
-        log_prob_of(logits[:T].detach(), actions),
-        rewards, discounts, values[:T].detach(), values[T].detach(), valid,
-        rho_bar=p.rho_bar, c_bar=p.c_bar, lam=p.lam,
-    )
-    loss, stats = impala_loss(logits[:T], actions, values[:T], returns, valid,
-                              baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1} if diagnose else None
-    with step_lock if step_lock is not None else contextlib.nullcontext():
-        optimizer.step()
-    out = {k: float(v) for k, v in stats.items()}
-    out["grad_norm"] = float(grad_norm)
-    out["mean_rho"] = float(returns.rhos[valid].mean()) if valid.any() else 1.0
-    if diagnose:
-        out.update(_diagnostics(model, before, returns, values[:T].detach(), valid))
+    valid = ~batch["ignored"][:T]
+    behaviour_log_probs = log_prob_of(batch["behaviour_logits"][:T], actions)
+    returns = vtrace(behaviour_log_probs, log_prob_of(logits[:T], actions), rewards, discounts,
+                     values[:T], values[T], valid, rho_bar=p.rho_bar, c_bar=p.c_bar, lam=p.lam)
+    return _Targets(actions, behaviour_log_probs, valid, returns)
+
+
+def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
+                 diagnose: bool = False, precision: str = "fp32", after_update=None) -> dict[str, float]:
+    """Learn from one batch of unrolls: ``p.echo`` passes of ``p.minibatches`` updates.
+
+    ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
+    rows), ``action``, ``reward``, ``terminated``, ``ignored``,
+    ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state``
+    ([B, 2, H] or None). ``step_lock`` guards only each parameter write,
+    which is all the inference thread must not see half done;
+    ``after_update`` is called after each one.
+
+    With one pass of one minibatch (IMPALA) the V-trace targets come from the
+    forward pass that is differentiated. Otherwise a no-grad pass over the
+    whole batch computes them first and they stay fixed for all its updates,
+    as PPO's advantages do; each update recomputes pi (the clipped ratio
+    pi/mu and the entropy) on its own minibatch. Minibatches are shuffled
+    rows, or whole unrolls when an LSTM needs the time order.
+
+    With ``diagnose`` the first update also measures what tells a stuck
+    learner from a working one: the size of each weight tensor's update
+    relative to the tensor (``update_ratio/<name>``; about 1e-3 is healthy for
+    Adam/RMSProp, 1e-5 and below means the optimiser barely moves it), the
+    scale of the policy-gradient advantages and how much of the V-trace
+    targets' variance the value head explains. ``precision`` ``bf16`` runs
+    the network under autocast; V-trace and the loss stay fp32.
+    """
+    ignored = batch["ignored"]
+    L, B = ignored.shape
+    T = L - 1
+    first = torch.zeros_like(ignored)
+    first[1:] = ignored[:-1]  # the observation after an ignored action starts an episode
+    loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip,
+                   normalize_advantages=p.normalize_advantages)
+    totals: dict[str, Tensor] = {}
+    diag = None
+
+    def update(logits: Tensor, values: Tensor, t: _Targets) -> None:
+        nonlocal diag
+        loss, stats = impala_loss(logits, t.actions, values, t.returns, t.valid,
+                                  behaviour_log_probs=t.behaviour_log_probs, **loss_kw)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
+        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        before = None
+        if diagnose and diag is None:
+            before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
+        with step_lock if step_lock is not None else contextlib.nullcontext():
+            optimizer.step()
+        if after_update is not None:
+            after_update()
+        if before is not None:
+            diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
+        for k, v in stats.items():
+            totals[k] = totals.get(k, 0.0) + v.detach()
+
+    if p.echo == 1 and p.minibatches == 1:
+        logits, values = _unroll(model, batch, first, precision)
+        targets = _targets(p, batch, logits.detach(), values.detach())
+        update(logits[:T], values[:T], targets)
+    else:
+        with torch.no_grad():
+            targets = _targets(p, batch, *_unroll(model, batch, first, precision))
+        recurrent = getattr(model, "lstm", None) is not None
+        n = B if recurrent else T * B
+        if not recurrent:  # rows: [T, B, ...] -> [T * B, ...]
+            obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in batch["obs"].items()}
+            targets = _Targets(*(x.reshape(T * B) for x in targets[:3]),
+                               VTraceReturns(*(x.reshape(T * B) for x in targets.returns)))
+        for _ in range(p.echo):
+            for idx in torch.randperm(n, device=ignored.device).chunk(p.minibatches):
+                if recurrent:
+                    logits, values = _unroll(model, batch, first, precision, cols=idx)
+                    update(logits[:T], values[:T], targets.select((slice(None), idx)))
+                else:
+                    with _autocast(ignored.device, precision):
+                        logits, values = model({k: v[idx] for k, v in obs.items()})
+                    update(logits.float(), values.float(), targets.select(idx))
+    n_updates = p.echo * p.minibatches
+    out = {k: float(v) / n_updates for k, v in totals.items()}
+    valid = targets.valid
+    out["mean_rho"] = float(targets.returns.rhos[valid].mean()) if valid.any() else 1.0
+    out["updates"] = n_updates
+    if diag is not None:
+        out.update(diag)
     return out
 
 
