@@ -1,7 +1,8 @@
 """Starting, watching and stopping env worker processes.
 
 ``ActorPool`` owns the shared memory of a run (control block and unroll
-store) and the worker processes. Whatever way the run ends (return,
+store) and the worker processes, and, with a bridge, the bridge server
+process that serves the remote groups (numbered after the local ones). Whatever way the run ends (return,
 exception, Ctrl-C, SIGTERM), ``close()`` stops the workers within a few
 seconds, escalating to SIGKILL, and unlinks every segment.
 """
@@ -34,11 +35,17 @@ class ActorPool:
         threads_per_group: int,
         seed: int,
         max_restarts: int,
+        bridge=None,
     ):
         self.spec, self.layout = spec, layout
         self.num_workers = num_workers
         self.envs_per_group = layout.envs
-        self.num_groups = num_workers * GROUPS_PER_WORKER
+        self.num_local_groups = num_workers * GROUPS_PER_WORKER
+        self.bridge = bridge if bridge is not None and bridge.listen else None
+        self.num_remote_groups = self.bridge.remote_envs // layout.envs if self.bridge else 0
+        self.num_groups = self.num_local_groups + self.num_remote_groups
+        self.server: mp.Process | None = None
+        self.bridge_port: int | None = None
         self.threads_per_group = threads_per_group
         self.seed, self.max_restarts = seed, max_restarts
         self._ctx = mp.get_context("spawn")
@@ -62,9 +69,55 @@ class ActorPool:
     def worker_of(self, group: int) -> int:
         return group // GROUPS_PER_WORKER
 
+    def epoch_of(self, group: int) -> int:
+        """How often the group's envs restarted from scratch (worker restarts; lost actor hosts)."""
+        if group < self.num_local_groups:
+            return self.restarts[self.worker_of(group)]
+        return int(self.control["group_lost"][group])
+
     def start(self) -> None:
         for w in range(self.num_workers):
             self._spawn(w)
+        if self.bridge is not None:
+            self._start_server()
+
+    def remote_groups(self) -> range:
+        return range(self.num_local_groups, self.num_groups)
+
+    def _start_server(self) -> None:
+        from seedlocal.config import ConfigError, bridge_token, split_address
+        from seedlocal.pipeline import wire
+        from seedlocal.pipeline.bridge_server import ServerArgs, run_bridge_server
+
+        b = self.bridge
+        host, port = split_address("bridge.listen", b.listen, listen=True)
+        groups = self.remote_groups()
+        recv, send = self._ctx.Pipe(duplex=False)
+        args = ServerArgs(
+            host=host, port=port, token=bridge_token(b.token_file), tls_cert=b.tls_cert, tls_key=b.tls_key,
+            groups=tuple(groups),
+            layout=wire.GroupLayout(self.envs_per_group, self.layout.obs, self.layout.action).to_json(),
+            env_id=self.spec.env_id, backend=self.spec.backend, frame_stack=self.spec.frame_stack, seed=self.seed,
+            control=self.control.handle(), rollout=self.store.handle(),
+            wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
+            obs_ready=self.obs_ready, started=send, parent_pid=os.getpid())
+        self.server = self._ctx.Process(target=run_bridge_server, args=(args,), name="seedlocal-bridge", daemon=True)
+        self.server.start()
+        send.close()
+        if not recv.poll(30.0):
+            raise ConfigError(f"bridge.listen={b.listen!r}: the bridge server did not start within 30 s")
+        try:
+            status, detail = recv.recv()
+        except EOFError:
+            status, detail = "error", f"the bridge server exited with code {self.server.exitcode}"
+        if status != "ok":
+            raise ConfigError(f"bridge.listen={b.listen!r}: {detail}")
+        self.bridge_port = int(detail)
+
+    def check_server(self) -> None:
+        if self.server is not None and self.server.exitcode is not None and not self.control["stop"][0]:
+            raise WorkerDied(f"the bridge server (pid {self.server.pid}) exited with code {self.server.exitcode}; "
+                             "stopping (its actor hosts lost their connection)")
 
     def _spawn(self, w: int) -> None:
         groups = self.groups_of(w)
@@ -131,10 +184,11 @@ class ActorPool:
         for s in self.wake:
             s.post()
         deadline = time.monotonic() + timeout
-        for p in self.procs:
+        procs = self.procs + ([self.server] if self.server is not None else [])
+        for p in procs:
             if p is not None:
                 p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
+        for p in procs:
             if p is not None and p.is_alive():
                 p.terminate()
                 p.join(1.0)
@@ -142,6 +196,7 @@ class ActorPool:
                 p.kill()
                 p.join(1.0)
         self.procs = [None] * self.num_workers
+        self.server = None
         for seg in (self.store, self.control):
             if seg is not None:
                 seg.close()

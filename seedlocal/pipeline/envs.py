@@ -46,6 +46,7 @@ class EnvSpec:
     action_low: tuple[float, ...] | None
     action_high: tuple[float, ...] | None
     frames_per_step: int
+    frame_stack: int = 0  # envpool's stack_num where set (0 = the env's default)
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,15 +150,22 @@ def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | N
 
 
 @functools.lru_cache(maxsize=32)
-def describe(env_id: str, backend: str = "auto") -> EnvSpec:
+def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpec:
     """Read an env's spaces by building one instance of it (cached)."""
     quiet_gymnasium()
     backend = resolve_backend(env_id, backend)
     real = "envpool" if backend in ("envpool", "null") and env_id in _envpool_ids() else "gymnasium"
+    if frame_stack < 0:
+        raise ValueError(f"env.frame_stack={frame_stack}: must be >= 0")
+    if frame_stack and real != "envpool":
+        raise ValueError(f"env.frame_stack={frame_stack}: only envpool's Atari envs stack frames ({env_id} is not one)")
     if real == "envpool":
         import envpool
 
-        env = envpool.make(env_id, env_type="gymnasium", num_envs=1)
+        try:
+            env = envpool.make(env_id, env_type="gymnasium", num_envs=1, **_stack_kw(frame_stack))
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"env.frame_stack={frame_stack}: {env_id} does not take it ({e})") from None
         obs_space, act_space = env.observation_space, env.action_space
         frames = int(getattr(env.spec.config, "frame_skip", 1))
         env.close() if hasattr(env, "close") else None
@@ -169,7 +177,11 @@ def describe(env_id: str, backend: str = "auto") -> EnvSpec:
         frames = 1
         env.close()
     action, n, low, high = _action_spec(act_space)
-    return EnvSpec(env_id, backend, _space_spec(obs_space), action, n, low, high, frames)
+    return EnvSpec(env_id, backend, _space_spec(obs_space), action, n, low, high, frames, frame_stack)
+
+
+def _stack_kw(frame_stack: int) -> dict:
+    return {"stack_num": frame_stack} if frame_stack else {}
 
 
 class EnvpoolGroup:
@@ -180,7 +192,7 @@ class EnvpoolGroup:
 
         self._env = envpool.make(
             env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
-            num_threads=num_threads, seed=seed,
+            num_threads=num_threads, seed=seed, **_stack_kw(spec.frame_stack),
         )
         self._dict_obs = len(spec.obs) > 1 or "" not in spec.obs
         self._discrete = spec.num_actions is not None

@@ -5,7 +5,11 @@ Each call of :meth:`InferenceLoop.step`
 1. waits (in the kernel) until ``min_batch_envs`` observations are ready or
    ``batch_timeout_s`` has passed since the first one was (dynamic batching);
 2. hands every group that filled its unroll's last row to the consumer and
-   rebinds it to a free unroll, whose row 0 is the same observation;
+   rebinds it to a free unroll, whose row 0 is the same observation. When
+   the consumer holds every other unroll, such a group is *parked*: left
+   unanswered (its worker sleeps) until an unroll is released, while the
+   other groups are served on. This back-pressure bounds how far actors run
+   ahead of the learner (its policy lag) by the number of unrolls;
 3. gathers the observations with one ``np.take`` per field into a staging
    buffer (pinned when the device is CUDA) and copies it to the device;
 4. runs the policy and scatters actions and outputs into the same rows;
@@ -142,7 +146,19 @@ class InferenceLoop:
         # this thread (shm/slots.py) until it hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
         self._unhold = threading.Event()
+        # Groups parked for want of a free unroll (see step 2 above): the
+        # observation they will continue from (their full unroll went to the
+        # consumer) and its episode-start flags.
+        self._parked = np.zeros(self.G, bool)
+        self._parked_obs: dict[int, dict[str, np.ndarray]] = {}
+        self._resume_first: dict[int, np.ndarray] = {}
         self._plan = getattr(policy, "plan", None)
+        self._per_env = bool(getattr(policy, "per_env", False))
+        # Which groups are remote (stepped by actor hosts behind the bridge).
+        self._remote = None
+        if pool.num_remote_groups:
+            self._remote = np.zeros(self.G, bool)
+            self._remote[pool.num_local_groups:] = True
 
         pin = device.type == "cuda"
         self._obs_keys = pool.layout.obs_keys()
@@ -161,8 +177,10 @@ class InferenceLoop:
 
     # -- buffers --------------------------------------------------------------
 
-    def _take_free(self) -> int:
+    def _take_free(self, block: bool = True) -> int | None:
         with self._free_cv:
+            if not block:
+                return self._free.popleft() if self._free else None
             while not self._free:
                 # The consumer holds every unroll: back-pressure on the actors.
                 # No worker check here: this runs mid-batch, and rebinding a
@@ -177,12 +195,14 @@ class InferenceLoop:
         with self._free_cv:
             self._free.append(buf)
             self._free_cv.notify()
+        if self._parked.any():
+            self.pool.obs_ready.post()  # wake the loop to move a parked group on
 
-    def _bind(self, g: int) -> int:
-        buf = self._take_free()
+    def _bind(self, g: int, buf: int | None = None) -> int:
+        buf = self._take_free() if buf is None else buf
         self._tbuf[g] = buf
         self.store["unroll_group"][buf] = g
-        self.store["unroll_epoch"][buf] = self.pool.restarts[self.pool.worker_of(g)]
+        self.store["unroll_epoch"][buf] = self.pool.epoch_of(g)
         return buf
 
     def _bind_fresh(self, g: int) -> None:
@@ -201,6 +221,11 @@ class InferenceLoop:
 
     def _check_workers(self) -> None:
         self._last_check = time.monotonic()
+        if self._remote is not None:
+            self.pool.check_server()
+            ctl = self.pool.control
+            for g in np.flatnonzero(ctl["group_lost"] != ctl["group_lost_ack"]).tolist():
+                self._restart_remote(g)
         for w in self.pool.dead_workers():
             if self.pool.control["stop"][0]:
                 return
@@ -209,10 +234,25 @@ class InferenceLoop:
             for g in self.pool.groups_of(w):
                 # Drop the partial unroll: nothing before the crash is kept.
                 self._owned[g] = False
-                self.release(int(self._tbuf[g]))
+                self._drop_unroll(g)
                 self._bind_fresh(g)
             self.pool.spawn(w)
             self.stats.restarts += 1
+
+    def _restart_remote(self, g: int) -> None:
+        """Remote group ``g`` lost its actor host: like a dead worker's group,
+        drop its partial unroll and start it fresh, then tell the bridge
+        server (ack + a wake token: the release that publishes the rebind)."""
+        ctl = self.pool.control
+        self._owned[g] = False
+        self.pool.ready[g].drain()
+        self.pool.wake[g].drain()
+        self._state[g] = STEPPING
+        self._drop_unroll(g)
+        self._bind_fresh(g)
+        ctl["group_lost_ack"][g] = ctl["group_lost"][g]
+        self.pool.wake[g].post()
+        self.stats.restarts += 1
 
     # -- one batch ----------------------------------------------------------------
 
@@ -225,12 +265,18 @@ class InferenceLoop:
             if self._unhold.is_set():
                 self._unhold.clear()
                 self._held[:] = False
+            if self._parked.any():
+                self._unpark()
             self._claim()
-            ready = np.flatnonzero(self._owned & ~self._held)
+            ready = np.flatnonzero(self._owned & ~self._held & ~self._parked)
             now = time.perf_counter()
-            # Held groups cannot become ready: waiting for them would cost a
-            # full timeout per batch whenever only a few groups have work.
-            need = min(self.min_batch_envs, max(1, self.G - int(self._held.sum())) * self.E)
+            # Held, parked and host-less remote groups cannot become ready: waiting
+            # for them would cost a full timeout per batch whenever only a few
+            # groups have work.
+            idle = self._held | self._parked
+            if self._remote is not None:
+                idle = idle | self._remote & (self.pool.control["group_connected"] == 0)
+            need = min(self.min_batch_envs, max(1, self.G - int(idle.sum())) * self.E)
             if len(ready) * self.E >= need:
                 break
             if deadline is not None and now >= deadline:
@@ -267,6 +313,10 @@ class InferenceLoop:
         prev_b, prev_r = bufs[stepped], rows[stepped] - 1
         first = np.ones((len(ready), E), bool)
         first[stepped] = store["ignored"][prev_b, prev_r]
+        for i in np.flatnonzero(~stepped):
+            resumed = self._resume_first.pop(int(ready[i]), None)
+            if resumed is not None:  # a parked group going on with its episodes
+                first[i] = resumed
         done = store["terminated"][prev_b, prev_r] | store["truncated"][prev_b, prev_r]
         if done.any():
             rets, lens = store["ep_return"][prev_b, prev_r][done], store["ep_length"][prev_b, prev_r][done]
@@ -287,8 +337,17 @@ class InferenceLoop:
                 if not len(ready):
                     return n_stepped
 
-        for i in np.flatnonzero(rows == L - 1):
-            self._rotate(int(ready[i]), i, bufs, rows)
+        full = [i for i in np.flatnonzero(rows == L - 1) if not self._rotate(int(ready[i]), i, bufs, rows)]
+        if full:  # no free unroll for these: park them until the consumer releases one
+            for i in full:
+                g = int(ready[i])
+                self._parked[g] = True
+                self._resume_first[g] = first[i].copy()
+            keep = np.ones(len(ready), bool)
+            keep[full] = False
+            ready, bufs, rows, first = ready[keep], bufs[keep], rows[keep], first[keep]
+            if not len(ready):
+                return n_stepped
 
         core = None
         if self.core is not None:
@@ -311,6 +370,12 @@ class InferenceLoop:
         flat_core = None if core is None else core.reshape((n,) + core.shape[2:])
         if self._plan is not None:
             actions, outputs, new_core = self.policy.act(obs, flat_core, groups=ready)
+        elif self._per_env:
+            # Policies that keep per-env state of their own (R2D2's frame
+            # stacks, per-env exploration) get each row's env slot and
+            # episode-start flag.
+            env_ids = (ready[:, None] * E + np.arange(E)).ravel()
+            actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids=env_ids, first=first.ravel())
         else:
             actions, outputs, new_core = self.policy.act(obs, flat_core)
         host_actions = actions.cpu().numpy()
@@ -339,7 +404,7 @@ class InferenceLoop:
                 self._held[g] = True
             elif code == RESTART:
                 # Fresh episodes in a fresh unroll: the partial one is dropped.
-                self.release(int(self._tbuf[g]))
+                self._drop_unroll(g)
                 self._bind_fresh(g)
                 self._hand_back(g, RESET)
 
@@ -348,17 +413,43 @@ class InferenceLoop:
         self._unhold.set()
         self.pool.obs_ready.post()
 
-    def _rotate(self, g: int, i: int, bufs: np.ndarray, rows: np.ndarray) -> None:
+    def _rotate(self, g: int, i: int, bufs: np.ndarray, rows: np.ndarray) -> bool:
         """Group ``g`` filled its unroll's bootstrap row: pass the unroll on and
-        continue in a free one that starts from the same observation."""
-        old, new = int(bufs[i]), self._bind(g)
-        for k in self._obs_keys:
-            self.store[k][new, 0] = self.store[k][old, self.L - 1]
-        bufs[i], rows[i] = new, 0
+        continue in a free one that starts from the same observation. If none
+        is free, keep that observation aside and return False (park)."""
+        old, new = int(bufs[i]), self._take_free(block=False)
+        if new is None:
+            self._parked_obs[g] = {k: self.store[k][old, self.L - 1].copy() for k in self._obs_keys}
+        else:
+            self._bind(g, new)
+            for k in self._obs_keys:
+                self.store[k][new, 0] = self.store[k][old, self.L - 1]
+            bufs[i], rows[i] = new, 0
         if self.consume:
             self.completed.put(old)
         else:
             self.release(old)
+        return new is not None
+
+    def _unpark(self) -> None:
+        for g in np.flatnonzero(self._parked).tolist():
+            new = self._take_free(block=False)
+            if new is None:
+                return
+            self._parked[g] = False
+            self._bind(g, new)
+            self._trow[g] = 0
+            for k, v in self._parked_obs.pop(g).items():
+                self.store[k][new, 0] = v
+
+    def _drop_unroll(self, g: int) -> None:
+        """Give up group ``g``'s partial unroll (a parked group has none)."""
+        if self._parked[g]:
+            self._parked[g] = False
+            self._parked_obs.pop(g, None)
+            self._resume_first.pop(g, None)
+        else:
+            self.release(int(self._tbuf[g]))
 
     def run(self, seconds: float) -> None:
         torch.set_num_threads(self.threads)

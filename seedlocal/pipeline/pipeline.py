@@ -13,7 +13,8 @@ from typing import Callable
 
 import torch
 
-from seedlocal.config import EnvConfig, PipelineConfig, resolve_device, threads_per_group, validate_env, validate_pipeline
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_device, threads_per_group,
+                              validate_bridge, validate_env, validate_pipeline)
 from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
@@ -28,12 +29,16 @@ class Pipeline:
         make_policy: Callable[[EnvSpec, torch.device], object],
         consume: bool = False,
         spec: EnvSpec | None = None,
+        bridge: BridgeConfig | None = None,
     ):
-        validate_pipeline(pipe)
+        remote = bridge.remote_envs if bridge is not None and bridge.listen else 0
+        validate_pipeline(pipe, remote_envs=remote)
+        if bridge is not None:
+            validate_bridge(bridge, pipe)
         self.spec = spec or validate_env(env)
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)
-        groups = pipe.num_workers * GROUPS_PER_WORKER
+        groups = pipe.num_workers * GROUPS_PER_WORKER + remote // (pipe.envs_per_worker // GROUPS_PER_WORKER)
         self.layout = RolloutLayout(
             num_buffers=pipe.num_buffers or 3 * groups,
             length=pipe.unroll_length + 1,
@@ -44,12 +49,13 @@ class Pipeline:
             core_state=self.policy.core_state,
         )
         self.pool = ActorPool(
-            self.spec, self.layout, pipe.num_workers, threads_per_group(pipe), env.seed, pipe.max_restarts
+            self.spec, self.layout, pipe.num_workers, threads_per_group(pipe), env.seed, pipe.max_restarts,
+            bridge=bridge,
         )
         try:
             self.loop = InferenceLoop(
                 self.pool, self.policy, self.device,
-                min_batch_envs=pipe.min_batch_envs or (pipe.num_workers * pipe.envs_per_worker) // 2,
+                min_batch_envs=pipe.min_batch_envs or (pipe.num_workers * pipe.envs_per_worker + remote) // 2,
                 batch_timeout_s=pipe.batch_timeout_ms / 1000.0,
                 consume=consume,
                 threads=pipe.inference_threads,

@@ -56,6 +56,19 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("group_env_s", (num_groups,), "float64"),
         ArraySpec("group_steps", (num_groups,), "int64"),
         ArraySpec("group_episodes", (num_groups,), "int64"),
+        # Remote groups (the bridge, pipeline/bridge_server.py): the server
+        # bumps group_lost when the host stepping a group goes away; the loop
+        # drops the group's partial unroll, rebinds it fresh and sets
+        # group_lost_ack to match, then posts the group's wake token.
+        ArraySpec("group_lost", (num_groups,), "int64"),
+        ArraySpec("group_lost_ack", (num_groups,), "int64"),
+        ArraySpec("group_connected", (num_groups,), "int8"),
+        # Per actor host (at most one per group), written by the bridge server.
+        ArraySpec("host_connected", (num_groups,), "int8"),
+        ArraySpec("host_steps", (num_groups,), "int64"),
+        ArraySpec("host_bytes", (num_groups,), "int64"),
+        ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
+        ArraySpec("bridge_disconnects", (1,), "int64"),
     ]
 
 
