@@ -70,6 +70,8 @@ class BenchConfig:
     so drift on a shared machine hits both sides alike"""
     learning: bool = False
     """also run the V-trace learner on the pipeline: learning_steps_per_s and ratio_learning"""
+    bridge: bool = False
+    """compare the local pipeline with the same envs behind the gRPC bridge (one actor host on loopback)"""
     autotune: bool = False
     """try a bounded set of worker/env/batch settings (~2 minutes) and write the best to --pipeline-out"""
     pipeline_out: str = "pipeline.json"
@@ -314,6 +316,10 @@ def run(cfg: BenchConfig) -> dict:
         from seedlocal.autotune import autotune
 
         return autotune(cfg, spec)
+    if cfg.bridge:
+        from seedlocal.bench_bridge import run_bridge_bench
+
+        return run_bridge_bench(cfg, workers, envs)
     n = workers * envs
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []

@@ -4,6 +4,7 @@
     seedlocal train ga|es|random-search [--env.id CartPole-v1] [...]
     seedlocal eval --checkpoint runs/<run> [--episodes 10] [--video out.gif]
     seedlocal bench [--env Pong-v5] [...]
+    seedlocal actors --connect HOST:PORT [...]   (an actor host for a learner's --bridge.listen)
 
 Every command takes ``--help``. Configuration errors print one line naming
 the field and exit with status 2 before any process starts.
@@ -19,10 +20,11 @@ import tyro
 from seedlocal.checkpoint import CheckpointError
 from seedlocal.config import ConfigError
 
-USAGE = """usage: seedlocal {train vtrace|ga|es|random-search,eval,bench} [--help] [options]
+USAGE = """usage: seedlocal {train vtrace|ga|es|random-search,eval,bench,actors} [--help] [options]
 
   train vtrace   train IMPALA (V-trace) with central batched inference
                  presets: --preset cartpole (default), --preset atari
+  train r2d2     recurrent prioritized replay Q-learning (R2D2); same presets
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
   train ga       deep GA: a population evaluated in batched forward passes
   train es       evolution strategies (antithetic, centred ranks, Adam)
@@ -31,9 +33,11 @@ USAGE = """usage: seedlocal {train vtrace|ga|es|random-search,eval,bench} [--hel
   bench          pipeline efficiency vs the best raw envpool configuration (ratios from
                  one run); --learning adds the V-trace learner; --autotune picks sizes
                  for this machine and writes them for train --pipeline-config FILE
+  actors         step envs for a learner on another host (train ... --bridge.listen HOST:PORT
+                 --bridge.remote-envs N); see docs/multihost.md
 """
 
-TRAINERS = ("vtrace", "ga", "es", "random-search")
+TRAINERS = ("vtrace", "r2d2", "ga", "es", "random-search")
 
 
 def _sigterm_as_exit(signum, frame):
@@ -111,6 +115,11 @@ def _parse(argv: list[str]):
         from seedlocal.bench import BenchConfig
 
         return cmd, tyro.cli(BenchConfig, args=rest, prog="seedlocal bench")
+    if cmd == "actors":
+        from seedlocal.pipeline.bridge_client import ActorsConfig
+
+        return cmd, tyro.cli(ActorsConfig, args=rest, prog="seedlocal actors",
+                             description="An actor host: steps environments for a learner's bridge.")
     if cmd == "eval":
         from seedlocal.evaluate import EvalConfig
 
@@ -124,6 +133,20 @@ def _parse(argv: list[str]):
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TRAINERS)}), got {given}\n\n{USAGE}",
                   file=sys.stderr)
             raise SystemExit(2)
+        if rest[0] == "r2d2":
+            from seedlocal.train_r2d2 import PRESETS as R2D2_PRESETS
+            from seedlocal.train_r2d2 import R2D2Run
+
+            default, args = _pop_preset(rest[1:], R2D2_PRESETS)
+            saved = _resumed_default(args, R2D2Run)
+            if saved is not None:
+                if _option(rest[1:], "--preset") is not None:
+                    raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
+                                      "give the options to change explicitly instead")
+                default = saved
+            default, args = _pop_pipeline_config(args, default)
+            return "train", tyro.cli(R2D2Run, args=args, default=default, prog="seedlocal train r2d2",
+                                     description="R2D2. Presets: --preset cartpole (default), --preset atari.")
         if rest[0] != "vtrace":
             from seedlocal.neuroevolution import ALGOS
 
@@ -160,10 +183,18 @@ def main(argv: list[str] | None = None) -> int:
             from seedlocal.evaluate import main as evaluate
 
             evaluate(cfg)
+        elif cmd == "actors":
+            from seedlocal.pipeline.bridge_client import run as actors
+
+            return actors(cfg)
         elif type(cfg).__name__ == "VTraceRun":
             from seedlocal.train import train
 
             train(cfg)
+        elif type(cfg).__name__ == "R2D2Run":
+            from seedlocal.train_r2d2 import train as train_r2d2
+
+            train_r2d2(cfg)
         else:
             from seedlocal.neuroevolution import train as evolve
 

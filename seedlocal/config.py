@@ -25,6 +25,8 @@ class EnvConfig:
     """auto: envpool if it has the id, else the Gymnasium fallback; null: no env (transport ceiling)"""
     seed: int = 1
     """base seed; environment i of the run gets seed + i"""
+    frame_stack: int = 0
+    """frames an Atari observation stacks (envpool's stack_num); 0 = the env's default (4)"""
 
 
 @dataclass
@@ -53,6 +55,21 @@ class PipelineConfig:
     """torch CPU threads of the learner thread; 0 = one per CPU core"""
 
 
+@dataclass
+class BridgeConfig:
+    listen: str = ""
+    """HOST:PORT where actor hosts connect (seedlocal actors --connect); empty = no bridge; a bare :PORT binds
+    loopback"""
+    remote_envs: int = 0
+    """environments stepped on actor hosts, a multiple of pipeline.envs_per_worker (hosts run workers like it)"""
+    token_file: str = ""
+    """file holding the shared secret (default: the SEEDLOCAL_BRIDGE_TOKEN environment variable)"""
+    tls_cert: str = ""
+    """PEM certificate chain for TLS (with tls_key); actor hosts pass the CA with --tls-ca"""
+    tls_key: str = ""
+    """PEM private key for TLS"""
+
+
 def fail(field: str, value, why: str) -> None:
     raise ConfigError(f"{field}={value!r}: {why}")
 
@@ -79,7 +96,7 @@ def validate_env(env: EnvConfig, id_field: str = "env.id"):
     from seedlocal.pipeline.envs import describe
 
     try:
-        return describe(env.id, env.backend)
+        return describe(env.id, env.backend, env.frame_stack)
     except ValueError as e:
         msg = str(e)
         if msg.startswith("env.id="):
@@ -87,24 +104,35 @@ def validate_env(env: EnvConfig, id_field: str = "env.id"):
         raise ConfigError(msg) from None
 
 
-def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
+def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: int = 0) -> None:
+    """``remote_envs`` (from a bridge) allows ``num_workers`` 0: every env remote."""
     for name in ("num_workers", "envs_per_worker", "unroll_length", "max_restarts", "inference_threads"):
         v = getattr(p, name)
+        if name == "num_workers" and remote_envs and v == 0:
+            continue
         if v < (0 if name == "max_restarts" else 1):
-            fail(f"{prefix}.{name}", v, "must be positive")
+            fail(f"{prefix}.{name}", v, "must be positive" + (" (or 0 with bridge.remote_envs)"
+                                                               if name == "num_workers" else ""))
     if p.envs_per_worker % 2:
         fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
     for name in ("env_threads", "num_buffers", "min_batch_envs", "learner_threads"):
         if getattr(p, name) < 0:
             fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
-    if p.num_buffers and p.num_buffers < 2 * p.num_workers:
-        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({2 * p.num_workers})")
+    groups = 2 * p.num_workers + remote_envs // max(1, p.envs_per_worker // 2)
+    if p.num_buffers and p.num_buffers < groups:
+        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups})")
     if p.batch_timeout_ms < 0:
         fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
     try:
         resolve_device(p.device)
     except ConfigError as e:
         raise ConfigError(f"{prefix}.{e}") from None
+
+
+def num_groups(p: PipelineConfig, bridge: BridgeConfig | None = None) -> int:
+    """Slots of a run: two groups per local worker, plus the bridge's remote groups."""
+    remote = bridge.remote_envs if bridge is not None and bridge.listen else 0
+    return 2 * p.num_workers + remote // max(1, p.envs_per_worker // 2)
 
 
 def threads_per_group(p: PipelineConfig) -> int:
@@ -116,7 +144,7 @@ def threads_per_group(p: PipelineConfig) -> int:
     env every step; one thread per group has no such barrier.
     """
     total = p.env_threads or os.cpu_count() or 1
-    return max(1, total // (2 * p.num_workers))
+    return max(1, total // (2 * max(1, p.num_workers)))
 
 
 def from_dict(cls, d: dict):
@@ -163,3 +191,59 @@ def resume_line(saved: dict | None, cfg, path: str) -> str:
     if not changes:
         return f"seedlocal: resuming {path} with its saved configuration"
     return f"seedlocal: resuming {path}; changed from its saved configuration: " + "; ".join(changes)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_address(field: str, address: str, listen: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``; a bare ``:PORT`` is loopback) as (host, port);
+    a listening address may give port 0 (any free port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not (0 if listen else 1) <= int(port) < 65536:
+        fail(field, address, "expected HOST:PORT, e.g. 127.0.0.1:50051 or :50051")
+    return (host or "127.0.0.1"), int(port)
+
+
+def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
+    """The shared secret: from ``token_file`` if given, else $SEEDLOCAL_BRIDGE_TOKEN ('' if neither)."""
+    if token_file:
+        try:
+            token = open(token_file).read().strip()
+        except OSError as e:
+            fail(field, token_file, f"cannot read it ({e.strerror})")
+        if not token:
+            fail(field, token_file, "the file is empty")
+        return token
+    return os.environ.get("SEEDLOCAL_BRIDGE_TOKEN", "").strip()
+
+
+def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
+    if not b.listen:
+        if b.remote_envs:
+            fail("bridge.remote_envs", b.remote_envs, "needs bridge.listen HOST:PORT for actor hosts to connect to")
+        if p.num_workers == 0:
+            fail("pipeline.num_workers", 0, "no env would run: give workers, or bridge.listen and bridge.remote_envs")
+        return
+    host, _ = split_address("bridge.listen", b.listen, listen=True)
+    if b.remote_envs <= 0 or b.remote_envs % p.envs_per_worker:
+        fail("bridge.remote_envs", b.remote_envs, "must be a positive multiple of pipeline.envs_per_worker "
+             f"({p.envs_per_worker}): actor hosts run whole workers of two groups")
+    if not is_loopback(host) and not bridge_token(b.token_file):
+        fail("bridge.listen", b.listen, "listening beyond loopback needs a token: set SEEDLOCAL_BRIDGE_TOKEN "
+             "or bridge.token_file")
+    if bool(b.tls_cert) != bool(b.tls_key):
+        fail("bridge.tls_cert" if not b.tls_cert else "bridge.tls_key", b.tls_cert or b.tls_key,
+             "TLS needs both bridge.tls_cert and bridge.tls_key")
+    for name in ("tls_cert", "tls_key"):
+        path = getattr(b, name)
+        if path and not os.path.isfile(path):
+            fail(f"bridge.{name}", path, "no such file")

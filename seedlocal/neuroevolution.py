@@ -21,10 +21,11 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import ParamSpace
-from seedlocal.config import (ConfigError, EnvConfig, PipelineConfig, fail, resolve_device, resume_line,
-                              validate_env, validate_pipeline)
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
+                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.models import PolicyNet
 from seedlocal.monitor import RunMonitor
+from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.population import PopulationPolicy
 
@@ -38,6 +39,7 @@ def _pipeline_default() -> PipelineConfig:
 class NeuroevoRun:
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=_pipeline_default)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
     generations: int = 100
     """generations to run (0 = until another budget ends)"""
     total_frames: int = 0
@@ -91,7 +93,8 @@ def _algo_name(cfg: NeuroevoRun) -> str:
 
 
 def validate(cfg: NeuroevoRun):
-    validate_pipeline(cfg.pipeline)
+    validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
     {"ga": ga, "es": es, "random-search": random_search}[_algo_name(cfg)].validate(cfg.algo)
     for name in ("generations", "total_frames"):
@@ -223,7 +226,8 @@ def train(cfg: NeuroevoRun) -> dict:
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
     group = cfg.pipeline.envs_per_worker // 2
-    policy = PopulationPolicy(template, group, 2 * cfg.pipeline.num_workers, device, greedy=cfg.greedy)
+    groups = num_groups(cfg.pipeline, cfg.bridge)
+    policy = PopulationPolicy(template, group, groups, device, greedy=cfg.greedy)
     fps = spec.frames_per_step
     summary = {"status": "done", "run_dir": str(run_dir), "generations_to_target": None,
                "steps_to_target": None, "frames_to_target": None}
@@ -238,11 +242,12 @@ def train(cfg: NeuroevoRun) -> dict:
     from seedlocal.pipeline.pipeline import Pipeline
 
     path = None
-    with Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec) as pipe:
+    with Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec, bridge=cfg.bridge) as pipe:
         loop = pipe.loop
         policy.loop = loop
         runner = InferenceThread(loop)
         runner.start()
+        meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
 
         def evaluate(params: torch.Tensor, episodes: int) -> list[list[float]]:
             return policy.evaluate(params, episodes, runner.check)
@@ -276,9 +281,11 @@ def train(cfg: NeuroevoRun) -> dict:
                     "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
                     "perf/idle_share": 1.0 - served / stepped if stepped else 0.0,
                     "perf/generation_s": dt,
-                    "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / (2 * cfg.pipeline.num_workers),
+                    "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / groups,
                     "perf/inference_time_s": policy.forward_s - fwd0,
                 })
+                if meter is not None:
+                    values.update(meter.scalars())
                 monitor.scalars(counters["generation"], values)
                 monitor.progress(
                     f"gen {counters['generation']:>4d}  best {stats['best_fitness']:8.1f}  "

@@ -1,0 +1,90 @@
+"""``seedlocal bench --bridge``: what the gRPC bridge costs, in one run.
+
+Two set-ups with the same envs and a random policy, alternating for
+``--rounds`` rounds so that drift on a shared machine hits both alike:
+
+- local: the usual pipeline, ``W`` workers of ``E`` envs on this host;
+- bridge: a learner with no local workers and ``W x E`` remote envs,
+  listening on loopback, and one ``seedlocal actors`` process stepping them
+  (a second "host" on the same cores, so this is a floor).
+
+``ratio_bridge`` = bridge steps/s / local steps/s. MB/s counts both
+directions of the stream; the round trip (p50, p99) is measured by the
+actor host from sending a group's step to receiving its actions.
+``--transport-only`` replaces the envs with the null backend on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from seedlocal.config import BridgeConfig, EnvConfig, PipelineConfig
+
+
+def _measure(pipe, seconds: float) -> tuple[float, float]:
+    """(steps/s, bridge bytes/s) of ``pipe``'s loop over ``seconds``."""
+    loop, c = pipe.loop, pipe.pool.control
+    loop.run(0.3)  # it slept while the other set-up ran
+    s0, b0, t0 = loop.stats.env_steps, int(c["host_bytes"].sum()), time.perf_counter()
+    loop.run(seconds)
+    dt = time.perf_counter() - t0
+    return (loop.stats.env_steps - s0) / dt, (int(c["host_bytes"].sum()) - b0) / dt
+
+
+def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
+    from seedlocal.models import RandomPolicy
+    from seedlocal.pipeline.pipeline import Pipeline
+
+    backend = "null" if cfg.transport_only else "auto"
+    env = EnvConfig(id=cfg.env, backend=backend)
+    pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
+                              device=cfg.device, min_batch_envs=cfg.min_batch_envs,
+                              batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=32)
+    remote_cfg = PipelineConfig(**{**pipe_cfg.__dict__, "num_workers": 0})
+    bridge = BridgeConfig(listen="127.0.0.1:0", remote_envs=workers * envs)
+    local_rates, bridge_rates, mbs = [], [], []
+    with Pipeline(env, pipe_cfg, RandomPolicy) as local, \
+            Pipeline(env, remote_cfg, RandomPolicy, bridge=bridge) as remote:
+        host = subprocess.Popen(
+            [sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{remote.pool.bridge_port}",
+             "--num-workers", str(workers), "--envs-per-worker", str(envs), "--env-threads", str(cfg.env_threads),
+             "--no-progress", "--retry-s", "10"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            end = time.monotonic() + 60
+            while remote.pool.control["group_connected"].sum() < remote.pool.num_remote_groups:
+                if host.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"the actor host did not connect: {host.communicate()[0]}")
+                time.sleep(0.1)
+            local.loop.run(cfg.warmup)
+            remote.loop.run(cfg.warmup)
+            for _ in range(cfg.rounds):
+                local_rates.append(_measure(local, cfg.seconds)[0])
+                rate, nbytes = _measure(remote, cfg.seconds)
+                bridge_rates.append(rate)
+                mbs.append(nbytes / 1e6)
+            rtt = remote.pool.control["host_rtt_ms"][0].copy()
+        finally:
+            os.killpg(host.pid, 9)
+            host.wait()
+    ratios = [b / max(1e-9, a) for a, b in zip(local_rates, bridge_rates)]
+    prefix = "transport_" if cfg.transport_only else ""
+    result = {"env": cfg.env, "transport_only": cfg.transport_only, "num_workers": workers,
+              "envs_per_worker": envs, "cpu_count": os.cpu_count(),
+              f"{prefix}local_steps_per_s": float(np.median(local_rates)),
+              f"{prefix}bridge_steps_per_s": float(np.median(bridge_rates)),
+              "ratio_bridge": float(np.median(ratios)), "ratios": ratios,
+              "bridge_mb_per_s": float(np.median(mbs)), "rtt_ms_p50": float(rtt[0]), "rtt_ms_p99": float(rtt[1])}
+    print(f"\n{cfg.env}{' (null env: transport only)' if cfg.transport_only else ''}: {workers} worker(s) x "
+          f"{envs} envs, local vs behind the bridge on loopback, {cfg.seconds:g}s x {cfg.rounds} rounds")
+    print(f"  local   {result[prefix + 'local_steps_per_s']:12,.0f} steps/s")
+    print(f"  bridge  {result[prefix + 'bridge_steps_per_s']:12,.0f} steps/s  ratio {result['ratio_bridge']:.3f}  "
+          f"{result['bridge_mb_per_s']:.1f} MB/s  round trip p50 {rtt[0]:.2f} ms, p99 {rtt[1]:.2f} ms")
+    print(json.dumps(result, default=float))
+    return result

@@ -1,0 +1,291 @@
+"""``seedlocal actors``: an actor host, stepping envs for a learner elsewhere.
+
+To its local env workers this process is the inference loop: it owns a
+small shared-memory store of its own (two rows per group: the step being
+written and its action), takes each group's ready token, ships the group's
+observations and step fields to the learner in one message, and writes the
+actions that come back into the group's slot. Workers, slots and the
+publication order are exactly those of a single-host run
+(``shm/slots.py``); only the policy is across the network.
+
+The learner decides what runs here (env id, backend, group size, seeds) in
+its answer to HELLO; a host whose env cannot produce the learner's spaces
+refuses the assignment and says why on both ends. If the learner goes away,
+the host stops its workers and retries with backoff for ``--retry-s``
+seconds, then exits with a clear message; if the learner stops (Ctrl-C
+there), the host exits at once. Ctrl-C here is a disconnect: the learner
+restarts this host's envs on fresh episodes when a host takes them again.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from seedlocal.config import ConfigError, bridge_token, split_address
+from seedlocal.pipeline import wire
+from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD, TOKEN_KEY
+from seedlocal.shm.rollout import RolloutLayout, obs_key
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING
+
+
+@dataclass
+class ActorsConfig:
+    connect: str
+    """HOST:PORT of the learner's bridge (its --bridge.listen)"""
+    num_workers: int = 0
+    """env worker processes here (two groups each); 0 = as many as the learner has free envs for"""
+    envs_per_worker: int = 0
+    """must match the learner's pipeline.envs_per_worker; 0 = take the learner's"""
+    env_threads: int = 0
+    """envpool threads over all workers; 0 = one per CPU core"""
+    token_file: str = ""
+    """file holding the shared secret (default: the SEEDLOCAL_BRIDGE_TOKEN environment variable)"""
+    tls_ca: str = ""
+    """PEM CA certificate that signed the learner's --bridge.tls-cert (enables TLS)"""
+    retry_s: float = 60.0
+    """how long to keep retrying an unreachable learner before giving up"""
+    progress: bool = True
+    """a status line every 10 s"""
+
+
+class HostStopped(Exception):
+    """The session ended for a reason that retrying cannot fix, or the learner stopped."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+class _Lost(Exception):
+    """The connection broke; retrying may help."""
+
+
+def _channel(cfg: ActorsConfig):
+    import grpc
+
+    host, port = split_address("connect", cfg.connect)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if cfg.tls_ca:
+        try:
+            with open(cfg.tls_ca, "rb") as f:
+                ca = f.read()
+        except OSError as e:
+            raise ConfigError(f"tls_ca={cfg.tls_ca!r}: cannot read it ({e.strerror})") from None
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), CHANNEL_OPTIONS)
+    return grpc.insecure_channel(address, CHANNEL_OPTIONS)
+
+
+def _check_spaces(assign: dict, spec) -> str | None:
+    """Why this host's env cannot produce the learner's spaces, or None."""
+    want = wire.GroupLayout.from_json(assign["layout"])
+    if dict(want.obs) != dict(spec.obs):
+        return f"observations here are {spec.obs}, the learner's are {want.obs}"
+    if want.action != spec.action:
+        return f"actions here are {spec.action}, the learner's are {want.action}"
+    return None
+
+
+class _Session:
+    """One connection: a local ActorPool served over one gRPC stream."""
+
+    def __init__(self, cfg: ActorsConfig, token: str):
+        self.cfg, self.token = cfg, token
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.pool = None
+        self.ended: str | None = None  # why the stream ended
+        self.final = False
+        self.rtts: deque[float] = deque(maxlen=4096)
+        self.bytes = 0
+        self.connected = False
+
+    def _requests(self):
+        while True:
+            msg = self.out.get()
+            if msg is None:
+                return
+            yield msg
+
+    def run(self) -> None:
+        import grpc
+
+        from seedlocal.config import threads_per_group, PipelineConfig
+        from seedlocal.pipeline.actors import ActorPool
+        from seedlocal.pipeline.envs import describe
+
+        cfg = self.cfg
+        channel = _channel(cfg)
+        try:
+            self.out.put(wire.pack_json(wire.HELLO, {
+                "version": wire.VERSION, "groups": 2 * cfg.num_workers, "envs_per_worker": cfg.envs_per_worker,
+                "host": socket.gethostname()}))
+            call = channel.stream_stream(METHOD)(self._requests(), metadata=[(TOKEN_KEY, self.token)])
+            try:
+                h, payload = wire.unpack(next(call))
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise HostStopped(f"the learner at {cfg.connect} refused this host: {e.details()} "
+                                      "(check SEEDLOCAL_BRIDGE_TOKEN or --token-file)", 2) from None
+                raise _Lost(f"{e.code().name}: {e.details()}") from None
+            except StopIteration:
+                raise _Lost("the learner closed the connection") from None
+            answer = wire.unpack_json(payload)
+            if h.kind == wire.REFUSE:
+                raise HostStopped(f"the learner at {cfg.connect} refused this host: {answer.get('reason')}",
+                                  0 if answer.get("final") else 2)
+            if h.kind != wire.ASSIGN:
+                raise HostStopped(f"the learner sent {wire.KIND_NAMES[h.kind]} instead of an assignment", 2)
+            try:
+                spec = describe(answer["env_id"], answer["backend"], int(answer.get("frame_stack", 0)))
+            except ValueError as e:
+                spec, why = None, f"cannot run {answer['env_id']!r} here: {e}"
+            else:
+                why = _check_spaces(answer, spec)
+            if why is not None:
+                self.out.put(wire.pack_json(wire.REFUSE, {"reason": why}))
+                self.out.put(None)
+                time.sleep(0.5)  # let the refusal reach the learner
+                raise HostStopped(f"this host cannot serve the learner at {cfg.connect}: {why}", 2)
+
+            self.connected = True
+            groups, epochs = list(answer["groups"]), list(answer["epochs"])
+            layout = wire.GroupLayout.from_json(answer["layout"])
+            G, E = len(groups), layout.envs
+            store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
+            pipe = PipelineConfig(num_workers=G // 2, envs_per_worker=2 * E, env_threads=cfg.env_threads)
+            self.pool = pool = ActorPool(spec, store_layout, G // 2, threads_per_group(pipe), int(answer["seed"]),
+                                         max_restarts=0)
+            ctl, store = pool.control, pool.store
+            state, tbuf, trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
+            for i in range(G):
+                state[i], tbuf[i], trow[i] = STEPPING, i, 0
+            pool.start()
+            if cfg.progress:
+                print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
+                      f"({G // 2} workers)", flush=True)
+            local = {gid: i for i, gid in enumerate(groups)}
+            sent_at = np.zeros(G)
+            in_flight = np.zeros(G, bool)
+            reader = threading.Thread(target=self._read, args=(call, local, sent_at, in_flight), daemon=True)
+            reader.start()
+            seqs = np.zeros(G, np.int64)
+            t_stats = t_line = time.monotonic()
+            steps = steps_line = 0
+            while self.ended is None:
+                pool.obs_ready.wait(0.1)
+                for i in np.flatnonzero((state == OBS_READY) & ~in_flight).tolist():
+                    if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
+                        continue
+                    first = trow[i] == 0
+                    arrays = {k: store[obs_key(k)][i, trow[i]] for k in spec.obs}
+                    if not first:
+                        arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
+                        steps += E
+                    kind = wire.FIRST if first else wire.STEP
+                    seqs[i] += 1
+                    msg = wire.pack(kind, groups[i], epochs[i], int(seqs[i]), layout.encode(kind, arrays))
+                    in_flight[i] = True
+                    sent_at[i] = time.perf_counter()
+                    self.bytes += len(msg)
+                    self.out.put(msg)
+                now = time.monotonic()
+                if now - t_stats >= 1.0:
+                    t_stats = now
+                    if pool.dead_workers():
+                        w = pool.dead_workers()[0]
+                        raise HostStopped(f"{pool.describe_exit(w)}; disconnecting so that the learner "
+                                          "restarts these envs", 1)
+                    rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
+                    self.out.put(wire.pack_json(wire.STATS, {
+                        "rtt_ms_p50": float(np.percentile(rtt, 50)), "rtt_ms_p99": float(np.percentile(rtt, 99))}))
+                if cfg.progress and now - t_line >= 10.0:
+                    rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
+                    print(f"seedlocal actors: {(steps - steps_line) / (now - t_line):,.0f} steps/s, round trip "
+                          f"p50 {np.percentile(rtt, 50):.2f} ms, p99 {np.percentile(rtt, 99):.2f} ms", flush=True)
+                    t_line, steps_line = now, steps
+            if self.final:
+                raise HostStopped(f"the learner at {cfg.connect} stopped; exiting", 0)
+            raise _Lost(self.ended)
+        finally:
+            self.out.put(None)
+            if self.pool is not None:
+                self.pool.close()
+            channel.close()
+
+    def _read(self, call, local: dict, sent_at: np.ndarray, in_flight: np.ndarray) -> None:
+        pool = self.pool
+        ctl, store = pool.control, pool.store
+        state, trow = ctl["state"], ctl["target_row"]
+        try:
+            for msg in call:
+                h, payload = wire.unpack(msg)
+                if h.kind == wire.REFUSE:
+                    info = wire.unpack_json(payload)
+                    self.final = bool(info.get("final"))
+                    self.ended = info.get("reason", "refused")
+                    return
+                i = local.get(h.group)
+                if i is None or h.kind not in (wire.ACTION, wire.RESET):
+                    raise wire.WireError(f"unexpected {wire.KIND_NAMES[h.kind]} for group {h.group}")
+                if h.kind == wire.ACTION:
+                    layout_action = store["action"][i, 0]
+                    layout_action[...] = np.frombuffer(payload, layout_action.dtype).reshape(layout_action.shape)
+                    trow[i] = 1
+                    state[i] = ACTION_READY
+                else:
+                    trow[i] = 0
+                    state[i] = RESET
+                self.rtts.append((time.perf_counter() - sent_at[i]) * 1e3)
+                in_flight[i] = False
+                pool.wake[i].post()  # release: publishes the action row and state
+            self.ended = "the learner closed the stream"
+        except wire.WireError as e:
+            self.ended = f"protocol error from the learner: {e}"
+        except Exception as e:  # grpc.RpcError: the connection broke
+            details = e.details() if callable(getattr(e, "details", None)) else str(e)
+            self.ended = f"connection lost ({details})"
+        finally:
+            pool.obs_ready.post()
+
+
+def run(cfg: ActorsConfig) -> int:
+    """Serve learners until one stops us; returns the process exit code."""
+    split_address("connect", cfg.connect)
+    token = bridge_token(cfg.token_file, "token_file")
+    if cfg.num_workers < 0 or cfg.envs_per_worker < 0 or cfg.envs_per_worker % 2:
+        raise ConfigError("num_workers and envs_per_worker must be >= 0 (envs_per_worker even)")
+    if cfg.retry_s < 0:
+        raise ConfigError(f"retry_s={cfg.retry_s!r}: must be >= 0")
+    lost_since, backoff, why = None, 0.5, ""
+    while True:
+        session = _Session(cfg, token)
+        try:
+            session.run()
+        except KeyboardInterrupt:
+            print("\nseedlocal actors: interrupted; disconnected (the learner restarts these envs elsewhere)",
+                  file=sys.stderr, flush=True)
+            return 130
+        except HostStopped as e:
+            print(f"seedlocal actors: {e}", file=sys.stderr if e.code else sys.stdout, flush=True)
+            return e.code
+        except _Lost as e:
+            why = str(e)
+        now = time.monotonic()
+        if session.connected:  # it was up: the retry budget starts now
+            lost_since, backoff = None, 0.5
+        lost_since = lost_since or now
+        if now - lost_since >= cfg.retry_s:
+            print(f"seedlocal actors: no learner at {cfg.connect} for {cfg.retry_s:g} s ({why}); giving up",
+                  file=sys.stderr, flush=True)
+            return 1
+        if cfg.progress:
+            print(f"seedlocal actors: {why}; retrying in {backoff:.1f} s", file=sys.stderr, flush=True)
+        time.sleep(backoff)
+        backoff = min(8.0, backoff * 2)

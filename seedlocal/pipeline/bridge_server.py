@@ -1,0 +1,396 @@
+"""The learner host's end of the bridge: to the unroll store, one more worker.
+
+It runs in its own process (networking never takes the inference loop's
+time), attached to the learner's control block and unroll store like an env
+worker, and owns the *remote groups*: slots reserved for envs that actor
+hosts step (``seedlocal actors --connect``). For each group it does what a
+worker's group thread does, with the env replaced by a network stream:
+
+    host's FIRST/STEP message  ->  validate  ->  write obs and step rows;
+                                   state = OBS_READY; post ready[g]
+    wake[g] (loop answered)    ->  ACTION_READY: send the action row;
+                                   RESET: send RESET
+
+so the inference loop, the learners and the neuroevolution work queue
+cannot tell a remote slot from a local one. Everything a host sends is
+checked before a byte reaches the store (kind, group ownership, epoch,
+turn, size, finite floats); a host that breaks the protocol is logged with
+its address and disconnected.
+
+When a host goes away, its groups are *lost*: the server bumps
+``group_lost[g]`` and stops touching them; the inference loop drops their
+partial unrolls, rebinds them fresh (recurrent state zeroed) and
+acknowledges with ``group_lost_ack[g]`` plus a wake token. Only then can
+another host take them, starting with fresh episodes, so no step from
+before the loss is stitched to one after it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+
+import numpy as np
+
+from seedlocal.pipeline import wire
+from seedlocal.shm.arrays import ArraySpec, SharedArrays
+from seedlocal.shm.rollout import obs_key
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
+
+SERVICE = "seedlocal.Bridge"
+METHOD = f"/{SERVICE}/Stream"
+TOKEN_KEY = "x-seedlocal-token"
+# No message size limits (a group of Atari frames is megabytes), no compression.
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
+SERVER_OPTIONS = CHANNEL_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    host: str
+    port: int
+    token: str
+    tls_cert: str
+    tls_key: str
+    groups: tuple[int, ...]  # the learner's group ids reserved for remote envs
+    layout: dict  # wire.GroupLayout.to_json()
+    env_id: str
+    backend: str
+    frame_stack: int
+    seed: int
+    control: tuple[str, list[ArraySpec]]
+    rollout: tuple[str, list[ArraySpec]]
+    wake: tuple[Signal, ...]  # per remote group, as for workers
+    ready: tuple[Signal, ...]
+    obs_ready: Signal
+    started: object  # a multiprocessing Connection: ("ok", port) or ("error", message)
+    parent_pid: int
+
+
+def log(msg: str) -> None:
+    print(f"seedlocal bridge: {msg}", file=sys.stderr, flush=True)
+
+
+class _Host:
+    """One connected actor host: its groups and the queue its responses go out of."""
+
+    def __init__(self, slot: int, peer: str):
+        self.slot, self.peer = slot, peer
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.groups: list[int] = []
+        self.alive = True
+
+
+class _Group:
+    def __init__(self, gid: int, index: int):
+        self.gid, self.index = gid, index  # learner group id, index among remote groups
+        self.lock = threading.Lock()
+        self.host: _Host | None = None
+        self.epoch = 0
+        self.expect: int | None = None  # FIRST or STEP while it is the host's turn
+        self.lost = False  # waiting for the loop to acknowledge a loss
+        self.seq = 0
+
+
+class BridgeServer:
+    def __init__(self, a: ServerArgs):
+        self.a = a
+        self.control = SharedArrays.attach(*a.control)
+        self.store = SharedArrays.attach(*a.rollout)
+        self.layout = wire.GroupLayout.from_json(a.layout)
+        self.groups = {gid: _Group(gid, i) for i, gid in enumerate(a.groups)}
+        self.lock = threading.Lock()  # assignment of groups and host slots
+        self.host_slots: list[_Host | None] = [None] * len(a.groups)
+        self.assignments = 0
+        self.stopping = threading.Event()
+        c = self.control
+        self._state, self._tbuf, self._trow = c["state"], c["target_buf"], c["target_row"]
+
+    # -- the per-group side facing the inference loop ---------------------------
+
+    def group_thread(self, g: _Group) -> None:
+        wake = self.a.wake[g.index]
+        while not self.stopping.is_set():
+            if not wake.wait(0.5):
+                continue
+            with g.lock:
+                if g.lost:
+                    # The token that follows the loop's acknowledgement (acquire).
+                    if self.control["group_lost_ack"][g.gid] == self.control["group_lost"][g.gid]:
+                        g.lost = False
+                    continue
+                host, state = g.host, int(self._state[g.gid])
+                if host is None or g.expect is not None or state not in (ACTION_READY, RESET):
+                    continue  # a stale token
+                g.seq += 1
+                if state == ACTION_READY:
+                    action = self.store["action"][self._tbuf[g.gid], self._trow[g.gid] - 1]
+                    msg = wire.pack(wire.ACTION, g.gid, g.epoch, g.seq, np.ascontiguousarray(action).tobytes())
+                    g.expect = wire.STEP
+                else:
+                    msg = wire.pack(wire.RESET, g.gid, g.epoch, g.seq)
+                    g.expect = wire.FIRST
+                self._state[g.gid] = STEPPING
+            self.control["host_bytes"][host.slot] += len(msg)
+            host.out.put(msg)
+
+    # -- the side facing a host --------------------------------------------------
+
+    def write_step(self, host: _Host, msg: bytes) -> None:
+        """Validate a FIRST/STEP message completely, then write it like a worker would."""
+        h, payload = wire.unpack(msg)
+        if h.kind == wire.STATS:
+            stats = wire.unpack_json(payload)
+            rtt = self.control["host_rtt_ms"][host.slot]
+            rtt[0], rtt[1] = float(stats.get("rtt_ms_p50", 0.0)), float(stats.get("rtt_ms_p99", 0.0))
+            return
+        if h.kind not in (wire.FIRST, wire.STEP):
+            raise wire.WireError(f"a host may not send {wire.KIND_NAMES[h.kind]} messages")
+        g = self.groups.get(h.group)
+        if g is None or g.host is not host:
+            raise wire.WireError(f"message for group {h.group}, which this host does not own")
+        arrays = self.layout.decode(h.kind, payload)
+        bad = wire.check_finite(arrays)
+        if bad is not None:
+            raise wire.WireError(f"non-finite values in {bad or 'obs'} of group {h.group}")
+        with g.lock:
+            if h.epoch != g.epoch:
+                raise wire.WireError(f"stale message for group {h.group} (epoch {h.epoch}, now {g.epoch})")
+            if g.expect != h.kind:
+                raise wire.WireError(f"{wire.KIND_NAMES[h.kind]} for group {h.group} out of turn")
+            buf, row = int(self._tbuf[g.gid]), int(self._trow[g.gid])
+            if (row == 0) != (h.kind == wire.FIRST):
+                raise wire.WireError(f"{wire.KIND_NAMES[h.kind]} for group {h.group} where the learner expects "
+                                     f"{'FIRST' if row == 0 else 'STEP'}")
+            for k in self.layout.obs:
+                self.store[obs_key(k)][buf, row] = arrays[k]
+            if h.kind == wire.STEP:
+                for k in wire.STEP_ORDER:
+                    self.store[k][buf, row - 1] = arrays[k]
+                n = self.layout.envs
+                self.control["group_steps"][g.gid] += n
+                self.control["host_steps"][host.slot] += n
+                self.control["group_episodes"][g.gid] += int((arrays["terminated"] | arrays["truncated"]).sum())
+            g.expect = None
+            self._state[g.gid] = OBS_READY
+        self.control["host_bytes"][host.slot] += len(msg)
+        self.a.ready[g.index].post()  # release: publishes the rows above
+        self.a.obs_ready.post()
+
+    def assign(self, host: _Host, hello: dict) -> dict:
+        """Give a new host free groups, or say why not (REFUSE)."""
+        want = int(hello.get("groups", 0) or 0)
+        epw = int(hello.get("envs_per_worker", 0) or 0)
+        group = self.layout.envs
+        if epw and epw != 2 * group:
+            return {"reason": f"this learner runs groups of {group} envs: actor hosts need --envs-per-worker "
+                              f"{2 * group} (or leave it out), not {epw}"}
+        with self.lock:
+            free = [g for g in self.groups.values() if g.host is None and not g.lost]
+            free = free[: (len(free) // 2) * 2]  # whole workers: two groups each
+            if want:
+                free = free[:want]
+            if not free:
+                return {"reason": "this learner has no free remote env slots (all of bridge.remote_envs are in use)"}
+            self.assignments += 1
+            for g in free:
+                with g.lock:
+                    g.host, g.epoch, g.expect, g.seq = host, g.epoch + 1, wire.FIRST, 0
+                self.control["group_connected"][g.gid] = 1
+            host.groups = [g.gid for g in free]
+            self.control["host_connected"][host.slot] = 1
+        return {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
+                "env_id": self.a.env_id, "backend": self.a.backend, "frame_stack": self.a.frame_stack,
+                "layout": self.a.layout,
+                "seed": self.a.seed + 1_000_003 * self.assignments + host.groups[0] * group,
+                "version": wire.VERSION}
+
+    def drop(self, host: _Host, why: str) -> None:
+        """The host is gone: its groups are lost until the loop acknowledges."""
+        with self.lock:
+            if not host.alive:
+                return
+            host.alive = False
+            for gid in host.groups:
+                g = self.groups[gid]
+                with g.lock:
+                    g.host, g.expect, g.lost = None, None, True
+                    self.control["group_connected"][gid] = 0
+                    self.control["group_lost"][gid] += 1
+            self.host_slots[host.slot] = None
+            self.control["host_connected"][host.slot] = 0
+            if host.groups:
+                self.control["bridge_disconnects"][0] += 1
+        self.a.obs_ready.post()  # the loop notices lost groups when it checks its workers
+        host.out.put(None)
+        if host.groups:
+            log(f"actor host {host.peer} disconnected ({why}); its {len(host.groups)} groups restart on fresh "
+                "episodes when a host takes them")
+
+    def stream(self, requests, context):
+        """The one RPC: a bidirectional stream of raw messages with one actor host."""
+        import grpc
+
+        peer = context.peer()
+        metadata = dict(context.invocation_metadata())
+        if self.a.token and not hmac.compare_digest(metadata.get(TOKEN_KEY, ""), self.a.token):
+            log(f"refused {peer}: {'wrong' if metadata.get(TOKEN_KEY) else 'no'} token")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
+        with self.lock:
+            slot = next((i for i, h in enumerate(self.host_slots) if h is None), None)
+            if slot is not None:
+                host = self.host_slots[slot] = _Host(slot, peer)
+        if slot is None:
+            yield wire.pack_json(wire.REFUSE, {"reason": "this learner has no free remote env slots"})
+            return
+        try:
+            h, payload = wire.unpack(next(requests))
+            if h.kind != wire.HELLO:
+                raise wire.WireError(f"expected HELLO first, got {wire.KIND_NAMES[h.kind]}")
+            answer = self.assign(host, wire.unpack_json(payload))
+        except (wire.WireError, StopIteration, ValueError, TypeError) as e:
+            log(f"refused {peer}: {e}")
+            self.drop(host, "bad handshake")
+            yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {e}"})
+            return
+        if "reason" in answer:
+            log(f"refused {peer}: {answer['reason']}")
+            self.drop(host, "refused")
+            yield wire.pack_json(wire.REFUSE, answer)
+            return
+        log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
+        threading.Thread(target=self._read, args=(host, requests), daemon=True, name=f"read-{slot}").start()
+        yield wire.pack_json(wire.ASSIGN, answer)
+        while True:
+            msg = host.out.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _read(self, host: _Host, requests) -> None:
+        why = "stream ended"
+        try:
+            for msg in requests:
+                if not host.alive:
+                    return
+                if len(msg) >= wire.HEADER_SIZE and msg[3] == wire.REFUSE:
+                    why = "it gave up: " + wire.unpack_json(wire.unpack(msg)[1]).get("reason", "?")
+                    log(f"actor host {host.peer} refused the assignment: {why[12:]}")
+                    break
+                self.write_step(host, msg)
+        except wire.WireError as e:
+            why = f"protocol error: {e}"
+            log(f"refused {host.peer}: {e}")
+        except Exception as e:  # a broken stream: grpc raises its RpcError here
+            why = type(e).__name__
+        self.drop(host, why)
+
+    def say_goodbye(self) -> None:
+        with self.lock:
+            hosts = [h for h in self.host_slots if h is not None]
+        for h in hosts:
+            h.out.put(wire.pack_json(wire.REFUSE, {"reason": "the learner stopped", "final": True}))
+            h.out.put(None)
+
+
+def _credentials(a: ServerArgs):
+    import grpc
+
+    if not a.tls_cert:
+        return None
+    with open(a.tls_key, "rb") as f:
+        key = f.read()
+    with open(a.tls_cert, "rb") as f:
+        cert = f.read()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def run_bridge_server(a: ServerArgs) -> None:
+    """Entry point of the bridge server process (started by ActorPool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides how to stop
+    from seedlocal.pipeline.worker import _die_with_parent
+
+    _die_with_parent()
+    code = 0
+    try:
+        import grpc
+
+        srv = BridgeServer(a)
+        handler = grpc.stream_stream_rpc_method_handler(srv.stream)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(a.groups) + 4),
+                             handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
+                             options=SERVER_OPTIONS, maximum_concurrent_rpcs=len(a.groups) + 2)
+        address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
+        creds = _credentials(a)
+        try:
+            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        except RuntimeError as e:
+            port, err = 0, str(e)
+        else:
+            err = ""
+        if not port:
+            a.started.send(("error", f"cannot listen on {address}: {err or 'address in use or not local'}"))
+            return
+        server.start()
+        for g in srv.groups.values():
+            threading.Thread(target=srv.group_thread, args=(g,), daemon=True, name=f"group-{g.gid}").start()
+        a.started.send(("ok", port))
+        stop = srv.control["stop"]
+        while not stop[0] and os.getppid() == a.parent_pid:
+            time.sleep(0.1)
+        srv.say_goodbye()
+        srv.stopping.set()
+        server.stop(grace=1.0).wait(2.0)
+    except BaseException as e:
+        code = 1
+        try:
+            a.started.send(("error", f"{type(e).__name__}: {e}"))
+        except Exception:
+            pass
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class BridgeMeter:
+    """The learner's ``bridge/`` scalars, read from the control block the server writes."""
+
+    def __init__(self, control):
+        self.c = control
+        self.t = time.monotonic()
+        self.steps = control["host_steps"].copy()
+        self.bytes = control["host_bytes"].copy()
+
+    def scalars(self) -> dict[str, float]:
+        c, now = self.c, time.monotonic()
+        dt = max(1e-9, now - self.t)
+        steps, nbytes = c["host_steps"].copy(), c["host_bytes"].copy()
+        out = {"bridge/hosts_connected": int(c["host_connected"].sum()),
+               "bridge/disconnects": int(c["bridge_disconnects"][0])}
+        for h in np.flatnonzero(c["host_connected"]).tolist():
+            out[f"bridge/host{h}/steps_per_s"] = float(steps[h] - self.steps[h]) / dt
+            out[f"bridge/host{h}/mb_per_s"] = float(nbytes[h] - self.bytes[h]) / dt / 1e6
+            out[f"bridge/host{h}/rtt_ms_p50"] = float(c["host_rtt_ms"][h, 0])
+            out[f"bridge/host{h}/rtt_ms_p99"] = float(c["host_rtt_ms"][h, 1])
+        self.t, self.steps, self.bytes = now, steps, nbytes
+        return out
+
+    def waiting_line(self, remote_groups: int) -> str | None:
+        """A status line while remote groups have no host, else None."""
+        missing = remote_groups - int(self.c["group_connected"].sum())
+        if missing <= 0:
+            return None
+        return f"seedlocal: waiting for actor hosts: {missing} of {remote_groups} remote groups have none"

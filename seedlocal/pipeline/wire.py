@@ -1,0 +1,151 @@
+"""The bridge's wire format: one group's step per message, as raw bytes.
+
+Every message is a fixed 24-byte header followed by a payload whose layout
+both ends derive from the same :class:`GroupLayout` (sent by the learner
+when a host connects), so no field names or per-env framing travel:
+
+    magic "SL" | version u8 | kind u8 | group u32 | epoch u32 | seq u64 | length u32
+
+``group`` is the learner's group id, ``epoch`` counts how often that group
+was handed to a host (a message of an older epoch is stale and refused),
+``seq`` is the group's step counter on the sending side.
+
+Host to learner:
+    FIRST    the observations of a fresh (re)start: obs fields only
+    STEP     one step: obs fields, then reward, terminated, truncated,
+             ignored, ep_return, ep_length of the step that produced them
+Learner to host:
+    ACTION   the actions for the group's last observations
+    RESET    restart the group's envs on fresh episodes (no payload)
+
+Handshake messages (HELLO, ASSIGN, REFUSE, STATS) carry UTF-8 JSON in the
+payload instead. Each array is the numpy buffer as is (native byte order,
+little-endian on every platform seedlocal runs on); nothing is compressed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
+
+MAGIC = b"SL"
+VERSION = 1
+HEADER = struct.Struct("<2sBBIIQI")
+HEADER_SIZE = HEADER.size  # 24
+
+FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS = range(8)
+KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS")
+# The step fields of a STEP message, in order (the unroll store's names).
+STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
+
+
+class WireError(ValueError):
+    """A message that does not follow the protocol."""
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: int
+    group: int
+    epoch: int
+    seq: int
+    length: int
+
+
+def pack(kind: int, group: int = 0, epoch: int = 0, seq: int = 0, payload: bytes | bytearray | memoryview = b"") -> bytes:
+    return HEADER.pack(MAGIC, VERSION, kind, group, epoch, seq, len(payload)) + bytes(payload)
+
+
+def unpack(msg: bytes) -> tuple[Header, memoryview]:
+    if len(msg) < HEADER_SIZE:
+        raise WireError(f"message of {len(msg)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    magic, version, kind, group, epoch, seq, length = HEADER.unpack_from(msg)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {magic!r} (not a seedlocal bridge message)")
+    if version != VERSION:
+        raise WireError(f"protocol version {version}, this end speaks {VERSION}")
+    if kind >= len(KIND_NAMES):
+        raise WireError(f"unknown message kind {kind}")
+    if len(msg) != HEADER_SIZE + length:
+        raise WireError(f"{KIND_NAMES[kind]} message says {length} payload bytes but carries {len(msg) - HEADER_SIZE}")
+    return Header(kind, group, epoch, seq, length), memoryview(msg)[HEADER_SIZE:]
+
+
+def pack_json(kind: int, obj: dict) -> bytes:
+    return pack(kind, payload=json.dumps(obj).encode())
+
+
+def unpack_json(payload: memoryview) -> dict:
+    try:
+        obj = json.loads(bytes(payload).decode())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise WireError(f"handshake payload is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise WireError("handshake payload is not a JSON object")
+    return obj
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Shapes of one group's step on the wire: ``envs`` envs of ``obs`` and ``action``."""
+
+    envs: int
+    obs: dict[str, TensorSpec]
+    action: TensorSpec
+
+    def _fields(self, with_step: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        out = [(k, (self.envs,) + s.shape, np.dtype(s.dtype)) for k, s in self.obs.items()]
+        if with_step:
+            out += [(k, (self.envs,), np.dtype(STEP_FIELDS[k])) for k in STEP_ORDER]
+        return out
+
+    def size(self, kind: int) -> int:
+        if kind == ACTION:
+            return self.envs * int(np.prod(self.action.shape, dtype=np.int64)) * np.dtype(self.action.dtype).itemsize
+        if kind in (FIRST, STEP):
+            return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, s, d in self._fields(kind == STEP))
+        return 0
+
+    def encode(self, kind: int, arrays: dict[str, np.ndarray]) -> bytes:
+        """FIRST/STEP payload from arrays keyed by obs key and step field names."""
+        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d in self._fields(kind == STEP))
+
+    def decode(self, kind: int, payload: memoryview) -> dict[str, np.ndarray]:
+        """Zero-copy views of a FIRST/STEP/ACTION payload; checks its size."""
+        want = self.size(kind)
+        if len(payload) != want:
+            raise WireError(f"{KIND_NAMES[kind]} payload of {len(payload)} bytes, expected {want}")
+        if kind == ACTION:
+            return {"action": np.frombuffer(payload, np.dtype(self.action.dtype)).reshape(
+                (self.envs,) + self.action.shape)}
+        out, offset = {}, 0
+        for k, shape, dtype in self._fields(kind == STEP):
+            n = int(np.prod(shape, dtype=np.int64))
+            out[k] = np.frombuffer(payload, dtype, count=n, offset=offset).reshape(shape)
+            offset += n * dtype.itemsize
+        return out
+
+    def to_json(self) -> dict:
+        return {"envs": self.envs, "obs": {k: [list(s.shape), s.dtype] for k, s in self.obs.items()},
+                "action": [list(self.action.shape), self.action.dtype]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GroupLayout":
+        try:
+            return cls(int(d["envs"]), {k: TensorSpec(tuple(v[0]), str(v[1])) for k, v in d["obs"].items()},
+                       TensorSpec(tuple(d["action"][0]), str(d["action"][1])))
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise WireError(f"malformed group layout: {e!r}") from None
+
+
+def check_finite(arrays: dict[str, np.ndarray]) -> str | None:
+    """The name of the first float array holding NaN or inf, or None."""
+    for k, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            return k
+    return None
