@@ -36,28 +36,66 @@ class EvalConfig:
     """stop recording after this many steps"""
     max_steps: int = 100_000
     """give up on an episode after this many steps"""
+    epsilon: float = 0.001
+    """R2D2 checkpoints: chance of a random action when acting as trained (greedy otherwise)"""
     seed: int = 12345
     """env seed (different from training's by default)"""
     device: str = "cpu"
     """where the network runs"""
 
 
-def _policy(model: ActorCritic, greedy: bool):
+def _policy(model: ActorCritic, greedy: bool, epsilon: float = 0.0):
+    gen = torch.Generator().manual_seed(0)
+
     @torch.inference_mode()
     def act(obs: dict[str, np.ndarray], core):
         logits, _, core = model.step({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()}, core)
         a = logits.argmax(-1) if greedy else torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        if epsilon > 0:
+            explore = torch.rand(a.shape, generator=gen) < epsilon
+            a = torch.where(explore, torch.randint(logits.shape[-1], a.shape, generator=gen), a)
         return a.numpy(), core
 
     return act
+
+
+class _R2D2Player(torch.nn.Module):
+    """An R2D2 network as eval plays it: Q-values as the logits to take the
+    argmax of, and the frame stack it was trained on kept per env (each env
+    plays one episode from its reset, whose first frame fills the stack)."""
+
+    def __init__(self, net, stack: int):
+        super().__init__()
+        self.net, self.stack, self.hist = net, stack, None
+        self.core_spec = net.core_spec
+
+    def step(self, obs, core):
+        if self.stack > 1:
+            x = obs[""]
+            self.hist = (x.expand(-1, self.stack, -1, -1) if self.hist is None
+                         else torch.cat([self.hist[:, 1:], x], dim=1))
+            obs = {"": self.hist}
+        q, core = self.net.step(obs, core)
+        return q, None, core
+
+    def new_episodes(self) -> None:
+        self.hist = None
 
 
 def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, object]:
     state = checkpoint.load(path)
     ident = state.get("identity", {})
     try:
-        spec = describe(ident["env_id"])
-        if ident.get("network") == "policy":  # neuroevolution: the best member's flat parameters
+        spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
+        if ident.get("algo") == "r2d2":
+            from seedlocal.models import RecurrentQNet
+            from seedlocal.train_r2d2 import net_spec
+
+            net = RecurrentQNet(net_spec(spec, ident["frame_stack"]), encoder=ident["encoder"],
+                                hidden=tuple(ident["hidden"]), lstm_size=ident["lstm_size"])
+            net.load_state_dict(state["model"])
+            model = _R2D2Player(net, ident["frame_stack"] if "" in spec.obs else 1)
+        elif ident.get("network") == "policy":  # neuroevolution: the best member's flat parameters
             model = PolicyNet(spec, ident["encoder"], tuple(ident["hidden"]))
             torch.nn.utils.vector_to_parameters(state["best_params"].float(), model.parameters())
         else:
@@ -69,10 +107,12 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
     return model.to(device).eval(), state, spec
 
 
-def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_steps: int) -> np.ndarray:
+def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_steps: int,
+         epsilon: float = 0.0) -> np.ndarray:
     """Returns one raw return per episode (each env plays its first episode)."""
     env = make_group(spec, episodes, 1, seed)
-    act = _policy(model, greedy)
+    getattr(model, "new_episodes", lambda: None)()
+    act = _policy(model, greedy, epsilon)
     core = None if model.core_spec is None else torch.zeros((episodes,) + model.core_spec.shape)
     env.reset()
     obs, _, _, _ = env.recv()
@@ -91,6 +131,7 @@ def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_s
 
 def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) -> list[np.ndarray]:
     """Frames of one episode: rendered by Gymnasium where it can, else image observations."""
+    getattr(model, "new_episodes", lambda: None)()
     act = _policy(model, greedy)
     core = None if model.core_spec is None else torch.zeros((1,) + model.core_spec.shape)
     single = spec.obs.get("")
@@ -140,7 +181,9 @@ def encode_gif(frames: list[np.ndarray], fps: int = 30) -> tuple[bytes, int, int
 
 def trained_greedy(state: dict) -> bool:
     """Whether the checkpoint's run acted by argmax in training: neuroevolution
-    does by default (its ``greedy`` option), V-trace samples."""
+    does by default (its ``greedy`` option) and R2D2 (epsilon-greedy), V-trace samples."""
+    if state.get("identity", {}).get("algo") == "r2d2":
+        return True
     if state.get("identity", {}).get("network") == "policy":
         return bool(state.get("config", {}).get("greedy", True))
     return False
@@ -154,10 +197,14 @@ def main(cfg: EvalConfig) -> dict:
     device = resolve_device(cfg.device)
     model, state, spec = load_model(cfg.checkpoint, device)
     greedy = trained_greedy(state) if cfg.policy == "trained" else cfg.policy == "argmax"
-    returns = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps)
+    r2d2 = state.get("identity", {}).get("algo") == "r2d2"
+    epsilon = cfg.epsilon if r2d2 and cfg.policy == "trained" else 0.0
+    if not 0 <= cfg.epsilon <= 1:
+        fail("epsilon", cfg.epsilon, "must be in [0, 1]")
+    returns = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
-    how = "argmax" if greedy else "sampled"
+    how = (f"epsilon-greedy, epsilon {epsilon:g}" if epsilon else "argmax") if greedy else "sampled"
     print(f"{spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
           f"std {returns.std():.2f} (min {returns.min():.1f}, max {returns.max():.1f}); "
           f"checkpoint {state['path']} at {steps:,d} {'steps' if 'steps' in counters else 'generations'}")

@@ -1,0 +1,457 @@
+"""``seedlocal train r2d2``: recurrent prioritized replay on the SEED pipeline.
+
+The inference thread computes Q-values centrally with the online network
+and acts epsilon-greedily, each env slot with its own epsilon for the whole
+run (Ape-X's schedule); it keeps every env's recurrent state, stored with
+each unroll, and for Atari every env's frame stack: envpool sends single
+84x84 frames, stacked here on the learner's side for acting and by the
+replay for training, so a stacked tensor never crosses shared memory or
+replay. The main thread moves finished unrolls into the replay's per-env
+streams, samples prioritized sequences (overlapping by the burn-in), learns,
+and writes the new priorities back. A few *evaluation* slots act with
+``eval_epsilon`` and never write to replay; their return is what
+``--stop-at-return`` tests (as SEED reports it).
+
+The learner keeps to ``replay_ratio`` (trained rows per env step): while it
+is behind it stops taking unrolls, so actors park on full buffers rather
+than outrun it; while it is ahead it waits for data.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal import checkpoint
+from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups, resolve_device,
+                              resume_line, validate_bridge, validate_env, validate_pipeline)
+from seedlocal.models import RecurrentQNet
+from seedlocal.monitor import RunMonitor
+from seedlocal.pipeline.inference import InferenceThread
+from seedlocal.replay import SequenceReplay
+from seedlocal.shm.rollout import obs_key
+
+
+@dataclass
+class R2D2Run:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=8, min_batch_envs=4))
+    algo: R2D2Params = field(default_factory=R2D2Params)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    frame_stack: int = 0
+    """frames stacked on the learner side for image observations (Atari preset: 4 over env.frame_stack 1)"""
+    compress: bool = False
+    """lz4-compress stored frames in replay"""
+    checkpoint_replay: bool = False
+    """also save the replay with checkpoints (otherwise a resumed run starts with an empty replay)"""
+    total_steps: int = 300_000
+    """agent steps to train for; 0 = no step limit"""
+    seconds: float = 0.0
+    """wall-clock budget in seconds; 0 = none"""
+    stop_at_return: float = 0.0
+    """stop once the evaluation slots' mean return over 20 episodes reaches this (0 = never)"""
+    run_name: str = ""
+    """folder under log_dir (default: <env>__r2d2__<seed>__<date-time>)"""
+    log_dir: str = "runs"
+    """where runs are written"""
+    log_every_s: float = 2.0
+    """seconds between TensorBoard points"""
+    checkpoint_every_min: float = 5.0
+    """minutes between checkpoints (one is also written at exit)"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept"""
+    resume: str = ""
+    """run directory or checkpoint to continue"""
+    progress: bool = True
+    """live one-line progress on the terminal"""
+
+
+PRESETS: dict[str, R2D2Run] = {
+    "cartpole": R2D2Run(),
+    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and
+    # burn-in/unroll 40/80 -> 20/40 (a CPU update on 64 x 121 frames takes seconds),
+    # replay 100k -> 20k sequences; n = 5, gamma 0.997, eta 0.9, alpha 0.9, beta 0.6 as published.
+    "atari": R2D2Run(
+        env=EnvConfig(id="Pong-v5", frame_stack=1),
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8),
+        algo=R2D2Params(batch_size=16, burn_in=20, unroll_length=40, n_step=5, discount=0.997,
+                        learning_rate=1e-4, adam_eps=1e-3, target_update_every=2500, replay_size=20_000,
+                        min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, encoder="nature",
+                        lstm_size=512, max_grad_norm=40.0),
+        frame_stack=4, compress=True, total_steps=5_000_000,
+    ),
+}
+
+
+def identity(cfg: R2D2Run, spec) -> dict:
+    a = cfg.algo
+    return {"algo": "r2d2", "env_id": spec.env_id, "num_actions": spec.num_actions, "env_frame_stack": spec.frame_stack,
+            "obs": {k: list(s.shape) for k, s in spec.obs.items()}, "frame_stack": cfg.frame_stack,
+            "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size}
+
+
+def net_spec(spec, frame_stack: int):
+    """The spec the network sees: image observations stacked ``frame_stack`` deep."""
+    single = spec.obs.get("")
+    if frame_stack <= 1 or single is None:
+        return spec
+    shape = (frame_stack * single.shape[0],) + single.shape[1:]
+    return dataclasses.replace(spec, obs={"": dataclasses.replace(single, shape=shape)})
+
+
+def build_net(cfg: R2D2Run, spec) -> RecurrentQNet:
+    a = cfg.algo
+    return RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=a.encoder, hidden=tuple(a.hidden),
+                         lstm_size=a.lstm_size)
+
+
+def available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay:
+    a = cfg.algo
+    fields = {obs_key(k): (s.shape, s.dtype) for k, s in spec.obs.items()}
+    fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
+                   "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")})
+    stack = cfg.frame_stack if "" in spec.obs and cfg.frame_stack > 1 else 1
+    replay = SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
+                            stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs", stack=stack,
+                            alpha=a.priority_exponent, compress=cfg.compress, seed=cfg.env.seed)
+    return replay
+
+
+def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
+    """What the replay will hold when full (frames at full size: compression can only shrink them)."""
+    a = cfg.algo
+    per_env = -(-a.replay_size // num_envs)
+    steps = num_envs * (per_env * a.unroll_length + a.burn_in + a.unroll_length + 1 + max(1, cfg.frame_stack))
+    per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.obs.values()) + 8 + 4 + 3 + 8
+    return steps * per_step + a.replay_size * (2 * a.lstm_size * 4 + 40)
+
+
+def validate(cfg: R2D2Run):
+    a, p = cfg.algo, cfg.pipeline
+    validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_bridge(cfg.bridge, p)
+    spec = validate_env(cfg.env)
+    if spec.num_actions is None:
+        fail("env.id", cfg.env.id, "R2D2 needs a Discrete action space")
+    for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "lstm_size",
+                 "target_update_every"):
+        if getattr(a, name) < 1:
+            fail(f"algo.{name}", getattr(a, name), "must be positive")
+    if a.burn_in < 0 or a.eval_envs < 0:
+        fail("algo.burn_in" if a.burn_in < 0 else "algo.eval_envs", min(a.burn_in, a.eval_envs), "must be >= 0")
+    if a.n_step >= a.unroll_length:
+        fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
+    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon"):
+        if not 0 <= getattr(a, name) <= 1:
+            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
+    if not 0 <= a.discount <= 1:
+        fail("algo.discount", a.discount, "must be in [0, 1]")
+    if a.replay_size < a.batch_size:
+        fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
+    if a.min_replay > a.replay_size:
+        fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
+    if a.learning_rate <= 0 or a.replay_ratio <= 0:
+        fail("algo.learning_rate" if a.learning_rate <= 0 else "algo.replay_ratio",
+             min(a.learning_rate, a.replay_ratio), "must be positive")
+    envs = p.num_workers * p.envs_per_worker + (cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    if a.eval_envs >= envs:
+        fail("algo.eval_envs", a.eval_envs, f"leaves no env to fill the replay (the run has {envs})")
+    per_env = -(-a.replay_size // max(1, envs - a.eval_envs))
+    if per_env * a.unroll_length < a.burn_in + a.unroll_length + 1:
+        fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
+    if cfg.frame_stack < 0 or (cfg.frame_stack > 1 and "" not in spec.obs):
+        fail("frame_stack", cfg.frame_stack, "stacks only a single image observation")
+    if cfg.total_steps < 0 or cfg.seconds < 0 or (cfg.total_steps == 0 and cfg.seconds == 0):
+        fail("total_steps", cfg.total_steps, "set a step or time budget (both >= 0, not both 0)")
+    try:
+        build_net(cfg, spec)
+    except ValueError as e:
+        raise ConfigError(f"algo.{e}" if str(e).startswith("encoder=") else str(e)) from None
+    need, have = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs)), available_bytes()
+    if have is not None and need > 0.8 * have:
+        fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB, {have / 1e9:.1f} GB are "
+             "available: lower --algo.replay-size (or use --compress for image observations)")
+    return spec
+
+
+class R2D2Policy:
+    """Epsilon-greedy on the online network's Q-values, one epsilon per env slot;
+    stacks each env's frames itself when ``stack`` > 1."""
+
+    per_env = True
+
+    def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor, lock, device, stack: int, seed: int):
+        self.net, self.spec, self.lock, self.device = net, spec, lock, device
+        self.outputs = {}
+        self.core_state = net.core_spec
+        self.eps = epsilons.to(device)
+        self.stack = stack
+        self.hist = None
+        if stack > 1:
+            single = spec.obs[""]
+            self.hist = torch.zeros((len(epsilons), stack) + tuple(single.shape[1:]), dtype=torch.uint8,
+                                    device=device)
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start."""
+        prev = self.hist[ids]
+        rolled = torch.cat([prev[:, 1:], frames], dim=1)
+        fresh = frames.expand(-1, self.stack, -1, -1)
+        out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
+        self.hist[ids] = out
+        return out
+
+    @torch.inference_mode()
+    def act(self, obs, core, env_ids, first):
+        ids = torch.from_numpy(env_ids).to(self.device)
+        if self.hist is not None:
+            obs = {"": self.stacked(obs[""], ids, torch.from_numpy(first).to(self.device))}
+        with self.lock:
+            q, core = self.net.step(obs, core)
+        n = q.shape[0]
+        explore = torch.rand(n, generator=self.gen, device=self.device) < self.eps[ids]
+        random = torch.randint(q.shape[1], (n,), generator=self.gen, device=self.device)
+        return torch.where(explore, random, q.argmax(-1)), {}, core.float()
+
+
+def _to_device(rows: dict, device: torch.device, obs_keys: list[str]) -> dict:
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in rows.items()}
+    obs = {}
+    for k in obs_keys:
+        x = t.pop(k)
+        if x.dim() >= 3 and k == "obs" and x.dtype == torch.uint8 and x.dim() == 6:
+            x = x.flatten(2, 3)  # [L, B, stack, C, H, W] -> [L, B, stack*C, H, W]
+        obs["" if k == "obs" else k[4:]] = x
+    t["obs"] = obs
+    return t
+
+
+def train(cfg: R2D2Run) -> dict:
+    spec = validate(cfg)
+    a = cfg.algo
+    device = resolve_device(cfg.pipeline.device)
+    torch.manual_seed(cfg.env.seed)
+    if cfg.resume:
+        saved = checkpoint.load(cfg.resume)
+        run_dir = Path(saved["path"]).parent.parent
+    else:
+        saved = None
+        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__r2d2__{cfg.env.seed}__"
+                                f"{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
+    ident = identity(cfg, spec)
+    online = build_net(cfg, spec).to(device)
+    target = copy.deepcopy(online)
+    for prm in target.parameters():
+        prm.requires_grad_(False)
+    optimizer = torch.optim.Adam(online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
+    counters = {"steps": 0, "updates": 0, "episodes": 0}
+    if saved is not None:
+        print(resume_line(saved.get("config"), cfg, saved["path"]), flush=True)
+        checkpoint.check_compatible(saved, ident)
+        online.load_state_dict(saved["model"])
+        target.load_state_dict(saved["target"])
+        optimizer.load_state_dict(saved["optimizer"])
+        counters.update(saved["counters"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    monitor = RunMonitor(run_dir, purge_step=counters["steps"] if saved else None, progress=cfg.progress)
+    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
+
+    pipe_cfg = dataclasses.replace(cfg.pipeline, unroll_length=a.unroll_length)
+    G = num_groups(pipe_cfg, cfg.bridge)
+    E = pipe_cfg.envs_per_worker // 2
+    num_envs = G * E
+    eval_ids = set(range(num_envs - a.eval_envs, num_envs))
+    eps = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base, a.epsilon_alpha)
+    eps = torch.cat([eps, torch.full((a.eval_envs,), a.eval_epsilon)])
+    stack = cfg.frame_stack if cfg.frame_stack > 1 and "" in spec.obs else 1
+    lock = threading.Lock()
+    policy = R2D2Policy(online, spec, eps, lock, device, stack, cfg.env.seed)
+    replay = make_replay(cfg, spec, num_envs, online.core_spec.shape)
+    if saved is not None and "replay" in saved:
+        replay.__dict__.update(saved["replay"])
+    obs_keys = [obs_key(k) for k in spec.obs]
+    if not pipe_cfg.num_buffers:
+        pipe_cfg.num_buffers = 2 * G  # one unroll per group being filled, one waiting for the learner
+    print(f"seedlocal: training R2D2 on {spec.env_id} ({online.kind} torso + LSTM {a.lstm_size}, "
+          f"{num_envs - a.eval_envs} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
+          f"{', lz4' if cfg.compress else ''}); TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})",
+          flush=True)
+
+    recent_train: deque[float] = deque(maxlen=20)
+    recent_eval: deque[float] = deque(maxlen=20)
+    summary = {"status": "done", "run_dir": str(run_dir), "steps_to_target": None}
+    state = {"saved": time.monotonic(), "path": None}
+    frames_per_step = spec.frames_per_step
+    epochs = {}
+
+    def save() -> None:
+        blob = {"identity": ident, "config": dataclasses.asdict(cfg), "model": online.state_dict(),
+                "target": target.state_dict(), "optimizer": optimizer.state_dict(), "counters": dict(counters)}
+        if cfg.checkpoint_replay:
+            blob["replay"] = {k: v for k, v in replay.__dict__.items() if isinstance(v, (np.ndarray, int, float))}
+        state["path"] = checkpoint.save(run_dir, blob, counters["steps"], counters["steps"] * frames_per_step,
+                                        keep=cfg.keep_checkpoints)
+        state["saved"] = time.monotonic()
+
+    def ingest(store, b: int) -> None:
+        """A finished unroll into the replay (acting envs) or the eval statistics."""
+        g, epoch = int(store["unroll_group"][b]), int(store["unroll_epoch"][b])
+        T = a.unroll_length
+        fresh = epochs.get(g) != epoch
+        epochs[g] = epoch
+        done = store["terminated"][b, :T] | store["truncated"][b, :T]
+        for e in range(E):
+            env = g * E + e
+            ends = np.flatnonzero(done[:, e])
+            rets = store["ep_return"][b, ends, e].tolist()
+            if env in eval_ids:
+                recent_eval.extend(rets)
+                continue
+            recent_train.extend(rets)
+            counters["episodes"] += len(rets)
+            if fresh and replay.count[env]:
+                replay.cut(env)
+            rows = {k: store[k][b, :T, e] for k in obs_keys}
+            rows.update({k: store[k][b, :T, e] for k in ("action", "reward", "terminated", "truncated", "ignored")})
+            replay.set_core(env, int(replay.count[env]), store["core_state"][b, e])
+            replay.append(env, rows)
+
+    from seedlocal.pipeline.pipeline import Pipeline
+
+    steps0 = counters["steps"]
+    torch.set_num_threads(cfg.pipeline.learner_threads or os.cpu_count() or 1)
+    with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
+        loop, store = pipe.loop, pipe.store
+        runner = InferenceThread(loop)
+        runner.start()
+        t_start = t_log = time.monotonic()
+        learned_rows, added_steps, log_steps = 0, 0, steps0
+        acc: dict[str, float] = {}
+        sampled_p: list[float] = []
+        inserted0, log_updates, dropped = replay.added, counters["updates"], 0
+        try:
+            while True:
+                counters["steps"] = steps0 + loop.stats.env_steps
+                if ((cfg.total_steps and counters["steps"] >= cfg.total_steps)
+                        or (cfg.seconds and time.monotonic() - t_start >= cfg.seconds)):
+                    break
+                stop_on = recent_eval if a.eval_envs else recent_train
+                if cfg.stop_at_return and len(stop_on) == stop_on.maxlen and np.mean(stop_on) >= cfg.stop_at_return:
+                    summary["steps_to_target"] = counters["steps"]
+                    break
+                runner.check()
+                behind = replay.size >= max(a.min_replay, a.batch_size) and learned_rows < a.replay_ratio * added_steps
+                if not behind:  # take data (blocking briefly); actors park while the learner is behind
+                    try:
+                        b = loop.completed.get(timeout=0.5)
+                    except queue.Empty:
+                        continue
+                    while True:
+                        ingest(store, b)
+                        loop.release(b)
+                        added_steps += a.unroll_length * E
+                        try:
+                            b = loop.completed.get_nowait()
+                        except queue.Empty:
+                            break
+                    continue
+                rows, slots, gens, weights = replay.sample(a.batch_size, a.importance_exponent)
+                batch = _to_device(rows, device, obs_keys)
+                batch["core_state"] = batch["core_state"].float()
+                stats, prio = learner_step(online, target, optimizer, batch, torch.from_numpy(weights).to(device),
+                                           a, step_lock=lock)
+                applied = replay.update_priorities(slots, gens, prio.cpu().numpy())
+                dropped += len(slots) - applied
+                sampled_p.extend(replay.tree.get(slots).tolist())
+                counters["updates"] += 1
+                learned_rows += a.batch_size * a.unroll_length
+                if counters["updates"] % a.target_update_every == 0:
+                    with torch.no_grad():
+                        target.load_state_dict(online.state_dict())
+                for k, v in stats.items():
+                    acc[k] = acc.get(k, 0.0) + v
+                acc["n"] = acc.get("n", 0) + 1
+
+                now = time.monotonic()
+                if now - t_log >= cfg.log_every_s:
+                    step_now = steps0 + loop.stats.env_steps
+                    dt = now - t_log
+                    n = max(1, acc.pop("n", 0))
+                    values = {f"losses/{k}": v / n for k, v in acc.items()}
+                    values.update({
+                        "charts/episode_return": float(np.mean(recent_train)) if recent_train else None,
+                        "charts/eval_return": float(np.mean(recent_eval)) if recent_eval else None,
+                        "charts/episodes": counters["episodes"],
+                        "charts/steps_per_s": (step_now - log_steps) / dt,
+                        "charts/frames_per_s": (step_now - log_steps) / dt * frames_per_step,
+                        "charts/replay_ratio": learned_rows / max(1, added_steps),
+                        "replay/size": replay.size,
+                        "replay/insert_per_s": (replay.added - inserted0) / dt,
+                        "replay/sample_per_s": (counters["updates"] - log_updates) * a.batch_size / dt,
+                        "replay/priority_mean": float(np.mean(sampled_p)) if sampled_p else None,
+                        "replay/priority_max": float(np.max(sampled_p)) if sampled_p else None,
+                        "replay/stale_updates_dropped": dropped,
+                        "perf/updates_per_s": (counters["updates"] - log_updates) / dt,
+                    })
+                    monitor.scalars(step_now, values)
+                    ev = f"{np.mean(recent_eval):7.1f}" if recent_eval else "      -"
+                    monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>8,.0f}  "
+                                     f"eval return(20) {ev}  updates {counters['updates']:,d}  "
+                                     f"replay {replay.size:,d}  td {values.get('losses/td_abs', 0):.3f}")
+                    t_log, log_steps, acc, sampled_p = now, step_now, {}, []
+                    inserted0, log_updates = replay.added, counters["updates"]
+                if now - state["saved"] >= cfg.checkpoint_every_min * 60:
+                    save()
+        except BaseException as e:
+            summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            raise
+        finally:
+            runner.stop()
+            counters["steps"] = steps0 + loop.stats.env_steps
+            try:
+                save()
+            finally:
+                monitor.close()
+                stop_on = recent_eval if a.eval_envs else recent_train
+                summary.update({
+                    "algo": "r2d2", "env": spec.env_id, "steps": counters["steps"],
+                    "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+                    "episodes": counters["episodes"],
+                    "mean_return_last20": float(np.mean(recent_train)) if recent_train else None,
+                    "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
+                    "frames_to_target": (summary["steps_to_target"] * frames_per_step
+                                         if summary["steps_to_target"] is not None else None),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": str(state["path"]),
+                    "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
+                })
+                checkpoint.write_summary(run_dir, summary)
+    ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
+    print(f"\nseedlocal: done: {summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} return "
+          f"(last 20) {'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint']}", flush=True)
+    return summary
