@@ -72,6 +72,8 @@ class BenchConfig:
     """also run the V-trace learner on the pipeline: learning_steps_per_s and ratio_learning"""
     bridge: bool = False
     """compare the local pipeline with the same envs behind the gRPC bridge (one actor host on loopback)"""
+    bridge_delay_ms: float = 0.0
+    """with --bridge: emulated network round trip added by the actor host (where tc netem is unavailable)"""
     autotune: bool = False
     """try a bounded set of worker/env/batch settings (~2 minutes) and write the best to --pipeline-out"""
     pipeline_out: str = "pipeline.json"

@@ -12,6 +12,10 @@ Two set-ups with the same envs and a random policy, alternating for
 directions of the stream; the round trip (p50, p99) is measured by the
 actor host from sending a group's step to receiving its actions.
 ``--transport-only`` replaces the envs with the null backend on both sides.
+``--bridge-delay-ms D`` makes the actor host hold each message D ms before
+sending (an emulated network round trip where ``tc netem`` is unavailable):
+with more groups per host (more workers, fewer envs each) more steps are in
+flight and the delay is hidden.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
     from seedlocal.models import RandomPolicy
     from seedlocal.pipeline.pipeline import Pipeline
 
+    if cfg.bridge_delay_ms < 0:
+        from seedlocal.config import ConfigError
+
+        raise ConfigError(f"bridge_delay_ms={cfg.bridge_delay_ms!r}: must be >= 0")
     backend = "null" if cfg.transport_only else "auto"
     env = EnvConfig(id=cfg.env, backend=backend)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
@@ -54,7 +62,7 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
         host = subprocess.Popen(
             [sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{remote.pool.bridge_port}",
              "--num-workers", str(workers), "--envs-per-worker", str(envs), "--env-threads", str(cfg.env_threads),
-             "--no-progress", "--retry-s", "10"],
+             "--no-progress", "--retry-s", "10", "--delay-ms", str(cfg.bridge_delay_ms)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             end = time.monotonic() + 60
@@ -75,7 +83,8 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
             host.wait()
     ratios = [b / max(1e-9, a) for a, b in zip(local_rates, bridge_rates)]
     prefix = "transport_" if cfg.transport_only else ""
-    result = {"env": cfg.env, "transport_only": cfg.transport_only, "num_workers": workers,
+    result = {"env": cfg.env, "transport_only": cfg.transport_only, "delay_ms": cfg.bridge_delay_ms,
+              "num_workers": workers,
               "envs_per_worker": envs, "cpu_count": os.cpu_count(),
               f"{prefix}local_steps_per_s": float(np.median(local_rates)),
               f"{prefix}bridge_steps_per_s": float(np.median(bridge_rates)),

@@ -338,3 +338,15 @@ def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
     finally:
         finish(host)
     assert summary["best_member_return"] >= 475, summary
+
+
+def test_emulated_delay_shows_in_the_round_trip():
+    """--delay-ms (for measuring where tc netem is unavailable) adds to the
+    round trip the learner reports, and the stream keeps working."""
+    with learner() as pipe:
+        host = actors(pipe.pool.bridge_port, "--delay-ms", "25")
+        t0 = time.monotonic()
+        serve_until(pipe, lambda us: len(us) >= 2 and time.monotonic() - t0 > 2.5, seconds=60)
+        p50 = float(pipe.pool.control["host_rtt_ms"][0][0])
+    finish(host)
+    assert 25 <= p50 < 250, p50

@@ -54,6 +54,9 @@ class ActorsConfig:
     """how long to keep retrying an unreachable learner before giving up"""
     progress: bool = True
     """a status line every 10 s"""
+    delay_ms: float = 0.0
+    """emulate network latency for measurements: hold every message to the learner this long (adds it to the
+    round trip; for machines where tc netem is unavailable)"""
 
 
 class HostStopped(Exception):
@@ -106,11 +109,18 @@ class _Session:
         self.bytes = 0
         self.connected = False
 
+    def _put(self, msg: bytes) -> None:
+        self.out.put((time.perf_counter(), msg))
+
     def _requests(self):
+        delay = self.cfg.delay_ms / 1e3
         while True:
-            msg = self.out.get()
-            if msg is None:
+            item = self.out.get()
+            if item is None:
                 return
+            sent, msg = item
+            if delay:  # a constant delay keeps the order, so waiting for the head of the queue is enough
+                time.sleep(max(0.0, sent + delay - time.perf_counter()))
             yield msg
 
     def run(self) -> None:
@@ -123,7 +133,7 @@ class _Session:
         cfg = self.cfg
         channel = _channel(cfg)
         try:
-            self.out.put(wire.pack_json(wire.HELLO, {
+            self._put(wire.pack_json(wire.HELLO, {
                 "version": wire.VERSION, "groups": 2 * cfg.num_workers, "envs_per_worker": cfg.envs_per_worker,
                 "host": socket.gethostname()}))
             call = channel.stream_stream(METHOD)(self._requests(), metadata=[(TOKEN_KEY, self.token)])
@@ -149,7 +159,7 @@ class _Session:
             else:
                 why = _check_spaces(answer, spec)
             if why is not None:
-                self.out.put(wire.pack_json(wire.REFUSE, {"reason": why}))
+                self._put(wire.pack_json(wire.REFUSE, {"reason": why}))
                 self.out.put(None)
                 time.sleep(0.5)  # let the refusal reach the learner
                 raise HostStopped(f"this host cannot serve the learner at {cfg.connect}: {why}", 2)
@@ -194,7 +204,7 @@ class _Session:
                     in_flight[i] = True
                     sent_at[i] = time.perf_counter()
                     self.bytes += len(msg)
-                    self.out.put(msg)
+                    self._put(msg)
                 now = time.monotonic()
                 if now - t_stats >= 1.0:
                     t_stats = now
@@ -203,7 +213,7 @@ class _Session:
                         raise HostStopped(f"{pool.describe_exit(w)}; disconnecting so that the learner "
                                           "restarts these envs", 1)
                     rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
-                    self.out.put(wire.pack_json(wire.STATS, {
+                    self._put(wire.pack_json(wire.STATS, {
                         "rtt_ms_p50": float(np.percentile(rtt, 50)), "rtt_ms_p99": float(np.percentile(rtt, 99))}))
                 if cfg.progress and now - t_line >= 10.0:
                     rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
@@ -263,6 +273,8 @@ def run(cfg: ActorsConfig) -> int:
         raise ConfigError("num_workers and envs_per_worker must be >= 0 (envs_per_worker even)")
     if cfg.retry_s < 0:
         raise ConfigError(f"retry_s={cfg.retry_s!r}: must be >= 0")
+    if cfg.delay_ms < 0:
+        raise ConfigError(f"delay_ms={cfg.delay_ms!r}: must be >= 0")
     lost_since, backoff, why = None, 0.5, ""
     while True:
         session = _Session(cfg, token)
