@@ -345,7 +345,10 @@ def train(cfg: R2D2Run) -> dict:
     from seedlocal.pipeline.pipeline import Pipeline
 
     steps0 = counters["steps"]
-    torch.set_num_threads(cfg.pipeline.learner_threads or os.cpu_count() or 1)
+    # A small MLP + LSTM update gains nothing from more threads, and OpenMP threads that wait on each
+    # other while env workers hold the cores made CartPole updates ~50x slower on a loaded 2-core box.
+    torch.set_num_threads(cfg.pipeline.learner_threads
+                          or ((os.cpu_count() or 1) if online.kind in ("nature", "impala") else 1))
     with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
         loop, store = pipe.loop, pipe.store
         runner = InferenceThread(loop)
