@@ -126,6 +126,34 @@ class SequenceReplay:
         self.rng = np.random.default_rng(seed)
         self.added = 0  # sequences ever added
 
+    # -- saving -----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue sampling where this replay stood (for --checkpoint-replay)."""
+        arrays = {k: getattr(self, k) for k in ("ep_start", "count", "barrier", "cur_ep", "after_ignored", "core",
+                                                "slot_env", "slot_start", "slot_gen", "next_start")}
+        return {**arrays, "data": self.data, "tree": self.tree.tree, "free": list(self.free),
+                "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
+                "max_priority": self.max_priority, "added": self.added, "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict`` saved by a replay of the same geometry (else ValueError)."""
+        for name, arr in state["data"].items():
+            if name not in self.data or arr.shape != self.data[name].shape or arr.dtype != self.data[name].dtype:
+                raise ValueError(f"the saved replay's {name!r} has shape {getattr(arr, 'shape', None)}, this run's "
+                                 f"{self.data[name].shape if name in self.data else 'has no such field'}")
+        if state["tree"].shape != self.tree.tree.shape:
+            raise ValueError("the saved replay holds a different number of sequences")
+        for k in ("ep_start", "count", "barrier", "cur_ep", "after_ignored", "core", "slot_env", "slot_start",
+                  "slot_gen", "next_start"):
+            setattr(self, k, state[k])
+        self.data, self.tree.tree = dict(state["data"]), state["tree"]
+        self.free = deque(state["free"])
+        self.live = [deque(map(tuple, d)) for d in state["live"]]
+        self.pending_core = dict(state["pending_core"])
+        self.max_priority, self.added = state["max_priority"], state["added"]
+        self.rng.bit_generator.state = state["rng"]
+
     # -- writing ----------------------------------------------------------------
 
     def cut(self, env: int) -> None:

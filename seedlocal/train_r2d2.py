@@ -150,6 +150,37 @@ def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
     return steps * per_step + a.replay_size * (2 * a.lstm_size * 4 + 40)
 
 
+def _to_checkpoint(obj):
+    """numpy inside a replay state -> tensors and plain types (checkpoints load with weights_only=True)."""
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:  # lz4-compressed frames: bytes (None where nothing is stored yet)
+            return {"__objects__": list(obj.shape), "items": obj.ravel().tolist()}
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, dict):
+        return {k if not isinstance(k, tuple) else "__key__" + ",".join(map(str, k)): _to_checkpoint(v)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_checkpoint(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _from_checkpoint(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        if "__objects__" in obj:
+            arr = np.empty(len(obj["items"]), object)
+            arr[:] = obj["items"]
+            return arr.reshape(obj["__objects__"])
+        return {(tuple(int(x) for x in k[7:].split(",")) if isinstance(k, str) and k.startswith("__key__") else k):
+                _from_checkpoint(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_from_checkpoint(v) for v in obj]
+    return obj
+
+
 def validate(cfg: R2D2Run):
     a, p = cfg.algo, cfg.pipeline
     validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
@@ -294,7 +325,12 @@ def train(cfg: R2D2Run) -> dict:
     policy = R2D2Policy(online, spec, eps, lock, device, stack, cfg.env.seed)
     replay = make_replay(cfg, spec, num_envs, online.core_spec.shape)
     if saved is not None and "replay" in saved:
-        replay.__dict__.update(saved["replay"])
+        try:
+            replay.load_state_dict(_from_checkpoint(saved["replay"]))
+        except ValueError as e:
+            raise ConfigError(f"resume: {e}; resume with the saved run's pipeline and replay settings, or "
+                              "without its replay (a checkpoint written without --checkpoint-replay)") from None
+        print(f"seedlocal: replay restored with {replay.size:,d} sequences", flush=True)
     obs_keys = [obs_key(k) for k in spec.obs]
     if not pipe_cfg.num_buffers:
         pipe_cfg.num_buffers = 2 * G  # one unroll per group being filled, one waiting for the learner
@@ -314,7 +350,7 @@ def train(cfg: R2D2Run) -> dict:
         blob = {"identity": ident, "config": dataclasses.asdict(cfg), "model": online.state_dict(),
                 "target": target.state_dict(), "optimizer": optimizer.state_dict(), "counters": dict(counters)}
         if cfg.checkpoint_replay:
-            blob["replay"] = {k: v for k, v in replay.__dict__.items() if isinstance(v, (np.ndarray, int, float))}
+            blob["replay"] = _to_checkpoint(replay.state_dict())
         state["path"] = checkpoint.save(run_dir, blob, counters["steps"], counters["steps"] * frames_per_step,
                                         keep=cfg.keep_checkpoints)
         state["saved"] = time.monotonic()

@@ -107,3 +107,17 @@ def test_r2d2_learns_cartpole_within_budget(tmp_path, seed):
     summary = train(cfg)
     assert summary["steps_to_target"] is not None, summary
     assert summary["eval_return_last20"] >= 450
+
+
+def test_checkpoint_replay_restores_the_replay_on_resume(tmp_path, capsys):
+    """--checkpoint-replay saves the replay (lz4 frames included) and a resumed
+    run samples from it at once; without it the replay restarts empty."""
+    cfg = dataclasses.replace(small(tmp_path), checkpoint_replay=True, compress=True)
+    first = train(cfg)
+    saved = torch.load(first["checkpoint"], map_location="cpu", weights_only=True)
+    assert "replay" in saved
+    capsys.readouterr()
+    train(dataclasses.replace(cfg, resume=str(tmp_path / "r"), total_steps=8000))
+    out = capsys.readouterr().out
+    restored = [ln for ln in out.splitlines() if "replay restored with" in ln]
+    assert restored and int(restored[0].split("with ")[1].split()[0].replace(",", "")) > 0, out
