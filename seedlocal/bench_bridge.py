@@ -79,8 +79,12 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
                 mbs.append(nbytes / 1e6)
             rtt = remote.pool.control["host_rtt_ms"][0].copy()
         finally:
-            os.killpg(host.pid, 9)
-            host.wait()
+            host.send_signal(2)  # Ctrl-C: a clean disconnect that unlinks the host's ring
+            try:
+                host.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(host.pid, 9)
+                host.wait()
     ratios = [b / max(1e-9, a) for a, b in zip(local_rates, bridge_rates)]
     prefix = "transport_" if cfg.transport_only else ""
     result = {"env": cfg.env, "transport_only": cfg.transport_only, "delay_ms": cfg.bridge_delay_ms,

@@ -83,6 +83,33 @@ def finish(proc: subprocess.Popen, timeout: float = 20) -> str:
     return out
 
 
+def kill_host(proc: subprocess.Popen) -> None:
+    """SIGKILL the actor host's main process (as ``kill -9 PID`` does): its
+    workers follow by PDEATHSIG and its segments are unlinked by the resource
+    tracker; the test fails if any remains."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"seedlocal_{proc.pid}_")]
+        if not left:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the killed actor host left {left}")
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return
+    time.sleep(2)  # workers get SIGTERM from PDEATHSIG and exit within their grace period
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("processes of the killed actor host were still running 2 s later")
+    except ProcessLookupError:
+        pass
+
+
 # -- the wire format ---------------------------------------------------------------
 
 
@@ -142,8 +169,7 @@ def test_remote_envs_fill_unrolls_like_local_ones_and_a_killed_host_is_replaced(
             got = serve_until(pipe, lambda us: {u["group"] for u in us} >= {0, 1, 2, 3} and len(us) >= 20)
             for u in got:
                 check_autoreset_rows(u)
-            os.killpg(host.pid, signal.SIGKILL)
-            host.wait()
+            kill_host(host)
             n = len(got)
             # The learner goes on with its local groups while no host serves the remote ones.
             serve_until(pipe, lambda us: pipe.pool.control["group_connected"].sum() == 0)
@@ -151,8 +177,7 @@ def test_remote_envs_fill_unrolls_like_local_ones_and_a_killed_host_is_replaced(
             host = actors(pipe.pool.bridge_port)
             later = serve_until(pipe, lambda us: sum(u["group"] in (2, 3) and u["epoch"] >= 1 for u in us) >= 4)
         finally:
-            os.killpg(host.pid, signal.SIGKILL)
-            host.wait()
+            kill_host(host)
     remote_after = [u for u in later if u["group"] in (2, 3) and u["epoch"] >= 1]
     assert n >= 20 and all(u["epoch"] == 1 for u in remote_after)
     for g in (2, 3):
@@ -257,8 +282,7 @@ def test_malformed_messages_are_refused_and_nothing_is_written(capfd):
         try:
             serve_until(pipe, lambda us: len(us) >= 4)
         finally:
-            os.killpg(host.pid, signal.SIGKILL)
-            host.wait()
+            kill_host(host)
     err = capfd.readouterr().err
     for why in ("carries", "does not own", "out of turn", "non-finite", "may not send ACTION", "stale"):
         assert why in err, f"no log line for: {why}\n{err}"
@@ -289,8 +313,7 @@ def test_tls_with_the_right_ca_and_a_clear_failure_without(tmp_path):
         try:
             serve_until(pipe, lambda us: len(us) >= 4)
         finally:
-            os.killpg(host.pid, signal.SIGKILL)
-            host.wait()
+            kill_host(host)
         plain = actors(pipe.pool.bridge_port, "--retry-s", "1")
         out = finish(plain)
         assert plain.returncode == 1 and "giving up" in out, out
@@ -314,6 +337,7 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
         summary = train(cfg)
     finally:
         out = finish(host)
+    print("bridge vtrace summary:", summary)
     assert summary["steps_to_target"] is not None, f"no 450 within 300k steps through the bridge: {summary}"
     assert host.returncode == 0, out
     from test_train_vtrace import scalars
@@ -337,6 +361,7 @@ def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
         summary = train(cfg)
     finally:
         finish(host)
+    print("bridge ga summary:", summary)
     assert summary["best_member_return"] >= 475, summary
 
 

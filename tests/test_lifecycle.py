@@ -193,3 +193,28 @@ def test_rows_are_read_only_after_the_acquiring_token():
         pool.wake[1].post()
         t.join(5)
         env.close()
+
+
+def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
+    """SIGKILL of a whole process group (a scheduler's kill, ``killpg``) takes
+    Python's resource tracker along, so nothing unlinks the segments; the next
+    pipeline to start sweeps them. A segment whose owner lives is never touched,
+    whatever its age."""
+    from seedlocal.shm.arrays import ArraySpec, SharedArrays, sweep_stale_segments
+
+    code = ("import sys, time; from seedlocal.shm.arrays import ArraySpec, SharedArrays; "
+            "a = SharedArrays.create([ArraySpec('x', (8,), 'int64')], 'orphan'); print(a.name, flush=True); "
+            "time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    orphan = proc.stdout.readline().strip()
+    live = SharedArrays.create([ArraySpec("x", (8,), "int64")], "live")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(0.2)
+        assert orphan in os.listdir("/dev/shm")  # nothing cleaned it up
+        removed = sweep_stale_segments(min_age_s=0)
+        assert orphan in removed and orphan not in os.listdir("/dev/shm")
+        assert live.name not in removed and live.name in os.listdir("/dev/shm")
+    finally:
+        live.close()

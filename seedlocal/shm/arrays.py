@@ -11,8 +11,10 @@ memory.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -53,6 +55,53 @@ def new_segment_name(tag: str) -> str:
     return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}"
 
 
+_SHM_DIR = "/dev/shm"
+_swept = False
+
+
+def sweep_stale_segments(min_age_s: float = 10.0) -> list[str]:
+    """Unlink seedlocal segments that no live process owns; returns their names.
+
+    Every owner holds a shared ``flock`` on its segment for as long as the
+    segment is open; the kernel drops it when the owner dies, however it
+    dies. Normally the owner (or Python's resource tracker) unlinks on exit,
+    but a SIGKILL of a whole process group (a job scheduler, ``killpg``, a
+    machine's supervisor) takes the tracker too. Each new pipeline therefore
+    sweeps segments whose lock nobody holds. The lock, not the PID in the
+    name, decides: containers that share ``/dev/shm`` across PID namespaces
+    cannot make a live segment look stale. Segments younger than
+    ``min_age_s`` are left alone (their owner may be between creating and
+    locking them).
+    """
+    removed = []
+    try:
+        names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # gone already, or another user's
+            continue
+        try:
+            if now - os.fstat(fd).st_mtime < min_age_s and now - os.fstat(fd).st_ctime < min_age_s:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live owner holds it
+            try:
+                os.unlink(path)
+                removed.append(name)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 class SharedArrays:
     """A shared-memory segment seen as a dict of numpy arrays.
 
@@ -73,8 +122,14 @@ class SharedArrays:
 
     @classmethod
     def create(cls, specs: list[ArraySpec], tag: str, fill: int = 0) -> "SharedArrays":
+        global _swept
+        if not _swept:  # once per process: what crashed runs left behind goes before we add to it
+            _swept = True
+            sweep_stale_segments()
         _, size = _layout(specs)
         shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
+        # Held until the segment is closed or this process dies: what tells sweep_stale_segments it is live.
+        fcntl.flock(shm._fd, fcntl.LOCK_SH)
         self = cls(shm, specs, owner=True)
         if fill:
             np.frombuffer(shm.buf, dtype=np.uint8)[:] = fill
