@@ -370,8 +370,8 @@ def test_emulated_delay_shows_in_the_round_trip():
     round trip the learner reports, and the stream keeps working."""
     with learner() as pipe:
         host = actors(pipe.pool.bridge_port, "--delay-ms", "25")
-        t0 = time.monotonic()
-        serve_until(pipe, lambda us: len(us) >= 2 and time.monotonic() - t0 > 2.5, seconds=60)
-        p50 = float(pipe.pool.control["host_rtt_ms"][0][0])
+        rtt = pipe.pool.control["host_rtt_ms"]
+        serve_until(pipe, lambda us: len(us) >= 2 and rtt[0][0] > 0, seconds=60)  # the host reports each second
+        p50 = float(rtt[0][0])
     finish(host)
     assert 25 <= p50 < 250, p50
