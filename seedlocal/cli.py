@@ -45,6 +45,21 @@ def _sigterm_as_exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str):
+    """Parse a trainer with presets: --preset picks the defaults, --resume the saved config
+    (a preset may not be combined with it), --pipeline-config a tuned pipeline; options given
+    explicitly override them all."""
+    default, args = _pop_preset(argv, presets)
+    saved = _resumed_default(args, cls)
+    if saved is not None:
+        if _option(argv, "--preset") is not None:
+            raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
+                              "give the options to change explicitly instead")
+        default = saved
+    default, args = _pop_pipeline_config(args, default)
+    return tyro.cli(cls, args=args, default=default, prog=prog, description=description)
+
+
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
     rest, name = [], "cartpole"
     it = iter(args)
@@ -137,16 +152,8 @@ def _parse(argv: list[str]):
             from seedlocal.train_r2d2 import PRESETS as R2D2_PRESETS
             from seedlocal.train_r2d2 import R2D2Run
 
-            default, args = _pop_preset(rest[1:], R2D2_PRESETS)
-            saved = _resumed_default(args, R2D2Run)
-            if saved is not None:
-                if _option(rest[1:], "--preset") is not None:
-                    raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
-                                      "give the options to change explicitly instead")
-                default = saved
-            default, args = _pop_pipeline_config(args, default)
-            return "train", tyro.cli(R2D2Run, args=args, default=default, prog="seedlocal train r2d2",
-                                     description="R2D2. Presets: --preset cartpole (default), --preset atari.")
+            return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
+                                        "R2D2. Presets: --preset cartpole (default), --preset atari.")
         if rest[0] != "vtrace":
             from seedlocal.neuroevolution import ALGOS
 
@@ -156,16 +163,8 @@ def _parse(argv: list[str]):
             return "train", tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}")
         from seedlocal.train import PRESETS, VTraceRun
 
-        default, args = _pop_preset(rest[1:], PRESETS)
-        saved = _resumed_default(args, VTraceRun)
-        if saved is not None:
-            if _option(rest[1:], "--preset") is not None:
-                raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
-                                  "give the options to change explicitly instead")
-            default = saved
-        default, args = _pop_pipeline_config(args, default)
-        return "train", tyro.cli(VTraceRun, args=args, default=default, prog="seedlocal train vtrace",
-                                 description="IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari.")
+        return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
+                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari.")
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     raise SystemExit(2)
 
