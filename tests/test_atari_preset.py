@@ -43,6 +43,14 @@ def test_atari_preset_learns_catch_from_pixels(tmp_path):
     assert summary["mean_return_last20"] >= 3.0
 
 
+@pytest.mark.slow
+def test_old_preset_does_not_learn_catch(tmp_path):
+    """The guard above fails on the settings issue 7 replaced: with the same
+    budget the old preset stays near the random policy's return."""
+    summary = train(catch_config(tmp_path, OLD_ATARI, CATCH_BUDGET, stop_at_return=3.0))
+    assert summary["steps_to_target"] is None and summary["mean_return_last20"] < 1.0, summary
+
+
 def random_batch(L: int = 21, B: int = 8) -> dict:
     g = torch.Generator().manual_seed(1)
     return {
