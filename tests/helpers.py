@@ -20,11 +20,15 @@ def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, 
     return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=consume)
 
 
-def take_unrolls(pipe: Pipeline, n: int, max_batches: int = 20000) -> list[dict]:
-    """Serve batches until ``n`` unrolls completed; return copies of them."""
+def collect_unrolls(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:
+    """Serve batches, taking copies of completed unrolls (fields, ``group``,
+    ``epoch``) and releasing them, until ``done(unrolls)`` holds."""
+    import time
+
     out = []
     store = pipe.store
-    for _ in range(max_batches):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
         pipe.loop.step()
         while True:
             try:
@@ -36,9 +40,14 @@ def take_unrolls(pipe: Pipeline, n: int, max_batches: int = 20000) -> list[dict]
             u["epoch"] = int(store["unroll_epoch"][b])
             out.append(u)
             pipe.loop.release(b)
-        if len(out) >= n:
+        if done(out):
             return out
-    raise AssertionError(f"only {len(out)} unrolls completed in {max_batches} batches")
+    raise AssertionError(f"gave up after {seconds} s with {len(out)} unrolls")
+
+
+def take_unrolls(pipe: Pipeline, n: int, seconds: float = 120.0) -> list[dict]:
+    """Serve batches until ``n`` unrolls completed; return copies of them."""
+    return collect_unrolls(pipe, lambda us: len(us) >= n, seconds)
 
 
 def check_autoreset_rows(u: dict, is_reset_obs=None) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import collect_unrolls
 from seedlocal.config import BridgeConfig, ConfigError, EnvConfig, PipelineConfig
 from seedlocal.models import RandomPolicy
 from seedlocal.pipeline import wire
@@ -50,27 +51,8 @@ def learner(remote_envs: int = 8, workers: int = 0, env: str = "CartPole-v1", **
 
 
 def serve_until(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:
-    """Serve batches and collect finished unrolls' (group, epoch, rows) until ``done(unrolls)``."""
-    import queue
-
-    out, end = [], time.monotonic() + seconds
-    store = pipe.store
-    while time.monotonic() < end:
-        pipe.loop.step()
-        while True:
-            try:
-                b = pipe.loop.completed.get_nowait()
-            except queue.Empty:
-                break
-            out.append({"group": int(store["unroll_group"][b]), "epoch": int(store["unroll_epoch"][b]),
-                        "obs": store["obs"][b].copy(), "ignored": store["ignored"][b].copy(),
-                        "reward": store["reward"][b].copy(), "ep_length": store["ep_length"][b].copy(),
-                        "ep_return": store["ep_return"][b].copy(),
-                        "terminated": store["terminated"][b].copy(), "truncated": store["truncated"][b].copy()})
-            pipe.loop.release(b)
-        if done(out):
-            return out
-    raise AssertionError(f"gave up after {seconds} s with {len(out)} unrolls")
+    """Serve batches and collect finished unrolls (group, epoch, rows) until ``done(unrolls)``."""
+    return collect_unrolls(pipe, done, seconds)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 20) -> str:
