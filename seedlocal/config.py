@@ -70,6 +70,34 @@ class BridgeConfig:
     """PEM private key for TLS"""
 
 
+@dataclass
+class RunOptions:
+    """Budget, logging and checkpoint options every step-based trainer shares
+    (``VTraceRun``, ``R2D2Run``); their own fields follow these."""
+
+    total_steps: int = 300_000
+    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
+    seconds: float = 0.0
+    """wall-clock budget in seconds; 0 = none"""
+    stop_at_return: float = 0.0
+    """stop early once the mean return of the last 20 episodes reaches this (0 = never; R2D2 tests its
+    evaluation slots' return)"""
+    run_name: str = ""
+    """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
+    log_dir: str = "runs"
+    """where runs (TensorBoard events, checkpoints) are written"""
+    log_every_s: float = 2.0
+    """seconds between TensorBoard points"""
+    checkpoint_every_min: float = 5.0
+    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept per run"""
+    resume: str = ""
+    """run directory or checkpoint to continue; same config, same TensorBoard curve"""
+    progress: bool = True
+    """live one-line progress on the terminal"""
+
+
 def fail(field: str, value, why: str) -> None:
     raise ConfigError(f"{field}={value!r}: {why}")
 

@@ -24,8 +24,8 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
-                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
+                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.models import ActorCritic, ModelPolicy, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -36,32 +36,12 @@ DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_varian
 
 
 @dataclass
-class VTraceRun:
+class VTraceRun(RunOptions):
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
     algo: VTraceParams = field(default_factory=VTraceParams)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
-    total_steps: int = 300_000
-    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
-    seconds: float = 0.0
-    """wall-clock budget in seconds; 0 = none"""
-    stop_at_return: float = 0.0
-    """stop early once the mean return of the last 20 episodes reaches this (0 = never)"""
-    run_name: str = ""
-    """folder under log_dir (default: <env>__vtrace__<seed>__<date-time>)"""
-    log_dir: str = "runs"
-    """where runs (TensorBoard events, checkpoints) are written"""
-    log_every_s: float = 2.0
-    """seconds between TensorBoard points"""
-    checkpoint_every_min: float = 5.0
-    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
-    keep_checkpoints: int = 3
-    """newest checkpoints kept per run"""
-    resume: str = ""
-    """run directory or checkpoint to continue; same config, same TensorBoard curve"""
-    progress: bool = True
-    """live one-line progress on the terminal"""
 
 
 PRESETS: dict[str, VTraceRun] = {

@@ -35,8 +35,8 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups, resolve_device,
-                              resume_line, validate_bridge, validate_env, validate_pipeline)
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
+                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.models import RecurrentQNet
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
@@ -45,7 +45,7 @@ from seedlocal.shm.rollout import obs_key
 
 
 @dataclass
-class R2D2Run:
+class R2D2Run(RunOptions):
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=8, min_batch_envs=4))
@@ -57,26 +57,6 @@ class R2D2Run:
     """lz4-compress stored frames in replay"""
     checkpoint_replay: bool = False
     """also save the replay with checkpoints (otherwise a resumed run starts with an empty replay)"""
-    total_steps: int = 300_000
-    """agent steps to train for; 0 = no step limit"""
-    seconds: float = 0.0
-    """wall-clock budget in seconds; 0 = none"""
-    stop_at_return: float = 0.0
-    """stop once the evaluation slots' mean return over 20 episodes reaches this (0 = never)"""
-    run_name: str = ""
-    """folder under log_dir (default: <env>__r2d2__<seed>__<date-time>)"""
-    log_dir: str = "runs"
-    """where runs are written"""
-    log_every_s: float = 2.0
-    """seconds between TensorBoard points"""
-    checkpoint_every_min: float = 5.0
-    """minutes between checkpoints (one is also written at exit)"""
-    keep_checkpoints: int = 3
-    """newest checkpoints kept"""
-    resume: str = ""
-    """run directory or checkpoint to continue"""
-    progress: bool = True
-    """live one-line progress on the terminal"""
 
 
 PRESETS: dict[str, R2D2Run] = {
