@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from seedlocal.algos import es, ga, random_search
-from seedlocal.algos.neuroevo import ParamSpace, centered_ranks, new_seeds, noise
+from seedlocal.algos.neuroevo import ParamSpace, centered_ranks, new_seeds, noise, noise_table, noise_table_length
 from seedlocal.config import ConfigError
 
 TARGET = torch.linspace(-1.0, 1.0, 10)
@@ -69,8 +69,26 @@ def test_noise_is_deterministic():
     assert not torch.equal(noise(3, 100), noise(4, 100))
     assert noise(3, 100).dtype == torch.float32
     # Pinned values: genomes stored by an older run must rebuild the same
-    # vectors, so a change in torch's CPU generator has to be noticed.
-    assert noise(12345, 4).tolist() == pytest.approx([1.4271305, -1.8700892, -1.1962104, -2.0439513], abs=1e-6)
+    # vectors, so a change in the table or torch's CPU generator has to be noticed.
+    assert noise(12345, 4).tolist() == pytest.approx([1.1650299, 1.4095559, -0.4212222, -0.3691930], abs=1e-6)
+
+
+def test_noise_is_a_slice_of_one_shared_table():
+    """Seeds name offsets into one table drawn once (Salimans et al.'s shared
+    noise): no generator runs per perturbation, and a seed's vector is the
+    table at its offset, whatever the vector's length."""
+    size = 1000
+    table = noise_table(noise_table_length(size))
+    assert noise_table(noise_table_length(size)) is table  # drawn once per process
+    assert table.numel() >= 8 * size and table.numel() & (table.numel() - 1) == 0
+    for seed in (0, 7, 2**31 - 1):
+        v = noise(seed, size)
+        offset = seed % (table.numel() - size + 1)
+        assert v.data_ptr() == table[offset:].data_ptr()  # a view, not a copy
+        assert torch.equal(v, table[offset:offset + size])
+    assert abs(float(table.mean())) < 1e-3 and abs(float(table.std()) - 1) < 1e-3
+    big = noise(5, 3_000_000)  # a Nature-CNN-sized vector gets a table 8x its size
+    assert big.numel() == 3_000_000 and noise_table_length(3_000_000) >= 24_000_000
 
 
 def test_new_seeds_are_31_bit_python_ints():

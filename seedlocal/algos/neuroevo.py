@@ -10,6 +10,10 @@ Conventions:
   * A parameter vector is a flat float32 CPU tensor in ``parameters()`` order.
   * Everything random is named by an int seed, so a vector can be rebuilt from
     a few seeds anywhere (the workers of both papers ship seeds, not weights).
+  * Perturbations are not drawn per seed: as in both papers' code, one block
+    of Gaussian noise (the *noise table*) is drawn once from a fixed seed and
+    a seed names an offset into it, so a perturbation costs a slice, not a
+    generator call (``noise``).
   * The algorithms keep no generator state: the draws of generation g come
     from ``generation_rng(seed, g)``, so a state of plain ints is resumable.
 """
@@ -17,6 +21,7 @@ Conventions:
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import torch
@@ -59,11 +64,33 @@ class ParamSpace:
         return torch.stack([f.reshape(self.size) for f in flats])
 
 
-def noise(seed: int, size: int) -> Tensor:
-    """Standard normal float32 CPU vector, the same for a seed on any machine."""
+NOISE_TABLE_SEED = 0x5EED
+MIN_NOISE_TABLE = 1 << 22  # 16 MiB of float32
+
+
+def noise_table_length(size: int) -> int:
+    """Length of the table that perturbations of ``size`` parameters slice:
+    a power of two, at least 4 MiB floats and 8 times the vector."""
+    return max(MIN_NOISE_TABLE, 1 << (8 * size - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=4)
+def noise_table(length: int) -> Tensor:
+    """The shared block of standard normal float32 noise, drawn once per process
+    from a fixed seed (the same on every machine; read-only by convention)."""
     g = torch.Generator(device="cpu")
-    g.manual_seed(seed)
-    return torch.randn(size, generator=g, dtype=torch.float32)
+    g.manual_seed(NOISE_TABLE_SEED)
+    return torch.randn(length, generator=g, dtype=torch.float32)
+
+
+def noise(seed: int, size: int) -> Tensor:
+    """Standard normal float32 vector named by ``seed``: the table slice at
+    offset ``seed mod (length - size + 1)``. Two seeds' vectors are independent
+    unless their offsets coincide (a shifted slice shares no position's draw).
+    A view into the shared table: add it to something, never write to it."""
+    table = noise_table(noise_table_length(size))
+    offset = seed % (table.numel() - size + 1)
+    return table[offset:offset + size]
 
 
 def centered_ranks(x: Tensor) -> Tensor:
