@@ -1,42 +1,60 @@
-"""Population inference: one batched call vs the naive ways, in one run.
+"""Population evaluation, measured in one run: the forward and the whole trainer.
 
-For P networks (one env slot each) of which a fraction is still playing,
-times a forward pass three ways and prints the ratios:
+Forward (``--part forward``): P networks in P env slots, of which a fraction
+still plays; one batched forward per step, timed for each strategy of
+``PopulationForward`` (slot rows read in place) against the old way that
+gathered every served member's parameter vector on every step.
 
-- work queue:   one vmap call over the active slots only
-- python loop:  one forward per active member, in a Python loop
-  (seedlocal's PopulationForward times both on its first batch and keeps
-  the faster; see its docstring)
-- all + mask:   one vmap call over every slot, finished ones masked afterwards
+End to end (``--part train``): GA and ES on the pipeline for a time budget,
+evaluation frames/s (rows served to members, tails and idle slots
+included in the time) against raw envpool stepping the same number of envs
+with random actions and no model, measured before and after each run.
 
-    python scripts/bench_population.py --population 256 --network mlp
-    python scripts/bench_population.py --population 64 --network nature --device cuda
+    python scripts/bench_population.py                       # CartPole-v1, P = 256 MLPs, both parts
+    python scripts/bench_population.py --network nature --device cuda --part forward
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import tempfile
 import time
 from dataclasses import dataclass
+from typing import Literal
 
+import numpy as np
 import torch
 import tyro
 
+from seedlocal.bench import RawEnvpool
 from seedlocal.config import EnvConfig, resolve_device, validate_env
 from seedlocal.models import PolicyNet
+from seedlocal.neuroevolution import ESRun, GARun, train
 from seedlocal.population import PopulationForward
 
 
 @dataclass
 class Args:
     population: int = 256
-    """P: networks, one env slot each"""
-    network: str = "mlp"
+    """P: networks evaluated per generation"""
+    network: Literal["mlp", "nature"] = "mlp"
     """mlp (CartPole-v1) or nature (Pong-v5 observations)"""
+    part: Literal["both", "forward", "train"] = "both"
+    """what to measure"""
     active: tuple[float, ...] = (1.0, 0.5, 0.1)
-    """fractions of slots still playing (a generation's tail has few)"""
+    """forward: fractions of slots still playing (a generation's tail has few)"""
     repeats: int = 20
-    """timed forward passes per measurement (median reported)"""
+    """forward: timed passes per measurement (median reported)"""
+    algos: tuple[str, ...] = ("ga", "es")
+    """train: algorithms to run"""
+    seconds: float = 20.0
+    """train: seconds per algorithm (raw envpool: 3 s before and after each)"""
+    num_workers: int = 0
+    """train: env workers (0 = the trainer's default)"""
+    envs_per_worker: int = 0
+    """train: envs per worker (0 = the trainer's default)"""
     device: str = "auto"
     """cpu, cuda, auto"""
 
@@ -55,41 +73,82 @@ def _time(fn, repeats: int, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main(a: Args) -> None:
-    device = resolve_device(a.device)
+def forward_part(a: Args, device: torch.device) -> dict:
     spec = validate_env(EnvConfig(id="CartPole-v1" if a.network == "mlp" else "Pong-v5"))
     template = PolicyNet(spec).to(device)
-    fwd = PopulationForward(template, strategy="vmap")
-    flats = torch.randn(a.population, fwd.size, device=device) * 0.05
+    probe = PopulationForward(template, 1, device)
+    flats = torch.randn(a.population, probe.size, device=device) * 0.05
     shape = spec.obs[""].shape
     obs = (torch.randint(0, 255, (a.population,) + shape, dtype=torch.uint8, device=device)
            if a.network == "nature" else torch.randn((a.population,) + shape, device=device))
-    print(f"{a.network}: {fwd.size:,d} parameters per network, P={a.population}, device {device}")
-    print(f"{'active':>7s} {'work queue ms':>14s} {'python loop ms':>15s} {'all+mask ms':>12s} "
-          f"{'loop/queue':>11s} {'all/queue':>10s}")
+    ways = {s: PopulationForward(template, a.population, device, strategy=s) for s in probe.candidates}
+    for f in ways.values():
+        f.load(torch.arange(a.population, device=device), flats, torch.arange(a.population, device=device))
+    gather = ways["vmap"]
+    print(f"{a.network}: {probe.size:,d} parameters per network, P={a.population}, device {device}")
     rows = []
     for frac in a.active:
         k = max(1, int(round(frac * a.population)))
-        idx = torch.randperm(a.population, device=device)[:k]
+        slots = np.sort(np.random.default_rng(0).permutation(a.population)[:k])
+        x = {"": obs[torch.from_numpy(slots).to(device)]}
+        idx = torch.from_numpy(slots).to(device)
+        ms = {s: _time(lambda f=f: f(slots, x), a.repeats, device) * 1e3 for s, f in ways.items()}
 
-        def queue():
-            return fwd(flats, {"": obs[idx]}, idx)
-
-        def loop():
+        def per_step_gather():  # the previous implementation: every served vector copied every step
             with torch.inference_mode():
-                return fwd.loop(flats, {"": obs[idx]}, idx)
+                return torch.func.vmap(gather._one)(flats[idx], x)
 
-        def all_masked():
-            out = fwd(flats, {"": obs})
-            return out[idx]
+        ms["gather_vmap"] = _time(per_step_gather, a.repeats, device) * 1e3
+        best = min((s for s in ways), key=ms.get)
+        row = {"active": frac, **{f"{s}_ms": v for s, v in ms.items()}, "best": best,
+               "gather_vmap_over_best": ms["gather_vmap"] / ms[best]}
+        rows.append(row)
+        print("  " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    out = {"part": "forward", "network": a.network, "population": a.population, "device": str(device), "rows": rows}
+    print(json.dumps(out), flush=True)
+    return out
 
-        tq, tl, ta = (_time(f, a.repeats, device) for f in (queue, loop, all_masked))
-        rows.append({"active": frac, "work_queue_ms": tq * 1e3, "python_loop_ms": tl * 1e3,
-                     "all_masked_ms": ta * 1e3, "loop_over_queue": tl / tq, "all_over_queue": ta / tq})
-        print(f"{frac:7.2f} {tq * 1e3:14.2f} {tl * 1e3:15.2f} {ta * 1e3:12.2f} {tl / tq:11.1f} {ta / tq:10.2f}")
-    print(json.dumps({"network": a.network, "population": a.population, "device": str(device), "rows": rows}))
+
+def train_part(a: Args, device: torch.device) -> list[dict]:
+    env = EnvConfig(id="CartPole-v1")
+    spec = validate_env(env)
+    outs = []
+    for algo in a.algos:
+        cls = {"ga": GARun, "es": ESRun}[algo]
+        cfg = cls(env=env, generations=0, seconds=a.seconds, progress=False, run_name="bench")
+        pipe = cfg.pipeline
+        pipe = dataclasses.replace(pipe, num_workers=a.num_workers or pipe.num_workers,
+                                   envs_per_worker=a.envs_per_worker or pipe.envs_per_worker, device=str(device))
+        n = pipe.num_workers * pipe.envs_per_worker
+        threads = pipe.env_threads or os.cpu_count() or 1
+        raw = RawEnvpool(env.id, spec, n, threads)
+        before = max(raw.measure(0.5, 3.0).values())
+        with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
+            cfg = dataclasses.replace(cfg, pipeline=pipe, log_dir=tmp,
+                                      algo=dataclasses.replace(cfg.algo, population_size=a.population))
+            summary = train(cfg)
+        after = max(raw.measure(0.5, 3.0).values())
+        del raw
+        raw_best = float(np.median([before, after]))
+        out = {"part": "train", "algo": algo, "env": env.id, "population": a.population, "envs": n,
+               "generations": summary["generations"], "eval_frames_per_s": summary["frames_per_s"],
+               "raw_envpool_steps_per_s": raw_best, "raw_before": before, "raw_after": after,
+               "ratio_raw": summary["frames_per_s"] / raw_best, "best_member_return": summary["best_member_return"],
+               "device": str(device)}
+        print(json.dumps(out), flush=True)
+        outs.append(out)
+    return outs
+
+
+def main(a: Args) -> None:
+    device = resolve_device(a.device)
+    if a.part in ("both", "forward"):
+        forward_part(a, device)
+    if a.part in ("both", "train"):
+        if a.network != "mlp":
+            raise SystemExit("--part train runs CartPole-v1 MLPs; use --network mlp")
+        train_part(a, device)
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(2)
     main(tyro.cli(Args))

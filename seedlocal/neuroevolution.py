@@ -20,7 +20,7 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
-from seedlocal.algos.neuroevo import ParamSpace
+from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
                               resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.models import PolicyNet
@@ -117,11 +117,21 @@ def validate(cfg: NeuroevoRun):
 def identity(cfg: NeuroevoRun, spec) -> dict:
     return {"algo": _algo_name(cfg), "env_id": spec.env_id, "num_actions": spec.num_actions,
             "obs": {k: list(s.shape) for k, s in spec.obs.items()}, "network": "policy",
-            "encoder": cfg.encoder, "hidden": list(cfg.hidden)}
+            "encoder": cfg.encoder, "hidden": list(cfg.hidden),
+            # Genomes name slices of this table: vectors rebuilt from another would differ.
+            "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
 
 
 class _Evolver:
-    """One algorithm behind one interface: ``generation(evaluate) -> stats``."""
+    """One algorithm behind one interface: ``generation(pool) -> stats``.
+
+    ``pool`` is the ``PopulationPolicy``: jobs run asynchronously, so each
+    generation overlaps what it can. ES scores its centre beside the
+    population; GA starts the next generation's children (they depend only
+    on this generation's fitness) beside the elite candidates' re-evaluation,
+    and random search its next population beside the winner's. A run that
+    stops (or resumes) just re-evaluates the population in its state.
+    """
 
     def __init__(self, cfg: NeuroevoRun, space: ParamSpace):
         self.cfg, self.space, self.name = cfg, space, _algo_name(cfg)
@@ -135,6 +145,7 @@ class _Evolver:
         else:
             self.state = random_search.init(seed)
         self._cache: dict[tuple, torch.Tensor] = {}
+        self._next = None  # the next population's job, already playing (GA: without its elite)
 
     def state_dict(self) -> dict:
         return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
@@ -148,43 +159,58 @@ class _Evolver:
 
     def _genome_vec(self, g: tuple) -> torch.Tensor:
         # Children are one mutation from a cached parent: rebuilding a genome
-        # from all its seeds every generation would cost a noise draw per seed.
+        # from all its seeds every generation would cost a noise slice per seed.
         if g not in self._cache:
             parent = self._cache.get(g[:-1])
             self._cache[g] = (ga.mutate(parent, g[-1], self.cfg.algo.sigma) if parent is not None
                               else ga.rebuild(g, self.space, self.cfg.algo.sigma))
         return self._cache[g]
 
-    def generation(self, evaluate) -> dict:
+    def _vecs(self, genomes) -> torch.Tensor:
+        return self.space.stack([self._genome_vec(g) for g in genomes])
+
+    def generation(self, pool, check=None) -> dict:
         cfg, n_eps = self.cfg, self.cfg.episodes_per_member
+
+        def means(job) -> list[float]:
+            return [float(np.mean(r)) for r in job.wait(check)]
+
         if self.name == "ga":
-            genomes = ga.ask(self.state)
-            params = self.space.stack([self._genome_vec(g) for g in genomes])
-            fitness = [float(np.mean(r)) for r in evaluate(params, n_eps)]
+            if self._next is None:
+                fitness = means(pool.submit(self._vecs(self.state.genomes), n_eps))
+            else:  # children already playing; the elite joins at the front of the queue
+                elite = pool.submit(self._vecs(self.state.genomes[:1]), n_eps, front=True)
+                fitness = means(elite) + means(self._next)
             candidates = ga.tell(self.state, cfg.algo, fitness)
-            scores = evaluate(self.space.stack([self._genome_vec(g) for g in candidates]), cfg.algo.elite_episodes)
+            scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
+            self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
+            scores = scored.wait(check)
             self.state = ga.advance(self.state, cfg.algo, fitness, scores)
-            elite_vec = self._genome_vec(self.state.elite)
             best = float(np.mean(scores[candidates.index(self.state.elite)]))
-            # Keep exactly what the next generation is built from: its
-            # children's parents (one mutation away) and the elite.
-            keep = {g[:-1] for g in self.state.genomes[1:]} | {self.state.elite}
-            self._cache = {g: v for g, v in self._cache.items() if g in keep}
-            self._set_best(elite_vec, best, always=True)
+            # Keep exactly the vectors of the next population: its children's
+            # parents come from it.
+            self._cache = {g: self._cache[g] for g in self.state.genomes}
+            self._set_best(self._genome_vec(self.state.elite), best, always=True)
         elif self.name == "es":
             seeds, params = es.ask(self.state, cfg.algo)
-            fitness = [float(np.mean(r)) for r in evaluate(params, n_eps)]
-            self.state = es.tell(self.state, cfg.algo, seeds, fitness)
             centre = self.state.theta.clone()
-            best = float(np.mean(evaluate(centre[None], cfg.best_episodes)[0]))
+            scored = pool.submit(centre[None], cfg.best_episodes, front=True)
+            fitness = means(pool.submit(params, n_eps))
+            best = float(np.mean(scored.wait(check)[0]))
+            self.state = es.tell(self.state, cfg.algo, seeds, fitness)
             self._set_best(centre, best, always=True)
         else:
-            seeds = random_search.ask(self.state, cfg.algo)
-            params = self.space.stack([self.space.init(s) for s in seeds])
-            fitness = [float(np.mean(r)) for r in evaluate(params, n_eps)]
+            if self._next is None:
+                params = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
+                self._next = (params, pool.submit(params, n_eps))
+            params, job = self._next
+            fitness = means(job)
             self.state = random_search.tell(self.state, fitness)
             top = params[int(np.argmax(fitness))]
-            best = float(np.mean(evaluate(top[None], cfg.best_episodes)[0]))
+            scored = pool.submit(top[None], cfg.best_episodes, front=True)
+            following = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
+            self._next = (following, pool.submit(following, n_eps))
+            best = float(np.mean(scored.wait(check)[0]))
             self._set_best(top, best, always=False)
         f = np.array(fitness)
         return {"best_fitness": float(f.max()), "mean_fitness": float(f.mean()),
@@ -214,6 +240,7 @@ def train(cfg: NeuroevoRun) -> dict:
     space = ParamSpace(template)
     evolver = _Evolver(cfg, space)
     counters = {"generation": 0, "frames": 0, "episodes": 0}
+    gen_s, frames_run = 0.0, 0  # time inside generations (this session): the evaluation rate leaves start-up out
     if saved is not None:
         evolver.restore(saved["algo_state"])
         evolver.best_params, evolver.best_return = saved["best_params"], saved["best_return"]
@@ -249,9 +276,6 @@ def train(cfg: NeuroevoRun) -> dict:
         runner.start()
         meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
 
-        def evaluate(params: torch.Tensor, episodes: int) -> list[list[float]]:
-            return policy.evaluate(params, episodes, runner.check)
-
         try:
             while True:
                 elapsed = time.monotonic() - t_start
@@ -261,8 +285,9 @@ def train(cfg: NeuroevoRun) -> dict:
                     break
                 t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes.total
                 w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
-                stats = evolver.generation(evaluate)
+                stats = evolver.generation(policy, runner.check)
                 dt = time.monotonic() - t0
+                gen_s += dt
                 # Frames of evaluation episodes only: each served row is one
                 # step of a member's episode. Idle slots and auto-reset steps
                 # are stepped too (a group steps all its envs), but are no
@@ -273,6 +298,7 @@ def train(cfg: NeuroevoRun) -> dict:
                 w1 = pipe.pool.worker_stats()
                 counters["generation"] += 1
                 counters["frames"] += frames
+                frames_run += frames
                 counters["episodes"] += loop.stats.episodes.total - eps0
                 loop.stats.episodes.take()
                 values = {f"charts/{k}": v for k, v in stats.items()}
@@ -311,6 +337,7 @@ def train(cfg: NeuroevoRun) -> dict:
                             "steps": counters["frames"] // fps, "frames": counters["frames"],
                             "episodes": counters["episodes"], "best_member_return": best,
                             "seconds": round(time.monotonic() - t_start, 2),
+                            "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
                             "checkpoint": str(path) if path is not None else None})
             checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "

@@ -5,14 +5,18 @@ Uber's GPU deep neuroevolution (Such et al. 2017) evaluates a population of
 Here every env slot of the pipeline plays one (member, episode) job at a
 time, taken from a work queue when its episode begins; when the queue is
 empty the slot idles, and no forward pass is spent on it. A group whose envs
-all idle is *held* (its worker sleeps) until the next evaluation, which
-restarts it on fresh episodes.
+all idle is *held* (its worker sleeps) until more work arrives, and then
+restarts on fresh episodes.
 
-The batched forward is ``torch.func.vmap`` over ``functional_call``: each
-active env brings its member's flat parameter vector (convolutions become
-grouped convolutions, linears batched matmuls under vmap).
-``scripts/bench_population.py`` measures it against a Python loop over
-members and against computing every slot and masking the idle ones.
+Parameters live per env slot: when a job starts on a slot, its member's
+flat vector is copied into that slot's row of ``PopulationForward.slots``
+once, and every step reads the rows in place. A batch's slots come in
+runs of consecutive ids (whole groups while the queue is full), each run a
+view of the slot rows: no parameter is copied per step. Only a batch broken
+into many short runs (a generation's tail) gathers its few rows.
+
+Jobs are asynchronous (``submit`` returns a ``Job``), so the next population
+or an elite's re-evaluation can play beside the episodes still running.
 """
 
 from __future__ import annotations
@@ -23,30 +27,130 @@ from collections import deque
 
 import numpy as np
 import torch
+from torch import nn
 from torch.func import functional_call, vmap
 
 from seedlocal.pipeline.inference import HOLD, RESTART, SERVE
 
+MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
+TRIAL_BATCHES = 3  # batches timed per strategy before ``auto`` settles
+
+
+def _mlp_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
+    """[(weight offset, out, in, bias offset, activation)] when ``template`` is
+    a PolicyNet over an MLP torso (Linear layers and elementwise activations),
+    else None. Such networks get the batched-matmul path."""
+    from seedlocal.models import PolicyNet
+
+    if not isinstance(template, PolicyNet) or template.kind != "mlp":
+        return None
+    layers = [("encoder.net." + n, m) for n, m in template.encoder.net.named_children()] + [("policy", template.policy)]
+    plan = []
+    for name, m in layers:
+        if isinstance(m, nn.Linear):
+            plan.append([offsets[name + ".weight"], m.out_features, m.in_features, offsets[name + ".bias"], None])
+        elif isinstance(m, (nn.Tanh, nn.ReLU)) and plan and plan[-1][4] is None:
+            plan[-1][4] = m
+        else:
+            return None
+    return [tuple(p) for p in plan]
+
 
 class PopulationForward:
-    """Runs a template network with per-sample parameters from flat vectors.
+    """Per-slot parameter rows and a batched forward over them.
 
-    Two ways, chosen by measurement (``strategy="auto"``: both are timed on
-    the first batch of at least 8 samples and the faster is kept):
-    ``vmap`` makes one batched call but copies every sample's parameters into
-    a contiguous block first; ``loop`` runs one call per sample on views.
-    Measured on 2 CPU cores: MLPs, vmap 30x faster than the loop at P=256;
-    Nature CNNs, the loop 5x faster at P=32 (the 1.7M-parameter copy per
-    sample and CPU grouped convolutions dominate). On a GPU the copy is cheap.
+    Strategies (``auto`` times the candidates on their first batches, several
+    each, and keeps the fastest per row): for MLP policies ``bmm`` (batched
+    matmuls straight from the slot rows) and ``mulsum`` (the same products as
+    a broadcast multiply and a sum); ``vmap`` over ``functional_call``
+    (convolutions become grouped convolutions); ``loop``, one call per row on
+    views. ``scripts/bench_population.py`` times them all.
     """
 
-    def __init__(self, template: torch.nn.Module, strategy: str = "auto"):
-        if strategy not in ("auto", "vmap", "loop"):
-            raise ValueError(f"strategy={strategy!r}: expected auto, vmap or loop")
-        self.template = template
-        self.layout = [(name, p.shape, p.numel()) for name, p in template.named_parameters()]
-        self.size = sum(n for _, _, n in self.layout)
+    def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
+                 strategy: str = "auto"):
+        device = torch.device(device)
+        self.template = template.to(device)
+        self.layout, offsets, o = [], {}, 0
+        for name, p in template.named_parameters():
+            self.layout.append((name, p.shape, p.numel()))
+            offsets[name] = o
+            o += p.numel()
+        self.size = o
+        self.mlp = _mlp_plan(template, offsets)
+        self.candidates = ("bmm", "mulsum", "vmap") if self.mlp is not None else ("vmap", "loop")
+        if strategy not in ("auto",) + self.candidates:
+            raise ValueError(f"strategy={strategy!r}: expected auto or one of {', '.join(self.candidates)} "
+                             f"for this network")
         self.strategy = strategy
+        self._trials: dict[str, list[float]] = {c: [] for c in self.candidates}
+        self.slots = torch.zeros(num_slots, self.size, device=device)
+        self.obs_keys = list(getattr(template, "obs_keys", [""]))
+
+    def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor) -> None:
+        """Slot ``slot_ids[i]`` now plays member ``members[i]`` of ``params``: one copy per job."""
+        self.slots.index_copy_(0, slot_ids, params.index_select(0, members))
+
+    # -- forward ------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def __call__(self, slot_ids: np.ndarray, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits [B, A]: row i from the network in slot ``slot_ids[i]`` (ascending)
+        on ``obs`` row i."""
+        strategy = self.strategy
+        if strategy == "auto":
+            strategy = self._next_trial() if len(slot_ids) >= 8 else self.candidates[0]
+        t0 = time.perf_counter()
+        out = self._forward(strategy, slot_ids, obs)
+        if self.strategy == "auto" and len(slot_ids) >= 8:
+            if out.device.type == "cuda":
+                torch.cuda.synchronize()
+            self._trials[strategy].append((time.perf_counter() - t0) / len(slot_ids))
+            if all(len(v) >= TRIAL_BATCHES for v in self._trials.values()):
+                self.strategy = min(self._trials, key=lambda c: float(np.median(self._trials[c])))
+        return out
+
+    def _next_trial(self) -> str:
+        return min(self.candidates, key=lambda c: len(self._trials[c]))
+
+    def _forward(self, strategy: str, slot_ids: np.ndarray, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        breaks = np.flatnonzero(np.diff(slot_ids) != 1) + 1
+        if len(breaks) >= MAX_RUNS:
+            # Many short runs (a generation's tail): one call on gathered rows.
+            idx = torch.from_numpy(slot_ids).to(self.slots.device)
+            return self._block(strategy, self.slots.index_select(0, idx), obs)
+        outs, starts = [], [0, *breaks.tolist()]
+        for a, b in zip(starts, starts[1:] + [len(slot_ids)]):
+            lo = int(slot_ids[a])
+            block = self.slots[lo:lo + (b - a)]  # a view: the run's rows in place
+            outs.append(self._block(strategy, block, {k: v[a:b] for k, v in obs.items()}))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _block(self, strategy: str, params: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if strategy in ("bmm", "mulsum"):
+            return self._mlp_forward(params, obs, strategy == "mulsum")
+        if strategy == "vmap":
+            return vmap(self._one)(params, obs)
+        return torch.stack([self._one(params[i], {k: v[i] for k, v in obs.items()}) for i in range(len(params))])
+
+    def _mlp_forward(self, params: torch.Tensor, obs: dict[str, torch.Tensor], mulsum: bool) -> torch.Tensor:
+        """Each row through its own MLP: a batched matmul of per-row matrices,
+        or (``mulsum``) a broadcast multiply and a sum, which a CPU runs as a
+        few vector loops where bmm makes one tiny GEMM call per row."""
+        from seedlocal.models import flatten_obs
+
+        h = flatten_obs(self.obs_keys, obs)  # [n, in]
+        for w, out_f, in_f, b, act in self.mlp:
+            # Views of each row's weight [out, in] and bias [out]: no copy.
+            weight = params[:, w:w + out_f * in_f].view(-1, out_f, in_f)
+            bias = params[:, b:b + out_f]
+            if mulsum:
+                h = torch.mul(weight, h.unsqueeze(1)).sum(-1).add_(bias)
+            else:
+                h = torch.baddbmm(bias.unsqueeze(2), weight, h.unsqueeze(2)).squeeze(2)
+            if act is not None:
+                h = act(h)
+        return h
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out, o = {}, 0
@@ -59,118 +163,123 @@ class PopulationForward:
         x = {k: v.unsqueeze(0) for k, v in obs.items()}
         return functional_call(self.template, self.unflatten(flat), (x,)).squeeze(0)
 
-    @torch.inference_mode()
-    def __call__(self, params: torch.Tensor, obs: dict[str, torch.Tensor], rows: torch.Tensor | None = None):
-        """Logits [B, A] where row i comes from network ``params[rows[i]]`` on
-        ``obs[i]`` (``rows`` defaults to 0..B-1)."""
-        if rows is None:
-            rows = torch.arange(params.shape[0], device=params.device)
-        if self.strategy == "auto" and len(rows) >= 8:
-            self.strategy = self._measure(params, obs, rows)
-        if self.strategy == "loop":
-            return self.loop(params, obs, rows)
-        return vmap(self._one)(params[rows], obs)
 
-    def loop(self, params: torch.Tensor, obs: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-        outs = [self._one(params[r], {k: v[i] for k, v in obs.items()}) for i, r in enumerate(rows.tolist())]
-        return torch.stack(outs)
+class Job:
+    """The episodes of one population: ``returns[m]`` fills as member m's end."""
 
-    def _measure(self, params, obs, rows) -> str:
-        timings = {}
-        for name, fn in (("vmap", lambda: vmap(self._one)(params[rows], obs)),
-                         ("loop", lambda: self.loop(params, obs, rows))):
-            fn()  # warm-up
-            if params.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if params.device.type == "cuda":
-                torch.cuda.synchronize()
-            timings[name] = time.perf_counter() - t0
-        return min(timings, key=timings.get)
+    def __init__(self, params: torch.Tensor, episodes: int):
+        self.params = params
+        self.returns: list[list[float]] = [[] for _ in range(params.shape[0])]
+        self.pending = params.shape[0] * episodes
+        self.done = threading.Event()
+        if not self.pending:
+            self.done.set()
+
+    def wait(self, check=None) -> list[list[float]]:
+        """Block until every episode has a return; ``check`` runs every 0.5 s
+        (it raises if the pipeline died)."""
+        while not self.done.wait(0.5):
+            if check is not None:
+                check()
+        return self.returns
 
 
 class PopulationPolicy:
     """The inference loop's policy during neuroevolution (see module docstring).
 
-    ``evaluate`` (learner thread) posts jobs and blocks until every episode
-    has a return; ``plan``/``act`` (inference thread) run them.
+    ``submit``/``evaluate`` (learner thread) post jobs; ``plan``/``act``
+    (inference thread) run them.
     """
 
     outputs: dict = {}
     core_state = None
 
-    def __init__(self, template: torch.nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
-                 greedy: bool = True):
-        self.forward = PopulationForward(template.to(device))
+    def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
+                 greedy: bool = True, strategy: str = "auto"):
         self.E, self.device, self.greedy = envs_per_group, device, greedy
-        self.assign = np.full(envs_per_group * num_groups, -1, np.int64)  # member per env; -1 idle
+        n = envs_per_group * num_groups
+        self.forward = PopulationForward(template, n, device, strategy)
+        self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
+        self._env_job: list[Job | None] = [None] * n
         self._lock = threading.Lock()
-        self._jobs: deque[int] = deque()
-        self._results: list[list[float]] = []
-        self._pending = 0
-        self._done = threading.Event()
-        self.params: torch.Tensor | None = None
+        self._queue: deque[tuple[Job, int]] = deque()
         self.forward_s = 0.0
         self.forward_envs = 0
         self.loop = None  # set by the caller once the pipeline exists
 
     # -- learner thread ---------------------------------------------------------
 
+    def submit(self, params: torch.Tensor, episodes: int, front: bool = False) -> Job:
+        """Queue ``episodes`` episodes of every member (row of ``params``);
+        ``front`` puts them before the jobs already waiting."""
+        job = Job(params.to(self.device), episodes)
+        # Interleave members so every one gets its first episode early.
+        entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
+        with self._lock:
+            if front:
+                self._queue.extendleft(reversed(entries))
+            else:
+                self._queue.extend(entries)
+        self.loop.unhold()
+        return job
+
     def evaluate(self, params: torch.Tensor, episodes: int, check=None) -> list[list[float]]:
         """Returns, per member (row of ``params``), the returns of ``episodes`` episodes."""
-        with self._lock:
-            self.params = params.to(self.device)
-            # Interleave members so every one gets its first episode early.
-            self._jobs = deque(m for _ in range(episodes) for m in range(params.shape[0]))
-            self._results = [[] for _ in range(params.shape[0])]
-            self._pending = params.shape[0] * episodes
-            self._done.clear()
-        self.loop.unhold()
-        while not self._done.wait(0.5):
-            if check is not None:
-                check()
-        return self._results
+        return self.submit(params, episodes).wait(check)
 
     # -- inference thread -------------------------------------------------------
 
     def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray) -> np.ndarray:
         codes = np.full(len(groups), SERVE, np.int8)
+        loads: dict[Job, tuple[list[int], list[int]]] = {}
         with self._lock:
             for i, g in enumerate(groups.tolist()):
-                envs = np.arange(g * self.E, (g + 1) * self.E)
-                a = self.assign[envs]
-                for j in np.flatnonzero(done[i] & (a >= 0)):
-                    self._results[a[j]].append(float(ep_return[i, j]))
-                    self._pending -= 1
-                    self.assign[envs[j]] = -1
-                for j in np.flatnonzero(first[i] & (self.assign[envs] < 0)):
-                    if not self._jobs:
+                lo = g * self.E
+                a = self.assign[lo:lo + self.E]
+                for j in np.flatnonzero(done[i] & (a >= 0)).tolist():
+                    job = self._env_job[lo + j]
+                    job.returns[a[j]].append(float(ep_return[i, j]))
+                    job.pending -= 1
+                    if job.pending == 0:
+                        job.done.set()
+                    self._env_job[lo + j] = None
+                    a[j] = -1
+                for j in np.flatnonzero(first[i] & (a < 0)).tolist():
+                    if not self._queue:
                         break
-                    self.assign[envs[j]] = self._jobs.popleft()
-                if (self.assign[envs] < 0).all():
+                    job, m = self._queue.popleft()
+                    a[j] = m
+                    self._env_job[lo + j] = job
+                    envs, members = loads.setdefault(job, ([], []))
+                    envs.append(lo + j)
+                    members.append(m)
+                if (a < 0).all():
                     # Idle group: restart it on fresh episodes if work waits
                     # (its envs are mid-episode), else let its worker sleep.
-                    codes[i] = RESTART if self._jobs else HOLD
-            if self._pending == 0 and self._results:
-                self._done.set()
+                    codes[i] = RESTART if self._queue else HOLD
+        for job, (envs, members) in loads.items():
+            self.forward.load(torch.tensor(envs, device=self.device), job.params,
+                              torch.tensor(members, device=self.device))
         return codes
 
     def act(self, obs: dict[str, torch.Tensor], core=None, groups: np.ndarray = None):
         envs = (groups[:, None] * self.E + np.arange(self.E)).ravel()
-        members = self.assign[envs]
-        active = np.flatnonzero(members >= 0)
+        active = np.flatnonzero(self.assign[envs] >= 0)
         actions = torch.zeros(len(envs), dtype=torch.long, device=self.device)
         if len(active):
             t0 = time.perf_counter()
-            idx = torch.from_numpy(active).to(self.device)
-            rows = torch.from_numpy(members[active]).to(self.device)
-            logits = self.forward(self.params, {k: v[idx] for k, v in obs.items()}, rows)
+            if len(active) < len(envs):
+                idx = torch.from_numpy(active).to(self.device)
+                obs = {k: v[idx] for k, v in obs.items()}
+            logits = self.forward(envs[active], obs)
             if self.greedy:
                 chosen = logits.argmax(-1)
             else:
                 chosen = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
-            actions[idx] = chosen
+            if len(active) < len(envs):
+                actions[idx] = chosen
+            else:
+                actions = chosen
             self.forward_s += time.perf_counter() - t0
             self.forward_envs += len(active)
         return actions, {}, None

@@ -3,7 +3,9 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,26 +22,61 @@ GA_FRAME_BUDGET = 1_000_000  # CartPole-v1: best member >= 475 over 5 episodes w
 ES_FRAME_BUDGET = 3_000_000
 
 
-def test_population_forward_equals_each_network_alone():
+def _flats(nets):
+    return torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
+
+
+@pytest.mark.parametrize("strategy", ["bmm", "mulsum", "vmap", "auto"])
+def test_population_forward_equals_each_network_alone(strategy):
+    """Slots loaded with members, served in runs of consecutive slots and in
+    fragmented batches (gathered), give each network's own logits."""
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     nets = [PolicyNet(spec) for _ in range(5)]
-    flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
-    members = torch.tensor([3, 0, 4, 4, 1, 2, 0, 3, 1])
-    obs = torch.randn(9, 4)
-    for strategy in ("vmap", "loop", "auto"):
-        out = PopulationForward(nets[0], strategy)(flats, {"": obs}, members)
-        for i, m in enumerate(members.tolist()):
-            torch.testing.assert_close(out[i], nets[m]({"": obs[i:i + 1]})[0])
+    fwd = PopulationForward(nets[0], num_slots=16, strategy=strategy)
+    members = torch.tensor([3, 0, 4, 4, 1, 2, 0, 3, 1, 2, 2, 0, 1, 4, 3, 3])
+    fwd.load(torch.arange(16), _flats(nets), members)
+    obs = torch.randn(16, 4)
+    batches = [np.arange(16), np.arange(3, 12), np.array([0, 1, 2, 8, 9, 15]), np.array([0, 2, 4, 6, 8, 10, 12, 14])]
+    for _ in range(3):  # auto: every candidate timed on several batches, then settled
+        for slots in batches:
+            out = fwd(slots, {"": obs[slots]})
+            for i, s in enumerate(slots.tolist()):
+                torch.testing.assert_close(out[i], nets[members[s]]({"": obs[s:s + 1]})[0])
+    assert fwd.strategy in ("bmm", "mulsum", "vmap")
 
 
-def test_population_forward_nature_cnn():
+def test_population_forward_reads_slot_rows_in_place():
+    """A batch of consecutive slots is computed from views of the slot rows:
+    the parameters are not copied per step (the slots are read, not gathered)."""
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    nets = [PolicyNet(spec) for _ in range(2)]
+    fwd = PopulationForward(nets[0], num_slots=8, strategy="bmm")
+    fwd.load(torch.arange(8), _flats(nets), torch.tensor([0, 1] * 4))
+    seen = []
+    original = fwd._mlp_forward
+    fwd._mlp_forward = lambda params, obs, m: seen.append(params) or original(params, obs, m)
+    fwd(np.arange(2, 8), {"": torch.randn(6, 4)})
+    assert seen[0].data_ptr() == fwd.slots[2].data_ptr() and seen[0].shape == (6, fwd.size)
+    fwd.load(torch.tensor([5]), _flats(nets), torch.tensor([0]))  # a new job: one row rewritten
+    torch.testing.assert_close(fwd.slots[5], _flats(nets)[0])
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "loop"])
+def test_population_forward_nature_cnn(strategy):
     spec = validate_env(EnvConfig(id="Pong-v5"))
     nets = [PolicyNet(spec) for _ in range(2)]
-    flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
-    obs = torch.randint(0, 255, (2, 4, 84, 84), dtype=torch.uint8)
-    out = PopulationForward(nets[0], "vmap")(flats, {"": obs})
-    for i in range(2):
-        torch.testing.assert_close(out[i], nets[i]({"": obs[i:i + 1]})[0], rtol=1e-4, atol=1e-4)
+    fwd = PopulationForward(nets[0], num_slots=3, strategy=strategy)
+    fwd.load(torch.arange(3), _flats(nets), torch.tensor([1, 0, 1]))
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    out = fwd(np.arange(3), {"": obs})
+    for i, m in enumerate([1, 0, 1]):
+        torch.testing.assert_close(out[i], nets[m]({"": obs[i:i + 1]})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_population_forward_refuses_a_strategy_the_network_cannot_use():
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    with pytest.raises(ValueError, match="strategy='bmm'"):
+        PopulationForward(PolicyNet(spec), num_slots=2, strategy="bmm")
 
 
 def test_work_queue_serves_every_job_once_and_nothing_else():
@@ -167,17 +204,19 @@ def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
     evolver = _Evolver(cfg, ParamSpace(PolicyNet(spec)))
     rng = np.random.default_rng(0)
 
-    def evaluate(params, episodes):  # any fitness will do: the cache is what is tested
-        return [[float(rng.normal())] * episodes for _ in range(params.shape[0])]
+    class Pool:  # any fitness will do: the cache is what is tested
+        def submit(self, params, episodes, front=False):
+            scores = [[float(rng.normal())] * episodes for _ in range(params.shape[0])]
+            return SimpleNamespace(wait=lambda check=None: scores)
 
     per_generation = []
     for _ in range(20):
         before = len(draws)
-        evolver.generation(evaluate)
+        evolver.generation(Pool())
         per_generation.append(len(draws) - before)
-    # Generation 0 initialises (no mutation draws); each later one mutates P - 1 children.
-    assert per_generation[0] == 0
-    assert per_generation[1:] == [15] * 19, per_generation
+    # Each generation mutates the next one's P - 1 children (started early,
+    # beside the elite's re-evaluation), once each; generation 0 initialises.
+    assert per_generation == [15] * 20, per_generation
 
 
 def test_a_few_busy_groups_do_not_wait_for_held_ones():

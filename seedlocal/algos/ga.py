@@ -16,7 +16,8 @@ Conventions:
     (+ the tuple's overhead); pickled, a 31-bit seed takes 5 bytes.
   * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite
     candidates) -> evaluate each candidate ``elite_episodes`` times ->
-    ``advance``. Fitness is higher-is-better; NaN counts as the worst.
+    ``advance``. The next generation's children (``children``) are known
+    once the fitness is, so their evaluation may overlap the candidates'. Fitness is higher-is-better; NaN counts as the worst.
   * The next population is [elite] + children; fitness ties go to the lower
     index, so an elite that ties with a child stays ahead of it.
   * The state holds plain types only (``dataclasses.asdict`` of it loads with
@@ -143,10 +144,18 @@ def advance(state: GAState, p: GAParams, fitness, candidate_scores) -> GAState:
             raise ValueError("every elite candidate needs at least one score")
         means.append(float(s.mean()))
     elite = candidates[max(range(len(means)), key=means.__getitem__)]
+    return GAState(genomes=(elite,) + children(state, p, fitness), generation=state.generation + 1, elite=elite,
+                   rng=state.rng)
 
+
+def children(state: GAState, p: GAParams, fitness) -> tuple[Genome, ...]:
+    """The next generation's P - 1 children: mutations of the top T by ``fitness``.
+
+    They depend on ``fitness`` alone, not on the elite's re-evaluation, so a
+    caller may start evaluating them while the elite candidates still play.
+    """
     parents = [state.genomes[i] for i in _ranked(state, fitness)[: p.truncation]]
     rng = generation_rng(state.rng["seed"], state.generation + 1)
     picks = rng.integers(0, len(parents), size=p.population_size - 1)
     seeds = new_seeds(rng, p.population_size - 1)
-    children = tuple(parents[int(k)] + (s,) for k, s in zip(picks, seeds))
-    return GAState(genomes=(elite,) + children, generation=state.generation + 1, elite=elite, rng=state.rng)
+    return tuple(parents[int(k)] + (s,) for k, s in zip(picks, seeds))
