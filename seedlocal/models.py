@@ -124,7 +124,12 @@ class ImpalaResNet(nn.Module):
 
 
 def _as_float(x: torch.Tensor) -> torch.Tensor:
-    return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+    if x.dtype != torch.uint8:
+        return x.float()
+    # Under autocast, go straight to its dtype: a float32 frame batch would be
+    # written once here and once more by autocast's cast before the first conv.
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.float32
+    return x.to(dtype).div_(255.0)
 
 
 def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
@@ -353,24 +358,30 @@ class RecurrentQNet(nn.Module):
         self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
         if self.kind in ("nature", "impala"):
             use_channels_last(self.encoder)
+        self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
 
     @property
     def core_spec(self) -> TensorSpec:
         return TensorSpec((2, self.lstm.hidden_size), "float32")
+
+    def _encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = next(iter(obs.values()))
+        with autocast(x.device, self.precision):
+            return encode_obs(self.kind, self.encoder, self.obs_keys, obs).float()
 
     def _q(self, h: torch.Tensor) -> torch.Tensor:
         a = self.advantage(h)
         return self.value(h) + a - a.mean(-1, keepdim=True)
 
     def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor):
-        x = encode_obs(self.kind, self.encoder, self.obs_keys, obs)
+        x = self._encode(obs)
         hx, cx = self.lstm(x, (core[:, 0], core[:, 1]))
         return self._q(hx), torch.stack([hx, cx], dim=1)
 
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor):
         L, B = first.shape
         flat = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
-        x = encode_obs(self.kind, self.encoder, self.obs_keys, flat).reshape(L, B, -1)
+        x = self._encode(flat).reshape(L, B, -1)
         hx, cx = core[:, 0], core[:, 1]
         keep = (~first).to(hx.dtype).unsqueeze(-1)
         # Run the fused LSTM kernel over each stretch of rows in which no env

@@ -37,7 +37,7 @@ from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import RecurrentQNet
+from seedlocal.models import RecurrentQNet, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.replay import SequenceReplay
@@ -94,8 +94,10 @@ def net_spec(spec, frame_stack: int):
 
 def build_net(cfg: R2D2Run, spec) -> RecurrentQNet:
     a = cfg.algo
-    return RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=a.encoder, hidden=tuple(a.hidden),
-                         lstm_size=a.lstm_size)
+    net = RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=a.encoder, hidden=tuple(a.hidden),
+                        lstm_size=a.lstm_size)
+    net.precision = resolve_precision(a.precision, net.kind, resolve_device(cfg.pipeline.device))
+    return net
 
 
 def available_bytes() -> int | None:
@@ -314,7 +316,7 @@ def train(cfg: R2D2Run) -> dict:
     obs_keys = [obs_key(k) for k in spec.obs]
     if not pipe_cfg.num_buffers:
         pipe_cfg.num_buffers = 2 * G  # one unroll per group being filled, one waiting for the learner
-    print(f"seedlocal: training R2D2 on {spec.env_id} ({online.kind} torso + LSTM {a.lstm_size}, "
+    print(f"seedlocal: training R2D2 on {spec.env_id} ({online.kind} torso in {online.precision} + LSTM {a.lstm_size}, "
           f"{num_envs - a.eval_envs} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
           f"{', lz4' if cfg.compress else ''}); TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})",
           flush=True)
@@ -371,7 +373,7 @@ def train(cfg: R2D2Run) -> dict:
         runner.start()
         t_start = t_log = time.monotonic()
         learned_rows, added_steps, log_steps = 0, 0, steps0
-        acc: dict[str, float] = {}
+        acc: dict[str, torch.Tensor] = {}
         sampled_p: list[float] = []
         inserted0, log_updates, dropped = replay.added, counters["updates"], 0
         try:
@@ -422,7 +424,7 @@ def train(cfg: R2D2Run) -> dict:
                     step_now = steps0 + loop.stats.env_steps
                     dt = now - t_log
                     n = max(1, acc.pop("n", 0))
-                    values = {f"losses/{k}": v / n for k, v in acc.items()}
+                    values = {f"losses/{k}": float(v) / n for k, v in acc.items()}  # device sums, read once
                     values.update({
                         "charts/episode_return": float(np.mean(recent_train)) if recent_train else None,
                         "charts/eval_return": float(np.mean(recent_eval)) if recent_eval else None,

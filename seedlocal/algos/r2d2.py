@@ -155,6 +155,9 @@ class R2D2Params:
     """MLP hidden sizes"""
     lstm_size: int = 64
     """LSTM core size"""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """torso arithmetic: auto = bf16 for CNN torsos on CPUs with native bf16 (AMX/AVX512-BF16), else fp32;
+    the LSTM, the head and the targets stay fp32"""
 
 
 def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
@@ -213,7 +216,9 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
         optimizer.step()
     priorities = sequence_priorities(delta.abs(), valid, p.priority_eta)
     n_valid = valid.sum().clamp(min=1)
-    stats = {"loss": float(loss.detach()), "grad_norm": float(grad_norm),
-             "td_abs": float(torch.where(valid, delta.abs(), 0.0).sum() / n_valid),
-             "q_mean": float(torch.where(valid, q_taken.detach(), 0.0).sum() / n_valid)}
+    # 0-dim device tensors: summed by the caller and read once per log, so
+    # only the priorities (which the replay needs) cross to the host per update.
+    stats = {"loss": loss.detach(), "grad_norm": grad_norm.detach(),
+             "td_abs": torch.where(valid, delta.abs(), 0.0).sum() / n_valid,
+             "q_mean": torch.where(valid, q_taken.detach(), 0.0).sum() / n_valid}
     return stats, priorities
