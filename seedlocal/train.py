@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.models import ActorCritic, ModelPolicy, resolve_precision
 from seedlocal.monitor import RunMonitor
+from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread
 
@@ -130,31 +130,6 @@ def validate(cfg: VTraceRun):
     return spec
 
 
-def _gather(store, bufs: list[int], device: torch.device, obs_keys: list[str]) -> dict:
-    """k unrolls [k, L, E, ...] → one time-major batch [L, k*E, ...] on device."""
-    idx = np.asarray(bufs)
-
-    def tm(name: str) -> torch.Tensor:
-        a = torch.from_numpy(np.take(store[name], idx, axis=0))
-        k, L, E = a.shape[:3]
-        t = a.transpose(0, 1).reshape((L, k * E) + a.shape[3:])
-        if device.type == "cuda":
-            t = t.pin_memory()
-        return t.to(device, non_blocking=True)
-
-    batch = {
-        "obs": {("" if k == "obs" else k[4:]): tm(k) for k in obs_keys},
-        "action": tm("action"), "reward": tm("reward"), "terminated": tm("terminated"),
-        "ignored": tm("ignored"), "behaviour_logits": tm("out.logits"),
-        "core_state": None,
-    }
-    if "core_state" in store:
-        cs = np.take(store["core_state"], idx, axis=0)
-        batch["core_state"] = torch.from_numpy(cs.reshape((-1,) + cs.shape[2:])).to(device)
-    batch["policy_version"] = np.take(store["policy_version"], idx, axis=0)[:, :-1]
-    return batch
-
-
 def _run_dir(cfg: VTraceRun) -> tuple[Path, dict | None]:
     if cfg.resume:
         state = checkpoint.load(cfg.resume)
@@ -223,6 +198,9 @@ def train(cfg: VTraceRun) -> dict:
         obs_keys = pipe.layout.obs_keys()
         runner = InferenceThread(loop)
         runner.start()
+        # Actors wait for the learner (sync) by getting their unrolls back only after its update.
+        prefetch = Prefetcher(loop, Batcher(store, obs_keys, k, device), release_early=not sync)
+        prefetch.start()
         t_start = t_log = time.monotonic()
         log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
         rows_learned = 0
@@ -242,26 +220,18 @@ def train(cfg: VTraceRun) -> dict:
                     break
                 if cfg.stop_at_return and len(recent) == recent.maxlen and np.mean(recent) >= cfg.stop_at_return:
                     break
-                # -- wait for a batch of unrolls
+                # -- wait for a batch of unrolls (gathered one batch ahead by the prefetcher)
                 t0 = time.monotonic()
-                bufs = []
-                while len(bufs) < k:
+                while (fetched := prefetch.next(timeout=0.5)) is None:
                     runner.check()
-                    try:
-                        bufs.append(loop.completed.get(timeout=0.5))
-                    except queue.Empty:
-                        if meter is not None and time.monotonic() - t0 > 10 and time.monotonic() - t_said > 10:
-                            t_said = time.monotonic()
-                            line = meter.waiting_line(pipe.pool.num_remote_groups)
-                            if line:
-                                print(line, flush=True)
-                        continue
+                    if meter is not None and time.monotonic() - t0 > 10 and time.monotonic() - t_said > 10:
+                        t_said = time.monotonic()
+                        line = meter.waiting_line(pipe.pool.num_remote_groups)
+                        if line:
+                            print(line, flush=True)
                 t1 = time.monotonic()
                 wait_s += t1 - t0
-                batch = _gather(store, bufs, device, obs_keys)
-                if not sync:
-                    for b in bufs:
-                        loop.release(b)
+                batch = prefetch.batcher.use(fetched)
                 # -- one update
                 lr = cfg.algo.learning_rate
                 if cfg.algo.lr_decay and cfg.total_steps:
@@ -282,9 +252,7 @@ def train(cfg: VTraceRun) -> dict:
                     acc[key] = acc.get(key, 0.0) + v
                 acc["n"] = acc.get("n", 0) + 1
                 rows_learned += rows_per_batch * cfg.algo.echo
-                if sync:
-                    for b in bufs:
-                        loop.release(b)
+                prefetch.done(fetched)
                 learn_s += time.monotonic() - t1
                 # -- episodes, logging, checkpoints
                 eps = loop.stats.episodes.take()
@@ -305,7 +273,8 @@ def train(cfg: VTraceRun) -> dict:
                     thread_s = (now - t_log) * 2 * max(1, cfg.pipeline.num_workers)
                     ls = loop.stats
                     nb = max(1, ls.batches - batches_prev)
-                    values = {f"losses/{key}": v / n for key, v in acc.items() if key != "policy_lag"}
+                    # The one read of the device-side sums per logging interval.
+                    values = {f"losses/{key}": float(v) / n for key, v in acc.items() if key != "policy_lag"}
                     values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
                                    for key, v in (diag or {}).items()})
                     values.update({
@@ -344,6 +313,7 @@ def train(cfg: VTraceRun) -> dict:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
             raise
         finally:
+            prefetch.stop()
             runner.stop()
             counters["steps"] = steps0 + loop.stats.env_steps
             eps = loop.stats.episodes.take()

@@ -293,6 +293,9 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     scale of the policy-gradient advantages and how much of the V-trace
     targets' variance the value head explains. ``precision`` ``bf16`` runs
     the network under autocast; V-trace and the loss stay fp32.
+
+    Returns 0-dim device tensors (the diagnostics excepted, which are floats)
+    and ``updates``: nothing in an update waits for the device.
     """
     ignored = batch["ignored"]
     L, B = ignored.shape
@@ -347,9 +350,13 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
                         logits, values = model({k: v[idx] for k, v in obs.items()})
                     update(logits.float(), values.float(), targets.select(idx))
     n_updates = p.echo * p.minibatches
-    out = {k: float(v) / n_updates for k, v in totals.items()}
+    # Device tensors, not floats: reading them here would make the host wait
+    # for the update to finish. The caller sums them and reads once per log.
+    out = {k: v / n_updates for k, v in totals.items()}
     valid = targets.valid
-    out["mean_rho"] = float(targets.returns.rhos[valid].mean()) if valid.any() else 1.0
+    n_valid = valid.sum()
+    rho_mean = torch.where(valid, targets.returns.rhos, 0.0).sum() / n_valid.clamp(min=1)
+    out["mean_rho"] = torch.where(n_valid > 0, rho_mean, 1.0).detach()
     out["updates"] = n_updates
     if diag is not None:
         out.update(diag)

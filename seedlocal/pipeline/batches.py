@@ -1,0 +1,179 @@
+"""Unrolls to learner batches: one copy per field, one batch ahead.
+
+The store keeps unrolls as [buffers, L, E, ...]; the learner wants one
+time-major batch [L, k*E, ...] of k of them on its device. ``Batcher``
+copies each unroll once, straight into its columns of a preallocated
+time-major host buffer (pinned when the device is CUDA, so the copy to the
+device runs asynchronously on a side stream); on a CPU learner that buffer
+*is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the
+learner, with two buffer sets: while the learner works on one batch, the
+next is collected and copied into the other set.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Store field -> batch key (obs fields keep their own names under "obs").
+FIELDS = {"action": "action", "reward": "reward", "terminated": "terminated", "ignored": "ignored",
+          "out.logits": "behaviour_logits"}
+
+
+def _torch_dtype(a: np.ndarray) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, a.dtype)).dtype
+
+
+@dataclass
+class Batch:
+    """A learner batch and what the learner must hand back when done with it."""
+
+    data: dict
+    bufs: list[int]
+    slot: int
+    ready: object = None  # CUDA event: the batch's copy to the device has finished
+
+
+class Batcher:
+    """Copies k unrolls into one of ``sets`` preallocated time-major batches."""
+
+    def __init__(self, store: dict, obs_keys: list[str], k: int, device: torch.device, sets: int = 2):
+        self.store, self.k, self.device = store, k, device
+        self.fields = {name: key for name, key in FIELDS.items() if name in store}
+        self.obs_keys = list(obs_keys)
+        self.cuda = device.type == "cuda"
+        self.host: list[dict[str, np.ndarray]] = []
+        self.host_t: list[dict[str, torch.Tensor]] = []
+        self.dev: list[dict[str, torch.Tensor]] = []
+        for _ in range(sets):
+            h, ht, d = {}, {}, {}
+            for name in self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else []):
+                src = store[name]
+                if name == "core_state":  # [buffers, E, 2, H] -> [k*E, 2, H]
+                    shape = (k * src.shape[1],) + src.shape[2:]
+                else:  # [buffers, L, E, ...] -> [L, k*E, ...]
+                    shape = (src.shape[1], k * src.shape[2]) + src.shape[3:]
+                t = torch.empty(shape, dtype=_torch_dtype(src), pin_memory=self.cuda)
+                ht[name], h[name] = t, t.numpy()
+                if self.cuda:
+                    d[name] = torch.empty(shape, dtype=t.dtype, device=device)
+            self.host.append(h)
+            self.host_t.append(ht)
+            self.dev.append(d)
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._released = [None] * sets  # CUDA events: the learner's last use of each device set
+
+    def fill(self, bufs: list[int], slot: int) -> Batch:
+        """Copy unrolls ``bufs`` into set ``slot``: the one host copy of each field."""
+        if len(bufs) != self.k:
+            raise ValueError(f"{len(bufs)} unrolls for a batch of {self.k}")
+        host = self.host[slot]
+        for name, dst in host.items():
+            src = self.store[name]
+            if name == "core_state":
+                E = src.shape[1]
+                for j, b in enumerate(bufs):
+                    dst[j * E:(j + 1) * E] = src[b]
+            else:
+                E = src.shape[2]
+                for j, b in enumerate(bufs):
+                    dst[:, j * E:(j + 1) * E] = src[b]
+        tensors, ready = self.host_t[slot], None
+        if self.cuda:
+            with torch.cuda.stream(self.stream):
+                if self._released[slot] is not None:
+                    self.stream.wait_event(self._released[slot])  # the learner is done reading this set
+                for name, t in tensors.items():
+                    self.dev[slot][name].copy_(t, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(self.stream)
+            tensors = self.dev[slot]
+        data = {"obs": {("" if n == "obs" else n[4:]): tensors[n] for n in self.obs_keys},
+                **{key: tensors[name] for name, key in self.fields.items()},
+                "core_state": tensors.get("core_state"),
+                "policy_version": self.store["policy_version"][bufs][:, :-1].copy()}
+        return Batch(data, list(bufs), slot, ready)
+
+    def use(self, batch: Batch) -> dict:
+        """The learner's side: make its stream wait for the batch's copy."""
+        if batch.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(batch.ready)
+        return batch.data
+
+    def done(self, batch: Batch) -> None:
+        """The learner has queued its last work on ``batch``: its set may be refilled."""
+        if self.cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self._released[batch.slot] = ev
+
+
+class Prefetcher(threading.Thread):
+    """Collects k completed unrolls, fills a free set and queues the batch,
+    one batch ahead of the learner. With ``release_early`` the unrolls go
+    back to the actors as soon as they are copied; otherwise (``algo.sync``)
+    only when the learner is done with the batch."""
+
+    def __init__(self, loop, batcher: Batcher, release_early: bool):
+        super().__init__(name="seedlocal-prefetch", daemon=True)
+        self.loop, self.batcher, self.release_early = loop, batcher, release_early
+        self.ready: queue.Queue[Batch | BaseException] = queue.Queue()
+        self._free: queue.Queue[int] = queue.Queue()
+        for s in range(len(batcher.host)):
+            self._free.put(s)
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                slot = self._get(self._free)
+                bufs = []
+                while len(bufs) < self.batcher.k:
+                    bufs.append(self._get(self.loop.completed))
+                batch = self.batcher.fill(bufs, slot)
+                if self.release_early:
+                    for b in bufs:
+                        self.loop.release(b)
+                self.ready.put(batch)
+        except _Stopped:
+            pass
+        except BaseException as e:  # handed to the learner, which raises it
+            self.ready.put(e)
+
+    def _get(self, q: queue.Queue):
+        while True:
+            try:
+                return q.get(timeout=0.2)
+            except queue.Empty:
+                if self._halt.is_set():
+                    raise _Stopped from None
+
+    def next(self, timeout: float) -> Batch | None:
+        """The next batch, or None after ``timeout`` seconds without one."""
+        try:
+            item = self.ready.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def done(self, batch: Batch) -> None:
+        """The learner is done with ``batch``: release its unrolls (sync) and its set."""
+        self.batcher.done(batch)
+        if not self.release_early:
+            for b in batch.bufs:
+                self.loop.release(b)
+        self._free.put(batch.slot)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+
+
+class _Stopped(Exception):
+    pass

@@ -1,0 +1,142 @@
+"""The CUDA path: skipped where torch sees no GPU (run with -m cuda on a GPU machine)."""
+
+import copy
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import take_unrolls, tiny_pipeline
+from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
+from seedlocal.config import EnvConfig, validate_env
+from seedlocal.models import ActorCritic, ModelPolicy, PolicyNet
+from seedlocal.pipeline.batches import Batcher, Prefetcher
+from seedlocal.population import PopulationForward
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+CUDA = torch.device("cuda")
+
+
+def test_pipeline_on_cuda_uses_pinned_staging_and_serves_the_model():
+    def make(spec, device):
+        return ModelPolicy(ActorCritic(spec).to(device), spec)
+
+    with tiny_pipeline(make, device="cuda", num_workers=2, envs_per_worker=8) as pipe:
+        assert pipe.loop.device.type == "cuda"
+        assert all(t.is_pinned() for t in pipe.loop._staging.values())
+        unrolls = take_unrolls(pipe, 8)
+    for u in unrolls:
+        assert np.isfinite(u["out.logits"]).all()
+        assert ((u["action"] >= 0) & (u["action"] < 2)).all()
+
+
+def _atari_batch(spec, L=9, B=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ignored = torch.zeros(L, B, dtype=torch.bool)
+    ignored[4, 2] = True
+    return {
+        "obs": {"": torch.randint(0, 255, (L, B, 4, 84, 84), dtype=torch.uint8, generator=g)},
+        "action": torch.randint(0, spec.num_actions, (L, B), generator=g),
+        "reward": torch.randint(-1, 2, (L, B), generator=g).float(),
+        "terminated": torch.zeros(L, B, dtype=torch.bool), "ignored": ignored,
+        "behaviour_logits": torch.randn(L, B, spec.num_actions, generator=g), "core_state": None,
+    }
+
+
+def _to(batch, device):
+    return {k: ({kk: vv.to(device) for kk, vv in v.items()} if isinstance(v, dict)
+                else None if v is None else v.to(device)) for k, v in batch.items()}
+
+
+def test_vtrace_learner_step_on_cuda_matches_cpu():
+    """fp32 on both (TF32 off): one update from the same weights and batch
+    lands on the same weights."""
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    torch.manual_seed(0)
+    cpu_model = ActorCritic(spec, init="orthogonal")
+    gpu_model = copy.deepcopy(cpu_model).to(CUDA)
+    p = VTraceParams(optimizer="adam", learning_rate=1e-3, optimizer_eps=1e-5, echo=2, minibatches=2, clip=0.1)
+    batch = _atari_batch(spec)
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        torch.manual_seed(1)
+        s_cpu = learner_step(cpu_model, make_optimizer(cpu_model.parameters(), p), batch, p, precision="fp32")
+        torch.manual_seed(1)
+        torch.cuda.manual_seed(1)
+        s_gpu = learner_step(gpu_model, make_optimizer(gpu_model.parameters(), p), _to(batch, CUDA), p,
+                             precision="fp32")
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+    for (name, a), b in zip(cpu_model.named_parameters(), gpu_model.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-4, atol=1e-5, msg=name)
+    assert float(s_cpu["policy_loss"]) == pytest.approx(float(s_gpu["policy_loss"]), rel=1e-3, abs=1e-5)
+
+
+def test_population_forward_on_cuda_matches_each_member_alone():
+    for env_id, tol in (("CartPole-v1", 1e-5), ("Pong-v5", 1e-3)):
+        spec = validate_env(EnvConfig(id=env_id))
+        nets = [PolicyNet(spec).to(CUDA) for _ in range(3)]
+        flats = torch.stack([torch.nn.utils.parameters_to_vector(n.parameters()) for n in nets])
+        fwd = PopulationForward(copy.deepcopy(nets[0]), num_slots=6, device=CUDA)
+        members = torch.tensor([2, 0, 1, 1, 0, 2], device=CUDA)
+        fwd.load(torch.arange(6, device=CUDA), flats, members)
+        shape = spec.obs[""].shape
+        obs = (torch.randint(0, 255, (6,) + shape, dtype=torch.uint8, device=CUDA) if len(shape) == 3
+               else torch.randn((6,) + shape, device=CUDA))
+        for strategy in fwd.candidates:
+            fwd.strategy = strategy
+            for slots in (np.arange(6), np.array([0, 2, 3, 5])):
+                out = fwd(slots, {"": obs[torch.from_numpy(slots).to(CUDA)]})
+                for i, s in enumerate(slots.tolist()):
+                    with torch.no_grad():
+                        alone = nets[int(members[s])]({"": obs[s:s + 1]})[0]
+                    torch.testing.assert_close(out[i], alone, rtol=tol, atol=tol)
+
+
+def test_prefetched_batches_reach_the_device_intact():
+    """Pinned host sets, a side-stream copy and the learner stream's wait: the
+    device batch equals the host one."""
+    def make(spec, device):
+        return ModelPolicy(ActorCritic(spec, lstm_size=8).to(device), spec)
+
+    with tiny_pipeline(make, device="cuda", num_workers=1, envs_per_worker=4, unroll_length=6) as pipe:
+        batcher = Batcher(pipe.store, pipe.layout.obs_keys(), k=2, device=CUDA)
+        assert all(t.is_pinned() for t in batcher.host_t[0].values())
+        prefetch = Prefetcher(pipe.loop, batcher, release_early=False)
+        stop = threading.Event()
+        server = threading.Thread(target=lambda: [pipe.loop.step() for _ in iter(stop.is_set, True)], daemon=True)
+        prefetch.start()
+        server.start()
+        try:
+            for _ in range(4):
+                fetched = None
+                while fetched is None:
+                    fetched = prefetch.next(timeout=0.5)
+                batch = batcher.use(fetched)
+                host = batcher.host[fetched.slot]
+                np.testing.assert_array_equal(batch["obs"][""].cpu().numpy(), host["obs"])
+                np.testing.assert_array_equal(batch["behaviour_logits"].cpu().numpy(), host["out.logits"])
+                prefetch.done(fetched)
+        finally:
+            stop.set()
+            prefetch.stop()
+            server.join(10)
+
+
+def test_compiled_and_graphed_forward_match_eager():
+    """torch.compile (inductor, CUDA graphs with reduce-overhead) of the Atari
+    network's forward gives eager's outputs."""
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    model = ActorCritic(spec).to(CUDA).eval()
+    obs = {"": torch.randint(0, 255, (32, 4, 84, 84), dtype=torch.uint8, device=CUDA)}
+    with torch.no_grad():
+        eager = model(obs)
+        compiled = torch.compile(model, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            out = compiled(obs)
+        torch.cuda.synchronize()
+    for a, b in zip(out, eager):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
