@@ -33,7 +33,7 @@ from torch.func import functional_call, vmap
 from seedlocal.pipeline.inference import HOLD, RESTART, SERVE
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
-TRIAL_BATCHES = 3  # batches timed per strategy before ``auto`` settles
+TRIAL_BATCHES = 5  # batches on which ``auto`` times every strategy before it settles
 
 
 def _mlp_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
@@ -59,8 +59,8 @@ def _mlp_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
-    Strategies (``auto`` times the candidates on their first batches, several
-    each, and keeps the fastest per row): for MLP policies ``bmm`` (batched
+    Strategies (``auto`` runs every candidate on each of its first few
+    batches and keeps the one with the lowest median time): for MLP policies ``bmm`` (batched
     matmuls straight from the slot rows) and ``mulsum`` (the same products as
     a broadcast multiply and a sum); ``vmap`` over ``functional_call``
     (convolutions become grouped convolutions); ``loop``, one call per row on
@@ -97,21 +97,23 @@ class PopulationForward:
     def __call__(self, slot_ids: np.ndarray, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits [B, A]: row i from the network in slot ``slot_ids[i]`` (ascending)
         on ``obs`` row i."""
-        strategy = self.strategy
-        if strategy == "auto":
-            strategy = self._next_trial() if len(slot_ids) >= 8 else self.candidates[0]
-        t0 = time.perf_counter()
-        out = self._forward(strategy, slot_ids, obs)
-        if self.strategy == "auto" and len(slot_ids) >= 8:
+        if self.strategy != "auto":
+            return self._forward(self.strategy, slot_ids, obs)
+        if len(slot_ids) < 8:  # too small to time fairly
+            return self._forward(self.candidates[0], slot_ids, obs)
+        # A trial batch: every candidate on the same rows (in turn first, so
+        # none always gets the warm caches), until each has TRIAL_BATCHES timings.
+        k = len(self._trials[self.candidates[0]])
+        order = self.candidates[k % len(self.candidates):] + self.candidates[:k % len(self.candidates)]
+        for c in order:
+            t0 = time.perf_counter()
+            out = self._forward(c, slot_ids, obs)
             if out.device.type == "cuda":
                 torch.cuda.synchronize()
-            self._trials[strategy].append((time.perf_counter() - t0) / len(slot_ids))
-            if all(len(v) >= TRIAL_BATCHES for v in self._trials.values()):
-                self.strategy = min(self._trials, key=lambda c: float(np.median(self._trials[c])))
+            self._trials[c].append(time.perf_counter() - t0)
+        if k + 1 >= TRIAL_BATCHES:
+            self.strategy = min(self._trials, key=lambda c: float(np.median(self._trials[c])))
         return out
-
-    def _next_trial(self) -> str:
-        return min(self.candidates, key=lambda c: len(self._trials[c]))
 
     def _forward(self, strategy: str, slot_ids: np.ndarray, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         breaks = np.flatnonzero(np.diff(slot_ids) != 1) + 1

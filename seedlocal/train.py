@@ -200,7 +200,8 @@ def train(cfg: VTraceRun) -> dict:
         runner.start()
         # Actors wait for the learner (sync) by getting their unrolls back only after its update.
         prefetch = Prefetcher(loop, Batcher(store, obs_keys, k, device), release_early=not sync)
-        prefetch.start()
+        if not sync:
+            prefetch.start()
         t_start = t_log = time.monotonic()
         log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
         rows_learned = 0
@@ -220,7 +221,7 @@ def train(cfg: VTraceRun) -> dict:
                     break
                 if cfg.stop_at_return and len(recent) == recent.maxlen and np.mean(recent) >= cfg.stop_at_return:
                     break
-                # -- wait for a batch of unrolls (gathered one batch ahead by the prefetcher)
+                # -- wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner)
                 t0 = time.monotonic()
                 while (fetched := prefetch.next(timeout=0.5)) is None:
                     runner.check()

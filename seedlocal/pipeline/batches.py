@@ -126,6 +126,7 @@ class Prefetcher(threading.Thread):
         for s in range(len(batcher.host)):
             self._free.put(s)
         self._halt = threading.Event()
+        self._pending: list[int] = []  # unrolls collected by next() without the thread
 
     def run(self) -> None:
         try:
@@ -153,7 +154,13 @@ class Prefetcher(threading.Thread):
                     raise _Stopped from None
 
     def next(self, timeout: float) -> Batch | None:
-        """The next batch, or None after ``timeout`` seconds without one."""
+        """The next batch, or None after ``timeout`` seconds without one.
+
+        Without the thread started (``algo.sync``: the actors wait for every
+        update, so there is no next batch to fetch ahead) the caller collects
+        and copies the batch itself."""
+        if not self.is_alive() and not self.release_early:
+            return self._collect_here(timeout)
         try:
             item = self.ready.get(timeout=timeout)
         except queue.Empty:
@@ -161,6 +168,16 @@ class Prefetcher(threading.Thread):
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def _collect_here(self, timeout: float) -> Batch | None:
+        pending = self._pending
+        while len(pending) < self.batcher.k:
+            try:
+                pending.append(self.loop.completed.get(timeout=timeout))
+            except queue.Empty:
+                return None
+        self._pending = []
+        return self.batcher.fill(pending, self._free.get_nowait())
 
     def done(self, batch: Batch) -> None:
         """The learner is done with ``batch``: release its unrolls (sync) and its set."""
@@ -172,7 +189,8 @@ class Prefetcher(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
-        self.join(timeout=5)
+        if self.is_alive():
+            self.join(timeout=5)
 
 
 class _Stopped(Exception):
