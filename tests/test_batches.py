@@ -96,3 +96,21 @@ def test_prefetcher_hands_a_failure_to_the_learner():
                 raise AssertionError("the failure never reached the learner")
         finally:
             prefetch.stop()
+
+
+def test_one_block_to_host_returns_every_field_exactly():
+    """The packed device-to-host path (used on accelerators) gives back the
+    same arrays, dtypes and shapes as copying each field on its own."""
+    from seedlocal.pipeline.inference import to_host
+
+    actions = torch.tensor([0, 5, 3, 16_000_000])
+    outputs = {"logits": torch.randn(4, 6), "value": torch.randn(4), "core": torch.randn(4, 2, 3)}
+    want_a, want_o = to_host(actions, outputs, pack=False)
+    got_a, got_o = to_host(actions, outputs, pack=True)
+    np.testing.assert_array_equal(got_a, want_a)
+    assert got_a.dtype == want_a.dtype and list(got_o) == list(want_o)
+    for k in want_o:
+        np.testing.assert_array_equal(got_o[k], want_o[k])
+        assert got_o[k].dtype == want_o[k].dtype and got_o[k].shape == want_o[k].shape
+    cont_a, _ = to_host(torch.rand(4, 2), {}, pack=True)  # continuous actions
+    assert cont_a.shape == (4, 2) and cont_a.dtype == np.float32
