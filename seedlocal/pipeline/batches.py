@@ -66,12 +66,17 @@ class Batcher:
             self.dev.append(d)
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._released = [None] * sets  # CUDA events: the learner's last use of each device set
+        self._copied = [None] * sets  # CUDA events: the last host-to-device copy out of each host set
 
     def fill(self, bufs: list[int], slot: int) -> Batch:
         """Copy unrolls ``bufs`` into set ``slot``: the one host copy of each field."""
         if len(bufs) != self.k:
             raise ValueError(f"{len(bufs)} unrolls for a batch of {self.k}")
         host = self.host[slot]
+        if self._copied[slot] is not None:
+            # The last copy out of this pinned set may still be in flight: the
+            # learner waited for it on the device, the host never did.
+            self._copied[slot].synchronize()
         for name, dst in host.items():
             src = self.store[name]
             if name == "core_state":
@@ -91,6 +96,7 @@ class Batcher:
                     self.dev[slot][name].copy_(t, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
+            self._copied[slot] = ready
             tensors = self.dev[slot]
         data = {"obs": {("" if n == "obs" else n[4:]): tensors[n] for n in self.obs_keys},
                 **{key: tensors[name] for name, key in self.fields.items()},
