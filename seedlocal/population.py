@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from seedlocal.models import PolicyNet, flatten_obs
 from seedlocal.pipeline.inference import HOLD, RESTART, SERVE
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
@@ -40,8 +41,6 @@ def _mlp_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     """[(weight offset, out, in, bias offset, activation)] when ``template`` is
     a PolicyNet over an MLP torso (Linear layers and elementwise activations),
     else None. Such networks get the batched-matmul path."""
-    from seedlocal.models import PolicyNet
-
     if not isinstance(template, PolicyNet) or template.kind != "mlp":
         return None
     layers = [("encoder.net." + n, m) for n, m in template.encoder.net.named_children()] + [("policy", template.policy)]
@@ -139,8 +138,6 @@ class PopulationForward:
         """Each row through its own MLP: a batched matmul of per-row matrices,
         or (``mulsum``) a broadcast multiply and a sum, which a CPU runs as a
         few vector loops where bmm makes one tiny GEMM call per row."""
-        from seedlocal.models import flatten_obs
-
         h = flatten_obs(self.obs_keys, obs)  # [n, in]
         for w, out_f, in_f, b, act in self.mlp:
             # Views of each row's weight [out, in] and bias [out]: no copy.

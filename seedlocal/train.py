@@ -199,7 +199,9 @@ def train(cfg: VTraceRun) -> dict:
         runner = InferenceThread(loop)
         runner.start()
         # Actors wait for the learner (sync) by getting their unrolls back only after its update.
-        prefetch = Prefetcher(loop, Batcher(store, obs_keys, k, device), release_early=not sync)
+        # A synchronous learner holds one batch at a time: one set is enough.
+        prefetch = Prefetcher(loop, Batcher(store, obs_keys, k, device, sets=1 if sync else 2),
+                              release_early=not sync)
         if not sync:
             prefetch.start()
         t_start = t_log = time.monotonic()

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seedlocal.models import autocast
+
 
 class VTraceReturns(NamedTuple):
     vs: Tensor  # [T, B] v-trace value targets
@@ -242,15 +244,9 @@ def _unroll(model, batch: dict, first: Tensor, precision: str, cols=None) -> tup
     if cols is not None:
         obs = {k: v[:, cols] for k, v in obs.items()}
         core, first = (None if core is None else core[cols]), first[:, cols]
-    with _autocast(first.device, precision):
+    with autocast(first.device, precision):
         logits, values = model.unroll(obs, core, first)
     return logits.float(), values.float()
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _targets(p: VTraceParams, batch: dict, logits: Tensor, values: Tensor) -> _Targets:
@@ -346,7 +342,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
                     logits, values = _unroll(model, batch, first, precision, cols=idx)
                     update(logits[:T], values[:T], targets.select((slice(None), idx)))
                 else:
-                    with _autocast(ignored.device, precision):
+                    with autocast(ignored.device, precision):
                         logits, values = model({k: v[idx] for k, v in obs.items()})
                     update(logits.float(), values.float(), targets.select(idx))
     n_updates = p.echo * p.minibatches

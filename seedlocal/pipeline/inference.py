@@ -119,7 +119,7 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     out, o = [], 0
     for t in parts:
         w = t[0].numel()
-        dtype = np.float32 if t.dtype == torch.bfloat16 else torch.empty(0, dtype=t.dtype).numpy().dtype
+        dtype = np.float32 if t.dtype == torch.bfloat16 else _numpy_dtype(t.dtype)
         out.append(block[:, o:o + w].reshape(t.shape).astype(dtype))
         o += w
     return out[0], dict(zip(outputs, out[1:]))
@@ -497,6 +497,10 @@ class InferenceLoop:
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 class InferenceThread(threading.Thread):
