@@ -59,6 +59,8 @@ class Args:
     """train: envs per worker (0 = the trainer's default)"""
     device: str = "auto"
     """cpu, cuda, auto"""
+    forward: str = "auto"
+    """train: the trainers' --forward (population forward strategy)"""
 
 
 def _time(fn, repeats: int, device: torch.device) -> float:
@@ -87,16 +89,17 @@ def forward_part(a: Args, device: torch.device) -> dict:
     for f in ways.values():
         f.load(torch.arange(a.population, device=device), flats, torch.arange(a.population, device=device))
     gather = ways["vmap"]
+    flats = gather.to_slots(flats)  # the slot layout _one reads
     print(f"{a.network}: {probe.size:,d} parameters per network, P={a.population}, device {device}")
     rows = []
     for frac in a.active:
-        k = max(1, int(round(frac * a.population)))
+        k = max(1, round(frac * a.population))
         slots = np.sort(np.random.default_rng(0).permutation(a.population)[:k])
         x = {"": obs[torch.from_numpy(slots).to(device)]}
         idx = torch.from_numpy(slots).to(device)
-        ms = {s: _time(lambda f=f: f(slots, x), a.repeats, device) * 1e3 for s, f in ways.items()}
+        ms = {s: _time(lambda f=f, slots=slots, x=x: f(slots, x), a.repeats, device) * 1e3 for s, f in ways.items()}
 
-        def per_step_gather():  # the previous implementation: every served vector copied every step
+        def per_step_gather(idx=idx, x=x):  # the previous implementation: every served vector copied every step
             with torch.inference_mode():
                 return torch.func.vmap(gather._one)(flats[idx], x)
 
@@ -117,7 +120,8 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
     outs = []
     for algo in a.algos:
         cls = {"ga": GARun, "es": ESRun}[algo]
-        cfg = cls(env=env, generations=0, seconds=a.seconds, progress=False, run_name="bench")
+        cfg = cls(env=env, generations=0, seconds=a.seconds, progress=False, run_name="bench",
+                  forward=a.forward)
         pipe = cfg.pipeline
         pipe = dataclasses.replace(pipe, num_workers=a.num_workers or pipe.num_workers,
                                    envs_per_worker=a.envs_per_worker or pipe.envs_per_worker, device=str(device))
@@ -133,6 +137,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
             ea.Reload()
             frames = [e.value for e in ea.Scalars("perf/frames_per_generation")]
             secs = [e.value for e in ea.Scalars("perf/generation_s")]
+            idle = ea.Scalars("perf/idle_share")
         # Generation 1 also waits for the env workers to start: left out when there are others.
         skip = 1 if len(frames) > 1 else 0
         rate = sum(frames[skip:]) / max(1e-9, sum(secs[skip:]))
@@ -143,6 +148,8 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
                "generations": summary["generations"], "eval_frames_per_s": rate,
                "raw_envpool_steps_per_s": raw_best, "raw_before": before, "raw_after": after,
                "ratio_raw": rate / raw_best, "best_member_return": summary["best_member_return"],
+               "forward": summary["forward"],
+               "idle_share": float(np.mean([e.value for e in idle[skip:]])) if idle else None,
                "device": str(device)}
         print(json.dumps(out), flush=True)
         outs.append(out)

@@ -58,6 +58,9 @@ class NeuroevoRun:
     """MLP hidden sizes"""
     greedy: bool = True
     """act by argmax (the deep-GA convention) rather than sampling"""
+    forward: str = "auto"
+    """population forward: auto (times the others on the first batches and keeps the fastest);
+    MLPs: bmm, mulsum, vmap; CNNs: vmap, loop"""
     run_name: str = ""
     """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
     log_dir: str = "runs"
@@ -108,9 +111,12 @@ def validate(cfg: NeuroevoRun):
         if getattr(cfg, name) < 1:
             fail(name, getattr(cfg, name), "must be positive")
     try:
-        PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
+        net = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    forwards = ("auto", "bmm", "mulsum", "vmap") if net.kind == "mlp" else ("auto", "vmap", "loop")
+    if cfg.forward not in forwards:
+        fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
     return spec
 
 
@@ -254,7 +260,7 @@ def train(cfg: NeuroevoRun) -> dict:
 
     group = cfg.pipeline.envs_per_worker // 2
     groups = num_groups(cfg.pipeline, cfg.bridge)
-    policy = PopulationPolicy(template, group, groups, device, greedy=cfg.greedy)
+    policy = PopulationPolicy(template, group, groups, device, greedy=cfg.greedy, strategy=cfg.forward)
     fps = spec.frames_per_step
     summary = {"status": "done", "run_dir": str(run_dir), "generations_to_target": None,
                "steps_to_target": None, "frames_to_target": None}
@@ -338,6 +344,7 @@ def train(cfg: NeuroevoRun) -> dict:
                             "episodes": counters["episodes"], "best_member_return": best,
                             "seconds": round(time.monotonic() - t_start, 2),
                             "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
+                            "forward": policy.forward.strategy,
                             "checkpoint": str(path) if path is not None else None})
             checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "

@@ -58,7 +58,10 @@ def test_population_forward_reads_slot_rows_in_place():
     fwd(np.arange(2, 8), {"": torch.randn(6, 4)})
     assert seen[0].data_ptr() == fwd.slots[2].data_ptr() and seen[0].shape == (6, fwd.size)
     fwd.load(torch.tensor([5]), _flats(nets), torch.tensor([0]))  # a new job: one row rewritten
-    torch.testing.assert_close(fwd.slots[5], _flats(nets)[0])
+    torch.testing.assert_close(fwd.slots[5], fwd.to_slots(_flats(nets))[0])
+    # The slot layout (weights [in, out]) read back as the member's own parameters, exactly.
+    for name, p in nets[0].named_parameters():
+        assert torch.equal(fwd.unflatten(fwd.slots[5])[name], p), name
 
 
 @pytest.mark.parametrize("strategy", ["vmap", "loop"])
@@ -176,6 +179,7 @@ def test_resume_restores_each_algorithm_bitwise(tmp_path, run):
     (["es", "--algo.population-size", "7"], "algo.population_size=7: must be even"),
     (["es", "--algo.sigma", "0"], "algo.sigma=0.0"),
     (["ga", "--algo.sigma", "-1"], "algo.sigma=-1.0"),
+    (["es", "--forward", "loop"], "forward='loop': expected one of auto, bmm, mulsum, vmap for a mlp network"),
 ])
 def test_bad_population_settings_are_refused(args, message):
     out = subprocess.run([sys.executable, "-m", "seedlocal", "train", *args], capture_output=True, text=True,
