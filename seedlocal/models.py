@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 
 import torch
 from torch import nn
@@ -312,25 +313,79 @@ class RandomPolicy:
         return actions, {"logits": logits, "value": torch.zeros(n, device=self.device)}, None
 
 
+class WeightFence:
+    """Orders the inference thread's reads of the learner's weights against
+    the optimiser's writes: inference reads the learner's own weights, as in
+    SEED, with no copy (DESIGN decision 4).
+
+    The learner wraps each ``optimizer.step()`` in ``with fence:``; the
+    inference thread wraps each forward in ``with fence.reading():``. The two
+    exclude each other in Python, which is all a CPU needs. On CUDA the
+    inference thread enqueues on a stream of its own (``InferenceLoop``), so
+    Python order is not GPU order: a read first waits for the event recorded
+    after the last write, and a write for the event recorded after the last
+    read. A forward then never sees a step half applied and a step never
+    overwrites weights a queued forward still reads, while the learner's
+    forward and backward passes (which only read) overlap inference.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._lock = threading.Lock()
+        self._wrote = self._read = None  # CUDA events
+
+    def _after(self, event) -> None:
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    def _record(self):
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))  # this thread's current stream
+        return event
+
+    def __enter__(self) -> WeightFence:
+        self._lock.acquire()
+        if self.cuda:
+            self._after(self._read)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.cuda:
+                self._wrote = self._record()
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def reading(self):
+        with self._lock:
+            if self.cuda:
+                self._after(self._wrote)
+            yield
+            if self.cuda:
+                self._read = self._record()
+
+
 class ModelPolicy:
     """Samples actions from an ``ActorCritic`` without tracking gradients.
 
-    ``lock`` (shared with the learner's optimiser step) keeps a forward pass
-    from reading parameters halfway through an update: inference reads the
-    learner's own weights, as in SEED, with no copy.
+    ``fence`` (a ``WeightFence`` shared with the learner's optimiser step)
+    keeps a forward pass from reading parameters halfway through an update.
     """
 
-    def __init__(self, model: ActorCritic, spec: EnvSpec, lock=None, precision: str = "fp32"):
+    def __init__(self, model: ActorCritic, spec: EnvSpec, fence: WeightFence | None = None,
+                 precision: str = "fp32"):
         self.model = model
         self.outputs = policy_outputs(spec)
         self.core_state = model.core_spec
-        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self.fence = fence if fence is not None else WeightFence(next(model.parameters()).device)
         self.precision = precision
 
     @torch.inference_mode()
     def act(self, obs: dict[str, torch.Tensor], core=None):
         device = next(self.model.parameters()).device
-        with self.lock, autocast(device, self.precision):
+        with self.fence.reading(), autocast(device, self.precision):
             logits, value, core = self.model.step(obs, core)
         logits, value = logits.float(), value.float()
         if core is not None:

@@ -245,7 +245,12 @@ class PopulationPolicy:
     def submit(self, params: torch.Tensor, episodes: int, front: bool = False) -> Job:
         """Queue ``episodes`` episodes of every member (row of ``params``);
         ``front`` puts them before the jobs already waiting."""
-        job = Job(params.to(self.device), episodes)
+        params = params.to(self.device)
+        if params.is_cuda:
+            # The inference thread reads them on its own stream: let the
+            # kernels that made them (this thread's stream) finish first.
+            torch.cuda.current_stream(params.device).synchronize()
+        job = Job(params, episodes)
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
         with self._lock:

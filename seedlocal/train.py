@@ -1,8 +1,9 @@
 """``seedlocal train vtrace``: IMPALA on the SEED-style pipeline.
 
 One process holds the model. Its inference thread serves the env workers
-with the learner's own parameters (a lock covers only the optimiser's write);
-its main thread turns finished unrolls into V-trace updates. Unrolls go from
+with the learner's own parameters (a ``WeightFence`` orders only the
+optimiser's write against its reads); its main thread turns finished unrolls
+into V-trace updates. Unrolls go from
 shared memory to the device in one copy per field and go back to the free
 pool at once, so actors never wait on the learner's arithmetic.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,7 +25,7 @@ from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import ActorCritic, ModelPolicy, resolve_precision
+from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -166,8 +166,8 @@ def train(cfg: VTraceRun) -> dict:
           f"{'actors wait for each update' if sync else 'acting overlaps learning'}); "
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
-    lock = threading.Lock()
-    policy = ModelPolicy(model, spec, lock, precision=precision)
+    fence = WeightFence(device)
+    policy = ModelPolicy(model, spec, fence, precision=precision)
     group = cfg.pipeline.envs_per_worker // 2
     k = cfg.algo.batch_size // group
     pipe_cfg = dataclasses.replace(cfg.pipeline)
@@ -243,7 +243,7 @@ def train(cfg: VTraceRun) -> dict:
                     g["lr"] = lr
                 acted_version = float(batch["policy_version"].mean())
                 version0 = loop.version
-                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock, diagnose=diag is None,
+                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=fence, diagnose=diag is None,
                                      precision=precision, after_update=bump_version)
                 if diag is None:  # once per logging interval: it copies the weights
                     diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}

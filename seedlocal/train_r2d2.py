@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import queue
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import RecurrentQNet, resolve_precision
+from seedlocal.models import RecurrentQNet, WeightFence, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.replay import SequenceReplay
@@ -217,8 +216,9 @@ class R2D2Policy:
 
     per_env = True
 
-    def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor, lock, device, stack: int, seed: int):
-        self.net, self.spec, self.lock, self.device = net, spec, lock, device
+    def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor, fence: WeightFence, device, stack: int,
+                 seed: int):
+        self.net, self.spec, self.fence, self.device = net, spec, fence, device
         self.outputs = {}
         self.core_state = net.core_spec
         self.eps = epsilons.to(device)
@@ -244,7 +244,7 @@ class R2D2Policy:
         ids = torch.from_numpy(env_ids).to(self.device)
         if self.hist is not None:
             obs = {"": self.stacked(obs[""], ids, torch.from_numpy(first).to(self.device))}
-        with self.lock:
+        with self.fence.reading():
             q, core = self.net.step(obs, core)
         n = q.shape[0]
         explore = torch.rand(n, generator=self.gen, device=self.device) < self.eps[ids]
@@ -303,8 +303,8 @@ def train(cfg: R2D2Run) -> dict:
     eps = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base, a.epsilon_alpha)
     eps = torch.cat([eps, torch.full((a.eval_envs,), a.eval_epsilon)])
     stack = cfg.frame_stack if cfg.frame_stack > 1 and "" in spec.obs else 1
-    lock = threading.Lock()
-    policy = R2D2Policy(online, spec, eps, lock, device, stack, cfg.env.seed)
+    fence = WeightFence(device)
+    policy = R2D2Policy(online, spec, eps, fence, device, stack, cfg.env.seed)
     replay = make_replay(cfg, spec, num_envs, online.core_spec.shape)
     if saved is not None and "replay" in saved:
         try:
@@ -406,7 +406,7 @@ def train(cfg: R2D2Run) -> dict:
                 batch = _to_device(rows, device, obs_keys)
                 batch["core_state"] = batch["core_state"].float()
                 stats, prio = learner_step(online, target, optimizer, batch, torch.from_numpy(weights).to(device),
-                                           a, step_lock=lock)
+                                           a, step_lock=fence)
                 applied = replay.update_priorities(slots, gens, prio.cpu().numpy())
                 dropped += len(slots) - applied
                 sampled_p.extend(replay.tree.get(slots).tolist())

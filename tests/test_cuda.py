@@ -140,3 +140,37 @@ def test_compiled_and_graphed_forward_match_eager():
         torch.cuda.synchronize()
     for a, b in zip(out, eager):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_weight_fence_orders_a_side_stream_reader_against_the_writer():
+    """The inference thread reads on its own stream, the learner writes on the
+    default one: every read must see whole updates (20 kernels each), never a
+    part of one, and no update may land under a read still queued."""
+    from seedlocal.models import WeightFence
+
+    fence = WeightFence(CUDA)
+    w = torch.zeros(1 << 24, device=CUDA)
+    torch.cuda.synchronize()
+    seen, done = [], threading.Event()
+
+    def reader():
+        with torch.cuda.stream(torch.cuda.Stream(CUDA)):
+            while not done.is_set():
+                with fence.reading():
+                    first = w[0].clone()
+                    total = w.sum()
+                    last = w[-1].clone()
+                seen.append((first.item(), total.item() / w.numel(), last.item()))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for _ in range(50):
+        with fence:
+            for _ in range(20):
+                w.add_(1.0)
+    torch.cuda.synchronize()
+    done.set()
+    t.join(30)
+    assert len(seen) > 5
+    for first, mean, last in seen:
+        assert first == mean == last and first % 20 == 0, (first, mean, last)

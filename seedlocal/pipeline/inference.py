@@ -22,6 +22,7 @@ partial unrolls are dropped and its recurrent state is zeroed) or, once
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -486,11 +487,23 @@ class InferenceLoop:
         self.pool.obs_ready.post()
 
     def run_until_stopped(self) -> None:
-        """Serve batches until ``request_stop``; for an inference thread."""
+        """Serve batches until ``request_stop``; for an inference thread.
+
+        On CUDA the thread enqueues on a stream of its own, so its copies and
+        forwards do not queue behind the learner's kernels on the default
+        stream. What it shares with the learner is ordered explicitly: the
+        weights by the policy's ``WeightFence``, everything created before
+        it starts (recurrent state, frame stacks) by one wait here."""
         torch.set_num_threads(self.threads)
+        stream = contextlib.nullcontext()
+        if self.device.type == "cuda":
+            stream = torch.cuda.stream(torch.cuda.Stream(self.device))
         try:
-            while True:
-                self.step()
+            with stream:
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
+                while True:
+                    self.step()
         except LoopStopped:
             pass
 
