@@ -143,7 +143,7 @@ class PopulationForward:
             t0 = time.perf_counter()
             out = self._forward(c, slot_ids, obs)
             if out.device.type == "cuda":
-                torch.cuda.synchronize()
+                torch.cuda.current_stream(out.device).synchronize()  # this stream only, not the learner's
             self._trials[c].append(time.perf_counter() - t0)
         if k + 1 >= TRIAL_BATCHES:
             self.strategy = min(self._trials, key=lambda c: float(np.median(self._trials[c])))
@@ -202,6 +202,12 @@ class Job:
 
     def __init__(self, params: torch.Tensor, episodes: int):
         self.params = params
+        # On CUDA the inference thread reads ``params`` on its own stream:
+        # it waits for this event, recorded after the kernels that made them.
+        self.made = None
+        if params.is_cuda:
+            self.made = torch.cuda.Event()
+            self.made.record(torch.cuda.current_stream(params.device))
         self.returns: list[list[float]] = [[] for _ in range(params.shape[0])]
         self.pending = params.shape[0] * episodes
         self.done = threading.Event()
@@ -245,12 +251,7 @@ class PopulationPolicy:
     def submit(self, params: torch.Tensor, episodes: int, front: bool = False) -> Job:
         """Queue ``episodes`` episodes of every member (row of ``params``);
         ``front`` puts them before the jobs already waiting."""
-        params = params.to(self.device)
-        if params.is_cuda:
-            # The inference thread reads them on its own stream: let the
-            # kernels that made them (this thread's stream) finish first.
-            torch.cuda.current_stream(params.device).synchronize()
-        job = Job(params, episodes)
+        job = Job(params.to(self.device), episodes)
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
         with self._lock:
@@ -296,6 +297,10 @@ class PopulationPolicy:
                     # (its envs are mid-episode), else let its worker sleep.
                     codes[i] = RESTART if self._queue else HOLD
         for job, (envs, members) in loads.items():
+            if job.made is not None:
+                stream = torch.cuda.current_stream(job.params.device)
+                stream.wait_event(job.made)
+                job.params.record_stream(stream)  # not reused by the allocator before this stream is done
             self.forward.load(torch.tensor(envs, device=self.device), job.params,
                               torch.tensor(members, device=self.device))
         return codes

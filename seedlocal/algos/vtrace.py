@@ -316,8 +316,8 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
             before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
         with step_lock if step_lock is not None else contextlib.nullcontext():
             optimizer.step()
-        if after_update is not None:
-            after_update()
+            if after_update is not None:
+                after_update()  # inside: no forward runs between the write and the version bump
         if before is not None:
             diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
         for k, v in stats.items():
