@@ -95,7 +95,7 @@ def test_td_loss_weights_sequences_and_skips_invalid_rows():
     valid = torch.tensor([[True, True], [False, True]])
     w = torch.tensor([1.0, 0.5])
     loss, delta = td_loss(q, y, valid, w)
-    ref = (1.0 * (0.5 * 1.0) + 0.5 * (0.5 * 4 + 0.5 * 16) / 2) / 2
+    ref = (1.0 * (0.5 * 1.0) + 0.5 * (0.5 * 4 + 0.5 * 16)) / 2  # summed over valid rows, as SEED
     assert float(loss.detach()) == pytest.approx(ref)
     loss.backward()
     assert q.grad[1, 0] == 0.0  # the invalid row gets no gradient
