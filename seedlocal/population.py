@@ -82,7 +82,7 @@ class PopulationForward:
     MLP slot rows hold each weight transposed, [in, out]: a row's product is
     then a vector-matrix product over contiguous ``out`` vectors. On the
     2-core development machine (P = 256 CartPole MLPs, 12-100% of slots
-    active) that made ``bmm`` 1.5-2.7x faster and the best strategy
+    active) that made ``bmm`` 1.5-3.7x faster and the best strategy
     1.0-2.2x faster than the [out, in] layout.
     """
 
