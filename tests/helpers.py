@@ -74,3 +74,13 @@ def check_autoreset_rows(u: dict, is_reset_obs=None) -> int:
                 np.testing.assert_allclose(u["ep_return"][t, e], rew[start:t + 1, e].sum(), rtol=1e-5)
                 checked += 1
     return checked
+
+
+def terminal_like() -> None:
+    """``preexec_fn`` for a child the test will Ctrl-C: SIGINT as a terminal
+    gives it. A pytest started as a background job of a non-interactive shell
+    (``cmd &``, ``nohup``) ignores SIGINT, its children inherit that, and
+    Python then installs no KeyboardInterrupt handler."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

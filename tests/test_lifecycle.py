@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import seedlocal_segments
-from helpers import check_autoreset_rows, take_unrolls, tiny_pipeline
+from helpers import check_autoreset_rows, take_unrolls, terminal_like, tiny_pipeline
 from seedlocal.models import RandomPolicy
 from seedlocal.pipeline.actors import WorkerDied
 
@@ -70,7 +70,7 @@ def test_dead_worker_without_restarts_stops_with_a_clear_error():
 def _launch(*args):
     cmd = [sys.executable, "-m", "seedlocal", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=terminal_like)
 
 
 def _workers_of(proc: subprocess.Popen, n: int, timeout: float = 60.0) -> list[psutil.Process]:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import seedlocal_segments
+from helpers import terminal_like
 from seedlocal import checkpoint
 from seedlocal.checkpoint import CheckpointError
 from seedlocal.config import ConfigError, PipelineConfig
@@ -217,19 +218,29 @@ def test_atari_preset_trains_and_records_a_video(tmp_path):
 def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
     cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--total-steps", "10000000", "--log-dir",
            str(tmp_path), "--run-name", "cli", "--no-progress", "--log-every-s", "0.5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    # Interrupt only once training has provably run (a logged scalar), however
-    # slowly this machine starts the workers.
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        if (tmp_path / "cli").exists() and "charts/steps_per_s" in scalars(tmp_path / "cli")[0]:
-            break
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.5)
-    else:
-        raise AssertionError("training logged nothing within 120 s")
-    os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=terminal_like)
+    try:
+        # Interrupt only once training has provably run (a logged scalar),
+        # however slowly this machine starts the workers.
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "cli").exists() and "charts/steps_per_s" in scalars(tmp_path / "cli")[0]:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("training logged nothing within 120 s")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a failed assertion above must not leave a 10M-step run behind
+            os.killpg(proc.pid, signal.SIGTERM)  # its own clean shutdown first: segments unlinked
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
     assert proc.returncode == 130, out
     assert "tensorboard --logdir" in out
     state = checkpoint.load(tmp_path / "cli")
