@@ -132,8 +132,9 @@ class _Evolver:
     """One algorithm behind one interface: ``generation(pool) -> stats``.
 
     ``pool`` is the ``PopulationPolicy``: jobs run asynchronously, so each
-    generation overlaps what it can. ES scores its centre beside the
-    population; GA starts the next generation's children (they depend only
+    generation overlaps what it can. ES scores its centre in the slots its
+    population leaves free and starts the next population before it waits
+    for that score; GA starts the next generation's children (they depend only
     on this generation's fitness) beside the elite candidates' re-evaluation,
     and random search its next population beside the winner's. A run that
     stops (or resumes) just re-evaluates the population in its state.
@@ -151,7 +152,7 @@ class _Evolver:
         else:
             self.state = random_search.init(seed)
         self._cache: dict[tuple, torch.Tensor] = {}
-        self._next = None  # the next population's job, already playing (GA: without its elite)
+        self._next = None  # the next population's job, already playing (GA: without its elite; ES: with its centre)
 
     def state_dict(self) -> dict:
         return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
@@ -198,12 +199,20 @@ class _Evolver:
             self._cache = {g: self._cache[g] for g in self.state.genomes}
             self._set_best(self._genome_vec(self.state.elite), best, always=True)
         elif self.name == "es":
-            seeds, params = es.ask(self.state, cfg.algo)
-            centre = self.state.theta.clone()
-            scored = pool.submit(centre[None], cfg.best_episodes, front=True)
-            fitness = means(pool.submit(params, n_eps))
-            best = float(np.mean(scored.wait(check)[0]))
+            if self._next is None:
+                seeds, params = es.ask(self.state, cfg.algo)
+                self._next = (seeds, pool.submit(params, n_eps), self.state.theta.clone())
+            seeds, job, centre = self._next
+            # The centre's episodes only fill slots the population leaves free
+            # and nothing waits for them until the next population plays: with
+            # as many slots as members, scoring it first would add a wave of
+            # a few episodes to every generation.
+            scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
+            fitness = means(job)
             self.state = es.tell(self.state, cfg.algo, seeds, fitness)
+            following, params = es.ask(self.state, cfg.algo)
+            self._next = (following, pool.submit(params, n_eps), self.state.theta.clone())
+            best = float(np.mean(scored.wait(check)[0]))
             self._set_best(centre, best, always=True)
         else:
             if self._next is None:

@@ -242,23 +242,27 @@ class PopulationPolicy:
         self._env_job: list[Job | None] = [None] * n
         self._lock = threading.Lock()
         self._queue: deque[tuple[Job, int]] = deque()
+        self._spare: deque[tuple[Job, int]] = deque()  # taken only when _queue is empty
         self.forward_s = 0.0
         self.forward_envs = 0
         self.loop = None  # set by the caller once the pipeline exists
 
     # -- learner thread ---------------------------------------------------------
 
-    def submit(self, params: torch.Tensor, episodes: int, front: bool = False) -> Job:
+    def submit(self, params: torch.Tensor, episodes: int, front: bool = False, spare: bool = False) -> Job:
         """Queue ``episodes`` episodes of every member (row of ``params``);
-        ``front`` puts them before the jobs already waiting."""
+        ``front`` puts them before the jobs already waiting; ``spare`` jobs
+        start only on slots the other jobs leave free (a generation's tail),
+        so work nobody waits for yet never delays a population."""
         job = Job(params.to(self.device), episodes)
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
         with self._lock:
+            queue = self._spare if spare else self._queue
             if front:
-                self._queue.extendleft(reversed(entries))
+                queue.extendleft(reversed(entries))
             else:
-                self._queue.extend(entries)
+                queue.extend(entries)
         self.loop.unhold()
         return job
 
@@ -284,9 +288,10 @@ class PopulationPolicy:
                     self._env_job[lo + j] = None
                     a[j] = -1
                 for j in np.flatnonzero(first[i] & (a < 0)).tolist():
-                    if not self._queue:
+                    queue = self._queue or self._spare
+                    if not queue:
                         break
-                    job, m = self._queue.popleft()
+                    job, m = queue.popleft()
                     a[j] = m
                     self._env_job[lo + j] = job
                     envs, members = loads.setdefault(job, ([], []))
@@ -295,7 +300,7 @@ class PopulationPolicy:
                 if (a < 0).all():
                     # Idle group: restart it on fresh episodes if work waits
                     # (its envs are mid-episode), else let its worker sleep.
-                    codes[i] = RESTART if self._queue else HOLD
+                    codes[i] = RESTART if self._queue or self._spare else HOLD
         for job, (envs, members) in loads.items():
             if job.made is not None:
                 stream = torch.cuda.current_stream(job.params.device)

@@ -114,6 +114,38 @@ def test_work_queue_serves_every_job_once_and_nothing_else():
     assert all(1 <= x <= 500 for r in results for x in r)
 
 
+def test_spare_jobs_take_only_the_slots_other_jobs_leave():
+    """ES scores its centre as spare work: it starts on a slot only when no
+    population job waits, so it never pushes a member into another wave."""
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    template = PolicyNet(spec)
+    holder = {}
+
+    def make(s, device):
+        holder["p"] = PopulationPolicy(template, 4, 1, device)
+        return holder["p"]
+
+    with tiny_pipeline(make, num_workers=1, envs_per_worker=8, consume=False) as pipe:
+        policy = holder["p"]
+        policy.loop = pipe.loop  # not running: plan() is driven by hand below
+        nets = _flats([PolicyNet(spec) for _ in range(3)])
+        centre = policy.submit(nets[:1], episodes=3, spare=True)
+        population = policy.submit(nets[1:], episodes=1)
+        group, ret = np.array([0]), np.zeros((1, 4), np.float32)
+        everyone = np.ones((1, 4), bool)
+        nobody = np.zeros((1, 4), bool)
+        policy.plan(group, everyone, nobody, ret)
+        # Both members first, then the centre in the two slots left.
+        assert [policy._env_job[i] for i in range(4)] == [population, population, centre, centre]
+        assert population.pending == 2 and len(policy._spare) == 1
+        more = policy.submit(nets[1:2], episodes=1)  # a population job arrives: it goes before the spare one
+        slot0 = np.array([[True, False, False, False]])
+        policy.plan(group, slot0, slot0, ret + 9.0)
+        assert policy._env_job[0] is more and population.returns[0] == [9.0] and len(policy._spare) == 1
+        policy.plan(group, slot0, slot0, ret + 7.0)
+        assert policy._env_job[0] is centre and not policy._spare and more.done.is_set()
+
+
 def test_ga_learns_cartpole(tmp_path):
     cfg = GARun(generations=0, total_frames=GA_FRAME_BUDGET, stop_at_return=475, log_dir=str(tmp_path),
                 run_name="ga", progress=False)
