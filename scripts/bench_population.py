@@ -61,6 +61,8 @@ class Args:
     """cpu, cuda, auto"""
     forward: str = "auto"
     """train: the trainers' --forward (population forward strategy)"""
+    episodes_per_member: int = 1
+    """train: the trainers' --episodes-per-member"""
 
 
 def _time(fn, repeats: int, device: torch.device) -> float:
@@ -121,7 +123,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
     for algo in a.algos:
         cls = {"ga": GARun, "es": ESRun}[algo]
         cfg = cls(env=env, generations=0, seconds=a.seconds, progress=False, run_name="bench",
-                  forward=a.forward)
+                  forward=a.forward, episodes_per_member=a.episodes_per_member)
         pipe = cfg.pipeline
         pipe = dataclasses.replace(pipe, num_workers=a.num_workers or pipe.num_workers,
                                    envs_per_worker=a.envs_per_worker or pipe.envs_per_worker, device=str(device))
@@ -145,6 +147,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
         del raw
         raw_best = float(np.median([before, after]))
         out = {"part": "train", "algo": algo, "env": env.id, "population": a.population, "envs": n,
+               "episodes_per_member": a.episodes_per_member,
                "generations": summary["generations"], "eval_frames_per_s": rate,
                "raw_envpool_steps_per_s": raw_best, "raw_before": before, "raw_after": after,
                "ratio_raw": rate / raw_best, "best_member_return": summary["best_member_return"],
