@@ -55,6 +55,8 @@ class BenchConfig:
     """seconds run before measuring each configuration"""
     device: str = "auto"
     """where the policy runs: auto, cpu, cuda, cuda:N"""
+    cuda_graphs: bool = False
+    """replay the model's inference forward (and the learner run's) from CUDA graphs"""
     env_threads: int = 0
     """envpool threads in total, the same for raw and pipeline; 0 = one per core"""
     transport_only: bool = False
@@ -194,7 +196,8 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         if not model:
             return RandomPolicy(spec, device)
         preset, net = training_model(spec, device)
-        return ModelPolicy(net, spec, precision=resolve_precision(preset.algo.precision, net.kind, device))
+        return ModelPolicy(net, spec, precision=resolve_precision(preset.algo.precision, net.kind, device),
+                           cuda_graphs=pipe_cfg.cuda_graphs)
 
     raws, pipes, ratios = [], [], []
     with Pipeline(EnvConfig(id=cfg.env, backend=backend), pipe_cfg, make_policy) as pipe:
@@ -310,7 +313,7 @@ def run(cfg: BenchConfig) -> dict:
     spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
     workers, envs, unroll = _sizes(cfg, spec)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
-                              device=cfg.device, min_batch_envs=cfg.min_batch_envs,
+                              device=cfg.device, cuda_graphs=cfg.cuda_graphs, min_batch_envs=cfg.min_batch_envs,
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
     validate_pipeline(pipe_cfg, prefix="bench")
     resolve_device(cfg.device)
@@ -326,7 +329,8 @@ def run(cfg: BenchConfig) -> dict:
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
-              "env_threads": threads, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count()}
+              "env_threads": threads, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count(),
+              "cuda_graphs": cfg.cuda_graphs}
 
     if cfg.transport_only:
         p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)

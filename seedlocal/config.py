@@ -47,6 +47,9 @@ class PipelineConfig:
     """... or this long after the first is ready, whichever comes first"""
     device: str = "auto"
     """where the policy runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N"""
+    cuda_graphs: bool = False
+    """replay the inference forward as CUDA graphs, one per batch size padded to a power of two
+    (CUDA only; off by default until measured faster on a GPU)"""
     max_restarts: int = 3
     """restarts allowed per env worker before the run stops with an error"""
     inference_threads: int = 1
@@ -152,9 +155,11 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: 
     if p.batch_timeout_ms < 0:
         fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
     try:
-        resolve_device(p.device)
+        device = resolve_device(p.device)
     except ConfigError as e:
         raise ConfigError(f"{prefix}.{e}") from None
+    if p.cuda_graphs and device.type != "cuda":
+        fail(f"{prefix}.cuda_graphs", p.cuda_graphs, f"needs a CUDA device ({prefix}.device={p.device!r} is {device})")
 
 
 def num_groups(p: PipelineConfig, bridge: BridgeConfig | None = None) -> int:

@@ -47,9 +47,11 @@ def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
 
 def autocast(device: torch.device, precision: str):
     """Mixed precision for a forward pass: weights and their gradients stay
-    fp32; convolutions and matmuls run in bf16; callers cast outputs back."""
+    fp32; convolutions and matmuls run in bf16; callers cast outputs back.
+    No cast cache: each forward uses each weight once, and a CUDA graph
+    captured with the cache would replay the weights as they were then."""
     if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
     return contextlib.nullcontext()
 
 
@@ -367,26 +369,93 @@ class WeightFence:
                 self._read = self._record()
 
 
+class GraphedStep:
+    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA
+    graphs: one per batch size rounded up to a power of two, captured the
+    first time that size comes, into one shared memory pool. Inputs are
+    copied into the graph's static buffers (pad rows keep stale data; their
+    outputs are dropped) and outputs are cloned out, so the caller may hold
+    them past the next call. Parameters are read where they live, so an
+    optimiser step that updates them in place is seen by the next replay.
+
+    A graph saves the per-kernel launch cost of a small forward, which is
+    what a batch of a few dozen env rows spends most of its time on.
+    """
+
+    def __init__(self, step, device: torch.device):
+        self.step, self.device = step, torch.device(device)
+        self.graphs: dict[int, tuple] = {}
+        self.pool = None
+
+    @staticmethod
+    def bucket(n: int) -> int:
+        return 1 << max(0, n - 1).bit_length()
+
+    def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
+        static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device) for k, v in obs.items()}
+        static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
+                                                             device=self.device)
+        # Warm-up off the capturing stream (lazy initialisation, cuDNN's
+        # algorithm choice), as torch.cuda.graphs asks.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.step(static_obs, static_core)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the learner thread keeps launching work while this one captures.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = self.step(static_obs, static_core)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[size] = (graph, static_obs, static_core, out)
+
+    def __call__(self, obs: dict[str, torch.Tensor], core=None):
+        n = next(iter(obs.values())).shape[0]
+        size = self.bucket(n)
+        if size not in self.graphs:
+            self._capture(size, obs, core)
+        graph, static_obs, static_core, out = self.graphs[size]
+        for k, v in obs.items():
+            static_obs[k][:n].copy_(v)
+        if core is not None:
+            static_core[:n].copy_(core)
+        graph.replay()
+        return tuple(None if o is None else o[:n].clone() for o in out)
+
+
 class ModelPolicy:
     """Samples actions from an ``ActorCritic`` without tracking gradients.
 
     ``fence`` (a ``WeightFence`` shared with the learner's optimiser step)
     keeps a forward pass from reading parameters halfway through an update.
+    ``cuda_graphs`` replays the forward from CUDA graphs (``GraphedStep``).
     """
 
     def __init__(self, model: ActorCritic, spec: EnvSpec, fence: WeightFence | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", cuda_graphs: bool = False):
         self.model = model
         self.outputs = policy_outputs(spec)
         self.core_state = model.core_spec
-        self.fence = fence if fence is not None else WeightFence(next(model.parameters()).device)
+        device = next(model.parameters()).device
+        self.fence = fence if fence is not None else WeightFence(device)
         self.precision = precision
+        self._step = model.step
+        if cuda_graphs:
+            if device.type != "cuda":
+                raise ValueError(f"cuda_graphs needs the model on a CUDA device, not {device}")
+            self._step = GraphedStep(self._autocast_step, device)
+
+    def _autocast_step(self, obs, core):
+        with autocast(next(self.model.parameters()).device, self.precision):
+            return self.model.step(obs, core)
 
     @torch.inference_mode()
     def act(self, obs: dict[str, torch.Tensor], core=None):
         device = next(self.model.parameters()).device
         with self.fence.reading(), autocast(device, self.precision):
-            logits, value, core = self.model.step(obs, core)
+            logits, value, core = self._step(obs, core)
         logits, value = logits.float(), value.float()
         if core is not None:
             core = core.float()

@@ -97,6 +97,8 @@ def _algo_name(cfg: NeuroevoRun) -> str:
 
 def validate(cfg: NeuroevoRun):
     validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    if cfg.pipeline.cuda_graphs:
+        fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
     {"ga": ga, "es": es, "random-search": random_search}[_algo_name(cfg)].validate(cfg.algo)

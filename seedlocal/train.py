@@ -167,7 +167,7 @@ def train(cfg: VTraceRun) -> dict:
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
     fence = WeightFence(device)
-    policy = ModelPolicy(model, spec, fence, precision=precision)
+    policy = ModelPolicy(model, spec, fence, precision=precision, cuda_graphs=cfg.pipeline.cuda_graphs)
     group = cfg.pipeline.envs_per_worker // 2
     k = cfg.algo.batch_size // group
     pipe_cfg = dataclasses.replace(cfg.pipeline)

@@ -36,7 +36,7 @@ from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import RecurrentQNet, WeightFence, resolve_precision
+from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.replay import SequenceReplay
@@ -217,8 +217,9 @@ class R2D2Policy:
     per_env = True
 
     def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor, fence: WeightFence, device, stack: int,
-                 seed: int):
+                 seed: int, cuda_graphs: bool = False):
         self.net, self.spec, self.fence, self.device = net, spec, fence, device
+        self._step = GraphedStep(net.step, device) if cuda_graphs else net.step
         self.outputs = {}
         self.core_state = net.core_spec
         self.eps = epsilons.to(device)
@@ -245,7 +246,7 @@ class R2D2Policy:
         if self.hist is not None:
             obs = {"": self.stacked(obs[""], ids, torch.from_numpy(first).to(self.device))}
         with self.fence.reading():
-            q, core = self.net.step(obs, core)
+            q, core = self._step(obs, core)
         n = q.shape[0]
         explore = torch.rand(n, generator=self.gen, device=self.device) < self.eps[ids]
         random = torch.randint(q.shape[1], (n,), generator=self.gen, device=self.device)
@@ -304,7 +305,7 @@ def train(cfg: R2D2Run) -> dict:
     eps = torch.cat([eps, torch.full((a.eval_envs,), a.eval_epsilon)])
     stack = cfg.frame_stack if cfg.frame_stack > 1 and "" in spec.obs else 1
     fence = WeightFence(device)
-    policy = R2D2Policy(online, spec, eps, fence, device, stack, cfg.env.seed)
+    policy = R2D2Policy(online, spec, eps, fence, device, stack, cfg.env.seed, cuda_graphs=cfg.pipeline.cuda_graphs)
     replay = make_replay(cfg, spec, num_envs, online.core_spec.shape)
     if saved is not None and "replay" in saved:
         try:

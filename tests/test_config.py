@@ -26,6 +26,11 @@ def test_bad_pipeline_values_name_the_field(field, value, message):
         validate_pipeline(PipelineConfig(**{field: value}))
 
 
+def test_cuda_graphs_on_a_cpu_device_are_refused():
+    with pytest.raises(ConfigError, match=r"pipeline.cuda_graphs=True: needs a CUDA device \(pipeline.device='cpu' is cpu\)"):
+        validate_pipeline(PipelineConfig(device="cpu", cuda_graphs=True))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_missing_cuda_is_refused():
     with pytest.raises(ConfigError, match=r"pipeline.device='cuda': CUDA is not available"):
@@ -49,6 +54,7 @@ def test_pipeline_refuses_before_starting_anything():
         (["--env", "Nope-v0"], "bench.env='Nope-v0': not an envpool id"),
         (["--device", "cuda:7"], "bench.device='cuda:7'"),
         (["--seconds", "0"], "bench.seconds=0.0: must be positive"),
+        (["--device", "cpu", "--cuda-graphs"], "bench.cuda_graphs=True: needs a CUDA device"),
     ],
 )
 def test_cli_reports_bad_input_in_one_line(args, message):
