@@ -45,13 +45,13 @@ def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
     return precision
 
 
-def autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str, cache: bool = True):
     """Mixed precision for a forward pass: weights and their gradients stay
     fp32; convolutions and matmuls run in bf16; callers cast outputs back.
-    No cast cache: each forward uses each weight once, and a CUDA graph
-    captured with the cache would replay the weights as they were then."""
+    ``cache=False`` for anything a CUDA graph captures: a graph must cast the
+    weights itself, not read casts cached before (and freed after) capture."""
     if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
 
 
@@ -441,20 +441,19 @@ class ModelPolicy:
         device = next(model.parameters()).device
         self.fence = fence if fence is not None else WeightFence(device)
         self.precision = precision
-        self._step = model.step
+        self._step = self._autocast_step
         if cuda_graphs:
             if device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs the model on a CUDA device, not {device}")
             self._step = GraphedStep(self._autocast_step, device)
 
     def _autocast_step(self, obs, core):
-        with autocast(next(self.model.parameters()).device, self.precision):
+        with autocast(next(self.model.parameters()).device, self.precision, cache=False):
             return self.model.step(obs, core)
 
     @torch.inference_mode()
     def act(self, obs: dict[str, torch.Tensor], core=None):
-        device = next(self.model.parameters()).device
-        with self.fence.reading(), autocast(device, self.precision):
+        with self.fence.reading():
             logits, value, core = self._step(obs, core)
         logits, value = logits.float(), value.float()
         if core is not None:
@@ -490,7 +489,7 @@ class RecurrentQNet(nn.Module):
 
     def _encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         x = next(iter(obs.values()))
-        with autocast(x.device, self.precision):
+        with autocast(x.device, self.precision, cache=False):  # each weight is used once; safe to graph
             return encode_obs(self.kind, self.encoder, self.obs_keys, obs).float()
 
     def _q(self, h: torch.Tensor) -> torch.Tensor:

@@ -211,10 +211,13 @@ class _Evolver:
             # a few episodes to every generation.
             scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
             fitness = means(job)
-            self.state = es.tell(self.state, cfg.algo, seeds, fitness)
-            following, params = es.ask(self.state, cfg.algo)
-            self._next = (following, pool.submit(params, n_eps), self.state.theta.clone())
+            state = es.tell(self.state, cfg.algo, seeds, fitness)
+            following, params = es.ask(state, cfg.algo)
+            self._next = (following, pool.submit(params, n_eps), state.theta.clone())
             best = float(np.mean(scored.wait(check)[0]))
+            # Only now: a run stopped while waiting saves this generation's
+            # state, matching its counters, and re-evaluates it on resume.
+            self.state = state
             self._set_best(centre, best, always=True)
         else:
             if self._next is None:
