@@ -1,5 +1,6 @@
 """Neuroevolution end to end: population inference, the work queue, GA and ES learning."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -82,20 +83,28 @@ def test_population_forward_refuses_a_strategy_the_network_cannot_use():
         PopulationForward(PolicyNet(spec), num_slots=2, strategy="bmm")
 
 
-def test_work_queue_serves_every_job_once_and_nothing_else():
-    """Each (member, episode) job gets one episode; forward rows = steps of those
-    episodes exactly (CartPole: return == length), so idle slots cost no compute."""
+@contextlib.contextmanager
+def population_pipeline(num_groups: int, **pipe):
+    """A CartPole pipeline whose inference loop serves a PopulationPolicy of
+    ``num_groups`` groups of 4 envs, wired as the trainer wires it; yields
+    (spec, policy, pipe) with the loop not yet running."""
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     template = PolicyNet(spec)
     holder = {}
 
     def make(s, device):
-        holder["p"] = PopulationPolicy(template, 4, 4, device)
+        holder["p"] = PopulationPolicy(template, 4, num_groups, device)
         return holder["p"]
 
-    with tiny_pipeline(make, num_workers=2, envs_per_worker=8, consume=False) as pipe:
-        policy = holder["p"]
-        policy.loop = pipe.loop
+    with tiny_pipeline(make, consume=False, **pipe) as p:
+        holder["p"].loop = p.loop
+        yield spec, holder["p"], p
+
+
+def test_work_queue_serves_every_job_once_and_nothing_else():
+    """Each (member, episode) job gets one episode; forward rows = steps of those
+    episodes exactly (CartPole: return == length), so idle slots cost no compute."""
+    with population_pipeline(4, num_workers=2, envs_per_worker=8) as (spec, policy, pipe):
         import threading
 
         t = threading.Thread(target=pipe.loop.run_until_stopped, daemon=True)
@@ -117,17 +126,8 @@ def test_work_queue_serves_every_job_once_and_nothing_else():
 def test_spare_jobs_take_only_the_slots_other_jobs_leave():
     """ES scores its centre as spare work: it starts on a slot only when no
     population job waits, so it never pushes a member into another wave."""
-    spec = validate_env(EnvConfig(id="CartPole-v1"))
-    template = PolicyNet(spec)
-    holder = {}
-
-    def make(s, device):
-        holder["p"] = PopulationPolicy(template, 4, 1, device)
-        return holder["p"]
-
-    with tiny_pipeline(make, num_workers=1, envs_per_worker=8, consume=False) as pipe:
-        policy = holder["p"]
-        policy.loop = pipe.loop  # not running: plan() is driven by hand below
+    with population_pipeline(1, num_workers=1, envs_per_worker=8) as (spec, policy, pipe):
+        # The loop does not run: plan() is driven by hand below, for group 0.
         nets = _flats([PolicyNet(spec) for _ in range(3)])
         centre = policy.submit(nets[:1], episodes=3, spare=True)
         population = policy.submit(nets[1:], episodes=1)
@@ -261,19 +261,9 @@ def test_a_few_busy_groups_do_not_wait_for_held_ones():
     are held and can never become ready."""
     import threading
 
-    spec = validate_env(EnvConfig(id="CartPole-v1"))
-    template = PolicyNet(spec)
-    holder = {}
-
-    def make(s, device):
-        holder["p"] = PopulationPolicy(template, 4, 8, device)
-        return holder["p"]
-
-    # min_batch_envs 16 = every group's envs; a 200 ms timeout makes any wait for held groups obvious.
-    with tiny_pipeline(make, num_workers=4, envs_per_worker=8, consume=False, min_batch_envs=32,
-                       batch_timeout_ms=200.0) as pipe:
-        policy = holder["p"]
-        policy.loop = pipe.loop
+    # min_batch_envs 32 = every group's envs; a 200 ms timeout makes any wait for held groups obvious.
+    with population_pipeline(8, num_workers=4, envs_per_worker=8, min_batch_envs=32,
+                             batch_timeout_ms=200.0) as (spec, policy, pipe):
         t = threading.Thread(target=pipe.loop.run_until_stopped, daemon=True)
         t.start()
         try:
