@@ -384,6 +384,8 @@ class GraphedStep:
 
     def __init__(self, step, device: torch.device):
         self.step, self.device = step, torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         self.graphs: dict[int, tuple] = {}
         self.pool = None
 
@@ -438,17 +440,13 @@ class ModelPolicy:
         self.model = model
         self.outputs = policy_outputs(spec)
         self.core_state = model.core_spec
-        device = next(model.parameters()).device
-        self.fence = fence if fence is not None else WeightFence(device)
+        self.device = next(model.parameters()).device
+        self.fence = fence if fence is not None else WeightFence(self.device)
         self.precision = precision
-        self._step = self._autocast_step
-        if cuda_graphs:
-            if device.type != "cuda":
-                raise ValueError(f"cuda_graphs needs the model on a CUDA device, not {device}")
-            self._step = GraphedStep(self._autocast_step, device)
+        self._step = GraphedStep(self._autocast_step, self.device) if cuda_graphs else self._autocast_step
 
     def _autocast_step(self, obs, core):
-        with autocast(next(self.model.parameters()).device, self.precision, cache=False):
+        with autocast(self.device, self.precision, cache=False):
             return self.model.step(obs, core)
 
     @torch.inference_mode()

@@ -154,7 +154,7 @@ class _Evolver:
         else:
             self.state = random_search.init(seed)
         self._cache: dict[tuple, torch.Tensor] = {}
-        self._next = None  # the next population's job, already playing (GA: without its elite; ES: with its centre)
+        self._next = None  # the next population's job, already playing (GA: without its elite)
 
     def state_dict(self) -> dict:
         return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
@@ -203,8 +203,9 @@ class _Evolver:
         elif self.name == "es":
             if self._next is None:
                 seeds, params = es.ask(self.state, cfg.algo)
-                self._next = (seeds, pool.submit(params, n_eps), self.state.theta.clone())
-            seeds, job, centre = self._next
+                self._next = (seeds, pool.submit(params, n_eps))
+            seeds, job = self._next
+            centre = self.state.theta.clone()  # the population's centre: the state it was asked from
             # The centre's episodes only fill slots the population leaves free
             # and nothing waits for them until the next population plays: with
             # as many slots as members, scoring it first would add a wave of
@@ -213,7 +214,7 @@ class _Evolver:
             fitness = means(job)
             state = es.tell(self.state, cfg.algo, seeds, fitness)
             following, params = es.ask(state, cfg.algo)
-            self._next = (following, pool.submit(params, n_eps), state.theta.clone())
+            self._next = (following, pool.submit(params, n_eps))
             best = float(np.mean(scored.wait(check)[0]))
             # Only now: a run stopped while waiting saves this generation's
             # state, matching its counters, and re-evaluates it on resume.
