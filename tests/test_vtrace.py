@@ -261,3 +261,24 @@ def test_impala_loss_uniform_entropy_and_empty_mask():
     none_valid = torch.zeros(T, B, dtype=torch.bool)
     total, stats = impala_loss(logits, actions, values, returns, none_valid)
     assert total.item() == 0.0 and all(v.item() == 0.0 for v in stats.values())
+
+
+def test_mlp_tanh_matches_torch_in_values_and_gradients():
+    """The MLP torsos' Tanh may compute 2 sigmoid(2x) - 1 (faster on some CPU
+    builds): it must stay torch.tanh in value and gradient, with and without
+    a graph, saturated inputs included."""
+    from seedlocal.models import Tanh, _tanh_from_sigmoid
+
+    # Large enough for the identity to be used where it measures faster.
+    specials = torch.tensor([0.0, 1e-8, -1e-8, 30.0, -30.0, 100.0, -100.0])
+    x0 = torch.cat([torch.randn(16384) * 3, specials]).view(-1, 1)
+    for fn in (Tanh(), _tanh_from_sigmoid):  # the module, and the identity whether or not it chose it
+        x = x0.clone().requires_grad_(True)
+        y = fn(x)
+        y.backward(torch.ones_like(y))
+        ref = x0.clone().requires_grad_(True)
+        torch.tanh(ref).backward(torch.ones_like(ref))
+        assert torch.allclose(y, torch.tanh(ref), atol=1e-6, rtol=0)
+        assert torch.allclose(x.grad, ref.grad, atol=1e-6, rtol=0)
+        with torch.inference_mode():
+            assert torch.allclose(fn(x0), torch.tanh(x0), atol=1e-6, rtol=0)
