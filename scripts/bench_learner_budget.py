@@ -1,0 +1,140 @@
+"""The CPU budget of a V-trace preset: what one learner batch costs in core-seconds.
+
+A CPU learner shares the cores with the env workers and the inference loop,
+so a run's frames/s can be no higher than either of
+
+    frames per batch / (learner seconds per batch, on its best thread count)
+    cores * frames per batch / (learn + act + step core-seconds per batch)
+
+the first even if acting cost nothing, the second however well the three
+overlap. This script measures each term on its own,
+in one run, with the preset's own settings and network:
+
+- learn: one ``learner_step`` on a synthetic batch of the preset's shape
+  (``echo`` passes of ``minibatches`` updates plus the no-grad target pass),
+  timed on 1 thread and on every core (core-seconds = threads x seconds);
+- act: the inference forward for one batch of a group's envs (one thread, as
+  the inference loop runs), times the batches in a learner batch;
+- step: raw envpool stepping with random actions on the same env count and
+  threads, the best of ``seedlocal bench``'s three ways.
+
+It prints one JSON line: the three terms and both ceilings; ``--echo`` and
+``--minibatches`` measure another learning rhythm.
+
+    python scripts/bench_learner_budget.py                      # --preset atari on Pong-v5
+    python scripts/bench_learner_budget.py --echo 1 --minibatches 16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import tyro
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from seedlocal.algos.vtrace import learner_step, make_optimizer
+from seedlocal.bench import RawEnvpool
+from seedlocal.config import EnvConfig, validate_env
+from seedlocal.models import autocast, resolve_precision
+from seedlocal.train import PRESETS, build_model
+
+
+@dataclass
+class Args:
+    preset: str = "atari"
+    """V-trace preset whose settings are measured"""
+    env: str = ""
+    """env id (default: the preset's)"""
+    echo: int = 0
+    """override the preset's algo.echo (0 = keep)"""
+    minibatches: int = 0
+    """override the preset's algo.minibatches (0 = keep)"""
+    repeats: int = 3
+    """timed learner steps per thread count (median reported)"""
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def main(a: Args) -> None:
+    cfg = PRESETS[a.preset]
+    if a.env:
+        cfg = dataclasses.replace(cfg, env=EnvConfig(id=a.env))
+    algo = dataclasses.replace(cfg.algo, echo=a.echo or cfg.algo.echo,
+                               minibatches=a.minibatches or cfg.algo.minibatches)
+    spec = validate_env(cfg.env)
+    cores = os.cpu_count() or 1
+    device = torch.device("cpu")
+    model = build_model(cfg, spec)
+    optimizer = make_optimizer(model.parameters(), algo)
+    precision = resolve_precision(algo.precision, model.kind, device)
+    L, B = cfg.pipeline.unroll_length + 1, algo.batch_size
+    g = torch.Generator().manual_seed(0)
+    obs = {k: (torch.randint(0, 255, (L, B, *s.shape), dtype=torch.uint8, generator=g) if s.dtype == "uint8"
+               else torch.randn((L, B, *s.shape), generator=g)) for k, s in spec.obs.items()}
+    batch = {"obs": obs, "action": torch.randint(0, spec.num_actions, (L, B), generator=g),
+             "reward": torch.randn(L, B, generator=g).sign() * (torch.rand(L, B, generator=g) < 0.02),
+             "terminated": torch.zeros(L, B, dtype=torch.bool), "ignored": torch.zeros(L, B, dtype=torch.bool),
+             "behaviour_logits": torch.zeros(L, B, spec.num_actions), "core_state": None}
+    if model.lstm is not None:
+        batch["core_state"] = torch.zeros(B, 2, model.lstm.hidden_size)
+
+    learn = {}
+    for threads in sorted({1, cores}):
+        torch.set_num_threads(threads)
+        learner_step(model, optimizer, batch, algo, precision=precision)  # warm-up
+        times = []
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            learner_step(model, optimizer, batch, algo, precision=precision)
+            times.append(time.perf_counter() - t0)
+        learn[threads] = _median(times)
+
+    group = cfg.pipeline.envs_per_worker // 2
+    torch.set_num_threads(1)  # the inference loop's default (pipeline.inference_threads)
+    x = {k: v[0, :group] for k, v in obs.items()}
+    core = None if model.lstm is None else torch.zeros(group, 2, model.lstm.hidden_size)
+    with torch.inference_mode():
+        times = []
+        for i in range(33):
+            t0 = time.perf_counter()
+            with autocast(device, precision, cache=False):
+                model.step(x, core)
+            if i >= 3:  # the first calls warm oneDNN up
+                times.append(time.perf_counter() - t0)
+    act_batch = _median(times)
+
+    n_envs = cfg.pipeline.num_workers * cfg.pipeline.envs_per_worker
+    raw = RawEnvpool(spec.env_id, spec, n_envs, cfg.pipeline.env_threads or cores)
+    raw_steps = max(raw.measure(0.5, 3.0).values())
+    del raw
+
+    steps = (L - 1) * B  # agent steps per learner batch
+    frames = steps * spec.frames_per_step
+    terms = {"learn_core_s": learn[1], "learn_core_s_all_threads": learn[cores] * cores,
+             "act_core_s": act_batch * steps / group, "step_core_s": steps / raw_steps * cores}
+    total = terms["learn_core_s"] + terms["act_core_s"] + terms["step_core_s"]
+    alone = frames / min(learn.values())
+    budget = cores * frames / total
+    out = {"preset": a.preset, "env": spec.env_id, "echo": algo.echo, "minibatches": algo.minibatches,
+           "precision": precision, "cores": cores, "agent_steps_per_batch": steps, "frames_per_batch": frames,
+           "learn_s_1_thread": learn[1], f"learn_s_{cores}_threads": learn[cores],
+           "act_ms_per_inference_batch": act_batch * 1e3, "inference_batch": group,
+           "raw_envpool_steps_per_s": raw_steps, **terms,
+           "learner_alone_frames_per_s": alone, "core_budget_frames_per_s": budget,
+           "ceiling_frames_per_s": min(alone, budget),
+           "learn_share": terms["learn_core_s"] / total}
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
