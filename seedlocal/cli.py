@@ -1,6 +1,7 @@
 """Command line (also ``python -m seedlocal``):
 
     seedlocal train vtrace [--preset atari] [--env.id Pong-v5] [...]
+    seedlocal train r2d2 [--preset atari] [...]
     seedlocal train ga|es|random-search [--env.id CartPole-v1] [...]
     seedlocal eval --checkpoint runs/<run> [--episodes 10] [--video out.gif]
     seedlocal bench [--env Pong-v5] [...]
@@ -19,13 +20,14 @@ import tyro
 
 from seedlocal.checkpoint import CheckpointError
 from seedlocal.config import ConfigError
+from seedlocal.pipeline.actors import WorkerDied
 
-USAGE = """usage: seedlocal {train vtrace|ga|es|random-search,eval,bench,actors} [--help] [options]
+USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,actors} [--help] [options]
 
   train vtrace   train IMPALA (V-trace) with central batched inference
                  presets: --preset cartpole (default), --preset atari
-  train r2d2     recurrent prioritized replay Q-learning (R2D2); same presets
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
+  train r2d2     recurrent prioritized replay Q-learning (R2D2); same presets
   train ga       deep GA: a population evaluated in batched forward passes
   train es       evolution strategies (antithetic, centred ranks, Adam)
   train random-search   the random-search baseline of the deep-GA paper
@@ -201,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as e:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 2
+    except WorkerDied as e:
+        # The env's own traceback is on stderr already (from the worker); the
+        # learner's would only show where it noticed.
+        print(f"seedlocal: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\nseedlocal: interrupted; stopped cleanly (checkpoint written where a run was training)",
               file=sys.stderr)

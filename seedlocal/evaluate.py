@@ -155,9 +155,10 @@ def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) ->
         genv = gymnasium.make(spec.env_id, render_mode="rgb_array")
         obs, _ = genv.reset(seed=seed)
         frames = [genv.render()]
-    except Exception as e:  # e.g. pygame missing for classic control
-        raise ConfigError(f"video={spec.env_id}: cannot render this env ({type(e).__name__}: {e}); "
-                          "for classic control install pygame (pip install pygame)") from None
+    except Exception as e:  # e.g. pygame missing for classic control, or no render_mode
+        hint = ("; for classic control install pygame (pip install pygame)" if "pygame" in str(e).lower()
+                else "; the env must take render_mode='rgb_array' and return frames from render()")
+        raise ConfigError(f"video={spec.env_id}: cannot render this env ({type(e).__name__}: {e}){hint}") from None
     keys = list(spec.obs)
     for _ in range(max_steps):
         batch = {k: np.asarray(obs[k] if isinstance(obs, dict) else obs)[None] for k in keys}

@@ -55,8 +55,22 @@ def autocast(device: torch.device, precision: str, cache: bool = True):
     return contextlib.nullcontext()
 
 
+def image_layout(spec: TensorSpec) -> str | None:
+    """``chw`` or ``hwc`` for an observation the CNN torsos take (at least
+    36 x 36 pixels: the Nature CNN's smallest input), else None. Gymnasium's
+    own image envs are usually (H, W, C); envpool's Atari frames (C, H, W)."""
+    shape = spec.shape
+    if len(shape) != 3:
+        return None
+    if min(shape[1:]) >= 36:
+        return "chw"
+    if min(shape[:2]) >= 36 and shape[2] <= 16:
+        return "hwc"
+    return None
+
+
 def is_image(spec: TensorSpec) -> bool:
-    return len(spec.shape) == 3 and min(spec.shape[1:]) >= 36
+    return image_layout(spec) is not None
 
 
 @functools.lru_cache(maxsize=1)
@@ -189,9 +203,15 @@ def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple
     if encoder == "auto":
         encoder = "nature" if single is not None and is_image(single) else "mlp"
     if encoder in ("nature", "impala"):
-        if single is None or len(single.shape) != 3:
-            raise ValueError(f"encoder={encoder} needs one image observation (C, H, W); {spec.env_id} has {spec.obs}")
-        return encoder, NatureCNN(single.shape) if encoder == "nature" else ImpalaResNet(single.shape)
+        layout = image_layout(single) if single is not None else None
+        if layout is None:
+            raise ValueError(f"encoder={encoder} needs one image observation, (C, H, W) or (H, W, C) of at least "
+                             f"36 x 36 pixels; {spec.env_id} has "
+                             f"{tuple(single.shape) if single is not None else dict(spec.obs)}")
+        c, h, w = single.shape if layout == "chw" else (single.shape[2], *single.shape[:2])
+        torso = NatureCNN((c, h, w)) if encoder == "nature" else ImpalaResNet((c, h, w))
+        torso.hwc = layout == "hwc"  # encode_obs moves the channels first (a view)
+        return encoder, torso
     in_dim = sum(max(1, math.prod(s.shape)) for s in spec.obs.values())
     return encoder, MLPEncoder(in_dim, hidden)
 
@@ -205,6 +225,10 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tens
 def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
     if kind in ("nature", "impala"):
         x = obs[""]
+        if getattr(encoder, "hwc", False):
+            # (N, H, W, C) frames seen as (N, C, H, W): already the
+            # channels-last memory layout, so the reorder below copies nothing.
+            x = x.permute(0, 3, 1, 2)
         if getattr(encoder, "channels_last", False):
             # Reorder the uint8 frames (a quarter of the bytes), then convert.
             x = x.contiguous(memory_format=torch.channels_last)

@@ -26,7 +26,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
 from seedlocal.models import PolicyNet
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.bridge_server import BridgeMeter
-from seedlocal.pipeline.inference import InferenceThread
+from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.population import PopulationPolicy
 
 
@@ -53,7 +53,7 @@ class NeuroevoRun:
     best_episodes: int = 5
     """episodes that score the best member each generation (ES centre, random-search winner)"""
     encoder: str = "auto"
-    """network torso: auto, mlp, nature"""
+    """network torso: auto (Nature CNN for images, else MLP), mlp, nature, impala"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes"""
     greedy: bool = True
@@ -244,6 +244,10 @@ class _Evolver:
             self.best_params, self.best_return = vec.clone(), score
 
 
+class _OutOfTime(Exception):
+    """The time budget ended inside a generation whose envs make no progress."""
+
+
 def train(cfg: NeuroevoRun) -> dict:
     spec = validate(cfg)
     device = resolve_device(cfg.pipeline.device)
@@ -296,6 +300,15 @@ def train(cfg: NeuroevoRun) -> dict:
         runner = InferenceThread(loop)
         runner.start()
         meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
+        watch = StallWatch(loop)
+
+        def check() -> None:
+            # Runs every 0.5 s while a generation waits for episodes. The time
+            # budget is otherwise checked between generations; a generation
+            # whose envs stopped stepping (a hung env) is abandoned at it.
+            runner.check()
+            if meter is None and watch.poll() and cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
+                raise _OutOfTime
 
         try:
             while True:
@@ -306,7 +319,11 @@ def train(cfg: NeuroevoRun) -> dict:
                     break
                 t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes.total
                 w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
-                stats = evolver.generation(policy, runner.check)
+                watch.start()
+                try:
+                    stats = evolver.generation(policy, check)
+                except _OutOfTime:
+                    break
                 dt = time.monotonic() - t0
                 gen_s += dt
                 # Frames of evaluation episodes only: each served row is one
@@ -363,5 +380,6 @@ def train(cfg: NeuroevoRun) -> dict:
                             "checkpoint": str(path) if path is not None else None})
             checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
-          f"best member return {evolver.best_return:.1f}; checkpoint {path}", flush=True)
+          f"best member return {f'{evolver.best_return:.1f}' if math.isfinite(evolver.best_return) else '-'}; "
+          f"checkpoint {path}", flush=True)
     return summary

@@ -29,7 +29,7 @@ from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, resolve_prec
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
-from seedlocal.pipeline.inference import InferenceThread
+from seedlocal.pipeline.inference import InferenceThread, StallWatch
 
 # Learner statistics measured once per logging interval (see learner_step).
 DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
@@ -208,6 +208,7 @@ def train(cfg: VTraceRun) -> dict:
         log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
         rows_learned = 0
         meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
+        watch = StallWatch(loop)
         t_said = 0.0
 
         def bump_version() -> None:
@@ -225,6 +226,7 @@ def train(cfg: VTraceRun) -> dict:
                     break
                 # -- wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner)
                 t0 = time.monotonic()
+                watch.start()
                 while (fetched := prefetch.next(timeout=0.5)) is None:
                     runner.check()
                     if meter is not None and time.monotonic() - t0 > 10 and time.monotonic() - t_said > 10:
@@ -232,6 +234,12 @@ def train(cfg: VTraceRun) -> dict:
                         line = meter.waiting_line(pipe.pool.num_remote_groups)
                         if line:
                             print(line, flush=True)
+                    elif meter is None:
+                        watch.poll()  # says so if the envs stopped stepping
+                    if cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
+                        break  # the budget ends while waiting (e.g. a hung env)
+                if fetched is None:
+                    break
                 t1 = time.monotonic()
                 wait_s += t1 - t0
                 batch = prefetch.batcher.use(fetched)

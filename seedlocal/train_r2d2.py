@@ -36,9 +36,9 @@ from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, resolve_precision
+from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, resolve_precision
 from seedlocal.monitor import RunMonitor
-from seedlocal.pipeline.inference import InferenceThread
+from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.replay import SequenceReplay
 from seedlocal.shm.rollout import obs_key
 
@@ -195,8 +195,13 @@ def validate(cfg: R2D2Run):
     per_env = -(-a.replay_size // max(1, envs - a.eval_envs))
     if per_env * a.unroll_length < a.burn_in + a.unroll_length + 1:
         fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
-    if cfg.frame_stack < 0 or (cfg.frame_stack > 1 and "" not in spec.obs):
-        fail("frame_stack", cfg.frame_stack, "stacks only a single image observation")
+    if cfg.frame_stack < 0:
+        fail("frame_stack", cfg.frame_stack, "must be >= 0")
+    single = spec.obs.get("")
+    if cfg.frame_stack > 1 and (single is None or image_layout(single) != "chw" or single.shape[0] != 1):
+        seen = tuple(single.shape) if single is not None else dict(spec.obs)
+        fail("frame_stack", cfg.frame_stack, "stacks single-channel (1, H, W) image frames, as envpool's Atari "
+             f"sends with --env.frame-stack 1; {spec.env_id} observes {seen}")
     if cfg.total_steps < 0 or cfg.seconds < 0 or (cfg.total_steps == 0 and cfg.seconds == 0):
         fail("total_steps", cfg.total_steps, "set a step or time budget (both >= 0, not both 0)")
     try:
@@ -377,6 +382,8 @@ def train(cfg: R2D2Run) -> dict:
         acc: dict[str, torch.Tensor] = {}
         sampled_p: list[float] = []
         inserted0, log_updates, dropped = replay.added, counters["updates"], 0
+        # Not with a bridge: there, waiting for actor hosts is expected.
+        watch, waiting = (StallWatch(loop) if not pipe.pool.num_remote_groups else None), False
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
@@ -393,7 +400,13 @@ def train(cfg: R2D2Run) -> dict:
                     try:
                         b = loop.completed.get(timeout=0.5)
                     except queue.Empty:
+                        if watch is not None and waiting:
+                            watch.poll()  # says so if the envs stopped stepping
+                        elif watch is not None:  # time spent learning before this wait is no stall
+                            watch.start()
+                            waiting = True
                         continue
+                    waiting = False
                     while True:
                         ingest(store, b)
                         loop.release(b)
@@ -475,5 +488,6 @@ def train(cfg: R2D2Run) -> dict:
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
     print(f"\nseedlocal: done: {summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} return "
-          f"(last 20) {'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint']}", flush=True)
+          f"(last 20) {'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint']}; "
+          f"summary {run_dir / 'summary.json'}", flush=True)
     return summary

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import seedlocal_segments
+
 TESTS = Path(__file__).parent
 
 
@@ -43,3 +45,44 @@ def test_a_module_that_cannot_be_imported_or_registers_nothing_is_named():
     out = seedlocal("train", "vtrace", "--env.id", "corridor:Other-v0")
     assert out.returncode == 2
     assert "did not register 'Other-v0'" in out.stderr
+
+
+def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
+    """A reset that always raises would fail the same way on every restart:
+    the run stops at once, with one line naming the worker and the env's
+    exception (its traceback is above it, from the worker)."""
+    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
+                    "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("seedlocal: error: env worker"), last
+    assert "RuntimeError: boom in reset" in last and "not restarting" in last, last
+    assert "restarted it" not in out.stdout
+    assert not seedlocal_segments()
+
+
+def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path):
+    """An env stuck inside step(): V-trace and the GA say which workers hang
+    and stop at --seconds instead of waiting for ever."""
+    for algo in ("vtrace", "ga"):
+        out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "16",
+                        "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress", timeout=150)
+        assert out.returncode == 0, (algo, out.stderr[-2000:])
+        assert "seedlocal: no env steps for" in out.stdout and "still inside an env's step or reset" in out.stdout, (
+            algo, out.stdout[-2000:])
+        assert "seedlocal: done:" in out.stdout
+    assert not seedlocal_segments()
+
+
+def test_channels_last_images_get_the_cnn_torso(tmp_path):
+    """Gymnasium's (H, W, C) images train with the Nature CNN, as (C, H, W) ones do."""
+    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageHWC-v0", "--total-steps", "300",
+                    "--log-dir", str(tmp_path), "--run-name", "img", "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(nature torso" in out.stdout, out.stdout[:500]
+    # R2D2 stacks single-channel frames only, and says so before starting.
+    out = seedlocal("train", "r2d2", "--env.id", "faulty_envs:ImageHWC-v0", "--frame-stack", "4",
+                    "--log-dir", str(tmp_path))
+    assert out.returncode == 2
+    assert "frame_stack=4: stacks single-channel (1, H, W) image frames" in out.stderr
+    assert "observes (48, 48, 3)" in out.stderr

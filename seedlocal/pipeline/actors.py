@@ -17,7 +17,7 @@ from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.worker import WorkerArgs, run_worker
 from seedlocal.shm.arrays import SharedArrays
 from seedlocal.shm.rollout import RolloutLayout, create_store
-from seedlocal.shm.slots import STEPPING, Signal, create_control
+from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
 GROUPS_PER_WORKER = 2
 
@@ -53,6 +53,7 @@ class ActorPool:
         self.store: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
         self.restarts = [0] * num_workers
+        self._steps_at_spawn = [0] * num_workers  # its groups' step count when a worker was (re)started
         self.obs_ready = Signal(self._ctx)  # a wake-up hint for the inference loop
         self.ready = [Signal(self._ctx) for _ in range(self.num_groups)]  # per group: its rows are published
         self.wake = [Signal(self._ctx) for _ in range(self.num_groups)]
@@ -137,18 +138,28 @@ class ActorPool:
             obs_ready=self.obs_ready,
             parent_pid=os.getpid(),
         )
+        for g in groups:
+            self.control["group_error"][g] = 0
+        self._steps_at_spawn[w] = self._group_steps(w)
         proc = self._ctx.Process(target=run_worker, args=(args,), name=f"seedlocal-env-{w}", daemon=True)
         proc.start()
         self.procs[w] = proc
 
+    def _group_steps(self, w: int) -> int:
+        return int(sum(self.control["group_steps"][g] for g in self.groups_of(w)))
+
     def dead_workers(self) -> list[int]:
         return [w for w, p in enumerate(self.procs) if p is not None and p.exitcode is not None]
 
-    def describe_exit(self, w: int) -> str:
+    def describe_exit(self, w: int, when: str = "") -> str:
+        """One line: which worker, how it ended (``when``, e.g. "before ..."), and
+        the exception it recorded, if any."""
         p = self.procs[w]
         code = p.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}"
+        errors = [e for e in (read_error(self.control, g) for g in self.groups_of(w)) if e]
+        why = f" ({errors[0]})" if errors else ""
+        return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
 
     def begin_restart(self, w: int) -> None:
         """Take dead worker ``w``'s slots back, or raise ``WorkerDied``.
@@ -156,6 +167,11 @@ class ActorPool:
         The caller then rebinds the worker's groups to fresh unrolls and calls
         ``spawn(w)``; the new worker sees only what was bound after this.
         """
+        if self._group_steps(w) == self._steps_at_spawn[w] and self.procs[w].exitcode > 0:
+            # It failed before its envs produced a first step (making or
+            # resetting them): a restart would fail the same way.
+            raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "
+                             "not restarting it: the env cannot start")
         if self.restarts[w] >= self.max_restarts:
             raise WorkerDied(f"{self.describe_exit(w)}; restarted {self.restarts[w]} times already "
                              f"(pipeline.max_restarts={self.max_restarts}), stopping")

@@ -126,7 +126,7 @@ def _leaf_spec(space) -> TensorSpec:
         return TensorSpec((), "int64")
     if isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):
         return TensorSpec(tuple(space.shape), "int64")
-    raise ValueError(f"observation space {space} is not supported (Box, Discrete, Dict of those)")
+    raise ValueError(f"a {type(space).__name__} inside it")
 
 
 def _space_spec(space) -> dict[str, TensorSpec]:
@@ -146,7 +146,8 @@ def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | N
         low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
         high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
         return TensorSpec(tuple(space.shape), "float32"), None, low, high
-    raise ValueError(f"action space {space} is not supported (Discrete or Box)")
+    raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete space "
+                     "(the pipeline also steps Box actions, for benchmarks)")
 
 
 @functools.lru_cache(maxsize=32)
@@ -176,8 +177,16 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         obs_space, act_space = env.observation_space, env.action_space
         frames = 1
         env.close()
-    action, n, low, high = _action_spec(act_space)
-    return EnvSpec(env_id, backend, _space_spec(obs_space), action, n, low, high, frames, frame_stack)
+    try:
+        obs = _space_spec(obs_space)
+    except ValueError as e:
+        raise ValueError(f"env.id={env_id!r}: observation space {obs_space} is not supported ({e}): seedlocal "
+                         "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
+    try:
+        action, n, low, high = _action_spec(act_space)
+    except ValueError as e:
+        raise ValueError(f"env.id={env_id!r}: {e}") from None
+    return EnvSpec(env_id, backend, obs, action, n, low, high, frames, frame_stack)
 
 
 def _stack_kw(frame_stack: int) -> dict:

@@ -516,6 +516,45 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
+class StallWatch:
+    """Notices a learner waiting on envs that make no progress (a hung env).
+
+    The learner calls ``start`` when it begins to wait and ``poll`` while it
+    waits. Once no env step has arrived for ``after`` seconds, ``poll`` says
+    so (every ``every`` seconds), naming the local workers whose groups are
+    still inside their envs' step or reset, and returns True, so a run loop
+    can stop at its time budget instead of waiting for ever.
+    """
+
+    def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
+        self.loop, self.after, self.every = loop, after, every
+        self._said = -float("inf")
+        self.start()
+
+    def start(self) -> None:
+        self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
+
+    def poll(self) -> bool:
+        now, steps = time.monotonic(), self.loop.stats.env_steps
+        if steps != self._steps:
+            self._steps, self._t = steps, now
+            return False
+        stalled = now - self._t
+        if stalled < self.after:
+            return False
+        if now - self._said >= self.every:
+            self._said = now
+            pool = self.loop.pool
+            state = pool.control["state"]
+            workers = sorted({pool.worker_of(g) for g in range(pool.num_local_groups) if state[g] == STEPPING})
+            names = [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
+            where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
+                     "an env's step or reset" if names else "no local env group is stepping")
+            print(f"seedlocal: no env steps for {stalled:.0f} s: {where} (a hung env?); "
+                  "the run stops at its time budget or on Ctrl-C", flush=True)
+        return True
+
+
 class InferenceThread(threading.Thread):
     """Serves the loop until ``stop``; an error is kept for the learner to raise."""
 

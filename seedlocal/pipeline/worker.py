@@ -23,7 +23,7 @@ import numpy as np
 from seedlocal.pipeline.envs import EnvSpec, make_group
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
-from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal, write_error
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,9 @@ def run_worker(args: WorkerArgs) -> None:
         if not any(t.is_alive() for t in threads):
             for env in envs:
                 env.close()
-    except BaseException:
+    except BaseException as e:
         traceback.print_exc()
+        write_error(control, args.groups[0], e)
         code = 1
     finally:
         sys.stdout.flush()
@@ -136,8 +137,9 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
     """
     try:
         _group_loop(args, g, env, control, store)
-    except BaseException:
+    except BaseException as e:
         traceback.print_exc()
+        write_error(control, g, e)
         sys.stderr.flush()
         os._exit(1)  # a half-dead worker must look dead to the inference loop
 

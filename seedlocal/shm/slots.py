@@ -43,6 +43,21 @@ STEPPING = 0
 OBS_READY = 1
 ACTION_READY = 2
 RESET = 3
+ERROR_BYTES = 400
+
+
+def write_error(control, group: int, exc: BaseException) -> None:
+    """Record ``exc`` as the reason group ``group``'s worker is about to die."""
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
+    data = text.encode("utf-8", "replace")[:ERROR_BYTES - 1]
+    row = control["group_error"][group]
+    row[:] = 0
+    row[:len(data)] = list(data)
+
+
+def read_error(control, group: int) -> str:
+    row = bytes(control["group_error"][group])
+    return row.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def control_specs(num_groups: int) -> list[ArraySpec]:
@@ -69,6 +84,9 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("host_bytes", (num_groups,), "int64"),
         ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
         ArraySpec("bridge_disconnects", (1,), "int64"),
+        # Why a group's worker died: its exception as one line of UTF-8 (the
+        # full traceback goes to the worker's stderr), for the learner's message.
+        ArraySpec("group_error", (num_groups, ERROR_BYTES), "uint8"),
     ]
 
 
