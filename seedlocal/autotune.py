@@ -97,5 +97,15 @@ def load_pipeline_file(path: str) -> dict:
     if not isinstance(fields, dict) or not fields or set(fields) - known:
         bad = sorted(set(fields) - known) if isinstance(fields, dict) else fields
         raise ConfigError(f"pipeline_config={path!r}: expected PipelineConfig fields, got {bad!r}")
+    # Each value must have its field's type (JSON gives int, float, bool, str):
+    # a "8" for envs_per_worker would otherwise fail deep in validation.
+    defaults = PipelineConfig()
+    for name, value in fields.items():
+        want = type(getattr(defaults, name))
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ConfigError(f"pipeline_config={path!r}: {name}={value!r} should be a {want.__name__}")
     return fields
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 import threading
@@ -303,8 +304,17 @@ def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
 
 
 def run(cfg: BenchConfig) -> dict:
-    if cfg.seconds <= 0:
-        raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive")
+    if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
+        raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive and finite")
+    if not cfg.warmup >= 0 or not math.isfinite(cfg.warmup):
+        raise ConfigError(f"bench.warmup={cfg.warmup!r}: must be >= 0 and finite")
+    if not cfg.batch_timeout_ms >= 0 or not math.isfinite(cfg.batch_timeout_ms):
+        raise ConfigError(f"bench.batch_timeout_ms={cfg.batch_timeout_ms!r}: must be >= 0 and finite")
+    if cfg.autotune:  # before minutes of trials, not after
+        out = Path(cfg.pipeline_out).resolve()
+        if out.is_dir() or (out.parent.exists() and not out.parent.is_dir()) or (
+                out.parent.is_dir() and not os.access(out.parent, os.W_OK)):
+            raise ConfigError(f"bench.pipeline_out={cfg.pipeline_out!r}: cannot write a file there")
     if cfg.rounds < 1:
         raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
     for name in ("num_workers", "envs_per_worker"):

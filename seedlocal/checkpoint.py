@@ -35,6 +35,16 @@ def new_run_dir(log_dir: str, name: str) -> Path:
     return run_dir
 
 
+def make_run_dir(run_dir: Path) -> None:
+    """Create a run's folder, or fail naming it (before any process starts)."""
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from seedlocal.config import ConfigError
+
+        raise ConfigError(f"log_dir: cannot create {run_dir} ({e.strerror})") from None
+
+
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,17 @@ def _resumed_default(args: list[str], cls):
     from seedlocal.checkpoint import load
     from seedlocal.config import from_dict
 
-    saved = load(path).get("config")
+    state = load(path)
+    have = state.get("identity", {}).get("algo")
+    want = {"VTraceRun": "vtrace", "R2D2Run": "r2d2"}.get(cls.__name__)
+    if want is None:  # a neuroevolution trainer
+        from seedlocal.neuroevolution import ALGOS
+
+        want = next((name for name, c in ALGOS.items() if c is cls), None)
+    if have is not None and want is not None and have != want:
+        raise ConfigError(f"resume={path!r}: {state.get('path')} is a {have} run; resume it with "
+                          f"seedlocal train {have} --resume {path}")
+    saved = state.get("config")
     return from_dict(cls, saved) if isinstance(saved, dict) else None
 
 
@@ -171,11 +181,32 @@ def _parse(argv: list[str]):
     raise SystemExit(2)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker with SIGHUP ignored (an ignored
+    signal survives its exec). It shares the terminal's process group and,
+    unlike for SIGINT and SIGTERM, does not ignore SIGHUP itself: a closed
+    terminal would kill it, and its replacement would complain on stderr
+    about every semaphore the run then releases."""
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
+    # A closed terminal (SIGHUP) ends a run as SIGTERM does: checkpoint, clean
+    # exit. Unless it is ignored already: under nohup a run must outlive it.
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _sigterm_as_exit)
+    cmd_seen = argv[0] if argv else ""
     try:
         cmd, cfg = _parse(argv)
+        _start_resource_tracker()
         if cmd == "bench":
             from seedlocal.bench import main as bench
 
@@ -209,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\nseedlocal: interrupted; stopped cleanly (checkpoint written where a run was training)",
-              file=sys.stderr)
+        what = "checkpoint written" if cmd_seen == "train" else "nothing to save"
+        print(f"\nseedlocal: interrupted; stopped cleanly ({what})", file=sys.stderr)
         return 130
     return 0
 

@@ -6,8 +6,11 @@ and the value it refuses, e.g. ``pipeline.envs_per_worker=3: ...``.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -94,7 +97,7 @@ class RunOptions:
     checkpoint_every_min: float = 5.0
     """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
     keep_checkpoints: int = 3
-    """newest checkpoints kept per run"""
+    """newest checkpoints kept per run (0 = all)"""
     resume: str = ""
     """run directory or checkpoint to continue; same config, same TensorBoard curve"""
     progress: bool = True
@@ -103,6 +106,49 @@ class RunOptions:
 
 def fail(field: str, value, why: str) -> None:
     raise ConfigError(f"{field}={value!r}: {why}")
+
+
+def _floats(obj, prefix: str = ""):
+    """(dotted field name, value) of every float field of a config, nested ones included."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _floats(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float):
+            yield prefix + f.name, value
+
+
+def validate_run_options(cfg) -> None:
+    """What every trainer's config shares: numbers that are numbers, and a
+    run folder that can be written. Fails before any process starts."""
+    for name, value in _floats(cfg):
+        if not math.isfinite(value):
+            fail(name, value, "must be a finite number")
+    if getattr(cfg, "log_every_s", 1.0) <= 0:
+        fail("log_every_s", cfg.log_every_s, "must be positive")
+    if getattr(cfg, "keep_checkpoints", 0) < 0:
+        fail("keep_checkpoints", cfg.keep_checkpoints, "must be >= 0 (0 keeps every checkpoint)")
+    name = getattr(cfg, "run_name", "")
+    if name and (name in (".", "..") or "/" in name or "\\" in name):
+        fail("run_name", name, "must be a folder name under log_dir, without path separators")
+    log_dir = getattr(cfg, "log_dir", None)
+    if log_dir is not None and not getattr(cfg, "resume", ""):
+        # Checked, not created: a config refused later leaves no empty folder.
+        path = Path(log_dir).resolve()
+        if path.exists() and not path.is_dir():
+            fail("log_dir", log_dir, "is a file, not a folder")
+        base = next((p for p in [path, *path.parents] if p.exists()), None)
+        if base is None or not base.is_dir():
+            fail("log_dir", log_dir, f"cannot be created ({base} is not a folder)")
+        if not os.access(base, os.W_OK | os.X_OK):
+            fail("log_dir", log_dir, f"cannot be written ({base} is not writable)")
+
+
+def budget_left(field: str, budget: int, done: int, unit: str) -> None:
+    """A resumed run whose budget is already spent would start its workers
+    only to stop at once and rewrite its summary with an empty one."""
+    if budget and done >= budget:
+        fail(field, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")
 
 
 def resolve_device(value: str) -> torch.device:

@@ -8,6 +8,7 @@ backend directly, one env per episode, no pipeline.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -193,8 +194,16 @@ def trained_greedy(state: dict) -> bool:
 def main(cfg: EvalConfig) -> dict:
     if cfg.episodes < 1:
         fail("episodes", cfg.episodes, "must be positive")
+    for name in ("max_steps", "video_max_steps"):
+        if getattr(cfg, name) < 1:
+            fail(name, getattr(cfg, name), "must be positive")
     if cfg.video and not cfg.video.lower().endswith(".gif"):
         fail("video", cfg.video, "only .gif output is supported")
+    if cfg.video:  # before the episodes are played, not after
+        parent = Path(cfg.video).resolve().parent
+        blocker = next((p for p in [parent, *parent.parents] if p.exists()), None)
+        if Path(cfg.video).is_dir() or blocker is None or not blocker.is_dir() or not os.access(blocker, os.W_OK):
+            fail("video", cfg.video, "cannot write a file there")
     device = resolve_device(cfg.device)
     model, state, spec = load_model(cfg.checkpoint, device)
     greedy = trained_greedy(state) if cfg.policy == "trained" else cfg.policy == "argmax"

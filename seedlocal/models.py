@@ -212,13 +212,40 @@ def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple
         torso = NatureCNN((c, h, w)) if encoder == "nature" else ImpalaResNet((c, h, w))
         torso.hwc = layout == "hwc"  # encode_obs moves the channels first (a view)
         return encoder, torso
-    in_dim = sum(max(1, math.prod(s.shape)) for s in spec.obs.values())
-    return encoder, MLPEncoder(in_dim, hidden)
+    if not hidden or any(int(h) < 1 for h in hidden):
+        raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive, at least one layer")
+    classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in spec.obs}
+    in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(s.shape)) for k, s in spec.obs.items())
+    torso = MLPEncoder(in_dim, hidden)
+    torso.classes = classes  # Discrete fields enter one-hot (flatten_obs)
+    return encoder, torso
 
 
-def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Every observation field as floats, flattened and side by side: an MLP's input."""
-    flat = [_as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
+def obs_identity(spec: EnvSpec) -> dict:
+    """The observation part of a checkpoint's identity. Discrete fields enter
+    networks one-hot, so their sizes are part of it (a checkpoint from before
+    one-hot inputs is refused by name, not by a shape error)."""
+    out = {"obs": {k: list(s.shape) for k, s in spec.obs.items()}}
+    if getattr(spec, "obs_classes", None):
+        out["obs_one_hot"] = {k: list(c) for k, c in spec.obs_classes.items()}
+    return out
+
+
+def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
+                classes: dict[str, tuple[int, int]] | None = None) -> torch.Tensor:
+    """Every observation field as floats, flattened and side by side: an MLP's
+    input. Fields in ``classes`` (Discrete spaces: key -> (n, start)) enter
+    one-hot: a state index is a category, not a magnitude."""
+    flat = []
+    for k in obs_keys:
+        x = obs[k]
+        if classes and k in classes:
+            n, start = classes[k]
+            # A comparison, not F.one_hot: that one reads the max value, which vmap cannot.
+            idx = x.reshape(-1, 1).long() - start
+            flat.append((idx == torch.arange(n, device=x.device)).float())
+        else:
+            flat.append(_as_float(x).reshape(x.shape[0], -1))
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
 
@@ -233,7 +260,7 @@ def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str
             # Reorder the uint8 frames (a quarter of the bytes), then convert.
             x = x.contiguous(memory_format=torch.channels_last)
         return encoder(_as_float(x))
-    return encoder(flatten_obs(obs_keys, obs))
+    return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
 
 
 def use_channels_last(encoder: nn.Module) -> None:
@@ -306,7 +333,7 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.critic is not None:
-            x = flatten_obs(self.obs_keys, obs)
+            x = flatten_obs(self.obs_keys, obs, self.encoder.classes)
             return self._heads(self.encoder(x), self.critic(x))
         return self._heads(self.encode(obs))
 

@@ -22,8 +22,9 @@ from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
-                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import PolicyNet
+                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
+                              budget_left, validate_run_options)
+from seedlocal.models import PolicyNet, obs_identity
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -66,7 +67,7 @@ class NeuroevoRun:
     log_dir: str = "runs"
     """where runs are written"""
     keep_checkpoints: int = 3
-    """newest checkpoints kept (one is written every generation)"""
+    """newest checkpoints kept (one is written every generation; 0 = all)"""
     resume: str = ""
     """run directory or checkpoint to continue"""
     progress: bool = True
@@ -96,6 +97,7 @@ def _algo_name(cfg: NeuroevoRun) -> str:
 
 
 def validate(cfg: NeuroevoRun):
+    validate_run_options(cfg)
     validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
     if cfg.pipeline.cuda_graphs:
         fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
@@ -124,7 +126,7 @@ def validate(cfg: NeuroevoRun):
 
 def identity(cfg: NeuroevoRun, spec) -> dict:
     return {"algo": _algo_name(cfg), "env_id": spec.env_id, "num_actions": spec.num_actions,
-            "obs": {k: list(s.shape) for k, s in spec.obs.items()}, "network": "policy",
+            **obs_identity(spec), "network": "policy",
             "encoder": cfg.encoder, "hidden": list(cfg.hidden),
             # Genomes name slices of this table: vectors rebuilt from another would differ.
             "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
@@ -270,7 +272,9 @@ def train(cfg: NeuroevoRun) -> dict:
         evolver.restore(saved["algo_state"])
         evolver.best_params, evolver.best_return = saved["best_params"], saved["best_return"]
         counters.update(saved["counters"])
-    run_dir.mkdir(parents=True, exist_ok=True)
+        budget_left("generations", cfg.generations, counters["generation"], "generations")
+        budget_left("total_frames", cfg.total_frames, counters["frames"], "frames")
+    checkpoint.make_run_dir(run_dir)
     # Generation g is logged at step g: a resumed run writes from g + 1 on.
     monitor = RunMonitor(run_dir, purge_step=counters["generation"] + 1 if saved else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["generation"])

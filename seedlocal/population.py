@@ -173,7 +173,7 @@ class PopulationForward:
         """Each row through its own MLP: a batched matmul of per-row matrices,
         or (``mulsum``) a broadcast multiply and a sum, which a CPU runs as a
         few vector loops where bmm makes one tiny GEMM call per row."""
-        h = flatten_obs(self.obs_keys, obs)  # [n, in]
+        h = flatten_obs(self.obs_keys, obs, getattr(self.template.encoder, "classes", None))  # [n, in]
         if mulsum:
             return _mulsum(self.mlp, params, h)
         for w, out_f, in_f, b, act in self.mlp:

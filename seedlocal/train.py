@@ -24,8 +24,9 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
-                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, resolve_precision
+                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
+                              budget_left, validate_run_options)
+from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -65,7 +66,7 @@ def identity(cfg: VTraceRun, spec) -> dict:
     """What a checkpoint must match to be resumed or evaluated with this config."""
     a = cfg.algo
     return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
-            "obs": {k: list(s.shape) for k, s in spec.obs.items()},
+            **obs_identity(spec),
             "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size,
             "separate_critic": a.separate_critic}
 
@@ -77,6 +78,7 @@ def build_model(cfg: VTraceRun, spec) -> ActorCritic:
 
 
 def validate(cfg: VTraceRun):
+    validate_run_options(cfg)
     validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
@@ -123,10 +125,12 @@ def validate(cfg: VTraceRun):
         fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
     if cfg.checkpoint_every_min <= 0:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
+    if not 0 < a.rmsprop_alpha < 1:
+        fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
     try:
         build_model(cfg, spec)
     except ValueError as e:
-        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "separate_critic")) else str(e)) from None
+        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "separate_critic", "hidden=")) else str(e)) from None
     return spec
 
 
@@ -154,12 +158,13 @@ def train(cfg: VTraceRun) -> dict:
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         counters.update(resumed["counters"])
+        budget_left("total_steps", cfg.total_steps, counters["steps"], "steps")
     precision = resolve_precision(cfg.algo.precision, model.kind, device)
     # On a CPU the learner and the actors share the cores: overlapping them
     # buys no throughput (Pong: 2,200 frames/s either way on 2 cores, and
     # less with one batch of slack) and adds a batch of policy lag.
     sync = cfg.algo.sync == "on" or (cfg.algo.sync == "auto" and device.type == "cpu")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
     print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso, {precision} on {device}, "

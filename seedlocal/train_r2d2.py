@@ -35,8 +35,9 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
-                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline)
-from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, resolve_precision
+                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
+                              budget_left, validate_run_options)
+from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.replay import SequenceReplay
@@ -78,7 +79,7 @@ PRESETS: dict[str, R2D2Run] = {
 def identity(cfg: R2D2Run, spec) -> dict:
     a = cfg.algo
     return {"algo": "r2d2", "env_id": spec.env_id, "num_actions": spec.num_actions, "env_frame_stack": spec.frame_stack,
-            "obs": {k: list(s.shape) for k, s in spec.obs.items()}, "frame_stack": cfg.frame_stack,
+            **obs_identity(spec), "frame_stack": cfg.frame_stack,
             "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size}
 
 
@@ -163,6 +164,7 @@ def _from_checkpoint(obj):
 
 
 def validate(cfg: R2D2Run):
+    validate_run_options(cfg)
     a, p = cfg.algo, cfg.pipeline
     validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
     validate_bridge(cfg.bridge, p)
@@ -186,6 +188,8 @@ def validate(cfg: R2D2Run):
         fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
     if a.min_replay > a.replay_size:
         fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
+    if a.adam_eps <= 0:
+        fail("algo.adam_eps", a.adam_eps, "must be positive")
     if a.learning_rate <= 0 or a.replay_ratio <= 0:
         fail("algo.learning_rate" if a.learning_rate <= 0 else "algo.replay_ratio",
              min(a.learning_rate, a.replay_ratio), "must be positive")
@@ -207,7 +211,7 @@ def validate(cfg: R2D2Run):
     try:
         build_net(cfg, spec)
     except ValueError as e:
-        raise ConfigError(f"algo.{e}" if str(e).startswith("encoder=") else str(e)) from None
+        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "hidden=")) else str(e)) from None
     need, have = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs)), available_bytes()
     if have is not None and need > 0.8 * have:
         fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB, {have / 1e9:.1f} GB are "
@@ -297,7 +301,8 @@ def train(cfg: R2D2Run) -> dict:
         target.load_state_dict(saved["target"])
         optimizer.load_state_dict(saved["optimizer"])
         counters.update(saved["counters"])
-    run_dir.mkdir(parents=True, exist_ok=True)
+        budget_left("total_steps", cfg.total_steps, counters["steps"], "steps")
+    checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] if saved else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
 

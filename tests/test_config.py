@@ -82,3 +82,40 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("seedlocal: error:") and "truncated or corrupt" in lines[0], lines
     assert "weights_only" not in out.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "vtrace", "--algo.learning-rate", "nan"], "algo.learning_rate=nan: must be a finite number"),
+    (["train", "vtrace", "--seconds", "inf", "--total-steps", "0"], "seconds=inf: must be a finite number"),
+    (["train", "es", "--algo.sigma", "inf"], "algo.sigma=inf: must be a finite number"),
+    (["train", "vtrace", "--algo.hidden", "-5"], "algo.hidden=(-5,): MLP hidden sizes must be positive"),
+    (["train", "ga", "--hidden", "0"], "hidden=(0,): MLP hidden sizes must be positive"),
+    (["train", "vtrace", "--algo.rmsprop-alpha", "5"], "algo.rmsprop_alpha=5.0: must be in (0, 1)"),
+    (["train", "r2d2", "--algo.adam-eps", "0"], "algo.adam_eps=0.0: must be positive"),
+    (["train", "vtrace", "--run-name", "../escape"], "run_name='../escape': must be a folder name"),
+    (["train", "vtrace", "--log-every-s", "0"], "log_every_s=0.0: must be positive"),
+    (["bench", "--warmup", "-1"], "bench.warmup=-1.0: must be >= 0"),
+    (["eval", "--checkpoint", "nowhere", "--max-steps", "0"], "max_steps=0: must be positive"),
+])
+def test_values_that_would_fail_mid_run_are_refused_first(argv, message, tmp_path, capsys, monkeypatch):
+    """Values that used to crash a run (NaN, inf, empty or negative layer
+    sizes) or write outside the log folder get one line naming the field,
+    and nothing is created."""
+    from seedlocal.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("seedlocal: error:") and message in err[-1], err
+    assert not list(tmp_path.iterdir())  # no runs/ folder for a refused config
+
+
+def test_a_log_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    from seedlocal.cli import main
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    assert main(["train", "ga", "--log-dir", str(blocker)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["train", "vtrace", "--log-dir", str(blocker / "sub")]) == 2
+    assert "cannot be created" in capsys.readouterr().err

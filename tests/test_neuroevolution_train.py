@@ -286,3 +286,28 @@ def test_eval_acts_as_the_run_acted_in_training():
     assert trained_greedy({"identity": {"network": "policy"}, "config": {"greedy": True}})
     assert not trained_greedy({"identity": {"network": "policy"}, "config": {"greedy": False}})
     assert not trained_greedy({"identity": {"algo": "vtrace"}, "config": {}})
+
+
+def test_discrete_observations_enter_every_network_one_hot():
+    """A Discrete observation is a category: networks see it one-hot (16
+    inputs for FrozenLake's 16 cells, not one number), in the population
+    forward's every strategy as in each network alone and in the actor-critic."""
+    from seedlocal.models import ActorCritic
+
+    spec = validate_env(EnvConfig(id="FrozenLake-v1"))
+    assert spec.obs_classes == {"": (16, 0)}
+    nets = [PolicyNet(spec) for _ in range(3)]
+    assert nets[0].encoder.net[0].in_features == 16
+    x = torch.tensor([0, 5, 15])
+    hot = torch.nn.functional.one_hot(x, 16).float()
+    torch.testing.assert_close(nets[0]({"": x}), nets[0].policy(nets[0].encoder(hot)))
+    for strategy in ("bmm", "mulsum", "vmap", "auto"):
+        fwd = PopulationForward(nets[0], num_slots=3, strategy=strategy)
+        fwd.load(torch.arange(3), _flats(nets), torch.arange(3))
+        out = fwd(np.arange(3), {"": x})
+        for i in range(3):
+            torch.testing.assert_close(out[i], nets[i]({"": x[i:i + 1]})[0])
+    ac = ActorCritic(spec, separate_critic=True)
+    logits, values = ac({"": x})
+    assert logits.shape == (3, 4) and values.shape == (3,)
+    assert ac.critic.net[0].in_features == 16

@@ -156,6 +156,21 @@ def test_summary_json_is_written_at_every_end(tmp_path):
     assert checkpoint.load(summary["checkpoint"])["counters"]["steps"] == summary["steps"]
 
 
+def test_resume_refuses_another_algorithms_run_and_a_spent_budget(cartpole_run, capsys):
+    """Both used to fail late or misleadingly: r2d2 on a V-trace run named an
+    unrelated field, and a spent budget started the workers only to rewrite
+    the summary with an empty one."""
+    from seedlocal.cli import main
+
+    _, _, run_dir = cartpole_run
+    before = (run_dir / "summary.json").read_text()
+    assert main(["train", "r2d2", "--resume", str(run_dir)]) == 2
+    assert "is a vtrace run; resume it with seedlocal train vtrace --resume" in capsys.readouterr().err
+    assert main(["train", "vtrace", "--resume", str(run_dir), "--total-steps", "1000"]) == 2
+    assert "total_steps=1000: the resumed run already has" in capsys.readouterr().err
+    assert (run_dir / "summary.json").read_text() == before
+
+
 def test_train_help_lists_the_algorithms():
     out = subprocess.run([sys.executable, "-m", "seedlocal", "train", "--help"], capture_output=True, text=True,
                          timeout=60)
@@ -215,7 +230,11 @@ def test_atari_preset_trains_and_records_a_video(tmp_path):
     assert math.isfinite(out["mean"])
 
 
-def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)], ids=["ctrl-c", "hangup"])
+def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path, sig, code):
+    """Ctrl-C, or the terminal closing (SIGHUP to the whole process group, the
+    resource tracker included), ends a run cleanly: a checkpoint, an
+    interrupted summary, no segments and no complaints from the tracker."""
     cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--total-steps", "10000000", "--log-dir",
            str(tmp_path), "--run-name", "cli", "--no-progress", "--log-every-s", "0.5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -231,7 +250,7 @@ def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
             time.sleep(0.5)
         else:
             raise AssertionError("training logged nothing within 120 s")
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         out, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:  # a failed assertion above must not leave a 10M-step run behind
@@ -241,8 +260,9 @@ def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-    assert proc.returncode == 130, out
+    assert proc.returncode == code, out
     assert "tensorboard --logdir" in out
+    assert "Traceback" not in out, out
     state = checkpoint.load(tmp_path / "cli")
     assert state["counters"]["steps"] > 0
     assert not seedlocal_segments(proc.pid)

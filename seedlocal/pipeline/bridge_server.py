@@ -317,6 +317,7 @@ def _credentials(a: ServerArgs):
 def run_bridge_server(a: ServerArgs) -> None:
     """Entry point of the bridge server process (started by ActorPool)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides how to stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (a closed terminal, too)
     from seedlocal.pipeline.worker import _die_with_parent
 
     _die_with_parent()

@@ -15,6 +15,7 @@ Observations are always a dict (key ``""`` for a plain array observation).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -47,6 +48,8 @@ class EnvSpec:
     action_high: tuple[float, ...] | None
     frames_per_step: int
     frame_stack: int = 0  # envpool's stack_num where set (0 = the env's default)
+    # Discrete observation fields: key -> (n, start). Networks see them one-hot.
+    obs_classes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,6 +140,13 @@ def _space_spec(space) -> dict[str, TensorSpec]:
     return {"": _leaf_spec(space)}
 
 
+def _obs_classes(space) -> dict[str, tuple[int, int]]:
+    from gymnasium import spaces
+
+    leaves = space.spaces.items() if isinstance(space, spaces.Dict) else [("", space)]
+    return {k: (int(sub.n), int(sub.start)) for k, sub in leaves if isinstance(sub, spaces.Discrete)}
+
+
 def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | None]:
     from gymnasium import spaces
 
@@ -186,7 +196,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         action, n, low, high = _action_spec(act_space)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
-    return EnvSpec(env_id, backend, obs, action, n, low, high, frames, frame_stack)
+    return EnvSpec(env_id, backend, obs, action, n, low, high, frames, frame_stack, _obs_classes(obs_space))
 
 
 def _stack_kw(frame_stack: int) -> dict:

@@ -86,8 +86,10 @@ class _GroupWriter:
 
 
 def run_worker(args: WorkerArgs) -> None:
-    # Ctrl-C reaches the whole process group; the learner decides how to stop.
+    # Ctrl-C and a closed terminal (SIGHUP) reach the whole process group;
+    # the learner decides how to stop (it checkpoints, then stops the workers).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _die_with_parent()
     control = SharedArrays.attach(*args.control)
     store = SharedArrays.attach(*args.rollout)
