@@ -181,6 +181,20 @@ def _parse(argv: list[str]):
     raise SystemExit(2)
 
 
+def _refuse_spent_budget(cfg) -> None:
+    """A resumed run whose budget is already spent would start its workers
+    only to stop at once and rewrite its summary with an empty one."""
+    from seedlocal.checkpoint import load
+    from seedlocal.config import budget_left
+
+    counters = load(cfg.resume).get("counters", {})
+    if hasattr(cfg, "total_steps"):
+        budget_left("total_steps", cfg.total_steps, counters.get("steps", 0), "steps")
+    else:
+        budget_left("generations", cfg.generations, counters.get("generation", 0), "generations")
+        budget_left("total_frames", cfg.total_frames, counters.get("frames", 0), "frames")
+
+
 def _start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker with SIGHUP ignored (an ignored
     signal survives its exec). It shares the terminal's process group and,
@@ -206,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd_seen = argv[0] if argv else ""
     try:
         cmd, cfg = _parse(argv)
+        if cmd == "train" and getattr(cfg, "resume", ""):
+            _refuse_spent_budget(cfg)
         _start_resource_tracker()
         if cmd == "bench":
             from seedlocal.bench import main as bench

@@ -23,7 +23,7 @@ from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
                               resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              budget_left, validate_run_options)
+                              validate_run_options)
 from seedlocal.models import PolicyNet, obs_identity
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -272,8 +272,6 @@ def train(cfg: NeuroevoRun) -> dict:
         evolver.restore(saved["algo_state"])
         evolver.best_params, evolver.best_return = saved["best_params"], saved["best_return"]
         counters.update(saved["counters"])
-        budget_left("generations", cfg.generations, counters["generation"], "generations")
-        budget_left("total_frames", cfg.total_frames, counters["frames"], "frames")
     checkpoint.make_run_dir(run_dir)
     # Generation g is logged at step g: a resumed run writes from g + 1 on.
     monitor = RunMonitor(run_dir, purge_step=counters["generation"] + 1 if saved else None, progress=cfg.progress)

@@ -25,7 +25,7 @@ from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              budget_left, validate_run_options)
+                              validate_run_options)
 from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.batches import Batcher, Prefetcher
@@ -158,7 +158,6 @@ def train(cfg: VTraceRun) -> dict:
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         counters.update(resumed["counters"])
-        budget_left("total_steps", cfg.total_steps, counters["steps"], "steps")
     precision = resolve_precision(cfg.algo.precision, model.kind, device)
     # On a CPU the learner and the actors share the cores: overlapping them
     # buys no throughput (Pong: 2,200 frames/s either way on 2 cores, and

@@ -36,7 +36,7 @@ from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              budget_left, validate_run_options)
+                              validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -301,7 +301,6 @@ def train(cfg: R2D2Run) -> dict:
         target.load_state_dict(saved["target"])
         optimizer.load_state_dict(saved["optimizer"])
         counters.update(saved["counters"])
-        budget_left("total_steps", cfg.total_steps, counters["steps"], "steps")
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] if saved else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])

@@ -77,10 +77,11 @@ def check_autoreset_rows(u: dict, is_reset_obs=None) -> int:
 
 
 def terminal_like() -> None:
-    """``preexec_fn`` for a child the test will Ctrl-C: SIGINT as a terminal
-    gives it. A pytest started as a background job of a non-interactive shell
+    """``preexec_fn`` for a child the test will Ctrl-C (or hang up on): SIGINT
+    and SIGHUP as a terminal gives them. A pytest started as a background job of a non-interactive shell
     (``cmd &``, ``nohup``) ignores SIGINT, its children inherit that, and
     Python then installs no KeyboardInterrupt handler."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # nohup ignores it; a terminal's child does not
