@@ -40,6 +40,7 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,ac
 """
 
 TRAINERS = ("vtrace", "r2d2", "ga", "es", "random-search")
+_RESUMED_COUNTERS: dict[str, dict] = {}  # --resume path -> the checkpoint's counters
 
 
 def _sigterm_as_exit(signum, frame):
@@ -98,6 +99,7 @@ def _resumed_default(args: list[str], cls):
     from seedlocal.config import from_dict
 
     state = load(path)
+    _RESUMED_COUNTERS[path] = dict(state.get("counters", {}))  # for _refuse_spent_budget, without a reload
     have = state.get("identity", {}).get("algo")
     want = {"VTraceRun": "vtrace", "R2D2Run": "r2d2"}.get(cls.__name__)
     if want is None:  # a neuroevolution trainer
@@ -187,7 +189,9 @@ def _refuse_spent_budget(cfg) -> None:
     from seedlocal.checkpoint import load
     from seedlocal.config import budget_left
 
-    counters = load(cfg.resume).get("counters", {})
+    counters = _RESUMED_COUNTERS.get(cfg.resume)
+    if counters is None:  # a checkpoint can be large (R2D2's replay): read it once when possible
+        counters = load(cfg.resume).get("counters", {})
     if hasattr(cfg, "total_steps"):
         budget_left("total_steps", cfg.total_steps, counters.get("steps", 0), "steps")
     else:
