@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, resolve_device, validate_env, validate_pipeline
+from seedlocal.config import (ConfigError, EnvConfig, PipelineConfig, check_writable, resolve_device, validate_env,
+                              validate_pipeline)
 
 
 @dataclass
@@ -311,10 +312,7 @@ def run(cfg: BenchConfig) -> dict:
     if not cfg.batch_timeout_ms >= 0 or not math.isfinite(cfg.batch_timeout_ms):
         raise ConfigError(f"bench.batch_timeout_ms={cfg.batch_timeout_ms!r}: must be >= 0 and finite")
     if cfg.autotune:  # before minutes of trials, not after
-        out = Path(cfg.pipeline_out).resolve()
-        if out.is_dir() or (out.parent.exists() and not out.parent.is_dir()) or (
-                out.parent.is_dir() and not os.access(out.parent, os.W_OK)):
-            raise ConfigError(f"bench.pipeline_out={cfg.pipeline_out!r}: cannot write a file there")
+        check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
     if cfg.rounds < 1:
         raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
     for name in ("num_workers", "envs_per_worker"):

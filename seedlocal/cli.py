@@ -40,7 +40,6 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,ac
 """
 
 TRAINERS = ("vtrace", "r2d2", "ga", "es", "random-search")
-_RESUMED_COUNTERS: dict[str, dict] = {}  # --resume path -> the checkpoint's counters
 
 
 def _sigterm_as_exit(signum, frame):
@@ -53,14 +52,15 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
     (a preset may not be combined with it), --pipeline-config a tuned pipeline; options given
     explicitly override them all."""
     default, args = _pop_preset(argv, presets)
-    saved = _resumed_default(args, cls)
+    saved, counters = _resumed_default(args, cls)
     if saved is not None:
         if _option(argv, "--preset") is not None:
             raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
                               "give the options to change explicitly instead")
         default = saved
     default, args = _pop_pipeline_config(args, default)
-    return tyro.cli(cls, args=args, default=default, prog=prog, description=description)
+    return _refuse_spent_budget(tyro.cli(cls, args=args, default=default, prog=prog, description=description),
+                                counters)
 
 
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
@@ -89,17 +89,16 @@ def _option(args: list[str], name: str) -> str | None:
     return value
 
 
-def _resumed_default(args: list[str], cls):
+def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     """With ``--resume``, the run's saved configuration becomes the default,
-    so only options given on this command line change it."""
+    so only options given on this command line change it; also its counters."""
     path = _option(args, "--resume")
     if not path:
-        return None
+        return None, None
     from seedlocal.checkpoint import load
     from seedlocal.config import from_dict
 
     state = load(path)
-    _RESUMED_COUNTERS[path] = dict(state.get("counters", {}))  # for _refuse_spent_budget, without a reload
     have = state.get("identity", {}).get("algo")
     want = {"VTraceRun": "vtrace", "R2D2Run": "r2d2"}.get(cls.__name__)
     if want is None:  # a neuroevolution trainer
@@ -110,7 +109,7 @@ def _resumed_default(args: list[str], cls):
         raise ConfigError(f"resume={path!r}: {state.get('path')} is a {have} run; resume it with "
                           f"seedlocal train {have} --resume {path}")
     saved = state.get("config")
-    return from_dict(cls, saved) if isinstance(saved, dict) else None
+    return (from_dict(cls, saved) if isinstance(saved, dict) else None), dict(state.get("counters", {}))
 
 
 def _pop_pipeline_config(args: list[str], default):
@@ -172,9 +171,10 @@ def _parse(argv: list[str]):
             from seedlocal.neuroevolution import ALGOS
 
             cls = ALGOS[rest[0]]
-            default = _resumed_default(rest[1:], cls) or cls()
-            default, args = _pop_pipeline_config(rest[1:], default)
-            return "train", tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}")
+            saved, counters = _resumed_default(rest[1:], cls)
+            default, args = _pop_pipeline_config(rest[1:], saved or cls())
+            cfg = tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}")
+            return "train", _refuse_spent_budget(cfg, counters)
         from seedlocal.train import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
@@ -183,20 +183,20 @@ def _parse(argv: list[str]):
     raise SystemExit(2)
 
 
-def _refuse_spent_budget(cfg) -> None:
-    """A resumed run whose budget is already spent would start its workers
-    only to stop at once and rewrite its summary with an empty one."""
-    from seedlocal.checkpoint import load
+def _refuse_spent_budget(cfg, counters: dict | None):
+    """``cfg``, unless it resumes a run whose budget is already spent (given
+    the resumed checkpoint's ``counters``): that would start its workers only
+    to stop at once and rewrite its summary with an empty one."""
     from seedlocal.config import budget_left
 
-    counters = _RESUMED_COUNTERS.get(cfg.resume)
-    if counters is None:  # a checkpoint can be large (R2D2's replay): read it once when possible
-        counters = load(cfg.resume).get("counters", {})
+    if counters is None:
+        return cfg
     if hasattr(cfg, "total_steps"):
         budget_left("total_steps", cfg.total_steps, counters.get("steps", 0), "steps")
     else:
         budget_left("generations", cfg.generations, counters.get("generation", 0), "generations")
         budget_left("total_frames", cfg.total_frames, counters.get("frames", 0), "frames")
+    return cfg
 
 
 def _start_resource_tracker() -> None:
@@ -224,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     cmd_seen = argv[0] if argv else ""
     try:
         cmd, cfg = _parse(argv)
-        if cmd == "train" and getattr(cfg, "resume", ""):
-            _refuse_spent_budget(cfg)
         _start_resource_tracker()
         if cmd == "bench":
             from seedlocal.bench import main as bench

@@ -131,17 +131,25 @@ def validate_run_options(cfg) -> None:
     name = getattr(cfg, "run_name", "")
     if name and (name in (".", "..") or "/" in name or "\\" in name):
         fail("run_name", name, "must be a folder name under log_dir, without path separators")
+    if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
+        fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
     log_dir = getattr(cfg, "log_dir", None)
     if log_dir is not None and not getattr(cfg, "resume", ""):
-        # Checked, not created: a config refused later leaves no empty folder.
-        path = Path(log_dir).resolve()
-        if path.exists() and not path.is_dir():
-            fail("log_dir", log_dir, "is a file, not a folder")
-        base = next((p for p in [path, *path.parents] if p.exists()), None)
-        if base is None or not base.is_dir():
-            fail("log_dir", log_dir, f"cannot be created ({base} is not a folder)")
-        if not os.access(base, os.W_OK | os.X_OK):
-            fail("log_dir", log_dir, f"cannot be written ({base} is not writable)")
+        check_writable("log_dir", log_dir, folder=True)
+
+
+def check_writable(field: str, value: str, folder: bool) -> None:
+    """Fail unless a folder (``folder``) or a file could be created at
+    ``value``: checked, not created, so a config refused later leaves
+    nothing behind and hours of work are not lost to a bad path at the end."""
+    path = Path(value).resolve()
+    if path.exists() and path.is_dir() != folder:
+        fail(field, value, "is a file, not a folder" if folder else "is a folder, not a file")
+    base = next((p for p in (path.parents if not folder else [path, *path.parents]) if p.exists()), None)
+    if base is None or not base.is_dir():
+        fail(field, value, f"cannot be created ({base} is not a folder)")
+    if not os.access(base, os.W_OK | os.X_OK):
+        fail(field, value, f"cannot be written ({base} is not writable)")
 
 
 def budget_left(field: str, budget: int, done: int, unit: str) -> None:

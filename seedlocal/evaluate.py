@@ -8,7 +8,6 @@ backend directly, one env per episode, no pipeline.
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint
-from seedlocal.config import ConfigError, fail, resolve_device
+from seedlocal.config import ConfigError, check_writable, fail, resolve_device
 from seedlocal.models import ActorCritic, PolicyNet
 from seedlocal.pipeline.envs import describe, make_group
 
@@ -200,10 +199,7 @@ def main(cfg: EvalConfig) -> dict:
     if cfg.video and not cfg.video.lower().endswith(".gif"):
         fail("video", cfg.video, "only .gif output is supported")
     if cfg.video:  # before the episodes are played, not after
-        parent = Path(cfg.video).resolve().parent
-        blocker = next((p for p in [parent, *parent.parents] if p.exists()), None)
-        if Path(cfg.video).is_dir() or blocker is None or not blocker.is_dir() or not os.access(blocker, os.W_OK):
-            fail("video", cfg.video, "cannot write a file there")
+        check_writable("video", cfg.video, folder=False)
     device = resolve_device(cfg.device)
     model, state, spec = load_model(cfg.checkpoint, device)
     greedy = trained_greedy(state) if cfg.policy == "trained" else cfg.policy == "argmax"

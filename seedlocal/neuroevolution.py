@@ -309,7 +309,7 @@ def train(cfg: NeuroevoRun) -> dict:
             # budget is otherwise checked between generations; a generation
             # whose envs stopped stepping (a hung env) is abandoned at it.
             runner.check()
-            if meter is None and watch.poll() and cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
+            if watch.poll() and cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
                 raise _OutOfTime
 
         try:

@@ -116,6 +116,7 @@ class PopulationForward:
         self._trials: dict[str, list[float]] = {c: [] for c in self.candidates}
         self.slots = torch.zeros(num_slots, self.size, device=device)
         self.obs_keys = list(getattr(template, "obs_keys", [""]))
+        self.obs_classes = getattr(getattr(template, "encoder", None), "classes", None)  # Discrete fields: one-hot
 
     def to_slots(self, params: torch.Tensor) -> torch.Tensor:
         """Flat parameter vectors [n, size] in the slot layout."""
@@ -173,7 +174,7 @@ class PopulationForward:
         """Each row through its own MLP: a batched matmul of per-row matrices,
         or (``mulsum``) a broadcast multiply and a sum, which a CPU runs as a
         few vector loops where bmm makes one tiny GEMM call per row."""
-        h = flatten_obs(self.obs_keys, obs, getattr(self.template.encoder, "classes", None))  # [n, in]
+        h = flatten_obs(self.obs_keys, obs, self.obs_classes)  # [n, in]
         if mulsum:
             return _mulsum(self.mlp, params, h)
         for w, out_f, in_f, b, act in self.mlp:

@@ -123,14 +123,13 @@ def validate(cfg: VTraceRun):
              cfg.total_steps if cfg.total_steps < 0 else cfg.seconds, "must be >= 0")
     if cfg.total_steps == 0 and cfg.seconds == 0:
         fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
-    if cfg.checkpoint_every_min <= 0:
-        fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
     if not 0 < a.rmsprop_alpha < 1:
         fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
     try:
         build_model(cfg, spec)
     except ValueError as e:
-        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "separate_critic", "hidden=")) else str(e)) from None
+        named = str(e).startswith(("encoder=", "separate_critic", "hidden="))
+        raise ConfigError(f"algo.{e}" if named else str(e)) from None
     return spec
 
 
@@ -238,8 +237,7 @@ def train(cfg: VTraceRun) -> dict:
                         line = meter.waiting_line(pipe.pool.num_remote_groups)
                         if line:
                             print(line, flush=True)
-                    elif meter is None:
-                        watch.poll()  # says so if the envs stopped stepping
+                    watch.poll()  # says so if the envs stopped stepping
                     if cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
                         break  # the budget ends while waiting (e.g. a hung env)
                 if fetched is None:

@@ -386,8 +386,7 @@ def train(cfg: R2D2Run) -> dict:
         acc: dict[str, torch.Tensor] = {}
         sampled_p: list[float] = []
         inserted0, log_updates, dropped = replay.added, counters["updates"], 0
-        # Not with a bridge: there, waiting for actor hosts is expected.
-        watch, waiting = (StallWatch(loop) if not pipe.pool.num_remote_groups else None), False
+        watch, waiting = StallWatch(loop), False
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
@@ -404,9 +403,9 @@ def train(cfg: R2D2Run) -> dict:
                     try:
                         b = loop.completed.get(timeout=0.5)
                     except queue.Empty:
-                        if watch is not None and waiting:
+                        if waiting:
                             watch.poll()  # says so if the envs stopped stepping
-                        elif watch is not None:  # time spent learning before this wait is no stall
+                        else:  # time spent learning before this wait is no stall
                             watch.start()
                             waiting = True
                         continue

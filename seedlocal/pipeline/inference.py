@@ -523,11 +523,14 @@ class StallWatch:
     waits. Once no env step has arrived for ``after`` seconds, ``poll`` says
     so (every ``every`` seconds), naming the local workers whose groups are
     still inside their envs' step or reset, and returns True, so a run loop
-    can stop at its time budget instead of waiting for ever.
+    can stop at its time budget instead of waiting for ever. With a bridge
+    it stays silent: there, waiting for actor hosts is expected (the bridge
+    meter reports it).
     """
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
+        self.enabled = not loop.pool.num_remote_groups
         self._said = -float("inf")
         self.start()
 
@@ -535,6 +538,8 @@ class StallWatch:
         self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
 
     def poll(self) -> bool:
+        if not self.enabled:
+            return False
         now, steps = time.monotonic(), self.loop.stats.env_steps
         if steps != self._steps:
             self._steps, self._t = steps, now
