@@ -16,11 +16,8 @@ from __future__ import annotations
 import signal
 import sys
 
-import tyro
-
-from seedlocal.checkpoint import CheckpointError
-from seedlocal.config import ConfigError
-from seedlocal.pipeline.actors import WorkerDied
+# Nothing heavy at import time (seedlocal.config pulls in torch, a second or
+# two): a Ctrl-C while it loads must end as quietly as one during a run.
 
 USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,actors} [--help] [options]
 
@@ -51,6 +48,10 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
     """Parse a trainer with presets: --preset picks the defaults, --resume the saved config
     (a preset may not be combined with it), --pipeline-config a tuned pipeline; options given
     explicitly override them all."""
+    import tyro
+
+    from seedlocal.config import ConfigError
+
     default, args = _pop_preset(argv, presets)
     saved, counters = _resumed_default(args, cls)
     if saved is not None:
@@ -64,6 +65,8 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
 
 
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
+    from seedlocal.config import ConfigError
+
     rest, name = [], "cartpole"
     it = iter(args)
     for a in it:
@@ -96,7 +99,7 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     if not path:
         return None, None
     from seedlocal.checkpoint import load
-    from seedlocal.config import from_dict
+    from seedlocal.config import ConfigError, from_dict
 
     state = load(path)
     have = state.get("identity", {}).get("algo")
@@ -135,6 +138,8 @@ def _pop_pipeline_config(args: list[str], default):
 
 
 def _parse(argv: list[str]):
+    import tyro
+
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         raise SystemExit(0)
@@ -221,7 +226,20 @@ def main(argv: list[str] | None = None) -> int:
     # exit. Unless it is ignored already: under nohup a run must outlive it.
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _sigterm_as_exit)
-    cmd_seen = argv[0] if argv else ""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt as e:
+        run_dir = getattr(e, "seedlocal_run_dir", None)  # set by a trainer that got as far as its loop
+        what = f"checkpoint and summary in {run_dir}" if run_dir is not None else "nothing written"
+        print(f"\nseedlocal: interrupted; stopped cleanly ({what})", file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str]) -> int:
+    from seedlocal.checkpoint import CheckpointError
+    from seedlocal.config import ConfigError
+    from seedlocal.pipeline.actors import WorkerDied
+
     try:
         cmd, cfg = _parse(argv)
         _start_resource_tracker()
@@ -257,10 +275,6 @@ def main(argv: list[str] | None = None) -> int:
         # learner's would only show where it noticed.
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        what = "checkpoint written" if cmd_seen == "train" else "nothing to save"
-        print(f"\nseedlocal: interrupted; stopped cleanly ({what})", file=sys.stderr)
-        return 130
     return 0
 
 

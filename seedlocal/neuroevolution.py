@@ -365,6 +365,7 @@ def train(cfg: NeuroevoRun) -> dict:
                     break
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            e.seedlocal_run_dir = run_dir  # for the CLI's line; the finally below saves
             raise
         finally:
             runner.stop()

@@ -66,6 +66,14 @@ def test_cli_reports_bad_input_in_one_line(args, message):
     assert "Traceback" not in out.stderr
 
 
+def test_cli_module_loads_nothing_heavy():
+    """The CLI catches Ctrl-C only once its module is loaded: torch (seconds to
+    import) must load inside main, where an interrupt ends in one line."""
+    code = "import sys, seedlocal.cli; print(sorted(m for m in ('torch', 'numpy', 'envpool') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_cli_is_quiet_and_errors_are_one_line(tmp_path):
     """A short run prints no Gymnasium float32 warnings (one per worker start
     before), and a corrupt checkpoint's error is one line with no torch advice."""

@@ -263,6 +263,8 @@ def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path, sig, code):
     assert proc.returncode == code, out
     assert "tensorboard --logdir" in out
     assert "Traceback" not in out, out
+    if sig == signal.SIGINT:
+        assert f"stopped cleanly (checkpoint and summary in {tmp_path / 'cli'})" in out, out
     state = checkpoint.load(tmp_path / "cli")
     assert state["counters"]["steps"] > 0
     assert not seedlocal_segments(proc.pid)
