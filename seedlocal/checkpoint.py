@@ -24,6 +24,21 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, unreadable or for another config."""
 
 
+class Diverged(RuntimeError):
+    """Training produced NaN or inf weights: they are not saved over good ones."""
+
+
+def _non_finite(value, name: str = "") -> list[str]:
+    """Names of the floating tensors in a checkpoint's state holding NaN or inf."""
+    if isinstance(value, torch.Tensor):
+        return [name] if value.is_floating_point() and not bool(torch.isfinite(value).all()) else []
+    if isinstance(value, dict):
+        return [n for k, v in value.items() for n in _non_finite(v, f"{name}.{k}" if name else str(k))]
+    if isinstance(value, list | tuple):
+        return [n for i, v in enumerate(value) for n in _non_finite(v, f"{name}[{i}]")]
+    return []
+
+
 def new_run_dir(log_dir: str, name: str) -> Path:
     """``log_dir/name``, refusing one that already holds checkpoints."""
     run_dir = Path(log_dir) / name
@@ -46,6 +61,13 @@ def make_run_dir(run_dir: Path) -> None:
 
 
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
+    bad = _non_finite(state)
+    if bad:
+        last = all_checkpoints(Path(run_dir) / "checkpoints")
+        raise Diverged(f"training diverged by step {steps:,d}: NaN or inf in {', '.join(bad[:3])}"
+                       f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}; not saved"
+                       f"{f', the last good checkpoint is {last[-1]}' if last else ''} (check the scale of the env's "
+                       "rewards and observations; a lower learning rate or gradient clipping usually prevents this)")
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"ckpt_{steps:012d}_{frames}.pt"
@@ -74,13 +96,30 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(summary, f, indent=2, default=float)
+            # Strict JSON: a NaN or inf (a diverged run) is written as null.
+            json.dump(_finite_or_none(summary), f, indent=2, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _finite_or_none(value):
+    import math
+    import numbers
+
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    value = float(value)  # numpy and torch scalars too
+    return value if math.isfinite(value) else None
 
 
 def all_checkpoints(folder: Path) -> list[Path]:

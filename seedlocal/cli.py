@@ -230,13 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         return _run(argv)
     except KeyboardInterrupt as e:
         run_dir = getattr(e, "seedlocal_run_dir", None)  # set by a trainer that got as far as its loop
-        what = f"checkpoint and summary in {run_dir}" if run_dir is not None else "nothing written"
+        if run_dir is None:
+            what = "nothing written"
+        else:
+            from seedlocal.checkpoint import all_checkpoints
+
+            saved = all_checkpoints(run_dir / "checkpoints")
+            what = f"{'checkpoint and summary' if saved else 'summary'} in {run_dir}"
         print(f"\nseedlocal: interrupted; stopped cleanly ({what})", file=sys.stderr)
         return 130
 
 
 def _run(argv: list[str]) -> int:
-    from seedlocal.checkpoint import CheckpointError
+    from seedlocal.checkpoint import CheckpointError, Diverged
     from seedlocal.config import ConfigError
     from seedlocal.pipeline.actors import WorkerDied
 
@@ -270,7 +276,7 @@ def _run(argv: list[str]) -> int:
     except (ConfigError, CheckpointError) as e:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 2
-    except WorkerDied as e:
+    except (WorkerDied, Diverged) as e:
         # The env's own traceback is on stderr already (from the worker); the
         # learner's would only show where it noticed.
         print(f"seedlocal: error: {e}", file=sys.stderr)

@@ -17,7 +17,7 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.config import ConfigError, check_writable, fail, resolve_device
-from seedlocal.models import ActorCritic, PolicyNet
+from seedlocal.models import ActorCritic, PolicyNet, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 
 
@@ -87,6 +87,9 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
     ident = state.get("identity", {})
     try:
         spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
+        # The env as it is now must still be the one the network was trained
+        # on (a user's own env may have changed since).
+        checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec)})
         if ident.get("algo") == "r2d2":
             from seedlocal.models import RecurrentQNet
             from seedlocal.train_r2d2 import net_spec
@@ -108,8 +111,9 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
 
 
 def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_steps: int,
-         epsilon: float = 0.0) -> np.ndarray:
-    """Returns one raw return per episode (each env plays its first episode)."""
+         epsilon: float = 0.0) -> tuple[np.ndarray, int]:
+    """One raw return per episode (each env plays its first episode), and how
+    many of them ``max_steps`` cut short."""
     env = make_group(spec, episodes, 1, seed)
     getattr(model, "new_episodes", lambda: None)()
     act = _policy(model, greedy, epsilon)
@@ -126,7 +130,7 @@ def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_s
         if finished.all():
             break
     env.close()
-    return returns
+    return returns, int((~finished).sum())
 
 
 def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) -> list[np.ndarray]:
@@ -163,7 +167,7 @@ def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) ->
     for _ in range(max_steps):
         batch = {k: np.asarray(obs[k] if isinstance(obs, dict) else obs)[None] for k in keys}
         actions, core = act(batch, core)
-        obs, _, te, tr, _ = genv.step(int(actions[0]))
+        obs, _, te, tr, _ = genv.step(int(actions[0]) + spec.action_start)
         frames.append(genv.render())
         if te or tr:
             break
@@ -207,15 +211,18 @@ def main(cfg: EvalConfig) -> dict:
     epsilon = cfg.epsilon if r2d2 and cfg.policy == "trained" else 0.0
     if not 0 <= cfg.epsilon <= 1:
         fail("epsilon", cfg.epsilon, "must be in [0, 1]")
-    returns = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
+    returns, cut = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
     how = (f"epsilon-greedy, epsilon {epsilon:g}" if epsilon else "argmax") if greedy else "sampled"
     print(f"{spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
           f"std {returns.std():.2f} (min {returns.min():.1f}, max {returns.max():.1f}); "
           f"checkpoint {state['path']} at {steps:,d} {'steps' if 'steps' in counters else 'generations'}")
+    if cut:
+        print(f"note: {cut} of the {cfg.episodes} episodes had not ended after --max-steps {cfg.max_steps:,d}; "
+              "their returns are partial", flush=True)
     out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist(),
-           "policy": how}
+           "policy": how, "cut_short": cut}
     if cfg.video:
         frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps)
         gif, h, w = encode_gif(frames)

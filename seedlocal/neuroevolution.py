@@ -246,8 +246,11 @@ class _Evolver:
             self.best_params, self.best_return = vec.clone(), score
 
 
+LONG_GENERATION_S = 120.0  # a generation this long is told about, once
+
+
 class _OutOfTime(Exception):
-    """The time budget ended inside a generation whose envs make no progress."""
+    """The time budget ended inside a generation."""
 
 
 def train(cfg: NeuroevoRun) -> dict:
@@ -303,14 +306,24 @@ def train(cfg: NeuroevoRun) -> dict:
         runner.start()
         meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
         watch = StallWatch(loop)
+        gen_t0 = [time.monotonic(), False]  # this generation's start; whether its slowness was told
 
         def check() -> None:
-            # Runs every 0.5 s while a generation waits for episodes. The time
-            # budget is otherwise checked between generations; a generation
-            # whose envs stopped stepping (a hung env) is abandoned at it.
+            # Runs every 0.5 s while a generation waits for episodes: the time
+            # budget holds inside a generation too (long or endless episodes,
+            # a hung env), abandoning it; the checkpoint keeps the last whole one.
             runner.check()
-            if watch.poll() and cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
+            watch.poll()  # names stuck envs
+            now = time.monotonic()
+            if cfg.seconds and now - t_start >= cfg.seconds:
                 raise _OutOfTime
+            if now - gen_t0[0] >= LONG_GENERATION_S and not gen_t0[1]:
+                gen_t0[1] = True
+                print(f"\nseedlocal: generation {counters['generation'] + 1} has waited {LONG_GENERATION_S:.0f} s "
+                      "for its episodes to end (members are scored on whole episodes; if this env's episodes "
+                      "never end, register it with a time limit, gymnasium.register(..., max_episode_steps=N), "
+                      "or give --seconds)",
+                      flush=True)
 
         try:
             while True:
@@ -322,6 +335,7 @@ def train(cfg: NeuroevoRun) -> dict:
                 t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes.total
                 w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
                 watch.start()
+                gen_t0[:] = [t0, False]
                 try:
                     stats = evolver.generation(policy, check)
                 except _OutOfTime:
@@ -365,12 +379,13 @@ def train(cfg: NeuroevoRun) -> dict:
                     break
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            e.seedlocal_run_dir = run_dir  # for the CLI's line; the finally below saves
+            e.seedlocal_run_dir = run_dir  # for the CLI's line
             raise
         finally:
             runner.stop()
             try:
-                path = save()  # also when stopped mid-generation: the last finished one
+                if counters["generation"] or saved is not None:  # also mid-generation: the last finished one
+                    path = save()
             finally:
                 monitor.close()
             best = evolver.best_return if math.isfinite(evolver.best_return) else None
@@ -384,5 +399,5 @@ def train(cfg: NeuroevoRun) -> dict:
             checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
           f"best member return {f'{evolver.best_return:.1f}' if math.isfinite(evolver.best_return) else '-'}; "
-          f"checkpoint {path}", flush=True)
+          f"checkpoint {path}; summary {run_dir / 'summary.json'}", flush=True)
     return summary

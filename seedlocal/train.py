@@ -324,7 +324,7 @@ def train(cfg: VTraceRun) -> dict:
                     save()
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            e.seedlocal_run_dir = run_dir  # for the CLI's line; the finally below saves
+            e.seedlocal_run_dir = run_dir  # for the CLI's line
             raise
         finally:
             prefetch.stop()
@@ -334,7 +334,8 @@ def train(cfg: VTraceRun) -> dict:
             counters["episodes"] += eps.count
             recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
             try:
-                save()
+                if counters["steps"] or resumed is not None:  # a run that failed to start leaves no checkpoint
+                    save()
             finally:
                 monitor.close()
                 summary.update({
@@ -344,7 +345,7 @@ def train(cfg: VTraceRun) -> dict:
                     "mean_return_last20": float(np.mean(recent)) if recent else None,
                     "frames_to_target": (summary["steps_to_target"] * frames_per_step
                                          if summary["steps_to_target"] is not None else None),
-                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": str(state["path"]),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": state["path"] and str(state["path"]),
                 })
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]

@@ -459,22 +459,28 @@ def train(cfg: R2D2Run) -> dict:
                     })
                     monitor.scalars(step_now, values)
                     ev = f"{np.mean(recent_eval):7.1f}" if recent_eval else "      -"
+                    # After the warm-up (algo.min_replay) the learner first catches up
+                    # on the replay ratio over every step so far, actors parked: say so.
+                    owed = int((a.replay_ratio * added_steps - learned_rows) // (a.batch_size * a.unroll_length))
                     monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>8,.0f}  "
                                      f"eval return(20) {ev}  updates {counters['updates']:,d}  "
-                                     f"replay {replay.size:,d}  td {values.get('losses/td_abs', 0):.3f}")
+                                     f"replay {replay.size:,d}  td {values.get('losses/td_abs', 0):.3f}"
+                                     + (f"  (actors wait: {owed:,d} updates to replay ratio {a.replay_ratio:g})"
+                                        if owed > 1 else ""))
                     t_log, log_steps, acc, sampled_p = now, step_now, {}, []
                     inserted0, log_updates = replay.added, counters["updates"]
                 if now - state["saved"] >= cfg.checkpoint_every_min * 60:
                     save()
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            e.seedlocal_run_dir = run_dir  # for the CLI's line; the finally below saves
+            e.seedlocal_run_dir = run_dir  # for the CLI's line
             raise
         finally:
             runner.stop()
             counters["steps"] = steps0 + loop.stats.env_steps
             try:
-                save()
+                if counters["steps"] or saved is not None:  # a run that failed to start leaves no checkpoint
+                    save()
             finally:
                 monitor.close()
                 stop_on = recent_eval if a.eval_envs else recent_train
@@ -486,7 +492,7 @@ def train(cfg: R2D2Run) -> dict:
                     "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
                     "frames_to_target": (summary["steps_to_target"] * frames_per_step
                                          if summary["steps_to_target"] is not None else None),
-                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": str(state["path"]),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": state["path"] and str(state["path"]),
                     "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
                 })
                 checkpoint.write_summary(run_dir, summary)

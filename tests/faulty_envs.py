@@ -48,6 +48,56 @@ class ImageHWC(_Short):
         return img
 
 
+class ActionStart(_Short):
+    """Actions 1 and 2 (``Discrete(2, start=1)``); reward 1 for action 2. Any
+    other action is a bug of the caller: it raises."""
+
+    action_space = gym.spaces.Discrete(2, start=1)
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def render(self):
+        return np.zeros((8, 8, 3), np.uint8)
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise AssertionError(f"invalid action {action!r} for {self.action_space}")
+        return super().step(int(action) - 1)
+
+
+class NaNReward(_Short):
+    def step(self, action):
+        obs, _, te, tr, info = super().step(action)
+        return obs, float("nan") if self.t == 3 else 0.0, te, tr, info
+
+
+class BroadcastObs(_Short):
+    """Observes shape (1,) under a (3,) space: numpy would broadcast it."""
+
+    def _obs(self):
+        return np.full((1,), self.t / 20, np.float32)
+
+
+class InitRaises(_Short):
+    def __init__(self):
+        raise FileNotFoundError("level file missing")
+
+
+class Endless(_Short):
+    """Episodes that never end (no time limit registered)."""
+
+    def step(self, action):
+        obs, r, _, _, info = super().step(action)
+        return obs, r, False, False, info
+
+
 gym.register("ResetRaises-v0", entry_point=ResetRaises)
+gym.register("ActionStart-v0", entry_point=ActionStart)
+gym.register("NaNReward-v0", entry_point=NaNReward)
+gym.register("BroadcastObs-v0", entry_point=BroadcastObs)
+gym.register("InitRaises-v0", entry_point=InitRaises)
+gym.register("Endless-v0", entry_point=Endless)
 gym.register("StepHangs-v0", entry_point=StepHangs)
 gym.register("ImageHWC-v0", entry_point=ImageHWC)

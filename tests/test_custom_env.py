@@ -59,6 +59,52 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     assert "RuntimeError: boom in reset" in last and "not restarting" in last, last
     assert "restarted it" not in out.stdout
     assert not seedlocal_segments()
+    # A run that never stepped leaves no checkpoint, so the same name can be used again once the env is fixed.
+    assert not list((tmp_path / "r").glob("checkpoints/ckpt_*.pt"))
+    again = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
+                      "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
+    assert "boom in reset" in again.stderr.strip().splitlines()[-1] and "already holds" not in again.stderr
+
+
+def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path):
+    """``Discrete(2, start=1)``: the network picks 0 or 1, the env gets 1 or 2
+    (in training, in eval, in an eval video)."""
+    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ActionStart-v0", "--total-steps", "3000",
+                    "--log-dir", str(tmp_path), "--run-name", "s", "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ev = seedlocal("eval", "--checkpoint", str(tmp_path / "s"), "--episodes", "2", "--video", str(tmp_path / "v.gif"))
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert "faulty_envs:ActionStart-v0: 2 episodes" in ev.stdout and (tmp_path / "v.gif").exists(), ev.stdout
+
+
+def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
+    """A NaN reward or a wrong-shaped observation stops the run with one line
+    naming it (not NaN weights, not a silent broadcast); a constructor that
+    raises is named before anything starts."""
+    for env, message in [("NaNReward-v0", "step() returned the reward nan; rewards must be finite numbers"),
+                         ("BroadcastObs-v0", "observation has shape (1,), its space says (3,)")]:
+        out = seedlocal("train", "vtrace", "--env.id", f"faulty_envs:{env}", "--total-steps", "5000",
+                        "--pipeline.max-restarts", "0", "--log-dir", str(tmp_path), "--run-name", env, "--no-progress")
+        assert out.returncode == 1, out.stderr[-2000:]
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("seedlocal: error: env worker") and message in last, last
+    out = seedlocal("train", "ga", "--env.id", "faulty_envs:InitRaises-v0", "--log-dir", str(tmp_path))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "seedlocal: error: env.id='faulty_envs:InitRaises-v0': making the env raised FileNotFoundError: "
+        "level file missing"], out.stderr
+    assert not seedlocal_segments()
+
+
+def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_path):
+    """Members are scored on whole episodes; episodes that never end must not
+    keep a run past --seconds (the last whole generation is what is kept)."""
+    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "6",
+                    "--algo.population-size", "8", "--log-dir", str(tmp_path), "--run-name", "e", "--no-progress",
+                    timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "seedlocal: done: 0 generations" in out.stdout, out.stdout[-2000:]
+    assert not seedlocal_segments()
 
 
 def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path):

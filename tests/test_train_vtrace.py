@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import seedlocal_segments
 from helpers import terminal_like
@@ -200,6 +201,37 @@ def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
         evaluate(EvalConfig(checkpoint=str(tmp_path / "nope.pt")))
     newest.write_bytes(good)  # nothing else was touched by the refusals
     assert checkpoint.load(newest)["counters"]["steps"] > 0
+
+
+def test_eval_refuses_a_checkpoint_whose_env_has_changed(tmp_path):
+    """A user's env may change between training and eval: the network is not
+    loaded into a mismatched shape, the difference is named."""
+    train(_tiny(tmp_path))
+    newest = checkpoint.resolve(tmp_path / "tiny")
+    state = checkpoint.load(newest)
+    state["identity"]["obs"] = {"": [5]}  # as if CartPole had observed 5 numbers in training
+    torch.save({k: v for k, v in state.items() if k != "path"}, newest)
+    with pytest.raises(CheckpointError, match=r"incompatible.*obs: checkpoint has \{'': \[5\]\}, this run has "
+                                              r"\{'': \[4\]\}"):
+        evaluate(EvalConfig(checkpoint=str(newest)))
+
+
+def test_diverged_weights_are_not_saved_over_good_ones(tmp_path):
+    """NaN or inf in a checkpoint's tensors (a diverged run) is refused by
+    save(), naming them and the last good checkpoint; summary.json stays
+    strict JSON (NaN written as null)."""
+    train(_tiny(tmp_path))
+    run = tmp_path / "tiny"
+    good = checkpoint.all_checkpoints(run / "checkpoints")
+    state = checkpoint.load(good[-1])
+    state["model"] = {k: v.clone() for k, v in state["model"].items()}
+    next(iter(state["model"].values()))[0] = float("nan")
+    with pytest.raises(checkpoint.Diverged, match=rf"NaN or inf in model\..*; not saved, the last good checkpoint "
+                                                  rf"is {good[-1]}"):
+        checkpoint.save(run, state, 10**9, 10**9)
+    assert checkpoint.all_checkpoints(run / "checkpoints") == good
+    checkpoint.write_summary(run, {"mean": float("nan"), "n": [1, float("inf")], "ok": 1.5})
+    assert json.loads((run / "summary.json").read_text()) == {"mean": None, "n": [1, None], "ok": 1.5}
 
 
 def test_bad_training_config_is_refused_before_start(tmp_path):

@@ -50,6 +50,9 @@ class EnvSpec:
     frame_stack: int = 0  # envpool's stack_num where set (0 = the env's default)
     # Discrete observation fields: key -> (n, start). Networks see them one-hot.
     obs_classes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # A Discrete(n, start) action space: the pipeline's actions are 0..n-1 and
+    # the env receives action + start.
+    action_start: int = 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,6 +68,21 @@ def _gymnasium_ids() -> frozenset[str]:
     import gymnasium
 
     return frozenset(gymnasium.registry.keys())
+
+
+def _unknown_id(env_id: str, why: str, otherwise: str = "") -> ValueError:
+    """The error for an id nothing registered, with the ids it may have meant:
+    the same name's latest version first (seedlocal wants the version
+    spelled out: a run's checkpoints are for one version), then near spellings."""
+    import difflib
+    import re
+
+    name = env_id.partition(":")[2] or env_id
+    known = _envpool_ids() | _gymnasium_ids()
+    versions = sorted((int(m.group(1)), i) for i in known if (m := re.fullmatch(re.escape(name) + r"-v(\d+)", i)))
+    near = [i for _, i in reversed(versions)] or difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(near[:3])}?" if near else otherwise
+    return ValueError(f"env.id={env_id!r}: {why}{hint}")
 
 
 def import_env_module(env_id: str) -> str:
@@ -87,8 +105,8 @@ def import_env_module(env_id: str) -> str:
     except Exception as e:
         raise ValueError(f"env.id={env_id!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
     if name not in _gymnasium_ids():
-        raise ValueError(f"env.id={env_id!r}: importing {module!r} did not register {name!r} with Gymnasium "
-                         "(the module should call gymnasium.register)")
+        raise _unknown_id(env_id, f"importing {module!r} did not register {name!r} with Gymnasium",
+                          " (the module should call gymnasium.register)")
     return name
 
 
@@ -107,10 +125,8 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
             return "envpool"
         if env_id in _gymnasium_ids():
             return "gymnasium"
-        raise ValueError(
-            f"env.id={env_id!r}: not an envpool id nor a registered Gymnasium id "
-            "(see envpool.list_all_envs() and gymnasium.pprint_registry())"
-        )
+        raise _unknown_id(env_id, "not an envpool id nor a registered Gymnasium id "
+                          "(see envpool.list_all_envs() and gymnasium.pprint_registry())")
     if backend == "envpool" and not in_envpool:
         raise ValueError(f"env.id={env_id!r}: not an envpool id (env.backend=envpool)")
     if backend == "gymnasium" and env_id not in _gymnasium_ids():
@@ -147,15 +163,15 @@ def _obs_classes(space) -> dict[str, tuple[int, int]]:
     return {k: (int(sub.n), int(sub.start)) for k, sub in leaves if isinstance(sub, spaces.Discrete)}
 
 
-def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | None]:
+def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | None, int]:
     from gymnasium import spaces
 
     if isinstance(space, spaces.Discrete):
-        return TensorSpec((), "int64"), int(space.n), None, None
+        return TensorSpec((), "int64"), int(space.n), None, None, int(space.start)
     if isinstance(space, spaces.Box):
         low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
         high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
-        return TensorSpec(tuple(space.shape), "float32"), None, low, high
+        return TensorSpec(tuple(space.shape), "float32"), None, low, high, 0
     raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete space "
                      "(the pipeline also steps Box actions, for benchmarks)")
 
@@ -176,27 +192,49 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         try:
             env = envpool.make(env_id, env_type="gymnasium", num_envs=1, **_stack_kw(frame_stack))
         except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"env.frame_stack={frame_stack}: {env_id} does not take it ({e})") from None
+            if frame_stack:
+                raise ValueError(f"env.frame_stack={frame_stack}: {env_id} does not take it ({e})") from None
+            raise ValueError(f"env.id={env_id!r}: envpool could not make it ({type(e).__name__}: {e})") from None
         obs_space, act_space = env.observation_space, env.action_space
         frames = int(getattr(env.spec.config, "frame_skip", 1))
         env.close() if hasattr(env, "close") else None
     else:
         import gymnasium
 
-        env = gymnasium.make(env_id)
+        try:
+            env = gymnasium.make(env_id)
+        except Exception as e:  # the user's own constructor: name it, in one line
+            raise ValueError(f"env.id={env_id!r}: making the env raised {type(e).__name__}: {e}") from None
         obs_space, act_space = env.observation_space, env.action_space
         frames = 1
-        env.close()
+        _close_quietly(env)
     try:
         obs = _space_spec(obs_space)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: observation space {obs_space} is not supported ({e}): seedlocal "
                          "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
     try:
-        action, n, low, high = _action_spec(act_space)
+        action, n, low, high, start = _action_spec(act_space)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
-    return EnvSpec(env_id, backend, obs, action, n, low, high, frames, frame_stack, _obs_classes(obs_space))
+    return EnvSpec(env_id, backend, obs, action, n, low, high, frames, frame_stack, _obs_classes(obs_space), start)
+
+
+def _close_quietly(env, timeout_s: float = 5.0) -> None:
+    """Close the env built only to read its spaces: the spaces are what was
+    wanted, so a ``close()`` that raises or hangs must not stop the run."""
+    import threading
+
+    t = threading.Thread(target=lambda: _ignore_errors(env.close), daemon=True, name="env-close")
+    t.start()
+    t.join(timeout_s)
+
+
+def _ignore_errors(fn) -> None:
+    try:
+        fn()
+    except Exception:
+        pass
 
 
 def _stack_kw(frame_stack: int) -> dict:
@@ -243,8 +281,9 @@ class GymnasiumGroup:
         import gymnasium
 
         self._envs = [gymnasium.make(env_id) for _ in range(num_envs)]
-        self._seed = seed
+        self._id, self._seed, self._start = env_id, seed, spec.action_start
         self._keys = list(spec.obs)
+        self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
         self._obs = {k: np.zeros((num_envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
         self._reward = np.zeros(num_envs, np.float32)
         self._terminated = np.zeros(num_envs, bool)
@@ -253,11 +292,12 @@ class GymnasiumGroup:
         self._first = True
 
     def _put_obs(self, i: int, obs) -> None:
-        if isinstance(obs, dict):
-            for k in self._keys:
-                self._obs[k][i] = obs[k]
-        else:
-            self._obs[""][i] = obs
+        for k in self._keys:
+            v = np.asarray(obs[k] if isinstance(obs, dict) else obs)
+            if v.shape != self._obs[k].shape[1:]:  # numpy would broadcast some wrong shapes silently
+                raise ValueError(f"{self._id}: observation{f' {k!r}' if k else ''} has shape {v.shape}, "
+                                 f"its space says {self._obs[k].shape[1:]}")
+            self._obs[k][i] = v
 
     def reset(self) -> None:
         self._needs_reset[:] = True
@@ -270,18 +310,33 @@ class GymnasiumGroup:
                 obs, _ = env.reset(seed=seed)
                 self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
             else:
-                obs, r, te, tr, _ = env.step(actions[i])
-                self._reward[i], self._terminated[i], self._truncated[i] = r, te, tr
+                obs, r, te, tr, _ = env.step(actions[i] + self._start)
+                self._reward[i], self._terminated[i], self._truncated[i] = _finite_reward(self._id, r), te, tr
             self._needs_reset[i] = self._terminated[i] or self._truncated[i]
             self._put_obs(i, obs)
         self._first = False
 
     def recv(self):
+        for k in self._float_keys:
+            bad = ~np.isfinite(self._obs[k]).reshape(len(self._envs), -1).all(1)
+            if bad.any():
+                raise ValueError(f"{self._id}: env {int(np.argmax(bad))} returned an observation"
+                                 f"{f' {k!r}' if k else ''} with NaN or inf; observations must be finite")
         return self._obs, self._reward, self._terminated, self._truncated
 
     def close(self) -> None:
         for env in self._envs:
             env.close()
+
+
+def _finite_reward(env_id: str, r) -> float:
+    try:
+        value = float(np.asarray(r, np.float64).reshape(()))  # None becomes NaN; a 1-element array is fine
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not np.isfinite(value):
+        raise ValueError(f"{env_id}: step() returned the reward {r!r}; rewards must be finite numbers")
+    return value
 
 
 class NullGroup:

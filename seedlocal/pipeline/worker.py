@@ -177,4 +177,6 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
             env.reset()
             continue
         state[g] = STEPPING
-        env.send(store["action"][target_buf[g], target_row[g] - 1])
+        t0 = time.perf_counter()
+        env.send(store["action"][target_buf[g], target_row[g] - 1])  # Gymnasium envs step here
+        env_s[g] += time.perf_counter() - t0
