@@ -315,6 +315,10 @@ def run(cfg: BenchConfig) -> dict:
         check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
     if cfg.rounds < 1:
         raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
+    if cfg.bridge_delay_ms and not cfg.bridge:
+        raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: only with --bridge")
+    if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
+        raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: must be >= 0 and finite")
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")

@@ -8,9 +8,12 @@ plain types and tensors are stored, so loading uses ``weights_only=True``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -60,6 +63,60 @@ def make_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"log_dir: cannot create {run_dir} ({e.strerror})") from None
 
 
+def run_dir_of(path: str | Path) -> Path:
+    """The run folder a checkpoint file belongs to: ``<run>/checkpoints/ckpt_*.pt``,
+    or the file's own folder when it was copied elsewhere (never above it)."""
+    p = Path(path).resolve()
+    return p.parent.parent if p.parent.name == "checkpoints" else p.parent
+
+
+def lock_run(run_dir: Path):
+    """Hold ``<run>/.lock`` while a run writes there: a second run (or a
+    resume) of the same folder is refused instead of mixing two curves and
+    two sets of checkpoints. Released by closing the returned file, or by the
+    kernel when the process dies."""
+    import fcntl
+
+    from seedlocal.config import ConfigError
+
+    f = open(Path(run_dir) / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise ConfigError(f"run_name: {run_dir} is in use by another seedlocal run (pid {holder}); "
+                          "wait for it to end or pick another --run-name") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after
+    it: an exception raised inside torch.save would abandon a half-written
+    zip and report a crash where the user asked for a clean stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+            previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
     bad = _non_finite(state)
     if bad:
@@ -70,17 +127,21 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
                        "rewards and observations; a lower learning rate or gradient clipping usually prevents this)")
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".tmp-*.pt"):  # left by a process killed mid-write (the run lock is ours)
+        stale.unlink(missing_ok=True)
     path = folder / f"ckpt_{steps:012d}_{frames}.pt"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _signals_held():
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save({"format": FORMAT, **state}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            _readable_as_umask_allows(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     if keep > 0:
         for old in all_checkpoints(folder)[:-keep]:
             old.unlink(missing_ok=True)
@@ -99,11 +160,24 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
             # Strict JSON: a NaN or inf (a diverged run) is written as null.
             json.dump(_finite_or_none(summary), f, indent=2, allow_nan=False)
             f.write("\n")
+        _readable_as_umask_allows(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _readable_as_umask_allows(path) -> None:
+    """mkstemp makes files 0600; a checkpoint should have the mode any other
+    file this user writes gets (usually 0644)."""
+    mask = 0o022
+    try:  # read, not set-and-restore: os.umask would briefly change it for every thread
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    os.chmod(path, 0o666 & ~mask)
 
 
 def _finite_or_none(value):

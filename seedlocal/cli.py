@@ -13,6 +13,7 @@ the field and exit with status 2 before any process starts.
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 
@@ -60,8 +61,8 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
                               "give the options to change explicitly instead")
         default = saved
     default, args = _pop_pipeline_config(args, default)
-    return _refuse_spent_budget(tyro.cli(cls, args=args, default=default, prog=prog, description=description),
-                                counters)
+    return _check_resume(tyro.cli(cls, args=args, default=default, prog=prog, description=description),
+                         saved, counters)
 
 
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
@@ -98,7 +99,7 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     path = _option(args, "--resume")
     if not path:
         return None, None
-    from seedlocal.checkpoint import load
+    from seedlocal.checkpoint import CheckpointError, load
     from seedlocal.config import ConfigError, from_dict
 
     state = load(path)
@@ -111,8 +112,12 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     if have is not None and want is not None and have != want:
         raise ConfigError(f"resume={path!r}: {state.get('path')} is a {have} run; resume it with "
                           f"seedlocal train {have} --resume {path}")
-    saved = state.get("config")
-    return (from_dict(cls, saved) if isinstance(saved, dict) else None), dict(state.get("counters", {}))
+    saved, counters = state.get("config"), state.get("counters", {})
+    try:
+        return (from_dict(cls, saved) if isinstance(saved, dict) else None), dict(counters)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
+        raise CheckpointError(f"{state['path']}: its saved configuration cannot be read ({type(e).__name__}: {e})"
+                              ) from None
 
 
 def _pop_pipeline_config(args: list[str], default):
@@ -179,7 +184,7 @@ def _parse(argv: list[str]):
             saved, counters = _resumed_default(rest[1:], cls)
             default, args = _pop_pipeline_config(rest[1:], saved or cls())
             cfg = tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}")
-            return "train", _refuse_spent_budget(cfg, counters)
+            return "train", _check_resume(cfg, saved, counters)
         from seedlocal.train import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
@@ -188,14 +193,19 @@ def _parse(argv: list[str]):
     raise SystemExit(2)
 
 
-def _refuse_spent_budget(cfg, counters: dict | None):
-    """``cfg``, unless it resumes a run whose budget is already spent (given
-    the resumed checkpoint's ``counters``): that would start its workers only
-    to stop at once and rewrite its summary with an empty one."""
-    from seedlocal.config import budget_left
+def _check_resume(cfg, saved, counters: dict | None):
+    """``cfg``, unless it resumes a run (saved config ``saved``, checkpoint
+    ``counters``) whose budget is already spent, which would start its workers
+    only to stop at once and rewrite its summary with an empty one, or names
+    another folder for it: a resumed run goes on where its checkpoints are."""
+    from seedlocal.config import ConfigError, budget_left
 
     if counters is None:
         return cfg
+    for name in ("run_name", "log_dir"):
+        if saved is not None and getattr(cfg, name) != getattr(saved, name):
+            raise ConfigError(f"{name}={getattr(cfg, name)!r}: a resumed run goes on in its own folder "
+                              f"({cfg.resume}); leave --{name.replace('_', '-')} out")
     if hasattr(cfg, "total_steps"):
         budget_left("total_steps", cfg.total_steps, counters.get("steps", 0), "steps")
     else:
@@ -281,7 +291,19 @@ def _run(argv: list[str]) -> int:
         # learner's would only show where it noticed.
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        if e.errno not in _ENVIRONMENT_ERRNOS:
+            raise
+        # The disk filled, the folder went read-only or away mid-run: the
+        # path and the reason are the whole story.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"seedlocal: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
+
+
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
+                       errno.ENAMETOOLONG, errno.ENOMEM}
 
 
 if __name__ == "__main__":

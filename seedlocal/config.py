@@ -118,6 +118,9 @@ def _floats(obj, prefix: str = ""):
             yield prefix + f.name, value
 
 
+THREADS_PER_CORE = 8
+
+
 def validate_run_options(cfg) -> None:
     """What every trainer's config shares: numbers that are numbers, and a
     run folder that can be written. Fails before any process starts."""
@@ -131,6 +134,11 @@ def validate_run_options(cfg) -> None:
     name = getattr(cfg, "run_name", "")
     if name and (name in (".", "..") or "/" in name or "\\" in name):
         fail("run_name", name, "must be a folder name under log_dir, without path separators")
+    if len(name.encode()) > 200:
+        fail("run_name", name[:20] + "...", f"is {len(name.encode())} bytes long; folder names may have 255 at most "
+             "and seedlocal keeps some for its own")
+    if getattr(cfg, "log_dir", None) == "":
+        fail("log_dir", "", "must name a folder (e.g. runs)")
     if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
     log_dir = getattr(cfg, "log_dir", None)
@@ -150,6 +158,18 @@ def check_writable(field: str, value: str, folder: bool) -> None:
         fail(field, value, f"cannot be created ({base} is not a folder)")
     if not os.access(base, os.W_OK | os.X_OK):
         fail(field, value, f"cannot be written ({base} is not writable)")
+
+
+def available_bytes() -> int | None:
+    """Memory the kernel could give a new allocation now (MemAvailable), if known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def budget_left(field: str, budget: int, done: int, unit: str) -> None:
@@ -196,13 +216,18 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: 
         if name == "num_workers" and remote_envs and v == 0:
             continue
         if v < (0 if name == "max_restarts" else 1):
-            fail(f"{prefix}.{name}", v, "must be positive" + (" (or 0 with bridge.remote_envs)"
-                                                               if name == "num_workers" else ""))
+            fail(f"{prefix}.{name}", v, "must be >= 0" if name == "max_restarts" else "must be positive" + (
+                " (or 0 with bridge.remote_envs)" if name == "num_workers" else ""))
     if p.envs_per_worker % 2:
         fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
     for name in ("env_threads", "num_buffers", "min_batch_envs", "learner_threads"):
         if getattr(p, name) < 0:
             fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
+    cores = os.cpu_count() or 1
+    for name in ("env_threads", "learner_threads", "inference_threads"):
+        if getattr(p, name) > THREADS_PER_CORE * cores:
+            fail(f"{prefix}.{name}", getattr(p, name), f"more than {THREADS_PER_CORE} per core of this machine's "
+                 f"{cores}: threads beyond the cores only wait for them (and thousands fail to start)")
     groups = 2 * p.num_workers + remote_envs // max(1, p.envs_per_worker // 2)
     if p.num_buffers and p.num_buffers < groups:
         fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups})")
@@ -251,6 +276,11 @@ def from_dict(cls, d: dict):
             v = from_dict(type(default), v)
         elif isinstance(default, tuple) and isinstance(v, list):
             v = tuple(v)
+        # A value of another kind than the default's (a file edited by hand or
+        # damaged) would fail later, deep inside; name it here.
+        kind = (int, float) if type(default) is float else type(default)
+        if default is not None and not isinstance(v, kind) or isinstance(v, bool) and type(default) is not bool:
+            raise TypeError(f"{f.name}={v!r}: expected {type(default).__name__}")
         kwargs[f.name] = v
     return cls(**kwargs)
 
@@ -315,8 +345,9 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
 
 def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
     if not b.listen:
-        if b.remote_envs:
-            fail("bridge.remote_envs", b.remote_envs, "needs bridge.listen HOST:PORT for actor hosts to connect to")
+        for name in ("remote_envs", "token_file", "tls_cert", "tls_key"):
+            if getattr(b, name):  # would be silently ignored
+                fail(f"bridge.{name}", getattr(b, name), "needs bridge.listen HOST:PORT for actor hosts to connect to")
         if p.num_workers == 0:
             fail("pipeline.num_workers", 0, "no env would run: give workers, or bridge.listen and bridge.remote_envs")
         return
@@ -324,7 +355,8 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
     if b.remote_envs <= 0 or b.remote_envs % p.envs_per_worker:
         fail("bridge.remote_envs", b.remote_envs, "must be a positive multiple of pipeline.envs_per_worker "
              f"({p.envs_per_worker}): actor hosts run whole workers of two groups")
-    if not is_loopback(host) and not bridge_token(b.token_file):
+    token = bridge_token(b.token_file)  # read now: a bad path fails before the run starts
+    if not is_loopback(host) and not token:
         fail("bridge.listen", b.listen, "listening beyond loopback needs a token: set SEEDLOCAL_BRIDGE_TOKEN "
              "or bridge.token_file")
     if bool(b.tls_cert) != bool(b.tls_key):

@@ -228,10 +228,10 @@ def main(cfg: EvalConfig) -> dict:
         gif, h, w = encode_gif(frames)
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.video).write_bytes(gif)
-        run_dir = Path(state["path"]).parent.parent
+        run_dir = checkpoint.run_dir_of(state["path"])
         from seedlocal.monitor import RunMonitor
 
-        mon = RunMonitor(run_dir, progress=False)
+        mon = RunMonitor(run_dir, progress=False, lock=False)
         mon.image_summary("eval/episode", gif, h, w, steps)
         mon.close()
         print(f"video: {cfg.video} ({len(frames)} frames); also in TensorBoard under eval/episode of {run_dir}")

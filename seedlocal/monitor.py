@@ -59,8 +59,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 
 class RunMonitor:
-    def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True):
+    def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
+        """``lock``: hold the run folder for this process (a trainer; eval's
+        video only adds an image to a run, maybe one still training)."""
+        from seedlocal.checkpoint import lock_run
+
         self.run_dir = Path(run_dir)
+        self._lock = lock_run(self.run_dir) if lock else None
         self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         self.progress_enabled = progress
         self._tty = sys.stderr.isatty()
@@ -96,5 +101,9 @@ class RunMonitor:
     def close(self) -> None:
         if self._tty and self.progress_enabled:
             sys.stderr.write("\n")
-        self.writer.flush()
-        self.writer.close()
+        try:
+            self.writer.flush()
+            self.writer.close()
+        finally:
+            if self._lock is not None:
+                self._lock.close()

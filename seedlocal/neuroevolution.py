@@ -262,7 +262,7 @@ def train(cfg: NeuroevoRun) -> dict:
     if saved is not None:
         print(resume_line(saved.get("config"), cfg, saved["path"]), flush=True)
         checkpoint.check_compatible(saved, ident)
-        run_dir = Path(saved["path"]).parent.parent
+        run_dir = checkpoint.run_dir_of(saved["path"])
     else:
         run_dir = checkpoint.new_run_dir(cfg.log_dir, cfg.run_name or
                                          f"{spec.env_id.replace('/', '_').replace(':', '.')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")

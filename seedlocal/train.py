@@ -136,7 +136,7 @@ def validate(cfg: VTraceRun):
 def _run_dir(cfg: VTraceRun) -> tuple[Path, dict | None]:
     if cfg.resume:
         state = checkpoint.load(cfg.resume)
-        return Path(state["path"]).parent.parent, state
+        return checkpoint.run_dir_of(state["path"]), state
     name = cfg.run_name or f"{cfg.env.id.replace('/', '_').replace(':', '.')}__vtrace__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
     return checkpoint.new_run_dir(cfg.log_dir, name), None
 

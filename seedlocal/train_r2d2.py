@@ -27,16 +27,15 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
-                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              validate_run_options)
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, available_bytes,
+                              fail, num_groups, resolve_device, resume_line, validate_bridge, validate_env,
+                              validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -98,17 +97,6 @@ def build_net(cfg: R2D2Run, spec) -> RecurrentQNet:
                         lstm_size=a.lstm_size)
     net.precision = resolve_precision(a.precision, net.kind, resolve_device(cfg.pipeline.device))
     return net
-
-
-def available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay:
@@ -175,8 +163,9 @@ def validate(cfg: R2D2Run):
                  "target_update_every"):
         if getattr(a, name) < 1:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
-    if a.burn_in < 0 or a.eval_envs < 0:
-        fail("algo.burn_in" if a.burn_in < 0 else "algo.eval_envs", min(a.burn_in, a.eval_envs), "must be >= 0")
+    for name in ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"):
+        if getattr(a, name) < 0:  # max_grad_norm, reward_clip: 0 = off
+            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
     if a.n_step >= a.unroll_length:
         fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
     for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon"):
@@ -281,7 +270,7 @@ def train(cfg: R2D2Run) -> dict:
     torch.manual_seed(cfg.env.seed)
     if cfg.resume:
         saved = checkpoint.load(cfg.resume)
-        run_dir = Path(saved["path"]).parent.parent
+        run_dir = checkpoint.run_dir_of(saved["path"])
     else:
         saved = None
         name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__r2d2__{cfg.env.seed}__"

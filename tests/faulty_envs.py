@@ -30,6 +30,16 @@ class ResetRaises(_Short):
         raise RuntimeError("boom in reset")
 
 
+class ResetAborts(_Short):
+    """Native code failing hard while an env starts (an abort, as a C++
+    assertion would): the worker dies by SIGABRT, not by an exception."""
+
+    def reset(self, *, seed=None, options=None):
+        import os
+
+        os.abort()
+
+
 class StepHangs(_Short):
     def step(self, action):
         if self.t >= 5:
@@ -100,4 +110,5 @@ gym.register("BroadcastObs-v0", entry_point=BroadcastObs)
 gym.register("InitRaises-v0", entry_point=InitRaises)
 gym.register("Endless-v0", entry_point=Endless)
 gym.register("StepHangs-v0", entry_point=StepHangs)
+gym.register("ResetAborts-v0", entry_point=ResetAborts)
 gym.register("ImageHWC-v0", entry_point=ImageHWC)

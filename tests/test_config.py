@@ -104,6 +104,18 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path):
     (["train", "vtrace", "--log-every-s", "0"], "log_every_s=0.0: must be positive"),
     (["bench", "--warmup", "-1"], "bench.warmup=-1.0: must be >= 0"),
     (["eval", "--checkpoint", "nowhere", "--max-steps", "0"], "max_steps=0: must be positive"),
+    (["train", "vtrace", "--pipeline.env-threads", "100000"], "pipeline.env_threads=100000: more than 8 per core"),
+    (["train", "r2d2", "--pipeline.learner-threads", "100000"], "pipeline.learner_threads=100000: more than 8"),
+    (["train", "r2d2", "--algo.max-grad-norm", "-1"], "algo.max_grad_norm=-1.0: must be >= 0"),
+    (["train", "vtrace", "--pipeline.max-restarts", "-1"], "pipeline.max_restarts=-1: must be >= 0"),
+    (["train", "vtrace", "--log-dir", ""], "log_dir='': must name a folder"),
+    (["train", "es", "--run-name", "x" * 300], "is 300 bytes long"),
+    (["train", "vtrace", "--bridge.token-file", "/nonexistent"],
+     "bridge.token_file='/nonexistent': needs bridge.listen"),
+    (["train", "vtrace", "--bridge.listen", ":50071", "--bridge.remote-envs", "8",
+      "--bridge.token-file", "/nonexistent"], "bridge.token_file='/nonexistent': cannot read it"),
+    (["bench", "--bridge-delay-ms", "5"], "bench.bridge_delay_ms=5.0: only with --bridge"),
+    (["actors", "--connect", "127.0.0.1:50999", "--retry-s", "nan"], "retry_s=nan: must be >= 0 and finite"),
 ])
 def test_values_that_would_fail_mid_run_are_refused_first(argv, message, tmp_path, capsys, monkeypatch):
     """Values that used to crash a run (NaN, inf, empty or negative layer
@@ -127,3 +139,20 @@ def test_a_log_dir_that_is_a_file_is_refused(tmp_path, capsys):
     assert "is a file, not a folder" in capsys.readouterr().err
     assert main(["train", "vtrace", "--log-dir", str(blocker / "sub")]) == 2
     assert "cannot be created" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pipeline.num-workers", "1000"], "1000 env workers (~150 MB each)"),
+    (["--pipeline.unroll-length", "100000000"], "an unroll store of 4 unrolls x 100,000,001 steps x 4 envs"),
+    (["--env.seed", "2147483640"], "env.seed=2147483640: must be >= 0, and seed + one per env and restart"),
+])
+def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, message, tmp_path, capsys):
+    """Memory (workers, unroll store) and seed ranges are checked once the
+    store's layout is known, before any worker process or segment exists."""
+    from conftest import seedlocal_segments
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "big", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("seedlocal: error:") and message in err[-1], err
+    assert not seedlocal_segments() and not list((tmp_path / "big").glob("checkpoints/*"))

@@ -64,6 +64,12 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     again = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
                       "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
     assert "boom in reset" in again.stderr.strip().splitlines()[-1] and "already holds" not in again.stderr
+    # Native code aborting while the env starts is no different.
+    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetAborts-v0", "--total-steps", "2000",
+                    "--log-dir", str(tmp_path), "--run-name", "a", "--no-progress")
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and "killed by signal 6 before its envs produced a first step" in last, last
+    assert "not restarting" in last and "restarted it" not in out.stdout
 
 
 def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path):

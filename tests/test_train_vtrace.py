@@ -169,6 +169,9 @@ def test_resume_refuses_another_algorithms_run_and_a_spent_budget(cartpole_run, 
     assert "is a vtrace run; resume it with seedlocal train vtrace --resume" in capsys.readouterr().err
     assert main(["train", "vtrace", "--resume", str(run_dir), "--total-steps", "1000"]) == 2
     assert "total_steps=1000: the resumed run already has" in capsys.readouterr().err
+    # A resumed run goes on in its own folder: another name or log dir would be ignored, so it is refused.
+    assert main(["train", "vtrace", "--resume", str(run_dir), "--run-name", "other"]) == 2
+    assert "run_name='other': a resumed run goes on in its own folder" in capsys.readouterr().err
     assert (run_dir / "summary.json").read_text() == before
 
 
@@ -232,6 +235,67 @@ def test_diverged_weights_are_not_saved_over_good_ones(tmp_path):
     assert checkpoint.all_checkpoints(run / "checkpoints") == good
     checkpoint.write_summary(run, {"mean": float("nan"), "n": [1, float("inf")], "ok": 1.5})
     assert json.loads((run / "summary.json").read_text()) == {"mean": None, "n": [1, None], "ok": 1.5}
+
+
+def test_a_checkpoint_copied_elsewhere_resumes_beside_itself(tmp_path):
+    """--resume of a checkpoint file outside <run>/checkpoints writes the
+    continued run next to that file, never into the folders above it."""
+    train(_tiny(tmp_path))
+    elsewhere = tmp_path / "kept" / "best.pt"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(checkpoint.resolve(tmp_path / "tiny").read_bytes())
+    train(_tiny(tmp_path, resume=str(elsewhere), total_steps=6000))
+    assert checkpoint.all_checkpoints(tmp_path / "kept" / "checkpoints")
+    assert (tmp_path / "kept" / "summary.json").exists() and not (tmp_path / "summary.json").exists()
+
+
+def test_one_run_per_folder_at_a_time(tmp_path):
+    """A second run (or resume) of a folder a live run holds is refused,
+    naming the holder; the kernel frees the lock when the holder ends."""
+    (tmp_path / "r").mkdir()
+    held = checkpoint.lock_run(tmp_path / "r")
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'r'} is in use by another seedlocal run \(pid {os.getpid()}\)"):
+        checkpoint.lock_run(tmp_path / "r")
+    held.close()
+    checkpoint.lock_run(tmp_path / "r").close()
+
+
+def test_a_signal_during_a_checkpoint_write_acts_after_it(tmp_path, monkeypatch):
+    """SIGTERM (or Ctrl-C) arriving inside torch.save is acted on once the
+    checkpoint is complete, instead of tearing it; the file gets the mode the
+    user's umask gives files (not mkstemp's 0600)."""
+    real_save = torch.save
+
+    def save_interrupted(obj, f):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler would run here, mid-write
+        real_save(obj, f)
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(checkpoint.torch, "save", save_interrupted)
+    try:
+        with pytest.raises(SystemExit):
+            checkpoint.save(tmp_path, {"model": {"w": torch.ones(3)}}, 5, 5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    [path] = checkpoint.all_checkpoints(tmp_path / "checkpoints")
+    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(3))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_the_time_budget_holds_while_a_large_batch_fills(tmp_path):
+    """A synchronous learner collecting a batch of many unrolls still stops at
+    --seconds: here one batch needs 1.3M steps, far more than 3 s make."""
+    cfg = _tiny(tmp_path, total_steps=0, seconds=3.0)
+    cfg.algo.batch_size = 40_000  # 10,000 unrolls of 32 steps x 4 envs
+    summary = train(cfg)
+    assert summary["updates"] == 0 and 0 < summary["steps"] < 40_000 * cfg.pipeline.unroll_length, summary
 
 
 def test_bad_training_config_is_refused_before_start(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 
 from seedlocal.pipeline.envs import EnvSpec
@@ -20,6 +21,9 @@ from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
 GROUPS_PER_WORKER = 2
+
+
+_CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
 
 class WorkerDied(RuntimeError):
@@ -167,9 +171,12 @@ class ActorPool:
         The caller then rebinds the worker's groups to fresh unrolls and calls
         ``spawn(w)``; the new worker sees only what was bound after this.
         """
-        if self._group_steps(w) == self._steps_at_spawn[w] and self.procs[w].exitcode > 0:
+        code = self.procs[w].exitcode
+        if self._group_steps(w) == self._steps_at_spawn[w] and (code > 0 or -code in _CRASH_SIGNALS):
             # It failed before its envs produced a first step (making or
-            # resetting them): a restart would fail the same way.
+            # resetting them; an exception, or native code aborting or
+            # crashing): a restart would fail the same way. A kill from
+            # outside (SIGKILL, SIGTERM) says nothing about the env.
             raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "
                              "not restarting it: the env cannot start")
         if self.restarts[w] >= self.max_restarts:

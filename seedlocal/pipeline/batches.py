@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,10 +175,13 @@ class Prefetcher(threading.Thread):
         return item
 
     def _collect_here(self, timeout: float) -> Batch | None:
-        pending = self._pending
+        # None after ``timeout`` in all, even while unrolls keep arriving: the
+        # caller checks its budget and its workers between calls (a batch of
+        # many unrolls may take minutes to fill). What came stays pending.
+        pending, end = self._pending, time.monotonic() + timeout
         while len(pending) < self.batcher.k:
             try:
-                pending.append(self.loop.completed.get(timeout=timeout))
+                pending.append(self.loop.completed.get(timeout=max(0.0, end - time.monotonic())))
             except queue.Empty:
                 return None
         self._pending = []

@@ -19,6 +19,7 @@ restarts this host's envs on fresh episodes when a host takes them again.
 
 from __future__ import annotations
 
+import math
 import queue
 import socket
 import sys
@@ -269,12 +270,14 @@ def run(cfg: ActorsConfig) -> int:
     """Serve learners until one stops us; returns the process exit code."""
     split_address("connect", cfg.connect)
     token = bridge_token(cfg.token_file, "token_file")
-    if cfg.num_workers < 0 or cfg.envs_per_worker < 0 or cfg.envs_per_worker % 2:
-        raise ConfigError("num_workers and envs_per_worker must be >= 0 (envs_per_worker even)")
-    if cfg.retry_s < 0:
-        raise ConfigError(f"retry_s={cfg.retry_s!r}: must be >= 0")
-    if cfg.delay_ms < 0:
-        raise ConfigError(f"delay_ms={cfg.delay_ms!r}: must be >= 0")
+    for name in ("num_workers", "envs_per_worker"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 (0 = as the learner asks)")
+    if cfg.envs_per_worker % 2:
+        raise ConfigError(f"envs_per_worker={cfg.envs_per_worker!r}: must be even (two groups per worker)")
+    for name in ("retry_s", "delay_ms"):
+        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
+            raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 and finite")
     lost_since, backoff, why = None, 0.5, ""
     while True:
         session = _Session(cfg, token)

@@ -13,12 +13,36 @@ from typing import Callable
 
 import torch
 
-from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_device, threads_per_group,
-                              validate_bridge, validate_env, validate_pipeline)
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, available_bytes, resolve_device,
+                              threads_per_group, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
 from seedlocal.shm.rollout import RolloutLayout
+
+
+WORKER_BYTES = 150e6  # resident size of one env worker process (numpy + envpool), measured for CartPole
+SEED_LIMIT = 2**31 - 1  # envpool (and most envs) take int32 seeds
+
+
+def _check_fits(env: EnvConfig, pipe: PipelineConfig, layout: RolloutLayout, remote: int) -> None:
+    """Refuse sizes this machine cannot hold, before a worker starts (a
+    thousand workers, or a store of billions of rows, would end in the OOM
+    killer minutes later, with no message)."""
+    store = sum(s.nbytes for s in layout.specs())
+    need, have = store + pipe.num_workers * WORKER_BYTES, available_bytes()
+    if have is not None and need > 0.8 * have:
+        raise ConfigError(
+            f"pipeline: needs {need / 1e9:.1f} GB of memory, {have / 1e9:.1f} GB are available: "
+            f"{pipe.num_workers} env workers (~{WORKER_BYTES / 1e6:.0f} MB each) and an unroll store of "
+            f"{layout.num_buffers:,d} unrolls x {layout.length:,d} steps x {layout.envs} envs ({store / 1e9:.1f} GB); "
+            "lower pipeline.num_workers, pipeline.num_buffers (V-trace: algo.batch_size), pipeline.unroll_length "
+            "or bridge.remote_envs")
+    # Env i of a worker's k-th start is seeded seed + i + k x (all envs); see ActorPool.spawn.
+    last = env.seed + (pipe.max_restarts + 1) * (pipe.num_workers * pipe.envs_per_worker + remote)
+    if env.seed < 0 or last > SEED_LIMIT:
+        raise ConfigError(f"env.seed={env.seed}: must be >= 0, and seed + one per env and restart "
+                          f"({last - env.seed:,d} here) at most {SEED_LIMIT:,d}")
 
 
 class Pipeline:
@@ -48,6 +72,7 @@ class Pipeline:
             outputs=self.policy.outputs,
             core_state=self.policy.core_state,
         )
+        _check_fits(env, pipe, self.layout, remote)
         self.pool = ActorPool(
             self.spec, self.layout, pipe.num_workers, threads_per_group(pipe), env.seed, pipe.max_restarts,
             bridge=bridge,
