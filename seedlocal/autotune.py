@@ -95,7 +95,7 @@ def load_pipeline_file(path: str) -> dict:
     fields = data.get("pipeline", data) if isinstance(data, dict) else None
     known = set(PipelineConfig.__dataclass_fields__)
     if not isinstance(fields, dict) or not fields or set(fields) - known:
-        bad = sorted(set(fields) - known) if isinstance(fields, dict) else fields
+        bad = sorted(set(fields) - known) if isinstance(fields, dict) else data
         raise ConfigError(f"pipeline_config={path!r}: expected PipelineConfig fields, got {bad!r}")
     # Each value must have its field's type (JSON gives int, float, bool, str):
     # a "8" for envs_per_worker would otherwise fail deep in validation.

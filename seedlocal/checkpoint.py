@@ -227,12 +227,17 @@ def load(path: str | Path) -> dict:
         # seedlocal wrote, and unsafe for one it did not.
         import pickle
 
-        if isinstance(e, pickle.UnpicklingError):
+        try:
+            with open(p, "rb") as f:
+                zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+        except OSError as oe:
+            raise CheckpointError(f"{p}: cannot be read ({oe.strerror})") from None
+        if not zipped:
+            why = "not a file torch.save wrote"
+        elif isinstance(e, pickle.UnpicklingError):
             why = "it holds objects other than tensors and plain values, so it was not written by seedlocal"
-        elif isinstance(e, (RuntimeError, EOFError)) or "zip" in str(e).lower():
-            why = "the file is truncated or corrupt"
         else:
-            why = f"not a torch checkpoint file ({type(e).__name__})"
+            why = "the file is truncated or corrupt"
         raise CheckpointError(f"{p}: not a readable seedlocal checkpoint ({why})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{p}: not a seedlocal checkpoint of format {FORMAT}")

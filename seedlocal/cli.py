@@ -72,7 +72,7 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
     it = iter(args)
     for a in it:
         if a == "--preset":
-            name = next(it, "")
+            name = _value(next(it, ""), "preset")
         elif a.startswith("--preset="):
             name = a.split("=", 1)[1]
         else:
@@ -82,12 +82,21 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
     return presets[name], rest
 
 
+def _value(value: str, field: str) -> str:
+    """The value after an option, which must not be the next option."""
+    if not value or value.startswith("--"):
+        from seedlocal.config import ConfigError
+
+        raise ConfigError(f"{field}: needs a value")
+    return value
+
+
 def _option(args: list[str], name: str) -> str | None:
     """The value of ``--name X`` or ``--name=X`` in ``args`` (the last one given)."""
     value = None
     for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            value = args[i + 1]
+        if a == name:
+            value = _value(args[i + 1] if i + 1 < len(args) else "", name[2:].replace("-", "_"))
         elif a.startswith(name + "="):
             value = a.split("=", 1)[1]
     return value

@@ -211,6 +211,9 @@ def main(cfg: EvalConfig) -> dict:
     epsilon = cfg.epsilon if r2d2 and cfg.policy == "trained" else 0.0
     if not 0 <= cfg.epsilon <= 1:
         fail("epsilon", cfg.epsilon, "must be in [0, 1]")
+    # The video first: an env that cannot render fails before the episodes
+    # are played, not after.
+    frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps) if cfg.video else None
     returns, cut = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
@@ -223,8 +226,7 @@ def main(cfg: EvalConfig) -> dict:
               "their returns are partial", flush=True)
     out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist(),
            "policy": how, "cut_short": cut}
-    if cfg.video:
-        frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps)
+    if frames is not None:
         gif, h, w = encode_gif(frames)
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.video).write_bytes(gif)

@@ -116,6 +116,8 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path):
       "--bridge.token-file", "/nonexistent"], "bridge.token_file='/nonexistent': cannot read it"),
     (["bench", "--bridge-delay-ms", "5"], "bench.bridge_delay_ms=5.0: only with --bridge"),
     (["actors", "--connect", "127.0.0.1:50999", "--retry-s", "nan"], "retry_s=nan: must be >= 0 and finite"),
+    (["train", "vtrace", "--preset", "--log-dir", "x"], "preset: needs a value"),
+    (["train", "ga", "--pipeline-config", "--log-dir", "x"], "pipeline_config: needs a value"),
 ])
 def test_values_that_would_fail_mid_run_are_refused_first(argv, message, tmp_path, capsys, monkeypatch):
     """Values that used to crash a run (NaN, inf, empty or negative layer

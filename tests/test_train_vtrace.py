@@ -202,6 +202,9 @@ def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
         train(_tiny(tmp_path, resume=str(newest)))
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         evaluate(EvalConfig(checkpoint=str(tmp_path / "nope.pt")))
+    (tmp_path / "notes.pt").write_text('{"not": "a checkpoint"}')
+    with pytest.raises(CheckpointError, match=r"notes.pt: not a readable seedlocal checkpoint \(not a file torch.save"):
+        evaluate(EvalConfig(checkpoint=str(tmp_path / "notes.pt")))
     newest.write_bytes(good)  # nothing else was touched by the refusals
     assert checkpoint.load(newest)["counters"]["steps"] > 0
 
