@@ -551,10 +551,14 @@ class StallWatch:
             self._said = now
             pool = self.loop.pool
             state = pool.control["state"]
-            workers = sorted({pool.worker_of(g) for g in range(pool.num_local_groups) if state[g] == STEPPING})
+            # STEPPING: inside the env; ACTION_READY: its actions wait, untaken
+            # (a worker that is stopped or starved of CPU).
+            workers = sorted({pool.worker_of(g) for g in range(pool.num_local_groups)
+                              if state[g] in (STEPPING, ACTION_READY)})
             names = [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
             where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
-                     "an env's step or reset" if names else "no local env group is stepping")
+                     "an env's step or reset, or not taking their actions" if names
+                     else "no local env group is stepping")
             print(f"seedlocal: no env steps for {stalled:.0f} s: {where} (a hung env?); "
                   "the run stops at its time budget or on Ctrl-C", flush=True)
         return True
