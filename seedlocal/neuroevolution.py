@@ -261,7 +261,7 @@ def train(cfg: NeuroevoRun) -> dict:
     ident = identity(cfg, spec)
     if saved is not None:
         print(resume_line(saved.get("config"), cfg, saved["path"]), flush=True)
-        checkpoint.check_compatible(saved, ident)
+        checkpoint.check_compatible(saved, ident, needs=("algo_state", "best_params", "best_return", "counters"))
         run_dir = checkpoint.run_dir_of(saved["path"])
     else:
         run_dir = checkpoint.new_run_dir(cfg.log_dir, cfg.run_name or

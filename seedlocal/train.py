@@ -153,7 +153,7 @@ def train(cfg: VTraceRun) -> dict:
     counters = {"steps": 0, "updates": 0, "episodes": 0}
     if resumed is not None:
         print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
-        checkpoint.check_compatible(resumed, ident)
+        checkpoint.check_compatible(resumed, ident, needs=("model", "optimizer", "counters"))
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         counters.update(resumed["counters"])

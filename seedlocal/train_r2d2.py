@@ -285,7 +285,7 @@ def train(cfg: R2D2Run) -> dict:
     counters = {"steps": 0, "updates": 0, "episodes": 0}
     if saved is not None:
         print(resume_line(saved.get("config"), cfg, saved["path"]), flush=True)
-        checkpoint.check_compatible(saved, ident)
+        checkpoint.check_compatible(saved, ident, needs=("model", "target", "optimizer", "counters"))
         online.load_state_dict(saved["model"])
         target.load_state_dict(saved["target"])
         optimizer.load_state_dict(saved["optimizer"])

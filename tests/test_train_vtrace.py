@@ -207,6 +207,10 @@ def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
         evaluate(EvalConfig(checkpoint=str(tmp_path / "notes.pt")))
     newest.write_bytes(good)  # nothing else was touched by the refusals
     assert checkpoint.load(newest)["counters"]["steps"] > 0
+    partial = {k: v for k, v in checkpoint.load(newest).items() if k not in ("optimizer", "path")}
+    torch.save(partial, tmp_path / "partial.pt")
+    with pytest.raises(CheckpointError, match=r"partial.pt: lacks optimizer, so it cannot be resumed"):
+        train(_tiny(tmp_path, resume=str(tmp_path / "partial.pt")))
 
 
 def test_eval_refuses_a_checkpoint_whose_env_has_changed(tmp_path):
