@@ -31,14 +31,18 @@ class Diverged(RuntimeError):
     """Training produced NaN or inf weights: they are not saved over good ones."""
 
 
+_NESTED = (torch.Tensor, dict, list, tuple)
+
+
 def _non_finite(value, name: str = "") -> list[str]:
     """Names of the floating tensors in a checkpoint's state holding NaN or inf."""
     if isinstance(value, torch.Tensor):
         return [name] if value.is_floating_point() and not bool(torch.isfinite(value).all()) else []
     if isinstance(value, dict):
-        return [n for k, v in value.items() for n in _non_finite(v, f"{name}.{k}" if name else str(k))]
-    if isinstance(value, list | tuple):
-        return [n for i, v in enumerate(value) for n in _non_finite(v, f"{name}[{i}]")]
+        return [n for k, v in value.items() if isinstance(v, _NESTED)
+                for n in _non_finite(v, f"{name}.{k}" if name else str(k))]
+    if isinstance(value, list | tuple):  # a saved replay may hold millions of plain items: no name for each
+        return [n for i, v in enumerate(value) if isinstance(v, _NESTED) for n in _non_finite(v, f"{name}[{i}]")]
     return []
 
 
@@ -113,39 +117,41 @@ def _signals_held():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if held:
-            signal.raise_signal(held[0])
+    # Only after a write that succeeded: a failed one's error (disk full) is
+    # the news, and it stops the run anyway.
+    if held:
+        signal.raise_signal(held[0])
 
 
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
     bad = _non_finite(state)
     if bad:
-        last = all_checkpoints(Path(run_dir) / "checkpoints")
+        last = newest(run_dir)
         raise Diverged(f"training diverged by step {steps:,d}: NaN or inf in {', '.join(bad[:3])}"
                        f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}; not saved"
-                       f"{f', the last good checkpoint is {last[-1]}' if last else ''} (check the scale of the env's "
+                       f"{f', the last good checkpoint is {last}' if last else ''} (check the scale of the env's "
                        "rewards and observations; a lower learning rate or gradient clipping usually prevents this)")
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(".tmp-*.pt"):  # left by a process killed mid-write (the run lock is ours)
         stale.unlink(missing_ok=True)
     path = folder / f"ckpt_{steps:012d}_{frames}.pt"
+
+    def write(f) -> None:
+        torch.save({"format": FORMAT, **state}, f)
+
     with _signals_held():
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save({"format": FORMAT, **state}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            _readable_as_umask_allows(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    if keep > 0:
-        for old in all_checkpoints(folder)[:-keep]:
-            old.unlink(missing_ok=True)
+        _write_atomically(path, write, binary=True)
+        if keep > 0:
+            for old in all_checkpoints(folder)[:-keep]:
+                old.unlink(missing_ok=True)
     return path
+
+
+def newest(run_dir: Path) -> str | None:
+    """The run's newest checkpoint file, if it has one (what its summary names)."""
+    found = all_checkpoints(Path(run_dir) / "checkpoints")
+    return str(found[-1]) if found else None
 
 
 def write_summary(run_dir: Path, summary: dict) -> Path:
@@ -153,19 +159,30 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     (written atomically, like checkpoints)."""
     import json
 
+    def write(f) -> None:
+        # Strict JSON: a NaN or inf (a diverged run) is written as null.
+        json.dump(_finite_or_none(summary), f, indent=2, allow_nan=False)
+        f.write("\n")
+
     path = Path(run_dir) / "summary.json"
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".json")
+    _write_atomically(path, write, binary=False)
+    return path
+
+
+def _write_atomically(path: Path, write, binary: bool) -> None:
+    """``write(file)`` into a temporary file beside ``path``, synced, then
+    renamed over it: a crash mid-write never leaves a torn file there."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
-        with os.fdopen(fd, "w") as f:
-            # Strict JSON: a NaN or inf (a diverged run) is written as null.
-            json.dump(_finite_or_none(summary), f, indent=2, allow_nan=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         _readable_as_umask_allows(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def _readable_as_umask_allows(path) -> None:

@@ -108,8 +108,8 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     path = _option(args, "--resume")
     if not path:
         return None, None
-    from seedlocal.checkpoint import CheckpointError, load
-    from seedlocal.config import ConfigError, from_dict
+    from seedlocal.checkpoint import load
+    from seedlocal.config import ConfigError, saved_config
 
     state = load(path)
     have = state.get("identity", {}).get("algo")
@@ -121,12 +121,9 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     if have is not None and want is not None and have != want:
         raise ConfigError(f"resume={path!r}: {state.get('path')} is a {have} run; resume it with "
                           f"seedlocal train {have} --resume {path}")
-    saved, counters = state.get("config"), state.get("counters", {})
-    try:
-        return (from_dict(cls, saved) if isinstance(saved, dict) else None), dict(counters)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
-        raise CheckpointError(f"{state['path']}: its saved configuration cannot be read ({type(e).__name__}: {e})"
-                              ) from None
+    saved = state.get("config")
+    return (saved_config(cls, saved, state["path"]) if isinstance(saved, dict) else None), dict(
+        state.get("counters", {}))
 
 
 def _pop_pipeline_config(args: list[str], default):
@@ -252,10 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         if run_dir is None:
             what = "nothing written"
         else:
-            from seedlocal.checkpoint import all_checkpoints
+            from seedlocal.checkpoint import newest
 
-            saved = all_checkpoints(run_dir / "checkpoints")
-            what = f"{'checkpoint and summary' if saved else 'summary'} in {run_dir}"
+            found = {"checkpoint": newest(run_dir), "summary": (run_dir / "summary.json").exists()}
+            parts = [name for name, there in found.items() if there]
+            what = (f"{' and '.join(parts)} in {run_dir}" if parts
+                    else f"before the run began; nothing saved in {run_dir}")
         print(f"\nseedlocal: interrupted; stopped cleanly ({what})", file=sys.stderr)
         return 130
 
@@ -301,7 +300,7 @@ def _run(argv: list[str]) -> int:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        if e.errno not in _ENVIRONMENT_ERRNOS:
+        if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:  # a bug's OSError keeps its traceback
             raise
         # The disk filled, the folder went read-only or away mid-run: the
         # path and the reason are the whole story.

@@ -276,6 +276,8 @@ def from_dict(cls, d: dict):
             v = from_dict(type(default), v)
         elif isinstance(default, tuple) and isinstance(v, list):
             v = tuple(v)
+        if type(default) is int and isinstance(v, float) and v.is_integer():
+            v = int(v)  # e.g. total_steps=3e3 given to the Python API
         # A value of another kind than the default's (a file edited by hand or
         # damaged) would fail later, deep inside; name it here.
         kind = (int, float) if type(default) is float else type(default)
@@ -300,11 +302,21 @@ def config_changes(old, new, prefix: str = "") -> list[str]:
     return out
 
 
+def saved_config(cls, saved: dict, path: str):
+    """A checkpoint's saved config as ``cls``, or CheckpointError naming what is wrong with it."""
+    try:
+        return from_dict(cls, saved)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
+        from seedlocal.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{path}: its saved configuration cannot be read ({type(e).__name__}: {e})") from None
+
+
 def resume_line(saved: dict | None, cfg, path: str) -> str:
     """The one line a resumed run prints: what differs from the saved config."""
     if saved is None:
         return f"seedlocal: resuming {path} (it holds no saved configuration; using this one as given)"
-    changes = [c for c in config_changes(from_dict(type(cfg), saved), cfg) if not c.startswith("resume:")]
+    changes = [c for c in config_changes(saved_config(type(cfg), saved, path), cfg) if not c.startswith("resume:")]
     if not changes:
         return f"seedlocal: resuming {path} with its saved configuration"
     return f"seedlocal: resuming {path}; changed from its saved configuration: " + "; ".join(changes)

@@ -105,6 +105,8 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
             model = ActorCritic(spec, encoder=ident["encoder"], hidden=tuple(ident["hidden"]),
                                 lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False))
             model.load_state_dict(state["model"])
+    except checkpoint.CheckpointError:
+        raise
     except (KeyError, RuntimeError, ValueError) as e:
         raise checkpoint.CheckpointError(f"{state['path']}: cannot rebuild its network ({e})") from None
     return model.to(device).eval(), state, spec

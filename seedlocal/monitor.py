@@ -99,11 +99,24 @@ class RunMonitor:
             self._last_line = now
 
     def close(self) -> None:
+        if self.writer is None:
+            return
         if self._tty and self.progress_enabled:
             sys.stderr.write("\n")
         try:
             self.writer.flush()
             self.writer.close()
         finally:
+            self.writer = None
             if self._lock is not None:
                 self._lock.close()
+
+    def __enter__(self) -> "RunMonitor":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        """Closes the run (its lock too). An exception leaving the run, Ctrl-C
+        included, carries the run folder for the CLI's last line."""
+        if exc is not None and getattr(exc, "seedlocal_run_dir", None) is None:
+            exc.seedlocal_run_dir = self.run_dir
+        self.close()

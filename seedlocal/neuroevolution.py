@@ -13,7 +13,6 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -228,12 +227,13 @@ class _Evolver:
                 self._next = (params, pool.submit(params, n_eps))
             params, job = self._next
             fitness = means(job)
-            self.state = random_search.tell(self.state, fitness)
+            state = random_search.tell(self.state, fitness)
             top = params[int(np.argmax(fitness))]
             scored = pool.submit(top[None], cfg.best_episodes, front=True)
-            following = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
+            following = self.space.stack([self.space.init(s) for s in random_search.ask(state, cfg.algo)])
             self._next = (following, pool.submit(following, n_eps))
             best = float(np.mean(scored.wait(check)[0]))
+            self.state = state  # only now, as ES: a run stopped while waiting saves the state its counters match
             self._set_best(top, best, always=False)
         f = np.array(fitness)
         return {"best_fitness": float(f.max()), "mean_fitness": float(f.mean()),
@@ -290,16 +290,15 @@ def train(cfg: NeuroevoRun) -> dict:
                "steps_to_target": None, "frames_to_target": None}
     t_start = time.monotonic()
 
-    def save() -> Path:
-        return checkpoint.save(run_dir, {
+    def save() -> None:
+        checkpoint.save(run_dir, {
             "identity": ident, "config": dataclasses.asdict(cfg), "algo_state": evolver.state_dict(),
             "best_params": evolver.best_params, "best_return": evolver.best_return, "counters": dict(counters),
         }, counters["generation"], counters["frames"], keep=cfg.keep_checkpoints)
 
     from seedlocal.pipeline.pipeline import Pipeline
 
-    path = None
-    with Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec, bridge=cfg.bridge) as pipe:
+    with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec, bridge=cfg.bridge) as pipe:
         loop = pipe.loop
         policy.loop = loop
         runner = InferenceThread(loop)
@@ -371,7 +370,7 @@ def train(cfg: NeuroevoRun) -> dict:
                     f"gen {counters['generation']:>4d}  best {stats['best_fitness']:8.1f}  "
                     f"mean {stats['mean_fitness']:8.1f}  best member {stats['best_member_return']:8.1f}  "
                     f"frames {counters['frames']:>12,d}  frames/s {frames / dt:>9,.0f}")
-                path = save()
+                save()
                 if cfg.stop_at_return and stats["best_member_return"] >= cfg.stop_at_return:
                     summary["generations_to_target"] = counters["generation"]
                     summary["frames_to_target"] = counters["frames"]
@@ -379,15 +378,11 @@ def train(cfg: NeuroevoRun) -> dict:
                     break
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            e.seedlocal_run_dir = run_dir  # for the CLI's line
             raise
         finally:
             runner.stop()
-            try:
-                if counters["generation"] or saved is not None:  # also mid-generation: the last finished one
-                    path = save()
-            finally:
-                monitor.close()
+            if counters["generation"] or saved is not None:  # also mid-generation: the last finished one
+                save()
             best = evolver.best_return if math.isfinite(evolver.best_return) else None
             summary.update({"algo": name, "env": spec.env_id, "generations": counters["generation"],
                             "steps": counters["frames"] // fps, "frames": counters["frames"],
@@ -395,9 +390,9 @@ def train(cfg: NeuroevoRun) -> dict:
                             "seconds": round(time.monotonic() - t_start, 2),
                             "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
                             "forward": policy.forward.strategy,
-                            "checkpoint": str(path) if path is not None else None})
+                            "checkpoint": checkpoint.newest(run_dir)})
             checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
           f"best member return {f'{evolver.best_return:.1f}' if math.isfinite(evolver.best_return) else '-'}; "
-          f"checkpoint {path}; summary {run_dir / 'summary.json'}", flush=True)
+          f"checkpoint {summary['checkpoint']}; summary {run_dir / 'summary.json'}", flush=True)
     return summary

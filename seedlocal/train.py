@@ -182,10 +182,10 @@ def train(cfg: VTraceRun) -> dict:
     frames_per_step = spec.frames_per_step
     recent: deque[float] = deque(maxlen=20)
     summary = {"status": "done", "run_dir": str(run_dir), "steps_to_target": None}
-    state = {"saved": time.monotonic(), "path": None}
+    state = {"saved": time.monotonic()}
 
     def save() -> None:
-        state["path"] = checkpoint.save(run_dir, {
+        checkpoint.save(run_dir, {
             "identity": ident, "config": dataclasses.asdict(cfg), "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "counters": dict(counters),
         }, counters["steps"], counters["steps"] * frames_per_step, keep=cfg.keep_checkpoints)
@@ -196,7 +196,7 @@ def train(cfg: VTraceRun) -> dict:
     steps0 = counters["steps"]
     rows_per_batch = cfg.algo.batch_size * cfg.pipeline.unroll_length
     torch.set_num_threads(cfg.pipeline.learner_threads or os.cpu_count() or 1)
-    with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
+    with monitor, Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
         loop, store = pipe.loop, pipe.store
         obs_keys = pipe.layout.obs_keys()
         runner = InferenceThread(loop)
@@ -324,7 +324,6 @@ def train(cfg: VTraceRun) -> dict:
                     save()
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            e.seedlocal_run_dir = run_dir  # for the CLI's line
             raise
         finally:
             prefetch.stop()
@@ -337,7 +336,6 @@ def train(cfg: VTraceRun) -> dict:
                 if counters["steps"] or resumed is not None:  # a run that failed to start leaves no checkpoint
                     save()
             finally:
-                monitor.close()
                 summary.update({
                     "algo": "vtrace", "env": spec.env_id, "steps": counters["steps"],
                     "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
@@ -345,7 +343,7 @@ def train(cfg: VTraceRun) -> dict:
                     "mean_return_last20": float(np.mean(recent)) if recent else None,
                     "frames_to_target": (summary["steps_to_target"] * frames_per_step
                                          if summary["steps_to_target"] is not None else None),
-                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": state["path"] and str(state["path"]),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
                 })
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]

@@ -323,7 +323,7 @@ def train(cfg: R2D2Run) -> dict:
     recent_train: deque[float] = deque(maxlen=20)
     recent_eval: deque[float] = deque(maxlen=20)
     summary = {"status": "done", "run_dir": str(run_dir), "steps_to_target": None}
-    state = {"saved": time.monotonic(), "path": None}
+    state = {"saved": time.monotonic()}
     frames_per_step = spec.frames_per_step
     epochs = {}
 
@@ -332,7 +332,7 @@ def train(cfg: R2D2Run) -> dict:
                 "target": target.state_dict(), "optimizer": optimizer.state_dict(), "counters": dict(counters)}
         if cfg.checkpoint_replay:
             blob["replay"] = _to_checkpoint(replay.state_dict())
-        state["path"] = checkpoint.save(run_dir, blob, counters["steps"], counters["steps"] * frames_per_step,
+        checkpoint.save(run_dir, blob, counters["steps"], counters["steps"] * frames_per_step,
                                         keep=cfg.keep_checkpoints)
         state["saved"] = time.monotonic()
 
@@ -366,7 +366,7 @@ def train(cfg: R2D2Run) -> dict:
     # other while env workers hold the cores made CartPole updates ~50x slower on a loaded 2-core box.
     torch.set_num_threads(cfg.pipeline.learner_threads
                           or ((os.cpu_count() or 1) if online.kind in ("nature", "impala") else 1))
-    with Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
+    with monitor, Pipeline(cfg.env, pipe_cfg, lambda s, d: policy, consume=True, spec=spec, bridge=cfg.bridge) as pipe:
         loop, store = pipe.loop, pipe.store
         runner = InferenceThread(loop)
         runner.start()
@@ -462,7 +462,6 @@ def train(cfg: R2D2Run) -> dict:
                     save()
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            e.seedlocal_run_dir = run_dir  # for the CLI's line
             raise
         finally:
             runner.stop()
@@ -471,7 +470,6 @@ def train(cfg: R2D2Run) -> dict:
                 if counters["steps"] or saved is not None:  # a run that failed to start leaves no checkpoint
                     save()
             finally:
-                monitor.close()
                 stop_on = recent_eval if a.eval_envs else recent_train
                 summary.update({
                     "algo": "r2d2", "env": spec.env_id, "steps": counters["steps"],
@@ -481,7 +479,7 @@ def train(cfg: R2D2Run) -> dict:
                     "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
                     "frames_to_target": (summary["steps_to_target"] * frames_per_step
                                          if summary["steps_to_target"] is not None else None),
-                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": state["path"] and str(state["path"]),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
                     "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
                 })
                 checkpoint.write_summary(run_dir, summary)

@@ -144,17 +144,31 @@ def test_a_log_dir_that_is_a_file_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--pipeline.num-workers", "1000"], "1000 env workers (~150 MB each)"),
-    (["--pipeline.unroll-length", "100000000"], "an unroll store of 4 unrolls x 100,000,001 steps x 4 envs"),
-    (["--env.seed", "2147483640"], "env.seed=2147483640: must be >= 0, and seed + one per env and restart"),
+    (["--pipeline.num-workers", "100"], "100 env workers (~100 MB each)"),
+    (["--pipeline.unroll-length", "10000000"], "an unroll store of 4 unrolls x 10,000,001 steps x 4 envs"),
+    (["--env.seed", "2147483640"], "env.seed=2147483640: envpool seeds are int32, and this run uses 64 seeds"),
 ])
-def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, message, tmp_path, capsys):
-    """Memory (workers, unroll store) and seed ranges are checked once the
-    store's layout is known, before any worker process or segment exists."""
+def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, message, tmp_path, capsys,
+                                                                       monkeypatch):
+    """Memory (workers, unroll store; here against 8 GB available, whatever
+    this machine has) and seed ranges are checked once the store's layout is
+    known, before any worker process or segment exists; the refused run frees
+    its folder, so the same name runs at once with sane values."""
     from conftest import seedlocal_segments
     from seedlocal.cli import main
+    from seedlocal.pipeline import pipeline
 
-    assert main(["train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "big", "--no-progress", *argv]) == 2
+    monkeypatch.setattr(pipeline, "available_bytes", lambda: 8e9)
+    base = ["train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "big", "--no-progress"]
+    assert main(base + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("seedlocal: error:") and message in err[-1], err
     assert not seedlocal_segments() and not list((tmp_path / "big").glob("checkpoints/*"))
+    assert main(base + ["--total-steps", "500"]) == 0
+
+
+def test_gymnasium_envs_take_seeds_beyond_int32(tmp_path):
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--env.backend", "gymnasium", "--env.seed", "3000000000", "--total-steps", "500",
+                 "--log-dir", str(tmp_path), "--no-progress"]) == 0

@@ -258,13 +258,18 @@ def test_a_checkpoint_copied_elsewhere_resumes_beside_itself(tmp_path):
 
 def test_one_run_per_folder_at_a_time(tmp_path):
     """A second run (or resume) of a folder a live run holds is refused,
-    naming the holder; the kernel frees the lock when the holder ends."""
-    (tmp_path / "r").mkdir()
-    held = checkpoint.lock_run(tmp_path / "r")
-    with pytest.raises(ConfigError, match=rf"{tmp_path / 'r'} is in use by another seedlocal run \(pid {os.getpid()}\)"):
-        checkpoint.lock_run(tmp_path / "r")
+    naming the holder; the lock is freed when the holder ends."""
+    (tmp_path / "tiny").mkdir()
+    in_use = rf"tiny is in use by another seedlocal run \(pid {os.getpid()}\)"
+    held = checkpoint.lock_run(tmp_path / "tiny")  # as a live run holds it
+    with pytest.raises(ConfigError, match=in_use):
+        train(_tiny(tmp_path))
     held.close()
-    checkpoint.lock_run(tmp_path / "r").close()
+    train(_tiny(tmp_path))
+    held = checkpoint.lock_run(tmp_path / "tiny")
+    with pytest.raises(ConfigError, match=in_use):
+        train(_tiny(tmp_path, resume=str(tmp_path / "tiny"), total_steps=6000))
+    held.close()
 
 
 def test_a_signal_during_a_checkpoint_write_acts_after_it(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -293,11 +294,14 @@ class GymnasiumGroup:
 
     def _put_obs(self, i: int, obs) -> None:
         for k in self._keys:
-            v = np.asarray(obs[k] if isinstance(obs, dict) else obs)
-            if v.shape != self._obs[k].shape[1:]:  # numpy would broadcast some wrong shapes silently
-                raise ValueError(f"{self._id}: observation{f' {k!r}' if k else ''} has shape {v.shape}, "
-                                 f"its space says {self._obs[k].shape[1:]}")
-            self._obs[k][i] = v
+            v, out = obs[k] if isinstance(obs, dict) else obs, self._obs[k]
+            if getattr(v, "shape", None) != out.shape[1:]:  # lists, scalars, other shapes
+                v = np.asarray(v)
+                if v.size != out[i].size:  # numpy would repeat a smaller one silently
+                    raise ValueError(f"{self._id}: observation{f' {k!r}' if k else ''} has shape {v.shape}, "
+                                     f"its space says {out.shape[1:]}")
+                v = v.reshape(out.shape[1:])
+            out[i] = v
 
     def reset(self) -> None:
         self._needs_reset[:] = True
@@ -310,7 +314,7 @@ class GymnasiumGroup:
                 obs, _ = env.reset(seed=seed)
                 self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
             else:
-                obs, r, te, tr, _ = env.step(actions[i] + self._start)
+                obs, r, te, tr, _ = env.step(actions[i] + self._start if self._start else actions[i])
                 self._reward[i], self._terminated[i], self._truncated[i] = _finite_reward(self._id, r), te, tr
             self._needs_reset[i] = self._terminated[i] or self._truncated[i]
             self._put_obs(i, obs)
@@ -330,11 +334,14 @@ class GymnasiumGroup:
 
 
 def _finite_reward(env_id: str, r) -> float:
-    try:
-        value = float(np.asarray(r, np.float64).reshape(()))  # None becomes NaN; a 1-element array is fine
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not np.isfinite(value):
+    if type(r) is float or type(r) is int:  # the usual case, in ~100 ns
+        value = float(r)
+    else:
+        try:  # numpy scalars, 0-d or 1-element arrays; None becomes NaN
+            value = float(np.asarray(r, np.float64).reshape(()))
+        except (TypeError, ValueError):
+            value = math.nan
+    if not math.isfinite(value):
         raise ValueError(f"{env_id}: step() returned the reward {r!r}; rewards must be finite numbers")
     return value
 

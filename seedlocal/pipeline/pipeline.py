@@ -21,11 +21,11 @@ from seedlocal.pipeline.inference import InferenceLoop
 from seedlocal.shm.rollout import RolloutLayout
 
 
-WORKER_BYTES = 150e6  # resident size of one env worker process (numpy + envpool), measured for CartPole
+WORKER_BYTES = 100e6  # one env worker process (numpy + envpool): CartPole's measured 95 MB proportional set size
 SEED_LIMIT = 2**31 - 1  # envpool (and most envs) take int32 seeds
 
 
-def _check_fits(env: EnvConfig, pipe: PipelineConfig, layout: RolloutLayout, remote: int) -> None:
+def _check_fits(env: EnvConfig, spec: EnvSpec, pipe: PipelineConfig, layout: RolloutLayout, remote: int) -> None:
     """Refuse sizes this machine cannot hold, before a worker starts (a
     thousand workers, or a store of billions of rows, would end in the OOM
     killer minutes later, with no message)."""
@@ -38,11 +38,14 @@ def _check_fits(env: EnvConfig, pipe: PipelineConfig, layout: RolloutLayout, rem
             f"{layout.num_buffers:,d} unrolls x {layout.length:,d} steps x {layout.envs} envs ({store / 1e9:.1f} GB); "
             "lower pipeline.num_workers, pipeline.num_buffers (V-trace: algo.batch_size), pipeline.unroll_length "
             "or bridge.remote_envs")
-    # Env i of a worker's k-th start is seeded seed + i + k x (all envs); see ActorPool.spawn.
-    last = env.seed + (pipe.max_restarts + 1) * (pipe.num_workers * pipe.envs_per_worker + remote)
-    if env.seed < 0 or last > SEED_LIMIT:
-        raise ConfigError(f"env.seed={env.seed}: must be >= 0, and seed + one per env and restart "
-                          f"({last - env.seed:,d} here) at most {SEED_LIMIT:,d}")
+    if env.seed < 0:
+        raise ConfigError(f"env.seed={env.seed}: must be >= 0")
+    # Env i of a local worker's k-th start is seeded seed + i + k x (all envs) (ActorPool.spawn); envpool
+    # asserts they fit an int32 (Gymnasium envs take any size).
+    used = (pipe.max_restarts + 1) * (pipe.num_workers * pipe.envs_per_worker + remote)
+    if spec.backend == "envpool" and env.seed + used - 1 > SEED_LIMIT:
+        raise ConfigError(f"env.seed={env.seed}: envpool seeds are int32, and this run uses {used:,d} seeds from "
+                          f"it (one per env and restart): at most {SEED_LIMIT - used + 1:,d}")
 
 
 class Pipeline:
@@ -72,7 +75,7 @@ class Pipeline:
             outputs=self.policy.outputs,
             core_state=self.policy.core_state,
         )
-        _check_fits(env, pipe, self.layout, remote)
+        _check_fits(env, self.spec, pipe, self.layout, remote)
         self.pool = ActorPool(
             self.spec, self.layout, pipe.num_workers, threads_per_group(pipe), env.seed, pipe.max_restarts,
             bridge=bridge,
