@@ -278,6 +278,7 @@ def train(cfg: VTraceRun) -> dict:
                     summary["steps_to_target"] = steps0 + loop.stats.env_steps
                 now = time.monotonic()
                 if now - t_log >= cfg.log_every_s:
+                    watch.poll()  # names a worker stuck while the others keep the run going
                     step_now = steps0 + loop.stats.env_steps
                     sps = (step_now - log_steps) / (now - t_log)
                     n = acc.pop("n")

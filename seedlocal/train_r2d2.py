@@ -427,6 +427,7 @@ def train(cfg: R2D2Run) -> dict:
 
                 now = time.monotonic()
                 if now - t_log >= cfg.log_every_s:
+                    watch.poll()  # names a worker stuck while the others keep the run going
                     step_now = steps0 + loop.stats.env_steps
                     dt = now - t_log
                     n = max(1, acc.pop("n", 0))

@@ -47,6 +47,21 @@ class StepHangs(_Short):
         return super().step(action)
 
 
+class OneHangs(_Short):
+    """Only the env seeded 1 (worker 0's first env, with env.seed 1) hangs in
+    step(); every other env plays on."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.hangs = seed == 1
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if getattr(self, "hangs", False) and self.t >= 3:
+            time.sleep(3600)
+        return super().step(action)
+
+
 class ImageHWC(_Short):
     """Gymnasium's usual image layout: height, width, channels."""
 
@@ -110,5 +125,6 @@ gym.register("BroadcastObs-v0", entry_point=BroadcastObs)
 gym.register("InitRaises-v0", entry_point=InitRaises)
 gym.register("Endless-v0", entry_point=Endless)
 gym.register("StepHangs-v0", entry_point=StepHangs)
+gym.register("OneHangs-v0", entry_point=OneHangs)
 gym.register("ResetAborts-v0", entry_point=ResetAborts)
 gym.register("ImageHWC-v0", entry_point=ImageHWC)

@@ -218,3 +218,31 @@ def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
         assert live.name not in removed and live.name in os.listdir("/dev/shm")
     finally:
         live.close()
+
+
+def test_a_worker_stuck_while_the_others_run_is_named(capsys):
+    """One hung env holds up only its own worker: the run goes on with the
+    others, and the stall watch names the stuck worker (thresholds shortened
+    here from 10 s / 30 s)."""
+    from seedlocal.pipeline.inference import InferenceThread, StallWatch
+
+    with tiny_pipeline(RandomPolicy, env="faulty_envs:OneHangs-v0", consume=False, num_workers=2,
+                       envs_per_worker=2, unroll_length=4) as pipe:
+        runner = InferenceThread(pipe.loop)
+        runner.start()
+        watch = StallWatch(pipe.loop, after=0.5, every=100.0)
+        out, end = "", time.monotonic() + 60
+        try:
+            while "made no step" not in out and time.monotonic() < end:
+                time.sleep(0.2)
+                runner.check()
+                watch.poll()
+                out += capsys.readouterr().out
+            steps = pipe.loop.stats.env_steps
+            time.sleep(1.0)
+            assert pipe.loop.stats.env_steps > steps  # the other worker still steps
+            pid = pipe.pool.procs[0].pid
+        finally:
+            runner.stop()
+    assert f"env worker 0 (pid {pid}) made no step for 2 s while the others run" in out, out
+    assert "env worker 1" not in out

@@ -523,19 +523,39 @@ class StallWatch:
     waits. Once no env step has arrived for ``after`` seconds, ``poll`` says
     so (every ``every`` seconds), naming the local workers whose groups are
     still inside their envs' step or reset, and returns True, so a run loop
-    can stop at its time budget instead of waiting for ever. With a bridge
-    it stays silent: there, waiting for actor hosts is expected (the bridge
-    meter reports it).
+    can stop at its time budget instead of waiting for ever. A single worker
+    stuck while the others keep the run going is named too (after
+    ``3 x after`` seconds), though the run goes on. With a bridge it stays
+    silent: there, waiting for actor hosts is expected (the bridge meter
+    reports it).
     """
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
         self.enabled = not loop.pool.num_remote_groups
-        self._said = -float("inf")
+        self._said = self._said_one = -float("inf")
+        n = loop.pool.num_local_groups
+        self._group_steps, self._group_t = np.zeros(n, np.int64), np.zeros(n)
+        self._candidate = np.zeros(n, bool)
         self.start()
 
     def start(self) -> None:
         self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
+
+    def _stuck_workers(self, now: float, over: float) -> list[str]:
+        """Workers with a group inside its env (STEPPING) or not taking its
+        actions (ACTION_READY: a stopped or starved process), without a step,
+        at every poll for ``over`` s (timed from the first poll that saw it
+        so: polls may be far apart while the learner works)."""
+        pool = self.loop.pool
+        n = pool.num_local_groups
+        steps, state = pool.control["group_steps"][:n].copy(), pool.control["state"][:n]
+        candidate = (steps == self._group_steps) & ((state == STEPPING) | (state == ACTION_READY))
+        self._group_t[candidate & ~self._candidate] = now
+        self._group_steps, self._candidate = steps, candidate
+        stuck = candidate & (now - self._group_t >= over)
+        workers = sorted({pool.worker_of(g) for g in np.flatnonzero(stuck).tolist()})
+        return [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
 
     def poll(self) -> bool:
         if not self.enabled:
@@ -543,19 +563,18 @@ class StallWatch:
         now, steps = time.monotonic(), self.loop.stats.env_steps
         if steps != self._steps:
             self._steps, self._t = steps, now
+            stuck = self._stuck_workers(now, 3 * self.after)
+            if stuck and now - self._said_one >= self.every:
+                self._said_one = now
+                print(f"seedlocal: env worker{'s' if len(stuck) > 1 else ''} {', '.join(stuck)} made no step for "
+                      f"{3 * self.after:.0f} s while the others run (a hung env, or a stopped process?)", flush=True)
             return False
         stalled = now - self._t
         if stalled < self.after:
             return False
         if now - self._said >= self.every:
             self._said = now
-            pool = self.loop.pool
-            state = pool.control["state"]
-            # STEPPING: inside the env; ACTION_READY: its actions wait, untaken
-            # (a worker that is stopped or starved of CPU).
-            workers = sorted({pool.worker_of(g) for g in range(pool.num_local_groups)
-                              if state[g] in (STEPPING, ACTION_READY)})
-            names = [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
+            names = self._stuck_workers(now, 0.0)
             where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
                      "an env's step or reset, or not taking their actions" if names
                      else "no local env group is stepping")
