@@ -145,7 +145,17 @@ def _pop_pipeline_config(args: list[str], default):
         elif not a.startswith("--pipeline-config="):
             rest.append(a)
     fields = load_pipeline_file(path)
-    return dataclasses.replace(default, pipeline=dataclasses.replace(default.pipeline, **fields)), rest
+    tuned = dataclasses.replace(default, pipeline=dataclasses.replace(default.pipeline, **fields))
+    group = tuned.pipeline.envs_per_worker // 2
+    batch = getattr(getattr(tuned, "algo", None), "batch_size", None)
+    if type(tuned).__name__ == "VTraceRun" and group > 0 and batch and batch % group:
+        # V-trace batches whole groups: keep the batch a multiple of the tuned
+        # group size (an explicit --algo.batch-size still wins).
+        fixed = -(-batch // group) * group
+        print(f"seedlocal: {path}: algo.batch_size {batch} -> {fixed}, a multiple of its {group} envs per group",
+              flush=True)
+        tuned = dataclasses.replace(tuned, algo=dataclasses.replace(tuned.algo, batch_size=fixed))
+    return tuned, rest
 
 
 def _parse(argv: list[str]):

@@ -42,6 +42,17 @@ perf/idle_share           share of stepped env slots that played no evaluation e
                           (idle while a generation's last episodes finish, auto-reset steps)
 perf/env_time_s, perf/inference_time_s   time in env stepping (per group) and in forward passes
 
+R2D2 (``train r2d2``) logs, against agent steps: charts/episode_return,
+charts/eval_return (the evaluation slots' return, epsilon ``eval_epsilon``),
+charts/episodes, charts/steps_per_s, charts/frames_per_s, charts/replay_ratio;
+losses/loss, losses/grad_norm, losses/td_abs (mean |TD error|), losses/q_mean;
+replay/size, replay/insert_per_s, replay/sample_per_s, replay/priority_mean,
+replay/priority_max, replay/stale_updates_dropped; perf/updates_per_s.
+
+With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected,
+bridge/disconnects and per actor host bridge/host<N>/steps_per_s, mb_per_s,
+rtt_ms_p50, rtt_ms_p99.
+
 Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
 target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
 (``mean_return_last20``; ``best_member_return`` for neuroevolution),

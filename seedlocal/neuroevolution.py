@@ -331,7 +331,7 @@ def train(cfg: NeuroevoRun) -> dict:
                         or (cfg.total_frames and counters["frames"] >= cfg.total_frames)
                         or (cfg.seconds and elapsed >= cfg.seconds)):
                     break
-                t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, loop.stats.episodes.total
+                t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, policy.episodes_scored
                 w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
                 watch.start()
                 gen_t0[:] = [t0, False]
@@ -352,7 +352,7 @@ def train(cfg: NeuroevoRun) -> dict:
                 counters["generation"] += 1
                 counters["frames"] += frames
                 frames_run += frames
-                counters["episodes"] += loop.stats.episodes.total - eps0
+                counters["episodes"] += policy.episodes_scored - eps0
                 loop.stats.episodes.take()
                 values = {f"charts/{k}": v for k, v in stats.items()}
                 values.update({
@@ -394,5 +394,5 @@ def train(cfg: NeuroevoRun) -> dict:
             checkpoint.write_summary(run_dir, summary)
     print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
           f"best member return {f'{evolver.best_return:.1f}' if math.isfinite(evolver.best_return) else '-'}; "
-          f"checkpoint {summary['checkpoint']}; summary {run_dir / 'summary.json'}", flush=True)
+          f"checkpoint {summary['checkpoint'] or 'none (nothing was trained)'}; summary {run_dir / 'summary.json'}", flush=True)
     return summary

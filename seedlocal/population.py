@@ -246,6 +246,7 @@ class PopulationPolicy:
         self._spare: deque[tuple[Job, int]] = deque()  # taken only when _queue is empty
         self.forward_s = 0.0
         self.forward_envs = 0
+        self.episodes_scored = 0  # evaluation episodes that ended (idle slots' episodes are not counted)
         self.loop = None  # set by the caller once the pipeline exists
 
     # -- learner thread ---------------------------------------------------------
@@ -283,6 +284,7 @@ class PopulationPolicy:
                 for j in np.flatnonzero(done[i] & (a >= 0)).tolist():
                     job = self._env_job[lo + j]
                     job.returns[a[j]].append(float(ep_return[i, j]))
+                    self.episodes_scored += 1
                     job.pending -= 1
                     if job.pending == 0:
                         job.done.set()

@@ -349,6 +349,6 @@ def train(cfg: VTraceRun) -> dict:
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]
     print(f"\nseedlocal: done: {summary['steps']:,d} steps, mean return (last 20) "
-          f"{'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint']}; "
+          f"{'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint'] or 'none (nothing was trained)'}; "
           f"summary {run_dir / 'summary.json'}", flush=True)
     return summary

@@ -111,13 +111,18 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay
     return replay
 
 
+COMPRESSED_FRAME_SHARE = 1 / 8  # lz4 frames, estimated (Pong measured 1/21, docs/r2d2.md)
+
+
 def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
-    """What the replay will hold when full (frames at full size: compression can only shrink them)."""
+    """What the replay will hold when full: frames at full size, or with
+    ``compress`` at an eighth of it (lz4 on Atari frames measured 1/21)."""
     a = cfg.algo
     per_env = -(-a.replay_size // num_envs)
     steps = num_envs * (per_env * a.unroll_length + a.burn_in + a.unroll_length + 1 + max(1, cfg.frame_stack))
-    per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.obs.values()) + 8 + 4 + 3 + 8
-    return steps * per_step + a.replay_size * (2 * a.lstm_size * 4 + 40)
+    obs = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.obs.values())
+    per_step = obs * (COMPRESSED_FRAME_SHARE if cfg.compress else 1) + 8 + 4 + 3 + 8
+    return int(steps * per_step) + a.replay_size * (2 * a.lstm_size * 4 + 40)
 
 
 def _to_checkpoint(obj):
@@ -203,8 +208,9 @@ def validate(cfg: R2D2Run):
         raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "hidden=")) else str(e)) from None
     need, have = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs)), available_bytes()
     if have is not None and need > 0.8 * have:
-        fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB, {have / 1e9:.1f} GB are "
-             "available: lower --algo.replay-size (or use --compress for image observations)")
+        fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"
+             f"{' (frames at 1/8 size, compressed)' if cfg.compress else ''}, {have / 1e9:.1f} GB are available: "
+             f"lower --algo.replay-size{'' if cfg.compress else ' (or use --compress for image observations)'}")
     return spec
 
 
@@ -486,6 +492,6 @@ def train(cfg: R2D2Run) -> dict:
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
     print(f"\nseedlocal: done: {summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} return "
-          f"(last 20) {'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint']}; "
+          f"(last 20) {'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint'] or 'none (nothing was trained)'}; "
           f"summary {run_dir / 'summary.json'}", flush=True)
     return summary

@@ -49,10 +49,11 @@ def test_autotune_writes_settings_that_train_loads(tmp_path):
     saved = json.loads(out.read_text())["pipeline"]
     assert saved == {k: r[k] for k in ("num_workers", "envs_per_worker", "min_batch_envs")}
     group = r["envs_per_worker"] // 2
+    # As a new user runs it: the default batch is kept a multiple of whatever group size was chosen.
     run = subprocess.run([sys.executable, "-m", "seedlocal", "train", "vtrace", "--pipeline-config", str(out),
-                          "--algo.batch-size", str(max(4, group)), "--total-steps", "1500", "--log-dir",
-                          str(tmp_path), "--run-name", "t", "--no-progress"],
+                          "--total-steps", "1500", "--log-dir", str(tmp_path), "--run-name", "t", "--no-progress"],
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
-    cfg = checkpoint.load(tmp_path / "t")["config"]["pipeline"]
-    assert {k: cfg[k] for k in saved} == saved
+    cfg = checkpoint.load(tmp_path / "t")["config"]
+    assert {k: cfg["pipeline"][k] for k in saved} == saved
+    assert cfg["algo"]["batch_size"] % group == 0

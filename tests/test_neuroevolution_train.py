@@ -204,6 +204,11 @@ def test_resume_restores_each_algorithm_bitwise(tmp_path, run):
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["algo"] == {GARun: "ga", ESRun: "es", RandomSearchRun: "random-search"}[run]
     assert summary["generations"] == 2 and summary["best_member_return"] == saved["best_return"]
+    # Episodes are evaluation episodes: at least every member's, and each one at least a frame long (idle
+    # slots' episodes, which once made this count several times the frames, are not counted).
+    cfg = run()
+    members = cfg.algo.population_size * cfg.episodes_per_member * 2
+    assert members <= saved["counters"]["episodes"] <= saved["counters"]["frames"], saved["counters"]
 
 
 @pytest.mark.parametrize("args, message", [

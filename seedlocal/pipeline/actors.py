@@ -15,7 +15,7 @@ import signal
 import time
 
 from seedlocal.pipeline.envs import EnvSpec
-from seedlocal.pipeline.worker import WorkerArgs, run_worker
+from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shm.arrays import SharedArrays
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
@@ -179,6 +179,8 @@ class ActorPool:
             # outside (SIGKILL, SIGTERM) says nothing about the env.
             raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "
                              "not restarting it: the env cannot start")
+        if code == CONTRACT_EXIT:
+            raise WorkerDied(f"{self.describe_exit(w)}; not restarting it: its env would do the same again")
         if self.restarts[w] >= self.max_restarts:
             raise WorkerDied(f"{self.describe_exit(w)}; restarted {self.restarts[w]} times already "
                              f"(pipeline.max_restarts={self.max_restarts}), stopping")

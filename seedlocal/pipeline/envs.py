@@ -298,8 +298,8 @@ class GymnasiumGroup:
             if getattr(v, "shape", None) != out.shape[1:]:  # lists, scalars, other shapes
                 v = np.asarray(v)
                 if v.size != out[i].size:  # numpy would repeat a smaller one silently
-                    raise ValueError(f"{self._id}: observation{f' {k!r}' if k else ''} has shape {v.shape}, "
-                                     f"its space says {out.shape[1:]}")
+                    raise EnvContractError(f"{self._id}: observation{f' {k!r}' if k else ''} has shape "
+                                           f"{v.shape}, its space says {out.shape[1:]}")
                 v = v.reshape(out.shape[1:])
             out[i] = v
 
@@ -324,13 +324,18 @@ class GymnasiumGroup:
         for k in self._float_keys:
             bad = ~np.isfinite(self._obs[k]).reshape(len(self._envs), -1).all(1)
             if bad.any():
-                raise ValueError(f"{self._id}: env {int(np.argmax(bad))} returned an observation"
+                raise EnvContractError(f"{self._id}: env {int(np.argmax(bad))} returned an observation"
                                  f"{f' {k!r}' if k else ''} with NaN or inf; observations must be finite")
         return self._obs, self._reward, self._terminated, self._truncated
 
     def close(self) -> None:
         for env in self._envs:
             env.close()
+
+
+class EnvContractError(ValueError):
+    """An env broke the Gymnasium contract (non-finite reward, observation
+    outside its space's shape): a restarted worker would meet it again."""
 
 
 def _finite_reward(env_id: str, r) -> float:
@@ -342,7 +347,7 @@ def _finite_reward(env_id: str, r) -> float:
         except (TypeError, ValueError):
             value = math.nan
     if not math.isfinite(value):
-        raise ValueError(f"{env_id}: step() returned the reward {r!r}; rewards must be finite numbers")
+        raise EnvContractError(f"{env_id}: step() returned the reward {r!r}; rewards must be finite numbers")
     return value
 
 

@@ -20,10 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seedlocal.pipeline.envs import EnvSpec, make_group
+from seedlocal.pipeline.envs import EnvContractError, EnvSpec, make_group
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal, write_error
+
+
+CONTRACT_EXIT = 3  # exit code of a worker whose env broke its contract
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,9 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
         traceback.print_exc()
         write_error(control, g, e)
         sys.stderr.flush()
-        os._exit(1)  # a half-dead worker must look dead to the inference loop
+        # A half-dead worker must look dead to the inference loop; a broken env
+        # contract says so by its exit code (no restart would help).
+        os._exit(CONTRACT_EXIT if isinstance(e, EnvContractError) else 1)
 
 
 def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
