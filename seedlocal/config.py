@@ -43,7 +43,7 @@ class PipelineConfig:
     unroll_length: int = 32
     """steps per unroll (T); each unroll stores T + 1 observations"""
     num_buffers: int = 0
-    """unrolls held in shared memory; 0 = three per group"""
+    """unrolls in shared memory; 0 = V-trace: one per group, at least a batch; R2D2: two per group; else three"""
     min_batch_envs: int = 0
     """inference waits for this many ready envs (0 = half of all envs, one group per worker) ..."""
     batch_timeout_ms: float = 2.0
