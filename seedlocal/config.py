@@ -160,6 +160,14 @@ def check_writable(field: str, value: str, folder: bool) -> None:
         fail(field, value, f"cannot be written ({base} is not writable)")
 
 
+def short_of_memory(need: float) -> int | None:
+    """The memory available, when ``need`` bytes would take more than 80% of
+    it (the rest is the OS's and the run's own Python); None when it fits or
+    is unknown. Sizes checked with it fail before anything is allocated."""
+    have = available_bytes()
+    return have if have is not None and need > 0.8 * have else None
+
+
 def available_bytes() -> int | None:
     """Memory the kernel could give a new allocation now (MemAvailable), if known."""
     try:

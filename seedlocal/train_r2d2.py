@@ -33,8 +33,8 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, available_bytes,
-                              fail, num_groups, resolve_device, resume_line, validate_bridge, validate_env,
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
+                              num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor
@@ -206,8 +206,8 @@ def validate(cfg: R2D2Run):
         build_net(cfg, spec)
     except ValueError as e:
         raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "hidden=")) else str(e)) from None
-    need, have = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs)), available_bytes()
-    if have is not None and need > 0.8 * have:
+    need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))
+    if (have := short_of_memory(need)) is not None:
         fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"
              f"{' (frames at 1/8 size, compressed)' if cfg.compress else ''}, {have / 1e9:.1f} GB are available: "
              f"lower --algo.replay-size{'' if cfg.compress else ' (or use --compress for image observations)'}")

@@ -156,9 +156,9 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, me
     its folder, so the same name runs at once with sane values."""
     from conftest import seedlocal_segments
     from seedlocal.cli import main
-    from seedlocal.pipeline import pipeline
+    from seedlocal import config
 
-    monkeypatch.setattr(pipeline, "available_bytes", lambda: 8e9)
+    monkeypatch.setattr(config, "available_bytes", lambda: 8e9)
     base = ["train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "big", "--no-progress"]
     assert main(base + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -56,6 +56,11 @@ class EnvSpec:
     action_start: int = 0
 
 
+class EnvContractError(ValueError):
+    """An env broke the Gymnasium contract (non-finite reward, observation
+    outside its space's shape): a restarted worker would meet it again."""
+
+
 @functools.lru_cache(maxsize=1)
 def _envpool_ids() -> frozenset[str]:
     try:
@@ -331,11 +336,6 @@ class GymnasiumGroup:
     def close(self) -> None:
         for env in self._envs:
             env.close()
-
-
-class EnvContractError(ValueError):
-    """An env broke the Gymnasium contract (non-finite reward, observation
-    outside its space's shape): a restarted worker would meet it again."""
 
 
 def _finite_reward(env_id: str, r) -> float:

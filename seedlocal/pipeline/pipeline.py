@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, available_bytes, resolve_device,
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, resolve_device, short_of_memory,
                               threads_per_group, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
 from seedlocal.pipeline.envs import EnvSpec
@@ -30,8 +30,8 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, pipe: PipelineConfig, layout: Rol
     thousand workers, or a store of billions of rows, would end in the OOM
     killer minutes later, with no message)."""
     store = sum(s.nbytes for s in layout.specs())
-    need, have = store + pipe.num_workers * WORKER_BYTES, available_bytes()
-    if have is not None and need > 0.8 * have:
+    need = store + pipe.num_workers * WORKER_BYTES
+    if (have := short_of_memory(need)) is not None:
         raise ConfigError(
             f"pipeline: needs {need / 1e9:.1f} GB of memory, {have / 1e9:.1f} GB are available: "
             f"{pipe.num_workers} env workers (~{WORKER_BYTES / 1e6:.0f} MB each) and an unroll store of "
