@@ -228,7 +228,7 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         lat = np.array(s.collect_s) * 1e3
         total_envs = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
         batches = max(1, totals["batches"])
-        thread_s = totals["dt"] * 2 * pipe_cfg.num_workers
+        thread_s = totals["dt"] * max(1, w1["threads"])
         return {
             "steps_per_s": float(np.median(pipes)),
             "raw": {k: float(np.median([r[k] for r in raws])) for k in RawEnvpool.KINDS} if raws else None,
@@ -236,8 +236,11 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
             "ratios": ratios,
             "batches_per_s": totals["batches"] / totals["dt"],
             "mean_batch": totals["envs"] / batches,
-            # Fill of the batch the loop waits for (min_batch_envs; default half
-            # of all envs, since the other half is stepping by design).
+            # The mean batch over the one the loop waits for (min_batch_envs;
+            # default half of all envs, since the other half is stepping by
+            # design): below 1 the timeout cut batches short; above 1 more
+            # groups were ready than it waits for.
+            "min_batch": pipe_cfg.min_batch_envs or total_envs // 2,
             "batch_fill": totals["envs"] / batches / (pipe_cfg.min_batch_envs or total_envs // 2),
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "collect_ms_p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
@@ -346,7 +349,7 @@ def run(cfg: BenchConfig) -> dict:
 
     if cfg.transport_only:
         p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)
-        result.update({"transport_steps_per_s": p["steps_per_s"], "transport_batches_per_s": p["batches_per_s"],
+        result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"], "transport_batches_per_s": p["batches_per_s"],
                        "collect_ms_p50": p["collect_ms_p50"], "collect_ms_p99": p["collect_ms_p99"],
                        "batch_fill": p["batch_fill"], "device": p["device"]})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
@@ -397,7 +400,7 @@ def run(cfg: BenchConfig) -> dict:
 
 
 def _detail(p: dict) -> str:
-    return (f"batch {p['mean_batch']:.0f} ({p['batch_fill']:.0%} full), collect p50 {p['collect_ms_p50']:.2f} ms, "
+    return (f"batch {p['mean_batch']:.0f} (waits for {p['min_batch']}), collect p50 {p['collect_ms_p50']:.2f} ms, "
             f"fwd {p['forward_ms_per_batch']:.2f} ms, workers wait {p['worker_wait_share']:.0%} / "
             f"in env {p['worker_env_share']:.0%}")
 

@@ -79,19 +79,14 @@ def lock_run(run_dir: Path):
     resume) of the same folder is refused instead of mixing two curves and
     two sets of checkpoints. Released by closing the returned file, or by the
     kernel when the process dies."""
-    import fcntl
-
     from seedlocal.config import ConfigError
 
     f = open(Path(run_dir) / ".lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
+    holder = _held_by(f)
+    if holder is not None:
         f.close()
         raise ConfigError(f"run_name: {run_dir} is in use by another seedlocal run (pid {holder}); "
-                          "wait for it to end or pick another --run-name") from None
+                          "wait for it to end or pick another --run-name")
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
@@ -213,6 +208,28 @@ def _finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
+def _held_by(f) -> str | None:
+    """Lock the open ``.lock`` file ``f``; None if that worked, else the pid
+    written in it by the live run that holds it."""
+    import fcntl
+
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        f.seek(0)
+        return f.read().strip() or "?"
+
+
+def live_run(run_dir: Path) -> str | None:
+    """The pid of a seedlocal run still writing ``run_dir``, or None."""
+    try:
+        with open(Path(run_dir) / ".lock") as f:
+            return _held_by(f)
+    except OSError:
+        return None
+
+
 def all_checkpoints(folder: Path) -> list[Path]:
     found = [p for p in Path(folder).glob("ckpt_*.pt") if _NAME.search(p.name)]
     return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
@@ -228,6 +245,10 @@ def resolve(path: str | Path) -> Path:
             found = all_checkpoints(folder)
             if found:
                 return found[-1]
+        holder = live_run(p)
+        if holder is not None:
+            raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
+                                  "a run writes one periodically and when it stops: resume after that")
         raise CheckpointError(f"{p}: no checkpoint (ckpt_*.pt) in this directory or its checkpoints/")
     raise CheckpointError(f"{p}: no such checkpoint file or run directory")
 

@@ -40,9 +40,32 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,ac
 TRAINERS = ("vtrace", "r2d2", "ga", "es", "random-search")
 
 
+class Stopped(SystemExit):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so every ``with``/``finally``
+    releases processes and memory, and exits with 128 + the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 def _sigterm_as_exit(signum, frame):
-    # Unwind like Ctrl-C so every `with`/`finally` releases processes and memory.
-    raise SystemExit(128 + signum)
+    raise Stopped(signum)
+
+
+def _stopped_line(e: BaseException) -> str:
+    """What a stopped run left behind, from the run folder its trainer set on the exception."""
+    run_dir = getattr(e, "seedlocal_run_dir", None)  # set by a trainer that got as far as its loop
+    if run_dir is None:
+        what = "nothing written"
+    else:
+        from seedlocal.checkpoint import newest
+
+        found = {"checkpoint": newest(run_dir), "summary": (run_dir / "summary.json").exists()}
+        parts = [name for name, there in found.items() if there]
+        what = f"{' and '.join(parts)} in {run_dir}" if parts else f"before the run began; nothing saved in {run_dir}"
+    how = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
+    return f"\nseedlocal: {how}; stopped cleanly ({what})"
 
 
 def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str):
@@ -255,18 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except KeyboardInterrupt as e:
-        run_dir = getattr(e, "seedlocal_run_dir", None)  # set by a trainer that got as far as its loop
-        if run_dir is None:
-            what = "nothing written"
-        else:
-            from seedlocal.checkpoint import newest
-
-            found = {"checkpoint": newest(run_dir), "summary": (run_dir / "summary.json").exists()}
-            parts = [name for name, there in found.items() if there]
-            what = (f"{' and '.join(parts)} in {run_dir}" if parts
-                    else f"before the run began; nothing saved in {run_dir}")
-        print(f"\nseedlocal: interrupted; stopped cleanly ({what})", file=sys.stderr)
+        print(_stopped_line(e), file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(_stopped_line(e), file=sys.stderr)
+        return e.code
 
 
 def _run(argv: list[str]) -> int:

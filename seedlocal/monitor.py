@@ -69,6 +69,29 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 
+_BUDGETS = {"steps": "step budget spent", "frames": "frame budget spent", "seconds": "time budget spent",
+            "generations": "all generations run"}
+
+
+STARTUP_ONLY = "stopped before the first env step (the budget ended during start-up)"
+
+
+def closing_line(summary: dict, outcome: str, nothing_done: str | None = None) -> str:
+    """A trainer's last line when its run ends by itself: why it stopped
+    (``summary["stopped_by"]``, or ``nothing_done`` when the budget ended
+    before any work), what it reached (``outcome``), and where its
+    checkpoint and summary are."""
+    by = summary.get("stopped_by")
+    if nothing_done:
+        head = nothing_done
+    elif by == "target":
+        head = f"done: reached the target return at {summary['frames_to_target']:,d} frames"
+    else:
+        head = "done: " + _BUDGETS.get(by, "stopped")
+    where = summary.get("checkpoint") or "none (nothing was trained)"
+    return f"\nseedlocal: {head}; {outcome}; checkpoint {where}; summary {Path(summary['run_dir']) / 'summary.json'}"
+
+
 class RunMonitor:
     def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
         """``lock``: hold the run folder for this process (a trainer; eval's

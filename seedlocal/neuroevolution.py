@@ -24,7 +24,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
 from seedlocal.models import PolicyNet, obs_identity
-from seedlocal.monitor import RunMonitor
+from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.population import PopulationPolicy
@@ -327,9 +327,13 @@ def train(cfg: NeuroevoRun) -> dict:
         try:
             while True:
                 elapsed = time.monotonic() - t_start
-                if ((cfg.generations and counters["generation"] >= cfg.generations)
-                        or (cfg.total_frames and counters["frames"] >= cfg.total_frames)
-                        or (cfg.seconds and elapsed >= cfg.seconds)):
+                for budget, spent in (("generations", cfg.generations and counters["generation"] >= cfg.generations),
+                                      ("frames", cfg.total_frames and counters["frames"] >= cfg.total_frames),
+                                      ("seconds", cfg.seconds and elapsed >= cfg.seconds)):
+                    if spent:
+                        summary["stopped_by"] = budget
+                        break
+                if summary.get("stopped_by"):
                     break
                 t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, policy.episodes_scored
                 w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
@@ -338,6 +342,7 @@ def train(cfg: NeuroevoRun) -> dict:
                 try:
                     stats = evolver.generation(policy, check)
                 except _OutOfTime:
+                    summary["stopped_by"] = "seconds"
                     break
                 dt = time.monotonic() - t0
                 gen_s += dt
@@ -360,7 +365,7 @@ def train(cfg: NeuroevoRun) -> dict:
                     "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
                     "perf/idle_share": 1.0 - served / stepped if stepped else 0.0,
                     "perf/generation_s": dt,
-                    "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / groups,
+                    "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / max(1, w1["threads"]),
                     "perf/inference_time_s": policy.forward_s - fwd0,
                 })
                 if meter is not None:
@@ -375,6 +380,7 @@ def train(cfg: NeuroevoRun) -> dict:
                     summary["generations_to_target"] = counters["generation"]
                     summary["frames_to_target"] = counters["frames"]
                     summary["steps_to_target"] = counters["frames"] // fps
+                    summary["stopped_by"] = "target"
                     break
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
@@ -392,7 +398,8 @@ def train(cfg: NeuroevoRun) -> dict:
                             "forward": policy.forward.strategy,
                             "checkpoint": checkpoint.newest(run_dir)})
             checkpoint.write_summary(run_dir, summary)
-    print(f"\nseedlocal: done: {counters['generation']} generations, {counters['frames']:,d} frames, "
-          f"best member return {f'{evolver.best_return:.1f}' if math.isfinite(evolver.best_return) else '-'}; "
-          f"checkpoint {summary['checkpoint'] or 'none (nothing was trained)'}; summary {run_dir / 'summary.json'}", flush=True)
+    best = f"{evolver.best_return:.1f}" if math.isfinite(evolver.best_return) else "-"
+    print(closing_line(summary, f"{counters['generation']} generations, {counters['frames']:,d} frames, "
+                                f"best member return {best}",
+                       None if counters["generation"] else "stopped before the first generation ended"), flush=True)
     return summary

@@ -27,7 +27,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
 from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, obs_identity, resolve_precision
-from seedlocal.monitor import RunMonitor
+from seedlocal.monitor import STARTUP_ONLY, RunMonitor, closing_line
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -133,6 +133,61 @@ def validate(cfg: VTraceRun):
     return spec
 
 
+class _Interval:
+    """What one logging interval accumulates (device-side loss sums, episodes,
+    learner time) and the scalars it ends with."""
+
+    def __init__(self, steps: int, stats, workers: dict):
+        self.restart(time.monotonic(), steps, stats, workers)
+
+    def restart(self, now: float, steps: int, stats, workers: dict) -> None:
+        self.t0, self.steps = now, steps
+        self.wait_s = self.learn_s = 0.0
+        self.acc: dict = {}
+        self.n = self.rows_learned = 0
+        self.diag = None
+        self.ep_n, self.ep_ret, self.ep_len = 0, 0.0, 0
+        self.workers = workers
+        self.forward_s, self.batches, self.batch_envs = stats.forward_s, stats.batches, stats.batch_envs
+
+    def add(self, update_stats: dict, rows: int) -> None:
+        for key, v in update_stats.items():
+            self.acc[key] = self.acc.get(key, 0.0) + v
+        self.n += 1
+        self.rows_learned += rows
+
+    def add_episodes(self, eps) -> None:
+        self.ep_n += eps.count
+        self.ep_ret += eps.return_sum
+        self.ep_len += eps.length_sum
+
+    def scalars(self, now: float, steps: int, stats, workers: dict, recent: deque, frames_per_step: int) -> dict:
+        dt, n, nb = max(1e-9, now - self.t0), max(1, self.n), max(1, stats.batches - self.batches)
+        thread_s = dt * max(1, workers["threads"])
+        sps = (steps - self.steps) / dt
+        # The one read of the device-side sums per logging interval.
+        values = {f"losses/{key}": float(v) / n for key, v in self.acc.items() if key != "policy_lag"}
+        values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
+                       for key, v in (self.diag or {}).items()})
+        values.update({
+            "charts/episode_return": self.ep_ret / self.ep_n if self.ep_n else None,
+            "charts/episode_length": self.ep_len / self.ep_n if self.ep_n else None,
+            "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
+            "charts/steps_per_s": sps,
+            "charts/frames_per_s": sps * frames_per_step,
+            "charts/replay_ratio": self.rows_learned / max(1, steps - self.steps),
+            "perf/inference_batch_size": (stats.batch_envs - self.batch_envs) / nb,
+            "perf/inference_forward_ms": (stats.forward_s - self.forward_s) / nb * 1e3,
+            "perf/batch_collect_ms": float(np.median(stats.collect_s)) * 1e3 if stats.collect_s else None,
+            "perf/worker_wait_share": (workers["wait_s"] - self.workers["wait_s"]) / thread_s,
+            "perf/worker_env_share": (workers["env_s"] - self.workers["env_s"]) / thread_s,
+            "perf/learner_wait_share": self.wait_s / max(1e-9, self.wait_s + self.learn_s),
+            "perf/policy_lag": float(self.acc.get("policy_lag", 0.0)) / n,
+            "perf/worker_restarts": stats.restarts,
+        })
+        return values
+
+
 def _run_dir(cfg: VTraceRun) -> tuple[Path, dict | None]:
     if cfg.resume:
         state = checkpoint.load(cfg.resume)
@@ -207,25 +262,43 @@ def train(cfg: VTraceRun) -> dict:
                               release_early=not sync)
         if not sync:
             prefetch.start()
-        t_start = t_log = time.monotonic()
-        log_steps, wait_s, learn_s, acc, diag = steps0, 0.0, 0.0, {}, None
-        rows_learned = 0
+        t_start = time.monotonic()
         meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
         watch = StallWatch(loop)
         t_said = 0.0
+        iv = _Interval(steps0, loop.stats, pipe.pool.worker_stats())
+        lr = cfg.algo.learning_rate
 
         def bump_version() -> None:
             loop.version += 1
-        ep_acc = {"ep_n": 0, "ep_ret": 0.0, "ep_len": 0}
-        w_prev = pipe.pool.worker_stats()
-        fwd_prev, batches_prev, envs_prev = 0.0, 0, 0
+
+        def log(now: float) -> None:
+            """Scalars and the progress line for the interval since the last call."""
+            step_now, workers = steps0 + loop.stats.env_steps, pipe.pool.worker_stats()
+            values = iv.scalars(now, step_now, loop.stats, workers, recent, frames_per_step)
+            values.update({"charts/episodes": counters["episodes"], "charts/learning_rate": lr})
+            if meter is not None:
+                values.update(meter.scalars())
+            monitor.scalars(step_now, values)
+            ret = f"{np.mean(recent):7.1f}" if recent else "      -"
+            monitor.progress(
+                f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
+                f"return(20) {ret}  updates {counters['updates']:,d}  "
+                f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
+            iv.restart(now, step_now, loop.stats, workers)
+
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
                 elapsed = time.monotonic() - t_start
-                if (cfg.total_steps and counters["steps"] >= cfg.total_steps) or (cfg.seconds and elapsed >= cfg.seconds):
+                if cfg.total_steps and counters["steps"] >= cfg.total_steps:
+                    summary["stopped_by"] = "steps"
+                    break
+                if cfg.seconds and elapsed >= cfg.seconds:
+                    summary["stopped_by"] = "seconds"
                     break
                 if cfg.stop_at_return and len(recent) == recent.maxlen and np.mean(recent) >= cfg.stop_at_return:
+                    summary["stopped_by"] = "target"
                     break
                 # -- wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner)
                 t0 = time.monotonic()
@@ -241,9 +314,10 @@ def train(cfg: VTraceRun) -> dict:
                     if cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
                         break  # the budget ends while waiting (e.g. a hung env)
                 if fetched is None:
+                    summary["stopped_by"] = "seconds"
                     break
                 t1 = time.monotonic()
-                wait_s += t1 - t0
+                iv.wait_s += t1 - t0
                 batch = prefetch.batcher.use(fetched)
                 # -- one update
                 lr = cfg.algo.learning_rate
@@ -253,74 +327,29 @@ def train(cfg: VTraceRun) -> dict:
                     g["lr"] = lr
                 acted_version = float(batch["policy_version"].mean())
                 version0 = loop.version
-                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=fence, diagnose=diag is None,
+                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=fence, diagnose=iv.diag is None,
                                      precision=precision, after_update=bump_version)
-                if diag is None:  # once per logging interval: it copies the weights
-                    diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
+                if iv.diag is None:  # once per logging interval: it copies the weights
+                    iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
                 n_updates = stats.pop("updates")
                 counters["updates"] += n_updates
                 # Updates between acting and learning, averaged over this batch's updates.
                 stats["policy_lag"] = version0 + (n_updates - 1) / 2 - acted_version
-                for key, v in stats.items():
-                    acc[key] = acc.get(key, 0.0) + v
-                acc["n"] = acc.get("n", 0) + 1
-                rows_learned += rows_per_batch * cfg.algo.echo
+                iv.add(stats, rows_per_batch * cfg.algo.echo)
                 prefetch.done(fetched)
-                learn_s += time.monotonic() - t1
+                iv.learn_s += time.monotonic() - t1
                 # -- episodes, logging, checkpoints
                 eps = loop.stats.episodes.take()
                 counters["episodes"] += eps.count
                 recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
-                for key, v in (("ep_n", eps.count), ("ep_ret", eps.return_sum), ("ep_len", eps.length_sum)):
-                    ep_acc[key] += v
+                iv.add_episodes(eps)
                 if (cfg.stop_at_return and summary["steps_to_target"] is None and len(recent) == recent.maxlen
                         and np.mean(recent) >= cfg.stop_at_return):
                     summary["steps_to_target"] = steps0 + loop.stats.env_steps
                 now = time.monotonic()
-                if now - t_log >= cfg.log_every_s:
+                if now - iv.t0 >= cfg.log_every_s:
                     watch.poll()  # names a worker stuck while the others keep the run going
-                    step_now = steps0 + loop.stats.env_steps
-                    sps = (step_now - log_steps) / (now - t_log)
-                    n = acc.pop("n")
-                    n_eps = ep_acc["ep_n"]
-                    w = pipe.pool.worker_stats()
-                    thread_s = (now - t_log) * 2 * max(1, cfg.pipeline.num_workers)
-                    ls = loop.stats
-                    nb = max(1, ls.batches - batches_prev)
-                    # The one read of the device-side sums per logging interval.
-                    values = {f"losses/{key}": float(v) / n for key, v in acc.items() if key != "policy_lag"}
-                    values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
-                                   for key, v in (diag or {}).items()})
-                    values.update({
-                        "charts/episode_return": ep_acc["ep_ret"] / n_eps if n_eps else None,
-                        "charts/episode_length": ep_acc["ep_len"] / n_eps if n_eps else None,
-                        "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
-                        "charts/episodes": counters["episodes"],
-                        "charts/steps_per_s": sps,
-                        "charts/frames_per_s": sps * frames_per_step,
-                        "charts/learning_rate": lr,
-                        "charts/replay_ratio": rows_learned / max(1, step_now - log_steps),
-                        "perf/inference_batch_size": (ls.batch_envs - envs_prev) / nb,
-                        "perf/inference_forward_ms": (ls.forward_s - fwd_prev) / nb * 1e3,
-                        "perf/batch_collect_ms": float(np.median(ls.collect_s)) * 1e3 if ls.collect_s else None,
-                        "perf/worker_wait_share": (w["wait_s"] - w_prev["wait_s"]) / thread_s,
-                        "perf/worker_env_share": (w["env_s"] - w_prev["env_s"]) / thread_s,
-                        "perf/learner_wait_share": wait_s / max(1e-9, wait_s + learn_s),
-                        "perf/policy_lag": acc["policy_lag"] / n,
-                        "perf/worker_restarts": ls.restarts,
-                    })
-                    if meter is not None:
-                        values.update(meter.scalars())
-                    monitor.scalars(step_now, values)
-                    ret = f"{np.mean(recent):7.1f}" if recent else "      -"
-                    monitor.progress(
-                        f"steps {step_now:>10,d}  frames/s {sps * frames_per_step:>9,.0f}  "
-                        f"return(20) {ret}  updates {counters['updates']:,d}  "
-                        f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
-                    t_log, log_steps, wait_s, learn_s, acc, diag = now, step_now, 0.0, 0.0, {}, None
-                    rows_learned = 0
-                    ep_acc = dict.fromkeys(ep_acc, 0)
-                    w_prev, fwd_prev, batches_prev, envs_prev = w, ls.forward_s, ls.batches, ls.batch_envs
+                    log(now)
                 if now - state["saved"] >= cfg.checkpoint_every_min * 60:
                     save()
         except BaseException as e:
@@ -333,6 +362,9 @@ def train(cfg: VTraceRun) -> dict:
             eps = loop.stats.episodes.take()
             counters["episodes"] += eps.count
             recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
+            iv.add_episodes(eps)
+            if iv.n:  # the updates since the last interval's scalars: the curve's last point
+                log(time.monotonic())
             try:
                 if counters["steps"] or resumed is not None:  # a run that failed to start leaves no checkpoint
                     save()
@@ -348,7 +380,7 @@ def train(cfg: VTraceRun) -> dict:
                 })
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]
-    print(f"\nseedlocal: done: {summary['steps']:,d} steps, mean return (last 20) "
-          f"{'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint'] or 'none (nothing was trained)'}; "
-          f"summary {run_dir / 'summary.json'}", flush=True)
+    print(closing_line(summary, f"{summary['steps']:,d} steps, mean return (last 20) "
+                                f"{'-' if ret is None else f'{ret:.1f}'}",
+                       None if summary["steps"] else STARTUP_ONLY), flush=True)
     return summary

@@ -37,7 +37,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
-from seedlocal.monitor import RunMonitor
+from seedlocal.monitor import STARTUP_ONLY, RunMonitor, closing_line
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.replay import SequenceReplay
 from seedlocal.shm.rollout import obs_key
@@ -385,12 +385,16 @@ def train(cfg: R2D2Run) -> dict:
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
-                if ((cfg.total_steps and counters["steps"] >= cfg.total_steps)
-                        or (cfg.seconds and time.monotonic() - t_start >= cfg.seconds)):
+                if cfg.total_steps and counters["steps"] >= cfg.total_steps:
+                    summary["stopped_by"] = "steps"
+                    break
+                if cfg.seconds and time.monotonic() - t_start >= cfg.seconds:
+                    summary["stopped_by"] = "seconds"
                     break
                 stop_on = recent_eval if a.eval_envs else recent_train
                 if cfg.stop_at_return and len(stop_on) == stop_on.maxlen and np.mean(stop_on) >= cfg.stop_at_return:
                     summary["steps_to_target"] = counters["steps"]
+                    summary["stopped_by"] = "target"
                     break
                 runner.check()
                 behind = replay.size >= max(a.min_replay, a.batch_size) and learned_rows < a.replay_ratio * added_steps
@@ -491,7 +495,7 @@ def train(cfg: R2D2Run) -> dict:
                 })
                 checkpoint.write_summary(run_dir, summary)
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
-    print(f"\nseedlocal: done: {summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} return "
-          f"(last 20) {'-' if ret is None else f'{ret:.1f}'}; checkpoint {summary['checkpoint'] or 'none (nothing was trained)'}; "
-          f"summary {run_dir / 'summary.json'}", flush=True)
+    print(closing_line(summary, f"{summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} "
+                                f"return (last 20) {'-' if ret is None else f'{ret:.1f}'}",
+                       None if summary["steps"] else STARTUP_ONLY), flush=True)
     return summary

@@ -63,6 +63,10 @@ def test_tensorboard_has_the_documented_tags(cartpole_run):
     assert returns and all(math.isfinite(v) for v in returns)
     assert max(returns) > 100  # the curve rose
     assert "config/text_summary" in ea.Tags()["tensors"]
+    # The interval the run ended in is on the curve too, at the run's last step.
+    assert found["losses/total_loss"][-1][0] == cartpole_run[1]["steps"]
+    shares = [v for _, v in found["perf/worker_wait_share"] + found["perf/worker_env_share"]]
+    assert all(0 <= v <= 1.001 for v in shares), shares  # a wait begun before an interval is not lumped into it
 
 
 def test_eval_plays_the_checkpoint(cartpole_run, capsys):
@@ -145,8 +149,9 @@ def test_cli_resume_keeps_the_saved_config_and_names_what_changed(tmp_path):
     assert summary["steps"] >= 4000 and summary["status"] == "done"
 
 
-def test_summary_json_is_written_at_every_end(tmp_path):
+def test_summary_json_is_written_at_every_end(tmp_path, capsys):
     s = train(_tiny(tmp_path, stop_at_return=15.0))  # random CartPole play averages ~22
+    assert f"seedlocal: done: reached the target return at {s['frames_to_target']:,d} frames;" in capsys.readouterr().out
     summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
     for key in ("algo", "env", "steps", "frames", "seconds", "mean_return_last20", "steps_to_target",
                 "frames_to_target", "checkpoint", "status"):
@@ -264,6 +269,8 @@ def test_one_run_per_folder_at_a_time(tmp_path):
     held = checkpoint.lock_run(tmp_path / "tiny")  # as a live run holds it
     with pytest.raises(ConfigError, match=in_use):
         train(_tiny(tmp_path))
+    with pytest.raises(CheckpointError, match=rf"no checkpoint yet: this run is still going \(pid {os.getpid()}\)"):
+        train(_tiny(tmp_path, resume=str(tmp_path / "tiny")))
     held.close()
     train(_tiny(tmp_path))
     held = checkpoint.lock_run(tmp_path / "tiny")

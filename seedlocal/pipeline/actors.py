@@ -195,11 +195,17 @@ class ActorPool:
         self._spawn(w)
 
     def worker_stats(self) -> dict[str, float]:
+        """Totals over the local groups' threads (remote hosts keep their own):
+        seconds waiting for actions (a wait under way counted up to now),
+        seconds in the env, steps; ``threads`` divides a span's seconds into shares."""
         c = self.control
+        since = c["group_wait_since"]
+        waiting = since[since > 0]
         return {
-            "wait_s": float(c["group_wait_s"].sum()),
+            "wait_s": float(c["group_wait_s"].sum() + (time.perf_counter() - waiting).sum()),
             "env_s": float(c["group_env_s"].sum()),
             "steps": int(c["group_steps"].sum()),
+            "threads": self.num_local_groups,
         }
 
     def close(self, timeout: float = 3.0) -> None:

@@ -155,6 +155,7 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
     state, target_buf, target_row = control["state"], control["target_buf"], control["target_row"]
     stop = control["stop"]
     wait_s, env_s, steps = control["group_wait_s"], control["group_env_s"], control["group_steps"]
+    wait_since = control["group_wait_since"]
     episodes = control["group_episodes"]
     i = g - args.groups[0]
     wake, ready, n = args.wake[i], args.ready[i], args.envs_per_group
@@ -169,13 +170,14 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
         state[g] = OBS_READY
         ready.post()  # release: publishes the rows above (see shm/slots.py)
         args.obs_ready.post()
-        t0 = time.perf_counter()
+        t0 = wait_since[g] = time.perf_counter()
         # Read the state and the action only after taking the token the loop
         # posted once it wrote them (acquire); never on the state alone.
         while not (wake.wait(args.poll_s) and state[g] in (ACTION_READY, RESET)):
             if stop[0]:
                 return
         wait_s[g] += time.perf_counter() - t0
+        wait_since[g] = 0.0
         if state[g] == RESET:
             state[g] = STEPPING
             writer = _GroupWriter(n)  # fresh episodes: nothing carries over

@@ -68,6 +68,10 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("stop", (1,), "int32"),
         # Per-group counters that only the group's own thread writes.
         ArraySpec("group_wait_s", (num_groups,), "float64"),
+        # perf_counter() when the group began waiting for actions, 0 while it
+        # is not: readers count a wait still under way up to now, so a share
+        # of one interval's time never takes in a wait begun before it.
+        ArraySpec("group_wait_since", (num_groups,), "float64"),
         ArraySpec("group_env_s", (num_groups,), "float64"),
         ArraySpec("group_steps", (num_groups,), "int64"),
         ArraySpec("group_episodes", (num_groups,), "int64"),
