@@ -38,6 +38,11 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,ac
 """
 
 TRAINERS = ("vtrace", "r2d2", "ga", "es", "random-search")
+NEURO_TITLES = {"ga": "Deep GA: a population evaluated in batched forward passes",
+                "es": "Evolution strategies (antithetic, centred ranks, Adam)",
+                "random-search": "Random search: the deep-GA paper's baseline"}
+TUNED = (" --pipeline-config FILE: pipeline sizes from `seedlocal bench --autotune` "
+         "(options given here still win).")
 
 
 class Stopped(SystemExit):
@@ -215,19 +220,20 @@ def _parse(argv: list[str]):
             from seedlocal.train_r2d2 import R2D2Run
 
             return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
-                                        "R2D2. Presets: --preset cartpole (default), --preset atari.")
+                                        "R2D2. Presets: --preset cartpole (default), --preset atari." + TUNED)
         if rest[0] != "vtrace":
             from seedlocal.neuroevolution import ALGOS
 
             cls = ALGOS[rest[0]]
             saved, counters = _resumed_default(rest[1:], cls)
             default, args = _pop_pipeline_config(rest[1:], saved or cls())
-            cfg = tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}")
+            cfg = tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}",
+                           description=NEURO_TITLES[rest[0]] + "." + TUNED)
             return "train", _check_resume(cfg, saved, counters)
         from seedlocal.train import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
-                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari.")
+                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari." + TUNED)
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     raise SystemExit(2)
 

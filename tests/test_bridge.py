@@ -299,6 +299,7 @@ def test_tls_with_the_right_ca_and_a_clear_failure_without(tmp_path):
         plain = actors(pipe.pool.bridge_port, "--retry-s", "1")
         out = finish(plain)
         assert plain.returncode == 1 and "giving up" in out, out
+        assert "if it uses TLS (--bridge.tls-cert), pass the CA with --tls-ca" in out, out
 
 
 # -- learning through the bridge ------------------------------------------------------

@@ -20,6 +20,7 @@ restarts this host's envs on fresh episodes when a host takes them again.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import socket
 import sys
@@ -72,7 +73,23 @@ class _Lost(Exception):
     """The connection broke; retrying may help."""
 
 
+def _unreachable(code: str, details: str, tls: bool) -> str:
+    """gRPC's reason for a failed first exchange, with the likely cause
+    where it is a known one (TLS on one side only, nothing listening)."""
+    detail = details.split("last error: ")[-1]
+    if "Connection refused" in detail:
+        return f"nothing listens there (is the learner running with --bridge.listen?): {detail}"
+    if tls and "handshake failed" in detail.lower():
+        return ("the TLS handshake failed: the learner may not use TLS (then drop --tls-ca), or --tls-ca is not "
+                f"the CA that signed its --bridge.tls-cert ({detail})")
+    if not tls and "Socket closed" in detail:
+        return ("the learner closed the connection at once: if it uses TLS (--bridge.tls-cert), pass the CA "
+                f"with --tls-ca ({detail})")
+    return f"{code}: {detail}"
+
+
 def _channel(cfg: ActorsConfig):
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # a failed handshake is reported once, by _unreachable
     import grpc
 
     host, port = split_address("connect", cfg.connect)
@@ -144,7 +161,7 @@ class _Session:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                     raise HostStopped(f"the learner at {cfg.connect} refused this host: {e.details()} "
                                       "(check SEEDLOCAL_BRIDGE_TOKEN or --token-file)", 2) from None
-                raise _Lost(f"{e.code().name}: {e.details()}") from None
+                raise _Lost(_unreachable(e.code().name, e.details() or "", bool(cfg.tls_ca))) from None
             except StopIteration:
                 raise _Lost("the learner closed the connection") from None
             answer = wire.unpack_json(payload)

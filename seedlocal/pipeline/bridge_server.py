@@ -321,6 +321,9 @@ def run_bridge_server(a: ServerArgs) -> None:
     from seedlocal.pipeline.worker import _die_with_parent
 
     _die_with_parent()
+    # gRPC core logs each failed handshake (a host without --tls-ca) on
+    # stderr at info level; the hosts are told why, the learner need not be.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     code = 0
     try:
         import grpc
