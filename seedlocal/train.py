@@ -140,6 +140,10 @@ class _Interval:
     def __init__(self, steps: int, stats, workers: dict):
         self.restart(time.monotonic(), steps, stats, workers)
 
+    def begin(self, now: float, steps: int, workers: dict) -> None:
+        """Rates from here on: the first batch's arrival, so the workers' start-up is no slow first point."""
+        self.t0, self.steps, self.workers = now, steps, workers
+
     def restart(self, now: float, steps: int, stats, workers: dict) -> None:
         self.t0, self.steps = now, steps
         self.wait_s = self.learn_s = 0.0
@@ -220,7 +224,7 @@ def train(cfg: VTraceRun) -> dict:
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
-    print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso, {precision} on {device}, "
+    print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso{f' + LSTM {cfg.algo.lstm_size}' if cfg.algo.lstm_size else ''}, {precision} on {device}, "
           f"{'actors wait for each update' if sync else 'acting overlaps learning'}); "
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
@@ -267,6 +271,7 @@ def train(cfg: VTraceRun) -> dict:
         watch = StallWatch(loop)
         t_said = 0.0
         iv = _Interval(steps0, loop.stats, pipe.pool.worker_stats())
+        updates0 = counters["updates"]
         lr = cfg.algo.learning_rate
 
         def bump_version() -> None:
@@ -317,7 +322,10 @@ def train(cfg: VTraceRun) -> dict:
                     summary["stopped_by"] = "seconds"
                     break
                 t1 = time.monotonic()
-                iv.wait_s += t1 - t0
+                if counters["updates"] == updates0:
+                    iv.begin(t1, steps0 + loop.stats.env_steps, pipe.pool.worker_stats())
+                else:
+                    iv.wait_s += t1 - t0
                 batch = prefetch.batcher.use(fetched)
                 # -- one update
                 lr = cfg.algo.learning_rate

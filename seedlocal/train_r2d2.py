@@ -409,6 +409,8 @@ def train(cfg: R2D2Run) -> dict:
                             waiting = True
                         continue
                     waiting = False
+                    if not added_steps:  # rates from the first unroll on: the workers' start-up is no slow first point
+                        t_log, log_steps = time.monotonic(), steps0 + loop.stats.env_steps
                     while True:
                         ingest(store, b)
                         loop.release(b)

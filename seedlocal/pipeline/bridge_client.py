@@ -197,7 +197,7 @@ class _Session:
             pool.start()
             if cfg.progress:
                 print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
-                      f"({G // 2} workers)", flush=True)
+                      f"({G // 2} worker{'s' if G > 2 else ''})", flush=True)
             local = {gid: i for i, gid in enumerate(groups)}
             sent_at = np.zeros(G)
             in_flight = np.zeros(G, bool)
