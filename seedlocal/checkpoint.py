@@ -248,7 +248,7 @@ def resolve(path: str | Path) -> Path:
         holder = live_run(p)
         if holder is not None:
             raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
-                                  "a run writes one periodically and when it stops: resume after that")
+                                  "a run writes one periodically and when it stops: try again after that")
         raise CheckpointError(f"{p}: no checkpoint (ckpt_*.pt) in this directory or its checkpoints/")
     raise CheckpointError(f"{p}: no such checkpoint file or run directory")
 

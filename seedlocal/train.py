@@ -139,10 +139,12 @@ class _Interval:
 
     def __init__(self, steps: int, stats, workers: dict):
         self.restart(time.monotonic(), steps, stats, workers)
+        self.begun = False
 
     def begin(self, now: float, steps: int, workers: dict) -> None:
         """Rates from here on: the first batch's arrival, so the workers' start-up is no slow first point."""
         self.t0, self.steps, self.workers = now, steps, workers
+        self.begun = True
 
     def restart(self, now: float, steps: int, stats, workers: dict) -> None:
         self.t0, self.steps = now, steps
@@ -165,7 +167,9 @@ class _Interval:
         self.ep_ret += eps.return_sum
         self.ep_len += eps.length_sum
 
-    def scalars(self, now: float, steps: int, stats, workers: dict, recent: deque, frames_per_step: int) -> dict:
+    def scalars(self, now: float, steps: int, stats, workers: dict, recent: deque, frames_per_step: int,
+                rates: bool = True) -> dict:
+        """The interval's means; ``rates`` False leaves out per-second rates and time shares."""
         dt, n, nb = max(1e-9, now - self.t0), max(1, self.n), max(1, stats.batches - self.batches)
         thread_s = dt * max(1, workers["threads"])
         sps = (steps - self.steps) / dt
@@ -177,6 +181,10 @@ class _Interval:
             "charts/episode_return": self.ep_ret / self.ep_n if self.ep_n else None,
             "charts/episode_length": self.ep_len / self.ep_n if self.ep_n else None,
             "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
+        })
+        if not rates:
+            return values
+        values.update({
             "charts/steps_per_s": sps,
             "charts/frames_per_s": sps * frames_per_step,
             "charts/replay_ratio": self.rows_learned / max(1, steps - self.steps),
@@ -222,7 +230,7 @@ def train(cfg: VTraceRun) -> dict:
     # less with one batch of slack) and adds a batch of policy lag.
     sync = cfg.algo.sync == "on" or (cfg.algo.sync == "auto" and device.type == "cpu")
     checkpoint.make_run_dir(run_dir)
-    monitor = RunMonitor(run_dir, purge_step=counters["steps"] if resumed else None, progress=cfg.progress)
+    monitor = RunMonitor(run_dir, purge_step=counters["steps"] + 1 if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
     print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso{f' + LSTM {cfg.algo.lstm_size}' if cfg.algo.lstm_size else ''}, {precision} on {device}, "
           f"{'actors wait for each update' if sync else 'acting overlaps learning'}); "
@@ -271,26 +279,29 @@ def train(cfg: VTraceRun) -> dict:
         watch = StallWatch(loop)
         t_said = 0.0
         iv = _Interval(steps0, loop.stats, pipe.pool.worker_stats())
-        updates0 = counters["updates"]
         lr = cfg.algo.learning_rate
 
         def bump_version() -> None:
             loop.version += 1
 
-        def log(now: float) -> None:
-            """Scalars and the progress line for the interval since the last call."""
+        def log(now: float, last: bool = False) -> None:
+            """Scalars and the progress line for the interval since the last
+            call; ``last``: the run's final, partial interval (scalars only,
+            and no rates from a fraction of an interval)."""
             step_now, workers = steps0 + loop.stats.env_steps, pipe.pool.worker_stats()
-            values = iv.scalars(now, step_now, loop.stats, workers, recent, frames_per_step)
+            rates = not last or now - iv.t0 >= cfg.log_every_s / 4
+            values = iv.scalars(now, step_now, loop.stats, workers, recent, frames_per_step, rates)
             values.update({"charts/episodes": counters["episodes"], "charts/learning_rate": lr})
-            if meter is not None:
+            if meter is not None and rates:
                 values.update(meter.scalars())
+            iv.restart(now, step_now, loop.stats, workers)  # first: an interval is written once, whatever follows
             monitor.scalars(step_now, values)
-            ret = f"{np.mean(recent):7.1f}" if recent else "      -"
-            monitor.progress(
-                f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
-                f"return(20) {ret}  updates {counters['updates']:,d}  "
-                f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
-            iv.restart(now, step_now, loop.stats, workers)
+            if not last:
+                ret = f"{np.mean(recent):7.1f}" if recent else "      -"
+                monitor.progress(
+                    f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
+                    f"return(20) {ret}  updates {counters['updates']:,d}  "
+                    f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
 
         try:
             while True:
@@ -322,7 +333,7 @@ def train(cfg: VTraceRun) -> dict:
                     summary["stopped_by"] = "seconds"
                     break
                 t1 = time.monotonic()
-                if counters["updates"] == updates0:
+                if not iv.begun:
                     iv.begin(t1, steps0 + loop.stats.env_steps, pipe.pool.worker_stats())
                 else:
                     iv.wait_s += t1 - t0
@@ -371,22 +382,24 @@ def train(cfg: VTraceRun) -> dict:
             counters["episodes"] += eps.count
             recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
             iv.add_episodes(eps)
-            if iv.n:  # the updates since the last interval's scalars: the curve's last point
-                log(time.monotonic())
             try:
-                if counters["steps"] or resumed is not None:  # a run that failed to start leaves no checkpoint
-                    save()
-            finally:
-                summary.update({
-                    "algo": "vtrace", "env": spec.env_id, "steps": counters["steps"],
-                    "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
-                    "episodes": counters["episodes"],
-                    "mean_return_last20": float(np.mean(recent)) if recent else None,
-                    "frames_to_target": (summary["steps_to_target"] * frames_per_step
-                                         if summary["steps_to_target"] is not None else None),
-                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
-                })
-                checkpoint.write_summary(run_dir, summary)
+                if iv.n:  # the updates since the last interval's scalars: the curve's last point
+                    log(time.monotonic(), last=True)
+            finally:  # whatever the log did (a closed pipe, a second Ctrl-C), save and summarise
+                try:
+                    if counters["steps"] or resumed is not None:  # a run that failed to start leaves no checkpoint
+                        save()
+                finally:
+                    summary.update({
+                        "algo": "vtrace", "env": spec.env_id, "steps": counters["steps"],
+                        "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+                        "episodes": counters["episodes"],
+                        "mean_return_last20": float(np.mean(recent)) if recent else None,
+                        "frames_to_target": (summary["steps_to_target"] * frames_per_step
+                                             if summary["steps_to_target"] is not None else None),
+                        "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
+                    })
+                    checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]
     print(closing_line(summary, f"{summary['steps']:,d} steps, mean return (last 20) "
                                 f"{'-' if ret is None else f'{ret:.1f}'}",

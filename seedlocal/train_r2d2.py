@@ -297,7 +297,7 @@ def train(cfg: R2D2Run) -> dict:
         optimizer.load_state_dict(saved["optimizer"])
         counters.update(saved["counters"])
     checkpoint.make_run_dir(run_dir)
-    monitor = RunMonitor(run_dir, purge_step=counters["steps"] if saved else None, progress=cfg.progress)
+    monitor = RunMonitor(run_dir, purge_step=counters["steps"] + 1 if saved else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
 
     pipe_cfg = dataclasses.replace(cfg.pipeline, unroll_length=a.unroll_length)
@@ -382,6 +382,49 @@ def train(cfg: R2D2Run) -> dict:
         sampled_p: list[float] = []
         inserted0, log_updates, dropped = replay.added, counters["updates"], 0
         watch, waiting = StallWatch(loop), False
+
+        def log(now: float, last: bool = False) -> None:
+            """Scalars and the progress line for the interval since the last
+            call; ``last``: the run's final, partial interval (scalars only,
+            and no rates from a fraction of an interval)."""
+            nonlocal t_log, log_steps, acc, sampled_p, inserted0, log_updates
+            step_now, dt = steps0 + loop.stats.env_steps, max(1e-9, now - t_log)
+            n = max(1, acc.pop("n", 0))
+            values = {f"losses/{k}": float(v) / n for k, v in acc.items()}  # device sums, read once
+            values.update({
+                "charts/episode_return": float(np.mean(recent_train)) if recent_train else None,
+                "charts/eval_return": float(np.mean(recent_eval)) if recent_eval else None,
+                "charts/episodes": counters["episodes"],
+                "charts/replay_ratio": learned_rows / max(1, added_steps),
+                "replay/size": replay.size,
+                "replay/priority_mean": float(np.mean(sampled_p)) if sampled_p else None,
+                "replay/priority_max": float(np.max(sampled_p)) if sampled_p else None,
+                "replay/stale_updates_dropped": dropped,
+            })
+            if not last or dt >= cfg.log_every_s / 4:
+                values.update({
+                    "charts/steps_per_s": (step_now - log_steps) / dt,
+                    "charts/frames_per_s": (step_now - log_steps) / dt * frames_per_step,
+                    "replay/insert_per_s": (replay.added - inserted0) / dt,
+                    "replay/sample_per_s": (counters["updates"] - log_updates) * a.batch_size / dt,
+                    "perf/updates_per_s": (counters["updates"] - log_updates) / dt,
+                })
+            # Reset first: an interval is written once, whatever follows.
+            t_log, log_steps, acc, sampled_p = now, step_now, {}, []
+            inserted0, log_updates = replay.added, counters["updates"]
+            monitor.scalars(step_now, values)
+            if last:
+                return
+            ev = f"{np.mean(recent_eval):7.1f}" if recent_eval else "      -"
+            # After the warm-up (algo.min_replay) the learner first catches up
+            # on the replay ratio over every step so far, actors parked: say so.
+            owed = int((a.replay_ratio * added_steps - learned_rows) // (a.batch_size * a.unroll_length))
+            monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>8,.0f}  "
+                             f"eval return(20) {ev}  updates {counters['updates']:,d}  "
+                             f"replay {replay.size:,d}  td {values.get('losses/td_abs', 0):.3f}"
+                             + (f"  (actors wait: {owed:,d} updates to replay ratio {a.replay_ratio:g})"
+                                if owed > 1 else ""))
+
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
@@ -440,37 +483,7 @@ def train(cfg: R2D2Run) -> dict:
                 now = time.monotonic()
                 if now - t_log >= cfg.log_every_s:
                     watch.poll()  # names a worker stuck while the others keep the run going
-                    step_now = steps0 + loop.stats.env_steps
-                    dt = now - t_log
-                    n = max(1, acc.pop("n", 0))
-                    values = {f"losses/{k}": float(v) / n for k, v in acc.items()}  # device sums, read once
-                    values.update({
-                        "charts/episode_return": float(np.mean(recent_train)) if recent_train else None,
-                        "charts/eval_return": float(np.mean(recent_eval)) if recent_eval else None,
-                        "charts/episodes": counters["episodes"],
-                        "charts/steps_per_s": (step_now - log_steps) / dt,
-                        "charts/frames_per_s": (step_now - log_steps) / dt * frames_per_step,
-                        "charts/replay_ratio": learned_rows / max(1, added_steps),
-                        "replay/size": replay.size,
-                        "replay/insert_per_s": (replay.added - inserted0) / dt,
-                        "replay/sample_per_s": (counters["updates"] - log_updates) * a.batch_size / dt,
-                        "replay/priority_mean": float(np.mean(sampled_p)) if sampled_p else None,
-                        "replay/priority_max": float(np.max(sampled_p)) if sampled_p else None,
-                        "replay/stale_updates_dropped": dropped,
-                        "perf/updates_per_s": (counters["updates"] - log_updates) / dt,
-                    })
-                    monitor.scalars(step_now, values)
-                    ev = f"{np.mean(recent_eval):7.1f}" if recent_eval else "      -"
-                    # After the warm-up (algo.min_replay) the learner first catches up
-                    # on the replay ratio over every step so far, actors parked: say so.
-                    owed = int((a.replay_ratio * added_steps - learned_rows) // (a.batch_size * a.unroll_length))
-                    monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>8,.0f}  "
-                                     f"eval return(20) {ev}  updates {counters['updates']:,d}  "
-                                     f"replay {replay.size:,d}  td {values.get('losses/td_abs', 0):.3f}"
-                                     + (f"  (actors wait: {owed:,d} updates to replay ratio {a.replay_ratio:g})"
-                                        if owed > 1 else ""))
-                    t_log, log_steps, acc, sampled_p = now, step_now, {}, []
-                    inserted0, log_updates = replay.added, counters["updates"]
+                    log(now)
                 if now - state["saved"] >= cfg.checkpoint_every_min * 60:
                     save()
         except BaseException as e:
@@ -480,22 +493,26 @@ def train(cfg: R2D2Run) -> dict:
             runner.stop()
             counters["steps"] = steps0 + loop.stats.env_steps
             try:
-                if counters["steps"] or saved is not None:  # a run that failed to start leaves no checkpoint
-                    save()
-            finally:
-                stop_on = recent_eval if a.eval_envs else recent_train
-                summary.update({
-                    "algo": "r2d2", "env": spec.env_id, "steps": counters["steps"],
-                    "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
-                    "episodes": counters["episodes"],
-                    "mean_return_last20": float(np.mean(recent_train)) if recent_train else None,
-                    "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
-                    "frames_to_target": (summary["steps_to_target"] * frames_per_step
-                                         if summary["steps_to_target"] is not None else None),
-                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
-                    "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
-                })
-                checkpoint.write_summary(run_dir, summary)
+                if acc:  # the updates since the last interval's scalars: the curve's last point
+                    log(time.monotonic(), last=True)
+            finally:  # whatever the log did (a closed pipe, a second Ctrl-C), save and summarise
+                try:
+                    if counters["steps"] or saved is not None:  # a run that failed to start leaves no checkpoint
+                        save()
+                finally:
+                    stop_on = recent_eval if a.eval_envs else recent_train
+                    summary.update({
+                        "algo": "r2d2", "env": spec.env_id, "steps": counters["steps"],
+                        "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+                        "episodes": counters["episodes"],
+                        "mean_return_last20": float(np.mean(recent_train)) if recent_train else None,
+                        "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
+                        "frames_to_target": (summary["steps_to_target"] * frames_per_step
+                                             if summary["steps_to_target"] is not None else None),
+                        "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
+                        "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
+                    })
+                    checkpoint.write_summary(run_dir, summary)
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
     print(closing_line(summary, f"{summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} "
                                 f"return (last 20) {'-' if ret is None else f'{ret:.1f}'}",

@@ -96,6 +96,8 @@ def test_resume_continues_the_same_curve(tmp_path):
     found, _ = scalars(tmp_path / "tiny")
     steps = [s for s, _ in found["charts/steps_per_s"]]
     assert max(steps) > first["steps"]  # the resumed run logged onto the same curve, further along
+    # The first run's last point (at its checkpoint's step) survives the resume's purge of later events.
+    assert first["steps"] in [s for s, _ in found["losses/total_loss"]]
     assert len(checkpoint.all_checkpoints(tmp_path / "tiny" / "checkpoints")) == 2
 
 

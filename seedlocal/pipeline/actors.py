@@ -186,7 +186,11 @@ class ActorPool:
                              f"(pipeline.max_restarts={self.max_restarts}), stopping")
         self.procs[w].join(0)
         self.restarts[w] += 1
+        since = self.control["group_wait_since"]
         for g in self.groups_of(w):
+            if since[g] > 0:  # it died waiting: that wait ends now (nothing else writes these any more)
+                self.control["group_wait_s"][g] += time.perf_counter() - since[g]
+                since[g] = 0.0
             self.control["state"][g] = STEPPING
             self.wake[g].drain()
             self.ready[g].drain()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -304,6 +305,13 @@ def run(cfg: ActorsConfig) -> int:
             print("\nseedlocal actors: interrupted; disconnected (the learner restarts these envs elsewhere)",
                   file=sys.stderr, flush=True)
             return 130
+        except SystemExit as e:
+            signum = getattr(e, "signum", None)  # SIGTERM or SIGHUP, raised as cli.Stopped
+            if signum is None:
+                raise
+            print(f"\nseedlocal actors: stopped by {signal.Signals(signum).name}; disconnected (the learner "
+                  "restarts these envs elsewhere)", file=sys.stderr, flush=True)
+            return e.code
         except HostStopped as e:
             print(f"seedlocal actors: {e}", file=sys.stderr if e.code else sys.stdout, flush=True)
             return e.code

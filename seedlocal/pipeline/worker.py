@@ -176,8 +176,8 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
         while not (wake.wait(args.poll_s) and state[g] in (ACTION_READY, RESET)):
             if stop[0]:
                 return
+        wait_since[g] = 0.0  # first: a reader between the two lines undercounts for a moment, never twice
         wait_s[g] += time.perf_counter() - t0
-        wait_since[g] = 0.0
         if state[g] == RESET:
             state[g] = STEPPING
             writer = _GroupWriter(n)  # fresh episodes: nothing carries over
