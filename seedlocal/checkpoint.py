@@ -118,6 +118,16 @@ def _signals_held():
         signal.raise_signal(held[0])
 
 
+def unwritable(failure: BaseException | None) -> bool:
+    """A run stopping because its folder cannot be written (a full disk, a
+    read-only or failing one): its last checkpoint and summary would fail the
+    same way, and their error would hide this one (which names the newest
+    checkpoint that was saved)."""
+    import errno
+
+    return isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
     bad = _non_finite(state)
     if bad:
@@ -136,7 +146,12 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
         torch.save({"format": FORMAT, **state}, f)
 
     with _signals_held():
-        _write_atomically(path, write, binary=True)
+        try:
+            _write_atomically(path, write, binary=True)
+        except OSError as e:
+            last = newest(run_dir)
+            raise OSError(e.errno, f"{e.strerror}; checkpoint not saved"
+                          f"{f' (the newest one is {last})' if last else ''}", e.filename) from e
         if keep > 0:
             for old in all_checkpoints(folder)[:-keep]:
                 old.unlink(missing_ok=True)
@@ -175,8 +190,15 @@ def _write_atomically(path: Path, write, binary: bool) -> None:
             os.fsync(f.fileno())
         _readable_as_umask_allows(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        # A full disk inside torch.save surfaces as a RuntimeError raised
+        # while handling the OSError: the OSError, with the path, is the news.
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is not None and cause.errno is not None and (cause is not e or not e.filename):
+            raise OSError(cause.errno, cause.strerror, str(path)) from e
         raise
 
 

@@ -324,6 +324,7 @@ def train(cfg: NeuroevoRun) -> dict:
                       "or give --seconds)",
                       flush=True)
 
+        failure = None
         try:
             while True:
                 elapsed = time.monotonic() - t_start
@@ -384,20 +385,25 @@ def train(cfg: NeuroevoRun) -> dict:
                     break
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            failure = e
             raise
         finally:
             runner.stop()
-            if counters["generation"] or saved is not None:  # also mid-generation: the last finished one
-                save()
-            best = evolver.best_return if math.isfinite(evolver.best_return) else None
-            summary.update({"algo": name, "env": spec.env_id, "generations": counters["generation"],
-                            "steps": counters["frames"] // fps, "frames": counters["frames"],
-                            "episodes": counters["episodes"], "best_member_return": best,
-                            "seconds": round(time.monotonic() - t_start, 2),
-                            "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
-                            "forward": policy.forward.strategy,
-                            "checkpoint": checkpoint.newest(run_dir)})
-            checkpoint.write_summary(run_dir, summary)
+            try:
+                # Also mid-generation: the last finished one. Not when the folder cannot be written.
+                if (counters["generation"] or saved is not None) and not checkpoint.unwritable(failure):
+                    save()
+            finally:
+                best = evolver.best_return if math.isfinite(evolver.best_return) else None
+                summary.update({"algo": name, "env": spec.env_id, "generations": counters["generation"],
+                                "steps": counters["frames"] // fps, "frames": counters["frames"],
+                                "episodes": counters["episodes"], "best_member_return": best,
+                                "seconds": round(time.monotonic() - t_start, 2),
+                                "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
+                                "forward": policy.forward.strategy,
+                                "checkpoint": checkpoint.newest(run_dir)})
+                if not checkpoint.unwritable(failure):
+                    checkpoint.write_summary(run_dir, summary)
     best = f"{evolver.best_return:.1f}" if math.isfinite(evolver.best_return) else "-"
     print(closing_line(summary, f"{counters['generation']} generations, {counters['frames']:,d} frames, "
                                 f"best member return {best}",

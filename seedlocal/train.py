@@ -303,6 +303,7 @@ def train(cfg: VTraceRun) -> dict:
                     f"return(20) {ret}  updates {counters['updates']:,d}  "
                     f"loss {values['losses/total_loss']:.3f}  entropy {values['losses/entropy']:.2f}")
 
+        failure = None
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
@@ -373,6 +374,7 @@ def train(cfg: VTraceRun) -> dict:
                     save()
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            failure = e
             raise
         finally:
             prefetch.stop()
@@ -387,7 +389,8 @@ def train(cfg: VTraceRun) -> dict:
                     log(time.monotonic(), last=True)
             finally:  # whatever the log did (a closed pipe, a second Ctrl-C), save and summarise
                 try:
-                    if counters["steps"] or resumed is not None:  # a run that failed to start leaves no checkpoint
+                    # A run that failed to start leaves no checkpoint; one that cannot write its folder no more.
+                    if (counters["steps"] or resumed is not None) and not checkpoint.unwritable(failure):
                         save()
                 finally:
                     summary.update({
@@ -399,7 +402,8 @@ def train(cfg: VTraceRun) -> dict:
                                              if summary["steps_to_target"] is not None else None),
                         "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
                     })
-                    checkpoint.write_summary(run_dir, summary)
+                    if not checkpoint.unwritable(failure):
+                        checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]
     print(closing_line(summary, f"{summary['steps']:,d} steps, mean return (last 20) "
                                 f"{'-' if ret is None else f'{ret:.1f}'}",

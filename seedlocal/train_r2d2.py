@@ -425,6 +425,7 @@ def train(cfg: R2D2Run) -> dict:
                              + (f"  (actors wait: {owed:,d} updates to replay ratio {a.replay_ratio:g})"
                                 if owed > 1 else ""))
 
+        failure = None
         try:
             while True:
                 counters["steps"] = steps0 + loop.stats.env_steps
@@ -488,6 +489,7 @@ def train(cfg: R2D2Run) -> dict:
                     save()
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            failure = e
             raise
         finally:
             runner.stop()
@@ -497,7 +499,8 @@ def train(cfg: R2D2Run) -> dict:
                     log(time.monotonic(), last=True)
             finally:  # whatever the log did (a closed pipe, a second Ctrl-C), save and summarise
                 try:
-                    if counters["steps"] or saved is not None:  # a run that failed to start leaves no checkpoint
+                    # A run that failed to start leaves no checkpoint; one that cannot write its folder no more.
+                    if (counters["steps"] or saved is not None) and not checkpoint.unwritable(failure):
                         save()
                 finally:
                     stop_on = recent_eval if a.eval_envs else recent_train
@@ -512,7 +515,8 @@ def train(cfg: R2D2Run) -> dict:
                         "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
                         "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
                     })
-                    checkpoint.write_summary(run_dir, summary)
+                    if not checkpoint.unwritable(failure):
+                        checkpoint.write_summary(run_dir, summary)
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
     print(closing_line(summary, f"{summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} "
                                 f"return (last 20) {'-' if ret is None else f'{ret:.1f}'}",

@@ -203,19 +203,24 @@ def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
     whatever its age."""
     from seedlocal.shm.arrays import ArraySpec, SharedArrays, sweep_stale_segments
 
-    code = ("import sys, time; from seedlocal.shm.arrays import ArraySpec, SharedArrays; "
-            "a = SharedArrays.create([ArraySpec('x', (8,), 'int64')], 'orphan'); print(a.name, flush=True); "
-            "time.sleep(60)")
+    code = ("import sys, time, multiprocessing as mp; from seedlocal.shm.arrays import ArraySpec, SharedArrays, "
+            "record_semaphores; from seedlocal.shm.slots import Signal; "
+            "a = SharedArrays.create([ArraySpec('x', (8,), 'int64')], 'orphan'); "
+            "s = [Signal(mp.get_context('spawn')) for _ in range(3)]; r = record_semaphores([x.name for x in s]); "
+            "print(a.name, *[x.name for x in s], flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    orphan = proc.stdout.readline().strip()
+    orphan, *sems = proc.stdout.readline().split()
+    sem_files = {"sem." + n[1:] for n in sems}
     live = SharedArrays.create([ArraySpec("x", (8,), "int64")], "live")
     try:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         time.sleep(0.2)
         assert orphan in os.listdir("/dev/shm")  # nothing cleaned it up
+        assert sem_files <= set(os.listdir("/dev/shm"))  # multiprocessing's semaphores neither
         removed = sweep_stale_segments(min_age_s=0)
         assert orphan in removed and orphan not in os.listdir("/dev/shm")
+        assert not sem_files & set(os.listdir("/dev/shm")), "the recorded semaphores were left"
         assert live.name not in removed and live.name in os.listdir("/dev/shm")
     finally:
         live.close()

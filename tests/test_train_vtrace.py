@@ -281,6 +281,39 @@ def test_one_run_per_folder_at_a_time(tmp_path):
     held.close()
 
 
+@pytest.mark.parametrize("when", ["periodic", "at_exit"])
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys, when):
+    """torch.save on a full disk raises a RuntimeError while handling the
+    OSError; the user gets the OSError, with the file and the newest good
+    checkpoint, in one line, and nothing half-written is left. A periodic
+    save that fails ends the run without trying again at exit (which would
+    fail the same way and hide the first error)."""
+    import errno
+
+    from seedlocal.cli import main
+
+    train(_tiny(tmp_path))
+    good = checkpoint.newest(tmp_path / "tiny")
+
+    def full_disk(obj, f):
+        try:
+            f.write(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 7872 vs 7824")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    capsys.readouterr()
+    every = ["--checkpoint-every-min", "0.0001"] if when == "periodic" else []
+    rc = main(["train", "vtrace", "--resume", str(tmp_path / "tiny"), "--total-steps", "6000", "--no-progress", *every])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith(f"seedlocal: error: {tmp_path / 'tiny' / 'checkpoints'}/ckpt_") and (
+        f"No space left on device; checkpoint not saved (the newest one is {good})" in err[0]), err
+    assert checkpoint.newest(tmp_path / "tiny") == good and checkpoint.load(good)
+    assert not list((tmp_path / "tiny" / "checkpoints").glob(".tmp-*"))
+
+
 def test_a_signal_during_a_checkpoint_write_acts_after_it(tmp_path, monkeypatch):
     """SIGTERM (or Ctrl-C) arriving inside torch.save is acted on once the
     checkpoint is complete, instead of tearing it; the file gets the mode the

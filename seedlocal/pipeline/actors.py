@@ -16,7 +16,7 @@ import time
 
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
-from seedlocal.shm.arrays import SharedArrays
+from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
@@ -61,7 +61,10 @@ class ActorPool:
         self.obs_ready = Signal(self._ctx)  # a wake-up hint for the inference loop
         self.ready = [Signal(self._ctx) for _ in range(self.num_groups)]  # per group: its rows are published
         self.wake = [Signal(self._ctx) for _ in range(self.num_groups)]
+        self.semaphores: SharedArrays | None = None
         try:
+            signals = [self.obs_ready, *self.ready, *self.wake]
+            self.semaphores = record_semaphores([s.name for s in signals if s.name])
             self.control = create_control(self.num_groups)
             self.store = create_store(layout)
         except BaseException:
@@ -232,10 +235,10 @@ class ActorPool:
                 p.join(1.0)
         self.procs = [None] * self.num_workers
         self.server = None
-        for seg in (self.store, self.control):
+        for seg in (self.store, self.control, self.semaphores):
             if seg is not None:
                 seg.close()
-        self.store = self.control = None
+        self.store = self.control = self.semaphores = None
 
     def __enter__(self) -> "ActorPool":
         return self

@@ -92,6 +92,8 @@ def sweep_stale_segments(min_age_s: float = 10.0) -> list[str]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # a live owner holds it
+            if name.endswith("_" + SEMAPHORES_TAG):
+                _unlink_recorded_semaphores(fd)
             try:
                 os.unlink(path)
                 removed.append(name)
@@ -100,6 +102,33 @@ def sweep_stale_segments(min_age_s: float = 10.0) -> list[str]:
         finally:
             os.close(fd)
     return removed
+
+
+SEMAPHORES_TAG = "semaphores"
+_NAME_BYTES = 64
+
+
+def record_semaphores(names: list[str]) -> "SharedArrays":
+    """A segment listing the named POSIX semaphores a pipeline created
+    (multiprocessing's, ``sem.mp-*`` in /dev/shm). They outlive a SIGKILL of
+    the whole process group as the segments do, but carry no owner lock and
+    no recognisable name; the sweep that removes this segment removes them."""
+    seg = SharedArrays.create([ArraySpec("names", (max(1, len(names)), _NAME_BYTES), "uint8")], SEMAPHORES_TAG)
+    for i, n in enumerate(names):
+        raw = n.encode()[:_NAME_BYTES]
+        seg["names"][i, :len(raw)] = np.frombuffer(raw, np.uint8)
+    return seg
+
+
+def _unlink_recorded_semaphores(fd: int) -> None:
+    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    for i in range(0, len(data) - _NAME_BYTES + 1, _NAME_BYTES):
+        name = data[i:i + _NAME_BYTES].rstrip(b"\0").decode("ascii", "replace")
+        if name.startswith("/mp-") and "/" not in name[1:]:  # multiprocessing's names; nothing else is touched
+            try:
+                os.unlink(os.path.join(_SHM_DIR, "sem." + name[1:]))
+            except OSError:
+                pass
 
 
 class SharedArrays:

@@ -109,6 +109,11 @@ class Signal:
     def __init__(self, ctx: mp.context.BaseContext):
         self._sem = ctx.Semaphore(0)
 
+    @property
+    def name(self) -> str | None:
+        """The POSIX semaphore's name ("/mp-..."), where it has one."""
+        return getattr(getattr(self._sem, "_semlock", None), "name", None)
+
     def post(self) -> None:
         self._sem.release()
 
