@@ -168,6 +168,23 @@ def short_of_memory(need: float) -> int | None:
     return have if have is not None and need > 0.8 * have else None
 
 
+def check_network_fits(make, copies: int, fields: str, what: str):
+    """Build ``make()`` on the meta device (shapes only, no memory) and refuse
+    a network whose ``copies`` float32 copies (``what``: weights, gradients,
+    optimiser state ...) would not fit in memory, naming the ``fields`` that
+    size it; otherwise torch would fail inside the allocator with a traceback.
+    Returns the meta network (its errors, e.g. a bad encoder, are raised as
+    building it for real would)."""
+    with torch.device("meta"):
+        net = make()
+    n = sum(p.numel() for p in net.parameters())
+    need = n * 4 * copies
+    if (have := short_of_memory(need)) is not None:
+        raise ConfigError(f"{fields}: the network has {n:,} parameters; {what} need {need / 1e9:,.1f} GB, "
+                          f"{have / 1e9:.1f} GB are available: make it smaller")
+    return net
+
+
 def available_bytes() -> int | None:
     """Memory the kernel could give a new allocation now (MemAvailable), if known."""
     try:

@@ -101,11 +101,14 @@ class RunMonitor:
         self.run_dir = Path(run_dir)
         self._lock = lock_run(self.run_dir) if lock else None
         self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
+        self._new_run = lock and purge_step is None  # a trainer's new run, not a resume or a video
+        self._wrote_scalars = False
         self.progress_enabled = progress
         self._tty = sys.stderr.isatty()
         self._last_line = 0.0
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        self._wrote_scalars = True
         for tag, v in values.items():
             if v is not None:
                 self.writer.add_scalar(tag, v, step)
@@ -154,3 +157,20 @@ class RunMonitor:
         if exc is not None and getattr(exc, "seedlocal_run_dir", None) is None:
             exc.seedlocal_run_dir = self.run_dir
         self.close()
+        from seedlocal.config import ConfigError
+
+        if isinstance(exc, ConfigError) and self._new_run and not self._wrote_scalars:
+            self._remove_empty_run()
+
+    def _remove_empty_run(self) -> None:
+        """A new run refused before it began (e.g. sizes that do not fit in
+        memory) leaves no folder: it would hold only its lock and an events
+        file with the config text, and show in TensorBoard as a run."""
+        files = list(self.run_dir.iterdir())
+        if all(f.is_file() and (f.name == ".lock" or f.name.startswith("events.out.tfevents")) for f in files):
+            for f in files:
+                f.unlink(missing_ok=True)
+            try:
+                self.run_dir.rmdir()
+            except OSError:
+                pass

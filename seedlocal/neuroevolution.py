@@ -20,7 +20,8 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, fail, num_groups,
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, check_network_fits, fail,
+                              num_groups,
                               resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
 from seedlocal.models import PolicyNet, obs_identity
@@ -114,7 +115,10 @@ def validate(cfg: NeuroevoRun):
         if getattr(cfg, name) < 1:
             fail(name, getattr(cfg, name), "must be positive")
     try:
-        net = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
+        # The population's vectors and one row per env slot, at least.
+        copies = cfg.algo.population_size + cfg.pipeline.num_workers * cfg.pipeline.envs_per_worker + cfg.bridge.remote_envs
+        net = check_network_fits(lambda: PolicyNet(spec, cfg.encoder, tuple(cfg.hidden)), copies,
+                                 "hidden", f"{copies:,} copies (the population's vectors and one per env slot)")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     forwards = ("auto", "bmm", "mulsum", "vmap") if net.kind == "mlp" else ("auto", "vmap", "loop")

@@ -23,7 +23,7 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
 from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, obs_identity, resolve_precision
@@ -126,7 +126,8 @@ def validate(cfg: VTraceRun):
     if not 0 < a.rmsprop_alpha < 1:
         fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
     try:
-        build_model(cfg, spec)
+        check_network_fits(lambda: build_model(cfg, spec), 5, "algo.hidden, algo.lstm_size",
+                           "its weights, gradients, Adam state and the actors' copy")
     except ValueError as e:
         named = str(e).startswith(("encoder=", "separate_critic", "hidden="))
         raise ConfigError(f"algo.{e}" if named else str(e)) from None

@@ -33,7 +33,8 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, fail,
+from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits,
+                              fail,
                               num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
@@ -203,7 +204,8 @@ def validate(cfg: R2D2Run):
     if cfg.total_steps < 0 or cfg.seconds < 0 or (cfg.total_steps == 0 and cfg.seconds == 0):
         fail("total_steps", cfg.total_steps, "set a step or time budget (both >= 0, not both 0)")
     try:
-        build_net(cfg, spec)
+        check_network_fits(lambda: build_net(cfg, spec), 6, "algo.hidden, algo.lstm_size",
+                           "the online and target networks, gradients, Adam state and the actors' copy")
     except ValueError as e:
         raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "hidden=")) else str(e)) from None
     need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))

@@ -118,7 +118,16 @@ class Endless(_Short):
         return obs, r, False, False, info
 
 
+class OldGymStep(_Short):
+    """The pre-Gymnasium API: step returns (obs, reward, done, info)."""
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        return obs, r, te or tr, info
+
+
 gym.register("ResetRaises-v0", entry_point=ResetRaises)
+gym.register("OldGymStep-v0", entry_point=OldGymStep)
 gym.register("ActionStart-v0", entry_point=ActionStart)
 gym.register("NaNReward-v0", entry_point=NaNReward)
 gym.register("BroadcastObs-v0", entry_point=BroadcastObs)

@@ -163,8 +163,26 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, me
     assert main(base + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("seedlocal: error:") and message in err[-1], err
-    assert not seedlocal_segments() and not list((tmp_path / "big").glob("checkpoints/*"))
+    assert not seedlocal_segments() and not (tmp_path / "big").exists()  # no empty run left for TensorBoard
     assert main(base + ["--total-steps", "500"]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["vtrace", "--algo.hidden", "100000", "100000"], "algo.hidden, algo.lstm_size: the network has 20,001,"),
+    (["r2d2", "--algo.lstm-size", "200000"], "algo.hidden, algo.lstm_size: the network has 240,"),
+    (["ga", "--hidden", "100000", "100000"], "hidden: the network has 10,000,"),
+])
+def test_networks_the_machine_cannot_hold_are_refused_in_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    """Counted on the meta device, before anything is allocated: torch's own
+    failure is a traceback from inside its allocator."""
+    from seedlocal import config
+    from seedlocal.cli import main
+
+    monkeypatch.setattr(config, "available_bytes", lambda: 8e9)
+    assert main(["train", *argv, "--log-dir", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("seedlocal: error: " + message) and "make it smaller" in err[0], err
+    assert not list(tmp_path.iterdir())
 
 
 def test_gymnasium_envs_take_seeds_beyond_int32(tmp_path):

@@ -89,13 +89,16 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
     naming it (not NaN weights, not a silent broadcast); a constructor that
     raises is named before anything starts."""
     for env, message in [("NaNReward-v0", "step() returned the reward nan; rewards must be finite numbers"),
-                         ("BroadcastObs-v0", "observation has shape (1,), its space says (3,)")]:
+                         ("BroadcastObs-v0", "observation has shape (1,), its space says (3,)"),
+                         ("OldGymStep-v0", "step() returned a tuple of 4; Gymnasium envs return (observation, "
+                                           "reward, terminated, truncated, info)")]:
         out = seedlocal("train", "vtrace", "--env.id", f"faulty_envs:{env}", "--total-steps", "5000",
                         "--log-dir", str(tmp_path), "--run-name", env, "--no-progress")
         assert out.returncode == 1, out.stderr[-2000:]
         last = out.stderr.strip().splitlines()[-1]
         assert last.startswith("seedlocal: error: env worker") and message in last, last
         assert "not restarting it" in last and "restarted it" not in out.stdout  # it would fail the same way
+        assert "Traceback" not in out.stderr, out.stderr[-2000:]  # our own check's stack says nothing
     out = seedlocal("train", "ga", "--env.id", "faulty_envs:InitRaises-v0", "--log-dir", str(tmp_path))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [

@@ -316,10 +316,25 @@ class GymnasiumGroup:
         for i, env in enumerate(self._envs):
             if self._needs_reset[i]:
                 seed = self._seed + i if self._first else None
-                obs, _ = env.reset(seed=seed)
+                out = env.reset(seed=seed)
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise EnvContractError(f"{self._id}: reset() returned {_what(out)}; Gymnasium envs return "
+                                           "(observation, info) (an old Gym env needs porting to that API)")
+                obs = out[0]
                 self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
             else:
-                obs, r, te, tr, _ = env.step(actions[i] + self._start if self._start else actions[i])
+                try:
+                    out = None
+                    out = env.step(actions[i] + self._start if self._start else actions[i])
+                    obs, r, te, tr, _ = out
+                except (TypeError, ValueError) as e:
+                    # Unpacked here, or by a Gymnasium wrapper (TimeLimit) inside step().
+                    if out is None and "(expected 5, got 4)" not in str(e):
+                        raise  # the env's own error
+                    what = _what(out) if out is not None else "a tuple of 4"
+                    raise EnvContractError(
+                        f"{self._id}: step() returned {what}; Gymnasium envs return (observation, reward, "
+                        "terminated, truncated, info) (an old Gym env needs porting to that API)") from None
                 self._reward[i], self._terminated[i], self._truncated[i] = _finite_reward(self._id, r), te, tr
             self._needs_reset[i] = self._terminated[i] or self._truncated[i]
             self._put_obs(i, obs)
@@ -336,6 +351,10 @@ class GymnasiumGroup:
     def close(self) -> None:
         for env in self._envs:
             env.close()
+
+
+def _what(out) -> str:
+    return f"a tuple of {len(out)}" if isinstance(out, tuple) else f"a {type(out).__name__}"
 
 
 def _finite_reward(env_id: str, r) -> float:

@@ -143,7 +143,8 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
     try:
         _group_loop(args, g, env, control, store)
     except BaseException as e:
-        traceback.print_exc()
+        if not isinstance(e, EnvContractError):  # its message is the whole story, and the learner prints it
+            traceback.print_exc()
         write_error(control, g, e)
         sys.stderr.flush()
         # A half-dead worker must look dead to the inference loop; a broken env
