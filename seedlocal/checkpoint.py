@@ -298,7 +298,10 @@ def load(path: str | Path) -> dict:
             why = "it holds objects other than tensors and plain values, so it was not written by seedlocal"
         else:
             why = "the file is truncated or corrupt"
-        raise CheckpointError(f"{p}: not a readable seedlocal checkpoint ({why})") from None
+        found = all_checkpoints(p.parent) if Path(path).is_dir() else []
+        older = found[:found.index(p)] if p in found else []
+        hint = f"; the run's next newest is {older[-1]}: pass that file instead" if older else ""
+        raise CheckpointError(f"{p}: not a readable seedlocal checkpoint ({why}){hint}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{p}: not a seedlocal checkpoint of format {FORMAT}")
     state["path"] = str(p)

@@ -73,7 +73,11 @@ _BUDGETS = {"steps": "step budget spent", "frames": "frame budget spent", "secon
             "generations": "all generations run"}
 
 
-STARTUP_ONLY = "stopped before the first env step (the budget ended during start-up)"
+def nothing_stepped(cfg) -> str:
+    """The closing line's head for a run whose budget ended before any env step."""
+    if cfg.bridge.listen and not cfg.pipeline.num_workers:
+        return f"stopped before the first env step (no actor host connected to {cfg.bridge.listen})"
+    return "stopped before the first env step (the budget ended during start-up)"
 
 
 def closing_line(summary: dict, outcome: str, nothing_done: str | None = None) -> str:

@@ -27,7 +27,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
 from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, obs_identity, resolve_precision
-from seedlocal.monitor import STARTUP_ONLY, RunMonitor, closing_line
+from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -87,7 +87,8 @@ def validate(cfg: VTraceRun):
         fail("env.id", cfg.env.id, "V-trace here needs a Discrete action space")
     group = p.envs_per_worker // 2
     if a.batch_size < 1 or a.batch_size % group:
-        fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group})")
+        fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group}, half "
+             f"of pipeline.envs_per_worker={p.envs_per_worker}): change one or the other")
     k = a.batch_size // group
     groups = num_groups(cfg.pipeline, cfg.bridge)
     if p.num_buffers and p.num_buffers < max(groups, k):
@@ -406,7 +407,9 @@ def train(cfg: VTraceRun) -> dict:
                     if not checkpoint.unwritable(failure):
                         checkpoint.write_summary(run_dir, summary)
     ret = summary["mean_return_last20"]
-    print(closing_line(summary, f"{summary['steps']:,d} steps, mean return (last 20) "
-                                f"{'-' if ret is None else f'{ret:.1f}'}",
-                       None if summary["steps"] else STARTUP_ONLY), flush=True)
+    idle = (f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
+            f"{rows_per_batch:,d} steps was learned from)") if summary["steps"] and not summary["updates"] else ""
+    print(closing_line(summary, f"{summary['steps']:,d} steps, {summary['updates']:,d} updates{idle}, mean return "
+                                f"(last 20) {'-' if ret is None else f'{ret:.1f}'}",
+                       None if summary["steps"] else nothing_stepped(cfg)), flush=True)
     return summary

@@ -38,7 +38,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
-from seedlocal.monitor import STARTUP_ONLY, RunMonitor, closing_line
+from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.replay import SequenceReplay
 from seedlocal.shm.rollout import obs_key
@@ -522,5 +522,5 @@ def train(cfg: R2D2Run) -> dict:
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
     print(closing_line(summary, f"{summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} "
                                 f"return (last 20) {'-' if ret is None else f'{ret:.1f}'}",
-                       None if summary["steps"] else STARTUP_ONLY), flush=True)
+                       None if summary["steps"] else nothing_stepped(cfg)), flush=True)
     return summary

@@ -207,6 +207,11 @@ def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
     newest.write_bytes(good[: len(good) // 2])
     with pytest.raises(CheckpointError, match="not a readable seedlocal checkpoint"):
         train(_tiny(tmp_path, resume=str(newest)))
+    older = newest.parent / "ckpt_000000000001_1.pt"
+    older.write_bytes(good)
+    with pytest.raises(CheckpointError, match=rf"truncated or corrupt\); the run's next newest is {older}: pass"):
+        evaluate(EvalConfig(checkpoint=str(tmp_path / "tiny")))  # a run folder: its newest file is the torn one
+    older.unlink()
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         evaluate(EvalConfig(checkpoint=str(tmp_path / "nope.pt")))
     (tmp_path / "notes.pt").write_text('{"not": "a checkpoint"}')
@@ -343,17 +348,21 @@ def test_a_signal_during_a_checkpoint_write_acts_after_it(tmp_path, monkeypatch)
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
 
 
-def test_the_time_budget_holds_while_a_large_batch_fills(tmp_path):
+def test_the_time_budget_holds_while_a_large_batch_fills(tmp_path, capsys):
     """A synchronous learner collecting a batch of many unrolls still stops at
-    --seconds: here one batch needs 1.3M steps, far more than 3 s make."""
+    --seconds: here one batch needs 640k steps, far more than 3 s make; the
+    last line says why nothing was learned."""
     cfg = _tiny(tmp_path, total_steps=0, seconds=3.0)
-    cfg.algo.batch_size = 40_000  # 10,000 unrolls of 32 steps x 4 envs
+    cfg.algo.batch_size = 40_000  # 10,000 unrolls of 16 steps x 4 envs
     summary = train(cfg)
     assert summary["updates"] == 0 and 0 < summary["steps"] < 40_000 * cfg.pipeline.unroll_length, summary
+    assert ("0 updates (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
+            f"{40_000 * cfg.pipeline.unroll_length:,d} steps was learned from)") in capsys.readouterr().out
 
 
 def test_bad_training_config_is_refused_before_start(tmp_path):
-    with pytest.raises(ConfigError, match=r"algo.batch_size=6: must be a positive multiple of the envs per group \(4\)"):
+    with pytest.raises(ConfigError, match=r"algo.batch_size=6: must be a positive multiple of the envs per group \(4, half "
+                                          r"of pipeline.envs_per_worker=8\)"):
         cfg = _tiny(tmp_path)
         cfg.algo.batch_size = 6
         train(cfg)
