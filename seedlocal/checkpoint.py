@@ -128,6 +128,27 @@ def unwritable(failure: BaseException | None) -> bool:
     return isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
+def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save, results, last_log=None) -> None:
+    """A trainer's last writes, in an order none of them can skip another:
+    the final interval's scalars (``last_log``), the checkpoint (``save``;
+    None for a run that never stepped), then ``summary`` updated with
+    ``results()`` (after the save, so it names the newest checkpoint) and
+    written. No files when the run is stopping because its folder cannot be
+    written (``unwritable``): they would fail the same way and hide why."""
+    writable = not unwritable(failure)
+    try:
+        if last_log is not None:
+            last_log()
+    finally:
+        try:
+            if save is not None and writable:
+                save()
+        finally:
+            summary.update(results())
+            if writable:
+                write_summary(run_dir, summary)
+
+
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
     bad = _non_finite(state)
     if bad:

@@ -393,21 +393,17 @@ def train(cfg: NeuroevoRun) -> dict:
             raise
         finally:
             runner.stop()
-            try:
-                # Also mid-generation: the last finished one. Not when the folder cannot be written.
-                if (counters["generation"] or saved is not None) and not checkpoint.unwritable(failure):
-                    save()
-            finally:
-                best = evolver.best_return if math.isfinite(evolver.best_return) else None
-                summary.update({"algo": name, "env": spec.env_id, "generations": counters["generation"],
-                                "steps": counters["frames"] // fps, "frames": counters["frames"],
-                                "episodes": counters["episodes"], "best_member_return": best,
-                                "seconds": round(time.monotonic() - t_start, 2),
-                                "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
-                                "forward": policy.forward.strategy,
-                                "checkpoint": checkpoint.newest(run_dir)})
-                if not checkpoint.unwritable(failure):
-                    checkpoint.write_summary(run_dir, summary)
+            best = evolver.best_return if math.isfinite(evolver.best_return) else None
+            checkpoint.finish_run(
+                run_dir, summary, failure,
+                save=save if counters["generation"] or saved is not None else None,  # also mid-generation
+                results=lambda: {
+                    "algo": name, "env": spec.env_id, "generations": counters["generation"],
+                    "steps": counters["frames"] // fps, "frames": counters["frames"],
+                    "episodes": counters["episodes"], "best_member_return": best,
+                    "seconds": round(time.monotonic() - t_start, 2),
+                    "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
+                    "forward": policy.forward.strategy, "checkpoint": checkpoint.newest(run_dir)})
     best = f"{evolver.best_return:.1f}" if math.isfinite(evolver.best_return) else "-"
     print(closing_line(summary, f"{counters['generation']} generations, {counters['frames']:,d} frames, "
                                 f"best member return {best}",

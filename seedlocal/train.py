@@ -386,26 +386,19 @@ def train(cfg: VTraceRun) -> dict:
             counters["episodes"] += eps.count
             recent.extend(r for r, _ in eps.recent[-recent.maxlen:])
             iv.add_episodes(eps)
-            try:
-                if iv.n:  # the updates since the last interval's scalars: the curve's last point
-                    log(time.monotonic(), last=True)
-            finally:  # whatever the log did (a closed pipe, a second Ctrl-C), save and summarise
-                try:
-                    # A run that failed to start leaves no checkpoint; one that cannot write its folder no more.
-                    if (counters["steps"] or resumed is not None) and not checkpoint.unwritable(failure):
-                        save()
-                finally:
-                    summary.update({
-                        "algo": "vtrace", "env": spec.env_id, "steps": counters["steps"],
-                        "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
-                        "episodes": counters["episodes"],
-                        "mean_return_last20": float(np.mean(recent)) if recent else None,
-                        "frames_to_target": (summary["steps_to_target"] * frames_per_step
-                                             if summary["steps_to_target"] is not None else None),
-                        "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
-                    })
-                    if not checkpoint.unwritable(failure):
-                        checkpoint.write_summary(run_dir, summary)
+            checkpoint.finish_run(
+                run_dir, summary, failure,
+                last_log=(lambda: log(time.monotonic(), last=True)) if iv.n else None,  # the curve's last point
+                save=save if counters["steps"] or resumed is not None else None,
+                results=lambda: {
+                    "algo": "vtrace", "env": spec.env_id, "steps": counters["steps"],
+                    "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+                    "episodes": counters["episodes"],
+                    "mean_return_last20": float(np.mean(recent)) if recent else None,
+                    "frames_to_target": (summary["steps_to_target"] * frames_per_step
+                                         if summary["steps_to_target"] is not None else None),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
+                })
     ret = summary["mean_return_last20"]
     idle = (f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
             f"{rows_per_batch:,d} steps was learned from)") if summary["steps"] and not summary["updates"] else ""

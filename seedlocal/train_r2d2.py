@@ -496,29 +496,22 @@ def train(cfg: R2D2Run) -> dict:
         finally:
             runner.stop()
             counters["steps"] = steps0 + loop.stats.env_steps
-            try:
-                if acc:  # the updates since the last interval's scalars: the curve's last point
-                    log(time.monotonic(), last=True)
-            finally:  # whatever the log did (a closed pipe, a second Ctrl-C), save and summarise
-                try:
-                    # A run that failed to start leaves no checkpoint; one that cannot write its folder no more.
-                    if (counters["steps"] or saved is not None) and not checkpoint.unwritable(failure):
-                        save()
-                finally:
-                    stop_on = recent_eval if a.eval_envs else recent_train
-                    summary.update({
-                        "algo": "r2d2", "env": spec.env_id, "steps": counters["steps"],
-                        "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
-                        "episodes": counters["episodes"],
-                        "mean_return_last20": float(np.mean(recent_train)) if recent_train else None,
-                        "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
-                        "frames_to_target": (summary["steps_to_target"] * frames_per_step
-                                             if summary["steps_to_target"] is not None else None),
-                        "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
-                        "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
-                    })
-                    if not checkpoint.unwritable(failure):
-                        checkpoint.write_summary(run_dir, summary)
+            stop_on = recent_eval if a.eval_envs else recent_train
+            checkpoint.finish_run(
+                run_dir, summary, failure,
+                last_log=(lambda: log(time.monotonic(), last=True)) if acc else None,  # the curve's last point
+                save=save if counters["steps"] or saved is not None else None,
+                results=lambda: {
+                    "algo": "r2d2", "env": spec.env_id, "steps": counters["steps"],
+                    "frames": counters["steps"] * frames_per_step, "updates": counters["updates"],
+                    "episodes": counters["episodes"],
+                    "mean_return_last20": float(np.mean(recent_train)) if recent_train else None,
+                    "eval_return_last20": float(np.mean(recent_eval)) if recent_eval else None,
+                    "frames_to_target": (summary["steps_to_target"] * frames_per_step
+                                         if summary["steps_to_target"] is not None else None),
+                    "seconds": round(time.monotonic() - t_start, 2), "checkpoint": checkpoint.newest(run_dir),
+                    "target_return_source": "eval" if a.eval_envs and stop_on is recent_eval else "train",
+                })
     ret = summary["eval_return_last20"] if a.eval_envs else summary["mean_return_last20"]
     print(closing_line(summary, f"{summary['steps']:,d} steps, {'evaluation' if a.eval_envs else 'training'} "
                                 f"return (last 20) {'-' if ret is None else f'{ret:.1f}'}",
