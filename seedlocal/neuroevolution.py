@@ -21,9 +21,8 @@ from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, check_network_fits, fail,
-                              num_groups,
-                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              validate_run_options)
+                              num_groups, resolve_device, resume_line, validate_bridge, validate_env,
+                              validate_pipeline, validate_run_options)
 from seedlocal.models import PolicyNet, obs_identity
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -332,13 +331,12 @@ def train(cfg: NeuroevoRun) -> dict:
         try:
             while True:
                 elapsed = time.monotonic() - t_start
-                for budget, spent in (("generations", cfg.generations and counters["generation"] >= cfg.generations),
-                                      ("frames", cfg.total_frames and counters["frames"] >= cfg.total_frames),
-                                      ("seconds", cfg.seconds and elapsed >= cfg.seconds)):
-                    if spent:
-                        summary["stopped_by"] = budget
-                        break
-                if summary.get("stopped_by"):
+                spent = next((budget for budget, over in (
+                    ("generations", cfg.generations and counters["generation"] >= cfg.generations),
+                    ("frames", cfg.total_frames and counters["frames"] >= cfg.total_frames),
+                    ("seconds", cfg.seconds and elapsed >= cfg.seconds)) if over), None)
+                if spent:
+                    summary["stopped_by"] = spent
                     break
                 t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, policy.episodes_scored
                 w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs

@@ -34,8 +34,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits,
-                              fail,
-                              num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
+                              fail, num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
