@@ -153,6 +153,17 @@ def test_vtrace_episode_ends_inside_unroll(clip):
     assert torch.equal(out2.vs, out.vs)
     assert torch.equal(out2.pg_advantages, out.pg_advantages)
 
+    # Nor do NaN or inf there (a stale store row, a diverged behaviour logit): masked by a select,
+    # never a multiply, since NaN * 0 is NaN and the recursion would carry it into every earlier row.
+    poisoned = {k: v.clone() for k, v in inputs.items()}
+    poisoned["rewards"][invalid] = float("nan")
+    poisoned["behaviour_log_probs"][invalid] = float("-inf")
+    poisoned["target_log_probs"][invalid] = float("nan")
+    out3 = vtrace(**poisoned, **clip)
+    assert torch.equal(out3.vs, out.vs)
+    assert torch.equal(out3.pg_advantages, out.pg_advantages)
+    assert torch.equal(out3.advantages, out.advantages)
+
 
 def test_vtrace_on_policy_equals_n_step_returns():
     inputs = random_inputs(T=9, B=4, seed=2, off_policy=False)

@@ -43,6 +43,14 @@ class VTraceReturns(NamedTuple):
     advantages: Tensor  # [T, B] the same advantages before the rho weighting
 
 
+def masked(x: Tensor, valid: Tensor) -> Tensor:
+    """``x`` where ``valid``, 0 elsewhere: the one masking rule of this module.
+    A select, never a multiply: NaN or inf in a masked row (a stale store
+    row, a diverged value) times 0 is still NaN and would leak into every
+    target the recursion reaches."""
+    return torch.where(valid, x, torch.zeros_like(x))
+
+
 def log_prob_of(logits: Tensor, actions: Tensor) -> Tensor:
     """log pi(a|x) for integer ``actions`` [T, B] under ``logits`` [T, B, A]."""
     log_probs = F.log_softmax(logits, dim=-1)
@@ -63,7 +71,6 @@ def vtrace(
     lam: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages (see module docstring)."""
-    valid_f = valid.to(values.dtype)
     ratios = torch.exp(target_log_probs - behaviour_log_probs)
     rhos = torch.clamp(ratios, max=rho_bar)
     cs = lam * torch.clamp(ratios, max=c_bar)
@@ -72,21 +79,21 @@ def vtrace(
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     # Zeroing delta at invalid rows means the ignored action and its (zero)
     # reward never leak into the targets.
-    deltas = rhos * (rewards + discounts * next_values - values) * valid_f
+    deltas = masked(rhos * (rewards + discounts * next_values - values), valid)
 
-    # Backward recursion on the correction vs_t - V(x_t). Multiplying by valid
-    # after each step both forces vs = V on invalid rows and cuts the trace,
-    # since the row before only ever sees the (zero) correction of that row.
+    # Backward recursion on the correction vs_t - V(x_t). Masking after each
+    # step both forces vs = V on invalid rows and cuts the trace, since the
+    # row before only ever sees the (zero) correction of that row.
     corrections = torch.zeros_like(values)
     acc = torch.zeros_like(bootstrap_value)  # vs_T - V(x_T) = 0
     for t in reversed(range(values.shape[0])):
-        acc = (deltas[t] + discounts[t] * cs[t] * acc) * valid_f[t]
+        acc = masked(deltas[t] + discounts[t] * cs[t] * acc, valid[t])
         corrections[t] = acc
     vs = values + corrections
 
     next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    advantages = (rewards + discounts * next_vs - values) * valid_f
-    return VTraceReturns(vs=vs.detach(), pg_advantages=(rhos * advantages).detach(), rhos=rhos.detach(),
+    advantages = masked(rewards + discounts * next_vs - values, valid)
+    return VTraceReturns(vs=vs.detach(), pg_advantages=masked(rhos * advantages, valid).detach(), rhos=rhos.detach(),
                          advantages=advantages.detach())
 
 
@@ -121,8 +128,7 @@ def impala_loss(
     n_valid = valid_f.sum().clamp(min=1.0)
 
     def masked_mean(x: Tensor) -> Tensor:
-        # torch.where (not multiply) so NaN/inf in invalid rows cannot leak in.
-        return torch.where(valid, x, torch.zeros_like(x)).sum() / n_valid
+        return masked(x, valid).sum() / n_valid
 
     log_probs_all = F.log_softmax(target_logits, dim=-1)
     action_log_probs = log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
