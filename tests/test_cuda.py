@@ -61,13 +61,11 @@ def test_vtrace_learner_step_on_cuda_matches_cpu():
     batch = _atari_batch(spec)
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        torch.manual_seed(1)
-        s_cpu = learner_step(cpu_model, make_optimizer(cpu_model.parameters(), p), batch, p, precision="fp32")
-        torch.manual_seed(1)
-        torch.cuda.manual_seed(1)
+    try:  # the minibatch order comes from the same seeded CPU generator on both devices
+        s_cpu = learner_step(cpu_model, make_optimizer(cpu_model.parameters(), p), batch, p, precision="fp32",
+                             shuffle=torch.Generator().manual_seed(1))
         s_gpu = learner_step(gpu_model, make_optimizer(gpu_model.parameters(), p), _to(batch, CUDA), p,
-                             precision="fp32")
+                             precision="fp32", shuffle=torch.Generator().manual_seed(1))
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     for (name, a), b in zip(cpu_model.named_parameters(), gpu_model.parameters()):

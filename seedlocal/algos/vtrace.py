@@ -271,7 +271,8 @@ def _targets(p: VTraceParams, batch: dict, logits: Tensor, values: Tensor) -> _T
 
 
 def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
-                 diagnose: bool = False, precision: str = "fp32", after_update=None) -> dict[str, float]:
+                 diagnose: bool = False, precision: str = "fp32", after_update=None,
+                 shuffle: torch.Generator | None = None) -> dict[str, float]:
     """Learn from one batch of unrolls: ``p.echo`` passes of ``p.minibatches`` updates.
 
     ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
@@ -286,7 +287,10 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     whole batch computes them first and they stay fixed for all its updates,
     as PPO's advantages do; each update recomputes pi (the clipped ratio
     pi/mu and the entropy) on its own minibatch. Minibatches are shuffled
-    rows, or whole unrolls when an LSTM needs the time order.
+    rows, or whole unrolls when an LSTM needs the time order. Their order is
+    drawn on the CPU, from ``shuffle`` (torch's default CPU generator if
+    None), whatever the device: the same seed gives the same minibatches on
+    a CPU and a GPU (a CUDA generator draws another sequence).
 
     With ``diagnose`` the first update also measures what tells a stuck
     learner from a working one: the size of each weight tensor's update
@@ -343,7 +347,8 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
             targets = _Targets(*(x.reshape(T * B) for x in targets[:3]),
                                VTraceReturns(*(x.reshape(T * B) for x in targets.returns)))
         for _ in range(p.echo):
-            for idx in torch.randperm(n, device=ignored.device).chunk(p.minibatches):
+            order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
+            for idx in order.chunk(p.minibatches):
                 if recurrent:
                     logits, values = _unroll(model, batch, first, precision, cols=idx)
                     update(logits[:T], values[:T], targets.select((slice(None), idx)))
