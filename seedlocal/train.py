@@ -62,6 +62,16 @@ PRESETS: dict[str, VTraceRun] = {
 }
 
 
+def actors_wait(a: VTraceParams) -> bool:
+    """The learning rhythm: whether actors wait while the learner works on a
+    batch. The same on every device unless asked (``algo.sync off``): the
+    presets were tuned in it (PPO clip against mu, echo x minibatches passes),
+    and running ahead (~23 updates of policy lag, docs/tuning.md) starts many
+    rows outside the clip range, where they give no gradient. A GPU that
+    chose the other rhythm by itself would run another algorithm."""
+    return a.sync != "off"
+
+
 def identity(cfg: VTraceRun, spec) -> dict:
     """What a checkpoint must match to be resumed or evaluated with this config."""
     a = cfg.algo
@@ -106,7 +116,7 @@ def validate(cfg: VTraceRun):
     if a.minibatches > a.batch_size * p.unroll_length:
         fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
     if a.sync not in ("auto", "on", "off"):
-        fail("algo.sync", a.sync, "expected auto, on or off")
+        fail("algo.sync", a.sync, "expected on or off")
     if not 0 <= a.clip < 1:
         fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
     for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
@@ -231,15 +241,12 @@ def train(cfg: VTraceRun) -> dict:
         if "shuffle" in resumed:  # checkpoints before it continue from the seed
             shuffle.set_state(resumed["shuffle"])
     precision = resolve_precision(cfg.algo.precision, model.kind, device)
-    # On a CPU the learner and the actors share the cores: overlapping them
-    # buys no throughput (Pong: 2,200 frames/s either way on 2 cores, and
-    # less with one batch of slack) and adds a batch of policy lag.
-    sync = cfg.algo.sync == "on" or (cfg.algo.sync == "auto" and device.type == "cpu")
+    sync = actors_wait(cfg.algo)
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] + 1 if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["steps"])
     print(f"seedlocal: training V-trace on {spec.env_id} ({model.kind} torso{f' + LSTM {cfg.algo.lstm_size}' if cfg.algo.lstm_size else ''}, {precision} on {device}, "
-          f"{'actors wait for each update' if sync else 'acting overlaps learning'}); "
+          f"{'actors wait for each update, algo.sync on' if sync else 'acting overlaps learning, algo.sync off'}); "
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
     fence = WeightFence(device)

@@ -441,3 +441,17 @@ def test_vtrace_lstm_learns_cartpole(tmp_path):
     cfg.algo.learning_rate = 3e-3
     summary = train(cfg)
     assert summary["steps_to_target"] is not None, summary
+
+
+def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
+    """Actors wait for each update unless the user says otherwise: a GPU does
+    not silently switch the presets (tuned in that rhythm) to running ahead,
+    and the run's first line names the rhythm."""
+    from seedlocal.algos.vtrace import VTraceParams
+    from seedlocal.train import actors_wait
+
+    for name, preset in PRESETS.items():
+        assert actors_wait(preset.algo), name
+    assert actors_wait(VTraceParams(sync="auto")) and not actors_wait(VTraceParams(sync="off"))
+    train(VTraceRun(total_steps=600, log_dir=str(tmp_path), progress=False))
+    assert "actors wait for each update, algo.sync on" in capsys.readouterr().out

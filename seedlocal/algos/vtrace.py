@@ -218,9 +218,10 @@ class VTraceParams:
     """PPO's clipped surrogate on pi/mu with V-trace advantages (0 = IMPALA's policy gradient); keeps echo > 1 safe"""
     normalize_advantages: bool = False
     """rescale the policy-gradient advantages of each batch to zero mean and unit variance"""
-    sync: Literal["auto", "on", "off"] = "auto"
-    """on: actors pause while the learner works on a batch (PPO's rhythm: no policy lag at a batch's first pass);
-    off: they fill the next batch meanwhile; auto: on when the learner runs on the CPU, whose cores the actors share"""
+    sync: Literal["on", "off", "auto"] = "on"
+    """on: actors pause while the learner works on a batch (PPO's rhythm: no policy lag at a batch's first pass;
+    every preset was tuned in it, on every device); off: they fill the next batch meanwhile (more throughput on a
+    GPU, ~23 updates of policy lag, untuned); auto: the same as on (the name older runs saved)"""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """network arithmetic: auto = bf16 for CNN torsos on CPUs with native bf16 (AMX/AVX512-BF16), else fp32"""
 
