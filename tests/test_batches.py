@@ -62,7 +62,7 @@ def test_batcher_matches_the_reference_layout_and_releases_in_sync_order():
                 np.testing.assert_array_equal(batch["core_state"].numpy(), ref["core_state"])
                 assert batch["obs"][""].shape == (7, 4, 4)  # [L, k * E, obs]: two unrolls of a 2-env group
                 time.sleep(0.2)  # the learner "works": its unrolls stay out of the actors' hands
-                assert all(b not in loop._free for b in fetched.bufs)
+                assert all(b not in loop.unrolls._free for b in fetched.bufs)
                 slots.add(fetched.slot)
                 prefetch.done(fetched)
             assert slots == {0, 1}  # two host sets, used in turn

@@ -158,8 +158,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
     with ActorPool(spec, layout, num_workers=1, threads_per_group=1, seed=0, max_restarts=0) as pool:
         loop = InferenceLoop(pool, policy, torch.device("cpu"), min_batch_envs=2, batch_timeout_s=0.0)
         state = pool.control["state"]
-        for g in range(2):  # bind unrolls as start() would, without spawning the worker
-            loop._bind_fresh(g)
+        loop.unrolls.bind_all()  # as start() would, without spawning the worker
         # Loop side: a group whose state says OBS_READY but whose token is not posted is not served.
         state[0] = OBS_READY
         loop._claim()

@@ -9,7 +9,9 @@ Each call of :meth:`InferenceLoop.step`
    the consumer holds every other unroll, such a group is *parked*: left
    unanswered (its worker sleeps) until an unroll is released, while the
    other groups are served on. This back-pressure bounds how far actors run
-   ahead of the learner (its policy lag) by the number of unrolls;
+   ahead of the learner (its policy lag) by the number of unrolls. Which
+   unroll a group writes into is the ``UnrollAllocator``'s business
+   (``pipeline/unrolls.py``); no call of it blocks;
 3. gathers the observations with one ``np.take`` per field into a staging
    buffer (pinned when the device is CUDA) and copies it to the device;
 4. runs the policy and scatters actions and outputs into the same rows;
@@ -33,7 +35,8 @@ import numpy as np
 import torch
 
 from seedlocal.pipeline.actors import ActorPool
-from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING
+from seedlocal.pipeline.unrolls import UnrollAllocator
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 
 # What a planning policy may ask for each ready group (see InferenceLoop.step).
 SERVE, HOLD, RESTART = 0, 1, 2
@@ -155,11 +158,11 @@ class InferenceLoop:
         self.check_every_s = check_every_s  # a waitpid per worker: cheap
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
-        # Unroll buffers: free → bound to a group → completed (consumer) → free.
-        self._free: deque[int] = deque(range(pool.layout.num_buffers))
-        self._free_cv = threading.Condition()
         self.consume = consume
+        # Full unrolls for the consumer, which releases each when done with it.
         self.completed: queue.Queue[int] = queue.Queue()
+        self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
+                                       hand_on=self.completed.put if consume else None)
         self._last_check = 0.0
         self._stop = threading.Event()
         # Groups a planning policy parked: left unanswered (their workers
@@ -169,12 +172,6 @@ class InferenceLoop:
         # this thread (shm/slots.py) until it hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
         self._unhold = threading.Event()
-        # Groups parked for want of a free unroll (see step 2 above): the
-        # observation they will continue from (their full unroll went to the
-        # consumer) and its episode-start flags.
-        self._parked = np.zeros(self.G, bool)
-        self._parked_obs: dict[int, dict[str, np.ndarray]] = {}
-        self._resume_first: dict[int, np.ndarray] = {}
         self._plan = getattr(policy, "plan", None)
         self._per_env = bool(getattr(policy, "per_env", False))
         # Which groups are remote (stepped by actor hosts behind the bridge).
@@ -198,48 +195,31 @@ class InferenceLoop:
             shape = (self.G, self.E) + policy.core_state.shape
             self.core = torch.zeros(shape, device=device)
 
-    # -- buffers --------------------------------------------------------------
-
-    def _take_free(self, block: bool = True) -> int | None:
-        with self._free_cv:
-            if not block:
-                return self._free.popleft() if self._free else None
-            while not self._free:
-                # The consumer holds every unroll: back-pressure on the actors.
-                # No worker check here: this runs mid-batch, and rebinding a
-                # dead worker's group now would race the batch's own writes.
-                if self._stop.is_set():
-                    raise LoopStopped
-                self._free_cv.wait(self.poll_s)
-            return self._free.popleft()
+    # -- unrolls -------------------------------------------------------------------
 
     def release(self, buf: int) -> None:
-        """The consumer is done with a completed unroll."""
-        with self._free_cv:
-            self._free.append(buf)
-            self._free_cv.notify()
-        if self._parked.any():
-            self.pool.obs_ready.post()  # wake the loop to move a parked group on
+        """The consumer is done with a completed unroll (any thread)."""
+        self.unrolls.release(buf)
+        if self.unrolls.unbound().any():
+            self.pool.obs_ready.post()  # wake the loop to move a parked or waiting group on
 
-    def _bind(self, g: int, buf: int | None = None) -> int:
-        buf = self._take_free() if buf is None else buf
-        self._tbuf[g] = buf
-        self.store["unroll_group"][buf] = g
-        self.store["unroll_epoch"][buf] = self.pool.epoch_of(g)
-        return buf
-
-    def _bind_fresh(self, g: int) -> None:
-        self._bind(g)
-        self._trow[g] = 0
+    def _fresh_core(self, g: int) -> None:
         if self.core is not None:
             self.core[g].zero_()
+
+    def _resume(self) -> None:
+        """Unrolls were released: parked groups go on, waiting ones start fresh."""
+        for g in self.unrolls.resume():
+            if self._remote is not None and self._remote[g]:
+                self._ack_remote(g)
+            else:
+                self._hand_back(g, RESET)  # the restarted worker waits for this (UNBOUND) before its reset
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        for g in range(self.G):
-            self._state[g] = STEPPING
-            self._bind_fresh(g)
+        self._state[:] = STEPPING
+        self.unrolls.bind_all()
         self.pool.start()
 
     def _check_workers(self) -> None:
@@ -248,34 +228,43 @@ class InferenceLoop:
             self.pool.check_server()
             ctl = self.pool.control
             for g in np.flatnonzero(ctl["group_lost"] != ctl["group_lost_ack"]).tolist():
-                self._restart_remote(g)
+                if not self.unrolls.waiting(g):  # (a waiting one is acknowledged once it has an unroll)
+                    self._restart_remote(g)
         for w in self.pool.dead_workers():
             if self.pool.control["stop"][0]:
                 return
             self.pool.begin_restart(w)  # raises WorkerDied once restarts are spent
             print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", flush=True)
             for g in self.pool.groups_of(w):
-                # Drop the partial unroll: nothing before the crash is kept.
+                # Drop the partial unroll: nothing before the crash is kept. A
+                # group with no free unroll to start in (parked, the consumer
+                # holding every other) waits for one, and its new worker
+                # waits for it (UNBOUND) while the other groups run on.
                 self._owned[g] = False
-                self._drop_unroll(g)
-                self._bind_fresh(g)
+                self._fresh_core(g)
+                if not self.unrolls.restart(g):
+                    self._state[g] = UNBOUND
             self.pool.spawn(w)
             self.stats.restarts += 1
 
     def _restart_remote(self, g: int) -> None:
         """Remote group ``g`` lost its actor host: like a dead worker's group,
         drop its partial unroll and start it fresh, then tell the bridge
-        server (ack + a wake token: the release that publishes the rebind)."""
-        ctl = self.pool.control
+        server (``_ack_remote``), at once or once an unroll is free for it:
+        until the acknowledgement no host can take the group."""
         self._owned[g] = False
         self.pool.ready[g].drain()
         self.pool.wake[g].drain()
         self._state[g] = STEPPING
-        self._drop_unroll(g)
-        self._bind_fresh(g)
-        ctl["group_lost_ack"][g] = ctl["group_lost"][g]
-        self.pool.wake[g].post()
+        self._fresh_core(g)
         self.stats.restarts += 1
+        if self.unrolls.restart(g):
+            self._ack_remote(g)
+
+    def _ack_remote(self, g: int) -> None:
+        ctl = self.pool.control
+        ctl["group_lost_ack"][g] = ctl["group_lost"][g]
+        self.pool.wake[g].post()  # the release that publishes the rebind
 
     # -- one batch ----------------------------------------------------------------
 
@@ -288,15 +277,17 @@ class InferenceLoop:
             if self._unhold.is_set():
                 self._unhold.clear()
                 self._held[:] = False
-            if self._parked.any():
-                self._unpark()
+            unbound = self.unrolls.unbound()
+            if unbound.any():
+                self._resume()
+                unbound = self.unrolls.unbound()
             self._claim()
-            ready = np.flatnonzero(self._owned & ~self._held & ~self._parked)
+            ready = np.flatnonzero(self._owned & ~self._held & ~unbound)
             now = time.perf_counter()
-            # Held, parked and host-less remote groups cannot become ready: waiting
-            # for them would cost a full timeout per batch whenever only a few
-            # groups have work.
-            idle = self._held | self._parked
+            # Held, parked, waiting and host-less remote groups cannot become ready:
+            # waiting for them would cost a full timeout per batch whenever only a
+            # few groups have work.
+            idle = self._held | unbound
             if self._remote is not None:
                 idle = idle | self._remote & (self.pool.control["group_connected"] == 0)
             need = min(self.min_batch_envs, max(1, self.G - int(idle.sum())) * self.E)
@@ -337,7 +328,7 @@ class InferenceLoop:
         first = np.ones((len(ready), E), bool)
         first[stepped] = store["ignored"][prev_b, prev_r]
         for i in np.flatnonzero(~stepped):
-            resumed = self._resume_first.pop(int(ready[i]), None)
+            resumed = self.unrolls.take_resume_first(int(ready[i]))
             if resumed is not None:  # a parked group going on with its episodes
                 first[i] = resumed
         done = store["terminated"][prev_b, prev_r] | store["truncated"][prev_b, prev_r]
@@ -360,12 +351,14 @@ class InferenceLoop:
                 if not len(ready):
                     return n_stepped
 
-        full = [i for i in np.flatnonzero(rows == L - 1) if not self._rotate(int(ready[i]), i, bufs, rows)]
-        if full:  # no free unroll for these: park them until the consumer releases one
-            for i in full:
-                g = int(ready[i])
-                self._parked[g] = True
-                self._resume_first[g] = first[i].copy()
+        full = []
+        for i in np.flatnonzero(rows == L - 1).tolist():
+            new = self.unrolls.rotate(int(ready[i]), first[i])
+            if new is None:  # parked until the consumer releases an unroll
+                full.append(i)
+            else:
+                bufs[i], rows[i] = new, 0
+        if full:
             keep = np.ones(len(ready), bool)
             keep[full] = False
             ready, bufs, rows, first = ready[keep], bufs[keep], rows[keep], first[keep]
@@ -376,8 +369,9 @@ class InferenceLoop:
         if self.core is not None:
             core = self.core[torch.from_numpy(ready)]
             core[torch.from_numpy(first)] = 0.0
-            for i in np.flatnonzero(rows == 0):
-                store["core_state"][bufs[i]] = core[i].cpu().numpy()
+            starting = np.flatnonzero(rows == 0)
+            if len(starting):  # the state each new unroll starts from: one copy for them all
+                store["core_state"][bufs[starting]] = core[torch.from_numpy(starting)].cpu().numpy()
 
         n = len(ready) * E
         flat_idx = bufs * L + rows
@@ -425,53 +419,17 @@ class InferenceLoop:
             if code == HOLD:
                 self._held[g] = True
             elif code == RESTART:
-                # Fresh episodes in a fresh unroll: the partial one is dropped.
-                self._drop_unroll(g)
-                self._bind_fresh(g)
+                # Fresh episodes in a fresh unroll: the partial one is dropped
+                # (and is free again, so the group always finds one).
+                started = self.unrolls.restart(g)
+                assert started, "a served group held an unroll"
+                self._fresh_core(g)
                 self._hand_back(g, RESET)
 
     def unhold(self) -> None:
         """Serve held groups again (they are offered to ``policy.plan`` anew)."""
         self._unhold.set()
         self.pool.obs_ready.post()
-
-    def _rotate(self, g: int, i: int, bufs: np.ndarray, rows: np.ndarray) -> bool:
-        """Group ``g`` filled its unroll's bootstrap row: pass the unroll on and
-        continue in a free one that starts from the same observation. If none
-        is free, keep that observation aside and return False (park)."""
-        old, new = int(bufs[i]), self._take_free(block=False)
-        if new is None:
-            self._parked_obs[g] = {k: self.store[k][old, self.L - 1].copy() for k in self._obs_keys}
-        else:
-            self._bind(g, new)
-            for k in self._obs_keys:
-                self.store[k][new, 0] = self.store[k][old, self.L - 1]
-            bufs[i], rows[i] = new, 0
-        if self.consume:
-            self.completed.put(old)
-        else:
-            self.release(old)
-        return new is not None
-
-    def _unpark(self) -> None:
-        for g in np.flatnonzero(self._parked).tolist():
-            new = self._take_free(block=False)
-            if new is None:
-                return
-            self._parked[g] = False
-            self._bind(g, new)
-            self._trow[g] = 0
-            for k, v in self._parked_obs.pop(g).items():
-                self.store[k][new, 0] = v
-
-    def _drop_unroll(self, g: int) -> None:
-        """Give up group ``g``'s partial unroll (a parked group has none)."""
-        if self._parked[g]:
-            self._parked[g] = False
-            self._parked_obs.pop(g, None)
-            self._resume_first.pop(g, None)
-        else:
-            self.release(int(self._tbuf[g]))
 
     def run(self, seconds: float) -> None:
         torch.set_num_threads(self.threads)
@@ -482,8 +440,6 @@ class InferenceLoop:
     def request_stop(self) -> None:
         """Make ``step``/``run_until_stopped`` return soon, from any thread."""
         self._stop.set()
-        with self._free_cv:
-            self._free_cv.notify_all()
         self.pool.obs_ready.post()
 
     def run_until_stopped(self) -> None:

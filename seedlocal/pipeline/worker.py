@@ -23,7 +23,7 @@ import numpy as np
 from seedlocal.pipeline.envs import EnvContractError, EnvSpec, make_group
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
-from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal, write_error
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND, Signal, write_error
 
 
 CONTRACT_EXIT = 3  # exit code of a worker whose env broke its contract
@@ -161,6 +161,11 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
     i = g - args.groups[0]
     wake, ready, n = args.wake[i], args.ready[i], args.envs_per_group
     writer = _GroupWriter(n)
+    if state[g] == UNBOUND:  # restarted while every unroll was held: nowhere to write until the loop says RESET
+        while not (wake.wait(args.poll_s) and state[g] == RESET):
+            if stop[0]:
+                return
+        state[g] = STEPPING
     env.reset()
     while True:
         t0 = time.perf_counter()

@@ -10,6 +10,10 @@ small control segment; the slot's state says who may touch the group's rows:
     RESET         the worker: reset every env of the group and write the
                   first observations into row 0 of ``target_buf`` (a fresh
                   unroll); neuroevolution starts each generation this way
+    UNBOUND       the worker, before its first reset: wait for the wake
+                  token; the group has no unroll yet (a restarted worker
+                  whose group found every unroll held by the learner). The
+                  loop binds one, then says RESET
 
 Publication order (correct on weakly ordered CPUs such as ARM, not only
 x86): a side reads the rows a state guards only after an *acquiring*
@@ -43,6 +47,7 @@ STEPPING = 0
 OBS_READY = 1
 ACTION_READY = 2
 RESET = 3
+UNBOUND = 4
 ERROR_BYTES = 400
 
 

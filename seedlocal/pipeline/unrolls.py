@@ -1,0 +1,163 @@
+"""Which unroll each group writes into: the allocator beside the batch server.
+
+The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is
+*free*, *bound* to the one group that fills it, or *held* by the consumer
+(the learner) between its hand-off and its ``release``. Each group is in
+exactly one of three states:
+
+    bound     it writes into one unroll: ``target_buf[g]``, row ``target_row[g]``
+    parked    it filled its unroll, which went on to the consumer, and found
+              no free one to continue in: its last observation and episode
+              starts wait aside (its worker sleeps on its slot) until one is
+    waiting   it must restart on fresh episodes (a dead worker, a lost actor
+              host) and found no free unroll to start in
+
+Invariants (``tests/test_unrolls.py`` checks each):
+
+* buffers are conserved: free + bound + held = ``num_buffers``, each once;
+* no call blocks: a group that finds no free unroll parks or waits, and the
+  batch server goes on serving the others, so a consumer waiting for more
+  unrolls always gets them from the groups still bound;
+* a parked group continues from the observation it stopped at; a waiting one
+  starts fresh (its old rows are never handed on).
+
+Everything here runs on the inference loop's thread except ``release``
+(the consumer's), which only touches the free list under its lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+BOUND, PARKED, WAITING = 0, 1, 2
+
+
+class UnrollAllocator:
+    def __init__(self, store, control, num_groups: int, obs_keys: list[str], epoch_of: Callable[[int], int],
+                 hand_on: Callable[[int], None] | None = None):
+        """``hand_on(buf)`` passes a full unroll to the consumer; None: no
+        consumer, it is free again at once (neuroevolution, the bench)."""
+        self.store, self.obs_keys, self.epoch_of = store, obs_keys, epoch_of
+        self._tbuf, self._trow = control["target_buf"], control["target_row"]
+        self.G = num_groups
+        self.num_buffers = store["unroll_group"].shape[0]
+        self.L = store["reward"].shape[1]
+        self._hand_on = hand_on
+        self._free: deque[int] = deque(range(self.num_buffers))
+        self._lock = threading.Lock()
+        self.state = np.full(num_groups, WAITING, np.int8)
+        self._parked_obs: dict[int, dict[str, np.ndarray]] = {}
+        self._resume_first: dict[int, np.ndarray] = {}
+
+    # -- queries ------------------------------------------------------------------
+
+    def unbound(self) -> np.ndarray:
+        """Groups that hold no unroll (parked or waiting): they cannot be served."""
+        return self.state != BOUND
+
+    def waiting(self, g: int) -> bool:
+        return self.state[g] == WAITING
+
+    def free_count(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def take_resume_first(self, g: int) -> np.ndarray | None:
+        """The episode-start flags a parked group stopped with (once, at its first serve after unparking)."""
+        return self._resume_first.pop(g, None)
+
+    # -- the consumer's side -----------------------------------------------------
+
+    def release(self, buf: int) -> None:
+        with self._lock:
+            self._free.append(buf)
+
+    # -- the loop's side ----------------------------------------------------------
+
+    def _take(self) -> int | None:
+        with self._lock:
+            return self._free.popleft() if self._free else None
+
+    def _bind(self, g: int, buf: int, row: int = 0) -> None:
+        self._tbuf[g], self._trow[g] = buf, row
+        self.store["unroll_group"][buf] = g
+        self.store["unroll_epoch"][buf] = self.epoch_of(g)
+        self.state[g] = BOUND
+
+    def bind_all(self) -> None:
+        """Every group into a fresh unroll, at start (there are at least as many as groups)."""
+        for g in range(self.G):
+            buf = self._take()
+            if buf is None:
+                raise ValueError(f"{self.num_buffers} unrolls for {self.G} groups: need one per group")
+            self._bind(g, buf)
+
+    def rotate(self, g: int, first: np.ndarray) -> int | None:
+        """Group ``g`` filled its unroll's bootstrap row: hand the unroll on
+        and continue in a free one whose row 0 is that same observation.
+        Returns the new unroll, or None when none is free: ``g`` is parked,
+        its observation and episode starts (``first``) kept aside."""
+        old = int(self._tbuf[g])
+        new = self._take()
+        if new is None:
+            self._parked_obs[g] = {k: self.store[k][old, self.L - 1].copy() for k in self.obs_keys}
+            self._resume_first[g] = first.copy()
+            self.state[g] = PARKED
+        else:
+            self._bind(g, new)
+            for k in self.obs_keys:
+                self.store[k][new, 0] = self.store[k][old, self.L - 1]
+        if self._hand_on is not None:
+            self._hand_on(old)
+        else:
+            self.release(old)
+        return new
+
+    def restart(self, g: int) -> bool:
+        """Group ``g`` starts over on fresh episodes: its partial unroll (if
+        it holds one) is given up, and it takes a fresh one if any is free
+        (True). Otherwise it waits (False) and ``resume`` binds it later;
+        until then its envs must not write (they have nowhere to)."""
+        if self.state[g] == BOUND:
+            self.release(int(self._tbuf[g]))
+        self._parked_obs.pop(g, None)
+        self._resume_first.pop(g, None)
+        buf = self._take()
+        if buf is None:
+            self.state[g] = WAITING
+            return False
+        self._bind(g, buf)
+        return True
+
+    def resume(self) -> list[int]:
+        """Bind parked and waiting groups while unrolls are free, lowest
+        group first. Parked groups continue at once (row 0 is their kept
+        observation); returns the waiting groups just bound, which the
+        caller starts on fresh episodes."""
+        started = []
+        for g in np.flatnonzero(self.state != BOUND).tolist():
+            buf = self._take()
+            if buf is None:
+                break
+            was = self.state[g]
+            self._bind(g, buf)
+            if was == PARKED:
+                for k, v in self._parked_obs.pop(g).items():
+                    self.store[k][buf, 0] = v
+            else:
+                started.append(g)
+        return started
+
+    def check(self, held: int) -> None:
+        """Assert the conservation invariant, given the unrolls the consumer
+        holds (for tests: the loop cannot know what a consumer still holds)."""
+        with self._lock:
+            free = list(self._free)
+        bound = [int(self._tbuf[g]) for g in range(self.G) if self.state[g] == BOUND]
+        assert len(set(free)) == len(free) and not set(free) & set(bound), (free, bound)
+        assert len(set(bound)) == len(bound), bound
+        assert len(free) + len(bound) + held == self.num_buffers, (len(free), len(bound), held, self.num_buffers)
