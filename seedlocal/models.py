@@ -343,7 +343,7 @@ class ActorCritic(nn.Module):
         h = self.encode(obs)
         if self.lstm is None:
             return (*self._heads(h), None)
-        hx, cx = self.lstm(h, (core[:, 0], core[:, 1]))
+        hx, cx = self.lstm(h, _state_pair(core))
         return (*self._heads(hx), torch.stack([hx, cx], dim=1))
 
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None, first: torch.Tensor):
@@ -356,7 +356,7 @@ class ActorCritic(nn.Module):
             return logits.reshape(L, B, -1), values.reshape(L, B)
         h = self.encode(flat_obs)
         h = h.reshape(L, B, -1)
-        hx, cx = core[:, 0], core[:, 1]
+        hx, cx = _state_pair(core)
         keep = (~first).float().unsqueeze(-1)
         outs = []
         for t in range(L):
@@ -366,6 +366,13 @@ class ActorCritic(nn.Module):
             outs.append(hx)
         logits, values = self._heads(torch.stack(outs))
         return logits, values
+
+
+def _state_pair(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, c) of a recurrent state [B, 2, H] as two contiguous [B, H] tensors.
+    ``core[:, 0]`` is a strided view, and cuDNN's RNN entry point refuses a
+    non-contiguous state (the CPU kernels do not check, so only a GPU shows it)."""
+    return core[:, 0].contiguous(), core[:, 1].contiguous()
 
 
 def orthogonal_init(model: "ActorCritic") -> None:
@@ -561,6 +568,11 @@ class RecurrentQNet(nn.Module):
     ``core`` [B, 2, H]; ``unroll`` a time-major sequence from the state
     before its row 0 (already reset if row 0 starts an episode), zeroing the
     state where ``first`` marks later episode starts. Returns (Q, final core).
+
+    The core is an ``nn.LSTM``: on CUDA its weights live in the one flat
+    buffer cuDNN's RNN kernel reads (``flatten_parameters``, redone by every
+    ``.to()``), so no call repacks them; ``step`` runs the same weights
+    through the fused single-step cell kernel, which CUDA graphs capture.
     """
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
@@ -568,13 +580,14 @@ class RecurrentQNet(nn.Module):
         super().__init__()
         self.obs_keys = list(spec.obs)
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
-        self.lstm = nn.LSTMCell(self.encoder.out_dim, lstm_size)
+        self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
         head = head_size or lstm_size
         self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
         if self.kind in ("nature", "impala"):
             use_channels_last(self.encoder)
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
+        self._register_load_state_dict_pre_hook(_lstm_cell_names)
 
     @property
     def core_spec(self) -> TensorSpec:
@@ -591,27 +604,48 @@ class RecurrentQNet(nn.Module):
 
     def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor):
         x = self._encode(obs)
-        hx, cx = self.lstm(x, (core[:, 0], core[:, 1]))
+        m = self.lstm
+        hx, cx = torch.lstm_cell(x, _state_pair(core), m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
         return self._q(hx), torch.stack([hx, cx], dim=1)
 
-    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor):
+    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor,
+               starts: list[int] | None = None):
+        """``starts``: the rows t > 0 where some env starts an episode, when
+        the caller has them on the host (otherwise read from ``first``,
+        which on a GPU waits for the device)."""
         L, B = first.shape
         flat = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
         x = self._encode(flat).reshape(L, B, -1)
-        hx, cx = core[:, 0], core[:, 1]
+        hx, cx = _state_pair(core)
         keep = (~first).to(hx.dtype).unsqueeze(-1)
         # Run the fused LSTM kernel over each stretch of rows in which no env
         # starts an episode, zeroing the state only where one does: a handful
-        # of kernel calls per sequence instead of one LSTMCell call per row
+        # of kernel calls per sequence instead of one cell call per row
         # (3-5x faster learner steps on a CPU), the same arithmetic.
-        cuts = [0] + (torch.nonzero(first[1:].any(dim=1)).flatten() + 1).tolist() + [L]
-        params = [self.lstm.weight_ih, self.lstm.weight_hh, self.lstm.bias_ih, self.lstm.bias_hh]
+        if starts is None:
+            starts = (torch.nonzero(first[1:].any(dim=1)).flatten() + 1).tolist()
+        cuts = [0, *starts, L]
         outs = []
         for t0, t1 in zip(cuts[:-1], cuts[1:]):
             if t0 > 0:
                 hx, cx = hx * keep[t0], cx * keep[t0]
-            out, hx, cx = torch.lstm(x[t0:t1], (hx.unsqueeze(0), cx.unsqueeze(0)), params, True, 1, 0.0,
-                                     self.training, False, False)
-            hx, cx = hx.squeeze(0), cx.squeeze(0)
+            out, (h1, c1) = self.lstm(x[t0:t1], (hx.unsqueeze(0), cx.unsqueeze(0)))
+            hx, cx = h1[0], c1[0]
             outs.append(out)
         return self._q(torch.cat(outs)), torch.stack([hx, cx], dim=1)
+
+
+def episode_starts(first) -> list[int]:
+    """The rows t > 0 of host-side ``first`` flags [L, B] where some env starts an episode."""
+    import numpy as np
+
+    return (np.flatnonzero(np.asarray(first)[1:].any(axis=1)) + 1).tolist()
+
+
+def _lstm_cell_names(state_dict, prefix, *args) -> None:
+    """Checkpoints written when the core was an ``nn.LSTMCell`` name its
+    weights without the layer suffix; they are the same tensors."""
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        old = f"{prefix}lstm.{name}"
+        if old in state_dict:
+            state_dict[f"{old}_l0"] = state_dict.pop(old)

@@ -47,6 +47,74 @@ def test_unroll_matches_a_per_step_loop_with_resets():
     assert x.shape == (B, net.lstm.input_size)
 
 
+def test_learner_lstm_gets_contiguous_states_flat_weights_and_host_side_cuts():
+    """What cuDNN's RNN needs, checked on the CPU (whose kernel checks none
+    of it): every state reaching the LSTM is contiguous, its weights are the
+    module's flat list (no repacking per call), and with the host's copy of
+    the flags (``ignored_host``) the update reads nothing back from the
+    device and learns exactly what it learns without it."""
+    import copy
+
+    import numpy as np
+    from torch.overrides import TorchFunctionMode
+
+    from seedlocal.algos.r2d2 import R2D2Params, learner_step
+
+    class Spy(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.nonzero = [], 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name == "lstm":
+                self.lstm.append(args)
+            elif name == "nonzero":
+                self.nonzero += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    p = R2D2Params(burn_in=4, unroll_length=8, lstm_size=16)
+    online = RecurrentQNet(describe("CartPole-v1"), lstm_size=16)
+    target = copy.deepcopy(online)
+    L, B = p.burn_in + p.unroll_length + 1, 6
+    g = torch.Generator().manual_seed(1)
+    ignored = torch.zeros(L, B, dtype=torch.bool)
+    ignored[2, 1] = ignored[6, 3] = ignored[9, 0] = True
+    batch = {"obs": {"": torch.randn(L, B, 4, generator=g)}, "action": torch.randint(0, 2, (L, B), generator=g),
+             "reward": torch.ones(L, B), "terminated": torch.zeros(L, B, dtype=torch.bool),
+             "truncated": torch.zeros(L, B, dtype=torch.bool), "ignored": ignored,
+             "core_state": torch.randn(B, 2, 16, generator=g)}
+    after = []
+    for host in (False, True):
+        net = copy.deepcopy(online)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        with Spy() as spy:
+            _, prio = learner_step(net, target, opt, {**batch, "ignored_host": ignored.numpy() if host else None},
+                                   torch.ones(B), p)
+        for args in spy.lstm:
+            assert all(t.is_contiguous() for t in args[1]), "a strided state reached the LSTM"
+            assert args[2] is net.lstm._flat_weights or args[2] is target.lstm._flat_weights
+        assert len(spy.lstm) >= 4  # burn-in and trained rows, both networks, cut at the episode starts
+        if host:
+            assert spy.nonzero == 0, "the update read its cuts back from the device"
+        after.append((torch.nn.utils.parameters_to_vector(net.parameters()), prio))
+    assert torch.equal(after[0][0], after[1][0]) and torch.equal(after[0][1], after[1][1])
+    assert np.isfinite(after[1][1].numpy()).all()
+
+
+def test_r2d2_checkpoints_from_the_lstm_cell_core_still_load():
+    """The core was an nn.LSTMCell (weights named without a layer suffix): its checkpoints load unchanged."""
+    net = RecurrentQNet(describe("CartPole-v1"), lstm_size=8)
+    old = {k.replace("lstm.weight_ih_l0", "lstm.weight_ih").replace("lstm.weight_hh_l0", "lstm.weight_hh")
+           .replace("lstm.bias_ih_l0", "lstm.bias_ih").replace("lstm.bias_hh_l0", "lstm.bias_hh"): v + 1.0
+           for k, v in net.state_dict().items()}
+    assert "lstm.weight_ih" in old
+    fresh = RecurrentQNet(describe("CartPole-v1"), lstm_size=8)
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh.lstm.weight_ih_l0, old["lstm.weight_ih"])
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(burn_in=100, replay_size=32, min_replay=32), "too small to hold one burn-in"),
     (dict(n_step=16), "must be shorter than algo.unroll_length"),

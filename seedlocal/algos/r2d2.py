@@ -27,8 +27,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from seedlocal.models import episode_starts
 
 RESCALE_EPS = 1e-3
 
@@ -181,7 +184,8 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the
     networks' device): ``obs`` (dict), ``action``, ``reward``, ``terminated``,
     ``truncated``, ``ignored`` [L, B] and ``core_state`` [B, 2, H], the
-    recurrent state the actor had before row 0. ``online.unroll(obs, core,
+    recurrent state the actor had before row 0; optionally ``ignored_host``,
+    a numpy copy of ``ignored``, so that nothing waits for the device. ``online.unroll(obs, core,
     first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the
     importance weights of the sampled sequences.
     """
@@ -189,21 +193,28 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     first = torch.zeros_like(ignored)
     first[1:] = ignored[:-1]  # the row after an ignored action starts an episode
     b = p.burn_in
+    # Where the LSTM must cut its fused runs, from the host's copy of the flags
+    # when the batch brings one: reading them off a GPU would wait for it.
+    head_starts = tail_starts = None
+    if batch.get("ignored_host") is not None:
+        first_host = np.zeros_like(batch["ignored_host"])
+        first_host[1:] = batch["ignored_host"][:-1]
+        head_starts, tail_starts = episode_starts(first_host[:b]), episode_starts(first_host[b:])
     obs = batch["obs"]
     head = {k: v[:b] for k, v in obs.items()}
     tail = {k: v[b:] for k, v in obs.items()}
     core = batch["core_state"]
     with torch.no_grad():
         if b:
-            _, online_core = online.unroll(head, core, first[:b])
-            _, target_core = target.unroll(head, core, first[:b])
+            _, online_core = online.unroll(head, core, first[:b], head_starts)
+            _, target_core = target.unroll(head, core, first[:b], head_starts)
             # unroll() expects the state before its row 0 already reset where that row starts an episode.
             keep = (~first[b]).to(online_core.dtype).view(-1, 1, 1)
             online_core, target_core = online_core * keep, target_core * keep
         else:
             online_core = target_core = core
-        q_target, _ = target.unroll(tail, target_core, first[b:])
-    q_online, _ = online.unroll(tail, online_core.detach(), first[b:])
+        q_target, _ = target.unroll(tail, target_core, first[b:], tail_starts)
+    q_online, _ = online.unroll(tail, online_core.detach(), first[b:], tail_starts)
     actions = batch["action"][b:-1].long()
     rewards = batch["reward"][b:]
     if p.reward_clip > 0:
