@@ -41,7 +41,8 @@ class PipelineConfig:
     env_threads: int = 0
     """envpool threads over all workers; 0 = one per CPU core"""
     unroll_length: int = 32
-    """steps per unroll (T); each unroll stores T + 1 observations"""
+    """steps per unroll (T); each unroll stores T + 1 observations (R2D2: 0 = algo.unroll_length, the only
+    length it takes)"""
     num_buffers: int = 0
     """unrolls in shared memory; 0 = V-trace: one per group, at least a batch; R2D2: two per group; else three"""
     min_batch_envs: int = 0
@@ -234,11 +235,15 @@ def validate_env(env: EnvConfig, id_field: str = "env.id"):
         raise ConfigError(msg) from None
 
 
-def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: int = 0) -> None:
-    """``remote_envs`` (from a bridge) allows ``num_workers`` 0: every env remote."""
+def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: int = 0,
+                      learner_unroll: bool = False) -> None:
+    """``remote_envs`` (from a bridge) allows ``num_workers`` 0: every env
+    remote; ``learner_unroll`` allows ``unroll_length`` 0: the learner's own."""
     for name in ("num_workers", "envs_per_worker", "unroll_length", "max_restarts", "inference_threads"):
         v = getattr(p, name)
         if name == "num_workers" and remote_envs and v == 0:
+            continue
+        if name == "unroll_length" and learner_unroll and v == 0:
             continue
         if v < (0 if name == "max_restarts" else 1):
             fail(f"{prefix}.{name}", v, "must be >= 0" if name == "max_restarts" else "must be positive" + (
@@ -328,8 +333,12 @@ def config_changes(old, new, prefix: str = "") -> list[str]:
 
 
 def saved_config(cls, saved: dict, path: str):
-    """A checkpoint's saved config as ``cls``, or CheckpointError naming what is wrong with it."""
+    """A checkpoint's saved config as ``cls`` (after ``cls.migrate``, where a
+    config class has one for what older runs saved), or CheckpointError
+    naming what is wrong with it."""
     try:
+        if hasattr(cls, "migrate"):
+            saved = cls.migrate(saved)
         return from_dict(cls, saved)
     except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
         from seedlocal.checkpoint import CheckpointError

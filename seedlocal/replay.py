@@ -10,7 +10,13 @@ sequence is an index range over a stream, starting every ``stride`` steps,
 actor had at its start. Overlapping sequences share their rows.
 
 Priorities live in a float64 sum tree over sequence slots, updated and
-sampled in batches (O(log N) per item, vectorised over the batch). Each
+sampled in batches (O(log N) per item, vectorised over the batch). A new
+sequence enters at the largest priority the learner wrote in its last
+``PRIORITY_WINDOW`` updates (Schaul et al.'s max-priority insertion, so
+every new sequence is soon sampled, with a window so that one early spike of
+TD error does not set every later insertion for the rest of the run; SEED
+instead computes insertion priorities from the actors' own Q-values, which
+needs those stored for every step). Each
 slot carries a generation stamp, bumped whenever its sequence is evicted or
 replaced, so a priority update computed for a sequence that was overwritten
 since it was sampled is dropped rather than applied to the new data.
@@ -26,6 +32,8 @@ import math
 from collections import deque
 
 import numpy as np
+
+PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
 
 
 class SumTree:
@@ -122,9 +130,14 @@ class SequenceReplay:
         self.free = deque(range(self.capacity))
         self.live: list[deque] = [deque() for _ in range(num_envs)]  # (start, slot) per env, oldest first
         self.next_start = np.zeros(num_envs, np.int64)
-        self.max_priority = 1.0
+        self.recent_max: deque[float] = deque(maxlen=PRIORITY_WINDOW)  # per update, newest last
         self.rng = np.random.default_rng(seed)
         self.added = 0  # sequences ever added
+
+    @property
+    def max_priority(self) -> float:
+        """What a new sequence enters at (1 before the first update)."""
+        return max(self.recent_max) if self.recent_max else 1.0
 
     # -- saving -----------------------------------------------------------------
 
@@ -134,7 +147,7 @@ class SequenceReplay:
                                                 "slot_env", "slot_start", "slot_gen", "next_start")}
         return {**arrays, "data": self.data, "tree": self.tree.tree, "free": list(self.free),
                 "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
-                "max_priority": self.max_priority, "added": self.added, "rng": self.rng.bit_generator.state}
+                "recent_max": list(self.recent_max), "added": self.added, "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict`` saved by a replay of the same geometry (else ValueError)."""
@@ -151,7 +164,9 @@ class SequenceReplay:
         self.free = deque(state["free"])
         self.live = [deque(map(tuple, d)) for d in state["live"]]
         self.pending_core = dict(state["pending_core"])
-        self.max_priority, self.added = state["max_priority"], state["added"]
+        # Replays saved before the window kept one all-time maximum.
+        self.recent_max = deque(state.get("recent_max", [state.get("max_priority", 1.0)]), maxlen=PRIORITY_WINDOW)
+        self.added = state["added"]
         self.rng.bit_generator.state = state["rng"]
 
     # -- writing ----------------------------------------------------------------
@@ -163,6 +178,9 @@ class SequenceReplay:
         self.barrier[env] = start
         self.next_start[env] = start
         self.after_ignored[env] = True
+        # States kept for sequences that will now never complete would stay (and be checkpointed) for ever.
+        for key in [k for k in self.pending_core if k[0] == env]:
+            del self.pending_core[key]
 
     def set_core(self, env: int, step: int, core: np.ndarray) -> None:
         """The recurrent state the actor had before absolute step ``step`` of ``env``."""
@@ -278,7 +296,7 @@ class SequenceReplay:
         keep = self.slot_gen[slots] == gens
         if keep.any():
             p = np.maximum(np.asarray(priorities, np.float64)[keep], 1e-6)
-            self.max_priority = max(self.max_priority, float(p.max()))
+            self.recent_max.append(float(p.max()))
             self.tree.update(slots[keep], p ** self.alpha)
         return int(keep.sum())
 

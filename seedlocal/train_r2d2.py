@@ -10,7 +10,15 @@ replay. The main thread moves finished unrolls into the replay's per-env
 streams, samples prioritized sequences (overlapping by the burn-in), learns,
 and writes the new priorities back. A few *evaluation* slots act with
 ``eval_epsilon`` and never write to replay; their return is what
-``--stop-at-return`` tests (as SEED reports it).
+``--stop-at-return`` tests (as SEED reports it). They are local envs (the
+last ones) whenever the run has local workers, so that test does not hang on
+actor hosts joining; the replay, its memory estimate and the replay ratio
+count the acting envs only.
+
+On CUDA nothing in an update waits for the device: the next batch is
+sampled and decompressed while the current update runs and goes to the
+device from pinned memory, and an update's priorities are read back (from
+pinned memory) only after the next batch is ready.
 
 The learner keeps to ``replay_ratio`` (trained rows per env step): while it
 is behind it stops taking unrolls, so actors park on full buffers rather
@@ -38,7 +46,7 @@ from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConf
                               validate_pipeline, validate_run_options)
 from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
-from seedlocal.pipeline.inference import InferenceThread, StallWatch
+from seedlocal.pipeline.inference import InferenceThread, StallWatch, _torch_dtype
 from seedlocal.replay import SequenceReplay
 from seedlocal.shm.rollout import obs_key
 
@@ -47,7 +55,7 @@ from seedlocal.shm.rollout import obs_key
 class R2D2Run(RunOptions):
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
-        num_workers=2, envs_per_worker=8, min_batch_envs=4))
+        num_workers=2, envs_per_worker=8, min_batch_envs=4, unroll_length=0))
     algo: R2D2Params = field(default_factory=R2D2Params)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     frame_stack: int = 0
@@ -57,6 +65,15 @@ class R2D2Run(RunOptions):
     checkpoint_replay: bool = False
     """also save the replay with checkpoints (otherwise a resumed run starts with an empty replay)"""
 
+    @staticmethod
+    def migrate(saved: dict) -> dict:
+        """Runs saved before pipeline.unroll_length 0 hold the default they
+        ignored (they ran at algo.unroll_length): resume them as they ran."""
+        pipe, algo = saved.get("pipeline"), saved.get("algo")
+        if isinstance(pipe, dict) and isinstance(algo, dict) and pipe.get("unroll_length") != algo.get("unroll_length"):
+            saved = {**saved, "pipeline": {**pipe, "unroll_length": 0}}
+        return saved
+
 
 PRESETS: dict[str, R2D2Run] = {
     "cartpole": R2D2Run(),
@@ -65,7 +82,7 @@ PRESETS: dict[str, R2D2Run] = {
     # replay 100k -> 20k sequences; n = 5, gamma 0.997, eta 0.9, alpha 0.9, beta 0.6 as published.
     "atari": R2D2Run(
         env=EnvConfig(id="Pong-v5", frame_stack=1),
-        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8),
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
         algo=R2D2Params(batch_size=16, burn_in=20, unroll_length=40, n_step=5, discount=0.997,
                         learning_rate=1e-4, adam_eps=1e-3, target_update_every=2500, replay_size=20_000,
                         min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, encoder="nature",
@@ -97,6 +114,15 @@ def build_net(cfg: R2D2Run, spec) -> RecurrentQNet:
                         lstm_size=a.lstm_size)
     net.precision = resolve_precision(a.precision, net.kind, resolve_device(cfg.pipeline.device))
     return net
+
+
+def eval_env_ids(num_local: int, num_envs: int, eval_envs: int) -> np.ndarray:
+    """The evaluation slots: the last local envs (actor hosts may come late,
+    or never: --stop-at-return must not wait for them), and only where there
+    are too few local ones, the last remote envs."""
+    if eval_envs <= num_local:
+        return np.arange(num_local - eval_envs, num_local)
+    return np.arange(num_envs - eval_envs, num_envs)
 
 
 def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay:
@@ -159,11 +185,14 @@ def _from_checkpoint(obj):
 def validate(cfg: R2D2Run):
     validate_run_options(cfg)
     a, p = cfg.algo, cfg.pipeline
-    validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0, learner_unroll=True)
     validate_bridge(cfg.bridge, p)
     spec = validate_env(cfg.env)
     if spec.num_actions is None:
         fail("env.id", cfg.env.id, "R2D2 needs a Discrete action space")
+    if p.unroll_length and p.unroll_length != a.unroll_length:
+        fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
+             f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")
     for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "lstm_size",
                  "target_update_every"):
         if getattr(a, name) < 1:
@@ -258,16 +287,72 @@ class R2D2Policy:
         return torch.where(explore, random, q.argmax(-1)), {}, core.float()
 
 
-def _to_device(rows: dict, device: torch.device, obs_keys: list[str]) -> dict:
-    t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in rows.items()}
-    obs = {}
-    for k in obs_keys:
-        x = t.pop(k)
-        if x.dim() >= 3 and k == "obs" and x.dtype == torch.uint8 and x.dim() == 6:
-            x = x.flatten(2, 3)  # [L, B, stack, C, H, W] -> [L, B, stack*C, H, W]
-        obs["" if k == "obs" else k[4:]] = x
-    t["obs"] = obs
-    return t
+class BatchStager:
+    """Replay samples to learner batches on the device.
+
+    On a CPU the sampled arrays are the batch. On CUDA each is copied into
+    pinned memory (two sets, used in turn: the copy out of one may still be
+    in flight while the next batch is written into the other) and goes to
+    the device asynchronously; ``ahead`` tells the learner to sample the
+    next batch while the current update runs. An update's priorities come
+    back through a pinned buffer too, read only after the next batch is
+    staged (``priorities_to_host`` then ``read``)."""
+
+    def __init__(self, device: torch.device, obs_keys: list[str]):
+        self.device, self.obs_keys = device, obs_keys
+        self.ahead = device.type == "cuda"
+        self._pinned: list[dict[str, torch.Tensor]] = [{}, {}]
+        self._copied: list = [None, None]  # CUDA events: the last copy out of each set
+        self._turn = 0
+
+    def _host(self, name: str, arr: np.ndarray) -> torch.Tensor:
+        arr = np.ascontiguousarray(arr)
+        if not self.ahead:
+            return torch.from_numpy(arr)
+        pinned = self._pinned[self._turn]
+        t = pinned.get(name)
+        if t is None or t.shape != arr.shape or t.dtype != _torch_dtype(arr.dtype):
+            t = pinned[name] = torch.empty(arr.shape, dtype=_torch_dtype(arr.dtype), pin_memory=True)
+        t.numpy()[...] = arr
+        return t
+
+    def stage(self, sampled) -> tuple[dict, np.ndarray, np.ndarray, torch.Tensor]:
+        """(batch on the device, slots, generations, importance weights) of ``replay.sample`` output."""
+        rows, slots, gens, weights = sampled
+        if self.ahead and self._copied[self._turn] is not None:
+            self._copied[self._turn].synchronize()  # this set's last copy has left it
+        t = {k: self._host(k, v).to(self.device, non_blocking=True) for k, v in rows.items()}
+        w = self._host("__weights__", weights).to(self.device, non_blocking=True)
+        if self.ahead:
+            self._copied[self._turn] = torch.cuda.Event()
+            self._copied[self._turn].record()
+            self._turn ^= 1
+        obs = {}
+        for k in self.obs_keys:
+            x = t.pop(k)
+            if k == "obs" and x.dtype == torch.uint8 and x.dim() == 6:
+                x = x.flatten(2, 3)  # [L, B, stack, C, H, W] -> [L, B, stack*C, H, W]
+            obs["" if k == "obs" else k[4:]] = x
+        t["obs"] = obs
+        t["core_state"] = t["core_state"].float()
+        t["ignored_host"] = rows["ignored"]  # the learner's episode cuts, without asking the device
+        return t, slots, gens, w
+
+    def priorities_to_host(self, prio: torch.Tensor):
+        if not self.ahead:
+            return prio
+        out = torch.empty(prio.shape, dtype=prio.dtype, pin_memory=True)
+        out.copy_(prio, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return out, done
+
+    def read(self, prio) -> np.ndarray:
+        if not self.ahead:
+            return prio.numpy()
+        out, done = prio
+        done.synchronize()
+        return out.numpy()
 
 
 def train(cfg: R2D2Run) -> dict:
@@ -305,13 +390,17 @@ def train(cfg: R2D2Run) -> dict:
     G = num_groups(pipe_cfg, cfg.bridge)
     E = pipe_cfg.envs_per_worker // 2
     num_envs = G * E
-    eval_ids = set(range(num_envs - a.eval_envs, num_envs))
-    eps = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base, a.epsilon_alpha)
-    eps = torch.cat([eps, torch.full((a.eval_envs,), a.eval_epsilon)])
+    evaluating = np.zeros(num_envs, bool)
+    evaluating[eval_env_ids(pipe_cfg.num_workers * pipe_cfg.envs_per_worker, num_envs, a.eval_envs)] = True
+    # Replay stream of each acting env (-1: an evaluation slot, which has none).
+    stream_of = np.full(num_envs, -1, np.int64)
+    stream_of[~evaluating] = np.arange(num_envs - a.eval_envs)
+    eps = torch.full((num_envs,), a.eval_epsilon)
+    eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base, a.epsilon_alpha)
     stack = cfg.frame_stack if cfg.frame_stack > 1 and "" in spec.obs else 1
     fence = WeightFence(device)
     policy = R2D2Policy(online, spec, eps, fence, device, stack, cfg.env.seed, cuda_graphs=cfg.pipeline.cuda_graphs)
-    replay = make_replay(cfg, spec, num_envs, online.core_spec.shape)
+    replay = make_replay(cfg, spec, num_envs - a.eval_envs, online.core_spec.shape)
     if saved is not None and "replay" in saved:
         try:
             replay.load_state_dict(_from_checkpoint(saved["replay"]))
@@ -343,28 +432,33 @@ def train(cfg: R2D2Run) -> dict:
                                         keep=cfg.keep_checkpoints)
         state["saved"] = time.monotonic()
 
-    def ingest(store, b: int) -> None:
-        """A finished unroll into the replay (acting envs) or the eval statistics."""
+    def ingest(store, b: int) -> int:
+        """A finished unroll into the replay (acting envs) or the eval
+        statistics; returns the acting steps it added."""
         g, epoch = int(store["unroll_group"][b]), int(store["unroll_epoch"][b])
         T = a.unroll_length
         fresh = epochs.get(g) != epoch
         epochs[g] = epoch
         done = store["terminated"][b, :T] | store["truncated"][b, :T]
+        added = 0
         for e in range(E):
             env = g * E + e
             ends = np.flatnonzero(done[:, e])
             rets = store["ep_return"][b, ends, e].tolist()
-            if env in eval_ids:
+            if evaluating[env]:
                 recent_eval.extend(rets)
                 continue
             recent_train.extend(rets)
             counters["episodes"] += len(rets)
-            if fresh and replay.count[env]:
-                replay.cut(env)
+            stream = int(stream_of[env])
+            if fresh and replay.count[stream]:
+                replay.cut(stream)
             rows = {k: store[k][b, :T, e] for k in obs_keys}
             rows.update({k: store[k][b, :T, e] for k in ("action", "reward", "terminated", "truncated", "ignored")})
-            replay.set_core(env, int(replay.count[env]), store["core_state"][b, e])
-            replay.append(env, rows)
+            replay.set_core(stream, int(replay.count[stream]), store["core_state"][b, e])
+            replay.append(stream, rows)
+            added += T
+        return added
 
     from seedlocal.pipeline.pipeline import Pipeline
 
@@ -383,6 +477,7 @@ def train(cfg: R2D2Run) -> dict:
         sampled_p: list[float] = []
         inserted0, log_updates, dropped = replay.added, counters["updates"], 0
         watch, waiting = StallWatch(loop), False
+        stager, staged = BatchStager(device, obs_keys), []
 
         def log(now: float, last: bool = False) -> None:
             """Scalars and the progress line for the interval since the last
@@ -457,20 +552,20 @@ def train(cfg: R2D2Run) -> dict:
                     if not added_steps:  # rates from the first unroll on: the workers' start-up is no slow first point
                         t_log, log_steps = time.monotonic(), steps0 + loop.stats.env_steps
                     while True:
-                        ingest(store, b)
+                        added_steps += ingest(store, b)
                         loop.release(b)
-                        added_steps += a.unroll_length * E
                         try:
                             b = loop.completed.get_nowait()
                         except queue.Empty:
                             break
                     continue
-                rows, slots, gens, weights = replay.sample(a.batch_size, a.importance_exponent)
-                batch = _to_device(rows, device, obs_keys)
-                batch["core_state"] = batch["core_state"].float()
-                stats, prio = learner_step(online, target, optimizer, batch, torch.from_numpy(weights).to(device),
-                                           a, step_lock=fence)
-                applied = replay.update_priorities(slots, gens, prio.cpu().numpy())
+                sampled = staged.pop() if staged else stager.stage(replay.sample(a.batch_size, a.importance_exponent))
+                batch, slots, gens, weights = sampled
+                stats, prio = learner_step(online, target, optimizer, batch, weights, a, step_lock=fence)
+                prio = stager.priorities_to_host(prio)
+                if stager.ahead:  # the next batch, sampled and copied while this update runs on the device
+                    staged.append(stager.stage(replay.sample(a.batch_size, a.importance_exponent)))
+                applied = replay.update_priorities(slots, gens, stager.read(prio))
                 dropped += len(slots) - applied
                 sampled_p.extend(replay.tree.get(slots).tolist())
                 counters["updates"] += 1

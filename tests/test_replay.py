@@ -98,3 +98,49 @@ def test_a_cut_stream_never_stitches_steps_across_it():
     r.append(0, steps(0, 8, 12))
     starts = sorted(s for s, _ in r.live[0])
     assert starts == [0, 8, 12] and all(s >= 8 or s + 6 <= 6 for s in starts)
+
+
+def test_new_sequences_enter_at_the_recent_largest_priority_not_the_all_time_one():
+    """Max-priority insertion over a window of updates: one early spike of TD
+    error does not set every later insertion for the rest of the run."""
+    from seedlocal.replay import PRIORITY_WINDOW
+
+    r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
+                       frame="obs", stack=1, alpha=1.0)
+    for s in range(0, 40, 4):
+        r.append(0, steps(0, s, 4))
+    _, slots, gens, _ = r.sample(4, beta=0.5)
+    r.update_priorities(slots, gens, np.full(4, 80.0))  # an early spike
+    assert r.max_priority == 80.0
+    for _ in range(PRIORITY_WINDOW):
+        _, slots, gens, _ = r.sample(4, beta=0.5)
+        r.update_priorities(slots, gens, np.full(4, 0.5))
+    assert r.max_priority == 0.5
+    r.append(0, steps(0, 40, 4))
+    newest = r.live[0][-1][1]
+    assert r.tree.get(np.array([newest]))[0] == pytest.approx(0.5)
+    state = r.state_dict()
+    fresh = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
+                           frame="obs", stack=1, alpha=1.0)
+    fresh.load_state_dict(state)
+    assert fresh.max_priority == 0.5
+    old = dict(state)
+    del old["recent_max"]
+    old["max_priority"] = 7.0  # a replay saved before the window
+    fresh.load_state_dict(old)
+    assert fresh.max_priority == 7.0
+
+
+def test_a_cut_drops_the_recurrent_states_of_sequences_that_will_never_complete():
+    r = SequenceReplay(num_envs=2, sequences=10, length=6, stride=4, fields=fields(), core_shape=(2, 3),
+                       frame="obs", stack=1)
+    r.set_core(0, 0, np.zeros((2, 3)))
+    r.append(0, steps(0, 0, 4))
+    r.set_core(0, 4, np.ones((2, 3)))  # the sequence starting at 4 needs rows up to 9
+    r.set_core(1, 0, np.ones((2, 3)))
+    r.append(0, steps(0, 4, 3))
+    assert (0, 4) in r.pending_core
+    r.cut(0)
+    assert not [k for k in r.pending_core if k[0] == 0], "a cut stream kept states no sequence will use"
+    assert (1, 0) in r.pending_core  # another env's are kept
+    assert (0, 4) not in r.state_dict()["pending_core"]

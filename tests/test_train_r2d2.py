@@ -20,7 +20,7 @@ def small(tmp_path, **algo) -> R2D2Run:
     base = PRESETS["cartpole"]
     return dataclasses.replace(
         base, algo=dataclasses.replace(base.algo, **{"min_replay": 40, "replay_size": 400, **algo}),
-        pipeline=PipelineConfig(num_workers=1, envs_per_worker=8, min_batch_envs=2),
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=8, min_batch_envs=2, unroll_length=0),
         log_dir=str(tmp_path), run_name="r", progress=False, log_every_s=0.5, total_steps=6000)
 
 
@@ -189,3 +189,22 @@ def test_checkpoint_replay_restores_the_replay_on_resume(tmp_path, capsys):
     out = capsys.readouterr().out
     restored = [ln for ln in out.splitlines() if "replay restored with" in ln]
     assert restored and int(restored[0].split("with ")[1].split()[0].replace(",", "")) > 0, out
+
+
+def test_evaluation_slots_are_local_and_neither_fill_nor_count_in_the_replay(tmp_path):
+    """The replay holds a stream per acting env only; the replay ratio counts
+    acting steps only (evaluation steps counted as data made the learner
+    train that much more per acting step); the evaluation slots are local
+    envs, so --stop-at-return never waits for actor hosts to join."""
+    from seedlocal.train_r2d2 import eval_env_ids
+
+    np = pytest.importorskip("numpy")
+    assert eval_env_ids(num_local=16, num_envs=48, eval_envs=2).tolist() == [14, 15]
+    assert eval_env_ids(num_local=0, num_envs=16, eval_envs=2).tolist() == [14, 15]  # every env remote
+    cfg = small(tmp_path, eval_envs=4, replay_ratio=1.0, batch_size=8, min_replay=8, replay_size=200)
+    cfg = dataclasses.replace(cfg, total_steps=4000)
+    summary = train(cfg)
+    acting_steps = summary["steps"] / 2  # 8 envs, the last 4 (one group) evaluate
+    learned_rows = summary["updates"] * cfg.algo.batch_size * cfg.algo.unroll_length
+    assert summary["updates"] > 0 and summary["eval_return_last20"] is not None
+    assert learned_rows <= 1.3 * cfg.algo.replay_ratio * acting_steps + cfg.algo.batch_size * cfg.algo.unroll_length
