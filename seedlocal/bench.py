@@ -191,15 +191,16 @@ def training_model(spec, device: torch.device):
 def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model: bool,
                  raw: RawEnvpool | None) -> dict:
     """Start a pipeline, then alternate ``cfg.rounds`` times: raw, pipeline."""
-    from seedlocal.models import ModelPolicy, RandomPolicy, resolve_precision
+    from seedlocal.models import ModelPolicy, RandomPolicy, apply_precision, resolve_precision
     from seedlocal.pipeline.pipeline import Pipeline
 
     def make_policy(spec, device):
         if not model:
             return RandomPolicy(spec, device)
         preset, net = training_model(spec, device)
-        return ModelPolicy(net, spec, precision=resolve_precision(preset.algo.precision, net.kind, device),
-                           cuda_graphs=pipe_cfg.cuda_graphs)
+        precision = resolve_precision(preset.algo.precision, net.kind, device)
+        apply_precision(precision, device)
+        return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs)
 
     raws, pipes, ratios = [], [], []
     with Pipeline(EnvConfig(id=cfg.env, backend=backend), pipe_cfg, make_policy) as pipe:

@@ -20,7 +20,7 @@ from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.shm.rollout import TensorSpec
 
 ENCODERS = ("auto", "mlp", "nature", "impala")
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,14 +35,35 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
-    """``auto`` is bf16 only where it measured faster: a CNN torso on a CPU with
-    native bf16 (Nature CNN update 2.6x faster here, see docs/tuning.md). MLPs
-    stay fp32 (nothing to gain at their size); CUDA stays fp32 until measured."""
+    """``auto`` is bf16 on a CPU only where it measured faster: a CNN torso on
+    a CPU with native bf16 (Nature CNN update 2.6x faster here, see
+    docs/tuning.md); MLPs stay fp32 there (nothing to gain at their size). On
+    CUDA ``auto`` is tf32: torch already runs cuDNN's convolutions in TF32 by
+    default, so an "fp32" CNN was TF32 in its convolutions and fp32 only in
+    its matmuls; tf32 makes them one arithmetic (not yet timed on a GPU:
+    scripts/gpu_suite measures fp32, tf32 and bf16 updates). ``tf32`` on a
+    CPU is plain fp32 (no such arithmetic there)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "auto":
-        return "bf16" if device.type == "cpu" and kind in ("nature", "impala") and cpu_has_bf16_matmul() else "fp32"
+        if device.type == "cuda":
+            return "tf32"
+        return "bf16" if kind in ("nature", "impala") and cpu_has_bf16_matmul() else "fp32"
+    if precision == "tf32" and device.type != "cuda":
+        return "fp32"
     return precision
+
+
+def apply_precision(precision: str, device: torch.device) -> None:
+    """Set what ``precision`` means for the float32 arithmetic outside
+    autocast on ``device``: TF32 tensor-core matmuls and convolutions for
+    tf32 and bf16 (whose LSTM, heads and targets stay float32), none for
+    fp32, which is then fp32 in its convolutions too. Process-wide flags:
+    one run per process."""
+    if device.type == "cuda":
+        tf32 = precision in ("tf32", "bf16")
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
 
 
 def autocast(device: torch.device, precision: str, cache: bool = True):
@@ -52,7 +73,7 @@ def autocast(device: torch.device, precision: str, cache: bool = True):
     weights itself, not read casts cached before (and freed after) capture."""
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
-    return contextlib.nullcontext()
+    return contextlib.nullcontext()  # fp32 and tf32 (apply_precision)
 
 
 def image_layout(spec: TensorSpec) -> str | None:
@@ -473,8 +494,12 @@ class WeightFence:
 
 class GraphedStep:
     """``step(obs, core)`` (a network's one-step forward) replayed from CUDA
-    graphs: one per batch size rounded up to a power of two, captured the
-    first time that size comes, into one shared memory pool. Inputs are
+    graphs: one per batch size rounded up to a power of two, into one shared
+    memory pool. ``capture`` takes every size a run will serve at start-up,
+    before the learner starts: capturing synchronises the device and empties
+    the allocator's cache, which in the middle of a run would stall the
+    learner and throw away its cached blocks. A size that still comes
+    unannounced is captured when it comes. Inputs are
     copied into the graph's static buffers (pad rows keep stale data; their
     outputs are dropped) and outputs are cloned out, so the caller may hold
     them past the next call. Parameters are read where they live, so an
@@ -495,22 +520,34 @@ class GraphedStep:
     def bucket(n: int) -> int:
         return 1 << max(0, n - 1).bit_length()
 
+    def capture(self, sizes, obs: dict[str, torch.Tensor], core: torch.Tensor | None = None) -> None:
+        """Capture the graph of every bucket that batches of ``sizes`` rows
+        fall in; ``obs`` and ``core`` give each input's row shape and dtype."""
+        for size in sorted({self.bucket(int(n)) for n in sizes}):
+            if size not in self.graphs:
+                self._capture(size, obs, core)
+
     def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
-        static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device) for k, v in obs.items()}
-        static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
-                                                             device=self.device)
-        # Warm-up off the capturing stream (lazy initialisation, cuDNN's
-        # algorithm choice), as torch.cuda.graphs asks.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.step(static_obs, static_core)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the learner thread keeps launching work while this one captures.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self.step(static_obs, static_core)
+        # Everything on the configured device (cuda:1 included): the capture
+        # stream torch.cuda.graph makes by default belongs to the current one.
+        with torch.cuda.device(self.device):
+            static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device)
+                          for k, v in obs.items()}
+            static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
+                                                                 device=self.device)
+            # Warm-up off the capturing stream (lazy initialisation, cuDNN's
+            # algorithm choice), as torch.cuda.graphs asks.
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.step(static_obs, static_core)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: a learner thread may be launching work while this one captures.
+            with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.Stream(self.device),
+                                  capture_error_mode="thread_local"):
+                out = self.step(static_obs, static_core)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[size] = (graph, static_obs, static_core, out)
@@ -546,6 +583,12 @@ class ModelPolicy:
         self.fence = fence if fence is not None else WeightFence(self.device)
         self.precision = precision
         self._step = GraphedStep(self._autocast_step, self.device) if cuda_graphs else self._autocast_step
+
+    def prepare(self, sizes, obs: dict[str, torch.Tensor]) -> None:
+        """Before the run: capture the CUDA graphs of every batch size the loop will serve."""
+        if isinstance(self._step, GraphedStep):
+            core = None if self.core_state is None else torch.zeros((1,) + self.core_state.shape, device=self.device)
+            self._step.capture(sizes, obs, core)
 
     def _autocast_step(self, obs, core):
         with autocast(self.device, self.precision, cache=False):

@@ -26,7 +26,7 @@ from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
-from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, obs_identity, resolve_precision
+from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, apply_precision, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -104,8 +104,8 @@ def validate(cfg: VTraceRun):
     if p.num_buffers and p.num_buffers < max(groups, k):
         fail("pipeline.num_buffers", p.num_buffers,
              f"needs one unroll per group ({groups}) and at least a batch ({k})")
-    if a.precision not in ("auto", "fp32", "bf16"):
-        fail("algo.precision", a.precision, "expected auto, fp32 or bf16")
+    if a.precision not in ("auto", "fp32", "tf32", "bf16"):
+        fail("algo.precision", a.precision, "expected auto, fp32, tf32 or bf16")
     if a.echo < 1:
         fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
     if a.minibatches < 1:
@@ -241,6 +241,7 @@ def train(cfg: VTraceRun) -> dict:
         if "shuffle" in resumed:  # checkpoints before it continue from the seed
             shuffle.set_state(resumed["shuffle"])
     precision = resolve_precision(cfg.algo.precision, model.kind, device)
+    apply_precision(precision, device)
     sync = actors_wait(cfg.algo)
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=counters["steps"] + 1 if resumed else None, progress=cfg.progress)

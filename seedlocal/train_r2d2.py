@@ -44,7 +44,8 @@ from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits,
                               fail, num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
-from seedlocal.models import GraphedStep, RecurrentQNet, WeightFence, image_layout, obs_identity, resolve_precision
+from seedlocal.models import (GraphedStep, RecurrentQNet, WeightFence, apply_precision, image_layout, obs_identity,
+                              resolve_precision)
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.pipeline.inference import InferenceThread, StallWatch, _torch_dtype
 from seedlocal.replay import SequenceReplay
@@ -265,6 +266,14 @@ class R2D2Policy:
                                     device=device)
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
+    def prepare(self, sizes, obs: dict[str, torch.Tensor]) -> None:
+        """Before the run: capture the CUDA graphs of every batch size the loop will serve."""
+        if isinstance(self._step, GraphedStep):
+            if self.hist is not None:  # the network sees stacked frames
+                obs = {"": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
+                                       device=self.device)}
+            self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
+
     def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start."""
         prev = self.hist[ids]
@@ -370,6 +379,7 @@ def train(cfg: R2D2Run) -> dict:
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
     ident = identity(cfg, spec)
     online = build_net(cfg, spec).to(device)
+    apply_precision(online.precision, device)
     target = copy.deepcopy(online)
     for prm in target.parameters():
         prm.requires_grad_(False)

@@ -190,3 +190,30 @@ def test_gymnasium_envs_take_seeds_beyond_int32(tmp_path):
 
     assert main(["train", "vtrace", "--env.backend", "gymnasium", "--env.seed", "3000000000", "--total-steps", "500",
                  "--log-dir", str(tmp_path), "--no-progress"]) == 0
+
+
+def test_precision_means_one_arithmetic_per_device():
+    """auto: tf32 on CUDA (cuDNN's convolutions are TF32 by torch's default;
+    the matmuls now match), bf16 CNNs only on CPUs with native bf16; fp32 on
+    CUDA turns TF32 off for convolutions too; tf32 on a CPU is fp32."""
+    import torch
+
+    from seedlocal.models import apply_precision, cpu_has_bf16_matmul, resolve_precision
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_precision("auto", "nature", cuda) == "tf32" == resolve_precision("auto", "mlp", cuda)
+    assert resolve_precision("auto", "mlp", cpu) == "fp32"
+    assert resolve_precision("auto", "nature", cpu) == ("bf16" if cpu_has_bf16_matmul() else "fp32")
+    assert resolve_precision("tf32", "nature", cpu) == "fp32"
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        resolve_precision("fp16", "mlp", cpu)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        apply_precision("fp32", cuda)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        apply_precision("tf32", cuda)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        apply_precision("fp32", cpu)  # a CPU run leaves the CUDA flags alone
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

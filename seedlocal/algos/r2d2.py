@@ -164,9 +164,9 @@ class R2D2Params:
     """MLP hidden sizes"""
     lstm_size: int = 64
     """LSTM core size"""
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """torso arithmetic: auto = bf16 for CNN torsos on CPUs with native bf16 (AMX/AVX512-BF16), else fp32;
-    the LSTM, the head and the targets stay fp32"""
+    precision: Literal["auto", "fp32", "tf32", "bf16"] = "auto"
+    """torso arithmetic: auto = tf32 on CUDA; on a CPU bf16 for CNN torsos where it has native bf16
+    (AMX/AVX512-BF16), else fp32; the LSTM, the head and the targets stay float32 (TF32 matmuls with tf32, bf16)"""
 
 
 def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:

@@ -217,7 +217,16 @@ class InferenceLoop:
 
     # -- lifecycle --------------------------------------------------------------
 
+    def batch_sizes(self) -> list[int]:
+        """Every number of env rows a batch can have: whole groups, 1 to all."""
+        return [k * self.E for k in range(1, self.G + 1)]
+
     def start(self) -> None:
+        prepare = getattr(self.policy, "prepare", None)
+        if prepare is not None:  # e.g. CUDA graph capture, before any learner or worker runs
+            prepare(self.batch_sizes(), {("" if k == "obs" else k[4:]): torch.zeros(
+                (1,) + tuple(self.store[k].shape[3:]), dtype=self._staging[k].dtype, device=self.device)
+                for k in self._obs_keys})
         self._state[:] = STEPPING
         self.unrolls.bind_all()
         self.pool.start()
