@@ -222,3 +222,175 @@ def test_weight_fence_orders_a_side_stream_reader_against_the_writer():
     for lo, hi in seen:
         assert lo == hi and lo % 20 == 0, (lo, hi)
     assert any(0 < lo < 1000 for lo, _ in seen), "no read landed between two updates"
+
+
+def _r2d2_batch(L, B, H, A, g):
+    ignored = torch.zeros(L, B, dtype=torch.bool)
+    ignored[3, 1] = ignored[7, 0] = True
+    return {"obs": {"": torch.randint(0, 255, (L, B, 4, 84, 84), dtype=torch.uint8, generator=g)},
+            "action": torch.randint(0, A, (L, B), generator=g), "reward": torch.randn(L, B, generator=g),
+            "terminated": torch.zeros(L, B, dtype=torch.bool), "truncated": torch.zeros(L, B, dtype=torch.bool),
+            "ignored": ignored, "core_state": torch.randn(B, 2, H, generator=g)}
+
+
+@pytest.mark.parametrize("host_cuts", [False, True])
+def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights(host_cuts):
+    """cuDNN's RNN gets contiguous states and the LSTM's flat weight buffer:
+    no error, no per-call repacking warning, and the update (fp32, TF32 off)
+    lands where the CPU's does."""
+    import warnings
+
+    from seedlocal.algos.r2d2 import R2D2Params, learner_step
+    from seedlocal.models import RecurrentQNet
+
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    torch.manual_seed(0)
+    p = R2D2Params(burn_in=4, unroll_length=8, lstm_size=32, n_step=3)
+    cpu_online = RecurrentQNet(spec, "nature", lstm_size=32)
+    cpu_target = copy.deepcopy(cpu_online)
+    gpu_online, gpu_target = copy.deepcopy(cpu_online).to(CUDA), copy.deepcopy(cpu_target).to(CUDA)
+    batch = _r2d2_batch(p.burn_in + p.unroll_length + 1, 4, 32, spec.num_actions, torch.Generator().manual_seed(2))
+    host = {"ignored_host": batch["ignored"].numpy()} if host_cuts else {}
+    weights = torch.rand(4, generator=torch.Generator().manual_seed(3)) + 0.5
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _, prio_cpu = learner_step(cpu_online, cpu_target, torch.optim.Adam(cpu_online.parameters(), lr=1e-4),
+                                   batch | host, weights, p)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, prio_gpu = learner_step(gpu_online, gpu_target, torch.optim.Adam(gpu_online.parameters(), lr=1e-4),
+                                       _to(batch, CUDA) | host, weights.to(CUDA), p)
+            torch.cuda.synchronize()
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert not [w for w in caught if "contiguous chunk" in str(w.message)], [str(w.message) for w in caught]
+    torch.testing.assert_close(prio_gpu.cpu(), prio_cpu, rtol=1e-3, atol=1e-4)
+    for (name, a), b in zip(cpu_online.named_parameters(), gpu_online.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_lstm_vtrace_learner_step_on_cuda_matches_cpu():
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    torch.manual_seed(0)
+    cpu_model = ActorCritic(spec, lstm_size=32, init="orthogonal")
+    gpu_model = copy.deepcopy(cpu_model).to(CUDA)
+    p = VTraceParams(echo=2, minibatches=2, clip=0.1, batch_size=8)
+    batch = _atari_batch(spec)
+    batch["core_state"] = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        learner_step(cpu_model, make_optimizer(cpu_model.parameters(), p), batch, p, precision="fp32",
+                     shuffle=torch.Generator().manual_seed(1))
+        learner_step(gpu_model, make_optimizer(gpu_model.parameters(), p), _to(batch, CUDA), p, precision="fp32",
+                     shuffle=torch.Generator().manual_seed(1))
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+    for (name, a), b in zip(cpu_model.named_parameters(), gpu_model.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_every_bucket_is_captured_at_start_up_before_any_batch():
+    """--pipeline.cuda-graphs: the loop captures each batch size's graph when
+    it starts (before a learner runs), so no capture (a device-wide sync and
+    an emptied allocator cache) happens mid-run."""
+    def make(spec, device):
+        return ModelPolicy(ActorCritic(spec, lstm_size=16).to(device), spec, cuda_graphs=True)
+
+    with tiny_pipeline(make, device="cuda", num_workers=2, envs_per_worker=4) as pipe:
+        graphs = pipe.loop.policy._step.graphs
+        assert sorted(graphs) == [2, 4, 8], "batches of 1 to 4 groups of 2 envs: buckets 2, 4, 8"
+        captured = dict(graphs)
+        take_unrolls(pipe, 4)
+        assert graphs == captured, "a graph was captured mid-run"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_graphs_on_a_second_gpu():
+    dev = torch.device("cuda:1")
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    policy = ModelPolicy(ActorCritic(spec).to(dev), spec, cuda_graphs=True)
+    policy.prepare([4, 8], {"": torch.zeros(1, 4, device=dev)})
+    _, out, _ = policy.act({"": torch.randn(5, 4, device=dev)})
+    assert out["logits"].device == dev
+
+
+def test_graph_capture_while_the_learner_thread_is_busy():
+    """A capture in one thread while another keeps launching learner work on
+    the default stream (thread_local capture mode): both go on, and the
+    graph replays the eager forward."""
+    spec = validate_env(EnvConfig(id="Pong-v5"))
+    torch.manual_seed(0)
+    model = ActorCritic(spec).to(CUDA)
+    learner = ActorCritic(spec).to(CUDA)
+    opt = torch.optim.Adam(learner.parameters(), lr=1e-4)
+    stop, steps = threading.Event(), [0]
+
+    def learn():
+        x = {"": torch.randint(0, 255, (32, 4, 84, 84), dtype=torch.uint8, device=CUDA)}
+        while not stop.is_set():
+            logits, value = learner(x)
+            (logits.square().mean() + value.square().mean()).backward()
+            opt.step()
+            opt.zero_grad()
+            steps[0] += 1
+
+    t = threading.Thread(target=learn, daemon=True)
+    t.start()
+    try:
+        while steps[0] < 3:
+            pass
+        policy = ModelPolicy(model, spec, cuda_graphs=True)
+        policy.prepare([8, 16, 32], {"": torch.zeros(1, 4, 84, 84, dtype=torch.uint8, device=CUDA)})
+        before = steps[0]
+        obs = {"": torch.randint(0, 255, (13, 4, 84, 84), dtype=torch.uint8, device=CUDA)}
+        _, g_out, _ = policy.act(obs)
+        _, e_out, _ = ModelPolicy(model, spec).act(obs)
+    finally:
+        stop.set()
+        t.join(30)
+    assert sorted(policy._step.graphs) == [8, 16, 32]
+    torch.testing.assert_close(g_out["logits"], e_out["logits"], rtol=1e-3, atol=1e-3)
+    assert steps[0] > before, "the learner thread stalled"
+
+
+def _gpu_run(tmp_path, algo, **kw):
+    from seedlocal.config import PipelineConfig
+    from seedlocal.train import VTraceRun
+    from seedlocal.train_r2d2 import R2D2Run
+
+    if algo == "vtrace":
+        from seedlocal.algos.vtrace import VTraceParams as P
+
+        return VTraceRun(pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=16, device="cuda"),
+                         algo=P(batch_size=8, sync="off", lstm_size=32), log_dir=str(tmp_path), run_name="v",
+                         progress=False, log_every_s=0.5, **kw)
+    from seedlocal.algos.r2d2 import R2D2Params as P
+
+    return R2D2Run(pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, min_batch_envs=4, unroll_length=0,
+                                           device="cuda"),
+                   algo=P(min_replay=40, replay_size=2000, replay_ratio=4.0), log_dir=str(tmp_path), run_name="r",
+                   progress=False, log_every_s=0.5, **kw)
+
+
+@pytest.mark.parametrize("algo", ["vtrace", "r2d2"])
+def test_training_end_to_end_on_cuda_then_resumed(tmp_path, algo):
+    """A few hundred updates with the inference thread on its own stream (and
+    V-trace's prefetch thread, actors running ahead), a checkpoint written
+    from the GPU, then resumed on it: weights, optimizer and counters back."""
+    from seedlocal import checkpoint
+
+    if algo == "vtrace":
+        from seedlocal.train import train
+    else:
+        from seedlocal.train_r2d2 import train
+    first = train(_gpu_run(tmp_path, algo, total_steps=40_000))
+    assert first["status"] == "done" and first["updates"] >= 200, first
+    saved = checkpoint.load(first["run_dir"])
+    assert all(t.device.type == "cpu" for t in saved["model"].values())  # saved as CPU tensors, loadable anywhere
+    cfg = _gpu_run(tmp_path, algo, total_steps=44_000)
+    cfg = type(cfg)(**{**cfg.__dict__, "resume": first["run_dir"], "run_name": ""})
+    second = train(cfg)
+    assert second["status"] == "done" and second["updates"] > first["updates"]
+    assert second["steps"] >= 44_000
