@@ -1,0 +1,133 @@
+"""scripts/gpu_suite.py, the GPU checklist: its refusal without CUDA, its step
+runner (timeouts, JSON lines, the budget) and a CPU dry run of every step."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "scripts" / "gpu_suite.py"
+KEYS = {"name", "command", "status", "rc", "seconds", "timeout_s", "figures", "targets", "suite_elapsed_s"}
+STATUSES = {"ok", "failed", "timeout", "skipped"}
+
+
+def _suite_module():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _records(out: Path) -> list[dict]:
+    lines = (out / "results.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for r in records:
+        assert KEYS <= set(r), f"{r['name']}: missing {KEYS - set(r)}"
+        assert r["status"] in STATUSES, r
+    return records
+
+
+def _run(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, str(SUITE), *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def test_without_cuda_the_suite_checks_imports_then_refuses_in_one_line(tmp_path):
+    # CUDA_VISIBLE_DEVICES hides any GPU, so this holds on a GPU machine too.
+    r = _run(str(tmp_path), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "refused: no CUDA device" in r.stderr
+    (env,) = _records(tmp_path)
+    assert env["name"] == "env" and env["figures"]["cuda_available"] is False
+    assert isinstance(env["figures"]["missing"], list)
+    assert env["json"][-1]["versions"]["seedlocal"]  # the import checks ran, seedlocal among them
+    assert "torch" in env["figures"] and "cudnn" in env["json"][-1]
+
+
+def test_runner_records_each_outcome_as_one_json_line(tmp_path):
+    m = _suite_module()
+    py = sys.executable
+    run_dir = tmp_path / "out" / "runs" / "fake"
+    trainer = ("import json, pathlib, sys; d = pathlib.Path(sys.argv[1]) / 'r1'; d.mkdir(parents=True); "
+               "(d / 'summary.json').write_text(json.dumps({'status': 'done', 'steps': 7, 'frames': 28, 'seconds': 2.0})); "
+               "print('steps      1,000  frames/s  9  return(20) 1.0', file=sys.stderr); print('done')")
+    steps = [
+        m.Step("prints", lambda t: [py, "-c", "import json; print('hi'); print(json.dumps({'x': 1.5}))"], 20, 1,
+               figures=lambda rec, ctx: {"x": rec["json"][-1]["x"]}, targets=[("x", ">=", 1.0)]),
+        m.Step("fails", lambda t: [py, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"], 20, 1),
+        m.Step("hangs", lambda t: [py, "-c", "import time; time.sleep(60)"], 1.0, 0.5),
+        m.Step("ignores_sigterm", lambda t: [py, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                                       "signal.SIG_IGN); print('up', flush=True); time.sleep(60)"],
+               1.5, 0.5),
+        m.Step("trainer", lambda t: [py, "-c", trainer, str(run_dir)], 20, 1, figures=m.train_figures,
+               run_dir=run_dir),
+        m.Step("too_big", lambda t: [py, "-c", "pass"], 20, 1000),
+    ]
+    runner = m.Runner(tmp_path / "out", budget=120, grace=1.0, echo=lambda *a, **k: None)
+    t0 = time.monotonic()
+    try:
+        for i, s in enumerate(steps):
+            runner.run(s, i + 1, len(steps), steps[i + 1:], m.subprocess_env())
+    finally:
+        runner.close()
+    assert time.monotonic() - t0 < 30
+    recs = {r["name"]: r for r in _records(tmp_path / "out")}
+    assert list(recs) == [s.name for s in steps]
+    assert recs["prints"]["status"] == "ok" and recs["prints"]["json"] == [{"x": 1.5}]
+    assert recs["prints"]["targets"] == [{"figure": "x", "target": ">= 1", "value": 1.5, "met": True}]
+    assert recs["fails"]["status"] == "failed" and recs["fails"]["rc"] == 3 and "boom" in recs["fails"]["tail"]
+    assert recs["hangs"]["status"] == "timeout" and recs["hangs"]["rc"] == -15  # SIGTERM was enough
+    assert recs["ignores_sigterm"]["status"] == "timeout" and recs["ignores_sigterm"]["rc"] == -9  # then SIGKILL
+    assert recs["ignores_sigterm"]["seconds"] < 6
+    t = recs["trainer"]
+    assert t["status"] == "ok" and t["summary"]["steps"] == 7 and t["figures"]["frames_per_s"] == 14
+    assert t["progress"].startswith("steps      1,000")
+    assert recs["too_big"]["status"] == "skipped" and recs["too_big"]["rc"] is None
+    log = (tmp_path / "out" / "suite.log").read_text()
+    assert "boom" in log and "==== hangs: timeout" in log
+
+
+def test_cpu_dry_run_writes_one_json_line_per_step_within_its_budget(tmp_path):
+    listed = _run("--cpu-dry-run", "--print-steps", str(tmp_path / "unused"))
+    names = [json.loads(line)["name"] for line in listed.stdout.splitlines()]
+    assert names[:2] == ["env", "pytest_cuda"] and "train_ga" in names, listed.stdout
+    budget = 35
+    t0 = time.monotonic()
+    r = _run("--cpu-dry-run", "--budget", str(budget), str(tmp_path))
+    wall = time.monotonic() - t0
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert wall < budget + 10, wall
+    records = _records(tmp_path)
+    assert [rec["name"] for rec in records] == names  # one line per step, skipped ones included
+    assert records[0]["status"] == "ok" and records[0]["figures"]["missing"] == []
+    assert records[1]["status"] == "ok" and records[1]["figures"]["collected"] > 0
+    assert records[-1]["suite_elapsed_s"] <= budget
+    for rec in records:
+        if rec["status"] == "skipped":
+            assert rec["rc"] is None and "budget" in rec["reason"]
+        elif rec["status"] == "ok" and rec["name"].startswith("bench_"):
+            assert rec["json"] and rec["targets"][0]["value"] is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "suite.log"]  # run folders pruned
+    assert "==== summary" in r.stdout
+
+
+def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
+    r = _run("--cpu-dry-run", "--budget", "90", "--only", "bench_transport,population_forward,train_ga", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = {rec["name"]: rec for rec in _records(tmp_path)}
+    assert list(recs) == ["env", "bench_transport", "population_forward", "train_ga"]
+    assert all(rec["status"] == "ok" for rec in recs.values())
+    t = recs["bench_transport"]
+    assert t["targets"][0]["figure"] == "transport_steps_per_s" and t["targets"][0]["value"] > 0
+    assert t["targets"][0]["met"] in (True, False)
+    assert recs["population_forward"]["figures"]["forward_steps_per_s"] > 0
+    ga = recs["train_ga"]
+    assert ga["summary"]["status"] == "done" and ga["summary"]["algo"] == "ga"
+    assert ga["progress"].startswith("gen") and ga["figures"]["generations"] >= 1
+    assert not (tmp_path / "runs").exists()  # read into results.jsonl, then pruned
