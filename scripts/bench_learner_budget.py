@@ -114,9 +114,8 @@ def main(a: Args) -> None:
     act_batch = _median(times)
 
     n_envs = cfg.pipeline.num_workers * cfg.pipeline.envs_per_worker
-    raw = RawEnvpool(spec.env_id, spec, n_envs, cfg.pipeline.env_threads or cores)
-    raw_steps = max(raw.measure(0.5, 3.0).values())
-    del raw
+    with RawEnvpool(spec.env_id, spec, n_envs, cfg.pipeline.env_threads or cores) as raw:
+        raw_steps = max(raw.measure(0.5, 3.0).values())
 
     steps = (L - 1) * B  # agent steps per learner batch
     frames = steps * spec.frames_per_step

@@ -129,28 +129,35 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
                                    envs_per_worker=a.envs_per_worker or pipe.envs_per_worker, device=str(device))
         n = pipe.num_workers * pipe.envs_per_worker
         threads = pipe.env_threads or os.cpu_count() or 1
-        raw = RawEnvpool(env.id, spec, n, threads)
-        before = max(raw.measure(0.5, 3.0).values())
-        with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
-            cfg = dataclasses.replace(cfg, pipeline=pipe, log_dir=tmp,
-                                      algo=dataclasses.replace(cfg.algo, population_size=a.population))
-            summary = train(cfg)
-            ea = EventAccumulator(os.path.join(tmp, "bench"), size_guidance={"scalars": 0})
-            ea.Reload()
-            frames = [e.value for e in ea.Scalars("perf/frames_per_generation")]
-            secs = [e.value for e in ea.Scalars("perf/generation_s")]
-            idle = ea.Scalars("perf/idle_share")
+        with RawEnvpool(env.id, spec, n, threads) as raw:
+            before = max(raw.measure(0.5, 3.0).values())
+            with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
+                cfg = dataclasses.replace(cfg, pipeline=pipe, log_dir=tmp,
+                                          algo=dataclasses.replace(cfg.algo, population_size=a.population))
+                summary = train(cfg)
+                ea = EventAccumulator(os.path.join(tmp, "bench"), size_guidance={"scalars": 0})
+                ea.Reload()
+                tags = set(ea.Tags()["scalars"])
+
+                def series(tag: str) -> list:  # empty when no generation finished within --seconds
+                    return ea.Scalars(tag) if tag in tags else []
+
+                frames = [e.value for e in series("perf/frames_per_generation")]
+                secs = [e.value for e in series("perf/generation_s")]
+                idle = series("perf/idle_share")
+            after = max(raw.measure(0.5, 3.0).values())
+        if not frames:
+            print(f"{algo}: no generation finished within --seconds {a.seconds:g}: nothing to measure", flush=True)
         # Generation 1 also waits for the env workers to start: left out when there are others.
         skip = 1 if len(frames) > 1 else 0
-        rate = sum(frames[skip:]) / max(1e-9, sum(secs[skip:]))
-        after = max(raw.measure(0.5, 3.0).values())
-        del raw
+        rate = sum(frames[skip:]) / sum(secs[skip:]) if frames else None
         raw_best = float(np.median([before, after]))
         out = {"part": "train", "algo": algo, "env": env.id, "population": a.population, "envs": n,
                "episodes_per_member": a.episodes_per_member,
                "generations": summary["generations"], "eval_frames_per_s": rate,
                "raw_envpool_steps_per_s": raw_best, "raw_before": before, "raw_after": after,
-               "ratio_raw": rate / raw_best, "best_member_return": summary["best_member_return"],
+               "ratio_raw": rate / raw_best if rate is not None else None,
+               "best_member_return": summary["best_member_return"],
                "forward": summary["forward"],
                "idle_share": float(np.mean([e.value for e in idle[skip:]])) if idle else None,
                "device": str(device)}

@@ -3,7 +3,7 @@
 its own, the suite as a whole inside one wall-clock budget (default 540 s).
 
 On the lent GPU machine (the device ``run`` tool: carry [".whl", ".assets"],
-made here by ``bash ../shared/tools/device-kit.sh``), one call:
+made here by ``bash ../shared/tools/device-kit.sh`` then ``bash scripts/device_extra_wheels.sh``), one call:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .site .whl/*.whl && export PYTHONPATH=$PWD/.site:$PWD ENVPOOL_ASSETS_PATH=$PWD/.assets && bash scripts/gpu_suite.sh $OUT
 

@@ -52,8 +52,8 @@ def autotune(cfg, spec) -> dict:
     t_start = time.monotonic()
     raw_best = None
     if spec.backend == "envpool":
-        raw = RawEnvpool(cfg.env, spec, total, threads).measure(0.5, seconds)
-        raw_best = max(raw.values())
+        with RawEnvpool(cfg.env, spec, total, threads) as raw:
+            raw_best = max(raw.measure(0.5, seconds).values())
     rows = []
     for w, per_worker, min_batch in candidates(total, cpus):
         pipe_cfg = PipelineConfig(num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,

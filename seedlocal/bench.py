@@ -25,6 +25,7 @@ The last line printed is one JSON object (keys documented in the README).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -108,7 +109,11 @@ class RawEnvpool:
     """The three ways to step ``n`` envpool envs with random actions and no model.
 
     The pools are built once and kept (idle pools sleep), so each round
-    measures all three under the same machine conditions.
+    measures all three under the same machine conditions. ``close()`` (or
+    leaving a ``with`` block) collects the steps left in flight and closes
+    them: an envpool destroyed at interpreter exit with a step in flight
+    can abort the process (``terminate called without an active
+    exception``), e.g. when SIGTERM ends a bench.
     """
 
     KINDS = ("sync", "async_half", "two_groups")
@@ -129,6 +134,29 @@ class RawEnvpool:
         rng = np.random.default_rng(0)
         self.acts = _raw_actions(spec, n, rng)
         self.half_acts = _raw_actions(spec, self.half, rng)
+        # Every pool but the synchronous one has one batch in flight between measurements.
+        self._in_flight = [self.async_env, *self.groups]
+
+    def close(self) -> None:
+        pools, self._in_flight = self._in_flight, []
+        for env in pools:
+            try:
+                env.recv()
+            except Exception:
+                pass
+        for env in [self.sync, *pools]:
+            close = getattr(env, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    pass
+
+    def __enter__(self) -> "RawEnvpool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _sync(self, warmup: float, seconds: float) -> float:
         def one(i):
@@ -356,38 +384,8 @@ def run(cfg: BenchConfig) -> dict:
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
         raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
-        p = pipeline_run(cfg, pipe_cfg, "auto", model=False, raw=raw)
-        if p["raw"] is not None:
-            best = max(p["raw"].values())
-            for kind, label in (("sync", "sync step"), ("async_half", "async batch_size=n/2"),
-                                ("two_groups", "two half pools, 2 threads")):
-                rows.append((f"raw envpool, {label}", p["raw"][kind], p["raw"][kind] / best, ""))
-            result.update({"raw_best_steps_per_s": best, "raw_best": max(p["raw"], key=p["raw"].get),
-                           "raw_sync_steps_per_s": p["raw"]["sync"],
-                           "raw_async_half_steps_per_s": p["raw"]["async_half"],
-                           "raw_two_groups_steps_per_s": p["raw"]["two_groups"]})
-        rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
-        result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
-                       "random_detail": p, "device": p["device"]})
-        if not cfg.skip_model and spec.num_actions is not None:
-            m = pipeline_run(cfg, pipe_cfg, "auto", model=True, raw=raw)
-            rows.append(("seedlocal, training's network", m["steps_per_s"], m["ratio"], _detail(m)))
-            result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
-                           "model_detail": m})
-        else:
-            result.update({"model_policy_steps_per_s": None, "ratio_model": None})
-        if cfg.learning:
-            if spec.num_actions is None:
-                raise ConfigError(f"bench.env={cfg.env!r}: --learning runs V-trace, which needs discrete actions")
-            lr = learning_run(cfg, pipe_cfg)
-            best = result.get("raw_best_steps_per_s")
-            ratio = lr["learning_steps_per_s"] / best if best and lr["learning_steps_per_s"] else None
-            rows.append(("seedlocal, V-trace learner training", lr["learning_steps_per_s"] or 0.0, ratio,
-                         f"learner waits {lr['learner_wait_share'] or 0:.0%}, workers wait "
-                         f"{lr['worker_wait_share'] or 0:.0%}, {lr['updates_per_s']:.1f} updates/s of "
-                         f"{lr['batch_size']} x {lr['unroll_length']}"))
-            result.update({"learning_steps_per_s": lr["learning_steps_per_s"], "ratio_learning": ratio,
-                           "learning_detail": lr})
+        with raw if raw is not None else contextlib.nullcontext():
+            _measure_all(cfg, pipe_cfg, spec, raw, rows, result)
 
     print(f"\n{cfg.env}: {workers} worker(s) x {envs} envs, {threads} env threads, "
           f"frames/step {spec.frames_per_step}, {cfg.seconds:g}s each")
@@ -398,6 +396,44 @@ def run(cfg: BenchConfig) -> dict:
         print(f"{name:42s} {v:12,.0f} {r}  {d}")
     print(json.dumps(result, default=float))
     return result
+
+
+def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpool | None, rows: list,
+                 result: dict) -> None:
+    """Raw envpool, the pipeline with a random policy and with the training
+    network, and (``--learning``) the learner: into ``rows`` and ``result``."""
+    p = pipeline_run(cfg, pipe_cfg, "auto", model=False, raw=raw)
+    if p["raw"] is not None:
+        best = max(p["raw"].values())
+        for kind, label in (("sync", "sync step"), ("async_half", "async batch_size=n/2"),
+                            ("two_groups", "two half pools, 2 threads")):
+            rows.append((f"raw envpool, {label}", p["raw"][kind], p["raw"][kind] / best, ""))
+        result.update({"raw_best_steps_per_s": best, "raw_best": max(p["raw"], key=p["raw"].get),
+                       "raw_sync_steps_per_s": p["raw"]["sync"],
+                       "raw_async_half_steps_per_s": p["raw"]["async_half"],
+                       "raw_two_groups_steps_per_s": p["raw"]["two_groups"]})
+    rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
+    result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
+                   "random_detail": p, "device": p["device"]})
+    if not cfg.skip_model and spec.num_actions is not None:
+        m = pipeline_run(cfg, pipe_cfg, "auto", model=True, raw=raw)
+        rows.append(("seedlocal, training's network", m["steps_per_s"], m["ratio"], _detail(m)))
+        result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
+                       "model_detail": m})
+    else:
+        result.update({"model_policy_steps_per_s": None, "ratio_model": None})
+    if cfg.learning:
+        if spec.num_actions is None:
+            raise ConfigError(f"bench.env={cfg.env!r}: --learning runs V-trace, which needs discrete actions")
+        lr = learning_run(cfg, pipe_cfg)
+        best = result.get("raw_best_steps_per_s")
+        ratio = lr["learning_steps_per_s"] / best if best and lr["learning_steps_per_s"] else None
+        rows.append(("seedlocal, V-trace learner training", lr["learning_steps_per_s"] or 0.0, ratio,
+                     f"learner waits {lr['learner_wait_share'] or 0:.0%}, workers wait "
+                     f"{lr['worker_wait_share'] or 0:.0%}, {lr['updates_per_s']:.1f} updates/s of "
+                     f"{lr['batch_size']} x {lr['unroll_length']}"))
+        result.update({"learning_steps_per_s": lr["learning_steps_per_s"], "ratio_learning": ratio,
+                       "learning_detail": lr})
 
 
 def _detail(p: dict) -> str:
