@@ -84,7 +84,7 @@ def autotune(cfg, spec) -> dict:
 
 def load_pipeline_file(path: str) -> dict:
     """The pipeline fields of an autotune file (or of a plain PipelineConfig JSON)."""
-    from seedlocal.config import ConfigError
+    from seedlocal.errors import ConfigError
 
     try:
         data = json.loads(Path(path).read_text())

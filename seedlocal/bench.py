@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedlocal.config import (ConfigError, EnvConfig, PipelineConfig, check_writable, resolve_device, validate_env,
+from seedlocal.errors import ConfigError
+from seedlocal.config import (EnvConfig, PipelineConfig, check_writable, resolve_device, validate_env,
                               validate_pipeline)
 
 

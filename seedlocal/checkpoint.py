@@ -19,16 +19,10 @@ from pathlib import Path
 
 import torch
 
+from seedlocal.errors import CheckpointError, ConfigError, Diverged
+
 FORMAT = 1
 _NAME = re.compile(r"ckpt_(\d+)_(\d+)\.pt$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: missing, unreadable or for another config."""
-
-
-class Diverged(RuntimeError):
-    """Training produced NaN or inf weights: they are not saved over good ones."""
 
 
 _NESTED = (torch.Tensor, dict, list, tuple)
@@ -50,8 +44,6 @@ def new_run_dir(log_dir: str, name: str) -> Path:
     """``log_dir/name``, refusing one that already holds checkpoints."""
     run_dir = Path(log_dir) / name
     if all_checkpoints(run_dir / "checkpoints"):
-        from seedlocal.config import ConfigError
-
         raise ConfigError(f"run_name={name!r}: {run_dir} already holds checkpoints; "
                           f"continue it with --resume {run_dir} or pick another name")
     return run_dir
@@ -62,8 +54,6 @@ def make_run_dir(run_dir: Path) -> None:
     try:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        from seedlocal.config import ConfigError
-
         raise ConfigError(f"log_dir: cannot create {run_dir} ({e.strerror})") from None
 
 
@@ -79,7 +69,7 @@ def lock_run(run_dir: Path):
     resume) of the same folder is refused instead of mixing two curves and
     two sets of checkpoints. Released by closing the returned file, or by the
     kernel when the process dies."""
-    from seedlocal.config import ConfigError
+    from seedlocal.errors import ConfigError
 
     f = open(Path(run_dir) / ".lock", "a+")
     holder = _held_by(f)

@@ -15,9 +15,7 @@ from typing import Literal
 
 import torch
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work."""
+from seedlocal.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -341,8 +339,6 @@ def saved_config(cls, saved: dict, path: str):
             saved = cls.migrate(saved)
         return from_dict(cls, saved)
     except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
-        from seedlocal.checkpoint import CheckpointError
-
         raise CheckpointError(f"{path}: its saved configuration cannot be read ({type(e).__name__}: {e})") from None
 
 

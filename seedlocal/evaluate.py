@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint
-from seedlocal.config import ConfigError, check_writable, fail, resolve_device
+from seedlocal.errors import ConfigError
+from seedlocal.config import check_writable, fail, resolve_device
 from seedlocal.models import ActorCritic, PolicyNet, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 

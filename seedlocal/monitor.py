@@ -161,7 +161,7 @@ class RunMonitor:
         if exc is not None and getattr(exc, "seedlocal_run_dir", None) is None:
             exc.seedlocal_run_dir = self.run_dir
         self.close()
-        from seedlocal.config import ConfigError
+        from seedlocal.errors import ConfigError
 
         if isinstance(exc, ConfigError) and self._new_run and not self._wrote_scalars:
             self._remove_empty_run()

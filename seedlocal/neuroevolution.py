@@ -20,9 +20,10 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, check_network_fits, fail,
-                              num_groups, resolve_device, resume_line, validate_bridge, validate_env,
-                              validate_pipeline, validate_run_options)
+from seedlocal.errors import ConfigError
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
+                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
+                              validate_run_options)
 from seedlocal.models import PolicyNet, obs_identity
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.bridge_server import BridgeMeter

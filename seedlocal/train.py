@@ -23,9 +23,10 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
-                              num_groups, resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              validate_run_options)
+from seedlocal.errors import ConfigError
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
+                              num_groups, resolve_device, resume_line, validate_bridge, validate_env,
+                              validate_pipeline, validate_run_options)
 from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, apply_precision, obs_identity, resolve_precision
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.pipeline.batches import Batcher, Prefetcher

@@ -41,13 +41,15 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
-from seedlocal.config import (BridgeConfig, ConfigError, EnvConfig, PipelineConfig, RunOptions, check_network_fits,
-                              fail, num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
+from seedlocal.errors import ConfigError
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
+                              num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
 from seedlocal.models import (GraphedStep, RecurrentQNet, WeightFence, apply_precision, image_layout, obs_identity,
                               resolve_precision)
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
-from seedlocal.pipeline.inference import InferenceThread, StallWatch, _torch_dtype
+from seedlocal.dtypes import torch_dtype
+from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.replay import SequenceReplay
 from seedlocal.shm.rollout import obs_key
 
@@ -320,8 +322,8 @@ class BatchStager:
             return torch.from_numpy(arr)
         pinned = self._pinned[self._turn]
         t = pinned.get(name)
-        if t is None or t.shape != arr.shape or t.dtype != _torch_dtype(arr.dtype):
-            t = pinned[name] = torch.empty(arr.shape, dtype=_torch_dtype(arr.dtype), pin_memory=True)
+        if t is None or t.shape != arr.shape or t.dtype != torch_dtype(arr.dtype):
+            t = pinned[name] = torch.empty(arr.shape, dtype=torch_dtype(arr.dtype), pin_memory=True)
         t.numpy()[...] = arr
         return t
 

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 
+from seedlocal.errors import WorkerDied
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
@@ -24,10 +25,6 @@ GROUPS_PER_WORKER = 2
 
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
-
-
-class WorkerDied(RuntimeError):
-    """An env worker exited and may not be restarted."""
 
 
 class ActorPool:

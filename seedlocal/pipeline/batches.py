@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from seedlocal.pipeline.inference import _torch_dtype
+from seedlocal.dtypes import torch_dtype
 
 # Store field -> batch key (obs fields keep their own names under "obs").
 FIELDS = {"action": "action", "reward": "reward", "terminated": "terminated", "ignored": "ignored",
@@ -56,7 +56,7 @@ class Batcher:
                     shape = (k * src.shape[1],) + src.shape[2:]
                 else:  # [buffers, L, E, ...] -> [L, k*E, ...]
                     shape = (src.shape[1], k * src.shape[2]) + src.shape[3:]
-                t = torch.empty(shape, dtype=_torch_dtype(src.dtype), pin_memory=self.cuda)
+                t = torch.empty(shape, dtype=torch_dtype(src.dtype), pin_memory=self.cuda)
                 ht[name], h[name] = t, t.numpy()
                 if self.cuda:
                     d[name] = torch.empty(shape, dtype=t.dtype, device=device)

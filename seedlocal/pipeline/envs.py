@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seedlocal.errors import EnvContractError
 from seedlocal.shm.rollout import TensorSpec
 
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
@@ -54,11 +55,6 @@ class EnvSpec:
     # A Discrete(n, start) action space: the pipeline's actions are 0..n-1 and
     # the env receives action + start.
     action_start: int = 0
-
-
-class EnvContractError(ValueError):
-    """An env broke the Gymnasium contract (non-finite reward, observation
-    outside its space's shape): a restarted worker would meet it again."""
 
 
 @functools.lru_cache(maxsize=1)

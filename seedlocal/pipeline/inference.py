@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from seedlocal.dtypes import numpy_dtype, torch_dtype
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.unrolls import UnrollAllocator
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
@@ -123,7 +124,7 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     out, o = [], 0
     for t in parts:
         w = t[0].numel()
-        dtype = np.float32 if t.dtype == torch.bfloat16 else _numpy_dtype(t.dtype)
+        dtype = np.float32 if t.dtype == torch.bfloat16 else numpy_dtype(t.dtype)
         out.append(block[:, o:o + w].reshape(t.shape).astype(dtype))
         o += w
     return out[0], dict(zip(outputs, out[1:]))
@@ -185,7 +186,7 @@ class InferenceLoop:
         # Flat [buffers * rows, envs, ...] views so one np.take gathers a batch.
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in self._obs_keys}
         self._staging = {
-            k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=_torch_dtype(self.store[k].dtype),
+            k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=torch_dtype(self.store[k].dtype),
                            pin_memory=pin)
             for k in self._obs_keys
         }
@@ -471,14 +472,6 @@ class InferenceLoop:
                     self.step()
         except LoopStopped:
             pass
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype
-
-
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 class StallWatch:

@@ -1,0 +1,27 @@
+"""The errors seedlocal stops with, in one place low in the house.
+
+Each is one line for the user: the CLI prints it after ``seedlocal: error:``
+and exits (2 for a config or checkpoint the user can fix, 1 for a run that
+broke). Nothing here imports anything, so every module may raise them.
+"""
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work (its message starts with the field and the value)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, unreadable or for another config."""
+
+
+class Diverged(RuntimeError):
+    """Training produced NaN or inf weights: they are not saved over good ones."""
+
+
+class WorkerDied(RuntimeError):
+    """An env worker exited and may not be restarted."""
+
+
+class EnvContractError(ValueError):
+    """An env broke the Gymnasium contract (non-finite reward, observation
+    outside its space's shape): a restarted worker would meet it again."""
