@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from seedlocal.algos.vtrace import learner_step, make_optimizer
 from seedlocal.bench import RawEnvpool
 from seedlocal.config import EnvConfig, validate_env
-from seedlocal.models import autocast, resolve_precision
+from seedlocal.arithmetic import autocast, resolve_precision
 from seedlocal.train import PRESETS, build_model
 
 

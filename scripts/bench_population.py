@@ -32,9 +32,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from seedlocal.bench import RawEnvpool
 from seedlocal.config import EnvConfig, resolve_device, validate_env
-from seedlocal.models import PolicyNet
+from seedlocal.networks import PolicyNet
 from seedlocal.neuroevolution import ESRun, GARun, train
-from seedlocal.population import PopulationForward
+from seedlocal.policies.population import PopulationForward
 
 
 @dataclass

@@ -209,7 +209,7 @@ class RawEnvpool:
 def training_model(spec, device: torch.device):
     """The network (and arithmetic) ``seedlocal train vtrace`` uses by default
     for this env: the Atari preset's for images, the CartPole defaults else."""
-    from seedlocal.models import is_image
+    from seedlocal.networks import is_image
     from seedlocal.train import PRESETS, build_model
 
     single = spec.obs.get("")
@@ -220,7 +220,9 @@ def training_model(spec, device: torch.device):
 def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model: bool,
                  raw: RawEnvpool | None) -> dict:
     """Start a pipeline, then alternate ``cfg.rounds`` times: raw, pipeline."""
-    from seedlocal.models import ModelPolicy, RandomPolicy, apply_precision, resolve_precision
+    from seedlocal.arithmetic import apply_precision, resolve_precision
+    from seedlocal.policies import RandomPolicy
+    from seedlocal.policies.actor_critic import ModelPolicy
     from seedlocal.pipeline.pipeline import Pipeline
 
     def make_policy(spec, device):
@@ -326,7 +328,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
 
 def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
     """(num_workers, envs_per_worker, unroll_length) for this bench run."""
-    from seedlocal.models import is_image
+    from seedlocal.networks import is_image
 
     if cfg.learning:
         preset, _ = training_model(spec, torch.device("cpu"))

@@ -42,7 +42,7 @@ def _measure(pipe, seconds: float) -> tuple[float, float]:
 
 
 def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
-    from seedlocal.models import RandomPolicy
+    from seedlocal.policies import RandomPolicy
     from seedlocal.pipeline.pipeline import Pipeline
 
     backend = "null" if cfg.transport_only else "auto"

@@ -18,7 +18,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.errors import ConfigError
 from seedlocal.config import check_writable, fail, resolve_device
-from seedlocal.models import ActorCritic, PolicyNet, obs_identity
+from seedlocal.networks import ActorCritic, PolicyNet, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 
 
@@ -92,7 +92,7 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
         # on (a user's own env may have changed since).
         checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec)})
         if ident.get("algo") == "r2d2":
-            from seedlocal.models import RecurrentQNet
+            from seedlocal.networks import RecurrentQNet
             from seedlocal.train_r2d2 import net_spec
 
             net = RecurrentQNet(net_spec(spec, ident["frame_stack"]), encoder=ident["encoder"],

@@ -24,11 +24,11 @@ from seedlocal.errors import ConfigError
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
                               resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
                               validate_run_options)
-from seedlocal.models import PolicyNet, obs_identity
+from seedlocal.networks import PolicyNet, obs_identity
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
-from seedlocal.population import PopulationPolicy
+from seedlocal.policies.population import PopulationPolicy
 
 
 def _pipeline_default() -> PipelineConfig:

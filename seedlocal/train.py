@@ -1,7 +1,7 @@
 """``seedlocal train vtrace``: IMPALA on the SEED-style pipeline.
 
 One process holds the model. Its inference thread serves the env workers
-with the learner's own parameters (a ``WeightFence`` orders only the
+with the learner's own parameters (a ``WeightLock`` orders only the
 optimiser's write against its reads); its main thread turns finished unrolls
 into V-trace updates. Unrolls go from
 shared memory to the device in one copy per field and go back to the free
@@ -27,7 +27,10 @@ from seedlocal.errors import ConfigError
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
                               num_groups, resolve_device, resume_line, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
-from seedlocal.models import ActorCritic, ModelPolicy, WeightFence, apply_precision, obs_identity, resolve_precision
+from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.networks import ActorCritic, obs_identity
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.bridge_server import BridgeMeter
@@ -251,8 +254,8 @@ def train(cfg: VTraceRun) -> dict:
           f"{'actors wait for each update, algo.sync on' if sync else 'acting overlaps learning, algo.sync off'}); "
           f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
 
-    fence = WeightFence(device)
-    policy = ModelPolicy(model, spec, fence, precision=precision, cuda_graphs=cfg.pipeline.cuda_graphs)
+    lock = WeightLock(device)
+    policy = ModelPolicy(model, spec, lock, precision=precision, cuda_graphs=cfg.pipeline.cuda_graphs)
     group = cfg.pipeline.envs_per_worker // 2
     k = cfg.algo.batch_size // group
     pipe_cfg = dataclasses.replace(cfg.pipeline)
@@ -362,7 +365,7 @@ def train(cfg: VTraceRun) -> dict:
                     g["lr"] = lr
                 acted_version = float(batch["policy_version"].mean())
                 version0 = loop.version
-                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=fence, diagnose=iv.diag is None,
+                stats = learner_step(model, optimizer, batch, cfg.algo, step_lock=lock, diagnose=iv.diag is None,
                                      precision=precision, after_update=bump_version, shuffle=shuffle)
                 if iv.diag is None:  # once per logging interval: it copies the weights
                     iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}

@@ -45,8 +45,10 @@ from seedlocal.errors import ConfigError
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
                               num_groups, resolve_device, resume_line, short_of_memory, validate_bridge, validate_env,
                               validate_pipeline, validate_run_options)
-from seedlocal.models import (GraphedStep, RecurrentQNet, WeightFence, apply_precision, image_layout, obs_identity,
-                              resolve_precision)
+from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.networks import RecurrentQNet, image_layout, obs_identity
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.monitor import RunMonitor, closing_line, nothing_stepped
 from seedlocal.dtypes import torch_dtype
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -247,57 +249,6 @@ def validate(cfg: R2D2Run):
     return spec
 
 
-class R2D2Policy:
-    """Epsilon-greedy on the online network's Q-values, one epsilon per env slot;
-    stacks each env's frames itself when ``stack`` > 1."""
-
-    per_env = True
-
-    def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor, fence: WeightFence, device, stack: int,
-                 seed: int, cuda_graphs: bool = False):
-        self.net, self.spec, self.fence, self.device = net, spec, fence, device
-        self._step = GraphedStep(net.step, device) if cuda_graphs else net.step
-        self.outputs = {}
-        self.core_state = net.core_spec
-        self.eps = epsilons.to(device)
-        self.stack = stack
-        self.hist = None
-        if stack > 1:
-            single = spec.obs[""]
-            self.hist = torch.zeros((len(epsilons), stack) + tuple(single.shape[1:]), dtype=torch.uint8,
-                                    device=device)
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-
-    def prepare(self, sizes, obs: dict[str, torch.Tensor]) -> None:
-        """Before the run: capture the CUDA graphs of every batch size the loop will serve."""
-        if isinstance(self._step, GraphedStep):
-            if self.hist is not None:  # the network sees stacked frames
-                obs = {"": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
-                                       device=self.device)}
-            self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
-
-    def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start."""
-        prev = self.hist[ids]
-        rolled = torch.cat([prev[:, 1:], frames], dim=1)
-        fresh = frames.expand(-1, self.stack, -1, -1)
-        out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
-        self.hist[ids] = out
-        return out
-
-    @torch.inference_mode()
-    def act(self, obs, core, env_ids, first):
-        ids = torch.from_numpy(env_ids).to(self.device)
-        if self.hist is not None:
-            obs = {"": self.stacked(obs[""], ids, torch.from_numpy(first).to(self.device))}
-        with self.fence.reading():
-            q, core = self._step(obs, core)
-        n = q.shape[0]
-        explore = torch.rand(n, generator=self.gen, device=self.device) < self.eps[ids]
-        random = torch.randint(q.shape[1], (n,), generator=self.gen, device=self.device)
-        return torch.where(explore, random, q.argmax(-1)), {}, core.float()
-
-
 class BatchStager:
     """Replay samples to learner batches on the device.
 
@@ -410,8 +361,8 @@ def train(cfg: R2D2Run) -> dict:
     eps = torch.full((num_envs,), a.eval_epsilon)
     eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base, a.epsilon_alpha)
     stack = cfg.frame_stack if cfg.frame_stack > 1 and "" in spec.obs else 1
-    fence = WeightFence(device)
-    policy = R2D2Policy(online, spec, eps, fence, device, stack, cfg.env.seed, cuda_graphs=cfg.pipeline.cuda_graphs)
+    lock = WeightLock(device)
+    policy = R2D2Policy(online, spec, eps, lock, device, stack, cfg.env.seed, cuda_graphs=cfg.pipeline.cuda_graphs)
     replay = make_replay(cfg, spec, num_envs - a.eval_envs, online.core_spec.shape)
     if saved is not None and "replay" in saved:
         try:
@@ -573,7 +524,7 @@ def train(cfg: R2D2Run) -> dict:
                     continue
                 sampled = staged.pop() if staged else stager.stage(replay.sample(a.batch_size, a.importance_exponent))
                 batch, slots, gens, weights = sampled
-                stats, prio = learner_step(online, target, optimizer, batch, weights, a, step_lock=fence)
+                stats, prio = learner_step(online, target, optimizer, batch, weights, a, step_lock=lock)
                 prio = stager.priorities_to_host(prio)
                 if stager.ahead:  # the next batch, sampled and copied while this update runs on the device
                     staged.append(stager.stage(replay.sample(a.batch_size, a.importance_exponent)))

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from helpers import tiny_pipeline
-from seedlocal.models import ActorCritic, ModelPolicy
+from seedlocal.networks import ActorCritic
+from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 
 

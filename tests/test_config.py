@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, validate_env, validate_pipeline
-from seedlocal.models import RandomPolicy
+from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.pipeline import Pipeline
 
 
@@ -198,7 +198,7 @@ def test_precision_means_one_arithmetic_per_device():
     CUDA turns TF32 off for convolutions too; tf32 on a CPU is fp32."""
     import torch
 
-    from seedlocal.models import apply_precision, cpu_has_bf16_matmul, resolve_precision
+    from seedlocal.arithmetic import apply_precision, cpu_has_bf16_matmul, resolve_precision
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_precision("auto", "nature", cuda) == "tf32" == resolve_precision("auto", "mlp", cuda)

@@ -10,9 +10,11 @@ import torch
 from helpers import take_unrolls, tiny_pipeline
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import EnvConfig, validate_env
-from seedlocal.models import ActorCritic, ModelPolicy, PolicyNet, WeightFence
+from seedlocal.networks import ActorCritic, PolicyNet
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.pipeline.batches import Batcher, Prefetcher
-from seedlocal.population import PopulationForward
+from seedlocal.policies.population import PopulationForward
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -133,7 +135,7 @@ def test_graphed_inference_matches_eager_and_follows_weight_updates(precision, l
     spec = validate_env(EnvConfig(id="Pong-v5"))
     torch.manual_seed(0)
     model = ActorCritic(spec, lstm_size=lstm).to(CUDA)
-    fence = WeightFence(CUDA)
+    fence = WeightLock(CUDA)
     eager = ModelPolicy(model, spec, fence, precision=precision)
     graphed = ModelPolicy(model, spec, fence, precision=precision, cuda_graphs=True)
     tol = {"rtol": 1e-2, "atol": 1e-2} if precision == "bf16" else {"rtol": 1e-4, "atol": 1e-5}
@@ -168,14 +170,15 @@ def test_graphed_inference_matches_eager_and_follows_weight_updates(precision, l
 
 
 def test_graphed_r2d2_acting_matches_eager():
-    from seedlocal.models import RecurrentQNet
-    from seedlocal.train_r2d2 import R2D2Policy, net_spec
+    from seedlocal.networks import RecurrentQNet
+    from seedlocal.policies.q_greedy import R2D2Policy
+    from seedlocal.train_r2d2 import net_spec
 
     spec = validate_env(EnvConfig(id="Pong-v5", frame_stack=1))
     torch.manual_seed(0)
     net = RecurrentQNet(net_spec(spec, 4), "nature", lstm_size=64).to(CUDA)  # single frames in, 4 stacked
     eps = torch.zeros(16)  # greedy: actions are the argmax of Q
-    fence = WeightFence(CUDA)
+    fence = WeightLock(CUDA)
     eager = R2D2Policy(net, spec, eps, fence, CUDA, 4, 0)
     graphed = R2D2Policy(net, spec, eps, fence, CUDA, 4, 0, cuda_graphs=True)
     core = torch.zeros(16, 2, 64, device=CUDA)
@@ -194,9 +197,9 @@ def test_weight_fence_orders_a_side_stream_reader_against_the_writer():
     """The inference thread reads on its own stream, the learner writes on the
     default one: every read must see whole updates (20 kernels each), never a
     part of one, and no update may land under a read still queued."""
-    from seedlocal.models import WeightFence
+    from seedlocal.pipeline.cuda import WeightLock
 
-    fence = WeightFence(CUDA)
+    fence = WeightLock(CUDA)
     w = torch.zeros(1 << 22, device=CUDA)
     torch.cuda.synchronize()
     seen, done = [], threading.Event()
@@ -241,7 +244,7 @@ def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights(host_cu
     import warnings
 
     from seedlocal.algos.r2d2 import R2D2Params, learner_step
-    from seedlocal.models import RecurrentQNet
+    from seedlocal.networks import RecurrentQNet
 
     spec = validate_env(EnvConfig(id="Pong-v5"))
     torch.manual_seed(0)

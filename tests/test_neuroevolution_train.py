@@ -15,9 +15,9 @@ from seedlocal import checkpoint
 from seedlocal.config import EnvConfig, validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
-from seedlocal.models import PolicyNet
+from seedlocal.networks import PolicyNet
 from seedlocal.neuroevolution import ESRun, GARun, RandomSearchRun, train
-from seedlocal.population import PopulationForward, PopulationPolicy
+from seedlocal.policies.population import PopulationForward, PopulationPolicy
 
 GA_FRAME_BUDGET = 1_000_000  # CartPole-v1: best member >= 475 over 5 episodes within this many frames
 ES_FRAME_BUDGET = 3_000_000
@@ -297,7 +297,7 @@ def test_discrete_observations_enter_every_network_one_hot():
     """A Discrete observation is a category: networks see it one-hot (16
     inputs for FrozenLake's 16 cells, not one number), in the population
     forward's every strategy as in each network alone and in the actor-critic."""
-    from seedlocal.models import ActorCritic
+    from seedlocal.networks import ActorCritic
 
     spec = validate_env(EnvConfig(id="FrozenLake-v1"))
     assert spec.obs_classes == {"": (16, 0)}

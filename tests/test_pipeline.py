@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from helpers import check_autoreset_rows, take_unrolls, tiny_pipeline
-from seedlocal.models import ActorCritic, ModelPolicy, RandomPolicy
+from seedlocal.networks import ActorCritic
+from seedlocal.policies import RandomPolicy
+from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.pipeline.envs import resolve_backend
 
 
@@ -159,7 +161,7 @@ def test_atari_data_path_end_to_end():
     step (and restarts on reset), raw rewards in {-1, 0, 1} that the learner's
     clip leaves alone, the network's input scaled to [0, 1], and actions
     sampled from exactly the behaviour logits stored beside them."""
-    from seedlocal.models import _as_float
+    from seedlocal.networks import _as_float
 
     bias = torch.tensor([2.0, 0.0, -1.0, 1.0, 0.0, -2.0])
 

@@ -116,7 +116,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
     import numpy as np
 
     from seedlocal.replay import SequenceReplay
-    from seedlocal.train_r2d2 import R2D2Policy
+    from seedlocal.policies.q_greedy import R2D2Policy
 
     policy = R2D2Policy.__new__(R2D2Policy)
     policy.stack, policy.hist = 4, torch.zeros((1, 4, 2, 2), dtype=torch.uint8)
@@ -139,7 +139,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
 
 def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
     from seedlocal.algos.r2d2 import R2D2Params, learner_step
-    from seedlocal.models import RecurrentQNet
+    from seedlocal.networks import RecurrentQNet
     from seedlocal.pipeline.envs import describe
 
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
-from seedlocal.models import RecurrentQNet, encode_obs
+from seedlocal.networks import RecurrentQNet, encode_obs
 from seedlocal.pipeline.envs import describe
 from seedlocal.train_r2d2 import PRESETS, R2D2Run, train, validate
 

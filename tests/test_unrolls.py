@@ -11,7 +11,7 @@ import pytest
 
 from helpers import tiny_pipeline
 from seedlocal.config import EnvConfig, validate_env
-from seedlocal.models import RandomPolicy
+from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.pipeline.unrolls import BOUND, PARKED, WAITING, UnrollAllocator
 from seedlocal.shm.rollout import RolloutLayout, create_store

@@ -278,7 +278,7 @@ def test_mlp_tanh_matches_torch_in_values_and_gradients():
     """The MLP torsos' Tanh may compute 2 sigmoid(2x) - 1 (faster on some CPU
     builds): it must stay torch.tanh in value and gradient, with and without
     a graph, saturated inputs included."""
-    from seedlocal.models import Tanh, _tanh_from_sigmoid
+    from seedlocal.arithmetic import Tanh, _tanh_from_sigmoid
 
     # Large enough for the identity to be used where it measures faster.
     specials = torch.tensor([0.0, 1e-8, -1e-8, 30.0, -30.0, 100.0, -100.0])
@@ -303,7 +303,7 @@ def test_minibatch_order_comes_from_the_given_cpu_generator_only():
 
     from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
     from seedlocal.config import EnvConfig, validate_env
-    from seedlocal.models import ActorCritic
+    from seedlocal.networks import ActorCritic
 
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     g = torch.Generator().manual_seed(0)

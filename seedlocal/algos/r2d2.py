@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seedlocal.models import episode_starts
+from seedlocal.networks import episode_starts
 
 RESCALE_EPS = 1e-3
 

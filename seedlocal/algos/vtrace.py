@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seedlocal.models import autocast
+from seedlocal.arithmetic import autocast
 
 
 class VTraceReturns(NamedTuple):

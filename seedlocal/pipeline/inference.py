@@ -37,10 +37,8 @@ import torch
 from seedlocal.dtypes import numpy_dtype, torch_dtype
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.unrolls import UnrollAllocator
+from seedlocal.policies import HOLD, RESTART, SERVE, Policy
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
-
-# What a planning policy may ask for each ready group (see InferenceLoop.step).
-SERVE, HOLD, RESTART = 0, 1, 2
 
 
 class LoopStopped(Exception):
@@ -134,7 +132,7 @@ class InferenceLoop:
     def __init__(
         self,
         pool: ActorPool,
-        policy,
+        policy: Policy,
         device: torch.device,
         min_batch_envs: int,
         batch_timeout_s: float,
@@ -173,8 +171,6 @@ class InferenceLoop:
         # this thread (shm/slots.py) until it hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
         self._unhold = threading.Event()
-        self._plan = getattr(policy, "plan", None)
-        self._per_env = bool(getattr(policy, "per_env", False))
         # Which groups are remote (stepped by actor hosts behind the bridge).
         self._remote = None
         if pool.num_remote_groups:
@@ -223,11 +219,10 @@ class InferenceLoop:
         return [k * self.E for k in range(1, self.G + 1)]
 
     def start(self) -> None:
-        prepare = getattr(self.policy, "prepare", None)
-        if prepare is not None:  # e.g. CUDA graph capture, before any learner or worker runs
-            prepare(self.batch_sizes(), {("" if k == "obs" else k[4:]): torch.zeros(
-                (1,) + tuple(self.store[k].shape[3:]), dtype=self._staging[k].dtype, device=self.device)
-                for k in self._obs_keys})
+        # e.g. CUDA graph capture, before any learner or worker runs
+        self.policy.prepare(self.batch_sizes(), {("" if k == "obs" else k[4:]): torch.zeros(
+            (1,) + tuple(self.store[k].shape[3:]), dtype=self._staging[k].dtype, device=self.device)
+            for k in self._obs_keys})
         self._state[:] = STEPPING
         self.unrolls.bind_all()
         self.pool.start()
@@ -348,12 +343,12 @@ class InferenceLoop:
         n_stepped = int(stepped.sum()) * E
         self.stats.env_steps += n_stepped
 
-        if self._plan is not None:
+        if self.policy.plans:
             full_done = np.zeros((len(ready), E), bool)
             full_ret = np.zeros((len(ready), E), np.float32)
             full_done[stepped] = done
             full_ret[stepped] = store["ep_return"][prev_b, prev_r]
-            codes = np.asarray(self._plan(ready, first, full_done, full_ret))
+            codes = np.asarray(self.policy.plan(ready, first, full_done, full_ret))
             if (codes != SERVE).any():
                 self._apply_plan(ready, codes)
                 keep = codes == SERVE
@@ -395,16 +390,8 @@ class InferenceLoop:
 
         t0 = time.perf_counter()
         flat_core = None if core is None else core.reshape((n,) + core.shape[2:])
-        if self._plan is not None:
-            actions, outputs, new_core = self.policy.act(obs, flat_core, groups=ready)
-        elif self._per_env:
-            # Policies that keep per-env state of their own (R2D2's frame
-            # stacks, per-env exploration) get each row's env slot and
-            # episode-start flag.
-            env_ids = (ready[:, None] * E + np.arange(E)).ravel()
-            actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids=env_ids, first=first.ravel())
-        else:
-            actions, outputs, new_core = self.policy.act(obs, flat_core)
+        env_ids = (ready[:, None] * E + np.arange(E)).ravel()
+        actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, first.ravel())
         host_actions, host_out = to_host(actions, outputs)
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
@@ -458,7 +445,7 @@ class InferenceLoop:
         On CUDA the thread enqueues on a stream of its own, so its copies and
         forwards do not queue behind the learner's kernels on the default
         stream. What it shares with the learner is ordered explicitly: the
-        weights by the policy's ``WeightFence``, everything created before
+        weights by the policy's ``WeightLock``, everything created before
         it starts (recurrent state, frame stacks) by one wait here."""
         torch.set_num_threads(self.threads)
         stream = contextlib.nullcontext()

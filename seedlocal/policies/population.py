@@ -32,8 +32,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from seedlocal.models import PolicyNet, flatten_obs
-from seedlocal.pipeline.inference import HOLD, RESTART, SERVE
+from seedlocal.networks import PolicyNet, flatten_obs
+from seedlocal.policies import HOLD, RESTART, SERVE, Policy
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
 TRIAL_BATCHES = 5  # batches on which ``auto`` times every strategy before it settles
@@ -224,15 +224,14 @@ class Job:
         return self.returns
 
 
-class PopulationPolicy:
+class PopulationPolicy(Policy):
     """The inference loop's policy during neuroevolution (see module docstring).
 
     ``submit``/``evaluate`` (learner thread) post jobs; ``plan``/``act``
     (inference thread) run them.
     """
 
-    outputs: dict = {}
-    core_state = None
+    plans = True
 
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto"):
@@ -313,8 +312,8 @@ class PopulationPolicy:
                               torch.tensor(members, device=self.device))
         return codes
 
-    def act(self, obs: dict[str, torch.Tensor], core=None, groups: np.ndarray = None):
-        envs = (groups[:, None] * self.E + np.arange(self.E)).ravel()
+    def act(self, obs, core=None, env_ids=None, first=None):
+        envs = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         active = np.flatnonzero(self.assign[envs] >= 0)
         actions = torch.zeros(len(envs), dtype=torch.long, device=self.device)
         if len(active):

@@ -1,0 +1,381 @@
+"""The networks: torsos for each kind of observation, and the three heads
+seedlocal trains (a policy for neuroevolution, an actor-critic for V-trace,
+a recurrent dueling Q-network for R2D2).
+
+Every network reads a dict of observation tensors (one entry per field of
+the env's observation; ``""`` for a single one) and is built from an
+``EnvSpec`` alone, so a checkpoint's identity rebuilds it. Acting with a
+network is a policy's job (``seedlocal/policies``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from seedlocal.arithmetic import Tanh, autocast
+from seedlocal.pipeline.envs import EnvSpec
+from seedlocal.shm.rollout import TensorSpec
+
+ENCODERS = ("auto", "mlp", "nature", "impala")
+
+def image_layout(spec: TensorSpec) -> str | None:
+    """``chw`` or ``hwc`` for an observation the CNN torsos take (at least
+    36 x 36 pixels: the Nature CNN's smallest input), else None. Gymnasium's
+    own image envs are usually (H, W, C); envpool's Atari frames (C, H, W)."""
+    shape = spec.shape
+    if len(shape) != 3:
+        return None
+    if min(shape[1:]) >= 36:
+        return "chw"
+    if min(shape[:2]) >= 36 and shape[2] <= 16:
+        return "hwc"
+    return None
+
+def is_image(spec: TensorSpec) -> bool:
+    return image_layout(spec) is not None
+
+class MLPEncoder(nn.Module):
+    def __init__(self, in_dim: int, hidden: tuple[int, ...] = (64, 64)):
+        super().__init__()
+        layers, d = [], in_dim
+        for h in hidden:
+            layers += [nn.Linear(d, h), Tanh()]
+            d = h
+        self.net = nn.Sequential(*layers)
+        self.out_dim = d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+class NatureCNN(nn.Module):
+    """The DQN torso (Mnih et al. 2015) for stacked 84x84 frames."""
+
+    def __init__(self, in_shape: tuple[int, int, int], out_dim: int = 512):
+        super().__init__()
+        c, h, w = in_shape
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, c, h, w)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x))
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+class ImpalaResNet(nn.Module):
+    """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of
+    conv + max-pool + two residual blocks, 16/32/32 channels, then 256 units."""
+
+    def __init__(self, in_shape: tuple[int, int, int], channels=(16, 32, 32), out_dim: int = 256):
+        super().__init__()
+        c, h, w = in_shape
+        stages = []
+        for out_c in channels:
+            stages += [nn.Conv2d(c, out_c, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                       _ResidualBlock(out_c), _ResidualBlock(out_c)]
+            c = out_c
+        self.conv = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, *in_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x))
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.uint8:
+        return x.float()
+    # Under autocast, go straight to its dtype: a float32 frame batch would be
+    # written once here and once more by autocast's cast before the first conv.
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.float32
+    return x.to(dtype).div_(255.0)
+
+def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
+    """(kind, torso) for an env: ``auto`` picks the Nature CNN for images, else an MLP."""
+    if spec.num_actions is None:
+        raise ValueError(f"env.id={spec.env_id!r}: network policies need a Discrete action space")
+    if encoder not in ENCODERS:
+        raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
+    single = spec.obs.get("")
+    if encoder == "auto":
+        encoder = "nature" if single is not None and is_image(single) else "mlp"
+    if encoder in ("nature", "impala"):
+        layout = image_layout(single) if single is not None else None
+        if layout is None:
+            raise ValueError(f"encoder={encoder} needs one image observation, (C, H, W) or (H, W, C) of at least "
+                             f"36 x 36 pixels; {spec.env_id} has "
+                             f"{tuple(single.shape) if single is not None else dict(spec.obs)}")
+        c, h, w = single.shape if layout == "chw" else (single.shape[2], *single.shape[:2])
+        torso = NatureCNN((c, h, w)) if encoder == "nature" else ImpalaResNet((c, h, w))
+        torso.hwc = layout == "hwc"  # encode_obs moves the channels first (a view)
+        return encoder, torso
+    if not hidden or any(int(h) < 1 for h in hidden):
+        raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive, at least one layer")
+    classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in spec.obs}
+    in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(s.shape)) for k, s in spec.obs.items())
+    torso = MLPEncoder(in_dim, hidden)
+    torso.classes = classes  # Discrete fields enter one-hot (flatten_obs)
+    return encoder, torso
+
+def obs_identity(spec: EnvSpec) -> dict:
+    """The observation part of a checkpoint's identity. Discrete fields enter
+    networks one-hot, so their sizes are part of it (a checkpoint from before
+    one-hot inputs is refused by name, not by a shape error)."""
+    out = {"obs": {k: list(s.shape) for k, s in spec.obs.items()}}
+    if getattr(spec, "obs_classes", None):
+        out["obs_one_hot"] = {k: list(c) for k, c in spec.obs_classes.items()}
+    return out
+
+def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
+                classes: dict[str, tuple[int, int]] | None = None) -> torch.Tensor:
+    """Every observation field as floats, flattened and side by side: an MLP's
+    input. Fields in ``classes`` (Discrete spaces: key -> (n, start)) enter
+    one-hot: a state index is a category, not a magnitude."""
+    flat = []
+    for k in obs_keys:
+        x = obs[k]
+        if classes and k in classes:
+            n, start = classes[k]
+            # A comparison, not F.one_hot: that one reads the max value, which vmap cannot.
+            idx = x.reshape(-1, 1).long() - start
+            flat.append((idx == torch.arange(n, device=x.device)).float())
+        else:
+            flat.append(_as_float(x).reshape(x.shape[0], -1))
+    return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
+
+def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if kind in ("nature", "impala"):
+        x = obs[""]
+        if getattr(encoder, "hwc", False):
+            # (N, H, W, C) frames seen as (N, C, H, W): already the
+            # channels-last memory layout, so the reorder below copies nothing.
+            x = x.permute(0, 3, 1, 2)
+        if getattr(encoder, "channels_last", False):
+            # Reorder the uint8 frames (a quarter of the bytes), then convert.
+            x = x.contiguous(memory_format=torch.channels_last)
+        return encoder(_as_float(x))
+    return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
+
+def use_channels_last(encoder: nn.Module) -> None:
+    """NHWC weights and inputs for a CNN torso: oneDNN's fast layout on CPUs
+    (Nature CNN update: 93 vs 133 ms fp32, 48 vs 60 ms bf16 per 168 rows on
+    2 cores) and cuDNN's for tensor cores."""
+    encoder.to(memory_format=torch.channels_last)
+    encoder.channels_last = True
+
+class PolicyNet(nn.Module):
+    """Encoder → action logits: the network a neuroevolution genome encodes."""
+
+    core_spec = None
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64)):
+        super().__init__()
+        self.obs_keys = list(spec.obs)
+        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        self.policy = nn.Linear(self.encoder.out_dim, spec.num_actions)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.policy(encode_obs(self.kind, self.encoder, self.obs_keys, obs))
+
+    def step(self, obs: dict[str, torch.Tensor], core=None):
+        return self.forward(obs), None, None
+
+class ActorCritic(nn.Module):
+    """Encoder → optional LSTM core → (policy logits, state value).
+
+    ``forward`` serves feed-forward batches; ``step`` one time step with a
+    recurrent state ``core`` of shape [B, 2, H] (h and c); ``unroll`` a whole
+    time-major unroll for the learner, zeroing the state where ``first``.
+    """
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
+                 lstm_size: int = 0, separate_critic: bool = False, init: str = "torch"):
+        super().__init__()
+        self.obs_keys = list(spec.obs)
+        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        encoder = self.kind
+        # A critic with its own MLP: value regression then cannot steer the
+        # policy's features (CartPole: 450 in ~90-150k steps instead of >300k).
+        # Image torsos and LSTM cores stay shared, as in IMPALA.
+        separate = separate_critic and encoder == "mlp" and not lstm_size
+        self.critic = MLPEncoder(self.encoder.net[0].in_features, hidden) if separate else None
+        d = self.encoder.out_dim
+        self.lstm = nn.LSTMCell(d, lstm_size) if lstm_size else None
+        if self.lstm is not None:
+            d = lstm_size
+        self.policy = nn.Linear(d, spec.num_actions)
+        self.value = nn.Linear(d, 1)
+        if init == "orthogonal":
+            orthogonal_init(self)
+        elif init != "torch":
+            raise ValueError(f"init={init!r}: expected orthogonal or torch")
+        if encoder in ("nature", "impala"):
+            use_channels_last(self.encoder)  # after init: orthogonal_ needs contiguous weights
+
+    @property
+    def core_spec(self) -> TensorSpec | None:
+        return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
+
+    def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return encode_obs(self.kind, self.encoder, self.obs_keys, obs)
+
+    def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy(h), self.value(h if hv is None else hv).squeeze(-1)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.critic is not None:
+            x = flatten_obs(self.obs_keys, obs, self.encoder.classes)
+            return self._heads(self.encoder(x), self.critic(x))
+        return self._heads(self.encode(obs))
+
+    def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None):
+        if self.critic is not None:
+            return (*self.forward(obs), None)
+        h = self.encode(obs)
+        if self.lstm is None:
+            return (*self._heads(h), None)
+        hx, cx = self.lstm(h, _state_pair(core))
+        return (*self._heads(hx), torch.stack([hx, cx], dim=1))
+
+    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None, first: torch.Tensor):
+        """obs [L, B, ...] → logits [L, B, A], values [L, B]. ``core`` is the
+        state before row 0 (already reset if row 0 starts an episode)."""
+        L, B = first.shape
+        flat_obs = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
+        if self.lstm is None:
+            logits, values = self.forward(flat_obs)
+            return logits.reshape(L, B, -1), values.reshape(L, B)
+        h = self.encode(flat_obs)
+        h = h.reshape(L, B, -1)
+        hx, cx = _state_pair(core)
+        keep = (~first).float().unsqueeze(-1)
+        outs = []
+        for t in range(L):
+            if t > 0:  # row 0's reset is already in ``core``
+                hx, cx = hx * keep[t], cx * keep[t]
+            hx, cx = self.lstm(h[t], (hx, cx))
+            outs.append(hx)
+        logits, values = self._heads(torch.stack(outs))
+        return logits, values
+
+def _state_pair(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, c) of a recurrent state [B, 2, H] as two contiguous [B, H] tensors.
+    ``core[:, 0]`` is a strided view, and cuDNN's RNN entry point refuses a
+    non-contiguous state (the CPU kernels do not check, so only a GPU shows it)."""
+    return core[:, 0].contiguous(), core[:, 1].contiguous()
+
+def orthogonal_init(model: "ActorCritic") -> None:
+    """Orthogonal weights, zero biases; gain sqrt(2) in the ReLU torso, 0.01
+    on the policy head (the first policy is uniform and every action's logit
+    can move), 1 on the value head (Saxe et al. 2014; as in OpenAI Baselines'
+    Atari agents). The LSTM core keeps torch's init.
+    """
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.orthogonal_(m.weight, gain=math.sqrt(2))
+            nn.init.zeros_(m.bias)
+    nn.init.orthogonal_(model.policy.weight, gain=0.01)
+    nn.init.orthogonal_(model.value.weight, gain=1.0)
+
+class RecurrentQNet(nn.Module):
+    """R2D2's network: encoder → LSTM → dueling head Q = V + A - mean(A)
+    (Wang et al. 2016). ``step`` serves one time step of a batch with state
+    ``core`` [B, 2, H]; ``unroll`` a time-major sequence from the state
+    before its row 0 (already reset if row 0 starts an episode), zeroing the
+    state where ``first`` marks later episode starts. Returns (Q, final core).
+
+    The core is an ``nn.LSTM``: on CUDA its weights live in the one flat
+    buffer cuDNN's RNN kernel reads (``flatten_parameters``, redone by every
+    ``.to()``), so no call repacks them; ``step`` runs the same weights
+    through the fused single-step cell kernel, which CUDA graphs capture.
+    """
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
+                 lstm_size: int = 64, head_size: int = 0):
+        super().__init__()
+        self.obs_keys = list(spec.obs)
+        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
+        head = head_size or lstm_size
+        self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
+        self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
+        if self.kind in ("nature", "impala"):
+            use_channels_last(self.encoder)
+        self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
+        self._register_load_state_dict_pre_hook(_lstm_cell_names)
+
+    @property
+    def core_spec(self) -> TensorSpec:
+        return TensorSpec((2, self.lstm.hidden_size), "float32")
+
+    def _encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = next(iter(obs.values()))
+        with autocast(x.device, self.precision, cache=False):  # each weight is used once; safe to graph
+            return encode_obs(self.kind, self.encoder, self.obs_keys, obs).float()
+
+    def _q(self, h: torch.Tensor) -> torch.Tensor:
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(-1, keepdim=True)
+
+    def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor):
+        x = self._encode(obs)
+        m = self.lstm
+        hx, cx = torch.lstm_cell(x, _state_pair(core), m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
+        return self._q(hx), torch.stack([hx, cx], dim=1)
+
+    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor,
+               starts: list[int] | None = None):
+        """``starts``: the rows t > 0 where some env starts an episode, when
+        the caller has them on the host (otherwise read from ``first``,
+        which on a GPU waits for the device)."""
+        L, B = first.shape
+        flat = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
+        x = self._encode(flat).reshape(L, B, -1)
+        hx, cx = _state_pair(core)
+        keep = (~first).to(hx.dtype).unsqueeze(-1)
+        # Run the fused LSTM kernel over each stretch of rows in which no env
+        # starts an episode, zeroing the state only where one does: a handful
+        # of kernel calls per sequence instead of one cell call per row
+        # (3-5x faster learner steps on a CPU), the same arithmetic.
+        if starts is None:
+            starts = (torch.nonzero(first[1:].any(dim=1)).flatten() + 1).tolist()
+        cuts = [0, *starts, L]
+        outs = []
+        for t0, t1 in zip(cuts[:-1], cuts[1:]):
+            if t0 > 0:
+                hx, cx = hx * keep[t0], cx * keep[t0]
+            out, (h1, c1) = self.lstm(x[t0:t1], (hx.unsqueeze(0), cx.unsqueeze(0)))
+            hx, cx = h1[0], c1[0]
+            outs.append(out)
+        return self._q(torch.cat(outs)), torch.stack([hx, cx], dim=1)
+
+def episode_starts(first) -> list[int]:
+    """The rows t > 0 of host-side ``first`` flags [L, B] where some env starts an episode."""
+    return (np.flatnonzero(np.asarray(first)[1:].any(axis=1)) + 1).tolist()
+
+def _lstm_cell_names(state_dict, prefix, *args) -> None:
+    """Checkpoints written when the core was an ``nn.LSTMCell`` name its
+    weights without the layer suffix; they are the same tensors."""
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        old = f"{prefix}lstm.{name}"
+        if old in state_dict:
+            state_dict[f"{old}_l0"] = state_dict.pop(old)

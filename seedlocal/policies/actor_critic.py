@@ -1,0 +1,50 @@
+"""Acting with an actor-critic (V-trace): actions sampled from its policy,
+its logits and value stored for the learner."""
+
+from __future__ import annotations
+
+import torch
+
+from seedlocal.arithmetic import autocast
+from seedlocal.networks import ActorCritic
+from seedlocal.pipeline.cuda import GraphedStep, WeightLock
+from seedlocal.pipeline.envs import EnvSpec
+from seedlocal.policies import Policy, policy_outputs
+
+
+class ModelPolicy(Policy):
+    """Samples actions from an ``ActorCritic`` without tracking gradients.
+
+    ``lock`` (a ``WeightLock`` shared with the learner's optimiser step)
+    keeps a forward pass from reading parameters halfway through an update.
+    ``cuda_graphs`` replays the forward from CUDA graphs (``GraphedStep``).
+    """
+
+    def __init__(self, model: ActorCritic, spec: EnvSpec, lock: WeightLock | None = None,
+                 precision: str = "fp32", cuda_graphs: bool = False):
+        self.model = model
+        self.outputs = policy_outputs(spec)
+        self.core_state = model.core_spec
+        self.device = next(model.parameters()).device
+        self.lock = lock if lock is not None else WeightLock(self.device)
+        self.precision = precision
+        self._step = GraphedStep(self._autocast_step, self.device) if cuda_graphs else self._autocast_step
+
+    def prepare(self, sizes, obs):
+        if isinstance(self._step, GraphedStep):
+            core = None if self.core_state is None else torch.zeros((1,) + self.core_state.shape, device=self.device)
+            self._step.capture(sizes, obs, core)
+
+    def _autocast_step(self, obs, core):
+        with autocast(self.device, self.precision, cache=False):
+            return self.model.step(obs, core)
+
+    @torch.inference_mode()
+    def act(self, obs, core=None, env_ids=None, first=None):
+        with self.lock.reading():
+            logits, value, core = self._step(obs, core)
+        logits, value = logits.float(), value.float()
+        if core is not None:
+            core = core.float()
+        actions = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+        return actions, {"logits": logits, "value": value}, core
