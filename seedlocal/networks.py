@@ -357,7 +357,7 @@ class RecurrentQNet(nn.Module):
         # of kernel calls per sequence instead of one cell call per row
         # (3-5x faster learner steps on a CPU), the same arithmetic.
         if starts is None:
-            starts = (torch.nonzero(first[1:].any(dim=1)).flatten() + 1).tolist()
+            starts = cut_rows(first.cpu().numpy())
         cuts = [0, *starts, L]
         outs = []
         for t0, t1 in zip(cuts[:-1], cuts[1:]):
@@ -368,7 +368,7 @@ class RecurrentQNet(nn.Module):
             outs.append(out)
         return self._q(torch.cat(outs)), torch.stack([hx, cx], dim=1)
 
-def episode_starts(first) -> list[int]:
+def cut_rows(first) -> list[int]:
     """The rows t > 0 of host-side ``first`` flags [L, B] where some env starts an episode."""
     return (np.flatnonzero(np.asarray(first)[1:].any(axis=1)) + 1).tolist()
 

@@ -33,6 +33,8 @@ from collections import deque
 
 import numpy as np
 
+from seedlocal.shm.rollout import episode_starts
+
 PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
 
 
@@ -190,6 +192,8 @@ class SequenceReplay:
     def append(self, env: int, rows: dict[str, np.ndarray]) -> None:
         """Steps of one env, in order: each field [n, ...] (``ignored`` marks auto-reset rows)."""
         n = len(rows["ignored"])
+        if not n:
+            return
         pos = (self.count[env] + np.arange(n)) % self.cap
         # Evict sequences whose rows (or the frames stacked before them) these steps overwrite.
         oldest_kept = self.count[env] + n - self.cap
@@ -210,11 +214,12 @@ class SequenceReplay:
                 self.data[name][env, pos] = values
         ign = np.asarray(rows["ignored"], bool)
         abs_steps = self.count[env] + np.arange(n)
-        for i in range(n):
-            if self.after_ignored[env]:
-                self.cur_ep[env] = abs_steps[i]
-            self.ep_start[env, pos[i]] = self.cur_ep[env]
-            self.after_ignored[env] = ign[i]
+        first = episode_starts(ign, before=self.after_ignored[env])
+        # Each row's episode began at the latest start at or before it (or where the last append's did).
+        latest = np.maximum.accumulate(np.where(first, np.arange(n), -1))
+        self.ep_start[env, pos] = np.where(latest >= 0, abs_steps[np.maximum(latest, 0)], self.cur_ep[env])
+        self.cur_ep[env] = self.ep_start[env, pos[-1]]
+        self.after_ignored[env] = ign[-1]
         self.count[env] += n
         while self.next_start[env] + self.length <= self.count[env]:
             self._add_sequence(env, int(self.next_start[env]))

@@ -144,3 +144,22 @@ def test_a_cut_drops_the_recurrent_states_of_sequences_that_will_never_complete(
     assert not [k for k in r.pending_core if k[0] == 0], "a cut stream kept states no sequence will use"
     assert (1, 0) in r.pending_core  # another env's are kept
     assert (0, 4) not in r.state_dict()["pending_core"]
+
+
+def test_episode_starts_follow_the_one_rule_everywhere():
+    """``first`` has one definition (shm/rollout.py): the row after an
+    ignored action starts an episode; row 0 takes what came before. The
+    replay's stacking keeps it across appends."""
+    import torch
+
+    from seedlocal.shm.rollout import episode_starts
+
+    ign = np.array([False, True, False, False, True])
+    np.testing.assert_array_equal(episode_starts(ign), [False, False, True, False, False])
+    np.testing.assert_array_equal(episode_starts(ign, before=True), [True, False, True, False, False])
+    assert episode_starts(torch.from_numpy(ign)).tolist() == [False, False, True, False, False]
+    r = SequenceReplay(num_envs=1, sequences=10, length=4, stride=2, fields=fields(), core_shape=None,
+                       frame="obs", stack=1)
+    r.append(0, steps(0, 0, 3, ignored_at=(2,)))  # step 3, in the next append, starts an episode
+    r.append(0, steps(0, 3, 3))
+    assert r.ep_start[0, :6].tolist() == [0, 0, 0, 3, 3, 3]

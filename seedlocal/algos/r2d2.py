@@ -27,11 +27,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from seedlocal.networks import episode_starts
+from seedlocal.networks import cut_rows
+from seedlocal.shm.rollout import episode_starts
 
 RESCALE_EPS = 1e-3
 
@@ -190,16 +190,14 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     importance weights of the sampled sequences.
     """
     ignored = batch["ignored"]
-    first = torch.zeros_like(ignored)
-    first[1:] = ignored[:-1]  # the row after an ignored action starts an episode
+    first = episode_starts(ignored)
     b = p.burn_in
     # Where the LSTM must cut its fused runs, from the host's copy of the flags
     # when the batch brings one: reading them off a GPU would wait for it.
     head_starts = tail_starts = None
     if batch.get("ignored_host") is not None:
-        first_host = np.zeros_like(batch["ignored_host"])
-        first_host[1:] = batch["ignored_host"][:-1]
-        head_starts, tail_starts = episode_starts(first_host[:b]), episode_starts(first_host[b:])
+        first_host = episode_starts(batch["ignored_host"])
+        head_starts, tail_starts = cut_rows(first_host[:b]), cut_rows(first_host[b:])
     obs = batch["obs"]
     head = {k: v[:b] for k, v in obs.items()}
     tail = {k: v[b:] for k, v in obs.items()}

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seedlocal.arithmetic import autocast
+from seedlocal.shm.rollout import episode_starts
 
 
 class VTraceReturns(NamedTuple):
@@ -308,8 +309,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     ignored = batch["ignored"]
     L, B = ignored.shape
     T = L - 1
-    first = torch.zeros_like(ignored)
-    first[1:] = ignored[:-1]  # the observation after an ignored action starts an episode
+    first = episode_starts(ignored)
     loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip,
                    normalize_advantages=p.normalize_advantages)
     totals: dict[str, Tensor] = {}

@@ -38,6 +38,7 @@ from seedlocal.dtypes import numpy_dtype, torch_dtype
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.unrolls import UnrollAllocator
 from seedlocal.policies import HOLD, RESTART, SERVE, Policy
+from seedlocal.shm.rollout import starts_episode
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 
 
@@ -330,8 +331,8 @@ class InferenceLoop:
         stepped = rows > 0
         # Episode ends and auto-reset flags of the step that produced these obs.
         prev_b, prev_r = bufs[stepped], rows[stepped] - 1
-        first = np.ones((len(ready), E), bool)
-        first[stepped] = store["ignored"][prev_b, prev_r]
+        first = np.ones((len(ready), E), bool)  # a fresh unroll's row 0: a reset
+        first[stepped] = starts_episode(store["ignored"][prev_b, prev_r])
         for i in np.flatnonzero(~stepped):
             resumed = self.unrolls.take_resume_first(int(ready[i]))
             if resumed is not None:  # a parked group going on with its episodes
