@@ -41,10 +41,10 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from seedlocal.algos.vtrace import learner_step, make_optimizer
-from seedlocal.bench import RawEnvpool
+from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config import EnvConfig, validate_env
 from seedlocal.arithmetic import autocast, resolve_precision
-from seedlocal.train import PRESETS, build_model
+from seedlocal.trainers.vtrace import PRESETS, build_model
 
 
 @dataclass

@@ -7,7 +7,8 @@
 
 import tyro
 
-from seedlocal.bench import BenchConfig, main
+from seedlocal.measure import main
+from seedlocal.measure.bench import BenchConfig
 
 if __name__ == "__main__":
     main(tyro.cli(BenchConfig))

@@ -30,10 +30,10 @@ import torch
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from seedlocal.bench import RawEnvpool
+from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config import EnvConfig, resolve_device, validate_env
 from seedlocal.networks import PolicyNet
-from seedlocal.neuroevolution import ESRun, GARun, train
+from seedlocal.trainers.neuroevolution import ESRun, GARun, train
 from seedlocal.policies.population import PopulationForward
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from seedlocal.replay import SequenceReplay, SumTree  # noqa: E402
+from seedlocal.trainers.replay import SequenceReplay, SumTree  # noqa: E402
 
 BURN_IN, UNROLL, LSTM = 40, 80, 512
 LENGTH = BURN_IN + UNROLL + 1

@@ -69,9 +69,9 @@ SEEDLOCAL = [PY, "-m", "seedlocal"]  # not pip-installed on the GPU machine: PYT
 REQUIRED = {
     "torch": "everything", "numpy": "everything", "envpool": "environments", "tyro": "the CLI",
     "gymnasium": "envpool / fallback worker", "grpc": "the gRPC bridge", "tensorboard": "logging, bench --learning",
-    "seedlocal": "the project", "seedlocal.cli": "the CLI", "seedlocal.bench": "seedlocal bench",
-    "seedlocal.train": "train vtrace", "seedlocal.train_r2d2": "train r2d2",
-    "seedlocal.neuroevolution": "train ga", "lz4": "R2D2 --preset atari (replay compression)",
+    "seedlocal": "the project", "seedlocal.cli": "the CLI", "seedlocal.measure.bench": "seedlocal bench",
+    "seedlocal.trainers.vtrace": "train vtrace", "seedlocal.trainers.r2d2": "train r2d2",
+    "seedlocal.trainers.neuroevolution": "train ga", "lz4": "R2D2 --preset atari (replay compression)",
     "pytest": "pytest -m cuda", "psutil": "tests/conftest.py",
 }
 OPTIONAL = {"matplotlib": "--curve's PNG (CSV only without it)", "PIL": "seedlocal eval --video",

@@ -79,7 +79,7 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
     explicitly override them all."""
     import tyro
 
-    from seedlocal.config import ConfigError
+    from seedlocal.errors import ConfigError
 
     default, args = _pop_preset(argv, presets)
     saved, counters = _resumed_default(args, cls)
@@ -94,7 +94,7 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
 
 
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
-    from seedlocal.config import ConfigError
+    from seedlocal.errors import ConfigError
 
     rest, name = [], "cartpole"
     it = iter(args)
@@ -113,7 +113,7 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
 def _value(value: str, field: str) -> str:
     """The value after an option, which must not be the next option."""
     if not value or value.startswith("--"):
-        from seedlocal.config import ConfigError
+        from seedlocal.errors import ConfigError
 
         raise ConfigError(f"{field}: needs a value")
     return value
@@ -137,13 +137,14 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     if not path:
         return None, None
     from seedlocal.checkpoint import load
-    from seedlocal.config import ConfigError, saved_config
+    from seedlocal.config import saved_config
+    from seedlocal.errors import ConfigError
 
     state = load(path)
     have = state.get("identity", {}).get("algo")
     want = {"VTraceRun": "vtrace", "R2D2Run": "r2d2"}.get(cls.__name__)
     if want is None:  # a neuroevolution trainer
-        from seedlocal.neuroevolution import ALGOS
+        from seedlocal.trainers.neuroevolution import ALGOS
 
         want = next((name for name, c in ALGOS.items() if c is cls), None)
     if have is not None and want is not None and have != want:
@@ -162,7 +163,7 @@ def _pop_pipeline_config(args: list[str], default):
     path = _option(args, "--pipeline-config")
     if path is None:
         return default, args
-    from seedlocal.autotune import load_pipeline_file
+    from seedlocal.measure.autotune import load_pipeline_file
 
     rest, skip = [], False
     for a in args:
@@ -194,7 +195,7 @@ def _parse(argv: list[str]):
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd == "bench":
-        from seedlocal.bench import BenchConfig
+        from seedlocal.measure.bench import BenchConfig
 
         return cmd, tyro.cli(BenchConfig, args=rest, prog="seedlocal bench")
     if cmd == "actors":
@@ -216,13 +217,13 @@ def _parse(argv: list[str]):
                   file=sys.stderr)
             raise SystemExit(2)
         if rest[0] == "r2d2":
-            from seedlocal.train_r2d2 import PRESETS as R2D2_PRESETS
-            from seedlocal.train_r2d2 import R2D2Run
+            from seedlocal.trainers.r2d2 import PRESETS as R2D2_PRESETS
+            from seedlocal.trainers.r2d2 import R2D2Run
 
             return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
                                         "R2D2. Presets: --preset cartpole (default), --preset atari." + TUNED)
         if rest[0] != "vtrace":
-            from seedlocal.neuroevolution import ALGOS
+            from seedlocal.trainers.neuroevolution import ALGOS
 
             cls = ALGOS[rest[0]]
             saved, counters = _resumed_default(rest[1:], cls)
@@ -230,7 +231,7 @@ def _parse(argv: list[str]):
             cfg = tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}",
                            description=NEURO_TITLES[rest[0]] + "." + TUNED)
             return "train", _check_resume(cfg, saved, counters)
-        from seedlocal.train import PRESETS, VTraceRun
+        from seedlocal.trainers.vtrace import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
                                     "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari." + TUNED)
@@ -243,7 +244,8 @@ def _check_resume(cfg, saved, counters: dict | None):
     ``counters``) whose budget is already spent, which would start its workers
     only to stop at once and rewrite its summary with an empty one, or names
     another folder for it: a resumed run goes on where its checkpoints are."""
-    from seedlocal.config import ConfigError, budget_left
+    from seedlocal.config import budget_left
+    from seedlocal.errors import ConfigError
 
     if counters is None:
         return cfg
@@ -292,15 +294,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from seedlocal.checkpoint import CheckpointError, Diverged
-    from seedlocal.config import ConfigError
-    from seedlocal.pipeline.actors import WorkerDied
+    from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
 
     try:
         cmd, cfg = _parse(argv)
         _start_resource_tracker()
         if cmd == "bench":
-            from seedlocal.bench import main as bench
+            from seedlocal.measure import main as bench
 
             bench(cfg)
         elif cmd == "eval":
@@ -312,15 +312,15 @@ def _run(argv: list[str]) -> int:
 
             return actors(cfg)
         elif type(cfg).__name__ == "VTraceRun":
-            from seedlocal.train import train
+            from seedlocal.trainers.vtrace import train
 
             train(cfg)
         elif type(cfg).__name__ == "R2D2Run":
-            from seedlocal.train_r2d2 import train as train_r2d2
+            from seedlocal.trainers.r2d2 import train as train_r2d2
 
             train_r2d2(cfg)
         else:
-            from seedlocal.neuroevolution import train as evolve
+            from seedlocal.trainers.neuroevolution import train as evolve
 
             evolve(cfg)
     except (ConfigError, CheckpointError) as e:

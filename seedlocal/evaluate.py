@@ -93,7 +93,7 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
         checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec)})
         if ident.get("algo") == "r2d2":
             from seedlocal.networks import RecurrentQNet
-            from seedlocal.train_r2d2 import net_spec
+            from seedlocal.trainers.r2d2 import net_spec
 
             net = RecurrentQNet(net_spec(spec, ident["frame_stack"]), encoder=ident["encoder"],
                                 hidden=tuple(ident["hidden"]), lstm_size=ident["lstm_size"])

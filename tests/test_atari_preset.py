@@ -17,7 +17,7 @@ import torch
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config import EnvConfig
 from seedlocal.pipeline.envs import describe
-from seedlocal.train import PRESETS, build_model, train
+from seedlocal.trainers.vtrace import PRESETS, build_model, train
 
 CATCH = "image_catch:ImageCatch-v0"
 CATCH_BUDGET = 150_000  # agent steps for the preset to reach a mean return of 3 (of 5) on Catch

@@ -19,7 +19,7 @@ import pytest
 
 from helpers import collect_unrolls
 from seedlocal.config import BridgeConfig, ConfigError, EnvConfig, PipelineConfig
-from seedlocal.models import RandomPolicy
+from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.shm.rollout import TensorSpec
@@ -311,7 +311,7 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
     between 41k and 136k steps, two still swung between 120 and 400 at 300k
     (policy lag the same 1.7 updates as in the others: CartPole V-trace
     variance, not the bridge), so the budget is 500k, as the local default's is 400k."""
-    from seedlocal.train import VTraceRun, train
+    from seedlocal.trainers.vtrace import VTraceRun, train
 
     port = free_port()
     host = actors(port, "--retry-s", "60")
@@ -335,7 +335,7 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
 
 
 def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
-    from seedlocal.neuroevolution import GARun, train
+    from seedlocal.trainers.neuroevolution import GARun, train
 
     port = free_port()
     host = actors(port, "--retry-s", "60")

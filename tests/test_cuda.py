@@ -172,7 +172,7 @@ def test_graphed_inference_matches_eager_and_follows_weight_updates(precision, l
 def test_graphed_r2d2_acting_matches_eager():
     from seedlocal.networks import RecurrentQNet
     from seedlocal.policies.q_greedy import R2D2Policy
-    from seedlocal.train_r2d2 import net_spec
+    from seedlocal.trainers.r2d2 import net_spec
 
     spec = validate_env(EnvConfig(id="Pong-v5", frame_stack=1))
     torch.manual_seed(0)
@@ -360,8 +360,8 @@ def test_graph_capture_while_the_learner_thread_is_busy():
 
 def _gpu_run(tmp_path, algo, **kw):
     from seedlocal.config import PipelineConfig
-    from seedlocal.train import VTraceRun
-    from seedlocal.train_r2d2 import R2D2Run
+    from seedlocal.trainers.vtrace import VTraceRun
+    from seedlocal.trainers.r2d2 import R2D2Run
 
     if algo == "vtrace":
         from seedlocal.algos.vtrace import VTraceParams as P
@@ -385,9 +385,9 @@ def test_training_end_to_end_on_cuda_then_resumed(tmp_path, algo):
     from seedlocal import checkpoint
 
     if algo == "vtrace":
-        from seedlocal.train import train
+        from seedlocal.trainers.vtrace import train
     else:
-        from seedlocal.train_r2d2 import train
+        from seedlocal.trainers.r2d2 import train
     first = train(_gpu_run(tmp_path, algo, total_steps=40_000))
     assert first["status"] == "done" and first["updates"] >= 200, first
     saved = checkpoint.load(first["run_dir"])

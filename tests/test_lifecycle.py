@@ -11,7 +11,7 @@ import torch
 
 from conftest import seedlocal_segments
 from helpers import check_autoreset_rows, take_unrolls, terminal_like, tiny_pipeline
-from seedlocal.models import RandomPolicy
+from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.actors import WorkerDied
 
 
@@ -144,7 +144,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
     import threading
 
     from seedlocal.config import EnvConfig, validate_env
-    from seedlocal.models import RandomPolicy
+    from seedlocal.policies import RandomPolicy
     from seedlocal.pipeline.actors import ActorPool
     from seedlocal.pipeline.envs import make_group
     from seedlocal.pipeline.inference import InferenceLoop

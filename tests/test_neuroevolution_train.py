@@ -16,7 +16,7 @@ from seedlocal.config import EnvConfig, validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.networks import PolicyNet
-from seedlocal.neuroevolution import ESRun, GARun, RandomSearchRun, train
+from seedlocal.trainers.neuroevolution import ESRun, GARun, RandomSearchRun, train
 from seedlocal.policies.population import PopulationForward, PopulationPolicy
 
 GA_FRAME_BUDGET = 1_000_000  # CartPole-v1: best member >= 475 over 5 episodes within this many frames
@@ -234,7 +234,7 @@ def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
 
     from seedlocal.algos import ga
     from seedlocal.algos.neuroevo import ParamSpace
-    from seedlocal.neuroevolution import _Evolver
+    from seedlocal.trainers.neuroevolution import _Evolver
 
     draws = []
     real_noise = ga.noise

@@ -115,7 +115,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
     same input for the same step, episode starts included."""
     import numpy as np
 
-    from seedlocal.replay import SequenceReplay
+    from seedlocal.trainers.replay import SequenceReplay
     from seedlocal.policies.q_greedy import R2D2Policy
 
     policy = R2D2Policy.__new__(R2D2Policy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seedlocal.replay import SequenceReplay, SumTree
+from seedlocal.trainers.replay import SequenceReplay, SumTree
 
 
 def test_sum_tree_totals_and_sampling_follow_priorities():
@@ -103,7 +103,7 @@ def test_a_cut_stream_never_stitches_steps_across_it():
 def test_new_sequences_enter_at_the_recent_largest_priority_not_the_all_time_one():
     """Max-priority insertion over a window of updates: one early spike of TD
     error does not set every later insertion for the rest of the run."""
-    from seedlocal.replay import PRIORITY_WINDOW
+    from seedlocal.trainers.replay import PRIORITY_WINDOW
 
     r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
                        frame="obs", stack=1, alpha=1.0)

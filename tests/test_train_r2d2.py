@@ -13,7 +13,7 @@ import torch
 from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
 from seedlocal.networks import RecurrentQNet, encode_obs
 from seedlocal.pipeline.envs import describe
-from seedlocal.train_r2d2 import PRESETS, R2D2Run, train, validate
+from seedlocal.trainers.r2d2 import PRESETS, R2D2Run, train, validate
 
 
 def small(tmp_path, **algo) -> R2D2Run:
@@ -196,7 +196,7 @@ def test_evaluation_slots_are_local_and_neither_fill_nor_count_in_the_replay(tmp
     acting steps only (evaluation steps counted as data made the learner
     train that much more per acting step); the evaluation slots are local
     envs, so --stop-at-return never waits for actor hosts to join."""
-    from seedlocal.train_r2d2 import eval_env_ids
+    from seedlocal.trainers.r2d2 import eval_env_ids
 
     np = pytest.importorskip("numpy")
     assert eval_env_ids(num_local=16, num_envs=48, eval_envs=2).tolist() == [14, 15]

@@ -18,7 +18,7 @@ from seedlocal.checkpoint import CheckpointError
 from seedlocal.config import ConfigError, PipelineConfig
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
-from seedlocal.train import PRESETS, VTraceRun, train
+from seedlocal.trainers.vtrace import PRESETS, VTraceRun, train
 
 STEP_BUDGET = 400_000  # CartPole-v1 must reach a mean return of 450 (last 20 episodes) within this many agent steps
 TAGS = [
@@ -448,7 +448,7 @@ def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
     not silently switch the presets (tuned in that rhythm) to running ahead,
     and the run's first line names the rhythm."""
     from seedlocal.algos.vtrace import VTraceParams
-    from seedlocal.train import actors_wait
+    from seedlocal.trainers.vtrace import actors_wait
 
     for name, preset in PRESETS.items():
         assert actors_wait(preset.algo), name

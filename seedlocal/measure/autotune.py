@@ -41,7 +41,8 @@ def candidates(total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
 def autotune(cfg, spec) -> dict:
     import torch
 
-    from seedlocal.bench import RawEnvpool, pipeline_run, training_model
+    from seedlocal.measure.bench import pipeline_run, training_model
+    from seedlocal.measure.raw import RawEnvpool
 
     preset, _ = training_model(spec, torch.device("cpu"))
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (

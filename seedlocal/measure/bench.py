@@ -31,7 +31,6 @@ import json
 import math
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +38,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedlocal.errors import ConfigError
 from seedlocal.config import (EnvConfig, PipelineConfig, check_writable, resolve_device, validate_env,
                               validate_pipeline)
+from seedlocal.errors import ConfigError
+from seedlocal.measure.raw import RawEnvpool
 
 
 @dataclass
@@ -86,131 +86,11 @@ class BenchConfig:
     """where --autotune writes the chosen settings (load them with seedlocal train --pipeline-config FILE)"""
 
 
-def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np.ndarray]:
-    if spec.num_actions is not None:
-        return [rng.integers(0, spec.num_actions, n).astype(np.int32) for _ in range(k)]
-    low, high = np.array(spec.action_low), np.array(spec.action_high)
-    return [rng.uniform(low, high, (n,) + spec.action.shape).astype(np.float32) for _ in range(k)]
-
-
-def _timed(step, warmup: float, seconds: float) -> float:
-    i, end = 0, time.perf_counter() + warmup
-    while time.perf_counter() < end:
-        step(i)
-        i += 1
-    steps, t0 = 0, time.perf_counter()
-    end = t0 + seconds
-    while time.perf_counter() < end:
-        steps += step(i)
-        i += 1
-    return steps / (time.perf_counter() - t0)
-
-
-class RawEnvpool:
-    """The three ways to step ``n`` envpool envs with random actions and no model.
-
-    The pools are built once and kept (idle pools sleep), so each round
-    measures all three under the same machine conditions. ``close()`` (or
-    leaving a ``with`` block) collects the steps left in flight and closes
-    them: an envpool destroyed at interpreter exit with a step in flight
-    can abort the process (``terminate called without an active
-    exception``), e.g. when SIGTERM ends a bench.
-    """
-
-    KINDS = ("sync", "async_half", "two_groups")
-
-    def __init__(self, env_id: str, spec, n: int, threads: int):
-        import envpool
-
-        self.n, self.half = n, n // 2
-        self.sync = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
-        self.sync.reset()
-        self.async_env = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=self.half,
-                                      num_threads=threads)
-        self.async_env.async_reset()
-        self.groups = [envpool.make(env_id, env_type="gymnasium", num_envs=self.half,
-                                    num_threads=max(1, threads // 2)) for _ in range(2)]
-        for g in self.groups:
-            g.async_reset()
-        rng = np.random.default_rng(0)
-        self.acts = _raw_actions(spec, n, rng)
-        self.half_acts = _raw_actions(spec, self.half, rng)
-        # Every pool but the synchronous one has one batch in flight between measurements.
-        self._in_flight = [self.async_env, *self.groups]
-
-    def close(self) -> None:
-        pools, self._in_flight = self._in_flight, []
-        for env in pools:
-            try:
-                env.recv()
-            except Exception:
-                pass
-        for env in [self.sync, *pools]:
-            close = getattr(env, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
-
-    def __enter__(self) -> "RawEnvpool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _sync(self, warmup: float, seconds: float) -> float:
-        def one(i):
-            self.sync.step(self.acts[i % len(self.acts)])
-            return self.n
-
-        return _timed(one, warmup, seconds)
-
-    def _async_half(self, warmup: float, seconds: float) -> float:
-        def one(i):
-            *_, info = self.async_env.recv()
-            self.async_env.send(self.half_acts[i % len(self.half_acts)], info["env_id"])
-            return self.half
-
-        return _timed(one, warmup, seconds)
-
-    def _two_groups(self, warmup: float, seconds: float) -> float:
-        """Two pools of n/2 envs, each driven by its own thread (the worker's way)."""
-        counts, phase = [0, 0], {"measure": False, "stop": False}
-
-        def drive(j):
-            e, i = self.groups[j], 0
-            while not phase["stop"]:
-                e.recv()
-                e.send(self.half_acts[i % len(self.half_acts)])
-                i += 1
-                if phase["measure"]:
-                    counts[j] += self.half
-            # One step stays in flight: the next measurement starts with recv().
-
-        ts = [threading.Thread(target=drive, args=(j,), daemon=True) for j in range(2)]
-        for t in ts:
-            t.start()
-        time.sleep(warmup)
-        phase["measure"] = True
-        t0 = time.perf_counter()
-        time.sleep(seconds)
-        total, dt = sum(counts), time.perf_counter() - t0
-        phase["stop"] = True
-        for t in ts:
-            t.join()
-        return total / dt
-
-    def measure(self, warmup: float, seconds: float) -> dict[str, float]:
-        return {"sync": self._sync(warmup, seconds), "async_half": self._async_half(warmup, seconds),
-                "two_groups": self._two_groups(warmup, seconds)}
-
-
 def training_model(spec, device: torch.device):
     """The network (and arithmetic) ``seedlocal train vtrace`` uses by default
     for this env: the Atari preset's for images, the CartPole defaults else."""
     from seedlocal.networks import is_image
-    from seedlocal.train import PRESETS, build_model
+    from seedlocal.trainers.vtrace import PRESETS, build_model
 
     single = spec.obs.get("")
     preset = PRESETS["atari"] if single is not None and is_image(single) else PRESETS["cartpole"]
@@ -290,7 +170,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
     after the warm-up (so worker start-up is not counted)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from seedlocal.train import train
+    from seedlocal.trainers.vtrace import train
 
     spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
     preset, _ = training_model(spec, torch.device("cpu"))
@@ -339,7 +219,8 @@ def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
     return cfg.num_workers or 1, cfg.envs_per_worker or default_envs, 32
 
 
-def run(cfg: BenchConfig) -> dict:
+def check(cfg: BenchConfig):
+    """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
     if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
         raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive and finite")
     if not cfg.warmup >= 0 or not math.isfinite(cfg.warmup):
@@ -364,14 +245,12 @@ def run(cfg: BenchConfig) -> dict:
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
     validate_pipeline(pipe_cfg, prefix="bench")
     resolve_device(cfg.device)
-    if cfg.autotune:
-        from seedlocal.autotune import autotune
+    return spec, pipe_cfg
 
-        return autotune(cfg, spec)
-    if cfg.bridge:
-        from seedlocal.bench_bridge import run_bridge_bench
 
-        return run_bridge_bench(cfg, workers, envs)
+def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
+    """Raw envpool against the pipeline (or the transport alone): the table and the JSON line."""
+    workers, envs = pipe_cfg.num_workers, pipe_cfg.envs_per_worker
     n = workers * envs
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []
@@ -443,8 +322,3 @@ def _detail(p: dict) -> str:
     return (f"batch {p['mean_batch']:.0f} (waits for {p['min_batch']}), collect p50 {p['collect_ms_p50']:.2f} ms, "
             f"fwd {p['forward_ms_per_batch']:.2f} ms, workers wait {p['worker_wait_share']:.0%} / "
             f"in env {p['worker_env_share']:.0%}")
-
-
-def main(cfg: BenchConfig) -> None:
-    torch.set_num_threads(1)
-    run(cfg)

@@ -2,14 +2,15 @@
 
 The learner thread asks the algorithm for a population, posts it to the
 ``PopulationPolicy`` (a work queue of member x episode jobs served by the
-inference thread in batched forward passes), waits for every return, tells
-the algorithm, logs and checkpoints, once per generation.
+inference thread in batched forward passes, ``policies/population.py``),
+waits for every return, tells the algorithm (``algos/ga.py``, ``es.py``,
+``random_search.py``), logs and checkpoints, once per generation. The run's
+life around this is ``trainers/run.py``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,18 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from seedlocal import checkpoint
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.errors import ConfigError
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
-                              resolve_device, resume_line, validate_bridge, validate_env, validate_pipeline,
-                              validate_run_options)
+                              validate_bridge, validate_env, validate_pipeline, validate_run_options)
+from seedlocal.errors import ConfigError
 from seedlocal.networks import PolicyNet, obs_identity
-from seedlocal.monitor import RunMonitor, closing_line
-from seedlocal.pipeline.bridge_server import BridgeMeter
-from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.policies.population import PopulationPolicy
+from seedlocal.trainers.run import Run, Trainer, run
 
 
 def _pipeline_default() -> PipelineConfig:
@@ -257,154 +254,151 @@ class _OutOfTime(Exception):
     """The time budget ended inside a generation."""
 
 
-def train(cfg: NeuroevoRun) -> dict:
-    spec = validate(cfg)
-    device = resolve_device(cfg.pipeline.device)
-    name = _algo_name(cfg)
-    saved = checkpoint.load(cfg.resume) if cfg.resume else None
-    ident = identity(cfg, spec)
-    if saved is not None:
-        print(resume_line(saved.get("config"), cfg, saved["path"]), flush=True)
-        checkpoint.check_compatible(saved, ident, needs=("algo_state", "best_params", "best_return", "counters"))
-        run_dir = checkpoint.run_dir_of(saved["path"])
-    else:
-        run_dir = checkpoint.new_run_dir(cfg.log_dir, cfg.run_name or
-                                         f"{spec.env_id.replace('/', '_').replace(':', '.')}__{name}__{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
-    template = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
-    space = ParamSpace(template)
-    evolver = _Evolver(cfg, space)
-    counters = {"generation": 0, "frames": 0, "episodes": 0}
-    gen_s, frames_run = 0.0, 0  # time inside generations (this session): the evaluation rate leaves start-up out
-    if saved is not None:
-        evolver.restore(saved["algo_state"])
-        evolver.best_params, evolver.best_return = saved["best_params"], saved["best_return"]
-        counters.update(saved["counters"])
-    checkpoint.make_run_dir(run_dir)
-    # Generation g is logged at step g: a resumed run writes from g + 1 on.
-    monitor = RunMonitor(run_dir, purge_step=counters["generation"] + 1 if saved else None, progress=cfg.progress)
-    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", counters["generation"])
-    print(f"seedlocal: {name} on {spec.env_id}, {space.size:,d} parameters per network; "
-          f"TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
+class NeuroevoTrainer(Trainer):
+    x_axis = "generation"
+    checkpoint_parts = ("algo_state", "best_params", "best_return", "counters")
+    consume = False  # unrolls are scratch here: no learner reads them
 
-    group = cfg.pipeline.envs_per_worker // 2
-    groups = num_groups(cfg.pipeline, cfg.bridge)
-    policy = PopulationPolicy(template, group, groups, device, greedy=cfg.greedy, strategy=cfg.forward)
-    fps = spec.frames_per_step
-    summary = {"status": "done", "run_dir": str(run_dir), "generations_to_target": None,
-               "steps_to_target": None, "frames_to_target": None}
-    t_start = time.monotonic()
+    @classmethod
+    def algo_name(cls, cfg) -> str:
+        return _algo_name(cfg)
 
-    def save() -> None:
-        checkpoint.save(run_dir, {
-            "identity": ident, "config": dataclasses.asdict(cfg), "algo_state": evolver.state_dict(),
-            "best_params": evolver.best_params, "best_return": evolver.best_return, "counters": dict(counters),
-        }, counters["generation"], counters["frames"], keep=cfg.keep_checkpoints)
+    def __init__(self, cfg: NeuroevoRun, spec, device):
+        super().__init__(cfg, spec, device)
+        self.algo = _algo_name(cfg)
+        self.template = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
+        self.space = ParamSpace(self.template)
+        self.evolver = _Evolver(cfg, self.space)
+        self.counters = {"generation": 0, "frames": 0, "episodes": 0}
+        self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
+        self.reached, self.generated = False, False
+        self.values: dict = {}
 
-    from seedlocal.pipeline.pipeline import Pipeline
+    def identity(self) -> dict:
+        return identity(self.cfg, self.spec)
 
-    with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=False, spec=spec, bridge=cfg.bridge) as pipe:
-        loop = pipe.loop
-        policy.loop = loop
-        runner = InferenceThread(loop)
-        runner.start()
-        meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
-        watch = StallWatch(loop)
-        gen_t0 = [time.monotonic(), False]  # this generation's start; whether its slowness was told
+    def restore(self, saved: dict) -> None:
+        self.evolver.restore(saved["algo_state"])
+        self.evolver.best_params, self.evolver.best_return = saved["best_params"], saved["best_return"]
+
+    def state(self) -> dict:
+        return {"algo_state": self.evolver.state_dict(), "best_params": self.evolver.best_params,
+                "best_return": self.evolver.best_return}
+
+    def position(self) -> tuple[int, int]:
+        return self.counters["generation"], self.counters["frames"]
+
+    def describe(self) -> str:
+        return f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
+
+    def policy(self):
+        cfg = self.cfg
+        self.population = PopulationPolicy(self.template, cfg.pipeline.envs_per_worker // 2,
+                                           num_groups(cfg.pipeline, cfg.bridge), self.device, greedy=cfg.greedy,
+                                           strategy=cfg.forward)
+        return self.population
+
+    def pipeline(self) -> PipelineConfig:
+        return self.cfg.pipeline
+
+    def learner_threads(self) -> int:
+        return self.cfg.pipeline.learner_threads or torch.get_num_threads()
+
+    def start(self, run: Run) -> None:
+        self.population.loop = run.loop
+
+    def spent(self, run: Run) -> str | None:
+        cfg, c = self.cfg, self.counters
+        if self.reached:
+            return "target"
+        return next((budget for budget, over in (
+            ("generations", cfg.generations and c["generation"] >= cfg.generations),
+            ("frames", cfg.total_frames and c["frames"] >= cfg.total_frames),
+            ("seconds", run.out_of_time())) if over), None)
+
+    def advance(self, run: Run) -> str | None:
+        """One generation, evaluated in the pipeline, then its scalars."""
+        loop, pop, pool, c = run.loop, self.population, run.pipe.pool, self.counters
+        t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, pop.episodes_scored
+        w0, fwd0, served0 = pool.worker_stats(), pop.forward_s, pop.forward_envs
+        self.generated, told = False, [False]
+        run.watch.start()
 
         def check() -> None:
-            # Runs every 0.5 s while a generation waits for episodes: the time
-            # budget holds inside a generation too (long or endless episodes,
-            # a hung env), abandoning it; the checkpoint keeps the last whole one.
-            runner.check()
-            watch.poll()  # names stuck envs
-            now = time.monotonic()
-            if cfg.seconds and now - t_start >= cfg.seconds:
+            # Every 0.5 s while a generation waits for episodes: the time budget
+            # holds inside a generation too (long or endless episodes, a hung
+            # env), abandoning it; the checkpoint keeps the last whole one.
+            if run.waiting(t0):
                 raise _OutOfTime
-            if now - gen_t0[0] >= LONG_GENERATION_S and not gen_t0[1]:
-                gen_t0[1] = True
-                print(f"\nseedlocal: generation {counters['generation'] + 1} has waited {LONG_GENERATION_S:.0f} s "
-                      "for its episodes to end (members are scored on whole episodes; if this env's episodes "
-                      "never end, register it with a time limit, gymnasium.register(..., max_episode_steps=N), "
-                      "or give --seconds)",
-                      flush=True)
+            if time.monotonic() - t0 >= LONG_GENERATION_S and not told[0]:
+                told[0] = True
+                print(f"\nseedlocal: generation {c['generation'] + 1} has waited {LONG_GENERATION_S:.0f} s for its "
+                      "episodes to end (members are scored on whole episodes; if this env's episodes never end, "
+                      "register it with a time limit, gymnasium.register(..., max_episode_steps=N), or give "
+                      "--seconds)", flush=True)
 
-        failure = None
         try:
-            while True:
-                elapsed = time.monotonic() - t_start
-                spent = next((budget for budget, over in (
-                    ("generations", cfg.generations and counters["generation"] >= cfg.generations),
-                    ("frames", cfg.total_frames and counters["frames"] >= cfg.total_frames),
-                    ("seconds", cfg.seconds and elapsed >= cfg.seconds)) if over), None)
-                if spent:
-                    summary["stopped_by"] = spent
-                    break
-                t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, policy.episodes_scored
-                w0, fwd0, served0 = pipe.pool.worker_stats(), policy.forward_s, policy.forward_envs
-                watch.start()
-                gen_t0[:] = [t0, False]
-                try:
-                    stats = evolver.generation(policy, check)
-                except _OutOfTime:
-                    summary["stopped_by"] = "seconds"
-                    break
-                dt = time.monotonic() - t0
-                gen_s += dt
-                # Frames of evaluation episodes only: each served row is one
-                # step of a member's episode. Idle slots and auto-reset steps
-                # are stepped too (a group steps all its envs), but are no
-                # evaluation; their share is reported as perf/idle_share.
-                served = policy.forward_envs - served0
-                frames = served * fps
-                stepped = loop.stats.env_steps - steps0
-                w1 = pipe.pool.worker_stats()
-                counters["generation"] += 1
-                counters["frames"] += frames
-                frames_run += frames
-                counters["episodes"] += policy.episodes_scored - eps0
-                loop.stats.episodes.take()
-                values = {f"charts/{k}": v for k, v in stats.items()}
-                values.update({
-                    "charts/frames": counters["frames"], "charts/episodes": counters["episodes"],
-                    "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
-                    "perf/idle_share": 1.0 - served / stepped if stepped else 0.0,
-                    "perf/generation_s": dt,
-                    "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / max(1, w1["threads"]),
-                    "perf/inference_time_s": policy.forward_s - fwd0,
-                })
-                if meter is not None:
-                    values.update(meter.scalars())
-                monitor.scalars(counters["generation"], values)
-                monitor.progress(
-                    f"gen {counters['generation']:>4d}  best {stats['best_fitness']:8.1f}  "
-                    f"mean {stats['mean_fitness']:8.1f}  best member {stats['best_member_return']:8.1f}  "
-                    f"frames {counters['frames']:>12,d}  frames/s {frames / dt:>9,.0f}")
-                save()
-                if cfg.stop_at_return and stats["best_member_return"] >= cfg.stop_at_return:
-                    summary["generations_to_target"] = counters["generation"]
-                    summary["frames_to_target"] = counters["frames"]
-                    summary["steps_to_target"] = counters["frames"] // fps
-                    summary["stopped_by"] = "target"
-                    break
-        except BaseException as e:
-            summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
-            failure = e
-            raise
-        finally:
-            runner.stop()
-            best = evolver.best_return if math.isfinite(evolver.best_return) else None
-            checkpoint.finish_run(
-                run_dir, summary, failure,
-                save=save if counters["generation"] or saved is not None else None,  # also mid-generation
-                results=lambda: {
-                    "algo": name, "env": spec.env_id, "generations": counters["generation"],
-                    "steps": counters["frames"] // fps, "frames": counters["frames"],
-                    "episodes": counters["episodes"], "best_member_return": best,
-                    "seconds": round(time.monotonic() - t_start, 2),
-                    "frames_per_s": round(frames_run / gen_s, 1) if gen_s else None,
-                    "forward": policy.forward.strategy, "checkpoint": checkpoint.newest(run_dir)})
-    best = f"{evolver.best_return:.1f}" if math.isfinite(evolver.best_return) else "-"
-    print(closing_line(summary, f"{counters['generation']} generations, {counters['frames']:,d} frames, "
-                                f"best member return {best}",
-                       None if counters["generation"] else "stopped before the first generation ended"), flush=True)
-    return summary
+            stats = self.evolver.generation(pop, check)
+        except _OutOfTime:
+            return "seconds"
+        dt = time.monotonic() - t0
+        self.gen_s += dt
+        # Frames of evaluation episodes only: each served row is one step of a
+        # member's episode. Idle slots and auto-reset steps are stepped too (a
+        # group steps all its envs), but are no evaluation; their share is
+        # reported as perf/idle_share.
+        served = pop.forward_envs - served0
+        frames, stepped, w1 = served * self.frames_per_step, loop.stats.env_steps - steps0, pool.worker_stats()
+        c["generation"] += 1
+        c["frames"] += frames
+        self.frames_run += frames
+        c["episodes"] += pop.episodes_scored - eps0
+        loop.stats.episodes.take()
+        self.values = {f"charts/{k}": v for k, v in stats.items()}
+        self.values.update({
+            "charts/frames": c["frames"], "charts/episodes": c["episodes"],
+            "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
+            "perf/idle_share": 1.0 - served / stepped if stepped else 0.0, "perf/generation_s": dt,
+            "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / max(1, w1["threads"]),
+            "perf/inference_time_s": pop.forward_s - fwd0,
+        })
+        if self.cfg.stop_at_return and stats["best_member_return"] >= self.cfg.stop_at_return:
+            self.reached = True  # spent() says so once this generation is logged and saved
+            run.summary.update(generations_to_target=c["generation"], frames_to_target=c["frames"],
+                               steps_to_target=c["frames"] // self.frames_per_step)
+        self.generated = True
+        return None
+
+    def log_due(self, run: Run, now: float) -> bool:
+        return self.generated  # once per generation, with the generation as the x axis
+
+    save_due = log_due
+
+    def log(self, run: Run, now: float, last: bool = False) -> None:
+        v = dict(self.values)
+        if run.meter is not None:
+            v.update(run.meter.scalars())
+        run.monitor.scalars(self.counters["generation"], v)
+        run.monitor.progress(
+            f"gen {self.counters['generation']:>4d}  best {v['charts/best_fitness']:8.1f}  "
+            f"mean {v['charts/mean_fitness']:8.1f}  best member {v['charts/best_member_return']:8.1f}  "
+            f"frames {self.counters['frames']:>12,d}  frames/s {v['perf/frames_per_s']:>9,.0f}")
+
+    def results(self, run: Run) -> dict:
+        c, best = self.counters, self.evolver.best_return
+        return {"algo": self.algo, "env": self.spec.env_id, "generations": c["generation"],
+                "steps": c["frames"] // self.frames_per_step, "frames": c["frames"], "episodes": c["episodes"],
+                "best_member_return": best if math.isfinite(best) else None,
+                "frames_per_s": round(self.frames_run / self.gen_s, 1) if self.gen_s else None,
+                "forward": self.population.forward.strategy,
+                **{k: run.summary.get(k) for k in ("generations_to_target", "steps_to_target", "frames_to_target")}}
+
+    def outcome(self, summary: dict) -> tuple[str, str | None]:
+        best = f"{self.evolver.best_return:.1f}" if math.isfinite(self.evolver.best_return) else "-"
+        g = self.counters["generation"]
+        return (f"{g} generations, {self.counters['frames']:,d} frames, best member return {best}",
+                None if g else "stopped before the first generation ended")
+
+
+def train(cfg: NeuroevoRun) -> dict:
+    return run(NeuroevoTrainer, cfg, validate(cfg))

@@ -1,0 +1,26 @@
+"""Measurement: what the pipeline costs on this machine, as ratios taken in one run.
+
+``seedlocal bench`` (``main``): raw envpool against the pipeline with a random
+policy, the training network and the learner (``bench.py``, ``raw.py``); the
+bridge's cost (``bridge.py``); sizes for this machine (``autotune.py``).
+"""
+
+from __future__ import annotations
+
+
+def main(cfg) -> dict:
+    import torch
+
+    from seedlocal.measure.bench import check, run
+
+    torch.set_num_threads(1)
+    spec, pipe_cfg = check(cfg)
+    if cfg.autotune:
+        from seedlocal.measure.autotune import autotune
+
+        return autotune(cfg, spec)
+    if cfg.bridge:
+        from seedlocal.measure.bridge import run_bridge_bench
+
+        return run_bridge_bench(cfg, pipe_cfg.num_workers, pipe_cfg.envs_per_worker)
+    return run(cfg, spec, pipe_cfg)

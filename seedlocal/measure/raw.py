@@ -1,0 +1,129 @@
+"""Raw envpool, stepped with random actions and no model: the limit every
+pipeline ratio divides by (``seedlocal bench``, ``--autotune``, the scripts)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+
+def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np.ndarray]:
+    if spec.num_actions is not None:
+        return [rng.integers(0, spec.num_actions, n).astype(np.int32) for _ in range(k)]
+    low, high = np.array(spec.action_low), np.array(spec.action_high)
+    return [rng.uniform(low, high, (n,) + spec.action.shape).astype(np.float32) for _ in range(k)]
+
+
+def _timed(step, warmup: float, seconds: float) -> float:
+    i, end = 0, time.perf_counter() + warmup
+    while time.perf_counter() < end:
+        step(i)
+        i += 1
+    steps, t0 = 0, time.perf_counter()
+    end = t0 + seconds
+    while time.perf_counter() < end:
+        steps += step(i)
+        i += 1
+    return steps / (time.perf_counter() - t0)
+
+
+class RawEnvpool:
+    """The three ways to step ``n`` envpool envs with random actions and no model.
+
+    The pools are built once and kept (idle pools sleep), so each round
+    measures all three under the same machine conditions. ``close()`` (or
+    leaving a ``with`` block) collects the steps left in flight and closes
+    them: an envpool destroyed at interpreter exit with a step in flight
+    can abort the process (``terminate called without an active
+    exception``), e.g. when SIGTERM ends a bench.
+    """
+
+    KINDS = ("sync", "async_half", "two_groups")
+
+    def __init__(self, env_id: str, spec, n: int, threads: int):
+        import envpool
+
+        self.n, self.half = n, n // 2
+        self.sync = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
+        self.sync.reset()
+        self.async_env = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=self.half,
+                                      num_threads=threads)
+        self.async_env.async_reset()
+        self.groups = [envpool.make(env_id, env_type="gymnasium", num_envs=self.half,
+                                    num_threads=max(1, threads // 2)) for _ in range(2)]
+        for g in self.groups:
+            g.async_reset()
+        rng = np.random.default_rng(0)
+        self.acts = _raw_actions(spec, n, rng)
+        self.half_acts = _raw_actions(spec, self.half, rng)
+        # Every pool but the synchronous one has one batch in flight between measurements.
+        self._in_flight = [self.async_env, *self.groups]
+
+    def close(self) -> None:
+        pools, self._in_flight = self._in_flight, []
+        for env in pools:
+            try:
+                env.recv()
+            except Exception:
+                pass
+        for env in [self.sync, *pools]:
+            close = getattr(env, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    pass
+
+    def __enter__(self) -> "RawEnvpool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _sync(self, warmup: float, seconds: float) -> float:
+        def one(i):
+            self.sync.step(self.acts[i % len(self.acts)])
+            return self.n
+
+        return _timed(one, warmup, seconds)
+
+    def _async_half(self, warmup: float, seconds: float) -> float:
+        def one(i):
+            *_, info = self.async_env.recv()
+            self.async_env.send(self.half_acts[i % len(self.half_acts)], info["env_id"])
+            return self.half
+
+        return _timed(one, warmup, seconds)
+
+    def _two_groups(self, warmup: float, seconds: float) -> float:
+        """Two pools of n/2 envs, each driven by its own thread (the worker's way)."""
+        counts, phase = [0, 0], {"measure": False, "stop": False}
+
+        def drive(j):
+            e, i = self.groups[j], 0
+            while not phase["stop"]:
+                e.recv()
+                e.send(self.half_acts[i % len(self.half_acts)])
+                i += 1
+                if phase["measure"]:
+                    counts[j] += self.half
+            # One step stays in flight: the next measurement starts with recv().
+
+        ts = [threading.Thread(target=drive, args=(j,), daemon=True) for j in range(2)]
+        for t in ts:
+            t.start()
+        time.sleep(warmup)
+        phase["measure"] = True
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        total, dt = sum(counts), time.perf_counter() - t0
+        phase["stop"] = True
+        for t in ts:
+            t.join()
+        return total / dt
+
+    def measure(self, warmup: float, seconds: float) -> dict[str, float]:
+        return {"sync": self._sync(warmup, seconds), "async_half": self._async_half(warmup, seconds),
+                "two_groups": self._two_groups(warmup, seconds)}

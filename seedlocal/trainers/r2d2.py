@@ -1,0 +1,420 @@
+"""``seedlocal train r2d2``: recurrent prioritized replay on the SEED pipeline.
+
+The inference thread computes Q-values centrally with the online network
+and acts epsilon-greedily, each env slot with its own epsilon for the whole
+run (Ape-X's schedule); it keeps every env's recurrent state, stored with
+each unroll, and for Atari every env's frame stack: envpool sends single
+84x84 frames, stacked here on the learner's side for acting and by the
+replay for training, so a stacked tensor never crosses shared memory or
+replay. The main thread moves finished unrolls into the replay's per-env
+streams, samples prioritized sequences (overlapping by the burn-in), learns,
+and writes the new priorities back. A few *evaluation* slots act with
+``eval_epsilon`` and never write to replay; their return is what
+``--stop-at-return`` tests (as SEED reports it). They are local envs (the
+last ones) whenever the run has local workers, so that test does not hang on
+actor hosts joining; the replay, its memory estimate and the replay ratio
+count the acting envs only.
+
+On CUDA nothing in an update waits for the device: the next batch is
+sampled and decompressed while the current update runs and goes to the
+device from pinned memory, and an update's priorities are read back (from
+pinned memory) only after the next batch is ready.
+
+The learner keeps to ``replay_ratio`` (trained rows per env step): while it
+is behind it stops taking unrolls, so actors park on full buffers rather
+than outrun it; while it is ahead it waits for data.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
+from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
+                              num_groups, resolve_device, short_of_memory, validate_bridge, validate_env,
+                              validate_pipeline, validate_run_options)
+from seedlocal.errors import ConfigError
+from seedlocal.monitor import nothing_stepped
+from seedlocal.networks import RecurrentQNet, image_layout, obs_identity
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.policies.q_greedy import R2D2Policy
+from seedlocal.shm.rollout import obs_key
+from seedlocal.trainers.replay import SequenceReplay
+from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
+from seedlocal.trainers.run import WAIT_S, Run, Trainer, mean_of, run
+
+
+@dataclass
+class R2D2Run(RunOptions):
+    env: EnvConfig = field(default_factory=EnvConfig)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=8, min_batch_envs=4, unroll_length=0))
+    algo: R2D2Params = field(default_factory=R2D2Params)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    frame_stack: int = 0
+    """frames stacked on the learner side for image observations (Atari preset: 4 over env.frame_stack 1)"""
+    compress: bool = False
+    """lz4-compress stored frames in replay"""
+    checkpoint_replay: bool = False
+    """also save the replay with checkpoints (otherwise a resumed run starts with an empty replay)"""
+
+    @staticmethod
+    def migrate(saved: dict) -> dict:
+        """Runs saved before pipeline.unroll_length 0 hold the default they
+        ignored (they ran at algo.unroll_length): resume them as they ran."""
+        pipe, algo = saved.get("pipeline"), saved.get("algo")
+        if isinstance(pipe, dict) and isinstance(algo, dict) and pipe.get("unroll_length") != algo.get("unroll_length"):
+            saved = {**saved, "pipeline": {**pipe, "unroll_length": 0}}
+        return saved
+
+
+PRESETS: dict[str, R2D2Run] = {
+    "cartpole": R2D2Run(),
+    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and
+    # burn-in/unroll 40/80 -> 20/40 (a CPU update on 64 x 121 frames takes seconds),
+    # replay 100k -> 20k sequences; n = 5, gamma 0.997, eta 0.9, alpha 0.9, beta 0.6 as published.
+    "atari": R2D2Run(
+        env=EnvConfig(id="Pong-v5", frame_stack=1),
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
+        algo=R2D2Params(batch_size=16, burn_in=20, unroll_length=40, n_step=5, discount=0.997,
+                        learning_rate=1e-4, adam_eps=1e-3, target_update_every=2500, replay_size=20_000,
+                        min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, encoder="nature",
+                        lstm_size=512, max_grad_norm=40.0),
+        frame_stack=4, compress=True, total_steps=5_000_000,
+    ),
+}
+
+
+def identity(cfg: R2D2Run, spec) -> dict:
+    a = cfg.algo
+    return {"algo": "r2d2", "env_id": spec.env_id, "num_actions": spec.num_actions, "env_frame_stack": spec.frame_stack,
+            **obs_identity(spec), "frame_stack": cfg.frame_stack,
+            "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size}
+
+
+def net_spec(spec, frame_stack: int):
+    """The spec the network sees: image observations stacked ``frame_stack`` deep."""
+    single = spec.obs.get("")
+    if frame_stack <= 1 or single is None:
+        return spec
+    shape = (frame_stack * single.shape[0],) + single.shape[1:]
+    return dataclasses.replace(spec, obs={"": dataclasses.replace(single, shape=shape)})
+
+
+def build_net(cfg: R2D2Run, spec) -> RecurrentQNet:
+    a = cfg.algo
+    net = RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=a.encoder, hidden=tuple(a.hidden),
+                        lstm_size=a.lstm_size)
+    net.precision = resolve_precision(a.precision, net.kind, resolve_device(cfg.pipeline.device))
+    return net
+
+
+def eval_env_ids(num_local: int, num_envs: int, eval_envs: int) -> np.ndarray:
+    """The evaluation slots: the last local envs (actor hosts may come late,
+    or never: --stop-at-return must not wait for them), and only where there
+    are too few local ones, the last remote envs."""
+    if eval_envs <= num_local:
+        return np.arange(num_local - eval_envs, num_local)
+    return np.arange(num_envs - eval_envs, num_envs)
+
+
+def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay:
+    a = cfg.algo
+    fields = {obs_key(k): (s.shape, s.dtype) for k, s in spec.obs.items()}
+    fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
+                   "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")})
+    stack = cfg.frame_stack if "" in spec.obs and cfg.frame_stack > 1 else 1
+    replay = SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
+                            stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs", stack=stack,
+                            alpha=a.priority_exponent, compress=cfg.compress, seed=cfg.env.seed)
+    return replay
+
+
+COMPRESSED_FRAME_SHARE = 1 / 8  # lz4 frames, estimated (Pong measured 1/21, docs/r2d2.md)
+
+
+def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
+    """What the replay will hold when full: frames at full size, or with
+    ``compress`` at an eighth of it (lz4 on Atari frames measured 1/21)."""
+    a = cfg.algo
+    per_env = -(-a.replay_size // num_envs)
+    steps = num_envs * (per_env * a.unroll_length + a.burn_in + a.unroll_length + 1 + max(1, cfg.frame_stack))
+    obs = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.obs.values())
+    per_step = obs * (COMPRESSED_FRAME_SHARE if cfg.compress else 1) + 8 + 4 + 3 + 8
+    return int(steps * per_step) + a.replay_size * (2 * a.lstm_size * 4 + 40)
+
+
+def validate(cfg: R2D2Run):
+    validate_run_options(cfg)
+    a, p = cfg.algo, cfg.pipeline
+    validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0, learner_unroll=True)
+    validate_bridge(cfg.bridge, p)
+    spec = validate_env(cfg.env)
+    if spec.num_actions is None:
+        fail("env.id", cfg.env.id, "R2D2 needs a Discrete action space")
+    if p.unroll_length and p.unroll_length != a.unroll_length:
+        fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
+             f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")
+    for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "lstm_size",
+                 "target_update_every"):
+        if getattr(a, name) < 1:
+            fail(f"algo.{name}", getattr(a, name), "must be positive")
+    for name in ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"):
+        if getattr(a, name) < 0:  # max_grad_norm, reward_clip: 0 = off
+            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    if a.n_step >= a.unroll_length:
+        fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
+    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon"):
+        if not 0 <= getattr(a, name) <= 1:
+            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
+    if not 0 <= a.discount <= 1:
+        fail("algo.discount", a.discount, "must be in [0, 1]")
+    if a.replay_size < a.batch_size:
+        fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
+    if a.min_replay > a.replay_size:
+        fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
+    if a.adam_eps <= 0:
+        fail("algo.adam_eps", a.adam_eps, "must be positive")
+    if a.learning_rate <= 0 or a.replay_ratio <= 0:
+        fail("algo.learning_rate" if a.learning_rate <= 0 else "algo.replay_ratio",
+             min(a.learning_rate, a.replay_ratio), "must be positive")
+    envs = p.num_workers * p.envs_per_worker + (cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    if a.eval_envs >= envs:
+        fail("algo.eval_envs", a.eval_envs, f"leaves no env to fill the replay (the run has {envs})")
+    per_env = -(-a.replay_size // max(1, envs - a.eval_envs))
+    if per_env * a.unroll_length < a.burn_in + a.unroll_length + 1:
+        fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
+    if cfg.frame_stack < 0:
+        fail("frame_stack", cfg.frame_stack, "must be >= 0")
+    single = spec.obs.get("")
+    if cfg.frame_stack > 1 and (single is None or image_layout(single) != "chw" or single.shape[0] != 1):
+        seen = tuple(single.shape) if single is not None else dict(spec.obs)
+        fail("frame_stack", cfg.frame_stack, "stacks single-channel (1, H, W) image frames, as envpool's Atari "
+             f"sends with --env.frame-stack 1; {spec.env_id} observes {seen}")
+    if cfg.total_steps < 0 or cfg.seconds < 0 or (cfg.total_steps == 0 and cfg.seconds == 0):
+        fail("total_steps", cfg.total_steps, "set a step or time budget (both >= 0, not both 0)")
+    try:
+        check_network_fits(lambda: build_net(cfg, spec), 6, "algo.hidden, algo.lstm_size",
+                           "the online and target networks, gradients, Adam state and the actors' copy")
+    except ValueError as e:
+        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "hidden=")) else str(e)) from None
+    need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))
+    if (have := short_of_memory(need)) is not None:
+        fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"
+             f"{' (frames at 1/8 size, compressed)' if cfg.compress else ''}, {have / 1e9:.1f} GB are available: "
+             f"lower --algo.replay-size{'' if cfg.compress else ' (or use --compress for image observations)'}")
+    return spec
+
+
+class R2D2Trainer(Trainer):
+    algo = "r2d2"
+    checkpoint_parts = ("model", "target", "optimizer", "counters")
+
+    def __init__(self, cfg: R2D2Run, spec, device):
+        super().__init__(cfg, spec, device)
+        a = self.a = cfg.algo
+        self.online = build_net(cfg, spec).to(device)
+        apply_precision(self.online.precision, device)
+        self.target = copy.deepcopy(self.online)
+        for prm in self.target.parameters():
+            prm.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        self.pipe_cfg = dataclasses.replace(cfg.pipeline, unroll_length=a.unroll_length)
+        G, E = num_groups(self.pipe_cfg, cfg.bridge), self.pipe_cfg.envs_per_worker // 2
+        if not self.pipe_cfg.num_buffers:
+            self.pipe_cfg.num_buffers = 2 * G  # one unroll per group being filled, one waiting for the learner
+        num_envs = G * E
+        evaluating = np.zeros(num_envs, bool)
+        evaluating[eval_env_ids(self.pipe_cfg.num_workers * self.pipe_cfg.envs_per_worker, num_envs, a.eval_envs)] = True
+        self.eps = torch.full((num_envs,), a.eval_epsilon)
+        self.eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base,
+                                                                  a.epsilon_alpha)
+        self.replay = make_replay(cfg, spec, num_envs - a.eval_envs, self.online.core_spec.shape)
+        obs_keys = [obs_key(k) for k in spec.obs]
+        self.feeder = ReplayFeeder(self.replay, evaluating, E, a.unroll_length, obs_keys, a.replay_ratio,
+                                   a.batch_size, a.min_replay)
+        self.stager, self.staged = BatchStager(device, obs_keys), []
+        self.lock = WeightLock(device)
+        self.acc: dict[str, torch.Tensor] = {}  # learner statistics since the last log (device sums)
+        self.sampled_p: list[float] = []
+        self.dropped = 0
+        self._waiting = None  # when this wait for data began (None: learning)
+
+    def identity(self) -> dict:
+        return identity(self.cfg, self.spec)
+
+    def restore(self, saved: dict) -> None:
+        self.online.load_state_dict(saved["model"])
+        self.target.load_state_dict(saved["target"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if "replay" in saved:
+            try:
+                self.replay.load_state_dict(replay_from_checkpoint(saved["replay"]))
+            except ValueError as e:
+                raise ConfigError(f"resume: {e}; resume with the saved run's pipeline and replay settings, or "
+                                  "without its replay (a checkpoint written without --checkpoint-replay)") from None
+            print(f"seedlocal: replay restored with {self.replay.size:,d} sequences", flush=True)
+
+    def state(self) -> dict:
+        out = {"model": self.online.state_dict(), "target": self.target.state_dict(),
+               "optimizer": self.optimizer.state_dict()}
+        if self.cfg.checkpoint_replay:
+            out["replay"] = replay_to_checkpoint(self.replay.state_dict())
+        return out
+
+    def describe(self) -> str:
+        a, acting = self.a, int((~self.feeder.evaluating).sum())
+        return (f"training R2D2 on {self.spec.env_id} ({self.online.kind} torso in {self.online.precision} + LSTM "
+                f"{a.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
+                f"{', lz4' if self.cfg.compress else ''})")
+
+    def policy(self):
+        stack = self.cfg.frame_stack if self.cfg.frame_stack > 1 and "" in self.spec.obs else 1
+        return R2D2Policy(self.online, self.spec, self.eps, self.lock, self.device, stack, self.cfg.env.seed,
+                          cuda_graphs=self.cfg.pipeline.cuda_graphs)
+
+    def pipeline(self) -> PipelineConfig:
+        return self.pipe_cfg
+
+    def learner_threads(self) -> int:
+        # A small MLP + LSTM update gains nothing from more threads, and OpenMP threads that wait on each
+        # other while env workers hold the cores made CartPole updates ~50x slower on a loaded 2-core box.
+        big = self.online.kind in ("nature", "impala")
+        return self.cfg.pipeline.learner_threads or ((os.cpu_count() or 1) if big else 1)
+
+    def start(self, run: Run) -> None:
+        self.steps0 = self.counters["steps"]
+        self.t_log, self.log_steps = run.t_start, self.steps0
+        self.inserted0, self.log_updates = self.replay.added, self.counters["updates"]
+
+    def _steps(self, run: Run) -> int:
+        return self.steps0 + run.loop.stats.env_steps
+
+    def _stop_on(self):
+        return self.feeder.recent_eval if self.a.eval_envs else self.feeder.recent_train
+
+    def spent(self, run: Run) -> str | None:
+        self.counters["steps"] = self._steps(run)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if run.out_of_time():
+            return "seconds"
+        on = self._stop_on()
+        if self.cfg.stop_at_return and len(on) == on.maxlen and np.mean(on) >= self.cfg.stop_at_return:
+            run.summary["steps_to_target"] = self.counters["steps"]
+            return "target"
+        return None
+
+    def advance(self, run: Run) -> str | None:
+        """Learn while the learner owes the replay ratio, else take unrolls (waiting briefly for them)."""
+        run.runner.check()
+        if self.feeder.behind():
+            self._learn()
+            return None
+        now, first = time.monotonic(), self.feeder.added_steps == 0
+        if self.feeder.take(run.loop, WAIT_S):
+            self._waiting = None
+            self.counters["episodes"] += self.feeder.episodes
+            self.feeder.episodes = 0
+            if first:  # rates from the first unroll on: the workers' start-up is no slow first point
+                self.t_log, self.log_steps = time.monotonic(), self._steps(run)
+            return None
+        if self._waiting is None:  # time spent learning before this wait is no stall
+            self._waiting = now
+            run.watch.start()
+        elif run.waiting(self._waiting):
+            return "seconds"
+        return None
+
+    def _learn(self) -> None:
+        a, r, stager = self.a, self.replay, self.stager
+        batch, slots, gens, weights = self.staged.pop() if self.staged else stager.stage(
+            r.sample(a.batch_size, a.importance_exponent))
+        stats, prio = learner_step(self.online, self.target, self.optimizer, batch, weights, a, step_lock=self.lock)
+        prio = stager.priorities_to_host(prio)
+        if stager.ahead:  # the next batch, sampled and copied while this update runs on the device
+            self.staged.append(stager.stage(r.sample(a.batch_size, a.importance_exponent)))
+        self.dropped += len(slots) - r.update_priorities(slots, gens, stager.read(prio))
+        self.sampled_p.extend(r.tree.get(slots).tolist())
+        self.counters["updates"] += 1
+        self.feeder.learned()
+        if self.counters["updates"] % a.target_update_every == 0:
+            with torch.no_grad():
+                self.target.load_state_dict(self.online.state_dict())
+        for k, v in stats.items():
+            self.acc[k] = self.acc.get(k, 0.0) + v
+        self.acc["n"] = self.acc.get("n", 0) + 1
+
+    def log_due(self, run: Run, now: float) -> bool:
+        return now - self.t_log >= self.cfg.log_every_s
+
+    def log(self, run: Run, now: float, last: bool = False) -> None:
+        a, f, r, c = self.a, self.feeder, self.replay, self.counters
+        step_now, dt = self._steps(run), max(1e-9, now - self.t_log)
+        n = max(1, self.acc.pop("n", 0))
+        values = {f"losses/{k}": float(v) / n for k, v in self.acc.items()}  # device sums, read once
+        values.update({
+            "charts/episode_return": mean_of(f.recent_train), "charts/eval_return": mean_of(f.recent_eval),
+            "charts/episodes": c["episodes"], "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
+            "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
+            "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
+            "replay/stale_updates_dropped": self.dropped,
+        })
+        if not last or dt >= self.cfg.log_every_s / 4:  # no rates from a fraction of an interval
+            values.update({
+                "charts/steps_per_s": (step_now - self.log_steps) / dt,
+                "charts/frames_per_s": (step_now - self.log_steps) / dt * self.frames_per_step,
+                "replay/insert_per_s": (r.added - self.inserted0) / dt,
+                "replay/sample_per_s": (c["updates"] - self.log_updates) * a.batch_size / dt,
+                "perf/updates_per_s": (c["updates"] - self.log_updates) / dt,
+            })
+        # Reset first: an interval is written once, whatever follows.
+        self.t_log, self.log_steps, self.acc, self.sampled_p = now, step_now, {}, []
+        self.inserted0, self.log_updates = r.added, c["updates"]
+        run.monitor.scalars(step_now, values)
+        if last:
+            return
+        ev = f"{np.mean(f.recent_eval):7.1f}" if f.recent_eval else "      -"
+        # After the warm-up (algo.min_replay) the learner first catches up
+        # on the replay ratio over every step so far, actors parked: say so.
+        owed = f.owed_updates()
+        run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values.get('charts/frames_per_s', 0):>8,.0f}  "
+                             f"eval return(20) {ev}  updates {c['updates']:,d}  "
+                             f"replay {r.size:,d}  td {values.get('losses/td_abs', 0):.3f}"
+                             + (f"  (actors wait: {owed:,d} updates to replay ratio {a.replay_ratio:g})"
+                                if owed > 1 else ""))
+
+    def has_last_log(self) -> bool:
+        return bool(self.acc)
+
+    def settle(self, run: Run) -> None:
+        if hasattr(self, "steps0"):
+            self.counters["steps"] = self._steps(run)
+        self.counters["episodes"] += self.feeder.episodes
+        self.feeder.episodes = 0
+
+    def results(self, run: Run) -> dict:
+        c, f, to_target = self.counters, self.feeder, run.summary.get("steps_to_target")
+        return {"algo": "r2d2", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
+                "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
+                "mean_return_last20": mean_of(f.recent_train), "eval_return_last20": mean_of(f.recent_eval),
+                "frames_to_target": to_target * self.frames_per_step if to_target is not None else None,
+                "target_return_source": "eval" if self.a.eval_envs else "train"}
+
+    def outcome(self, summary: dict) -> tuple[str, str | None]:
+        ret = summary["eval_return_last20"] if self.a.eval_envs else summary["mean_return_last20"]
+        return (f"{summary['steps']:,d} steps, {'evaluation' if self.a.eval_envs else 'training'} return (last 20) "
+                f"{'-' if ret is None else f'{ret:.1f}'}", None if summary["steps"] else nothing_stepped(self.cfg))
+
+
+def train(cfg: R2D2Run) -> dict:
+    return run(R2D2Trainer, cfg, validate(cfg))

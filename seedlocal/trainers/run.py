@@ -1,0 +1,259 @@
+"""One run's life, the same for every trainer.
+
+``run(Trainer, cfg)`` owns everything around the algorithm:
+
+    validate the config -> resume (checkpoint, its config, its counters) ->
+    run folder, TensorBoard, the first line -> the pipeline and its
+    inference thread -> until a budget ends or the trainer stops: the
+    trainer's ``advance``; its scalars and checkpoints when due ->
+    whatever way it ends (budget, target, Ctrl-C, SIGTERM, an error): stop
+    threads, last scalars, checkpoint, summary.json, the closing line.
+
+A trainer (``Trainer``) supplies the parts that differ: what it builds,
+how it acts (its policy), one unit of learning (``advance``), what it
+saves, logs and reports. ``Run`` is what a trainer sees of the run while
+it goes: the pipeline, the clock and the helpers every wait needs
+(``Run.waiting`` checks the inference thread, the stall watch, the bridge
+and the time budget).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal import checkpoint
+from seedlocal.config import resolve_device, resume_line
+from seedlocal.monitor import RunMonitor, closing_line
+from seedlocal.pipeline.bridge_server import BridgeMeter
+from seedlocal.pipeline.inference import InferenceThread, StallWatch
+from seedlocal.policies import Policy
+
+WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)
+
+
+class Trainer(abc.ABC):
+    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and
+    ``x_axis`` (the counter TensorBoard's x axis and checkpoint names follow)
+    and fill ``counters`` in ``__init__``."""
+
+    algo: str
+    x_axis: str = "steps"
+    checkpoint_parts: tuple[str, ...] = ("counters",)
+    """what a checkpoint must hold for this trainer to resume it"""
+    consume: bool = True
+    """whether the learner takes full unrolls (False: they are free again at once)"""
+
+    @classmethod
+    def algo_name(cls, cfg) -> str:
+        """The algorithm's name in run folders and summaries."""
+        return cls.algo
+
+    def __init__(self, cfg, spec, device: torch.device):
+        self.cfg, self.spec, self.device = cfg, spec, device
+        self.counters: dict[str, int] = {}
+        self.frames_per_step = spec.frames_per_step
+
+    # -- building and saving ----------------------------------------------------
+
+    @abc.abstractmethod
+    def identity(self) -> dict:
+        """What a checkpoint must match to be resumed or evaluated with this config."""
+
+    @abc.abstractmethod
+    def restore(self, saved: dict) -> None:
+        """Take a checkpoint's state (its counters are taken already)."""
+
+    @abc.abstractmethod
+    def state(self) -> dict:
+        """What a checkpoint holds besides identity, config and counters."""
+
+    def position(self) -> tuple[int, int]:
+        """(x, frames) that name a checkpoint now."""
+        steps = self.counters[self.x_axis]
+        return steps, steps * self.frames_per_step
+
+    def worth_saving(self, resumed: bool) -> bool:
+        """A run that did nothing leaves no checkpoint, so its name can be reused."""
+        return bool(self.counters[self.x_axis]) or resumed
+
+    # -- running --------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """What the first line says is being trained (before the TensorBoard hint)."""
+
+    @abc.abstractmethod
+    def policy(self) -> Policy:
+        """What the inference loop runs (built once)."""
+
+    @abc.abstractmethod
+    def pipeline(self):
+        """This trainer's PipelineConfig (defaults filled in)."""
+
+    def learner_threads(self) -> int:
+        return self.cfg.pipeline.learner_threads or 1
+
+    def start(self, run: "Run") -> None:
+        """The pipeline and its inference thread are up."""
+
+    @abc.abstractmethod
+    def spent(self, run: "Run") -> str | None:
+        """The budget (or target) that has ended, if one has: the run stops."""
+
+    @abc.abstractmethod
+    def advance(self, run: "Run") -> str | None:
+        """One unit of learning (an update, a generation). Returns what ended
+        the run while it waited (e.g. "seconds"), or None."""
+
+    def log_due(self, run: "Run", now: float) -> bool:
+        return now - run.logged_at >= self.cfg.log_every_s
+
+    def save_due(self, run: "Run", now: float) -> bool:
+        return now - run.saved_at >= self.cfg.checkpoint_every_min * 60
+
+    @abc.abstractmethod
+    def log(self, run: "Run", now: float, last: bool = False) -> None:
+        """Scalars (and the progress line unless ``last``, the run's final,
+        partial interval) for the time since the last call."""
+
+    def has_last_log(self) -> bool:
+        """Whether the interval since the last log holds anything to write at the end."""
+        return False
+
+    def stop(self, run: "Run") -> None:
+        """Stop this trainer's own threads (before the inference thread stops)."""
+
+    def settle(self, run: "Run") -> None:
+        """Final accounting once every thread has stopped."""
+
+    @abc.abstractmethod
+    def results(self, run: "Run") -> dict:
+        """What summary.json reports (besides status, run_dir, stopped_by)."""
+
+    @abc.abstractmethod
+    def outcome(self, summary: dict) -> tuple[str, str | None]:
+        """(what the run reached, for the closing line; why nothing was done, or None)."""
+
+
+class Run:
+    """What a trainer sees of the run while it goes."""
+
+    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, resumed: dict | None):
+        self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = cfg, trainer, pipe, monitor, run_dir
+        self.resumed = resumed
+        self.loop = pipe.loop
+        self.runner = InferenceThread(pipe.loop)
+        self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
+        self.watch = StallWatch(pipe.loop)
+        self.t_start = self.logged_at = self.saved_at = time.monotonic()
+        self._said_waiting = 0.0
+        self.summary: dict = {}
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def out_of_time(self) -> bool:
+        return bool(self.cfg.seconds) and self.elapsed() >= self.cfg.seconds
+
+    def waiting(self, since: float) -> bool:
+        """For a trainer waiting for data (every ``WAIT_S``): raise what the
+        inference thread raised, say so when envs stop stepping or actor
+        hosts are missing, and return True once the time budget has ended
+        (so a hung env cannot hold the run past it)."""
+        self.runner.check()
+        now = time.monotonic()
+        if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
+            self._said_waiting = now
+            line = self.meter.waiting_line(self.pipe.pool.num_remote_groups)
+            if line:
+                print(line, flush=True)
+        self.watch.poll()
+        return self.out_of_time()
+
+    def save(self) -> None:
+        t = self.trainer
+        x, frames = t.position()
+        checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.cfg), **t.state(),
+                                       "counters": dict(t.counters)}, x, frames, keep=self.cfg.keep_checkpoints)
+        self.saved_at = time.monotonic()
+
+
+def default_run_name(spec, algo: str, seed: int) -> str:
+    return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
+    """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
+    returns the summary (also on Ctrl-C, re-raised after saving)."""
+    from seedlocal.pipeline.pipeline import Pipeline
+
+    device = resolve_device(cfg.pipeline.device)
+    torch.manual_seed(cfg.env.seed)
+    resumed = checkpoint.load(cfg.resume) if cfg.resume else None
+    if resumed is not None:
+        run_dir = checkpoint.run_dir_of(resumed["path"])
+    else:
+        name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
+        run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
+    t = trainer_cls(cfg, spec, device)
+    if resumed is not None:
+        print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
+        checkpoint.check_compatible(resumed, t.identity(), needs=t.checkpoint_parts)
+        t.counters.update(resumed["counters"])
+        t.restore(resumed)
+    checkpoint.make_run_dir(run_dir)
+    monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
+    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", t.counters[t.x_axis])
+    print(f"seedlocal: {t.describe()}; TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
+
+    policy = t.policy()
+    summary = {"status": "done", "run_dir": str(run_dir)}
+    torch.set_num_threads(t.learner_threads())
+    with monitor, Pipeline(cfg.env, t.pipeline(), lambda s, d: policy, consume=t.consume, spec=spec,
+                           bridge=cfg.bridge) as pipe:
+        r = Run(cfg, t, pipe, monitor, run_dir, resumed)
+        r.summary = summary
+        r.runner.start()
+        failure = None
+        try:
+            t.start(r)
+            while (stop := t.spent(r)) is None and (stop := t.advance(r)) is None:
+                now = time.monotonic()
+                if t.log_due(r, now):
+                    r.watch.poll()  # names a worker stuck while the others keep the run going
+                    t.log(r, now)
+                    r.logged_at = now
+                if t.save_due(r, now):
+                    r.save()
+            summary["stopped_by"] = stop
+        except BaseException as e:
+            summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"
+            failure = e
+            raise
+        finally:
+            try:
+                t.stop(r)
+            finally:
+                r.runner.stop()
+                t.settle(r)
+                checkpoint.finish_run(
+                    run_dir, summary, failure,
+                    last_log=(lambda: t.log(r, time.monotonic(), last=True)) if t.has_last_log() else None,
+                    save=r.save if t.worth_saving(resumed is not None) else None,
+                    results=lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),
+                                     "checkpoint": checkpoint.newest(run_dir)})
+    outcome, nothing = t.outcome(summary)
+    print(closing_line(summary, outcome, nothing), flush=True)
+    return summary
+
+
+def mean_of(recent: deque) -> float | None:
+    return float(np.mean(recent)) if recent else None

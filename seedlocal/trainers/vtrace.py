@@ -1,0 +1,390 @@
+"""``seedlocal train vtrace``: IMPALA on the SEED-style pipeline.
+
+One process holds the model. Its inference thread serves the env workers
+with the learner's own parameters (a ``WeightLock`` orders only the
+optimiser's write against its reads); its main thread turns batches of
+finished unrolls into V-trace updates (``algos/vtrace.py``). Unrolls go
+from shared memory to the device in one copy per field (``Batcher``); by
+default actors wait while the learner works on a batch (``actors_wait``).
+The run's life around this is ``trainers/run.py``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
+from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
+                              num_groups, validate_bridge, validate_env, validate_pipeline, validate_run_options)
+from seedlocal.errors import ConfigError
+from seedlocal.monitor import nothing_stepped
+from seedlocal.networks import ActorCritic, obs_identity
+from seedlocal.pipeline.batches import Batcher, Prefetcher
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.policies.actor_critic import ModelPolicy
+from seedlocal.trainers.run import WAIT_S, Run, Trainer, run
+
+# Learner statistics measured once per logging interval (see learner_step).
+DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
+
+
+@dataclass
+class VTraceRun(RunOptions):
+    env: EnvConfig = field(default_factory=EnvConfig)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
+    algo: VTraceParams = field(default_factory=VTraceParams)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+
+
+PRESETS: dict[str, VTraceRun] = {
+    "cartpole": VTraceRun(),
+    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
+    # small batches and many updates, a mean loss with Adam, orthogonal init,
+    # on envpool's v5 preprocessing (84x84 gray, 4-frame stack).
+    "atari": VTraceRun(
+        env=EnvConfig(id="Pong-v5"),
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
+        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
+                          learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
+                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, encoder="nature",
+                          separate_critic=False, init="orthogonal"),
+        total_steps=2_500_000,
+    ),
+}
+
+
+def actors_wait(a: VTraceParams) -> bool:
+    """The learning rhythm: whether actors wait while the learner works on a
+    batch. The same on every device unless asked (``algo.sync off``): the
+    presets were tuned in it (PPO clip against mu, echo x minibatches passes),
+    and running ahead (~23 updates of policy lag, docs/tuning.md) starts many
+    rows outside the clip range, where they give no gradient. A GPU that
+    chose the other rhythm by itself would run another algorithm."""
+    return a.sync != "off"
+
+
+def identity(cfg: VTraceRun, spec) -> dict:
+    """What a checkpoint must match to be resumed or evaluated with this config."""
+    a = cfg.algo
+    return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
+            **obs_identity(spec),
+            "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size,
+            "separate_critic": a.separate_critic}
+
+
+def build_model(cfg: VTraceRun, spec) -> ActorCritic:
+    a = cfg.algo
+    return ActorCritic(spec, encoder=a.encoder, hidden=tuple(a.hidden), lstm_size=a.lstm_size,
+                       separate_critic=a.separate_critic, init=a.init)
+
+
+def validate(cfg: VTraceRun):
+    validate_run_options(cfg)
+    validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_bridge(cfg.bridge, cfg.pipeline)
+    spec = validate_env(cfg.env)
+    a, p = cfg.algo, cfg.pipeline
+    if spec.num_actions is None:
+        fail("env.id", cfg.env.id, "V-trace here needs a Discrete action space")
+    group = p.envs_per_worker // 2
+    if a.batch_size < 1 or a.batch_size % group:
+        fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group}, half "
+             f"of pipeline.envs_per_worker={p.envs_per_worker}): change one or the other")
+    k = a.batch_size // group
+    groups = num_groups(cfg.pipeline, cfg.bridge)
+    if p.num_buffers and p.num_buffers < max(groups, k):
+        fail("pipeline.num_buffers", p.num_buffers,
+             f"needs one unroll per group ({groups}) and at least a batch ({k})")
+    if a.precision not in ("auto", "fp32", "tf32", "bf16"):
+        fail("algo.precision", a.precision, "expected auto, fp32, tf32 or bf16")
+    if a.echo < 1:
+        fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
+    if a.minibatches < 1:
+        fail("algo.minibatches", a.minibatches, "must be >= 1 (updates per pass over a batch)")
+    if a.lstm_size and a.minibatches > a.batch_size:
+        fail("algo.minibatches", a.minibatches,
+             f"with an LSTM a minibatch holds whole unrolls: at most algo.batch_size ({a.batch_size})")
+    if a.minibatches > a.batch_size * p.unroll_length:
+        fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
+    if a.sync not in ("auto", "on", "off"):
+        fail("algo.sync", a.sync, "expected on or off")
+    if not 0 <= a.clip < 1:
+        fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
+    for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
+        if getattr(a, name) <= 0:
+            fail(f"algo.{name}", getattr(a, name), "must be positive")
+    if not 0 <= a.discount <= 1:
+        fail("algo.discount", a.discount, "must be in [0, 1]")
+    if not 0 <= a.lam <= 1:
+        fail("algo.lam", a.lam, "must be in [0, 1]")
+    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm", "lstm_size"):
+        if getattr(a, name) < 0:
+            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    if cfg.total_steps < 0 or cfg.seconds < 0:
+        fail("total_steps" if cfg.total_steps < 0 else "seconds",
+             cfg.total_steps if cfg.total_steps < 0 else cfg.seconds, "must be >= 0")
+    if cfg.total_steps == 0 and cfg.seconds == 0:
+        fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
+    if not 0 < a.rmsprop_alpha < 1:
+        fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
+    try:
+        check_network_fits(lambda: build_model(cfg, spec), 5, "algo.hidden, algo.lstm_size",
+                           "its weights, gradients, Adam state and the actors' copy")
+    except ValueError as e:
+        named = str(e).startswith(("encoder=", "separate_critic", "hidden="))
+        raise ConfigError(f"algo.{e}" if named else str(e)) from None
+    return spec
+
+
+class _Interval:
+    """What one logging interval accumulates (device-side loss sums, episodes,
+    learner time) and the scalars it ends with."""
+
+    def __init__(self, steps: int, stats, workers: dict):
+        self.restart(time.monotonic(), steps, stats, workers)
+        self.begun = False
+
+    def begin(self, now: float, steps: int, workers: dict) -> None:
+        """Rates from here on: the first batch's arrival, so the workers' start-up is no slow first point."""
+        self.t0, self.steps, self.workers = now, steps, workers
+        self.begun = True
+
+    def restart(self, now: float, steps: int, stats, workers: dict) -> None:
+        self.t0, self.steps = now, steps
+        self.wait_s = self.learn_s = 0.0
+        self.acc: dict = {}
+        self.n = self.rows_learned = 0
+        self.diag = None
+        self.ep_n, self.ep_ret, self.ep_len = 0, 0.0, 0
+        self.workers = workers
+        self.forward_s, self.batches, self.batch_envs = stats.forward_s, stats.batches, stats.batch_envs
+
+    def add(self, update_stats: dict, rows: int) -> None:
+        for key, v in update_stats.items():
+            self.acc[key] = self.acc.get(key, 0.0) + v
+        self.n += 1
+        self.rows_learned += rows
+
+    def add_episodes(self, eps) -> None:
+        self.ep_n += eps.count
+        self.ep_ret += eps.return_sum
+        self.ep_len += eps.length_sum
+
+    def scalars(self, now: float, steps: int, stats, workers: dict, recent: deque, frames_per_step: int,
+                rates: bool = True) -> dict:
+        """The interval's means; ``rates`` False leaves out per-second rates and time shares."""
+        dt, n, nb = max(1e-9, now - self.t0), max(1, self.n), max(1, stats.batches - self.batches)
+        thread_s = dt * max(1, workers["threads"])
+        sps = (steps - self.steps) / dt
+        # The one read of the device-side sums per logging interval.
+        values = {f"losses/{key}": float(v) / n for key, v in self.acc.items() if key != "policy_lag"}
+        values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
+                       for key, v in (self.diag or {}).items()})
+        values.update({
+            "charts/episode_return": self.ep_ret / self.ep_n if self.ep_n else None,
+            "charts/episode_length": self.ep_len / self.ep_n if self.ep_n else None,
+            "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
+        })
+        if not rates:
+            return values
+        values.update({
+            "charts/steps_per_s": sps,
+            "charts/frames_per_s": sps * frames_per_step,
+            "charts/replay_ratio": self.rows_learned / max(1, steps - self.steps),
+            "perf/inference_batch_size": (stats.batch_envs - self.batch_envs) / nb,
+            "perf/inference_forward_ms": (stats.forward_s - self.forward_s) / nb * 1e3,
+            "perf/batch_collect_ms": float(np.median(stats.collect_s)) * 1e3 if stats.collect_s else None,
+            "perf/worker_wait_share": (workers["wait_s"] - self.workers["wait_s"]) / thread_s,
+            "perf/worker_env_share": (workers["env_s"] - self.workers["env_s"]) / thread_s,
+            "perf/learner_wait_share": self.wait_s / max(1e-9, self.wait_s + self.learn_s),
+            "perf/policy_lag": float(self.acc.get("policy_lag", 0.0)) / n,
+            "perf/worker_restarts": stats.restarts,
+        })
+        return values
+
+
+class VTraceTrainer(Trainer):
+    algo = "vtrace"
+    checkpoint_parts = ("model", "optimizer", "counters")
+
+    def __init__(self, cfg: VTraceRun, spec, device):
+        super().__init__(cfg, spec, device)
+        a = cfg.algo
+        self.model = build_model(cfg, spec).to(device)
+        self.optimizer = make_optimizer(self.model.parameters(), a)
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        # Minibatch order: one seeded CPU generator on every device (learner_step).
+        self.shuffle = torch.Generator().manual_seed(cfg.env.seed)
+        self.precision = resolve_precision(a.precision, self.model.kind, device)
+        apply_precision(self.precision, device)
+        self.sync = actors_wait(a)
+        self.lock = WeightLock(device)
+        self.k = a.batch_size // (cfg.pipeline.envs_per_worker // 2)  # unrolls per batch
+        self.rows_per_batch = a.batch_size * cfg.pipeline.unroll_length
+        self.recent: deque[float] = deque(maxlen=20)
+        self.lr = a.learning_rate
+        self.prefetch = self.iv = None  # once the pipeline runs (start)
+
+    def identity(self) -> dict:
+        return identity(self.cfg, self.spec)
+
+    def restore(self, saved: dict) -> None:
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if "shuffle" in saved:  # checkpoints before it continue from the seed
+            self.shuffle.set_state(saved["shuffle"])
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "shuffle": self.shuffle.get_state()}
+
+    def describe(self) -> str:
+        lstm = f" + LSTM {self.cfg.algo.lstm_size}" if self.cfg.algo.lstm_size else ""
+        rhythm = "actors wait for each update, algo.sync on" if self.sync else "acting overlaps learning, algo.sync off"
+        return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}, {self.precision} on "
+                f"{self.device}, {rhythm})")
+
+    def policy(self):
+        return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
+                           cuda_graphs=self.cfg.pipeline.cuda_graphs)
+
+    def pipeline(self) -> PipelineConfig:
+        # One unroll per group, and at least a batch: while the learner works
+        # on a batch, actors fill the next one (or, with algo.sync, wait),
+        # no more, so the policy lag stays about one batch of updates.
+        p = self.cfg.pipeline
+        return p if p.num_buffers else dataclasses.replace(p, num_buffers=max(num_groups(p, self.cfg.bridge), self.k))
+
+    def learner_threads(self) -> int:
+        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
+
+    def start(self, run: Run) -> None:
+        # Actors wait for the learner (sync) by getting their unrolls back only after its update;
+        # a synchronous learner holds one batch at a time: one set is enough.
+        batcher = Batcher(run.pipe.store, run.pipe.layout.obs_keys(), self.k, self.device, sets=1 if self.sync else 2)
+        self.prefetch = Prefetcher(run.loop, batcher, release_early=not self.sync)
+        if not self.sync:
+            self.prefetch.start()
+        self.steps0 = self.counters["steps"]
+        self.iv = _Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+
+    def _steps(self, run: Run) -> int:
+        return self.steps0 + run.loop.stats.env_steps
+
+    def _target_met(self) -> bool:
+        return bool(self.cfg.stop_at_return) and len(self.recent) == self.recent.maxlen \
+            and np.mean(self.recent) >= self.cfg.stop_at_return
+
+    def spent(self, run: Run) -> str | None:
+        self.counters["steps"] = self._steps(run)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if run.out_of_time():
+            return "seconds"
+        return "target" if self._target_met() else None
+
+    def advance(self, run: Run) -> str | None:
+        """Wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner), learn from it."""
+        cfg, iv = self.cfg, self.iv
+        t0 = time.monotonic()
+        run.watch.start()
+        while (fetched := self.prefetch.next(timeout=WAIT_S)) is None:
+            if run.waiting(t0):
+                return "seconds"  # the budget ends while waiting (e.g. a hung env)
+        t1 = time.monotonic()
+        if not iv.begun:
+            iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
+        else:
+            iv.wait_s += t1 - t0
+        batch = self.prefetch.batcher.use(fetched)
+        self.lr = cfg.algo.learning_rate
+        if cfg.algo.lr_decay and cfg.total_steps:
+            self.lr *= max(0.0, 1.0 - self.counters["steps"] / cfg.total_steps)
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr
+        acted_version, version0 = float(batch["policy_version"].mean()), run.loop.version
+
+        def bump_version() -> None:
+            run.loop.version += 1
+
+        stats = learner_step(self.model, self.optimizer, batch, cfg.algo, step_lock=self.lock,
+                             diagnose=iv.diag is None, precision=self.precision, after_update=bump_version,
+                             shuffle=self.shuffle)
+        if iv.diag is None:  # once per logging interval: it copies the weights
+            iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
+        n_updates = stats.pop("updates")
+        self.counters["updates"] += n_updates
+        # Updates between acting and learning, averaged over this batch's updates.
+        stats["policy_lag"] = version0 + (n_updates - 1) / 2 - acted_version
+        iv.add(stats, self.rows_per_batch * cfg.algo.echo)
+        self.prefetch.done(fetched)
+        iv.learn_s += time.monotonic() - t1
+        self._take_episodes(run)
+        if self._target_met() and run.summary.get("steps_to_target") is None:
+            run.summary["steps_to_target"] = self._steps(run)
+        return None
+
+    def _take_episodes(self, run: Run) -> None:
+        eps = run.loop.stats.episodes.take()
+        self.counters["episodes"] += eps.count
+        self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
+        self.iv.add_episodes(eps)
+
+    def log_due(self, run: Run, now: float) -> bool:
+        return now - self.iv.t0 >= self.cfg.log_every_s
+
+    def log(self, run: Run, now: float, last: bool = False) -> None:
+        step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
+        rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
+        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
+        values.update({"charts/episodes": self.counters["episodes"], "charts/learning_rate": self.lr})
+        if run.meter is not None and rates:
+            values.update(run.meter.scalars())
+        iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
+        run.monitor.scalars(step_now, values)
+        if not last:
+            ret = f"{np.mean(self.recent):7.1f}" if self.recent else "      -"
+            run.monitor.progress(
+                f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  return(20) {ret}  "
+                f"updates {self.counters['updates']:,d}  loss {values['losses/total_loss']:.3f}  "
+                f"entropy {values['losses/entropy']:.2f}")
+
+    def has_last_log(self) -> bool:
+        return self.iv is not None and self.iv.n > 0
+
+    def stop(self, run: Run) -> None:
+        if self.prefetch is not None:
+            self.prefetch.stop()
+
+    def settle(self, run: Run) -> None:
+        if self.iv is not None:
+            self.counters["steps"] = self._steps(run)
+            self._take_episodes(run)
+
+    def results(self, run: Run) -> dict:
+        c, to_target = self.counters, run.summary.get("steps_to_target")
+        return {"algo": "vtrace", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
+                "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
+                "mean_return_last20": float(np.mean(self.recent)) if self.recent else None,
+                "frames_to_target": to_target * self.frames_per_step if to_target is not None else None}
+
+    def outcome(self, summary: dict) -> tuple[str, str | None]:
+        ret = summary["mean_return_last20"]
+        idle = (f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
+                f"{self.rows_per_batch:,d} steps was learned from)") if summary["steps"] and not summary["updates"] else ""
+        return (f"{summary['steps']:,d} steps, {summary['updates']:,d} updates{idle}, mean return (last 20) "
+                f"{'-' if ret is None else f'{ret:.1f}'}", None if summary["steps"] else nothing_stepped(self.cfg))
+
+
+def train(cfg: VTraceRun) -> dict:
+    """Train until a budget ends; returns a summary (also on Ctrl-C, re-raised after saving)."""
+    return run(VTraceTrainer, cfg, validate(cfg))
