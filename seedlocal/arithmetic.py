@@ -14,7 +14,9 @@ import functools
 import torch
 from torch import nn
 
+
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
+
 
 @functools.lru_cache(maxsize=1)
 def cpu_has_bf16_matmul() -> bool:
@@ -25,6 +27,7 @@ def cpu_has_bf16_matmul() -> bool:
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
 
 def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
     """``auto`` is bf16 on a CPU only where it measured faster: a CNN torso on
@@ -45,6 +48,7 @@ def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
         return "fp32"
     return precision
 
+
 def apply_precision(precision: str, device: torch.device) -> None:
     """Set what ``precision`` means for the float32 arithmetic outside
     autocast on ``device``: TF32 tensor-core matmuls and convolutions for
@@ -56,6 +60,7 @@ def apply_precision(precision: str, device: torch.device) -> None:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
 
+
 def autocast(device: torch.device, precision: str, cache: bool = True):
     """Mixed precision for a forward pass: weights and their gradients stay
     fp32; convolutions and matmuls run in bf16; callers cast outputs back.
@@ -64,6 +69,7 @@ def autocast(device: torch.device, precision: str, cache: bool = True):
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()  # fp32 and tf32 (apply_precision)
+
 
 @functools.lru_cache(maxsize=1)
 def _cpu_tanh_is_slow() -> bool:
@@ -86,11 +92,13 @@ def _cpu_tanh_is_slow() -> bool:
         best[name] = sorted(times)[len(times) // 2]
     return best["sigmoid"] < 0.8 * best["tanh"]
 
+
 def _tanh_from_sigmoid(x: torch.Tensor) -> torch.Tensor:
     y = torch.sigmoid(x * 2)
     if y.requires_grad:
         return y * 2 - 1
     return y.mul_(2).sub_(1)  # no graph to keep: reuse the buffer
+
 
 class Tanh(nn.Tanh):
     """tanh, computed as 2 sigmoid(2x) - 1 on a CPU whose torch tanh measures

@@ -17,10 +17,14 @@ import torch
 from torch import nn
 
 from seedlocal.arithmetic import Tanh, autocast
+from seedlocal.normalize import RunningNorm
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.shm.rollout import TensorSpec
 
+
 ENCODERS = ("auto", "mlp", "nature", "impala")
+MIN_LOG_STD = math.log(1e-3)  # a Gaussian policy's smallest standard deviation
+
 
 def image_layout(spec: TensorSpec) -> str | None:
     """``chw`` or ``hwc`` for an observation the CNN torsos take (at least
@@ -35,12 +39,15 @@ def image_layout(spec: TensorSpec) -> str | None:
         return "hwc"
     return None
 
+
 def is_image(spec: TensorSpec) -> bool:
     return image_layout(spec) is not None
+
 
 class MLPEncoder(nn.Module):
     def __init__(self, in_dim: int, hidden: tuple[int, ...] = (64, 64)):
         super().__init__()
+        self.in_dim = in_dim
         layers, d = [], in_dim
         for h in hidden:
             layers += [nn.Linear(d, h), Tanh()]
@@ -50,6 +57,7 @@ class MLPEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
 
 class NatureCNN(nn.Module):
     """The DQN torso (Mnih et al. 2015) for stacked 84x84 frames."""
@@ -71,6 +79,7 @@ class NatureCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(x))
 
+
 class _ResidualBlock(nn.Module):
     def __init__(self, c: int):
         super().__init__()
@@ -79,6 +88,7 @@ class _ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
 
 class ImpalaResNet(nn.Module):
     """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of
@@ -101,6 +111,7 @@ class ImpalaResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(x))
 
+
 def _as_float(x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.uint8:
         return x.float()
@@ -109,10 +120,10 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.float32
     return x.to(dtype).div_(255.0)
 
+
 def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
-    """(kind, torso) for an env: ``auto`` picks the Nature CNN for images, else an MLP."""
-    if spec.num_actions is None:
-        raise ValueError(f"env.id={spec.env_id!r}: network policies need a Discrete action space")
+    """(kind, torso) for an env: ``auto`` picks the Nature CNN for images, else an
+    MLP (``hidden`` empty: no hidden layer, a linear policy)."""
     if encoder not in ENCODERS:
         raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
     single = spec.obs.get("")
@@ -128,13 +139,19 @@ def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple
         torso = NatureCNN((c, h, w)) if encoder == "nature" else ImpalaResNet((c, h, w))
         torso.hwc = layout == "hwc"  # encode_obs moves the channels first (a view)
         return encoder, torso
-    if not hidden or any(int(h) < 1 for h in hidden):
-        raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive, at least one layer")
+    if any(int(h) < 1 for h in hidden):
+        raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive (none at all: a linear policy)")
     classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in spec.obs}
     in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(s.shape)) for k, s in spec.obs.items())
     torso = MLPEncoder(in_dim, hidden)
     torso.classes = classes  # Discrete fields enter one-hot (flatten_obs)
     return encoder, torso
+
+
+def action_identity(spec: EnvSpec) -> dict:
+    """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions)."""
+    return {} if spec.num_actions is not None else {"action_shape": list(spec.action.shape)}
+
 
 def obs_identity(spec: EnvSpec) -> dict:
     """The observation part of a checkpoint's identity. Discrete fields enter
@@ -144,6 +161,7 @@ def obs_identity(spec: EnvSpec) -> dict:
     if getattr(spec, "obs_classes", None):
         out["obs_one_hot"] = {k: list(c) for k, c in spec.obs_classes.items()}
     return out
+
 
 def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
                 classes: dict[str, tuple[int, int]] | None = None) -> torch.Tensor:
@@ -162,6 +180,7 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
             flat.append(_as_float(x).reshape(x.shape[0], -1))
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
+
 def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
     if kind in ("nature", "impala"):
         x = obs[""]
@@ -175,6 +194,7 @@ def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str
         return encoder(_as_float(x))
     return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
 
+
 def use_channels_last(encoder: nn.Module) -> None:
     """NHWC weights and inputs for a CNN torso: oneDNN's fast layout on CPUs
     (Nature CNN update: 93 vs 133 ms fp32, 48 vs 60 ms bf16 per 168 rows on
@@ -182,25 +202,65 @@ def use_channels_last(encoder: nn.Module) -> None:
     encoder.to(memory_format=torch.channels_last)
     encoder.channels_last = True
 
+
 class PolicyNet(nn.Module):
-    """Encoder → action logits: the network a neuroevolution genome encodes."""
+    """Encoder → action logits (Discrete) or the action itself (Box, a
+    deterministic policy): the network a neuroevolution genome encodes.
+    ``obs_norm``: its MLP input goes through running statistics (buffers,
+    not genome parameters; the population shares them)."""
 
     core_spec = None
 
-    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64)):
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
+                 obs_norm: bool = False):
         super().__init__()
         self.obs_keys = list(spec.obs)
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
-        self.policy = nn.Linear(self.encoder.out_dim, spec.num_actions)
+        self.continuous = spec.num_actions is None
+        self.policy = nn.Linear(self.encoder.out_dim, action_size(spec))
+        self.obs_norm = _obs_norm(self, obs_norm)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.policy(encode_obs(self.kind, self.encoder, self.obs_keys, obs))
+        return self.policy(encode(self, obs))
 
     def step(self, obs: dict[str, torch.Tensor], core=None):
         return self.forward(obs), None, None
 
+
+def action_size(spec: EnvSpec) -> int:
+    """Discrete actions, or the dimensions of a Box action."""
+    return spec.num_actions if spec.num_actions is not None else max(1, math.prod(spec.action.shape))
+
+
+def _obs_norm(net: nn.Module, on: bool) -> RunningNorm | None:
+    if not on:
+        return None
+    if net.kind != "mlp":
+        raise ValueError(f"obs_norm: normalises vector observations; a {net.kind} torso reads images")
+    return RunningNorm(net.encoder.in_dim)
+
+
+def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """An MLP network's input: every field flat, side by side, normalised where it has ``obs_norm``."""
+    x = flatten_obs(net.obs_keys, obs, net.encoder.classes)
+    return x if net.obs_norm is None else net.obs_norm(x)
+
+
+def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A network's torso output for a batch of observations."""
+    if net.kind == "mlp":
+        return net.encoder(mlp_input(net, obs))
+    return encode_obs(net.kind, net.encoder, net.obs_keys, obs)
+
+
 class ActorCritic(nn.Module):
-    """Encoder → optional LSTM core → (policy logits, state value).
+    """Encoder → optional LSTM core → (policy parameters, state value).
+
+    The policy parameters are the logits of a categorical (Discrete actions)
+    or, for a Box, a diagonal Gaussian's mean and log standard deviation
+    (``algos/distributions.py``), the log-std one learned vector for every
+    state, starting at ``log(init_std)``: the form of SEED's MuJoCo agents,
+    with "What Matters in On-Policy RL"'s initial std of 0.5.
 
     ``forward`` serves feed-forward batches; ``step`` one time step with a
     recurrent state ``core`` of shape [B, 2, H] (h and c); ``unroll`` a whole
@@ -208,21 +268,25 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
-                 lstm_size: int = 0, separate_critic: bool = False, init: str = "torch"):
+                 lstm_size: int = 0, separate_critic: bool = False, init: str = "torch", obs_norm: bool = False,
+                 init_std: float = 0.5):
         super().__init__()
         self.obs_keys = list(spec.obs)
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
         encoder = self.kind
+        self.obs_norm = _obs_norm(self, obs_norm)
         # A critic with its own MLP: value regression then cannot steer the
         # policy's features (CartPole: 450 in ~90-150k steps instead of >300k).
         # Image torsos and LSTM cores stay shared, as in IMPALA.
         separate = separate_critic and encoder == "mlp" and not lstm_size
-        self.critic = MLPEncoder(self.encoder.net[0].in_features, hidden) if separate else None
+        self.critic = MLPEncoder(self.encoder.in_dim, hidden) if separate else None
         d = self.encoder.out_dim
         self.lstm = nn.LSTMCell(d, lstm_size) if lstm_size else None
         if self.lstm is not None:
             d = lstm_size
-        self.policy = nn.Linear(d, spec.num_actions)
+        self.continuous = spec.num_actions is None
+        self.policy = nn.Linear(d, action_size(spec))
+        self.log_std = nn.Parameter(torch.full((action_size(spec),), math.log(init_std))) if self.continuous else None
         self.value = nn.Linear(d, 1)
         if init == "orthogonal":
             orthogonal_init(self)
@@ -236,14 +300,18 @@ class ActorCritic(nn.Module):
         return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
 
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return encode_obs(self.kind, self.encoder, self.obs_keys, obs)
+        return encode(self, obs)
 
     def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.policy(h), self.value(h if hv is None else hv).squeeze(-1)
+        params = self.policy(h)
+        if self.log_std is not None:  # a Gaussian: [mean, log std], the std at least 1e-3
+            log_std = self.log_std.clamp(min=MIN_LOG_STD).to(params.dtype)
+            params = torch.cat([params, log_std.expand_as(params)], dim=-1)
+        return params, self.value(h if hv is None else hv).squeeze(-1)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.critic is not None:
-            x = flatten_obs(self.obs_keys, obs, self.encoder.classes)
+            x = mlp_input(self, obs)
             return self._heads(self.encoder(x), self.critic(x))
         return self._heads(self.encode(obs))
 
@@ -256,9 +324,15 @@ class ActorCritic(nn.Module):
         hx, cx = self.lstm(h, _state_pair(core))
         return (*self._heads(hx), torch.stack([hx, cx], dim=1))
 
+    @torch.no_grad()
+    def update_obs_norm(self, obs: dict[str, torch.Tensor]) -> None:
+        """Fold time-major observations [T, B, ...] into ``obs_norm``'s statistics."""
+        flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in obs.items()}
+        self.obs_norm.update(flatten_obs(self.obs_keys, flat, self.encoder.classes))
+
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None, first: torch.Tensor):
-        """obs [L, B, ...] → logits [L, B, A], values [L, B]. ``core`` is the
-        state before row 0 (already reset if row 0 starts an episode)."""
+        """obs [L, B, ...] → policy parameters [L, B, P], values [L, B]. ``core``
+        is the state before row 0 (already reset if row 0 starts an episode)."""
         L, B = first.shape
         flat_obs = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
         if self.lstm is None:
@@ -277,11 +351,13 @@ class ActorCritic(nn.Module):
         logits, values = self._heads(torch.stack(outs))
         return logits, values
 
+
 def _state_pair(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, c) of a recurrent state [B, 2, H] as two contiguous [B, H] tensors.
     ``core[:, 0]`` is a strided view, and cuDNN's RNN entry point refuses a
     non-contiguous state (the CPU kernels do not check, so only a GPU shows it)."""
     return core[:, 0].contiguous(), core[:, 1].contiguous()
+
 
 def orthogonal_init(model: "ActorCritic") -> None:
     """Orthogonal weights, zero biases; gain sqrt(2) in the ReLU torso, 0.01
@@ -295,6 +371,7 @@ def orthogonal_init(model: "ActorCritic") -> None:
             nn.init.zeros_(m.bias)
     nn.init.orthogonal_(model.policy.weight, gain=0.01)
     nn.init.orthogonal_(model.value.weight, gain=1.0)
+
 
 class RecurrentQNet(nn.Module):
     """R2D2's network: encoder → LSTM → dueling head Q = V + A - mean(A)
@@ -368,9 +445,11 @@ class RecurrentQNet(nn.Module):
             outs.append(out)
         return self._q(torch.cat(outs)), torch.stack([hx, cx], dim=1)
 
+
 def cut_rows(first) -> list[int]:
     """The rows t > 0 of host-side ``first`` flags [L, B] where some env starts an episode."""
     return (np.flatnonzero(np.asarray(first)[1:].any(axis=1)) + 1).tolist()
+
 
 def _lstm_cell_names(state_dict, prefix, *args) -> None:
     """Checkpoints written when the core was an ``nn.LSTMCell`` name its

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from seedlocal.algos.distributions import Categorical, DiagGaussian
 from seedlocal.arithmetic import autocast
 from seedlocal.shm.rollout import episode_starts
 
@@ -54,8 +54,7 @@ def masked(x: Tensor, valid: Tensor) -> Tensor:
 
 def log_prob_of(logits: Tensor, actions: Tensor) -> Tensor:
     """log pi(a|x) for integer ``actions`` [T, B] under ``logits`` [T, B, A]."""
-    log_probs = F.log_softmax(logits, dim=-1)
-    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return Categorical.log_prob(logits, actions)
 
 
 @torch.no_grad()
@@ -99,7 +98,7 @@ def vtrace(
 
 
 def impala_loss(
-    target_logits: Tensor,
+    target_params: Tensor,
     actions: Tensor,
     values: Tensor,
     vtrace_returns: VTraceReturns,
@@ -109,12 +108,15 @@ def impala_loss(
     behaviour_log_probs: Tensor | None = None,
     clip: float = 0.0,
     normalize_advantages: bool = False,
+    dist=Categorical,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
     Means are taken over valid rows only, so invalid (auto-reset) rows neither
     contribute nor dilute the loss. ``values`` must carry the baseline's graph;
-    ``target_logits`` the policy's graph.
+    ``target_params`` (the policy's parameters under ``dist``, a
+    ``Categorical``'s logits or a ``DiagGaussian``'s mean and log-std) the
+    policy's graph.
 
     With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et
     al. 2017) on the ratio r = pi/mu to the behaviour policy, with the V-trace
@@ -131,8 +133,7 @@ def impala_loss(
     def masked_mean(x: Tensor) -> Tensor:
         return masked(x, valid).sum() / n_valid
 
-    log_probs_all = F.log_softmax(target_logits, dim=-1)
-    action_log_probs = log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    action_log_probs = dist.log_prob(target_params, actions)
     adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
     if normalize_advantages:
         mean = masked_mean(adv)
@@ -151,7 +152,7 @@ def impala_loss(
 
     baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
 
-    entropy_per_row = -(log_probs_all.exp() * log_probs_all).sum(-1)
+    entropy_per_row = dist.entropy(target_params)
     entropy = masked_mean(entropy_per_row)
 
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
@@ -209,6 +210,14 @@ class VTraceParams:
     """give the value its own MLP; applies to MLP torsos without LSTM (image torsos are shared)"""
     init: Literal["torch", "orthogonal"] = "torch"
     """weight init: torch's default, or orthogonal (gain sqrt 2; 0.01 policy head, 1 value head)"""
+    obs_norm: bool = False
+    """normalise vector observations by their running mean and variance (clipped to +-10), statistics kept in
+    the network and its checkpoints (continuous control: the mujoco preset)"""
+    reward_scale: bool = False
+    """divide the learner's rewards by the running std of each env's discounted return, clipped to +-10
+    (logged returns stay raw)"""
+    init_std: float = 0.5
+    """a Gaussian policy's initial standard deviation (Box actions; "What Matters in On-Policy RL": 0.5)"""
     echo: int = 1
     """passes over each batch (data echoing, Choi et al. 2019; PPO's epochs): the replay ratio, how many times
     each step is learned from"""
@@ -258,7 +267,12 @@ def _unroll(model, batch: dict, first: Tensor, precision: str, cols=None) -> tup
     return logits.float(), values.float()
 
 
-def _targets(p: VTraceParams, batch: dict, logits: Tensor, values: Tensor) -> _Targets:
+def policy_dist(batch: dict):
+    """The action distribution a batch's behaviour parameters belong to."""
+    return DiagGaussian if "behaviour_gaussian" in batch else Categorical
+
+
+def _targets(p: VTraceParams, batch: dict, params: Tensor, values: Tensor) -> _Targets:
     """V-trace targets for every row of a batch from the network's detached outputs [L, B]."""
     T = values.shape[0] - 1
     actions = batch["action"][:T]
@@ -267,8 +281,9 @@ def _targets(p: VTraceParams, batch: dict, logits: Tensor, values: Tensor) -> _T
         rewards = rewards.clamp(-p.reward_clip, p.reward_clip)
     discounts = p.discount * (~batch["terminated"][:T]).to(values.dtype)
     valid = ~batch["ignored"][:T]
-    behaviour_log_probs = log_prob_of(batch["behaviour_logits"][:T], actions)
-    returns = vtrace(behaviour_log_probs, log_prob_of(logits[:T], actions), rewards, discounts,
+    dist = policy_dist(batch)
+    behaviour_log_probs = dist.log_prob(batch[f"behaviour_{dist.field}"][:T], actions)
+    returns = vtrace(behaviour_log_probs, dist.log_prob(params[:T], actions), rewards, discounts,
                      values[:T], values[T], valid, rho_bar=p.rho_bar, c_bar=p.c_bar, lam=p.lam)
     return _Targets(actions, behaviour_log_probs, valid, returns)
 
@@ -310,7 +325,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     L, B = ignored.shape
     T = L - 1
     first = episode_starts(ignored)
-    loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip,
+    loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip, dist=policy_dist(batch),
                    normalize_advantages=p.normalize_advantages)
     totals: dict[str, Tensor] = {}
     diag = None
@@ -346,7 +361,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
         n = B if recurrent else T * B
         if not recurrent:  # rows: [T, B, ...] -> [T * B, ...]
             obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in batch["obs"].items()}
-            targets = _Targets(*(x.reshape(T * B) for x in targets[:3]),
+            targets = _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
                                VTraceReturns(*(x.reshape(T * B) for x in targets.returns)))
         for _ in range(p.echo):
             order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)

@@ -23,8 +23,8 @@ import torch
 from seedlocal.dtypes import torch_dtype
 
 # Store field -> batch key (obs fields keep their own names under "obs").
-FIELDS = {"action": "action", "reward": "reward", "terminated": "terminated", "ignored": "ignored",
-          "out.logits": "behaviour_logits"}
+FIELDS = {"action": "action", "reward": "reward", "terminated": "terminated", "truncated": "truncated",
+          "ignored": "ignored", "out.logits": "behaviour_logits", "out.gaussian": "behaviour_gaussian"}
 
 
 @dataclass
@@ -35,6 +35,8 @@ class Batch:
     bufs: list[int]
     slot: int
     ready: object = None  # CUDA event: the batch's copy to the device has finished
+    groups: list[int] | None = None  # the group that filled each unroll (read when copied: an unroll
+    # released early may be rebound to another group before the learner is done)
 
 
 class Batcher:
@@ -101,7 +103,7 @@ class Batcher:
                 **{key: tensors[name] for name, key in self.fields.items()},
                 "core_state": tensors.get("core_state"),
                 "policy_version": self.store["policy_version"][bufs][:, :-1].copy()}
-        return Batch(data, list(bufs), slot, ready)
+        return Batch(data, list(bufs), slot, ready, groups=self.store["unroll_group"][bufs].tolist())
 
     def use(self, batch: Batch) -> dict:
         """The learner's side: make its stream wait for the batch's copy."""

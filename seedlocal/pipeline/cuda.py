@@ -13,6 +13,7 @@ import threading
 
 import torch
 
+
 class WeightLock:
     """A lock, plus CUDA events, between the optimiser's writes of the
     learner's weights and the inference thread's reads of them: inference
@@ -66,6 +67,7 @@ class WeightLock:
             yield
             if self.cuda:
                 self._read = self._record()
+
 
 class GraphedStep:
     """``step(obs, core)`` (a network's one-step forward) replayed from CUDA

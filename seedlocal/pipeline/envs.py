@@ -243,6 +243,33 @@ def _stack_kw(frame_stack: int) -> dict:
     return {"stack_num": frame_stack} if frame_stack else {}
 
 
+class ActionBounds:
+    """What a Box action goes through on its way to the simulator: refused
+    if it is NaN or infinite (a diverged network; the inference loop stops
+    first, this is the last line), then clipped to the space's bounds. The
+    learner keeps the unclipped sample: its probability is what the policy
+    gave."""
+
+    def __init__(self, spec: EnvSpec):
+        self.env_id = spec.env_id
+        shape = spec.action.shape
+        self.low = np.asarray(spec.action_low, np.float32).reshape(shape)
+        self.high = np.asarray(spec.action_high, np.float32).reshape(shape)
+        self._out = None
+
+    def __call__(self, actions: np.ndarray) -> np.ndarray:
+        if not np.isfinite(actions).all():
+            raise EnvContractError(f"{self.env_id}: the policy sent a NaN or infinite action; not stepping the env "
+                                   "with it (a diverged network?)")
+        if self._out is None or self._out.shape != actions.shape:
+            self._out = np.empty(actions.shape, np.float32)
+        return np.clip(actions, self.low, self.high, out=self._out)
+
+
+def action_bounds(spec: EnvSpec) -> ActionBounds | None:
+    return ActionBounds(spec) if spec.num_actions is None else None
+
+
 class EnvpoolGroup:
     """``num_envs`` envpool environments stepped together in envpool's threads."""
 
@@ -254,14 +281,14 @@ class EnvpoolGroup:
             num_threads=num_threads, seed=seed, **_stack_kw(spec.frame_stack),
         )
         self._dict_obs = len(spec.obs) > 1 or "" not in spec.obs
-        self._discrete = spec.num_actions is not None
+        self._bounds = action_bounds(spec)
 
     def reset(self) -> None:
         self._env.async_reset()
 
     def send(self, actions: np.ndarray) -> None:
         # envpool converts the dtype itself; int64 → int32 is one small copy.
-        self._env.send(actions)
+        self._env.send(actions if self._bounds is None else self._bounds(actions))
 
     def recv(self):
         obs, reward, terminated, truncated, _ = self._env.recv()
@@ -284,6 +311,7 @@ class GymnasiumGroup:
 
         self._envs = [gymnasium.make(env_id) for _ in range(num_envs)]
         self._id, self._seed, self._start = env_id, seed, spec.action_start
+        self._bounds = action_bounds(spec)
         self._keys = list(spec.obs)
         self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
         self._obs = {k: np.zeros((num_envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
@@ -309,6 +337,8 @@ class GymnasiumGroup:
         self.send(None)
 
     def send(self, actions: np.ndarray | None) -> None:
+        if actions is not None and self._bounds is not None:
+            actions = self._bounds(actions)
         for i, env in enumerate(self._envs):
             if self._needs_reset[i]:
                 seed = self._seed + i if self._first else None

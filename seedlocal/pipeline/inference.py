@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from seedlocal.dtypes import numpy_dtype, torch_dtype
+from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.unrolls import UnrollAllocator
 from seedlocal.policies import HOLD, RESTART, SERVE, Policy
@@ -394,6 +395,10 @@ class InferenceLoop:
         env_ids = (ready[:, None] * E + np.arange(E)).ravel()
         actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, first.ravel())
         host_actions, host_out = to_host(actions, outputs)
+        if host_actions.dtype.kind == "f" and not np.isfinite(host_actions).all():
+            # Never sent: a simulator stepped with NaN goes on silently with NaN state.
+            raise Diverged("the policy produced a NaN or infinite action (its weights or its observation "
+                           "statistics diverged); no env was stepped with it")
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
             self.core[torch.from_numpy(ready)] = new_core.reshape(core.shape)

@@ -65,10 +65,14 @@ class Policy(abc.ABC):
 
 
 def policy_outputs(spec: EnvSpec) -> dict[str, TensorSpec]:
-    """What an actor-critic's acting stores per step for V-trace: its logits and value."""
-    if spec.num_actions is None:
-        return {}
-    return {"logits": TensorSpec((spec.num_actions,), "float32"), "value": TensorSpec((), "float32")}
+    """What an actor-critic's acting stores per step for V-trace: its policy's
+    parameters (the logits of a categorical, a Gaussian's mean and log-std:
+    enough to recompute the probability of the action taken) and its value."""
+    from seedlocal.algos.distributions import for_actions
+    from seedlocal.networks import action_size
+
+    dist = for_actions(spec.num_actions)
+    return {dist.field: TensorSpec((dist.size(action_size(spec)),), "float32"), "value": TensorSpec((), "float32")}
 
 
 class RandomPolicy(Policy):
@@ -86,7 +90,9 @@ class RandomPolicy(Policy):
         n = next(iter(obs.values())).shape[0]
         if self.spec.num_actions is None:
             u = torch.rand((n,) + self.spec.action.shape, device=self.device)
-            return self._low + u * (self._high - self._low), {}, None
+            params = torch.zeros((n,) + self.outputs["gaussian"].shape, device=self.device)
+            return self._low + u * (self._high - self._low), {"gaussian": params,
+                                                              "value": torch.zeros(n, device=self.device)}, None
         actions = torch.randint(self.spec.num_actions, (n,), device=self.device)
         logits = torch.zeros(n, self.spec.num_actions, device=self.device)
         return actions, {"logits": logits, "value": torch.zeros(n, device=self.device)}, None

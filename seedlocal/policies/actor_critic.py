@@ -1,10 +1,12 @@
-"""Acting with an actor-critic (V-trace): actions sampled from its policy,
-its logits and value stored for the learner."""
+"""Acting with an actor-critic (V-trace): actions sampled from its policy
+(a categorical, or a diagonal Gaussian for Box actions), the policy's
+parameters and the value stored for the learner."""
 
 from __future__ import annotations
 
 import torch
 
+from seedlocal.algos.distributions import for_actions
 from seedlocal.arithmetic import autocast
 from seedlocal.networks import ActorCritic
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
@@ -24,6 +26,7 @@ class ModelPolicy(Policy):
                  precision: str = "fp32", cuda_graphs: bool = False):
         self.model = model
         self.outputs = policy_outputs(spec)
+        self.dist = for_actions(spec.num_actions)
         self.core_state = model.core_spec
         self.device = next(model.parameters()).device
         self.lock = lock if lock is not None else WeightLock(self.device)
@@ -42,9 +45,8 @@ class ModelPolicy(Policy):
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
         with self.lock.reading():
-            logits, value, core = self._step(obs, core)
-        logits, value = logits.float(), value.float()
+            params, value, core = self._step(obs, core)
+        params, value = params.float(), value.float()
         if core is not None:
             core = core.float()
-        actions = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
-        return actions, {"logits": logits, "value": value}, core
+        return self.dist.sample(params), {self.dist.field: params, "value": value}, core

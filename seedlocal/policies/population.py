@@ -175,6 +175,8 @@ class PopulationForward:
         or (``mulsum``) a broadcast multiply and a sum, which a CPU runs as a
         few vector loops where bmm makes one tiny GEMM call per row."""
         h = flatten_obs(self.obs_keys, obs, self.obs_classes)  # [n, in]
+        if getattr(self.template, "obs_norm", None) is not None:  # shared by the population (not in a genome)
+            h = self.template.obs_norm(h)
         if mulsum:
             return _mulsum(self.mlp, params, h)
         for w, out_f, in_f, b, act in self.mlp:

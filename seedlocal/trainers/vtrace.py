@@ -26,7 +26,8 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOption
                               num_groups, validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import ActorCritic, obs_identity
+from seedlocal.networks import ActorCritic, action_identity, obs_identity
+from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
@@ -59,6 +60,19 @@ PRESETS: dict[str, VTraceRun] = {
                           separate_critic=False, init="orthogonal"),
         total_steps=2_500_000,
     ),
+    # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
+    # (docs/mujoco.md): separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent
+    # std, observation normalisation, reward scaling, clip 0.2, 10 passes of 32 minibatches over each
+    # 2,048-step batch, Adam 3e-4 decayed to 0.
+    "mujoco": VTraceRun(
+        env=EnvConfig(id="HalfCheetah-v5"),
+        pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=128),
+        algo=VTraceParams(batch_size=16, echo=10, minibatches=32, clip=0.2, normalize_advantages=True,
+                          learning_rate=3e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
+                          entropy_cost=0.0, max_grad_norm=0.5, separate_critic=True, init="orthogonal",
+                          obs_norm=True, reward_scale=True, init_std=0.5),
+        total_steps=1_000_000,
+    ),
 }
 
 
@@ -76,15 +90,15 @@ def identity(cfg: VTraceRun, spec) -> dict:
     """What a checkpoint must match to be resumed or evaluated with this config."""
     a = cfg.algo
     return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
-            **obs_identity(spec),
+            **obs_identity(spec), **action_identity(spec),
             "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size,
-            "separate_critic": a.separate_critic}
+            "separate_critic": a.separate_critic, **({"obs_norm": True} if a.obs_norm else {})}
 
 
 def build_model(cfg: VTraceRun, spec) -> ActorCritic:
     a = cfg.algo
     return ActorCritic(spec, encoder=a.encoder, hidden=tuple(a.hidden), lstm_size=a.lstm_size,
-                       separate_critic=a.separate_critic, init=a.init)
+                       separate_critic=a.separate_critic, init=a.init, obs_norm=a.obs_norm, init_std=a.init_std)
 
 
 def validate(cfg: VTraceRun):
@@ -93,8 +107,8 @@ def validate(cfg: VTraceRun):
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
     a, p = cfg.algo, cfg.pipeline
-    if spec.num_actions is None:
-        fail("env.id", cfg.env.id, "V-trace here needs a Discrete action space")
+    if not a.init_std > 0:
+        fail("algo.init_std", a.init_std, "must be > 0")
     group = p.envs_per_worker // 2
     if a.batch_size < 1 or a.batch_size % group:
         fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group}, half "
@@ -140,7 +154,7 @@ def validate(cfg: VTraceRun):
         check_network_fits(lambda: build_model(cfg, spec), 5, "algo.hidden, algo.lstm_size",
                            "its weights, gradients, Adam state and the actors' copy")
     except ValueError as e:
-        named = str(e).startswith(("encoder=", "separate_critic", "hidden="))
+        named = str(e).startswith(("encoder=", "separate_critic", "hidden=", "obs_norm"))
         raise ConfigError(f"algo.{e}" if named else str(e)) from None
     return spec
 
@@ -233,6 +247,10 @@ class VTraceTrainer(Trainer):
         self.recent: deque[float] = deque(maxlen=20)
         self.lr = a.learning_rate
         self.prefetch = self.iv = None  # once the pipeline runs (start)
+        self.scaler = None
+        if a.reward_scale:
+            envs = num_groups(cfg.pipeline, cfg.bridge) * (cfg.pipeline.envs_per_worker // 2)
+            self.scaler = RewardScaler(envs, a.discount)
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -242,10 +260,15 @@ class VTraceTrainer(Trainer):
         self.optimizer.load_state_dict(saved["optimizer"])
         if "shuffle" in saved:  # checkpoints before it continue from the seed
             self.shuffle.set_state(saved["shuffle"])
+        if self.scaler is not None and "reward_scaler" in saved:
+            self.scaler.load_state_dict(saved["reward_scaler"])
 
     def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "shuffle": self.shuffle.get_state()}
+        out = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+               "shuffle": self.shuffle.get_state()}
+        if self.scaler is not None:
+            out["reward_scaler"] = self.scaler.state_dict()
+        return out
 
     def describe(self) -> str:
         lstm = f" + LSTM {self.cfg.algo.lstm_size}" if self.cfg.algo.lstm_size else ""
@@ -312,6 +335,7 @@ class VTraceTrainer(Trainer):
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr
         acted_version, version0 = float(batch["policy_version"].mean()), run.loop.version
+        batch = self._normalise(batch, fetched)
 
         def bump_version() -> None:
             run.loop.version += 1
@@ -332,6 +356,22 @@ class VTraceTrainer(Trainer):
         if self._target_met() and run.summary.get("steps_to_target") is None:
             run.summary["steps_to_target"] = self._steps(run)
         return None
+
+    def _normalise(self, batch: dict, fetched) -> dict:
+        """Continuous control's running statistics, from this batch: the
+        observation statistics (under the lock: inference reads them) and the
+        rewards' scale (on the host copy of the batch, in time order per env)."""
+        T = self.cfg.pipeline.unroll_length
+        if self.model.obs_norm is not None:
+            with self.lock:
+                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()})
+        if self.scaler is None:
+            return batch
+        host = self.prefetch.batcher.host[fetched.slot]
+        E = self.cfg.pipeline.envs_per_worker // 2
+        env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
+        self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids)
+        return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
         eps = run.loop.stats.episodes.take()

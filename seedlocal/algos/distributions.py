@@ -1,0 +1,88 @@
+"""The action distributions a policy head parameterises, as pure functions.
+
+A policy network's head outputs one tensor of *parameters* per row: the
+logits [..., A] of a categorical over A actions, or the mean and the log
+standard deviation [..., 2A] (concatenated, mean first) of a diagonal
+Gaussian over an A-dimensional Box. Those parameters are what the acting
+side stores beside each step (``out.logits``, ``out.gaussian``), so the
+learner can recompute the behaviour policy's probability of the action
+taken, whichever kind it is. The Gaussian's sample is unbounded: envs get it
+clipped to their bounds (``pipeline/envs.py``), learners keep the sample.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class Categorical:
+    field = "logits"  # the store output (out.<field>) and batch key (behaviour_<field>) of its parameters
+
+    @staticmethod
+    def size(num_actions: int) -> int:
+        return num_actions
+
+    @staticmethod
+    def log_prob(params: Tensor, actions: Tensor) -> Tensor:
+        """log pi(a|x) [...] for integer ``actions`` [...]."""
+        return F.log_softmax(params, dim=-1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    @staticmethod
+    def entropy(params: Tensor) -> Tensor:
+        log_p = F.log_softmax(params, dim=-1)
+        return -(log_p.exp() * log_p).sum(-1)
+
+    @staticmethod
+    def sample(params: Tensor) -> Tensor:
+        return torch.multinomial(torch.softmax(params, dim=-1), 1).squeeze(-1)
+
+    @staticmethod
+    def mode(params: Tensor) -> Tensor:
+        return params.argmax(-1)
+
+
+class DiagGaussian:
+    field = "gaussian"
+
+    @staticmethod
+    def size(action_dims: int) -> int:
+        return 2 * action_dims
+
+    @staticmethod
+    def split(params: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = params.chunk(2, dim=-1)
+        return mean, log_std
+
+    @staticmethod
+    def log_prob(params: Tensor, actions: Tensor) -> Tensor:
+        """log pi(a|x) [...]: the sum over the action's dimensions of
+        -((a - mu) / sigma)^2 / 2 - log sigma - log sqrt(2 pi)."""
+        mean, log_std = DiagGaussian.split(params)
+        z = (actions - mean) * torch.exp(-log_std)
+        return (-0.5 * z * z - log_std - LOG_SQRT_2PI).sum(-1)
+
+    @staticmethod
+    def entropy(params: Tensor) -> Tensor:
+        _, log_std = DiagGaussian.split(params)
+        return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1)
+
+    @staticmethod
+    def sample(params: Tensor) -> Tensor:
+        mean, log_std = DiagGaussian.split(params)
+        return mean + torch.exp(log_std) * torch.randn_like(mean)
+
+    @staticmethod
+    def mode(params: Tensor) -> Tensor:
+        return DiagGaussian.split(params)[0]
+
+
+def for_actions(num_actions: int | None):
+    """The distribution of an env's action space: categorical for Discrete
+    (``num_actions``), a diagonal Gaussian for Box (None)."""
+    return Categorical if num_actions is not None else DiagGaussian

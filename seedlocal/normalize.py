@@ -1,0 +1,113 @@
+"""Running statistics for continuous control: observation normalisation
+inside a network, and reward scaling beside a learner.
+
+Both keep exact running moments, merged batch by batch with Chan et al.'s
+parallel update (no decay), in float64: after millions of steps a float32
+count or sum of squares would lose the digits that matter.
+
+``RunningNorm`` is a module: its statistics are buffers, so they travel with
+the network's ``state_dict`` into checkpoints and are the same tensors for
+whoever runs the network (the inference loop reads the learner's own
+weights, and so its own statistics; updates go under the ``WeightLock``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def merge_moments(count: float, mean, var, batch_count: float, batch_mean, batch_var):
+    """(count, mean, var) of two samples' union, from each one's (population) moments."""
+    total = count + batch_count
+    delta = batch_mean - mean
+    new_mean = mean + delta * (batch_count / total)
+    m2 = var * count + batch_var * batch_count + delta * delta * (count * batch_count / total)
+    return total, new_mean, m2 / total
+
+
+class RunningNorm(nn.Module):
+    """``(x - mean) / sqrt(var + eps)``, clipped to ``[-clip, clip]``, over the
+    last dimension of ``x`` [..., size], with the moments of every row passed
+    to ``update``. Before the first update it is the identity (mean 0, var 1)."""
+
+    def __init__(self, size: int, clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.clip, self.eps = clip, eps
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        if not len(rows):
+            return
+        n = float(len(rows))
+        batch_mean = rows.mean(0)
+        batch_var = rows.var(0, unbiased=False)
+        if float(self.count) == 0:
+            self.count.fill_(n)
+            self.mean.copy_(batch_mean)
+            self.var.copy_(batch_var)
+            return
+        count, mean, var = merge_moments(float(self.count), self.mean, self.var, n, batch_mean, batch_var)
+        self.count.fill_(count)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(self.var + self.eps).to(x.dtype)
+        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+
+
+class RewardScaler:
+    """Rewards divided by the running standard deviation of each env's
+    discounted return (the scaling OpenAI Baselines' VecNormalize and
+    CleanRL's PPO use), then clipped to ``[-clip, clip]``. Logged returns stay
+    raw: only the learner's copy is scaled.
+
+    ``update`` takes a learner batch's rewards and episode ends [T, B] (host
+    arrays, rows in time order) with the env slot of each column: each env's
+    discounted return runs on across batches, so the statistics are those of
+    the returns the env actually saw."""
+
+    def __init__(self, num_envs: int, discount: float, clip: float = 10.0, eps: float = 1e-8):
+        self.discount, self.clip, self.eps = discount, clip, eps
+        self.returns = np.zeros(num_envs, np.float64)
+        self.count, self.mean, self.var = 0.0, 0.0, 1.0
+
+    def update(self, rewards: np.ndarray, ends: np.ndarray, env_ids: np.ndarray) -> None:
+        seen = np.empty(rewards.shape, np.float64)
+        ret = self.returns[env_ids]
+        for t in range(rewards.shape[0]):
+            ret = ret * self.discount + rewards[t]
+            seen[t] = ret
+            ret = np.where(ends[t], 0.0, ret)
+        self.returns[env_ids] = ret
+        n = float(seen.size)
+        if self.count == 0:
+            self.count, self.mean, self.var = n, float(seen.mean()), float(seen.var())
+        else:
+            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, float(seen.mean()),
+                                                            float(seen.var()))
+
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.var + self.eps)
+
+    def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+        return (rewards * self.scale()).clamp(-self.clip, self.clip)
+
+    def state_dict(self) -> dict:
+        return {"returns": torch.from_numpy(self.returns.copy()), "count": self.count, "mean": self.mean,
+                "var": self.var}
+
+    def load_state_dict(self, state: dict) -> None:
+        returns = state["returns"].numpy()
+        if returns.shape != self.returns.shape:
+            raise ValueError(f"the saved reward scaler has {returns.shape[0]} envs, this run {self.returns.shape[0]}")
+        self.returns = returns.astype(np.float64).copy()
+        self.count, self.mean, self.var = float(state["count"]), float(state["mean"]), float(state["var"])
