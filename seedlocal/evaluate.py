@@ -18,7 +18,8 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.errors import ConfigError
 from seedlocal.config import check_writable, fail, resolve_device
-from seedlocal.networks import ActorCritic, PolicyNet, obs_identity
+from seedlocal.algos.distributions import for_actions
+from seedlocal.networks import ActorCritic, PolicyNet, action_identity, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 
 
@@ -46,15 +47,22 @@ class EvalConfig:
 
 
 def _policy(model: ActorCritic, greedy: bool, epsilon: float = 0.0):
+    """``act(obs, core) -> (actions, core)`` as a run's acting does: a
+    categorical's argmax or sample, a Gaussian's mean or sample, or (a
+    neuroevolution network over a Box) the network's output itself."""
     gen = torch.Generator().manual_seed(0)
+    dist = None if isinstance(model, PolicyNet) and model.continuous else for_actions(
+        None if getattr(model, "continuous", False) else 0)
 
     @torch.inference_mode()
     def act(obs: dict[str, np.ndarray], core):
-        logits, _, core = model.step({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()}, core)
-        a = logits.argmax(-1) if greedy else torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        params, _, core = model.step({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()}, core)
+        if dist is None:
+            return params.numpy(), core
+        a = dist.mode(params) if greedy else dist.sample(params)
         if epsilon > 0:
             explore = torch.rand(a.shape, generator=gen) < epsilon
-            a = torch.where(explore, torch.randint(logits.shape[-1], a.shape, generator=gen), a)
+            a = torch.where(explore, torch.randint(params.shape[-1], a.shape, generator=gen), a)
         return a.numpy(), core
 
     return act
@@ -90,7 +98,8 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
         spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
         # The env as it is now must still be the one the network was trained
         # on (a user's own env may have changed since).
-        checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec)})
+        checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec),
+                                            **action_identity(spec)})
         if ident.get("algo") == "r2d2":
             from seedlocal.networks import RecurrentQNet
             from seedlocal.trainers.r2d2 import net_spec
@@ -100,11 +109,14 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
             net.load_state_dict(state["model"])
             model = _R2D2Player(net, ident["frame_stack"] if "" in spec.obs else 1)
         elif ident.get("network") == "policy":  # neuroevolution: the best member's flat parameters
-            model = PolicyNet(spec, ident["encoder"], tuple(ident["hidden"]))
+            model = PolicyNet(spec, ident["encoder"], tuple(ident["hidden"]), obs_norm=ident.get("obs_norm", False))
             torch.nn.utils.vector_to_parameters(state["best_params"].float(), model.parameters())
+            if model.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
+                model.obs_norm.load_state_dict(state["obs_norm"])
         else:
             model = ActorCritic(spec, encoder=ident["encoder"], hidden=tuple(ident["hidden"]),
-                                lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False))
+                                lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False),
+                                obs_norm=ident.get("obs_norm", False))
             model.load_state_dict(state["model"])
     except checkpoint.CheckpointError:
         raise
@@ -220,7 +232,8 @@ def main(cfg: EvalConfig) -> dict:
     returns, cut = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
-    how = (f"epsilon-greedy, epsilon {epsilon:g}" if epsilon else "argmax") if greedy else "sampled"
+    mode = "mean" if getattr(model, "continuous", False) else "argmax"
+    how = (f"epsilon-greedy, epsilon {epsilon:g}" if epsilon else mode) if greedy else "sampled"
     print(f"{spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
           f"std {returns.std():.2f} (min {returns.min():.1f}, max {returns.max():.1f}); "
           f"checkpoint {state['path']} at {steps:,d} {'steps' if 'steps' in counters else 'generations'}")

@@ -248,7 +248,7 @@ def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
     class Pool:  # any fitness will do: the cache is what is tested
         def submit(self, params, episodes, front=False):
             scores = [[float(rng.normal())] * episodes for _ in range(params.shape[0])]
-            return SimpleNamespace(wait=lambda check=None: scores)
+            return SimpleNamespace(wait=lambda check=None: scores, returns=scores, fitness=scores)
 
     per_generation = []
     for _ in range(20):

@@ -88,12 +88,11 @@ class BenchConfig:
 
 def training_model(spec, device: torch.device):
     """The network (and arithmetic) ``seedlocal train vtrace`` uses by default
-    for this env: the Atari preset's for images, the CartPole defaults else."""
-    from seedlocal.networks import is_image
-    from seedlocal.trainers.vtrace import PRESETS, build_model
+    for this env: the Atari preset's for images, the MuJoCo preset's for Box
+    actions, the CartPole defaults else."""
+    from seedlocal.trainers.vtrace import build_model, preset_for
 
-    single = spec.obs.get("")
-    preset = PRESETS["atari"] if single is not None and is_image(single) else PRESETS["cartpole"]
+    preset = preset_for(spec)
     return preset, build_model(preset, spec).to(device)
 
 
@@ -297,7 +296,7 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
     rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
     result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
                    "random_detail": p, "device": p["device"]})
-    if not cfg.skip_model and spec.num_actions is not None:
+    if not cfg.skip_model:
         m = pipeline_run(cfg, pipe_cfg, "auto", model=True, raw=raw)
         rows.append(("seedlocal, training's network", m["steps_per_s"], m["ratio"], _detail(m)))
         result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
@@ -305,8 +304,6 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
     else:
         result.update({"model_policy_steps_per_s": None, "ratio_model": None})
     if cfg.learning:
-        if spec.num_actions is None:
-            raise ConfigError(f"bench.env={cfg.env!r}: --learning runs V-trace, which needs discrete actions")
         lr = learning_run(cfg, pipe_cfg)
         best = result.get("raw_best_steps_per_s")
         ratio = lr["learning_steps_per_s"] / best if best and lr["learning_steps_per_s"] else None

@@ -348,9 +348,11 @@ class InferenceLoop:
         if self.policy.plans:
             full_done = np.zeros((len(ready), E), bool)
             full_ret = np.zeros((len(ready), E), np.float32)
+            full_len = np.zeros((len(ready), E), np.int32)
             full_done[stepped] = done
             full_ret[stepped] = store["ep_return"][prev_b, prev_r]
-            codes = np.asarray(self.policy.plan(ready, first, full_done, full_ret))
+            full_len[stepped] = store["ep_length"][prev_b, prev_r]
+            codes = np.asarray(self.policy.plan(ready, first, full_done, full_ret, full_len))
             if (codes != SERVE).any():
                 self._apply_plan(ready, codes)
                 keep = codes == SERVE

@@ -51,10 +51,12 @@ class Policy(abc.ABC):
         """Before the run: ``sizes`` are every batch size (env rows) the loop
         will serve; ``obs`` one zero row of each observation field."""
 
-    def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray) -> np.ndarray:
+    def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
+             ep_length: np.ndarray | None = None) -> np.ndarray:
         """SERVE, HOLD or RESTART for each ready group (only if ``plans``):
-        ``first``/``done``/``ep_return`` [groups, E] are its envs' episode
-        starts, episode ends and returns of the step just taken."""
+        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its
+        envs' episode starts, and the episode ends, returns and lengths of
+        the step just taken."""
         return np.full(len(groups), SERVE, np.int8)
 
     @abc.abstractmethod

@@ -33,9 +33,11 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from seedlocal.networks import PolicyNet, flatten_obs
+from seedlocal.normalize import RunningNorm, merge_moments
 from seedlocal.policies import HOLD, RESTART, SERVE, Policy
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
+OBS_STATS_EVERY = 4  # with shared observation statistics: every this many batches adds its rows
 TRIAL_BATCHES = 5  # batches on which ``auto`` times every strategy before it settles
 
 
@@ -201,7 +203,9 @@ class PopulationForward:
 
 
 class Job:
-    """The episodes of one population: ``returns[m]`` fills as member m's end."""
+    """The episodes of one population: ``returns[m]`` (raw) and ``fitness[m]``
+    (what selection sees: the return less ``reward_shift`` per step, see
+    ``PopulationPolicy``) fill as member m's episodes end."""
 
     def __init__(self, params: torch.Tensor, episodes: int):
         self.params = params
@@ -212,6 +216,7 @@ class Job:
             self.made = torch.cuda.Event()
             self.made.record(torch.cuda.current_stream(params.device))
         self.returns: list[list[float]] = [[] for _ in range(params.shape[0])]
+        self.fitness: list[list[float]] = [[] for _ in range(params.shape[0])]
         self.pending = params.shape[0] * episodes
         self.done = threading.Event()
         if not self.pending:
@@ -236,10 +241,24 @@ class PopulationPolicy(Policy):
     plans = True
 
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
-                 greedy: bool = True, strategy: str = "auto"):
+                 greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0):
+        """Box actions: the network's output is the action (clipped by the
+        env), plus Gaussian noise of std ``action_noise`` if set (Salimans et
+        al.'s MuJoCo runs). ``reward_shift`` is taken from every step's
+        reward in the fitness (not in the returns reported): ARS's removal of
+        the survival bonus on Hopper, Walker2d, Ant and Humanoid. With a
+        template that has ``obs_norm``, the population shares observation
+        statistics, gathered from every ``OBS_STATS_EVERY``-th batch's rows
+        and taken into use by ``commit_obs_stats`` between generations."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
+        self.continuous = bool(getattr(template, "continuous", False))
+        self.action_noise, self.reward_shift = action_noise, reward_shift
         n = envs_per_group * num_groups
         self.forward = PopulationForward(template, n, device, strategy)
+        norm = getattr(self.forward.template, "obs_norm", None)
+        self._seen = None if norm is None else RunningNorm(norm.mean.numel()).to(device)  # since the last commit
+        self._stats_lock = threading.Lock()
+        self._batches = 0
         self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
         self._env_job: list[Job | None] = [None] * n
         self._lock = threading.Lock()
@@ -275,7 +294,31 @@ class PopulationPolicy(Policy):
 
     # -- inference thread -------------------------------------------------------
 
-    def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray) -> np.ndarray:
+    def commit_obs_stats(self) -> None:
+        """Take the observations gathered since the last commit into the
+        statistics the forward uses (a new module swapped in whole, so a
+        forward never reads half an update)."""
+        if self._seen is None:
+            return
+        with self._stats_lock:
+            seen, self._seen = self._seen, RunningNorm(self._seen.mean.numel()).to(self.device)
+        if float(seen.count) == 0:
+            return
+        current = self.forward.template.obs_norm
+        merged = RunningNorm(current.mean.numel(), current.clip, current.eps).to(self.device)
+        merged.load_state_dict(current.state_dict())
+        if float(current.count) == 0:
+            merged.load_state_dict(seen.state_dict())
+        else:
+            count, mean, var = merge_moments(float(current.count), current.mean, current.var, float(seen.count),
+                                             seen.mean, seen.var)
+            merged.count.fill_(count)
+            merged.mean.copy_(mean)
+            merged.var.copy_(var)
+        self.forward.template.obs_norm = merged
+
+    def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
+             ep_length: np.ndarray | None = None) -> np.ndarray:
         codes = np.full(len(groups), SERVE, np.int8)
         loads: dict[Job, tuple[list[int], list[int]]] = {}
         with self._lock:
@@ -284,7 +327,10 @@ class PopulationPolicy(Policy):
                 a = self.assign[lo:lo + self.E]
                 for j in np.flatnonzero(done[i] & (a >= 0)).tolist():
                     job = self._env_job[lo + j]
-                    job.returns[a[j]].append(float(ep_return[i, j]))
+                    ret = float(ep_return[i, j])
+                    job.returns[a[j]].append(ret)
+                    shift = self.reward_shift * float(ep_length[i, j]) if ep_length is not None else 0.0
+                    job.fitness[a[j]].append(ret - shift)
                     self.episodes_scored += 1
                     job.pending -= 1
                     if job.pending == 0:
@@ -317,17 +363,25 @@ class PopulationPolicy(Policy):
     def act(self, obs, core=None, env_ids=None, first=None):
         envs = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         active = np.flatnonzero(self.assign[envs] >= 0)
-        actions = torch.zeros(len(envs), dtype=torch.long, device=self.device)
+        width = (self.forward.template.policy.out_features,) if self.continuous else ()
+        actions = torch.zeros((len(envs),) + width, dtype=torch.float32 if self.continuous else torch.long,
+                              device=self.device)
         if len(active):
             t0 = time.perf_counter()
             if len(active) < len(envs):
                 idx = torch.from_numpy(active).to(self.device)
                 obs = {k: v[idx] for k, v in obs.items()}
-            logits = self.forward(envs[active], obs)
-            if self.greedy:
-                chosen = logits.argmax(-1)
+            self._batches += 1
+            if self._seen is not None and self._batches % OBS_STATS_EVERY == 0:
+                with self._stats_lock:
+                    self._seen.update(flatten_obs(self.forward.obs_keys, obs, self.forward.obs_classes))
+            out = self.forward(envs[active], obs)
+            if self.continuous:
+                chosen = out if not self.action_noise else out + self.action_noise * torch.randn_like(out)
+            elif self.greedy:
+                chosen = out.argmax(-1)
             else:
-                chosen = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+                chosen = torch.multinomial(torch.softmax(out, -1), 1).squeeze(-1)
             if len(active) < len(envs):
                 actions[idx] = chosen
             else:

@@ -23,7 +23,7 @@ from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
                               validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
-from seedlocal.networks import PolicyNet, obs_identity
+from seedlocal.networks import PolicyNet, action_identity, obs_identity
 from seedlocal.policies.population import PopulationPolicy
 from seedlocal.trainers.run import Run, Trainer, run
 
@@ -55,7 +55,15 @@ class NeuroevoRun:
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes"""
     greedy: bool = True
-    """act by argmax (the deep-GA convention) rather than sampling"""
+    """act by argmax (the deep-GA convention) rather than sampling (Discrete actions)"""
+    obs_norm: bool = False
+    """normalise vector observations with running statistics the population shares, gathered from a share of
+    evaluation steps and updated between generations (Salimans et al.'s ES, ARS V2); saved in checkpoints"""
+    action_noise: float = 0.0
+    """Box actions: std of Gaussian noise added to each action while evaluating (Salimans et al.: 0.01)"""
+    reward_shift: float = 0.0
+    """taken from every step's reward in the fitness, not in the returns reported (ARS removes Hopper's,
+    Walker2d's, Ant's and Humanoid's survival bonus of 1 per step this way)"""
     forward: str = "auto"
     """population forward: auto (times the others on the first batches and keeps the fastest);
     MLPs: bmm, mulsum, vmap; CNNs: vmap, loop"""
@@ -111,10 +119,15 @@ def validate(cfg: NeuroevoRun):
     for name in ("episodes_per_member", "best_episodes"):
         if getattr(cfg, name) < 1:
             fail(name, getattr(cfg, name), "must be positive")
+    for name in ("action_noise", "reward_shift"):
+        if not getattr(cfg, name) >= 0:
+            fail(name, getattr(cfg, name), "must be >= 0")
+    if cfg.action_noise and spec.num_actions is not None:
+        fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
     try:
         # The population's vectors and one row per env slot, at least.
         copies = cfg.algo.population_size + cfg.pipeline.num_workers * cfg.pipeline.envs_per_worker + cfg.bridge.remote_envs
-        net = check_network_fits(lambda: PolicyNet(spec, cfg.encoder, tuple(cfg.hidden)), copies,
+        net = check_network_fits(lambda: build_policy(cfg, spec), copies,
                                  "hidden", f"{copies:,} copies (the population's vectors and one per env slot)")
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -124,10 +137,14 @@ def validate(cfg: NeuroevoRun):
     return spec
 
 
+def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
+    return PolicyNet(spec, cfg.encoder, tuple(cfg.hidden), obs_norm=cfg.obs_norm)
+
+
 def identity(cfg: NeuroevoRun, spec) -> dict:
     return {"algo": _algo_name(cfg), "env_id": spec.env_id, "num_actions": spec.num_actions,
-            **obs_identity(spec), "network": "policy",
-            "encoder": cfg.encoder, "hidden": list(cfg.hidden),
+            **obs_identity(spec), **action_identity(spec), "network": "policy",
+            "encoder": cfg.encoder, "hidden": list(cfg.hidden), **({"obs_norm": True} if cfg.obs_norm else {}),
             # Genomes name slices of this table: vectors rebuilt from another would differ.
             "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
 
@@ -184,7 +201,9 @@ class _Evolver:
         cfg, n_eps = self.cfg, self.cfg.episodes_per_member
 
         def means(job) -> list[float]:
-            return [float(np.mean(r)) for r in job.wait(check)]
+            """Each member's mean fitness (its return, less any reward shift)."""
+            job.wait(check)
+            return [float(np.mean(f)) for f in job.fitness]
 
         if self.name == "ga":
             if self._next is None:
@@ -195,9 +214,9 @@ class _Evolver:
             candidates = ga.tell(self.state, cfg.algo, fitness)
             scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
             self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
-            scores = scored.wait(check)
-            self.state = ga.advance(self.state, cfg.algo, fitness, scores)
-            best = float(np.mean(scores[candidates.index(self.state.elite)]))
+            scored.wait(check)
+            self.state = ga.advance(self.state, cfg.algo, fitness, scored.fitness)
+            best = float(np.mean(scored.returns[candidates.index(self.state.elite)]))
             # Keep exactly the vectors of the next population: its children's
             # parents come from it.
             self._cache = {g: self._cache[g] for g in self.state.genomes}
@@ -266,7 +285,7 @@ class NeuroevoTrainer(Trainer):
     def __init__(self, cfg: NeuroevoRun, spec, device):
         super().__init__(cfg, spec, device)
         self.algo = _algo_name(cfg)
-        self.template = PolicyNet(spec, cfg.encoder, tuple(cfg.hidden))
+        self.template = build_policy(cfg, spec)
         self.space = ParamSpace(self.template)
         self.evolver = _Evolver(cfg, self.space)
         self.counters = {"generation": 0, "frames": 0, "episodes": 0}
@@ -280,10 +299,15 @@ class NeuroevoTrainer(Trainer):
     def restore(self, saved: dict) -> None:
         self.evolver.restore(saved["algo_state"])
         self.evolver.best_params, self.evolver.best_return = saved["best_params"], saved["best_return"]
+        if self.template.obs_norm is not None:
+            self.template.obs_norm.load_state_dict(saved["obs_norm"])
 
     def state(self) -> dict:
-        return {"algo_state": self.evolver.state_dict(), "best_params": self.evolver.best_params,
-                "best_return": self.evolver.best_return}
+        out = {"algo_state": self.evolver.state_dict(), "best_params": self.evolver.best_params,
+               "best_return": self.evolver.best_return}
+        if self.template.obs_norm is not None:  # the population's shared statistics (no genome holds them)
+            out["obs_norm"] = self.template.obs_norm.state_dict()
+        return out
 
     def position(self) -> tuple[int, int]:
         return self.counters["generation"], self.counters["frames"]
@@ -295,7 +319,8 @@ class NeuroevoTrainer(Trainer):
         cfg = self.cfg
         self.population = PopulationPolicy(self.template, cfg.pipeline.envs_per_worker // 2,
                                            num_groups(cfg.pipeline, cfg.bridge), self.device, greedy=cfg.greedy,
-                                           strategy=cfg.forward)
+                                           strategy=cfg.forward, action_noise=cfg.action_noise,
+                                           reward_shift=cfg.reward_shift)
         return self.population
 
     def pipeline(self) -> PipelineConfig:
@@ -341,6 +366,7 @@ class NeuroevoTrainer(Trainer):
             stats = self.evolver.generation(pop, check)
         except _OutOfTime:
             return "seconds"
+        pop.commit_obs_stats()  # what this generation's episodes saw, for the next
         dt = time.monotonic() - t0
         self.gen_s += dt
         # Frames of evaluation episodes only: each served row is one step of a

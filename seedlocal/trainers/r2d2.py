@@ -159,7 +159,8 @@ def validate(cfg: R2D2Run):
     validate_bridge(cfg.bridge, p)
     spec = validate_env(cfg.env)
     if spec.num_actions is None:
-        fail("env.id", cfg.env.id, "R2D2 needs a Discrete action space")
+        fail("env.id", cfg.env.id, "R2D2 is Q-learning over a Discrete action space, and this env's actions are a "
+             "Box: use seedlocal train vtrace --preset mujoco (a Gaussian policy), or es / ars / ga")
     if p.unroll_length and p.unroll_length != a.unroll_length:
         fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
              f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")

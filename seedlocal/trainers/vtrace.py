@@ -76,6 +76,16 @@ PRESETS: dict[str, VTraceRun] = {
 }
 
 
+def preset_for(spec) -> VTraceRun:
+    """The preset made for an env's kind: Atari's for images, MuJoCo's for Box actions, else CartPole's."""
+    from seedlocal.networks import is_image
+
+    single = spec.obs.get("")
+    if single is not None and is_image(single):
+        return PRESETS["atari"]
+    return PRESETS["mujoco"] if spec.num_actions is None else PRESETS["cartpole"]
+
+
 def actors_wait(a: VTraceParams) -> bool:
     """The learning rhythm: whether actors wait while the learner works on a
     batch. The same on every device unless asked (``algo.sync off``): the
