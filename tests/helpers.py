@@ -10,7 +10,7 @@ from seedlocal.config import EnvConfig, PipelineConfig
 from seedlocal.pipeline.pipeline import Pipeline
 
 FIELDS = ("obs", "action", "reward", "terminated", "truncated", "ignored", "ep_return", "ep_length",
-          "out.logits", "out.value", "policy_version")
+          "out.logits", "out.gaussian", "out.value", "policy_version")
 
 
 def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, **pipe) -> Pipeline:

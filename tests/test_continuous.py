@@ -1,0 +1,173 @@
+"""Continuous control: the Gaussian policy's math against naive references,
+Box actions through the data path, running statistics, and learning on
+MuJoCo's InvertedPendulum through the real pipeline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import tiny_pipeline
+from seedlocal.algos.distributions import DiagGaussian
+from seedlocal.algos.vtrace import VTraceParams, vtrace
+from seedlocal.normalize import RewardScaler, RunningNorm
+
+
+def test_gaussian_log_prob_and_entropy_match_a_per_dimension_loop():
+    g = torch.Generator().manual_seed(0)
+    mean, log_std = torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g,
+                                                                                     dtype=torch.float64) * 0.5
+    a = torch.randn(5, 3, generator=g, dtype=torch.float64) * 2
+    params = torch.cat([mean, log_std], -1)
+    for i in range(5):
+        ref, ent = 0.0, 0.0
+        for d in range(3):
+            s = math.exp(log_std[i, d])
+            ref += math.log(math.exp(-0.5 * ((a[i, d] - mean[i, d]) / s) ** 2) / (s * math.sqrt(2 * math.pi)))
+            ent += 0.5 * math.log(2 * math.pi * math.e * s * s)
+        assert DiagGaussian.log_prob(params[i], a[i]).item() == pytest.approx(ref, rel=1e-10)
+        assert DiagGaussian.entropy(params[i]).item() == pytest.approx(ent, rel=1e-10)
+    torch.testing.assert_close(DiagGaussian.log_prob(params, a),
+                               torch.distributions.Normal(mean, log_std.exp()).log_prob(a).sum(-1))
+
+
+def test_vtrace_with_gaussian_ratios_matches_the_per_step_reference():
+    """V-trace's rho and c come from the Gaussian log-probability ratio of
+    the action taken; the targets then follow IMPALA's per-step sum."""
+    from test_vtrace import reference_vtrace
+
+    g = torch.Generator().manual_seed(1)
+    T, B, A = 7, 4, 2
+    kw = dict(generator=g, dtype=torch.float64)
+    mu = torch.cat([torch.randn(T, B, A, **kw), torch.randn(T, B, A, **kw) * 0.3], -1)
+    pi = mu + torch.randn(T, B, 2 * A, **kw) * 0.2
+    actions = torch.randn(T, B, A, **kw)
+    mu_lp, pi_lp = DiagGaussian.log_prob(mu, actions), DiagGaussian.log_prob(pi, actions)
+    inputs = dict(rewards=torch.randn(T, B, **kw), discounts=torch.full((T, B), 0.99, dtype=torch.float64),
+                  values=torch.randn(T, B, **kw), bootstrap_value=torch.randn(B, **kw),
+                  valid=torch.ones(T, B, dtype=torch.bool))
+    inputs["valid"][3, 1] = False
+    out = vtrace(mu_lp, pi_lp, **inputs, rho_bar=1.0, c_bar=1.0, lam=0.95)
+    ref_vs, ref_pg = reference_vtrace(mu_lp.tolist(), pi_lp.tolist(), inputs["rewards"].tolist(),
+                                      inputs["discounts"].tolist(), inputs["values"].tolist(),
+                                      inputs["bootstrap_value"].tolist(), inputs["valid"].tolist(), lam=0.95)
+    torch.testing.assert_close(out.vs, ref_vs, atol=1e-9, rtol=0)
+    torch.testing.assert_close(out.pg_advantages, ref_pg, atol=1e-9, rtol=0)
+
+
+def test_running_norm_and_reward_scaler_match_numpy_and_restore_bitwise():
+    rng = np.random.default_rng(0)
+    data = rng.normal(3.0, 2.0, (500, 4))
+    norm = RunningNorm(4)
+    for chunk in np.array_split(data, 7):
+        norm.update(torch.from_numpy(chunk))
+    np.testing.assert_allclose(norm.mean.numpy(), data.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(norm.var.numpy(), data.var(0), rtol=1e-10)
+    x = torch.from_numpy(data[:3]).float()
+    torch.testing.assert_close(norm(x), ((x - torch.from_numpy(data.mean(0)).float())
+                                         / torch.from_numpy(data.std(0)).float()).clamp(-10, 10))
+    again = RunningNorm(4)
+    again.load_state_dict(norm.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), norm.state_dict().values()))
+
+    scaler = RewardScaler(num_envs=3, discount=0.9)
+    rewards = rng.normal(size=(6, 3))
+    ends = np.zeros((6, 3), bool)
+    ends[2, 1] = True
+    scaler.update(rewards[:3], ends[:3], np.array([0, 1, 2]))
+    scaler.update(rewards[3:], ends[3:], np.array([0, 1, 2]))  # each env's return runs on across batches
+    seen, ret = [], np.zeros(3)
+    for t in range(6):
+        ret = ret * 0.9 + rewards[t]
+        seen.append(ret.copy())
+        ret[ends[t]] = 0.0
+    assert scaler.var == pytest.approx(np.var(np.array(seen)), rel=1e-10)
+    copy = RewardScaler(num_envs=3, discount=0.9)
+    copy.load_state_dict(scaler.state_dict())
+    assert (copy.returns == scaler.returns).all() and copy.var == scaler.var and copy.count == scaler.count
+
+
+def test_actions_reach_the_env_clipped_while_the_store_keeps_the_sample():
+    """A Gaussian's samples leave the action space's bounds; the env gets
+    them clipped (here it echoes what it got), the learner the sample."""
+    from seedlocal.networks import ActorCritic
+    from seedlocal.policies.actor_critic import ModelPolicy
+
+    def make(spec, device):
+        model = ActorCritic(spec, init_std=5.0)  # wide: most samples fall outside [-1, 1] x [0, 0.5]
+        return ModelPolicy(model, spec)
+
+    with tiny_pipeline(make, env="box_envs:EchoAction-v0", num_workers=1, envs_per_worker=4,
+                       unroll_length=8) as pipe:
+        from helpers import take_unrolls
+
+        unrolls = take_unrolls(pipe, 4)
+    low, high = np.array([-1.0, 0.0]), np.array([1.0, 0.5])
+    outside = 0
+    for u in unrolls:
+        a, obs, ign = u["action"][:-1], u["obs"][1:], u["ignored"][:-1]
+        sent = obs[~ign]  # what the env received at each (non-reset) step
+        np.testing.assert_allclose(sent, np.clip(a[~ign], low, high), rtol=1e-6)
+        outside += int(((a < low) | (a > high)).any(-1).sum())
+        assert u["out.gaussian"].shape[-1] == 4  # mean and log-std of a 2-d action
+    assert outside > 0, "no sample left the bounds: the test saw no clipping"
+
+
+def test_a_nan_action_is_never_sent_to_the_env():
+    from seedlocal.errors import Diverged
+    from seedlocal.networks import ActorCritic
+    from seedlocal.policies.actor_critic import ModelPolicy
+
+    def make(spec, device):
+        model = ActorCritic(spec)
+        with torch.no_grad():
+            model.policy.weight.fill_(float("nan"))
+        return ModelPolicy(model, spec)
+
+    with tiny_pipeline(make, env="box_envs:EchoAction-v0", num_workers=1, envs_per_worker=4) as pipe:
+        with pytest.raises(Diverged, match="NaN or infinite action"):
+            for _ in range(200):
+                pipe.loop.step()
+        steps = pipe.pool.control["group_steps"].copy()
+    assert (steps == 2).all(), f"an env was stepped with the NaN action: {steps} (2 per group = the resets)"
+
+
+def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
+    """--preset mujoco on MuJoCo's InvertedPendulum-v5 (envpool): a random
+    policy lasts ~5 steps; the mean of the last 20 episodes must pass 500.
+    Then the observation statistics come back bitwise from the checkpoint."""
+    from seedlocal import checkpoint
+    from seedlocal.trainers.vtrace import PRESETS, VTraceRun, build_model, train
+    from seedlocal.config import EnvConfig, validate_env
+
+    preset = PRESETS["mujoco"]
+    cfg = VTraceRun(**{**preset.__dict__, "env": EnvConfig(id="InvertedPendulum-v5"), "total_steps": 80_000,
+                       "stop_at_return": 900.0, "log_dir": str(tmp_path), "run_name": "ip", "progress": False})
+    summary = train(cfg)
+    assert summary["mean_return_last20"] is not None and summary["mean_return_last20"] >= 500, summary
+    saved = checkpoint.load(summary["run_dir"])
+    model = build_model(cfg, validate_env(cfg.env))
+    model.load_state_dict(saved["model"])
+    assert float(model.obs_norm.count) > 0
+    for name in ("obs_norm.mean", "obs_norm.var", "obs_norm.count"):
+        assert torch.equal(model.state_dict()[name], saved["model"][name])
+    assert "reward_scaler" in saved
+
+
+def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path):
+    from seedlocal import checkpoint
+    from seedlocal.algos.es import ESParams
+    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.trainers.neuroevolution import ESRun, train
+
+    cfg = ESRun(env=EnvConfig(id="InvertedPendulum-v5"), generations=20, stop_at_return=900.0, obs_norm=True,
+                algo=ESParams(population_size=32, sigma=0.05, learning_rate=0.03), log_dir=str(tmp_path),
+                run_name="es", progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=32,
+                                                                         unroll_length=8))
+    summary = train(cfg)
+    assert summary["best_member_return"] >= 500, summary
+    saved = checkpoint.load(summary["run_dir"])
+    assert float(saved["obs_norm"]["count"]) > 0
