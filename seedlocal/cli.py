@@ -223,14 +223,12 @@ def _parse(argv: list[str]):
             return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
                                         "R2D2. Presets: --preset cartpole (default), --preset atari." + TUNED)
         if rest[0] != "vtrace":
-            from seedlocal.trainers.neuroevolution import ALGOS
+            from seedlocal.trainers.neuroevolution import ALGOS, PRESETS as NEURO_PRESETS
 
-            cls = ALGOS[rest[0]]
-            saved, counters = _resumed_default(rest[1:], cls)
-            default, args = _pop_pipeline_config(rest[1:], saved or cls())
-            cfg = tyro.cli(cls, args=args, default=default, prog=f"seedlocal train {rest[0]}",
-                           description=NEURO_TITLES[rest[0]] + "." + TUNED)
-            return "train", _check_resume(cfg, saved, counters)
+            presets = NEURO_PRESETS[rest[0]]
+            return "train", _preset_cli(rest[1:], presets, ALGOS[rest[0]], f"seedlocal train {rest[0]}",
+                                        f"{NEURO_TITLES[rest[0]]}. Presets: " + ", ".join(
+                                            f"--preset {p}" for p in presets) + "." + TUNED)
         from seedlocal.trainers.vtrace import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",

@@ -62,8 +62,10 @@ class NeuroevoRun:
     action_noise: float = 0.0
     """Box actions: std of Gaussian noise added to each action while evaluating (Salimans et al.: 0.01)"""
     reward_shift: float = 0.0
-    """taken from every step's reward in the fitness, not in the returns reported (ARS removes Hopper's,
-    Walker2d's, Ant's and Humanoid's survival bonus of 1 per step this way)"""
+    """taken from every step's reward in the fitness, not in the returns reported"""
+    remove_survival_bonus: bool = False
+    """take MuJoCo locomotion's survival bonus out of the fitness (Hopper, Walker2d, Ant: 1 per step; Humanoid:
+    5), as ARS does, so that standing still scores nothing; other envs are unchanged"""
     forward: str = "auto"
     """population forward: auto (times the others on the first batches and keeps the fastest);
     MLPs: bmm, mulsum, vmap; CNNs: vmap, loop"""
@@ -95,6 +97,26 @@ class RandomSearchRun(NeuroevoRun):
 
 
 ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun}
+
+
+def _mujoco_pipeline(envs: int) -> PipelineConfig:
+    # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
+    return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
+
+
+# Continuous control (docs/mujoco.md): the networks, noise and normalisation of each paper, the populations
+# scaled to a workstation's cores (the papers ran hundreds to thousands of CPUs).
+PRESETS: dict[str, dict[str, NeuroevoRun]] = {
+    "es": {"cartpole": ESRun(), "mujoco": ESRun(
+        env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
+        hidden=(64, 64), obs_norm=True, action_noise=0.01, best_episodes=3,
+        algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005))},
+    "ga": {"cartpole": GARun(), "mujoco": GARun(
+        env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
+        hidden=(64, 64), obs_norm=True,
+        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3))},
+    "random-search": {"cartpole": RandomSearchRun()},
+}
 
 
 def _algo_name(cfg: NeuroevoRun) -> str:
@@ -135,6 +157,16 @@ def validate(cfg: NeuroevoRun):
     if cfg.forward not in forwards:
         fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
     return spec
+
+
+# The per-step survival bonus ("healthy reward") of Gymnasium's MuJoCo locomotion tasks (v4, v5), by name.
+SURVIVAL_BONUS = {"Hopper": 1.0, "Walker2d": 1.0, "Ant": 1.0, "Humanoid": 5.0}
+
+
+def fitness_shift(cfg: NeuroevoRun, spec) -> float:
+    """What the fitness takes from every step's reward."""
+    base = spec.env_id.split(":")[-1].split("-")[0]
+    return cfg.reward_shift + (SURVIVAL_BONUS.get(base, 0.0) if cfg.remove_survival_bonus else 0.0)
 
 
 def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
@@ -320,7 +352,7 @@ class NeuroevoTrainer(Trainer):
         self.population = PopulationPolicy(self.template, cfg.pipeline.envs_per_worker // 2,
                                            num_groups(cfg.pipeline, cfg.bridge), self.device, greedy=cfg.greedy,
                                            strategy=cfg.forward, action_noise=cfg.action_noise,
-                                           reward_shift=cfg.reward_shift)
+                                           reward_shift=fitness_shift(cfg, self.spec))
         return self.population
 
     def pipeline(self) -> PipelineConfig:
