@@ -20,14 +20,15 @@ import sys
 # Nothing heavy at import time (seedlocal.config pulls in torch, a second or
 # two): a Ctrl-C while it loads must end as quietly as one during a run.
 
-USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,actors} [--help] [options]
+USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,bench,actors} [--help] [options]
 
   train vtrace   train IMPALA (V-trace) with central batched inference
-                 presets: --preset cartpole (default), --preset atari
+                 presets: --preset cartpole (default), --preset atari, --preset mujoco
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
   train r2d2     recurrent prioritized replay Q-learning (R2D2); same presets
   train ga       deep GA: a population evaluated in batched forward passes
-  train es       evolution strategies (antithetic, centred ranks, Adam)
+  train es       evolution strategies (antithetic, centred ranks, Adam); --preset mujoco
+  train ars      Augmented Random Search: linear policies on normalised states; --preset mujoco
   train random-search   the random-search baseline of the deep-GA paper
   eval           play a saved checkpoint: mean/std return, optional video
   bench          pipeline efficiency vs the best raw envpool configuration (ratios from
@@ -37,9 +38,10 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|random-search,eval,bench,ac
                  --bridge.remote-envs N); see docs/multihost.md
 """
 
-TRAINERS = ("vtrace", "r2d2", "ga", "es", "random-search")
+TRAINERS = ("vtrace", "r2d2", "ga", "es", "ars", "random-search")
 NEURO_TITLES = {"ga": "Deep GA: a population evaluated in batched forward passes",
                 "es": "Evolution strategies (antithetic, centred ranks, Adam)",
+                "ars": "Augmented Random Search (linear policies, top-b directions; Mania et al. 2018)",
                 "random-search": "Random search: the deep-GA paper's baseline"}
 TUNED = (" --pipeline-config FILE: pipeline sizes from `seedlocal bench --autotune` "
          "(options given here still win).")

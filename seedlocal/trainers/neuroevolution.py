@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from seedlocal.algos import es, ga, random_search
+from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
                               validate_bridge, validate_env, validate_pipeline, validate_run_options)
@@ -96,7 +96,13 @@ class RandomSearchRun(NeuroevoRun):
     algo: random_search.RSParams = field(default_factory=random_search.RSParams)
 
 
-ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun}
+@dataclass
+class ARSRun(NeuroevoRun):
+    algo: ars.ARSParams = field(default_factory=ars.ARSParams)
+
+
+ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun, "ars": ARSRun}
+MODULES = {"ga": ga, "es": es, "random-search": random_search, "ars": ars}
 
 
 def _mujoco_pipeline(envs: int) -> PipelineConfig:
@@ -116,11 +122,16 @@ PRESETS: dict[str, dict[str, NeuroevoRun]] = {
         hidden=(64, 64), obs_norm=True,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3))},
     "random-search": {"cartpole": RandomSearchRun()},
+    # ARS V2-t: a linear policy on normalised states, the survival bonus out of the fitness.
+    "ars": {"cartpole": ARSRun(), "mujoco": ARSRun(
+        env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(16), generations=0, seconds=3600.0,
+        hidden=(), obs_norm=True, remove_survival_bonus=True, best_episodes=2,
+        algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03))},
 }
 
 
 def _algo_name(cfg: NeuroevoRun) -> str:
-    return {GARun: "ga", ESRun: "es", RandomSearchRun: "random-search"}[type(cfg)]
+    return next(name for name, cls in ALGOS.items() if type(cfg) is cls)
 
 
 def validate(cfg: NeuroevoRun):
@@ -130,7 +141,7 @@ def validate(cfg: NeuroevoRun):
         fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
-    {"ga": ga, "es": es, "random-search": random_search}[_algo_name(cfg)].validate(cfg.algo)
+    MODULES[_algo_name(cfg)].validate(cfg.algo)
     for name in ("generations", "total_frames"):
         if getattr(cfg, name) < 0:
             fail(name, getattr(cfg, name), "must be >= 0")
@@ -202,6 +213,8 @@ class _Evolver:
             self.state = ga.init(cfg.algo, seed)
         elif self.name == "es":
             self.state = es.init(space.init(seed), seed)
+        elif self.name == "ars":
+            self.state = ars.init(space.size, seed)  # ARS starts from the zero policy
         else:
             self.state = random_search.init(seed)
         self._cache: dict[tuple, torch.Tensor] = {}
@@ -211,7 +224,8 @@ class _Evolver:
         return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
 
     def restore(self, d: dict) -> None:
-        cls = {"ga": ga.GAState, "es": es.ESState, "random-search": random_search.RSState}[self.name]
+        cls = {"ga": ga.GAState, "es": es.ESState, "random-search": random_search.RSState,
+               "ars": ars.ARSState}[self.name]
         if self.name == "ga":
             d = {**d, "genomes": tuple(tuple(g) for g in d["genomes"]),
                  "elite": tuple(d["elite"]) if d["elite"] is not None else None}
@@ -253,9 +267,10 @@ class _Evolver:
             # parents come from it.
             self._cache = {g: self._cache[g] for g in self.state.genomes}
             self._set_best(self._genome_vec(self.state.elite), best, always=True)
-        elif self.name == "es":
+        elif self.name in ("es", "ars"):  # the same rhythm: antithetic pairs around a centre, one step
+            alg = MODULES[self.name]
             if self._next is None:
-                seeds, params = es.ask(self.state, cfg.algo)
+                seeds, params = alg.ask(self.state, cfg.algo)
                 self._next = (seeds, pool.submit(params, n_eps))
             seeds, job = self._next
             centre = self.state.theta.clone()  # the population's centre: the state it was asked from
@@ -265,8 +280,8 @@ class _Evolver:
             # a few episodes to every generation.
             scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
             fitness = means(job)
-            state = es.tell(self.state, cfg.algo, seeds, fitness)
-            following, params = es.ask(state, cfg.algo)
+            state = alg.tell(self.state, cfg.algo, seeds, fitness)
+            following, params = alg.ask(state, cfg.algo)
             self._next = (following, pool.submit(params, n_eps))
             best = float(np.mean(scored.wait(check)[0]))
             # Only now: a run stopped while waiting saves this generation's
