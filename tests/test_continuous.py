@@ -171,3 +171,35 @@ def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path
     assert summary["best_member_return"] >= 500, summary
     saved = checkpoint.load(summary["run_dir"])
     assert float(saved["obs_norm"]["count"]) > 0
+
+
+def test_box_actions_cross_the_bridge_and_are_clipped_on_the_actor_host():
+    """Float action rows on the wire: an actor host steps a Box env with the
+    learner's Gaussian samples, clipped on its side, the samples kept in the
+    learner's store."""
+    from test_bridge import actors, kill_host, serve_until
+
+    from seedlocal.config import BridgeConfig, EnvConfig, PipelineConfig
+    from seedlocal.networks import ActorCritic
+    from seedlocal.pipeline.pipeline import Pipeline
+    from seedlocal.policies.actor_critic import ModelPolicy
+
+    def make(spec, device):
+        return ModelPolicy(ActorCritic(spec, init_std=5.0), spec)
+
+    cfg = PipelineConfig(num_workers=0, envs_per_worker=8, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
+    with Pipeline(EnvConfig(id="box_envs:EchoAction-v0"), cfg, make, consume=True,
+                  bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=8)) as pipe:
+        host = actors(pipe.pool.bridge_port)
+        try:
+            unrolls = serve_until(pipe, lambda us: len(us) >= 4)
+        finally:
+            kill_host(host)
+    low, high = np.array([-1.0, 0.0]), np.array([1.0, 0.5])
+    outside = 0
+    for u in unrolls:
+        a, obs, ign = u["action"][:-1], u["obs"][1:], u["ignored"][:-1]
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(obs[~ign], np.clip(a[~ign], low, high), rtol=1e-6)
+        outside += int(((a < low) | (a > high)).any(-1).sum())
+    assert outside > 0
