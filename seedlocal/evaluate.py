@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from seedlocal import checkpoint
+from seedlocal import checkpoint, video
 from seedlocal.errors import ConfigError
 from seedlocal.config import check_writable, fail, resolve_device
 from seedlocal.algos.distributions import for_actions
@@ -149,45 +149,10 @@ def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_s
 
 
 def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) -> list[np.ndarray]:
-    """Frames of one episode: rendered by Gymnasium where it can, else image observations."""
+    """Frames of one episode as a person sees it (``seedlocal/video.py``), or RenderUnavailable."""
     getattr(model, "new_episodes", lambda: None)()
-    act = _policy(model, greedy)
     core = None if model.core_spec is None else torch.zeros((1,) + model.core_spec.shape)
-    single = spec.obs.get("")
-    if single is not None and len(single.shape) == 3:
-        env = make_group(spec, 1, 1, seed)
-        env.reset()
-        obs, *_ = env.recv()
-        frames = []
-        for _ in range(max_steps):
-            frames.append(np.asarray(obs[""][0, -1]))  # newest frame of the stack
-            actions, core = act(obs, core)
-            env.send(actions)
-            obs, _, te, tr = env.recv()
-            if te[0] or tr[0]:
-                break
-        env.close()
-        return frames
-    import gymnasium
-
-    try:
-        genv = gymnasium.make(spec.env_id, render_mode="rgb_array")
-        obs, _ = genv.reset(seed=seed)
-        frames = [genv.render()]
-    except Exception as e:  # e.g. pygame missing for classic control, or no render_mode
-        hint = ("; for classic control install pygame (pip install pygame)" if "pygame" in str(e).lower()
-                else "; the env must take render_mode='rgb_array' and return frames from render()")
-        raise ConfigError(f"video={spec.env_id}: cannot render this env ({type(e).__name__}: {e}){hint}") from None
-    keys = list(spec.obs)
-    for _ in range(max_steps):
-        batch = {k: np.asarray(obs[k] if isinstance(obs, dict) else obs)[None] for k in keys}
-        actions, core = act(batch, core)
-        obs, _, te, tr, _ = genv.step(int(actions[0]) + spec.action_start)
-        frames.append(genv.render())
-        if te or tr:
-            break
-    genv.close()
-    return frames
+    return video.record(_policy(model, greedy), spec, seed, max_steps, core)
 
 
 def encode_gif(frames: list[np.ndarray], fps: int = 30) -> tuple[bytes, int, int]:
@@ -226,9 +191,14 @@ def main(cfg: EvalConfig) -> dict:
     epsilon = cfg.epsilon if r2d2 and cfg.policy == "trained" else 0.0
     if not 0 <= cfg.epsilon <= 1:
         fail("epsilon", cfg.epsilon, "must be in [0, 1]")
-    # The video first: an env that cannot render fails before the episodes
-    # are played, not after.
-    frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps) if cfg.video else None
+    # The video first (its episode is separate from the scored ones): an env
+    # that cannot render costs the video only, said in one line.
+    frames, no_video = None, None
+    if cfg.video:
+        try:
+            frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps)
+        except video.RenderUnavailable as e:
+            no_video = str(e)
     returns, cut = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
@@ -242,6 +212,8 @@ def main(cfg: EvalConfig) -> dict:
               "their returns are partial", flush=True)
     out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist(),
            "policy": how, "cut_short": cut}
+    if no_video is not None:
+        print(f"no video: {no_video}", flush=True)
     if frames is not None:
         gif, h, w = encode_gif(frames)
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)

@@ -273,12 +273,14 @@ def action_bounds(spec: EnvSpec) -> ActionBounds | None:
 class EnvpoolGroup:
     """``num_envs`` envpool environments stepped together in envpool's threads."""
 
-    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec):
+    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec,
+                 render: bool = False):
         import envpool
 
         self._env = envpool.make(
             env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
             num_threads=num_threads, seed=seed, **_stack_kw(spec.frame_stack),
+            **({"render_mode": "rgb_array"} if render else {}),
         )
         self._dict_obs = len(spec.obs) > 1 or "" not in spec.obs
         self._bounds = action_bounds(spec)
@@ -296,6 +298,10 @@ class EnvpoolGroup:
             obs = {"": obs}
         return obs, reward, terminated, truncated
 
+    def render(self) -> np.ndarray:
+        """Env 0's frame as a person sees it ([H, W, 3] uint8; made with ``render=True``)."""
+        return np.asarray(self._env.render())[0]
+
     def close(self) -> None:
         close = getattr(self._env, "close", None)
         if close is not None:
@@ -306,10 +312,12 @@ class GymnasiumGroup:
     """Fallback for Gymnasium ids that envpool lacks: plain envs stepped in turn
     by the worker itself, with envpool's next-step auto-reset."""
 
-    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec):
+    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec,
+                 render: bool = False):
         import gymnasium
 
-        self._envs = [gymnasium.make(env_id) for _ in range(num_envs)]
+        self._envs = [gymnasium.make(env_id, **({"render_mode": "rgb_array"} if render else {}))
+                      for _ in range(num_envs)]
         self._id, self._seed, self._start = env_id, seed, spec.action_start
         self._bounds = action_bounds(spec)
         self._keys = list(spec.obs)
@@ -374,6 +382,9 @@ class GymnasiumGroup:
                                  f"{f' {k!r}' if k else ''} with NaN or inf; observations must be finite")
         return self._obs, self._reward, self._terminated, self._truncated
 
+    def render(self) -> np.ndarray:
+        return np.asarray(self._envs[0].render())
+
     def close(self) -> None:
         for env in self._envs:
             env.close()
@@ -418,7 +429,8 @@ class NullGroup:
         pass
 
 
-def make_group(spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
+def make_group(spec: EnvSpec, num_envs: int, num_threads: int, seed: int, render: bool = False):
+    """``render``: the envs also draw frames for a person (``group.render()``: eval's videos)."""
     quiet_gymnasium()
     cls = {"envpool": EnvpoolGroup, "gymnasium": GymnasiumGroup, "null": NullGroup}[spec.backend]
-    return cls(spec.env_id, num_envs, num_threads, seed, spec)
+    return cls(spec.env_id, num_envs, num_threads, seed, spec, **({"render": True} if render else {}))
