@@ -16,9 +16,8 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint, video
-from seedlocal.errors import ConfigError
-from seedlocal.config import check_writable, fail, resolve_device
 from seedlocal.algos.distributions import for_actions
+from seedlocal.config import check_writable, fail, resolve_device
 from seedlocal.networks import ActorCritic, PolicyNet, action_identity, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 

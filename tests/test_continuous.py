@@ -12,7 +12,7 @@ import torch
 
 from helpers import tiny_pipeline
 from seedlocal.algos.distributions import DiagGaussian
-from seedlocal.algos.vtrace import VTraceParams, vtrace
+from seedlocal.algos.vtrace import vtrace
 from seedlocal.normalize import RewardScaler, RunningNorm
 
 

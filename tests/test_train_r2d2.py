@@ -198,7 +198,6 @@ def test_evaluation_slots_are_local_and_neither_fill_nor_count_in_the_replay(tmp
     envs, so --stop-at-return never waits for actor hosts to join."""
     from seedlocal.trainers.r2d2 import eval_env_ids
 
-    np = pytest.importorskip("numpy")
     assert eval_env_ids(num_local=16, num_envs=48, eval_envs=2).tolist() == [14, 15]
     assert eval_env_ids(num_local=0, num_envs=16, eval_envs=2).tolist() == [14, 15]  # every env remote
     cfg = small(tmp_path, eval_envs=4, replay_ratio=1.0, batch_size=8, min_replay=8, replay_size=200)

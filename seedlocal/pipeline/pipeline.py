@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from seedlocal.errors import ConfigError
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_device, short_of_memory,
                               threads_per_group, validate_bridge, validate_env, validate_pipeline)
+from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
