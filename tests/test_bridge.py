@@ -361,3 +361,66 @@ def test_emulated_delay_shows_in_the_round_trip():
         p50 = float(rtt[0][0])
     finish(host)
     assert 25 <= p50 < 250, p50
+
+
+def test_a_host_killed_with_its_group_leaves_segments_the_next_host_sweeps_at_once():
+    """SIGKILL of an actor host's whole process group takes its resource
+    tracker too: its segments stay in /dev/shm. The next host to start
+    sweeps them at once (however young they are), leaving live ones."""
+    with learner(remote_envs=16) as pipe:
+        first = actors(pipe.pool.bridge_port, "--num-workers", "1")
+        try:
+            serve_until(pipe, lambda us: pipe.pool.control["group_connected"].sum() == 2)
+            mine = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"seedlocal_{first.pid}_"))
+            assert len(mine) == 3  # control, rollout, the semaphores' record
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        time.sleep(0.5)
+        assert set(mine) <= set(os.listdir("/dev/shm")), "nothing is left to sweep: the test shows nothing"
+        second = actors(pipe.pool.bridge_port, "--num-workers", "1")
+        try:
+            serve_until(pipe, lambda us: (pipe.pool.control["group_connected"].sum() == 2
+                                          and any(n.startswith(f"seedlocal_{second.pid}_")
+                                                  for n in os.listdir("/dev/shm"))))
+            assert not set(mine) & set(os.listdir("/dev/shm")), "the second host left the first one's segments"
+            assert any(n.startswith(f"seedlocal_{os.getpid()}_") for n in os.listdir("/dev/shm"))  # live: kept
+        finally:
+            kill_host(second)
+
+
+def test_ctrl_c_of_a_training_learner_ends_its_hosts_with_one_line(tmp_path):
+    """A learner with local workers and remote envs, stopped by a terminal's
+    Ctrl-C (SIGINT to its whole process group): it saves, and its actor host
+    exits 0 with one line saying the learner stopped, instead of retrying."""
+    from helpers import terminal_like
+
+    port = free_port()
+    train = subprocess.Popen(
+        [sys.executable, "-m", "seedlocal", "train", "vtrace", "--bridge.listen", f"127.0.0.1:{port}",
+         "--bridge.remote-envs", "8", "--pipeline.num-workers", "1", "--pipeline.envs-per-worker", "8",
+         "--algo.batch-size", "4", "--total-steps", "0", "--seconds", "120", "--log-dir", str(tmp_path),
+         "--run-name", "r", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=terminal_like, start_new_session=True)
+    host = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "r").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        host = actors(port)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the host has stepped a while
+            time.sleep(0.5)
+            events = list((tmp_path / "r").glob("events.out.tfevents*"))
+            if events and events[0].stat().st_size > 2000:
+                break
+        os.killpg(train.pid, signal.SIGINT)
+        out, _ = train.communicate(timeout=60)
+        assert train.returncode == 130 and "stopped cleanly" in out, out[-2000:]
+        said = finish(host, timeout=15)
+    finally:
+        if train.poll() is None:
+            os.killpg(train.pid, signal.SIGKILL)
+            train.wait()
+    assert host.returncode == 0, said
+    assert said.strip().splitlines()[-1] == f"seedlocal actors: the learner at 127.0.0.1:{port} stopped; exiting", said

@@ -217,7 +217,7 @@ def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
         time.sleep(0.2)
         assert orphan in os.listdir("/dev/shm")  # nothing cleaned it up
         assert sem_files <= set(os.listdir("/dev/shm"))  # multiprocessing's semaphores neither
-        removed = sweep_stale_segments(min_age_s=0)
+        removed = sweep_stale_segments()
         assert orphan in removed and orphan not in os.listdir("/dev/shm")
         assert not sem_files & set(os.listdir("/dev/shm")), "the recorded semaphores were left"
         assert live.name not in removed and live.name in os.listdir("/dev/shm")

@@ -22,6 +22,7 @@ from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
 GROUPS_PER_WORKER = 2
+SERVER_GOODBYE_S = 4.0  # the bridge server's goodbye to its hosts and gRPC's 1 s grace (bridge_server.py)
 
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
@@ -219,10 +220,15 @@ class ActorPool:
         for s in self.wake:
             s.post()
         deadline = time.monotonic() + timeout
-        procs = self.procs + ([self.server] if self.server is not None else [])
-        for p in procs:
+        for p in self.procs:
             if p is not None:
                 p.join(max(0.0, deadline - time.monotonic()))
+        if self.server is not None:
+            # Its own time, whatever the workers took: it tells each actor host
+            # that the run ended (they then exit rather than retry), and gRPC
+            # gets its grace to deliver that before the server stops.
+            self.server.join(max(SERVER_GOODBYE_S, deadline - time.monotonic()))
+        procs = self.procs + ([self.server] if self.server is not None else [])
         for p in procs:
             if p is not None and p.is_alive():
                 p.terminate()

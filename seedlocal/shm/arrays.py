@@ -11,10 +11,10 @@ memory.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
-import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -59,49 +59,70 @@ _SHM_DIR = "/dev/shm"
 _swept = False
 
 
-def sweep_stale_segments(min_age_s: float = 10.0) -> list[str]:
+@contextlib.contextmanager
+def _creation_lock(exclusive: bool):
+    """A ``flock`` on the /dev/shm folder itself: creators hold it shared
+    from creating a segment until they hold its own lock; the sweeper holds
+    it exclusively. So a segment without an owner's lock is, while the
+    sweeper looks, one whose owner died, never one being born."""
+    try:
+        fd = os.open(_SHM_DIR, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def sweep_stale_segments() -> list[str]:
     """Unlink seedlocal segments that no live process owns; returns their names.
 
     Every owner holds a shared ``flock`` on its segment for as long as the
     segment is open; the kernel drops it when the owner dies, however it
     dies. Normally the owner (or Python's resource tracker) unlinks on exit,
     but a SIGKILL of a whole process group (a job scheduler, ``killpg``, a
-    machine's supervisor) takes the tracker too. Each new pipeline therefore
-    sweeps segments whose lock nobody holds. The lock, not the PID in the
-    name, decides: containers that share ``/dev/shm`` across PID namespaces
-    cannot make a live segment look stale. Segments younger than
-    ``min_age_s`` are left alone (their owner may be between creating and
-    locking them).
+    machine's supervisor) takes the tracker too. Each process that makes
+    segments (a learner, an actor host) therefore first sweeps those whose
+    lock nobody holds, however young (``_creation_lock`` keeps segments
+    being made out of it). The lock, not the PID in the name, decides:
+    containers that share ``/dev/shm`` across PID namespaces cannot make a
+    live segment look stale.
     """
     removed = []
-    try:
-        names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
-    except OSError:
-        return removed
-    now = time.time()
-    for name in names:
-        path = os.path.join(_SHM_DIR, name)
+    with _creation_lock(exclusive=True):
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # gone already, or another user's
-            continue
-        try:
-            if now - os.fstat(fd).st_mtime < min_age_s and now - os.fstat(fd).st_ctime < min_age_s:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a live owner holds it
-            if name.endswith("_" + SEMAPHORES_TAG):
-                _unlink_recorded_semaphores(fd)
-            try:
-                os.unlink(path)
+            names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
+        except OSError:
+            return removed
+        for name in names:
+            if _unlink_if_orphaned(name):
                 removed.append(name)
-            except OSError:
-                pass
-        finally:
-            os.close(fd)
     return removed
+
+
+def _unlink_if_orphaned(name: str) -> bool:
+    path = os.path.join(_SHM_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # gone already, or another user's
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a live owner holds it
+        if name.endswith("_" + SEMAPHORES_TAG):
+            _unlink_recorded_semaphores(fd)
+        try:
+            os.unlink(path)
+            return True
+        except OSError:
+            return False
+    finally:
+        os.close(fd)
 
 
 SEMAPHORES_TAG = "semaphores"
@@ -156,9 +177,10 @@ class SharedArrays:
             _swept = True
             sweep_stale_segments()
         _, size = _layout(specs)
-        shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
-        # Held until the segment is closed or this process dies: what tells sweep_stale_segments it is live.
-        fcntl.flock(shm._fd, fcntl.LOCK_SH)
+        with _creation_lock(exclusive=False):
+            shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
+            # Held until the segment is closed or this process dies: what tells sweep_stale_segments it is live.
+            fcntl.flock(shm._fd, fcntl.LOCK_SH)
         self = cls(shm, specs, owner=True)
         if fill:
             np.frombuffer(shm.buf, dtype=np.uint8)[:] = fill
