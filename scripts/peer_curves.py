@@ -1,0 +1,257 @@
+"""Learning curves of seedlocal runs beside a peer's (CleanRL) runs, from
+their TensorBoard events: one CSV per run and one PNG per environment with
+the return against agent steps and against wall-clock, every run overlaid.
+
+    python scripts/peer_curves.py /work/peers/runs/cleanrl /work/peers/runs/seedlocal --out docs/figures --prefix mujoco_
+    python scripts/peer_curves.py runs/HalfCheetah-v5__vtrace__1__* peer/runs/HalfCheetah-v4__ppo_* --log-time
+
+Each argument is a run folder (event files in it) or a folder of run
+folders, as CleanRL's ``runs/`` and seedlocal's ``--log-dir`` are. A run is
+read as:
+
+- CleanRL (``charts/episodic_return``, one point per episode against
+  ``global_step``): the return is the mean of the last 20 episodes, one row
+  per episode from the 20th on;
+- seedlocal (``charts/return_mean20`` against agent steps, logged every
+  ``--log-every-s``): that mean as logged, beside ``charts/episode_return``
+  (the mean of the episodes that ended since the previous point).
+
+Per run, ``<out>/<prefix><env>_<system>_<algo>_s<seed>.csv`` holds steps,
+seconds, return_mean20, episodes (ended so far), episode_return (CleanRL:
+that episode; seedlocal: the interval's mean) and entropy (the last logged
+policy entropy: CleanRL's Gaussian entropy summed over action dimensions,
+seedlocal's ``losses/entropy``). ``<out>/<prefix><Env>.png`` (per env name
+without its version, so a CleanRL ``Hopper-v4`` run and a seedlocal
+``Hopper-v5`` run share a plot) has two panels: return against steps and
+against minutes.
+
+Seconds count from the run's first event, written when its TensorBoard
+writer opens: CleanRL opens it before making its envs, seedlocal before
+starting its env workers, so both clocks include env setup and neither
+includes the Python imports before it. A resumed seedlocal run's clock
+includes the time it was stopped.
+
+The summary printed per env gives each run's return at the steps and at the
+seconds that every run of that env reached (equal steps, equal wall-clock).
+Needs tensorboard; the PNG needs matplotlib (``pip install matplotlib``),
+without which the CSVs are still written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tyro
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from atari_curve import first_reach  # noqa: E402
+
+FIELDS = ["steps", "seconds", "return_mean20", "episodes", "episode_return", "entropy"]
+
+
+@dataclass
+class Args:
+    runs: tyro.conf.Positional[list[str]]
+    """run folders (TensorBoard event dirs), or folders holding run folders"""
+    out: str = "runs/peer_curves"
+    """folder for the CSVs and PNGs"""
+    prefix: str = ""
+    """prefix of every file written (e.g. mujoco_)"""
+    window: int = 20
+    """episodes in CleanRL's moving mean (seedlocal logs its own mean of 20)"""
+    log_time: bool = False
+    """wall-clock axis on a log scale (when one system runs many times longer)"""
+    targets: list[str] = field(default_factory=list)
+    """ENV=RETURN pairs (env name without version, e.g. Hopper=3120): a dashed line, and steps/minutes to reach it"""
+
+
+@dataclass
+class Run:
+    path: Path
+    system: str  # "cleanrl" or "seedlocal"
+    algo: str
+    env_id: str
+    seed: str
+    rows: list[dict]
+
+    @property
+    def env(self) -> str:
+        return re.sub(r"-v\d+$", "", self.env_id)
+
+    @property
+    def label(self) -> str:
+        name = "CleanRL" if self.system == "cleanrl" else "seedlocal"
+        return f"{name} {self.algo} {self.env_id} s{self.seed}"
+
+
+def run_dirs(paths: list[str]) -> list[Path]:
+    """Folders that hold event files: each path itself, or its subfolders."""
+    found = []
+    for p in map(Path, paths):
+        if any(p.glob("events.out.tfevents.*")):
+            found.append(p)
+        else:
+            found += sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("events.out.tfevents.*")))
+    return found
+
+
+def _text(ea, tag: str) -> str:
+    return ea.Tensors(tag)[0].tensor_proto.string_val[0].decode() if tag in ea.Tags().get("tensors", []) else ""
+
+
+def _at_or_before(points: list, step: int) -> float:
+    """Value of the last point at or before ``step`` (points sorted by step)."""
+    value = float("nan")
+    for p in points:
+        if p.step > step:
+            break
+        value = p.value
+    return value
+
+
+def _count(v: float) -> int | str:
+    return "" if v != v else int(v)
+
+
+def read_run(path: Path, window: int = 20) -> Run | None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    tags = ea.Tags()["scalars"]
+    t0 = ea.FirstEventTimestamp()
+    entropy = sorted(ea.Scalars("losses/entropy"), key=lambda e: e.step) if "losses/entropy" in tags else []
+    rows = []
+    if "charts/episodic_return" in tags:  # CleanRL: one point per episode
+        hp = dict(re.findall(r"^\|(\w+)\|(.*)\|$", _text(ea, "hyperparameters/text_summary"), re.M))
+        parts = path.name.split("__")  # CleanRL's run name: env__exp__seed__time
+        env_id = hp.get("env_id") or parts[0]
+        seed = hp.get("seed") or (parts[2] if len(parts) > 2 else "?")
+        algo = (hp.get("exp_name") or "ppo").split("_")[0]
+        episodes = sorted(ea.Scalars("charts/episodic_return"), key=lambda e: (e.step, e.wall_time))
+        last = deque(maxlen=window)
+        for n, e in enumerate(episodes, 1):
+            last.append(e.value)
+            if len(last) == window:
+                rows.append({"steps": e.step, "seconds": round(e.wall_time - t0, 1),
+                             "return_mean20": round(sum(last) / window, 3), "episodes": n,
+                             "episode_return": round(e.value, 3),
+                             "entropy": round(_at_or_before(entropy, e.step), 4)})
+        system = "cleanrl"
+    elif "charts/return_mean20" in tags:  # seedlocal
+        config = _text(ea, "config/text_summary").strip("`\n")
+        try:
+            config = json.loads(config)
+        except ValueError:
+            config = {}
+        env_id = config.get("env", {}).get("id") or path.name
+        seed = str(config.get("env", {}).get("seed", "?"))
+        summary = path / "summary.json"
+        algo = json.loads(summary.read_text()).get("algo", "") if summary.exists() else ""
+        algo = algo or next((a for a in ("vtrace", "r2d2") if f"__{a}__" in path.name), "vtrace")
+        ep_ret = {e.step: e.value for e in ea.Scalars("charts/episode_return")} if "charts/episode_return" in tags else {}
+        ep_n = sorted(ea.Scalars("charts/episodes"), key=lambda e: e.step) if "charts/episodes" in tags else []
+        for e in sorted(ea.Scalars("charts/return_mean20"), key=lambda e: e.step):
+            rows.append({"steps": e.step, "seconds": round(e.wall_time - t0, 1),
+                         "return_mean20": round(e.value, 3), "episodes": _count(_at_or_before(ep_n, e.step)),
+                         "episode_return": round(ep_ret.get(e.step, float("nan")), 3),
+                         "entropy": round(_at_or_before(entropy, e.step), 4)})
+        system = "seedlocal"
+    else:
+        return None
+    return Run(path, system, algo, env_id, seed, rows)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def value_at(rows: list[dict], key: str, x: float) -> float:
+    """return_mean20 of the last row with ``key`` at or below ``x``."""
+    below = [r for r in rows if r[key] <= x]
+    return below[-1]["return_mean20"] if below else float("nan")
+
+
+def plot(env: str, runs: list[Run], path: Path, log_time: bool, target: float | None) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed, so no {path.name}: pip install matplotlib (the CSVs are written)")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for r in runs:
+        style = {"linestyle": "--" if r.system == "cleanrl" else "-", "label": r.label}
+        a.plot([x["steps"] / 1e6 for x in r.rows], [x["return_mean20"] for x in r.rows], **style)
+        b.plot([x["seconds"] / 60 for x in r.rows], [x["return_mean20"] for x in r.rows], **style)
+    a.set_xlabel("agent steps (millions)")
+    b.set_xlabel("wall-clock (minutes" + (", log scale)" if log_time else ")"))
+    if log_time:
+        b.set_xscale("log")
+    a.set_ylabel("mean return, last 20 episodes")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        if target is not None:
+            ax.axhline(target, color="gray", linestyle=":", linewidth=1)
+    a.legend(fontsize=8)
+    fig.suptitle(f"{env}: " + ", ".join(sorted({r.env_id for r in runs})))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(args: Args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    targets = {k: float(v) for k, v in (t.split("=", 1) for t in args.targets)}
+    by_env: dict[str, list[Run]] = {}
+    written: set[str] = set()
+    for path in run_dirs(args.runs):
+        run = read_run(path, args.window)
+        if run is None:
+            print(f"{path}: neither charts/episodic_return (CleanRL) nor charts/return_mean20 (seedlocal); skipped")
+            continue
+        if not run.rows:
+            print(f"{path}: fewer than {args.window} episodes; skipped")
+            continue
+        name = f"{args.prefix}{run.env_id}_{run.system}_{run.algo}_s{run.seed}"
+        if name in written:
+            name += f"_{path.name}"
+        written.add(name)
+        write_csv(run.rows, out / f"{name}.csv")
+        by_env.setdefault(run.env, []).append(run)
+        last = run.rows[-1]
+        print(f"{run.label}: {last['return_mean20']:.1f} at {last['steps']:,d} steps, {last['seconds'] / 60:.1f} min "
+              f"({last['steps'] / max(last['seconds'], 1e-9):,.0f} steps/s over the run); {out / name}.csv  [{path}]")
+    for env, runs in by_env.items():
+        steps = min(r.rows[-1]["steps"] for r in runs)
+        seconds = min(r.rows[-1]["seconds"] for r in runs)
+        print(f"\n{env}: return (mean of 20) at {steps:,d} steps and at {seconds / 60:.1f} min, "
+              "the most that every run reached")
+        for r in runs:
+            line = (f"  {r.label:<40} {value_at(r.rows, 'steps', steps):>9.1f} at equal steps"
+                    f"   {value_at(r.rows, 'seconds', seconds):>9.1f} at equal wall-clock")
+            if env in targets:
+                hit = first_reach(r.rows, targets[env])
+                line += (f"   {targets[env]:g} reached at {hit['steps']:,d} steps, {hit['seconds'] / 60:.1f} min"
+                         if hit else f"   never reached {targets[env]:g}")
+            print(line)
+        png = out / f"{args.prefix}{env}.png"
+        if plot(env, runs, png, args.log_time, targets.get(env)):
+            print(f"  plot: {png}")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
