@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import sys
 from collections import deque
@@ -50,7 +51,7 @@ from pathlib import Path
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atari_curve import first_reach  # noqa: E402
+from atari_curve import first_reach
 
 FIELDS = ["steps", "seconds", "return_mean20", "episodes", "episode_return", "entropy"]
 
@@ -94,6 +95,8 @@ def run_dirs(paths: list[str]) -> list[Path]:
     """Folders that hold event files: each path itself, or its subfolders."""
     found = []
     for p in map(Path, paths):
+        if not p.is_dir():
+            raise SystemExit(f"{p}: no such folder")
         if any(p.glob("events.out.tfevents.*")):
             found.append(p)
         else:
@@ -116,7 +119,7 @@ def _at_or_before(points: list, step: int) -> float:
 
 
 def _count(v: float) -> int | str:
-    return "" if v != v else int(v)
+    return "" if math.isnan(v) else int(v)
 
 
 def read_run(path: Path, window: int = 20) -> Run | None:
@@ -129,7 +132,7 @@ def read_run(path: Path, window: int = 20) -> Run | None:
     entropy = sorted(ea.Scalars("losses/entropy"), key=lambda e: e.step) if "losses/entropy" in tags else []
     rows = []
     if "charts/episodic_return" in tags:  # CleanRL: one point per episode
-        hp = dict(re.findall(r"^\|(\w+)\|(.*)\|$", _text(ea, "hyperparameters/text_summary"), re.M))
+        hp = dict(re.findall(r"^\|(\w+)\|(.*)\|$", _text(ea, "hyperparameters/text_summary"), re.MULTILINE))
         parts = path.name.split("__")  # CleanRL's run name: env__exp__seed__time
         env_id = hp.get("env_id") or parts[0]
         seed = hp.get("seed") or (parts[2] if len(parts) > 2 else "?")
@@ -218,7 +221,10 @@ def main(args: Args) -> None:
     targets = {k: float(v) for k, v in (t.split("=", 1) for t in args.targets)}
     by_env: dict[str, list[Run]] = {}
     written: set[str] = set()
-    for path in run_dirs(args.runs):
+    paths = run_dirs(args.runs)
+    if not paths:
+        raise SystemExit(f"no TensorBoard event files in {' '.join(args.runs) or '(no folders given)'} or their subfolders")
+    for path in paths:
         run = read_run(path, args.window)
         if run is None:
             print(f"{path}: neither charts/episodic_return (CleanRL) nor charts/return_mean20 (seedlocal); skipped")
