@@ -148,19 +148,26 @@ def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_s
 
 
 def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) -> list[np.ndarray]:
-    """Frames of one episode as a person sees it (``seedlocal/video.py``), or RenderUnavailable."""
+    """Frames of one episode as a person sees it, drawn by the env that plays it and timed to play in real
+    time (``seedlocal/video.py``), or RenderUnavailable."""
     getattr(model, "new_episodes", lambda: None)()
     core = None if model.core_spec is None else torch.zeros((1,) + model.core_spec.shape)
     return video.record(_policy(model, greedy), spec, seed, max_steps, core)
 
 
-def encode_gif(frames: list[np.ndarray], fps: int = 30) -> tuple[bytes, int, int]:
+def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
+    """An animated GIF playing ``frames`` at ``fps`` (default: the clip's own real-time rate, ``video.Clip``;
+    else 30); frame delays are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
     from PIL import Image
 
-    imgs = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    fps = float(fps or getattr(frames, "fps", 30.0))
+    ends = np.maximum(np.round(np.arange(1, len(frames) + 1) * 100.0 / fps), 2 * np.arange(1, len(frames) + 1))
+    durations = (np.diff(ends, prepend=0.0) * 10).astype(int).tolist()  # centiseconds -> ms, each >= 20
+    imgs = (Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames)  # one at a time: frames can be large
+    first = next(imgs)
     buf = io.BytesIO()
-    imgs[0].save(buf, format="GIF", save_all=True, append_images=imgs[1:], duration=int(1000 / fps), loop=0)
-    return buf.getvalue(), imgs[0].height, imgs[0].width
+    first.save(buf, format="GIF", save_all=True, append_images=imgs, duration=durations, loop=0)
+    return buf.getvalue(), first.height, first.width
 
 
 def trained_greedy(state: dict) -> bool:

@@ -13,10 +13,19 @@ enough) or OSMesa (``libosmesa6``), through the ``mujoco`` Python package
 that cannot render at all is no error: ``RenderUnavailable`` says why, and
 eval still plays its episodes and reports their returns. An image env that
 only lacks ``render()`` is recorded from its observations instead.
+
+A video plays in real time: Atari at 60 frames a second over its frame
+skip (Pong-v5: 15 steps a second), a Gymnasium env at its ``render_fps``
+(MuJoCo: one over its step's duration, Hopper-v5 125, HalfCheetah-v5 20).
+A GIF shows at most 50 frames a second (browsers slow shorter delays to
+100 ms), so a faster env is drawn every k-th step only, which also spares
+the software renderer most of its work.
 """
 
 from __future__ import annotations
 
+import atexit
+import math
 import os
 
 import numpy as np
@@ -24,6 +33,16 @@ import numpy as np
 from seedlocal.pipeline.envs import EnvSpec, make_group
 
 _GL: list = []  # the headless OpenGL context, once made (kept alive for the process)
+MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms
+DEFAULT_FPS = 30.0  # an env that says nothing of its speed
+
+
+class Clip(list):
+    """An episode's frames ([H, W, 3] uint8) and the frames per second that play them in real time."""
+
+    def __init__(self, frames=(), fps: float = DEFAULT_FPS):
+        super().__init__(frames)
+        self.fps = fps
 
 
 class RenderUnavailable(Exception):
@@ -35,17 +54,25 @@ def _headless_gl(width: int = 480, height: int = 480) -> None:
     if _GL:
         _GL[0].make_current()
         return
-    os.environ.setdefault("MUJOCO_GL", "egl")
+    backend = os.environ.setdefault("MUJOCO_GL", "egl").lower()
     try:
-        import mujoco
+        import importlib
 
-        ctx = mujoco.GLContext(width, height)
+        # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
+        module = importlib.import_module(f"mujoco.{backend}" if backend in ("egl", "osmesa", "glfw") else "mujoco")
+        ctx = module.GLContext(width, height)
         ctx.make_current()
     except Exception as e:
         raise RenderUnavailable(f"no OpenGL context for MuJoCo ({type(e).__name__}: {e}); install the mujoco "
                                 "package (pip install mujoco) and EGL (apt install libegl1) or OSMesa (apt install "
                                 "libosmesa6, then MUJOCO_GL=osmesa)") from None
     _GL.append(ctx)
+    atexit.register(_free_gl)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
+
+
+def _free_gl() -> None:
+    while _GL:
+        _GL.pop().free()
 
 
 def draws_with_opengl(spec: EnvSpec) -> bool:
@@ -59,6 +86,33 @@ def draws_with_opengl(spec: EnvSpec) -> bool:
     return bool(entry) and str(entry[0]).startswith("envpool.mujoco")
 
 
+def steps_per_second(spec: EnvSpec) -> float:
+    """Env steps in one second of the real thing: an Atari console's 60 frames
+    over the frame skip, else the Gymnasium twin's ``render_fps`` (MuJoCo:
+    1 / dt), else ``DEFAULT_FPS``."""
+    if spec.backend == "envpool":
+        from envpool.registration import registry
+
+        entry = registry.specs.get(spec.env_id)
+        if entry and str(entry[0]).startswith("envpool.atari"):
+            return 60.0 / max(1, spec.frames_per_step)
+    try:
+        import gymnasium
+        from gymnasium.envs.registration import load_env_creator
+
+        entry = gymnasium.spec(spec.env_id).entry_point
+        fps = getattr(load_env_creator(entry) if isinstance(entry, str) else entry, "metadata", {}).get("render_fps")
+        if not fps:  # MuJoCo sets it per instance, from its dt
+            env = gymnasium.make(spec.env_id)
+            try:
+                fps = env.metadata.get("render_fps") or 1.0 / env.unwrapped.dt
+            finally:
+                env.close()
+        return float(fps) if float(fps) > 0 else DEFAULT_FPS
+    except Exception:  # not a Gymnasium id (dm_control, MiniGrid ...), or it says nothing
+        return DEFAULT_FPS
+
+
 def _hint(spec: EnvSpec, e: BaseException) -> str:
     text = str(e).lower()
     if "pygame" in text:
@@ -66,15 +120,20 @@ def _hint(spec: EnvSpec, e: BaseException) -> str:
     if "mujoco" in text or "opengl" in text or "egl" in text:
         return ("; MuJoCo renders through the mujoco package with EGL or OSMesa (pip install mujoco; apt install "
                 "libegl1 or libosmesa6)")
+    if spec.backend == "envpool":
+        return "; envpool draws its Atari, MuJoCo, dm_control and classic control envs, not this one"
     return "; the env must take render_mode='rgb_array' and return frames from render()"
 
 
-def record(act, spec: EnvSpec, seed: int, max_steps: int, core=None) -> list[np.ndarray]:
+def record(act, spec: EnvSpec, seed: int, max_steps: int, core=None) -> Clip:
     """Frames of one episode the policy ``act(obs, core) -> (actions, core)``
-    plays, at most ``max_steps`` steps, or ``RenderUnavailable``."""
+    plays, at most ``max_steps`` steps, drawn every k-th step so that they
+    play in real time at no more than ``MAX_FPS``; or ``RenderUnavailable``."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # Gymnasium's MuJoCo envs would try a window (GLFW) otherwise
     image_obs = spec.obs.get("") is not None and len(spec.obs[""].shape) == 3
+    fps = steps_per_second(spec)
+    every = max(1, math.ceil(fps / MAX_FPS - 1e-9))
     try:
         env = make_group(spec, 1, 1, seed, render=True)
     except Exception as e:
@@ -91,27 +150,46 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int, core=None) -> list[np.
             try:
                 if draws_with_opengl(spec):
                     _headless_gl()
-                frames = [draw()]
+                first = _frame(draw())
             except RenderUnavailable:
                 raise
             except Exception as e:
                 raise RenderUnavailable(f"cannot render {spec.env_id} ({type(e).__name__}: {e}){_hint(spec, e)}") \
                     from None
         else:
-            frames = [_observed(obs)]
-        for _ in range(max_steps - 1):
+            first = _observed(obs)
+        frames = Clip([first], fps / every)
+        for t in range(1, max_steps):
             actions, core = act(obs, core)
             env.send(actions)
             obs, _, te, tr = env.recv()
-            frames.append(draw() if draw is not None else _observed(obs))
+            end = bool(te[0] or tr[0]) or t == max_steps - 1
+            if t % every == 0 or end:  # the episode's last frame too
+                frames.append(_frame(draw()) if draw is not None else _observed(obs))
             if te[0] or tr[0]:
                 break
     finally:
         env.close()
-    return [np.asarray(f, dtype=np.uint8) for f in frames]
+    return frames
+
+
+def _frame(x) -> np.ndarray:
+    """A rendered frame as [H, W, 3] uint8 (grey [H, W] widened), or RenderUnavailable for anything else."""
+    f = None if x is None else np.asarray(x)
+    if f is not None and f.dtype == object and f.ndim == 0 and f.item() is None:  # np.asarray(None)
+        x = f = None
+    if f is not None and f.ndim == 3 and f.shape[-1] == 4:
+        f = f[..., :3]
+    if f is not None and f.ndim == 2:
+        f = np.repeat(f[..., None], 3, axis=-1)
+    if f is None or f.ndim != 3 or f.shape[-1] != 3 or not f.size or not np.issubdtype(f.dtype, np.number):
+        what = "None" if x is None else f"an array of shape {getattr(f, 'shape', '?')}"
+        raise RenderUnavailable(f"render() returned {what}, not an [H, W, 3] image; the env must take "
+                                "render_mode='rgb_array' and return frames from render()")
+    return f.astype(np.uint8, copy=False)
 
 
 def _observed(obs: dict) -> np.ndarray:
     """The newest frame of an image observation (channels first or last), as grey."""
     x = np.asarray(obs[""][0])
-    return x[-1] if x.shape[0] <= 16 else x[..., -1]
+    return np.asarray(x[-1] if x.shape[0] <= 16 else x[..., -1], dtype=np.uint8)

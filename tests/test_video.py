@@ -2,14 +2,47 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from seedlocal import video
 from seedlocal.config import EnvConfig, validate_env
-from seedlocal.evaluate import record
+from seedlocal.evaluate import _policy, encode_gif, record
 from seedlocal.networks import ActorCritic
 from seedlocal.video import RenderUnavailable
+
+
+class Painted(gym.Env):
+    """Draws a 37 x 53 colour frame whose red channel counts the steps; an env of 200 steps a second."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 200}
+
+    def __init__(self, render_mode=None, frame=None):
+        self.render_mode, self.frame = render_mode, frame
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 1.0, self.t == 30, False, {}
+
+    def render(self):
+        if self.frame != "default":
+            return self.frame
+        img = np.zeros((37, 53, 3), np.uint8)
+        img[..., 0], img[..., 1], img[..., 2] = self.t, 100, 200
+        return img
+
+
+gym.register("SeedlocalPainted-v0", entry_point=Painted, kwargs={"frame": "default"})
+gym.register("SeedlocalDrawsNothing-v0", entry_point=Painted, kwargs={"frame": None})
 
 
 def _model(env_id: str):
@@ -19,17 +52,72 @@ def _model(env_id: str):
 
 
 def test_atari_frames_are_the_games_colour_frames_of_the_episode_played():
+    """210 x 160 colour frames at Atari's real-time 15 steps a second, and each one the screen of the
+    very observation the network acted on (the frame, greyed and shrunk, is the stack's newest)."""
+    from PIL import Image
+
     model, spec = _model("Pong-v5")
-    frames = record(model, spec, greedy=False, seed=3, max_steps=40)
-    assert len(frames) == 40
+    seen = []
+    act = _policy(model, greedy=False)
+
+    def watching(obs, core):
+        seen.append(np.asarray(obs[""][0, -1], float))
+        return act(obs, core)
+
+    frames = video.record(watching, spec, seed=3, max_steps=40)
+    assert len(frames) == 40 and frames.fps == 15.0
     assert frames[0].shape == (210, 160, 3) and frames[0].dtype == np.uint8  # not the network's 84 x 84 grey
+    assert (frames[0][..., 0] != frames[0][..., 2]).any()  # colour
     assert len({f.tobytes() for f in frames}) > 1  # it plays
+    for frame, obs in zip(frames, seen):
+        grey = np.asarray(Image.fromarray(frame).convert("L").resize((84, 84), Image.BILINEAR), float)
+        assert np.abs(grey - obs).mean() < 2.0
 
 
 def test_a_gymnasium_env_is_recorded_through_its_render():
     model, spec = _model("faulty_envs:ActionStart-v0")
     frames = record(model, spec, greedy=True, seed=0, max_steps=10)
     assert frames and frames[0].shape == (8, 8, 3)
+
+
+def test_a_gymnasium_frame_keeps_its_size_and_colour_and_plays_in_real_time():
+    """200 steps a second: every 4th step drawn, played at 50 frames a second, the last step's frame kept."""
+    model, spec = _model("SeedlocalPainted-v0")
+    frames = record(model, spec, greedy=True, seed=0, max_steps=1000)
+    assert frames[0].shape == (37, 53, 3) and frames[0][0, 0].tolist() == [0, 100, 200]
+    assert [int(f[0, 0, 0]) for f in frames] == [0, 4, 8, 12, 16, 20, 24, 28, 30] and frames.fps == 50.0
+    gif, h, w = encode_gif(frames)
+    import io
+
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(gif))
+    assert (h, w) == (37, 53) and im.n_frames == 9
+    durations = []
+    for k in range(im.n_frames):
+        im.seek(k)
+        durations.append(im.info["duration"])
+    assert durations == [20] * 9  # 30 steps at 200 a second: 0.15 s, shown in 0.18 s (its last frame whole)
+
+
+def test_render_returning_nothing_is_named():
+    model, spec = _model("SeedlocalDrawsNothing-v0")
+    with pytest.raises(RenderUnavailable, match="render\\(\\) returned None"):
+        record(model, spec, greedy=True, seed=0, max_steps=5)
+
+
+def test_gymnasiums_own_mujoco_env_renders_its_480_by_480_camera():
+    pytest.importorskip("mujoco", reason="the mujoco package draws MuJoCo's frames")
+    from seedlocal.video import _headless_gl
+
+    try:
+        _headless_gl()
+    except RenderUnavailable as e:
+        pytest.skip(f"no headless OpenGL here: {e}")
+    spec = validate_env(EnvConfig(id="InvertedPendulum-v5", backend="gymnasium"))
+    frames = record(ActorCritic(spec).eval(), spec, greedy=True, seed=0, max_steps=3)
+    assert frames[0].shape == (480, 480, 3) and (frames[0][..., 0] != frames[0][..., 2]).any()
+    assert frames.fps == 25.0  # InvertedPendulum's dt: 0.04 s
 
 
 def test_mujoco_renders_headless_where_a_context_can_be_made():
