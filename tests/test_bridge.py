@@ -363,36 +363,44 @@ def test_emulated_delay_shows_in_the_round_trip():
     assert 25 <= p50 < 250, p50
 
 
-def test_a_host_killed_with_its_group_leaves_segments_the_next_host_sweeps_at_once():
+def _segments_of(pid: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"seedlocal_{pid}_")}
+
+
+def test_a_host_killed_with_its_group_leaves_segments_the_next_host_sweeps_at_start():
     """SIGKILL of an actor host's whole process group takes its resource
-    tracker too: its segments stay in /dev/shm. The next host to start
-    sweeps them at once (however young they are), leaving live ones."""
+    tracker too: its segments stay in /dev/shm. The next host to start sweeps
+    them at once, however young, and before any learner answers it (this one
+    finds none); the learner's and another live host's segments are kept."""
     with learner(remote_envs=16) as pipe:
-        first = actors(pipe.pool.bridge_port, "--num-workers", "1")
+        doomed = actors(pipe.pool.bridge_port, "--num-workers", "1")
+        other = actors(pipe.pool.bridge_port, "--num-workers", "1")
         try:
-            serve_until(pipe, lambda us: pipe.pool.control["group_connected"].sum() == 2)
-            mine = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"seedlocal_{first.pid}_"))
-            assert len(mine) == 3  # control, rollout, the semaphores' record
+            deadline = time.monotonic() + 60
+            while not (len(_segments_of(doomed.pid)) == len(_segments_of(other.pid)) == 3):
+                assert time.monotonic() < deadline, "the hosts did not connect"  # control, rollout, semaphores
+                time.sleep(0.1)
+            mine = _segments_of(doomed.pid)
         finally:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-        time.sleep(0.5)
-        assert set(mine) <= set(os.listdir("/dev/shm")), "nothing is left to sweep: the test shows nothing"
-        second = actors(pipe.pool.bridge_port, "--num-workers", "1")
+            os.killpg(doomed.pid, signal.SIGKILL)
+            doomed.wait()
         try:
-            serve_until(pipe, lambda us: (pipe.pool.control["group_connected"].sum() == 2
-                                          and any(n.startswith(f"seedlocal_{second.pid}_")
-                                                  for n in os.listdir("/dev/shm"))))
-            assert not set(mine) & set(os.listdir("/dev/shm")), "the second host left the first one's segments"
-            assert any(n.startswith(f"seedlocal_{os.getpid()}_") for n in os.listdir("/dev/shm"))  # live: kept
+            time.sleep(0.5)  # what the resource tracker would have unlinked by now
+            assert mine <= _segments_of(doomed.pid), "nothing is left to sweep: the test shows nothing"
+            lonely = actors(free_port(), "--retry-s", "0")
+            out = finish(lonely)
+            assert lonely.returncode == 1 and "giving up" in out, out
+            assert not _segments_of(doomed.pid), "the next host left the killed one's segments"
+            assert len(_segments_of(other.pid)) == 3 and _segments_of(os.getpid()), "live segments were swept"
         finally:
-            kill_host(second)
+            kill_host(other)
 
 
-def test_ctrl_c_of_a_training_learner_ends_its_hosts_with_one_line(tmp_path):
-    """A learner with local workers and remote envs, stopped by a terminal's
-    Ctrl-C (SIGINT to its whole process group): it saves, and its actor host
-    exits 0 with one line saying the learner stopped, instead of retrying."""
+def _training_learner_with_a_host(tmp_path, *host_args: str):
+    """`seedlocal train vtrace` with a local worker and 8 remote envs, and a
+    connected actor host; returns (train, its output lines so far, host, port)."""
+    import threading
+
     from helpers import terminal_like
 
     port = free_port()
@@ -402,25 +410,73 @@ def test_ctrl_c_of_a_training_learner_ends_its_hosts_with_one_line(tmp_path):
          "--algo.batch-size", "4", "--total-steps", "0", "--seconds", "120", "--log-dir", str(tmp_path),
          "--run-name", "r", "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=terminal_like, start_new_session=True)
-    host = None
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(train.stdout), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while True:  # listening: a host with a short --retry-s would give up on a learner still starting
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or train.poll() is not None:
+                _end(train)
+                raise AssertionError("the learner did not listen:\n" + "".join(lines)) from None
+            time.sleep(0.1)
+    host = actors(port, *host_args)
+    while not any("seedlocal bridge: actor host" in line and "connected" in line for line in lines):
+        if time.monotonic() > deadline or train.poll() is not None:
+            _end(train, host)
+            raise AssertionError("the host did not connect:\n" + "".join(lines))
+        time.sleep(0.1)
+    time.sleep(1.0)  # a few steps through the bridge
+    return train, lines, host, port
+
+
+def _end(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_learner_stopped_by_signal_ends_its_hosts_with_one_line(sig, tmp_path):
+    """A learner with local workers and remote envs, stopped as a terminal's
+    Ctrl-C (SIGINT) or a scheduler (SIGTERM) stops it: the signal goes to its
+    whole process group, bridge server included. It saves, and its actor host
+    exits 0 with one line saying the learner stopped, instead of retrying."""
+    train, lines, host, port = _training_learner_with_a_host(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "r").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        host = actors(port)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the host has stepped a while
-            time.sleep(0.5)
-            events = list((tmp_path / "r").glob("events.out.tfevents*"))
-            if events and events[0].stat().st_size > 2000:
-                break
-        os.killpg(train.pid, signal.SIGINT)
-        out, _ = train.communicate(timeout=60)
-        assert train.returncode == 130 and "stopped cleanly" in out, out[-2000:]
+        os.killpg(train.pid, sig)
+        train.wait(timeout=60)
+        time.sleep(0.5)  # the rest of its output
+        out = "".join(lines)
+        assert train.returncode == 128 + sig and "stopped cleanly (checkpoint" in out, out[-2000:]
         said = finish(host, timeout=15)
     finally:
-        if train.poll() is None:
-            os.killpg(train.pid, signal.SIGKILL)
-            train.wait()
+        _end(train, host)
     assert host.returncode == 0, said
     assert said.strip().splitlines()[-1] == f"seedlocal actors: the learner at 127.0.0.1:{port} stopped; exiting", said
+
+
+def test_a_learner_killed_leaves_its_hosts_waiting_for_a_resume(tmp_path):
+    """A learner that dies without unwinding (SIGKILL) says nothing: its
+    bridge server dies with it, and the host retries (for a resume) until
+    --retry-s runs out, rather than taking a goodbye nobody said."""
+    train, _, host, port = _training_learner_with_a_host(tmp_path, "--retry-s", "1")
+    try:
+        os.kill(train.pid, signal.SIGKILL)
+        train.wait()
+        said = finish(host, timeout=30)
+        deadline = time.monotonic() + 20
+        while True:  # its workers and bridge server follow it (PDEATHSIG), then the resource tracker
+            try:
+                os.killpg(train.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "the killed learner's processes outlived it"
+            time.sleep(0.2)
+    finally:
+        _end(train, host)
+    assert host.returncode == 1 and "retrying in" in said, said
+    assert said.strip().splitlines()[-1].startswith(f"seedlocal actors: no learner at 127.0.0.1:{port} for 1 s"), said

@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -223,6 +224,43 @@ def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
         assert live.name not in removed and live.name in os.listdir("/dev/shm")
     finally:
         live.close()
+
+
+@pytest.mark.parametrize("held", ["exclusive", "shared"])
+def test_a_process_stopped_holding_the_creation_lock_stalls_nobody(held, tmp_path, monkeypatch):
+    """The creation lock on /dev/shm keeps the sweeper away from segments
+    being born; a process stopped while holding it (Ctrl-Z in the middle of
+    a sweep, or of a creation) must not stall every other seedlocal start:
+    a creator goes on, a sweeper skips its sweep. (The lock is taken on a
+    folder of this test's own, so that runs beside it are not held up.)"""
+    from seedlocal.shm import arrays
+
+    monkeypatch.setattr(arrays, "_SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(arrays, "_CREATION_LOCK_WAIT_S", 0.3)
+    mode = "LOCK_EX" if held == "exclusive" else "LOCK_SH"
+    code = (f"import fcntl, os, signal; fcntl.flock(os.open({str(tmp_path)!r}, os.O_RDONLY), fcntl.{mode}); "
+            "print('held', flush=True); os.kill(os.getpid(), signal.SIGSTOP)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    release = threading.Timer(10.0, proc.kill)  # so that code which waits for the holder fails rather than hangs
+    try:
+        assert proc.stdout.readline() == "held\n"
+        release.start()
+        t0 = time.monotonic()
+        if held == "exclusive":  # a sweeper stopped mid-sweep: creators go on
+            with arrays.SharedArrays.create([arrays.ArraySpec("x", (8,), "int64")], "beside") as seg:
+                assert seg.name in os.listdir("/dev/shm")
+        else:  # a creator stopped mid-creation: the sweeper skips
+            (tmp_path / "seedlocal_1_0_orphan").touch()
+            assert arrays.sweep_stale_segments() == []
+            assert (tmp_path / "seedlocal_1_0_orphan").exists()
+        assert time.monotonic() - t0 < 5, "it waited for the stopped holder"  # liveness: it gives up after 0.3 s
+    finally:
+        release.cancel()
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    if held == "shared":  # the holder gone, the next sweep goes ahead
+        assert arrays.sweep_stale_segments() == ["seedlocal_1_0_orphan"]
 
 
 def test_a_worker_stuck_while_the_others_run_is_named(capsys):

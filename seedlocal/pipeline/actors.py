@@ -15,6 +15,7 @@ import signal
 import time
 
 from seedlocal.errors import WorkerDied
+from seedlocal.pipeline.bridge_server import GOODBYE_S
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
@@ -22,7 +23,9 @@ from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
 GROUPS_PER_WORKER = 2
-SERVER_GOODBYE_S = 4.0  # the bridge server's goodbye to its hosts and gRPC's 1 s grace (bridge_server.py)
+# The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's
+# half-second grace on top, and its exit (bridge_server.run_bridge_server).
+SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}

@@ -10,11 +10,13 @@ publication order are exactly those of a single-host run
 
 The learner decides what runs here (env id, backend, group size, seeds) in
 its answer to HELLO; a host whose env cannot produce the learner's spaces
-refuses the assignment and says why on both ends. If the learner goes away,
-the host stops its workers and retries with backoff for ``--retry-s``
-seconds, then exits with a clear message; if the learner stops (Ctrl-C
-there), the host exits at once. Ctrl-C here is a disconnect: the learner
-restarts this host's envs on fresh episodes when a host takes them again.
+refuses the assignment and says why on both ends. If the learner goes away
+without a word (a crash), the host stops its workers and retries with
+backoff for ``--retry-s`` seconds, waiting for a resume, then exits with a
+clear message; if the learner ends its run on purpose (its budget, Ctrl-C
+or SIGTERM there), it says so and the host exits at once, status 0. Ctrl-C
+here is a disconnect: the learner restarts this host's envs on fresh
+episodes when a host takes them again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 from seedlocal.config import ConfigError, bridge_token, split_address
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD, TOKEN_KEY
+from seedlocal.shm.arrays import sweep_once
 from seedlocal.shm.rollout import RolloutLayout, obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING
 
@@ -296,6 +299,9 @@ def run(cfg: ActorsConfig) -> int:
     for name in ("retry_s", "delay_ms"):
         if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 and finite")
+    # Now, not when a learner first answers (this host makes its segments
+    # only then): a predecessor killed with its process group left its own.
+    sweep_once()
     lost_since, backoff, why = None, 0.5, ""
     while True:
         session = _Session(cfg, token)

@@ -52,6 +52,11 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_mess
                    ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
 SERVER_OPTIONS = CHANNEL_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
+# How long the goodbye waits for each host to close its side (it does once it
+# has read the goodbye), so that the connection is not closed under a
+# goodbye not yet read; ActorPool.close() gives the server this and more.
+GOODBYE_S = 2.0
+_GOODBYE = object()  # queued for a host's stream: the run ended on purpose
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class _Host:
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.groups: list[int] = []
         self.alive = True
+        self.done = threading.Event()  # its request stream ended: after a goodbye, the host has read it
 
 
 class _Group:
@@ -112,6 +118,7 @@ class BridgeServer:
         self.host_slots: list[_Host | None] = [None] * len(a.groups)
         self.assignments = 0
         self.stopping = threading.Event()
+        self.said_goodbye = threading.Event()
         c = self.control
         self._state, self._tbuf, self._trow = c["state"], c["target_buf"], c["target_row"]
 
@@ -232,7 +239,7 @@ class BridgeServer:
                 self.control["bridge_disconnects"][0] += 1
         self.a.obs_ready.post()  # the loop notices lost groups when it checks its workers
         host.out.put(None)
-        if host.groups:
+        if host.groups and not self.said_goodbye.is_set():  # after the goodbye, hosts leave as told
             log(f"actor host {host.peer} disconnected ({why}); its {len(host.groups)} groups restart on fresh "
                 "episodes when a host takes them")
 
@@ -274,6 +281,12 @@ class BridgeServer:
             msg = host.out.get()
             if msg is None:
                 return
+            if msg is _GOODBYE:
+                yield wire.pack_json(wire.REFUSE, {"reason": "the learner stopped", "final": True})
+                # Return (which ends the call) once the host has read it: it
+                # closes its side then, and the server may close the connection.
+                host.done.wait(GOODBYE_S)
+                return
             yield msg
 
     def _read(self, host: _Host, requests) -> None:
@@ -292,14 +305,17 @@ class BridgeServer:
             log(f"refused {host.peer}: {e}")
         except Exception as e:  # a broken stream: grpc raises its RpcError here
             why = type(e).__name__
+        finally:
+            host.done.set()
         self.drop(host, why)
 
     def say_goodbye(self) -> None:
+        """Tell every host that the run ended on purpose: they exit rather than retry."""
+        self.said_goodbye.set()
         with self.lock:
             hosts = [h for h in self.host_slots if h is not None]
         for h in hosts:
-            h.out.put(wire.pack_json(wire.REFUSE, {"reason": "the learner stopped", "final": True}))
-            h.out.put(None)
+            h.out.put(_GOODBYE)
 
 
 def _credentials(a: ServerArgs):
@@ -314,10 +330,33 @@ def _credentials(a: ServerArgs):
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _stop_requested(control: list) -> bool:
+    return bool(control) and bool(control[0]["stop"][0])
+
+
+def _on_sigterm(a: ServerArgs, control: list):
+    """SIGTERM ends this process at once only when there is no run to say
+    goodbye for: the learner died (PR_SET_PDEATHSIG: a crash, so the hosts
+    wait for a resume) or ActorPool.close() escalates after the goodbye. A
+    SIGTERM while the learner lives is one sent to its whole process group
+    (``kill -TERM -PGID``, a scheduler, systemd): the learner got it too and
+    ends its run cleanly, and this process must live until then to tell the
+    hosts (dying here left them retrying an address nobody listens on)."""
+
+    def handler(signum, frame):
+        if os.getppid() != a.parent_pid or _stop_requested(control):
+            sys.stderr.flush()
+            os._exit(128 + signum)
+
+    return handler
+
+
 def run_bridge_server(a: ServerArgs) -> None:
     """Entry point of the bridge server process (started by ActorPool)."""
+    control: list = []  # the control block once attached, for the SIGTERM handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides how to stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (a closed terminal, too)
+    signal.signal(signal.SIGTERM, _on_sigterm(a, control))
     from seedlocal.pipeline.worker import _die_with_parent
 
     _die_with_parent()
@@ -329,6 +368,7 @@ def run_bridge_server(a: ServerArgs) -> None:
         import grpc
 
         srv = BridgeServer(a)
+        control.append(srv.control)
         handler = grpc.stream_stream_rpc_method_handler(srv.stream)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(a.groups) + 4),
                              handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
@@ -351,9 +391,11 @@ def run_bridge_server(a: ServerArgs) -> None:
         stop = srv.control["stop"]
         while not stop[0] and os.getppid() == a.parent_pid:
             time.sleep(0.1)
-        srv.say_goodbye()
+        if stop[0]:  # the learner ended its run (budget, Ctrl-C, SIGTERM): its hosts exit rather than retry
+            srv.say_goodbye()
+        # else it died without a word (PDEATHSIG got here first, normally): its hosts wait for a resume
         srv.stopping.set()
-        server.stop(grace=1.0).wait(2.0)
+        server.stop(grace=GOODBYE_S + 0.5).wait(GOODBYE_S + 1.0)
     except BaseException as e:
         code = 1
         try:

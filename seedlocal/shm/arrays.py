@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -57,6 +58,7 @@ def new_segment_name(tag: str) -> str:
 
 _SHM_DIR = "/dev/shm"
 _swept = False
+_CREATION_LOCK_WAIT_S = 2.0
 
 
 @contextlib.contextmanager
@@ -64,15 +66,34 @@ def _creation_lock(exclusive: bool):
     """A ``flock`` on the /dev/shm folder itself: creators hold it shared
     from creating a segment until they hold its own lock; the sweeper holds
     it exclusively. So a segment without an owner's lock is, while the
-    sweeper looks, one whose owner died, never one being born."""
+    sweeper looks, one whose owner died, never one being born.
+
+    Yields whether the lock is held. Either side waits at most
+    ``_CREATION_LOCK_WAIT_S`` (both hold it for a millisecond or so): a
+    process stopped while holding it (Ctrl-Z) must not stall every seedlocal
+    start on the machine. A sweeper then skips its sweep (the next start
+    sweeps); a creator goes on unlocked, which only a sweeper resumed within
+    its few microseconds between creating and locking the segment could
+    catch."""
     try:
         fd = os.open(_SHM_DIR, os.O_RDONLY)
     except OSError:
-        yield
+        yield False
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        deadline = time.monotonic() + _CREATION_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    held = False
+                    break
+                time.sleep(0.005)
+        yield held
     finally:
         os.close(fd)  # releases the lock
 
@@ -87,12 +108,14 @@ def sweep_stale_segments() -> list[str]:
     machine's supervisor) takes the tracker too. Each process that makes
     segments (a learner, an actor host) therefore first sweeps those whose
     lock nobody holds, however young (``_creation_lock`` keeps segments
-    being made out of it). The lock, not the PID in the name, decides:
-    containers that share ``/dev/shm`` across PID namespaces cannot make a
-    live segment look stale.
+    being made out of it; ``sweep_once`` says when). The lock, not the PID
+    in the name, decides: containers that share ``/dev/shm`` across PID
+    namespaces cannot make a live segment look stale.
     """
     removed = []
-    with _creation_lock(exclusive=True):
+    with _creation_lock(exclusive=True) as held:
+        if not held:
+            return removed
         try:
             names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
         except OSError:
@@ -101,6 +124,17 @@ def sweep_stale_segments() -> list[str]:
             if _unlink_if_orphaned(name):
                 removed.append(name)
     return removed
+
+
+def sweep_once() -> None:
+    """Sweep, unless this process did already: at the first segment it
+    makes, and where a process will make segments only later (an actor
+    host, once a learner answers) as soon as it starts, so that what a
+    killed predecessor left does not wait for a learner to come up."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_stale_segments()
 
 
 def _unlink_if_orphaned(name: str) -> bool:
@@ -172,10 +206,7 @@ class SharedArrays:
 
     @classmethod
     def create(cls, specs: list[ArraySpec], tag: str, fill: int = 0) -> "SharedArrays":
-        global _swept
-        if not _swept:  # once per process: what crashed runs left behind goes before we add to it
-            _swept = True
-            sweep_stale_segments()
+        sweep_once()  # what crashed runs left behind goes before we add to it
         _, size = _layout(specs)
         with _creation_lock(exclusive=False):
             shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
