@@ -2,27 +2,37 @@
 
 Reference: H. Mania, A. Guy and B. Recht, 2018, "Simple random search
 provides a competitive approach to reinforcement learning",
-arXiv:1803.07055 (Algorithm 2; its code, modestyachts/ARS, for the details
-below).
+arXiv:1803.07055 (Algorithm 2, section 3; its code, modestyachts/ARS).
 
 Conventions:
-  * theta is a flat float32 CPU vector (``neuroevo.ParamSpace``), for ARS a
-    linear policy, and starts at zero.
+  * theta (the paper's M) is a flat float32 CPU vector
+    (``neuroevo.ParamSpace``), for ARS a linear policy, and starts at zero.
   * Generation g draws N direction seeds from ``generation_rng(seed, g)``;
     delta_k = ``noise(seed_k, size)`` and the population is ordered
     [theta + nu*delta_1, theta - nu*delta_1, theta + nu*delta_2, ...].
-  * Fitness is higher-is-better; NaN counts as the worst. The top b
-    directions by max(r+_k, r-_k) are kept (ties: the lower k first), and
-    theta += alpha / (b * sigma_R) * sum_k (r+_k - r-_k) delta_k, sigma_R the
-    standard deviation of the 2b returns kept (V1-t; b = N: V1).
-  * V2 (and V2-t) is this update on states normalised by their running mean
-    and standard deviation: the caller does that (``obs_norm``, shared by the
-    population and updated between generations), as does the survival-bonus
-    shift of Hopper, Walker2d, Ant and Humanoid (``remove_survival_bonus``).
+    ``ask`` draws nothing into the state, so asking twice gives the same seeds.
+  * Fitness is higher-is-better; NaN counts as the worst. The b directions
+    with the highest max(r+_k, r-_k) are kept, exactly b of them (ties: the
+    lower k first; the paper's code keeps every tie at the cut), and
+    theta += alpha / (b * sigma_R) * sum_k (r+_k - r-_k) delta_k,
+    sigma_R the (population) standard deviation of the 2b returns kept.
+    b = N is V1, b < N is V1-t.
+  * A non-finite return (NaN, +-inf) counts, in that sum and in sigma_R, as
+    the generation's worst (or, for +inf, best) finite return.
+  * V2 and V2-t are this update on states normalised by their running mean
+    and standard deviation. The caller does that, not this module: the
+    statistics are shared by the population, gathered from its rollouts and
+    taken into use between generations (``NeuroevoRun.obs_norm``); so is the
+    survival-bonus shift of Hopper, Walker2d, Ant and Humanoid
+    (``NeuroevoRun.remove_survival_bonus``).
+  * The state holds ints, a dict and a tensor: ``dataclasses.asdict`` of it
+    loads with ``torch.load(weights_only=True)``.
 
-Defaults: the paper's hyperparameters for Hopper-v1 V2-t (N = 8, b = 4,
-alpha = 0.01, nu = 0.025); HalfCheetah-v1's were N = 32, b = 4, alpha = 0.02,
-nu = 0.03 (the repository's README runs it with N = 8).
+Defaults: the paper's V2-t hyperparameters for Hopper-v1: step size
+alpha = 0.01, N = 8 directions, the top b = 4 of them, exploration noise
+nu = 0.025. Its V2-t settings for HalfCheetah-v1 are alpha = 0.02, N = 32,
+b = 4, nu = 0.03 (the code's default arguments, with which its README trains
+HalfCheetah-v1, are alpha = 0.02, N = b = 8, nu = 0.03).
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import torch
 from torch import Tensor
 
 from seedlocal.algos.neuroevo import generation_rng, nan_to_worst, new_seeds, noise
-from seedlocal.errors import ConfigError
+from seedlocal.config import fail
 
 
 @dataclass
@@ -43,9 +53,9 @@ class ARSParams:
     directions: int = 8
     """N: random directions per generation, each evaluated at theta + nu*delta and theta - nu*delta"""
     top: int = 4
-    """b: the directions whose better side scored highest make the step (b = N: all)"""
+    """b: the directions whose better side scored highest make the step (b = N: all of them, V1/V2)"""
     step_size: float = 0.01
-    """alpha"""
+    """alpha: the step, in units of the kept returns' standard deviation"""
     noise: float = 0.025
     """nu: the scale of the exploration noise"""
 
@@ -56,12 +66,12 @@ class ARSParams:
 
 def validate(p: ARSParams, prefix: str = "algo") -> None:
     if p.directions < 1:
-        raise ConfigError(f"{prefix}.directions={p.directions!r}: must be >= 1")
+        fail(f"{prefix}.directions", p.directions, "must be >= 1")
     if not 1 <= p.top <= p.directions:
-        raise ConfigError(f"{prefix}.top={p.top!r}: must be in [1, {prefix}.directions ({p.directions})]")
-    for name in ("step_size", "noise"):  # `not x > 0`: NaN fails too
+        fail(f"{prefix}.top", p.top, f"must be in [1, {prefix}.directions ({p.directions})]")
+    for name in ("step_size", "noise"):  # `not x > 0` rather than `x <= 0` so that NaN fails too
         if not getattr(p, name) > 0:
-            raise ConfigError(f"{prefix}.{name}={getattr(p, name)!r}: must be > 0")
+            fail(f"{prefix}.{name}", getattr(p, name), "must be > 0")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: == on tensors is elementwise
@@ -75,6 +85,7 @@ class ARSState:
 
 
 def init(size: int, seed: int) -> ARSState:
+    """The zero policy (Algorithm 2's M_0 = 0)."""
     return ARSState(theta=torch.zeros(size), generation=0, rng={"seed": int(seed)})
 
 
@@ -89,10 +100,12 @@ def ask(state: ARSState, p: ARSParams) -> tuple[list[int], Tensor]:
 
 
 def top_directions(fitness: Tensor, b: int) -> Tensor:
-    """Indices of the b directions with the highest max(r+, r-), best first (ties: lower index first)."""
-    pairs = fitness.reshape(-1, 2)
-    best = pairs.max(dim=1).values
-    return torch.argsort(-best, stable=True)[:b]
+    """Indices of the b directions with the highest max(r+, r-), best first (ties: lower index first).
+
+    ``fitness`` is [2N] in ``ask``'s order, NaN already made -inf (``nan_to_worst``).
+    """
+    best = fitness.reshape(-1, 2).max(dim=1).values
+    return torch.argsort(best, descending=True, stable=True)[:b]
 
 
 def step(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> Tensor:
@@ -101,14 +114,15 @@ def step(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> Tensor:
     if f.numel() != 2 * len(seeds):
         raise ValueError(f"{f.numel()} fitness values for {len(seeds)} directions")
     keep = top_directions(f, p.top)
-    # A diverged evaluation (NaN: -inf here) is never preferred, but in the
-    # step it counts as the generation's worst finite return, not as -inf.
+    # Ranking used -inf for a diverged evaluation, so it is never preferred;
+    # in the sum it is the generation's worst finite return, not an infinite weight.
     finite = f[torch.isfinite(f)]
-    f = torch.where(torch.isfinite(f), f, finite.min() if finite.numel() else torch.zeros(()))
+    f = f.clamp(finite.min(), finite.max()) if finite.numel() else torch.zeros_like(f)
     pairs = f.reshape(-1, 2)[keep]
     sigma = float(pairs.std(unbiased=False))
-    sigma = sigma if sigma > 0 else 1.0  # every kept return equal: no direction is better; the step is 0 anyway
+    sigma = sigma if sigma > 0 else 1.0  # every kept return equal: every weight is 0 anyway
     g = torch.zeros_like(state.theta)
+    # One direction at a time rather than a stacked [b, size]: memory stays O(size).
     for k, (plus, minus) in zip(keep.tolist(), pairs.tolist()):
         g.add_(noise(seeds[k], g.numel()), alpha=plus - minus)
     return g * (p.step_size / (len(keep) * sigma))
