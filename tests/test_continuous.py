@@ -132,7 +132,10 @@ def test_a_nan_action_is_never_sent_to_the_env():
             for _ in range(200):
                 pipe.loop.step()
         steps = pipe.pool.control["group_steps"].copy()
-    assert (steps == 2).all(), f"an env was stepped with the NaN action: {steps} (2 per group = the resets)"
+    # 2 per group = its 2 envs' resets; the other group may not have reset
+    # yet when the first one's NaN action stops the loop (0 then), but no
+    # group may have taken a step past its reset
+    assert (steps <= 2).all() and steps.max() == 2, f"an env was stepped with the NaN action: {steps}"
 
 
 def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
