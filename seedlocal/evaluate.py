@@ -18,7 +18,7 @@ import torch
 from seedlocal import checkpoint, video
 from seedlocal.algos.distributions import for_actions
 from seedlocal.config import check_writable, fail, resolve_device
-from seedlocal.networks import ActorCritic, PolicyNet, action_identity, obs_identity
+from seedlocal.networks import ActorCritic, PolicyNet, action_identity, checkpoint_encoder, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 
 
@@ -103,17 +103,19 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, 
             from seedlocal.networks import RecurrentQNet
             from seedlocal.trainers.r2d2 import net_spec
 
-            net = RecurrentQNet(net_spec(spec, ident["frame_stack"]), encoder=ident["encoder"],
+            seen = net_spec(spec, ident["frame_stack"])
+            net = RecurrentQNet(seen, encoder=checkpoint_encoder(ident, seen),
                                 hidden=tuple(ident["hidden"]), lstm_size=ident["lstm_size"])
             net.load_state_dict(state["model"])
             model = _R2D2Player(net, ident["frame_stack"] if "" in spec.obs else 1)
         elif ident.get("network") == "policy":  # neuroevolution: the best member's flat parameters
-            model = PolicyNet(spec, ident["encoder"], tuple(ident["hidden"]), obs_norm=ident.get("obs_norm", False))
+            model = PolicyNet(spec, checkpoint_encoder(ident, spec), tuple(ident["hidden"]),
+                              obs_norm=ident.get("obs_norm", False))
             torch.nn.utils.vector_to_parameters(state["best_params"].float(), model.parameters())
             if model.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
                 model.obs_norm.load_state_dict(state["obs_norm"])
         else:
-            model = ActorCritic(spec, encoder=ident["encoder"], hidden=tuple(ident["hidden"]),
+            model = ActorCritic(spec, encoder=checkpoint_encoder(ident, spec), hidden=tuple(ident["hidden"]),
                                 lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False),
                                 obs_norm=ident.get("obs_norm", False))
             model.load_state_dict(state["model"])

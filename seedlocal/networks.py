@@ -22,26 +22,63 @@ from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.shm.rollout import TensorSpec
 
 
-ENCODERS = ("auto", "mlp", "nature", "impala")
+ENCODERS = ("auto", "mlp", "minatar", "nature", "impala")
+CONV_ENCODERS = ("minatar", "nature", "impala")
 MIN_LOG_STD = math.log(1e-3)  # a Gaussian policy's smallest standard deviation
+NATURE_MIN_SIDE = 36  # the Nature CNN's smallest input: 8x8/4, 4x4/2 and 3x3/1 convolutions leave 1 x 1
+GRID_MIN_SIDE = 5  # a smaller 3-D observation reads better as a vector than as a grid under a 3x3 convolution
+MAX_CHANNELS = 16  # channels of a (H, W, C) image, or of a small (C, H, W) grid
 
 
 def image_layout(spec: TensorSpec) -> str | None:
-    """``chw`` or ``hwc`` for an observation the CNN torsos take (at least
-    36 x 36 pixels: the Nature CNN's smallest input), else None. Gymnasium's
-    own image envs are usually (H, W, C); envpool's Atari frames (C, H, W)."""
+    """``chw`` or ``hwc`` for an observation a convolutional torso reads, else None.
+
+    (C, H, W) where both last sides have at least 36 pixels (the Nature CNN's
+    smallest input; envpool's Atari frames), else (H, W, C) with at most 16
+    channels (Gymnasium's image envs, MinAtar's grids), else a small
+    (C, H, W) grid with at most 16 channels. Grids need 5 x 5 cells. A cube
+    such as MinAtar Seaquest's (10, 10, 10) is read channels last.
+    """
     shape = spec.shape
     if len(shape) != 3:
         return None
-    if min(shape[1:]) >= 36:
+    if min(shape[1:]) >= NATURE_MIN_SIDE:
         return "chw"
-    if min(shape[:2]) >= 36 and shape[2] <= 16:
+    if min(shape[:2]) >= GRID_MIN_SIDE and shape[2] <= MAX_CHANNELS:
         return "hwc"
+    if min(shape[1:]) >= GRID_MIN_SIDE and shape[0] <= MAX_CHANNELS:
+        return "chw"
     return None
 
 
+def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
+    """(C, H, W) of an observation ``image_layout`` reads as an image, else None."""
+    layout = image_layout(spec)
+    if layout is None:
+        return None
+    return tuple(spec.shape) if layout == "chw" else (spec.shape[2], *spec.shape[:2])
+
+
 def is_image(spec: TensorSpec) -> bool:
-    return image_layout(spec) is not None
+    """An image of at least 36 x 36 pixels: what the Nature CNN takes and the
+    Atari-sized presets are for (a small grid is not one, see ``is_grid``)."""
+    chw = image_shape(spec)
+    return chw is not None and min(chw[1:]) >= NATURE_MIN_SIDE
+
+
+def is_grid(spec: TensorSpec) -> bool:
+    """A small image (MinAtar's 10 x 10 x C): at least 5 x 5 cells, below 36 x 36."""
+    return image_shape(spec) is not None and not is_image(spec)
+
+
+def auto_encoder(spec: EnvSpec) -> str:
+    """The torso ``auto`` picks: for one image observation the Nature CNN
+    from 36 x 36 pixels up, MinAtar's one-convolution torso for a smaller
+    grid; an MLP for everything else (vectors, several fields)."""
+    single = spec.obs.get("")  # the key of a single (not Dict) observation
+    if single is not None and is_image(single):
+        return "nature"
+    return "minatar" if single is not None and is_grid(single) else "mlp"
 
 
 class MLPEncoder(nn.Module):
@@ -57,6 +94,24 @@ class MLPEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class MinAtarCNN(nn.Module):
+    """The torso of MinAtar's DQN and actor-critic agents (Young & Tian
+    2019, arXiv 1903.03176): one 3x3 convolution with 16 filters, stride 1,
+    no padding, a ReLU, then 128 ReLU units; a quarter of the Nature CNN's
+    64 filters and 512 units, sized for 10 x 10 grids (8 x 8 x 16 = 1,024
+    features into the hidden layer)."""
+
+    def __init__(self, in_shape: tuple[int, int, int], channels: int = 16, out_dim: int = 128):
+        super().__init__()
+        c, h, w = in_shape
+        self.conv = nn.Sequential(nn.Conv2d(c, channels, 3, stride=1), nn.ReLU(), nn.Flatten())
+        self.fc = nn.Sequential(nn.Linear(channels * (h - 2) * (w - 2), out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x))
 
 
 class NatureCNN(nn.Module):
@@ -113,31 +168,39 @@ class ImpalaResNet(nn.Module):
 
 
 def _as_float(x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.uint8:
+    """An observation as a torso reads it: uint8 pixels scaled to [0, 1];
+    bool cells (MinAtar's 0/1 grids) and every other dtype as they are."""
+    if x.dtype not in (torch.uint8, torch.bool):
         return x.float()
     # Under autocast, go straight to its dtype: a float32 frame batch would be
     # written once here and once more by autocast's cast before the first conv.
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.float32
-    return x.to(dtype).div_(255.0)
+    y = x.to(dtype)
+    return y.div_(255.0) if x.dtype == torch.uint8 else y
 
 
 def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
-    """(kind, torso) for an env: ``auto`` picks the Nature CNN for images, else an
-    MLP (``hidden`` empty: no hidden layer, a linear policy)."""
+    """(kind, torso) for an env; ``auto`` picks by the observation's size
+    (``auto_encoder``). An MLP with ``hidden`` empty has no hidden layer (a
+    linear policy)."""
     if encoder not in ENCODERS:
         raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
     single = spec.obs.get("")
     if encoder == "auto":
-        encoder = "nature" if single is not None and is_image(single) else "mlp"
-    if encoder in ("nature", "impala"):
-        layout = image_layout(single) if single is not None else None
-        if layout is None:
-            raise ValueError(f"encoder={encoder} needs one image observation, (C, H, W) or (H, W, C) of at least "
-                             f"36 x 36 pixels; {spec.env_id} has "
-                             f"{tuple(single.shape) if single is not None else dict(spec.obs)}")
-        c, h, w = single.shape if layout == "chw" else (single.shape[2], *single.shape[:2])
-        torso = NatureCNN((c, h, w)) if encoder == "nature" else ImpalaResNet((c, h, w))
-        torso.hwc = layout == "hwc"  # encode_obs moves the channels first (a view)
+        encoder = auto_encoder(spec)
+    if encoder in CONV_ENCODERS:
+        chw = image_shape(single) if single is not None else None
+        seen = tuple(single.shape) if single is not None else dict(spec.obs)
+        if chw is None:
+            raise ValueError(f"encoder={encoder} needs one image observation, (C, H, W) or (H, W, C), of at least "
+                             f"{GRID_MIN_SIDE} x {GRID_MIN_SIDE} cells with at most {MAX_CHANNELS} channels "
+                             f"({NATURE_MIN_SIDE} x {NATURE_MIN_SIDE} pixels for nature); {spec.env_id} has {seen}")
+        if encoder == "nature" and min(chw[1:]) < NATURE_MIN_SIDE:
+            raise ValueError(f"encoder=nature needs images of at least {NATURE_MIN_SIDE} x {NATURE_MIN_SIDE} pixels; "
+                             f"{spec.env_id} has {seen}, a small grid: use encoder minatar (what auto picks) "
+                             "or impala")
+        torso = {"minatar": MinAtarCNN, "nature": NatureCNN, "impala": ImpalaResNet}[encoder](chw)
+        torso.hwc = image_layout(single) == "hwc"  # encode_obs moves the channels first (a view)
         return encoder, torso
     if any(int(h) < 1 for h in hidden):
         raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive (none at all: a linear policy)")
@@ -146,6 +209,28 @@ def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple
     torso = MLPEncoder(in_dim, hidden)
     torso.classes = classes  # Discrete fields enter one-hot (flatten_obs)
     return encoder, torso
+
+
+def encoder_identity(spec: EnvSpec, encoder: str) -> dict:
+    """A checkpoint's record of its torso: the encoder as configured, and
+    ``torso`` where ``auto`` picks MinAtar's. Before that torso existed auto
+    gave small grids an MLP: such a checkpoint is then refused by name
+    (``check_compatible``) rather than by a shape error, and ``seedlocal
+    eval`` still rebuilds its MLP (``checkpoint_encoder``). Nothing changes
+    for the choices auto made before (Nature CNN, MLP)."""
+    if encoder == "auto" and auto_encoder(spec) == "minatar":
+        return {"encoder": encoder, "torso": "minatar"}
+    return {"encoder": encoder}
+
+
+def checkpoint_encoder(identity: dict, spec: EnvSpec) -> str:
+    """The encoder that rebuilds a checkpoint's network (see ``encoder_identity``)."""
+    encoder = identity["encoder"]
+    if encoder != "auto":
+        return encoder
+    if "torso" in identity:
+        return identity["torso"]
+    return "mlp" if auto_encoder(spec) == "minatar" else "auto"  # written when auto gave grids an MLP
 
 
 def action_identity(spec: EnvSpec) -> dict:
@@ -182,14 +267,14 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
 
 
 def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    if kind in ("nature", "impala"):
+    if kind in CONV_ENCODERS:
         x = obs[""]
         if getattr(encoder, "hwc", False):
             # (N, H, W, C) frames seen as (N, C, H, W): already the
             # channels-last memory layout, so the reorder below copies nothing.
             x = x.permute(0, 3, 1, 2)
         if getattr(encoder, "channels_last", False):
-            # Reorder the uint8 frames (a quarter of the bytes), then convert.
+            # Reorder the uint8 or bool frames (a quarter of the bytes), then convert.
             x = x.contiguous(memory_format=torch.channels_last)
         return encoder(_as_float(x))
     return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
@@ -198,7 +283,8 @@ def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str
 def use_channels_last(encoder: nn.Module) -> None:
     """NHWC weights and inputs for a CNN torso: oneDNN's fast layout on CPUs
     (Nature CNN update: 93 vs 133 ms fp32, 48 vs 60 ms bf16 per 168 rows on
-    2 cores) and cuDNN's for tensor cores."""
+    2 cores) and cuDNN's for tensor cores. MinAtar's (H, W, C) grids arrive
+    in this layout, so its torso reads them without a reorder."""
     encoder.to(memory_format=torch.channels_last)
     encoder.channels_last = True
 
@@ -292,7 +378,7 @@ class ActorCritic(nn.Module):
             orthogonal_init(self)
         elif init != "torch":
             raise ValueError(f"init={init!r}: expected orthogonal or torch")
-        if encoder in ("nature", "impala"):
+        if encoder in CONV_ENCODERS:
             use_channels_last(self.encoder)  # after init: orthogonal_ needs contiguous weights
 
     @property
@@ -395,7 +481,7 @@ class RecurrentQNet(nn.Module):
         head = head_size or lstm_size
         self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
-        if self.kind in ("nature", "impala"):
+        if self.kind in CONV_ENCODERS:
             use_channels_last(self.encoder)
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
         self._register_load_state_dict_pre_hook(_lstm_cell_names)

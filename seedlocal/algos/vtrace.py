@@ -200,8 +200,9 @@ class VTraceParams:
     """V-trace truncation of the trace coefficients"""
     lam: float = 1.0
     """V-trace lambda"""
-    encoder: Literal["auto", "mlp", "nature", "impala"] = "auto"
-    """network torso: auto = nature CNN for images, MLP otherwise"""
+    encoder: Literal["auto", "mlp", "minatar", "nature", "impala"] = "auto"
+    """network torso: auto = MinAtar's one-conv torso for grids under 36 x 36 (e.g. 10 x 10 x C), the nature CNN
+    from 36 x 36 up, MLP otherwise; impala (the IMPALA ResNet) only when asked"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes"""
     lstm_size: int = 0

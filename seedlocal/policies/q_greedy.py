@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from seedlocal.dtypes import torch_dtype
 from seedlocal.networks import RecurrentQNet
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
 from seedlocal.policies import Policy
@@ -26,8 +27,8 @@ class R2D2Policy(Policy):
         self.stack = stack
         self.hist = None
         if stack > 1:
-            single = spec.obs[""]
-            self.hist = torch.zeros((len(epsilons), stack) + tuple(single.shape[1:]), dtype=torch.uint8,
+            single = spec.obs[""]  # the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255
+            self.hist = torch.zeros((len(epsilons), stack) + tuple(single.shape[1:]), dtype=torch_dtype(single.dtype),
                                     device=device)
         self.gen = torch.Generator(device=device).manual_seed(seed)
 

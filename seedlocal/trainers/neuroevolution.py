@@ -23,7 +23,7 @@ from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
                               validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
-from seedlocal.networks import PolicyNet, action_identity, obs_identity
+from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
 from seedlocal.policies.population import PopulationPolicy
 from seedlocal.trainers.run import Run, Trainer, run
 
@@ -51,7 +51,8 @@ class NeuroevoRun:
     best_episodes: int = 5
     """episodes that score the best member each generation (ES centre, random-search winner)"""
     encoder: str = "auto"
-    """network torso: auto (Nature CNN for images, else MLP), mlp, nature, impala"""
+    """network torso: auto (MinAtar's one-conv torso for grids under 36 x 36, the Nature CNN from 36 x 36 up, else
+    MLP), mlp, minatar, nature, impala"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes"""
     greedy: bool = True
@@ -187,7 +188,8 @@ def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
 def identity(cfg: NeuroevoRun, spec) -> dict:
     return {"algo": _algo_name(cfg), "env_id": spec.env_id, "num_actions": spec.num_actions,
             **obs_identity(spec), **action_identity(spec), "network": "policy",
-            "encoder": cfg.encoder, "hidden": list(cfg.hidden), **({"obs_norm": True} if cfg.obs_norm else {}),
+            **encoder_identity(spec, cfg.encoder), "hidden": list(cfg.hidden),
+            **({"obs_norm": True} if cfg.obs_norm else {}),
             # Genomes name slices of this table: vectors rebuilt from another would differ.
             "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
 

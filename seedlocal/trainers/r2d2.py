@@ -43,7 +43,7 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOption
                               validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import RecurrentQNet, image_layout, obs_identity
+from seedlocal.networks import RecurrentQNet, encoder_identity, image_layout, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shm.rollout import obs_key
@@ -97,7 +97,8 @@ def identity(cfg: R2D2Run, spec) -> dict:
     a = cfg.algo
     return {"algo": "r2d2", "env_id": spec.env_id, "num_actions": spec.num_actions, "env_frame_stack": spec.frame_stack,
             **obs_identity(spec), "frame_stack": cfg.frame_stack,
-            "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size}
+            **encoder_identity(net_spec(spec, cfg.frame_stack), a.encoder), "hidden": list(a.hidden),
+            "lstm_size": a.lstm_size}
 
 
 def net_spec(spec, frame_stack: int):

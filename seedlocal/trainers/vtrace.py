@@ -26,7 +26,7 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOption
                               num_groups, validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import ActorCritic, action_identity, obs_identity
+from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
 from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
@@ -101,7 +101,7 @@ def identity(cfg: VTraceRun, spec) -> dict:
     a = cfg.algo
     return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
             **obs_identity(spec), **action_identity(spec),
-            "encoder": a.encoder, "hidden": list(a.hidden), "lstm_size": a.lstm_size,
+            **encoder_identity(spec, a.encoder), "hidden": list(a.hidden), "lstm_size": a.lstm_size,
             "separate_critic": a.separate_critic, **({"obs_norm": True} if a.obs_norm else {})}
 
 
