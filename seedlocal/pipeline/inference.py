@@ -37,8 +37,8 @@ import torch
 from seedlocal.dtypes import numpy_dtype, torch_dtype
 from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
+from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy
 from seedlocal.pipeline.unrolls import UnrollAllocator
-from seedlocal.policies import HOLD, RESTART, SERVE, Policy
 from seedlocal.shm.rollout import starts_episode
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 

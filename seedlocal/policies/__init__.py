@@ -1,78 +1,27 @@
-"""Policies: what the inference loop runs on each batch of env rows.
-
-Every policy implements one protocol, ``Policy``; the loop calls it the same
-way whatever the algorithm, so a new kind of acting (a Gaussian for
-continuous actions, a population of networks) is one more class here and no
-branch in the loop. What a policy reads and writes is declared:
-
-* it **reads** a batch: the observations of ``n`` env rows (a dict of
-  tensors on its device), their recurrent state (``core``, zeroed by the
-  loop where an episode starts; None when ``core_state`` is None), each
-  row's env slot (``env_ids``: group g's envs are g*E .. g*E + E - 1) and
-  whether its observation starts an episode (``first``);
-* it **writes** the actions, the ``outputs`` it declares (stored beside each
-  step as ``out.<name>``: what a learner needs, e.g. behaviour logits and
-  values for V-trace) and the new recurrent state of shape ``core_state``,
-  which the loop keeps per env and stores at the start of each unroll;
-* a policy that ``plans`` is offered every ready group before it is served,
-  with its episode ends and returns, and may hold it (its worker sleeps) or
-  restart it on fresh episodes (neuroevolution's work queue);
-* ``prepare`` runs once before any worker or learner starts, with every
-  batch size the loop will serve (CUDA graph capture).
+"""Policies: what the inference loop runs on each batch of env rows, each
+one class behind the loop's ``Policy`` protocol (``pipeline/policy.py``,
+which says what a policy reads and writes).
 
 Implementations: ``RandomPolicy`` (here), ``ModelPolicy`` (an actor-critic,
-``actor_critic.py``), ``EpsilonGreedyPolicy`` (R2D2's Q-network,
+``actor_critic.py``), ``R2D2Policy`` (R2D2's epsilon-greedy Q-network,
 ``q_greedy.py``), ``PopulationPolicy`` (many networks, ``population.py``).
 """
 
 from __future__ import annotations
 
-import abc
-
-import numpy as np
 import torch
 
+from seedlocal.algos.distributions import for_actions
+from seedlocal.networks import action_size
 from seedlocal.pipeline.envs import EnvSpec
+from seedlocal.pipeline.policy import Policy
 from seedlocal.shm.rollout import TensorSpec
-
-# What a planning policy may ask for each ready group.
-SERVE, HOLD, RESTART = 0, 1, 2
-
-
-class Policy(abc.ABC):
-    outputs: dict[str, TensorSpec] = {}
-    """per-step outputs written to the store (``out.<name>``) beside the action"""
-    core_state: TensorSpec | None = None
-    """shape of the per-env recurrent state the loop keeps for this policy (None: none)"""
-    plans: bool = False
-    """whether ``plan`` is offered each ready group before it is served"""
-
-    def prepare(self, sizes: list[int], obs: dict[str, torch.Tensor]) -> None:
-        """Before the run: ``sizes`` are every batch size (env rows) the loop
-        will serve; ``obs`` one zero row of each observation field."""
-
-    def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
-             ep_length: np.ndarray | None = None) -> np.ndarray:
-        """SERVE, HOLD or RESTART for each ready group (only if ``plans``):
-        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its
-        envs' episode starts, and the episode ends, returns and lengths of
-        the step just taken."""
-        return np.full(len(groups), SERVE, np.int8)
-
-    @abc.abstractmethod
-    def act(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None = None, env_ids: np.ndarray | None = None,
-            first: np.ndarray | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
-        """(actions [n, ...], ``outputs`` [n, ...] each, new core [n, ...] or None) for a batch of ``n`` rows.
-        Called without ``env_ids``/``first``: rows 0..n-1, mid-episode."""
 
 
 def policy_outputs(spec: EnvSpec) -> dict[str, TensorSpec]:
     """What an actor-critic's acting stores per step for V-trace: its policy's
     parameters (the logits of a categorical, a Gaussian's mean and log-std:
     enough to recompute the probability of the action taken) and its value."""
-    from seedlocal.algos.distributions import for_actions
-    from seedlocal.networks import action_size
-
     dist = for_actions(spec.num_actions)
     return {dist.field: TensorSpec((dist.size(action_size(spec)),), "float32"), "value": TensorSpec((), "float32")}
 

@@ -11,7 +11,8 @@ from seedlocal.arithmetic import autocast
 from seedlocal.networks import ActorCritic
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
 from seedlocal.pipeline.envs import EnvSpec
-from seedlocal.policies import Policy, policy_outputs
+from seedlocal.pipeline.policy import Policy
+from seedlocal.policies import policy_outputs
 
 
 class ModelPolicy(Policy):

@@ -34,7 +34,7 @@ from torch.func import functional_call, vmap
 
 from seedlocal.networks import PolicyNet, flatten_obs
 from seedlocal.normalize import RunningNorm, merge_moments
-from seedlocal.policies import HOLD, RESTART, SERVE, Policy
+from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
 OBS_STATS_EVERY = 4  # with shared observation statistics: every this many batches adds its rows

@@ -10,7 +10,7 @@ import torch
 from seedlocal.dtypes import torch_dtype
 from seedlocal.networks import RecurrentQNet
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
-from seedlocal.policies import Policy
+from seedlocal.pipeline.policy import Policy
 
 
 class R2D2Policy(Policy):

@@ -34,7 +34,8 @@ from seedlocal.config import resolve_device, resume_line
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
-from seedlocal.policies import Policy
+from seedlocal.pipeline.pipeline import Pipeline
+from seedlocal.pipeline.policy import Policy
 
 WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)
 
@@ -193,8 +194,6 @@ def default_run_name(spec, algo: str, seed: int) -> str:
 def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
     """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
     returns the summary (also on Ctrl-C, re-raised after saving)."""
-    from seedlocal.pipeline.pipeline import Pipeline
-
     device = resolve_device(cfg.pipeline.device)
     torch.manual_seed(cfg.env.seed)
     resumed = checkpoint.load(cfg.resume) if cfg.resume else None
