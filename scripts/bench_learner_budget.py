@@ -21,8 +21,13 @@ in one run, with the preset's own settings and network:
 It prints one JSON line: the three terms and both ceilings; ``--echo`` and
 ``--minibatches`` measure another learning rhythm.
 
+``--precisions`` times the learner step alone in each arithmetic instead, on
+``--device`` (how ``--algo.precision auto`` is chosen for a GPU: the GPU
+suite runs it), one JSON line with the seconds per batch of each.
+
     python scripts/bench_learner_budget.py                      # --preset atari on Pong-v5
     python scripts/bench_learner_budget.py --echo 1 --minibatches 16
+    python scripts/bench_learner_budget.py --device cuda --precisions fp32 tf32 bf16
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from seedlocal.algos.vtrace import learner_step, make_optimizer
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config import EnvConfig, validate_env
-from seedlocal.arithmetic import autocast, resolve_precision
+from seedlocal.arithmetic import apply_precision, autocast, resolve_precision
 from seedlocal.trainers.vtrace import PRESETS, build_model
 
 
@@ -59,25 +64,18 @@ class Args:
     """override the preset's algo.minibatches (0 = keep)"""
     repeats: int = 3
     """timed learner steps per thread count (median reported)"""
+    device: str = "cpu"
+    """where --precisions times the learner step"""
+    precisions: list[str] = dataclasses.field(default_factory=list)
+    """time only the learner step, once per arithmetic (fp32, tf32, bf16), on --device"""
 
 
 def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def main(a: Args) -> None:
-    cfg = PRESETS[a.preset]
-    if a.env:
-        cfg = dataclasses.replace(cfg, env=EnvConfig(id=a.env))
-    algo = dataclasses.replace(cfg.algo, echo=a.echo or cfg.algo.echo,
-                               minibatches=a.minibatches or cfg.algo.minibatches)
-    spec = validate_env(cfg.env)
-    cores = os.cpu_count() or 1
-    device = torch.device("cpu")
-    model = build_model(cfg, spec)
-    optimizer = make_optimizer(model.parameters(), algo)
-    precision = resolve_precision(algo.precision, model.kind, device)
-    L, B = cfg.pipeline.unroll_length + 1, algo.batch_size
+def synthetic_batch(spec, model, L: int, B: int) -> tuple[dict, dict]:
+    """A learner batch of the preset's shape: random frames, sparse rewards, no episode ends."""
     g = torch.Generator().manual_seed(0)
     obs = {k: (torch.randint(0, 255, (L, B, *s.shape), dtype=torch.uint8, generator=g) if s.dtype == "uint8"
                else torch.randn((L, B, *s.shape), generator=g)) for k, s in spec.obs.items()}
@@ -87,6 +85,64 @@ def main(a: Args) -> None:
              "behaviour_logits": torch.zeros(L, B, spec.num_actions), "core_state": None}
     if model.lstm is not None:
         batch["core_state"] = torch.zeros(B, 2, model.lstm.hidden_size)
+    return obs, batch
+
+
+def _to(x, device: torch.device):
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def time_precisions(a: Args, cfg, algo, spec) -> None:
+    """The learner step's seconds per batch in each arithmetic, on one device,
+    each from a fresh network and optimiser (the same seed): one JSON line."""
+    device = torch.device(a.device)
+    L, B = cfg.pipeline.unroll_length + 1, algo.batch_size
+    frames = (L - 1) * B * spec.frames_per_step
+    seconds, losses = {}, {}
+    for p in a.precisions:
+        torch.manual_seed(0)
+        model = build_model(cfg, spec).to(device)
+        optimizer = make_optimizer(model.parameters(), algo)
+        precision = resolve_precision(p, model.kind, device)
+        apply_precision(precision, device)
+        batch = _to(synthetic_batch(spec, model, L, B)[1], device)
+        stats = learner_step(model, optimizer, batch, algo, precision=precision)  # warm-up (and cuDNN's tuning)
+        times = []
+        for _ in range(a.repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            stats = learner_step(model, optimizer, batch, algo, precision=precision)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        seconds[precision] = _median(times)
+        losses[precision] = {k: round(float(v), 6) for k, v in stats.items() if "loss" in k}
+    fastest = min(seconds, key=seconds.get)
+    print(json.dumps({"preset": a.preset, "env": spec.env_id, "device": str(device), "echo": algo.echo,
+                      "minibatches": algo.minibatches, "frames_per_batch": frames, "learn_s": seconds,
+                      "learner_alone_frames_per_s": {p: frames / s for p, s in seconds.items()},
+                      "last_loss": losses, "fastest": fastest}), flush=True)
+
+
+def main(a: Args) -> None:
+    cfg = PRESETS[a.preset]
+    if a.env:
+        cfg = dataclasses.replace(cfg, env=EnvConfig(id=a.env))
+    algo = dataclasses.replace(cfg.algo, echo=a.echo or cfg.algo.echo,
+                               minibatches=a.minibatches or cfg.algo.minibatches)
+    spec = validate_env(cfg.env)
+    if a.precisions:
+        return time_precisions(a, cfg, algo, spec)
+    cores = os.cpu_count() or 1
+    device = torch.device("cpu")
+    model = build_model(cfg, spec)
+    optimizer = make_optimizer(model.parameters(), algo)
+    precision = resolve_precision(algo.precision, model.kind, device)
+    L, B = cfg.pipeline.unroll_length + 1, algo.batch_size
+    obs, batch = synthetic_batch(spec, model, L, B)
 
     learn = {}
     for threads in sorted({1, cores}):

@@ -19,6 +19,8 @@ Steps (``--print-steps`` lists them with their commands):
   env                    imports of everything the suite needs (printing what is missing), torch /
                          CUDA / cuDNN versions, nvidia-smi, the Atari env made once
   pytest_cuda            python -m pytest -m cuda (tests/test_cuda.py): pass/fail counts
+  learner_precision      one Atari-preset V-trace update in fp32, tf32 and bf16 (scripts/bench_learner_budget.py
+                         --precisions): the measurement that --algo.precision auto (tf32 on CUDA) awaits
   bench_model[_graphs]   seedlocal bench on Pong-v5, all cores, the training network: ratio_model >= 0.9
   bench_learning[_graphs]  the same with --learning: ratio_learning >= 0.8
   bench_transport        --transport-only on CartPole-v1 (512 envs): >= 1M steps/s
@@ -162,6 +164,13 @@ def bench_figures(keys: tuple[str, ...], detail: str = "", detail_keys: tuple[st
     return figures
 
 
+def precision_figures(rec: dict, ctx: dict) -> dict:
+    j = _last_json(rec)
+    f = _pick(j, ("device", "fastest", "frames_per_batch"))
+    f["learn_s"] = {p: round(v, 4) for p, v in (j.get("learn_s") or {}).items()}
+    return f
+
+
 def population_forward_figures(rec: dict, ctx: dict) -> dict:
     j = _last_json(rec)
     f = _pick(j, ("network", "population", "device"))
@@ -252,18 +261,22 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         train_s, overhead = 3.0, 6.0
         trains = {"vtrace": ["train", "vtrace"], "r2d2": ["train", "r2d2"], "ga": ["train", "ga"]}
         t_bench, t_small, t_train, m_bench, m_train = 60, 60, 40, 5, overhead + 1
+        precisions = ["--preset", "cartpole", "--precisions", "fp32", "bf16", "--repeats", "1"]
     else:
         b_model = ["--seconds", "1.5", "--warmup", "1", "--rounds", "2"]
         b_learn = ["--learning", "--skip-model", "--seconds", "3", "--warmup", "3", "--rounds", "1"]
         b_trans = ["--seconds", "2", "--warmup", "1", "--rounds", "2"]
         graphs = ["--cuda-graphs"]
-        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-q", "-rfEs", "tests/test_cuda.py"]
+        # --timeout: a hung test fails alone instead of eating the step (and every count) at pyproject's 600 s.
+        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-q", "-rfEs", "--timeout", "90",
+                  "tests/test_cuda.py"]
         pop_fwd = ["--network", "nature", "--part", "forward", "--population", "256"]
         pop_train = ["--part", "train", "--algos", "ga", "--population", "256", "--seconds", "8"]
         train_s, overhead = 60.0, 25.0
         trains = {"vtrace": ["train", "vtrace", "--preset", "atari"], "r2d2": ["train", "r2d2", "--preset", "atari"],
                   "ga": ["train", "ga"]}
         t_bench, t_small, t_train, m_bench, m_train = 80, 50, train_s + overhead + 5, 25, overhead + 10
+        precisions = ["--precisions", "fp32", "tf32", "bf16", "--repeats", "5"]  # the Atari preset's update
 
     bench = [*SEEDLOCAL, "bench", "--device", dev, "--env-threads", cores]
     more = shlex.split(a.bench_args)  # appended to every bench command: the last value given wins
@@ -280,6 +293,11 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
                   figures=pytest_figures, targets=[] if dry else [("failed", "==", 0), ("errors", "==", 0)],
                   show=("collected", "passed", "failed", "errors", "skipped"),
                   note="--collect-only: no CUDA here" if dry else "")]
+    steps.append(Step("learner_precision", lambda t: [PY, "scripts/bench_learner_budget.py", "--device", dev,
+                                                      *precisions],
+                      timeout=t_small, min_s=m_bench, figures=precision_figures,
+                      show=("learn_s", "fastest"),
+                      note="one V-trace update per arithmetic: what --algo.precision auto should be on this GPU"))
     for suffix, extra in (("", []), ("_graphs", graphs)):
         steps.append(Step(f"bench_model{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_model, *extra, *more],
                           timeout=t_bench, min_s=m_bench, figures=bench_figures(model_keys, "model_detail", (

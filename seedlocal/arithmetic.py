@@ -36,7 +36,7 @@ def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
     CUDA ``auto`` is tf32: torch already runs cuDNN's convolutions in TF32 by
     default, so an "fp32" CNN was TF32 in its convolutions and fp32 only in
     its matmuls; tf32 makes them one arithmetic (not yet timed on a GPU:
-    scripts/gpu_suite measures fp32, tf32 and bf16 updates). ``tf32`` on a
+    scripts/gpu_suite's learner_precision step times one update in each). ``tf32`` on a
     CPU is plain fp32 (no such arithmetic there)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")

@@ -118,10 +118,14 @@ def test_cpu_dry_run_writes_one_json_line_per_step_within_its_budget(tmp_path):
 
 
 def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
-    r = _run("--cpu-dry-run", "--budget", "90", "--only", "bench_transport,population_forward,train_ga", str(tmp_path))
+    r = _run("--cpu-dry-run", "--budget", "100", "--only", "learner_precision,bench_transport,population_forward,train_ga",
+             str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     recs = {rec["name"]: rec for rec in _records(tmp_path)}
-    assert list(recs) == ["env", "bench_transport", "population_forward", "train_ga"]
+    assert list(recs) == ["env", "learner_precision", "bench_transport", "population_forward", "train_ga"]
+    precision = recs["learner_precision"]["figures"]  # what decides --algo.precision auto on a GPU
+    assert set(precision["learn_s"]) == {"fp32", "bf16"} and precision["fastest"] in precision["learn_s"]
+    assert all(v > 0 for v in precision["learn_s"].values())
     assert all(rec["status"] == "ok" for rec in recs.values())
     t = recs["bench_transport"]
     assert t["targets"][0]["figure"] == "transport_steps_per_s" and t["targets"][0]["value"] > 0
