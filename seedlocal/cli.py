@@ -23,12 +23,14 @@ import sys
 USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,bench,actors} [--help] [options]
 
   train vtrace   train IMPALA (V-trace) with central batched inference
-                 presets: --preset cartpole (default), --preset atari, --preset mujoco
+                 presets: --preset cartpole, --preset atari, --preset mujoco; without
+                 --preset, the one made for --env.id's kind (images, Box actions)
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
-  train r2d2     recurrent prioritized replay Q-learning (R2D2); same presets
+  train r2d2     recurrent prioritized replay Q-learning (R2D2); presets cartpole, atari
   train ga       deep GA: a population evaluated in batched forward passes
   train es       evolution strategies (antithetic, centred ranks, Adam); --preset mujoco
   train ars      Augmented Random Search: linear policies on normalised states; --preset mujoco
+                 (ga, es and ars take it by themselves for an env with a Box action space)
   train random-search   the random-search baseline of the deep-GA paper
   eval           play a saved checkpoint: mean/std return, optional video
   bench          pipeline efficiency vs the best raw envpool configuration (ratios from
@@ -98,7 +100,7 @@ def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
     from seedlocal.errors import ConfigError
 
-    rest, name = [], "cartpole"
+    rest, name = [], None
     it = iter(args)
     for a in it:
         if a == "--preset":
@@ -107,9 +109,36 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
             name = a.split("=", 1)[1]
         else:
             rest.append(a)
+    if name is None:
+        name = _preset_for_env(rest, presets)
     if name not in presets:
         raise ConfigError(f"preset={name!r}: expected one of {', '.join(presets)}")
     return presets[name], rest
+
+
+def _preset_for_env(args: list[str], presets: dict) -> str:
+    """With no --preset, the preset made for the kind of env given by --env.id
+    (Atari's for image frames, MuJoCo's for Box actions), so that a new task of
+    a kind seedlocal supports starts from settings that learn it, not
+    CartPole's. Said in one line; an env that cannot be described is left to
+    the trainer's validation, which names the problem."""
+    env_id = _option(args, "--env.id")
+    if env_id is None or _option(args, "--resume") is not None:
+        return "cartpole"
+    from seedlocal.config import task_kind
+    from seedlocal.pipeline.envs import describe
+
+    try:
+        kind = task_kind(describe(env_id, _option(args, "--env.backend") or "auto"))
+    except Exception:
+        return "cartpole"
+    if kind == "cartpole" or kind not in presets:
+        return "cartpole"
+    if not {"-h", "--help"} & set(args):
+        what = "image frames" if kind == "atari" else "a Box action space"
+        print(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
+              "plain defaults)", flush=True)
+    return kind
 
 
 def _value(value: str, field: str) -> str:
@@ -223,7 +252,7 @@ def _parse(argv: list[str]):
             from seedlocal.trainers.r2d2 import R2D2Run
 
             return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
-                                        "R2D2. Presets: --preset cartpole (default), --preset atari." + TUNED)
+                                        "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for image envs)." + TUNED)
         if rest[0] != "vtrace":
             from seedlocal.trainers.neuroevolution import ALGOS, PRESETS as NEURO_PRESETS
 
@@ -234,7 +263,8 @@ def _parse(argv: list[str]):
         from seedlocal.trainers.vtrace import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
-                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari." + TUNED)
+                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari, --preset mujoco (each chosen "
+                                    "by itself for an --env.id of its kind)." + TUNED)
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     raise SystemExit(2)
 

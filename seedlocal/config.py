@@ -233,6 +233,18 @@ def validate_env(env: EnvConfig, id_field: str = "env.id"):
         raise ConfigError(msg) from None
 
 
+def task_kind(spec) -> str:
+    """The kind of task an env is, named as the presets that fit it are:
+    'atari' for frames of 36 x 36 and up (Nature CNN), 'mujoco' for Box
+    actions, 'cartpole' for the rest (small vectors, small grids)."""
+    from seedlocal.networks import is_image
+
+    single = spec.obs.get("")
+    if single is not None and is_image(single):
+        return "atari"
+    return "mujoco" if spec.num_actions is None else "cartpole"
+
+
 def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: int = 0,
                       learner_unroll: bool = False) -> None:
     """``remote_envs`` (from a bridge) allows ``num_workers`` 0: every env

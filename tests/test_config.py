@@ -217,3 +217,44 @@ def test_precision_means_one_arithmetic_per_device():
         assert torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("argv, preset", [
+    (["train", "vtrace", "--env.id", "Hopper-v5"], "mujoco"),
+    (["train", "vtrace", "--env.id", "box_envs:EchoAction-v0"], "mujoco"),
+    (["train", "vtrace", "--env.id", "image_catch:ImageCatch-v0"], "atari"),
+    (["train", "vtrace", "--env.id", "Acrobot-v1"], "cartpole"),
+    (["train", "vtrace", "--env.id", "Hopper-v5", "--preset", "cartpole"], "cartpole"),
+    (["train", "r2d2", "--env.id", "image_catch:ImageCatch-v0"], "atari"),
+    (["train", "es", "--env.id", "Hopper-v5"], "mujoco"),
+    (["train", "ars", "--env.id", "InvertedPendulum-v5"], "mujoco"),
+    (["train", "ga", "--env.id", "image_catch:ImageCatch-v0"], "cartpole"),  # GA has no image preset
+    (["train", "random-search", "--env.id", "Hopper-v5"], "cartpole"),  # nor random search a MuJoCo one
+])
+def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys):
+    """A new task of a kind seedlocal has a preset for starts from that
+    preset (a MuJoCo body from the MuJoCo preset, not CartPole's settings),
+    said in one line; an explicit --preset always wins; the chosen preset's
+    other fields arrive intact while --env.id stays the user's."""
+    from seedlocal.cli import _parse
+    from seedlocal.trainers.neuroevolution import PRESETS as NEURO
+    from seedlocal.trainers.r2d2 import PRESETS as R2D2
+    from seedlocal.trainers.vtrace import PRESETS as VTRACE
+
+    _, cfg = _parse(argv)
+    presets = {"vtrace": VTRACE, "r2d2": R2D2}.get(argv[1]) or NEURO[argv[1]]
+    expected = presets[preset]
+    assert cfg.env.id == argv[argv.index("--env.id") + 1]
+    assert cfg.algo == expected.algo and cfg.pipeline == expected.pipeline
+    said = capsys.readouterr().out
+    chosen = preset != "cartpole" and "--preset" not in argv
+    assert (f"--preset {preset}, made for" in said) == chosen, said
+
+
+def test_an_unknown_env_without_a_preset_is_still_named_by_validation(tmp_path, capsys, monkeypatch):
+    from seedlocal.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "vtrace", "--env.id", "Hoper-v5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("seedlocal: error: env.id='Hoper-v5'") and "Hopper-v5" in err[-1], err

@@ -78,12 +78,9 @@ PRESETS: dict[str, VTraceRun] = {
 
 def preset_for(spec) -> VTraceRun:
     """The preset made for an env's kind: Atari's for images, MuJoCo's for Box actions, else CartPole's."""
-    from seedlocal.networks import is_image
+    from seedlocal.config import task_kind
 
-    single = spec.obs.get("")
-    if single is not None and is_image(single):
-        return PRESETS["atari"]
-    return PRESETS["mujoco"] if spec.num_actions is None else PRESETS["cartpole"]
+    return PRESETS[task_kind(spec)]
 
 
 def actors_wait(a: VTraceParams) -> bool:
