@@ -87,6 +87,35 @@ def _unknown_id(env_id: str, why: str, otherwise: str = "") -> ValueError:
     return ValueError(f"env.id={env_id!r}: {why}{hint}")
 
 
+# Namespaces of Gymnasium ids that a package registers when asked, and what installs it.
+NAMESPACE_PACKAGES = {"MinAtar": "minatar (pip install 'seedlocal[minatar]')"}
+
+
+def register_namespace(env_id: str) -> None:
+    """Register the ids of ``env_id``'s namespace (``MinAtar/Breakout-v1``)
+    through the package that declares it as a ``gymnasium.envs`` entry point
+    (the plugin hook Gymnasium 0.x loaded by itself and 1.x no longer does),
+    so no shim module is needed. Called wherever Gymnasium makes an env,
+    worker processes included (they start fresh: spawn). Other ids: nothing."""
+    namespace, slash, _ = env_id.partition("/")
+    if not slash or ":" in env_id or env_id in _gymnasium_ids():
+        return
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="gymnasium.envs"):
+        if ep.name == namespace:
+            try:
+                register = ep.load()
+            except Exception as e:
+                raise ValueError(f"env.id={env_id!r}: loading {ep.value} (which registers {namespace}/ ids) failed: "
+                                 f"{type(e).__name__}: {e}") from None
+            if callable(register):
+                register()
+            return
+    if namespace in NAMESPACE_PACKAGES and env_id not in _envpool_ids():
+        raise ValueError(f"env.id={env_id!r}: {namespace}/ ids need the package {NAMESPACE_PACKAGES[namespace]}")
+
+
 def import_env_module(env_id: str) -> str:
     """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose
     import registers the id) and return the bare id; other ids pass through.
@@ -95,6 +124,7 @@ def import_env_module(env_id: str) -> str:
     so worker processes and ``eval`` need nothing but the id string.
     """
     if ":" not in env_id:
+        register_namespace(env_id)
         return env_id
     import importlib
 
@@ -116,8 +146,8 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     """The backend that will run ``env_id``; ValueError if none can."""
     if backend not in BACKENDS:
         raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+    import_env_module(env_id)
     if ":" in env_id:  # a user's own Gymnasium env, registered by its module
-        import_env_module(env_id)
         if backend in ("envpool",):
             raise ValueError(f"env.id={env_id!r}: a module:EnvId id is a Gymnasium env, not an envpool one")
         return "gymnasium" if backend == "auto" else backend
@@ -316,6 +346,7 @@ class GymnasiumGroup:
                  render: bool = False):
         import gymnasium
 
+        register_namespace(env_id)
         self._envs = [gymnasium.make(env_id, **({"render_mode": "rgb_array"} if render else {}))
                       for _ in range(num_envs)]
         self._id, self._seed, self._start = env_id, seed, spec.action_start

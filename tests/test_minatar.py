@@ -1,0 +1,57 @@
+"""MinAtar (Young & Tian 2019) as a domain: its ids work with the package
+installed and nothing else (no shim module), workers included; a missing
+package is named with what installs it."""
+
+from __future__ import annotations
+
+import pytest
+
+from seedlocal.pipeline import envs
+from seedlocal.pipeline.envs import describe, make_group, register_namespace
+
+minatar = pytest.importorskip("minatar")
+
+
+def test_minatar_ids_resolve_without_a_shim_module():
+    spec = describe("MinAtar/Breakout-v1")
+    assert spec.obs[""].shape == (10, 10, 4) and spec.obs[""].dtype == "bool"
+    assert spec.num_actions == 3  # v1: the minimal action set
+    assert envs.resolve_backend("MinAtar/SpaceInvaders-v1") == "gymnasium"
+
+
+def test_a_fresh_process_registers_minatar_ids_by_itself():
+    """Workers start by spawn, with an empty Gymnasium registry: making the
+    group must register the namespace there too."""
+    import subprocess
+    import sys
+
+    code = ("from seedlocal.pipeline.envs import describe, make_group\n"
+            "import gymnasium\n"
+            "assert 'MinAtar/Freeway-v1' not in gymnasium.registry\n"
+            "g = make_group(describe('MinAtar/Freeway-v1'), 2, 1, 0)\n"
+            "g.reset(); obs, r, te, tr = g.recv(); print(obs[''].shape)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "(2, 10, 10, 7)" in out.stdout, out.stderr[-1500:]
+
+
+def test_a_group_steps_minatar_with_its_seeds():
+    spec = describe("MinAtar/Breakout-v1")
+    a, b = make_group(spec, 2, 1, 3), make_group(spec, 2, 1, 3)
+    try:
+        for g in (a, b):
+            g.reset()
+        for _ in range(20):
+            for g in (a, b):
+                g.send(__import__("numpy").array([1, 2]))
+        assert (a.recv()[0][""] == b.recv()[0][""]).all()  # same seeds, same actions: the same game
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_namespace_whose_package_is_missing_names_it(monkeypatch):
+    monkeypatch.setitem(envs.NAMESPACE_PACKAGES, "NoSuchGames", "nosuchgames (pip install nosuchgames)")
+    with pytest.raises(ValueError, match=r"NoSuchGames/ ids need the package nosuchgames \(pip install"):
+        register_namespace("NoSuchGames/Pong-v0")
+    register_namespace("CartPole-v1")  # no namespace: nothing to do
+    register_namespace("gfootball/academy_3_vs_1_with_keeper-v1")  # envpool's own namespaces: nothing to do
