@@ -41,6 +41,7 @@ perf/frames_per_generation, perf/frames_per_s, perf/generation_s
 perf/idle_share           share of stepped env slots that played no evaluation episode
                           (idle while a generation's last episodes finish, auto-reset steps)
 perf/env_time_s, perf/inference_time_s   time in env stepping (per group) and in forward passes
+perf/capped_share         share of the generation's evaluation episodes ended by --max-episode-frames
 
 R2D2 (``train r2d2``) logs, against agent steps: charts/episode_return,
 charts/eval_return (the evaluation slots' return, epsilon ``eval_epsilon``),

@@ -12,6 +12,7 @@ import torch
 
 from helpers import tiny_pipeline
 from seedlocal import checkpoint
+from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.config import EnvConfig, validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
@@ -84,16 +85,17 @@ def test_population_forward_refuses_a_strategy_the_network_cannot_use():
 
 
 @contextlib.contextmanager
-def population_pipeline(num_groups: int, **pipe):
+def population_pipeline(num_groups: int, policy_options: dict | None = None, **pipe):
     """A CartPole pipeline whose inference loop serves a PopulationPolicy of
-    ``num_groups`` groups of 4 envs, wired as the trainer wires it; yields
-    (spec, policy, pipe) with the loop not yet running."""
+    ``num_groups`` groups of 4 envs (``policy_options`` its keyword
+    arguments), wired as the trainer wires it; yields (spec, policy, pipe)
+    with the loop not yet running."""
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     template = PolicyNet(spec)
     holder = {}
 
     def make(s, device):
-        holder["p"] = PopulationPolicy(template, 4, num_groups, device)
+        holder["p"] = PopulationPolicy(template, 4, num_groups, device, **(policy_options or {}))
         return holder["p"]
 
     with tiny_pipeline(make, consume=False, **pipe) as p:
@@ -316,3 +318,98 @@ def test_discrete_observations_enter_every_network_one_hot():
     logits, values = ac({"": x})
     assert logits.shape == (3, 4) and values.shape == (3,)
     assert ac.critic.net[0].in_features == 16
+
+
+# -- the episode frame cap ---------------------------------------------------------------------------------
+
+ENDLESS = EnvConfig(id="faulty_envs:Endless-v0")  # tests/faulty_envs.py: never ends; reward 1 for action 1
+
+
+def _endless_ga(tmp_path, **options) -> GARun:
+    """A GA of 8 members on 4 env slots of Endless-v0."""
+    from seedlocal.algos.ga import GAParams
+    from seedlocal.config import PipelineConfig
+
+    return GARun(**{"env": ENDLESS, "log_dir": str(tmp_path), "progress": False,
+                    "algo": GAParams(population_size=8, truncation=2, elite_candidates=2, elite_episodes=1),
+                    "pipeline": PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=8), **options})
+
+
+def _scalars(run_dir, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir))
+    ea.Reload()
+    return {e.step: e.value for e in ea.Scalars(tag)}
+
+
+def test_the_frame_cap_ends_a_job_episode_at_its_step_and_scores_its_return_so_far():
+    """plan() ends a member's episode once it has played max_episode_steps
+    steps (not a step later), scores its return so far (less the reward
+    shift per step), frees the slot and counts the episode as capped."""
+    with population_pipeline(1, {"max_episode_steps": 3, "reward_shift": 0.5}, num_workers=1,
+                             envs_per_worker=8) as (spec, policy, pipe):
+        # The loop does not run: plan() is driven by hand below, for group 0.
+        job = policy.submit(_flats([PolicyNet(spec) for _ in range(2)]), episodes=1)
+        group, nobody = np.array([0]), np.zeros((1, 4), bool)
+        policy.plan(group, np.ones((1, 4), bool), nobody, np.zeros((1, 4), np.float32), np.zeros((1, 4), np.int32))
+        assert policy.assign[:4].tolist() == [0, 1, -1, -1]
+        for t in (1, 2):
+            policy.plan(group, nobody, nobody, np.full((1, 4), 2.0 * t, np.float32), np.full((1, 4), t, np.int32))
+            assert not job.done.is_set()
+        policy.plan(group, nobody, nobody, np.full((1, 4), 6.0, np.float32), np.full((1, 4), 3, np.int32))
+    assert job.done.is_set() and job.returns == [[6.0], [6.0]] and job.fitness == [[4.5], [4.5]]
+    assert policy.assign[:4].tolist() == [-1] * 4
+    assert policy.episodes_capped == 2 and policy.episodes_scored == 2
+
+
+def test_the_frame_cap_lets_endless_episodes_end_scored_on_their_return_so_far(tmp_path):
+    """With --max-episode-frames, a generation of endless episodes ends, and
+    each member's fitness is the return it gathered up to the cap: the same
+    as its network playing that many steps of the env alone."""
+    import gymnasium
+
+    from seedlocal.trainers.neuroevolution import _Evolver, build_policy
+
+    cap = 40
+    cfg = _endless_ga(tmp_path, max_episode_frames=cap, generations=1, run_name="cap")
+    summary = train(cfg)
+    assert summary["generations"] == 1, summary
+    spec = validate_env(cfg.env)
+    evolver = _Evolver(cfg, ParamSpace(build_policy(cfg, spec)))  # generation 1's population, rebuilt
+    net = build_policy(cfg, spec)
+    expected = []
+    for vec in evolver._vecs(evolver.state.genomes):
+        evolver.space.load(net, vec)
+        env = gymnasium.make(ENDLESS.id)
+        obs, _ = env.reset(seed=0)
+        ret = 0.0
+        for _ in range(cap):
+            with torch.no_grad():
+                action = int(net({"": torch.as_tensor(obs)[None]}).argmax())
+            obs, reward, *_ = env.step(action)
+            ret += reward
+        expected.append(ret)
+    assert len(set(expected)) > 1, expected  # members that differ, or the comparison says little
+    got = {k: _scalars(tmp_path / "cap", f"charts/{k}_fitness")[1] for k in ("best", "mean", "median")}
+    assert got == pytest.approx({"best": max(expected), "mean": np.mean(expected), "median": np.median(expected)})
+    assert _scalars(tmp_path / "cap", "perf/capped_share")[1] == 1.0  # every episode was cut
+    # The population's 8 episodes and the 2 elite candidates', cap frames each (and the next children's start).
+    assert _scalars(tmp_path / "cap", "perf/frames_per_generation")[1] >= (8 + 2) * cap
+
+
+def test_the_frame_cap_defaults_by_env_kind():
+    """-1 (the default): the deep GA's 20,000 frames for image frames (Atari:
+    5,000 steps of 4 frames), no cap otherwise; 0 turns it off; below -1 is
+    refused naming the field."""
+    from seedlocal.errors import ConfigError
+    from seedlocal.trainers.neuroevolution import episode_frame_cap, episode_step_cap, validate
+
+    atari, cartpole = validate_env(EnvConfig(id="Pong-v5")), validate_env(EnvConfig(id="CartPole-v1"))
+    assert (episode_frame_cap(GARun(), atari), episode_step_cap(GARun(), atari)) == (20_000, 5_000)
+    assert episode_step_cap(GARun(max_episode_frames=10_001), atari) == 2_501  # the step whose frames reach it
+    assert episode_frame_cap(GARun(max_episode_frames=0), atari) == 0
+    assert episode_frame_cap(ESRun(), cartpole) == 0
+    assert episode_frame_cap(GARun(max_episode_frames=500), cartpole) == 500
+    with pytest.raises(ConfigError, match="max_episode_frames=-2"):
+        validate(GARun(max_episode_frames=-2))

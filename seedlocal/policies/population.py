@@ -19,6 +19,11 @@ few rows.
 
 Jobs are asynchronous (``submit`` returns a ``Job``), so the next population
 or an elite's re-evaluation can play beside the episodes still running.
+
+With ``max_episode_steps`` set, a job's episode that reaches that many steps
+ends there for its job (truncated): the return so far is scored, the slot is
+free. Its env plays on unserved until its episode ends or its group restarts,
+as any idle slot's does (the pipeline resets groups, not single envs).
 """
 
 from __future__ import annotations
@@ -241,7 +246,8 @@ class PopulationPolicy(Policy):
     plans = True
 
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
-                 greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0):
+                 greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
+                 max_episode_steps: int = 0):
         """Box actions: the network's output is the action (clipped by the
         env), plus Gaussian noise of std ``action_noise`` if set (Salimans et
         al.'s MuJoCo runs). ``reward_shift`` is taken from every step's
@@ -249,10 +255,13 @@ class PopulationPolicy(Policy):
         the survival bonus on Hopper, Walker2d, Ant and Humanoid. With a
         template that has ``obs_norm``, the population shares observation
         statistics, gathered from every ``OBS_STATS_EVERY``-th batch's rows
-        and taken into use by ``commit_obs_stats`` between generations."""
+        and taken into use by ``commit_obs_stats`` between generations.
+        ``max_episode_steps`` (0: none) ends a job's episode at that many
+        steps, scored on its return so far (see the module docstring)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift = action_noise, reward_shift
+        self.max_episode_steps = max_episode_steps
         n = envs_per_group * num_groups
         self.forward = PopulationForward(template, n, device, strategy)
         norm = getattr(self.forward.template, "obs_norm", None)
@@ -267,6 +276,7 @@ class PopulationPolicy(Policy):
         self.forward_s = 0.0
         self.forward_envs = 0
         self.episodes_scored = 0  # evaluation episodes that ended (idle slots' episodes are not counted)
+        self.episodes_capped = 0  # of those, ended by max_episode_steps
         self.loop = None  # set by the caller once the pipeline exists
 
     # -- learner thread ---------------------------------------------------------
@@ -325,12 +335,17 @@ class PopulationPolicy(Policy):
             for i, g in enumerate(groups.tolist()):
                 lo = g * self.E
                 a = self.assign[lo:lo + self.E]
-                for j in np.flatnonzero(done[i] & (a >= 0)).tolist():
+                length = ep_length[i] if ep_length is not None else np.zeros(self.E, np.int64)
+                ended = done[i] & (a >= 0)
+                if self.max_episode_steps:
+                    capped = (a >= 0) & ~done[i] & (length >= self.max_episode_steps)
+                    self.episodes_capped += int(capped.sum())
+                    ended |= capped
+                for j in np.flatnonzero(ended).tolist():
                     job = self._env_job[lo + j]
-                    ret = float(ep_return[i, j])
+                    ret = float(ep_return[i, j])  # a capped episode's return so far
                     job.returns[a[j]].append(ret)
-                    shift = self.reward_shift * float(ep_length[i, j]) if ep_length is not None else 0.0
-                    job.fitness[a[j]].append(ret - shift)
+                    job.fitness[a[j]].append(ret - self.reward_shift * float(length[j]))
                     self.episodes_scored += 1
                     job.pending -= 1
                     if job.pending == 0:

@@ -21,7 +21,7 @@ import torch
 from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
-                              validate_bridge, validate_env, validate_pipeline, validate_run_options)
+                              task_kind, validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
 from seedlocal.policies.population import PopulationPolicy
@@ -50,6 +50,9 @@ class NeuroevoRun:
     """episodes averaged into each member's fitness"""
     best_episodes: int = 5
     """episodes that score the best member each generation (ES centre, random-search winner)"""
+    max_episode_frames: int = -1
+    """end an evaluation episode after this many emulator frames (steps x frame skip), scored on its return so
+    far: -1 = by env kind (20,000 for image frames, as the deep-GA paper's Atari runs; none otherwise), 0 = never"""
     encoder: str = "auto"
     """network torso: auto (MinAtar's one-conv torso for grids under 36 x 36, the Nature CNN from 36 x 36 up, else
     MLP), mlp, minatar, nature, impala"""
@@ -153,6 +156,8 @@ def validate(cfg: NeuroevoRun):
     for name in ("episodes_per_member", "best_episodes"):
         if getattr(cfg, name) < 1:
             fail(name, getattr(cfg, name), "must be positive")
+    if cfg.max_episode_frames < -1:
+        fail("max_episode_frames", cfg.max_episode_frames, "must be >= 0 (0 = no cap), or -1 (by env kind)")
     for name in ("action_noise", "reward_shift"):
         if not getattr(cfg, name) >= 0:
             fail(name, getattr(cfg, name), "must be >= 0")
@@ -179,6 +184,30 @@ def fitness_shift(cfg: NeuroevoRun, spec) -> float:
     """What the fitness takes from every step's reward."""
     base = spec.env_id.split(":")[-1].split("-")[0]
     return cfg.reward_shift + (SURVIVAL_BONUS.get(base, 0.0) if cfg.remove_survival_bonus else 0.0)
+
+
+# Atari episodes end after this many frames unless --max-episode-frames says otherwise. The deep GA (Such et al.
+# 2017, arXiv:1712.06567) capped them at 20,000 frames, as we recall the paper; Uber's released code agrees
+# (uber-research/deep-neuroevolution: configurations/frostbite_ga.json and
+# gpu_implementation/configurations/ga_atari_config.json set episode_cutoff_mode 5000 steps, and
+# gpu_implementation/ga.py evaluates with max_frames = 5000 * 4). Salimans et al. 2017's ES code also cuts
+# episodes at a timestep limit (an adaptive one, as we recall); we do not recall a number of theirs, so none
+# is used here. Without a cap, one member that survives without scoring holds its whole generation up to the
+# emulator's own limit (envpool's Atari v5: 27,000 steps, 108,000 frames).
+ATARI_EPISODE_FRAMES = 20_000
+
+
+def episode_frame_cap(cfg: NeuroevoRun, spec) -> int:
+    """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the
+    deep-GA cap for image frames (the Atari kind) and none for other envs."""
+    if cfg.max_episode_frames >= 0:
+        return cfg.max_episode_frames
+    return ATARI_EPISODE_FRAMES if task_kind(spec) == "atari" else 0
+
+
+def episode_step_cap(cfg: NeuroevoRun, spec) -> int:
+    """``episode_frame_cap`` in agent steps: an episode ends at the first step whose frames reach the cap."""
+    return -(-episode_frame_cap(cfg, spec) // spec.frames_per_step)
 
 
 def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
@@ -362,14 +391,17 @@ class NeuroevoTrainer(Trainer):
         return self.counters["generation"], self.counters["frames"]
 
     def describe(self) -> str:
-        return f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
+        cap = episode_frame_cap(self.cfg, self.spec)
+        return (f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
+                + (f", episodes cut at {cap:,d} frames" if cap else ""))
 
     def policy(self):
         cfg = self.cfg
         self.population = PopulationPolicy(self.template, cfg.pipeline.envs_per_worker // 2,
                                            num_groups(cfg.pipeline, cfg.bridge), self.device, greedy=cfg.greedy,
                                            strategy=cfg.forward, action_noise=cfg.action_noise,
-                                           reward_shift=fitness_shift(cfg, self.spec))
+                                           reward_shift=fitness_shift(cfg, self.spec),
+                                           max_episode_steps=episode_step_cap(cfg, self.spec))
         return self.population
 
     def pipeline(self) -> PipelineConfig:
@@ -393,7 +425,7 @@ class NeuroevoTrainer(Trainer):
     def advance(self, run: Run) -> str | None:
         """One generation, evaluated in the pipeline, then its scalars."""
         loop, pop, pool, c = run.loop, self.population, run.pipe.pool, self.counters
-        t0, steps0, eps0 = time.monotonic(), loop.stats.env_steps, pop.episodes_scored
+        t0, steps0, eps0, capped0 = time.monotonic(), loop.stats.env_steps, pop.episodes_scored, pop.episodes_capped
         w0, fwd0, served0 = pool.worker_stats(), pop.forward_s, pop.forward_envs
         self.generated, told = False, [False]
         run.watch.start()
@@ -408,8 +440,8 @@ class NeuroevoTrainer(Trainer):
                 told[0] = True
                 print(f"\nseedlocal: generation {c['generation'] + 1} has waited {LONG_GENERATION_S:.0f} s for its "
                       "episodes to end (members are scored on whole episodes; if this env's episodes never end, "
-                      "register it with a time limit, gymnasium.register(..., max_episode_steps=N), or give "
-                      "--seconds)", flush=True)
+                      "cap them with --max-episode-frames N, register it with a time limit, "
+                      "gymnasium.register(..., max_episode_steps=N), or give --seconds)", flush=True)
 
         try:
             stats = self.evolver.generation(pop, check)
@@ -427,7 +459,8 @@ class NeuroevoTrainer(Trainer):
         c["generation"] += 1
         c["frames"] += frames
         self.frames_run += frames
-        c["episodes"] += pop.episodes_scored - eps0
+        scored, capped = pop.episodes_scored - eps0, pop.episodes_capped - capped0
+        c["episodes"] += scored
         loop.stats.episodes.take()
         self.values = {f"charts/{k}": v for k, v in stats.items()}
         self.values.update({
@@ -436,6 +469,7 @@ class NeuroevoTrainer(Trainer):
             "perf/idle_share": 1.0 - served / stepped if stepped else 0.0, "perf/generation_s": dt,
             "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / max(1, w1["threads"]),
             "perf/inference_time_s": pop.forward_s - fwd0,
+            "perf/capped_share": capped / scored if scored else 0.0,
         })
         if self.cfg.stop_at_return and stats["best_member_return"] >= self.cfg.stop_at_return:
             self.reached = True  # spent() says so once this generation is logged and saved
