@@ -36,12 +36,19 @@ the generation number as the x axis:
 
 charts/best_fitness, charts/mean_fitness, charts/median_fitness   over the population
 charts/best_member_return the elite's / ES centre's / best member's mean return on fresh episodes
-charts/episodes, charts/frames   totals so far (frames: evaluation episodes only)
+charts/episodes, charts/frames   totals over whole generations (frames: evaluation episodes only); a
+                          resumed run counts on from its checkpoint's, its last whole generation
 perf/frames_per_generation, perf/frames_per_s, perf/generation_s
 perf/idle_share           share of stepped env slots that played no evaluation episode
                           (idle while a generation's last episodes finish, auto-reset steps)
 perf/env_time_s, perf/inference_time_s   time in env stepping (per group) and in forward passes
 perf/capped_share         share of the generation's evaluation episodes ended by --max-episode-frames
+
+While a generation runs, the progress line shows its members finished of P,
+frames, frames/s and the longest episode still playing, and the frame budget
+counts its frames as they are stepped; summary.json's frames (and steps,
+episodes) add those of a generation the run stopped inside, which its
+checkpoint does not hold (a resumed run evaluates that generation again).
 
 R2D2 (``train r2d2``) logs, against agent steps: charts/episode_return,
 charts/eval_return (the evaluation slots' return, epsilon ``eval_epsilon``),

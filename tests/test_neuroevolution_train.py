@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -320,7 +321,7 @@ def test_discrete_observations_enter_every_network_one_hot():
     assert ac.critic.net[0].in_features == 16
 
 
-# -- the episode frame cap ---------------------------------------------------------------------------------
+# -- long generations: progress inside them, frames as they are stepped, the episode frame cap ------------
 
 ENDLESS = EnvConfig(id="faulty_envs:Endless-v0")  # tests/faulty_envs.py: never ends; reward 1 for action 1
 
@@ -356,11 +357,35 @@ def test_the_frame_cap_ends_a_job_episode_at_its_step_and_scores_its_return_so_f
         assert policy.assign[:4].tolist() == [0, 1, -1, -1]
         for t in (1, 2):
             policy.plan(group, nobody, nobody, np.full((1, 4), 2.0 * t, np.float32), np.full((1, 4), t, np.int32))
-            assert not job.done.is_set()
+            assert policy.longest_running() == t and job.members_done() == 0
         policy.plan(group, nobody, nobody, np.full((1, 4), 6.0, np.float32), np.full((1, 4), 3, np.int32))
     assert job.done.is_set() and job.returns == [[6.0], [6.0]] and job.fitness == [[4.5], [4.5]]
-    assert policy.assign[:4].tolist() == [-1] * 4
-    assert policy.episodes_capped == 2 and policy.episodes_scored == 2
+    assert policy.assign[:4].tolist() == [-1] * 4 and policy.longest_running() == 0
+    assert policy.episodes_capped == 2 and policy.episodes_scored == 2 and job.members_done() == 2
+
+
+def test_a_run_stopped_inside_its_first_generation_shows_progress_and_counts_its_frames(tmp_path, capsys):
+    """Endless episodes and no cap: the first generation never ends. While
+    it runs, the progress line says how far it is (members finished of P,
+    frames, frames/s, the longest episode still playing); stopped by its
+    time budget, the run reports the frames it stepped (it reported 0)."""
+    summary = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=3.0, run_name="s",
+                                progress=True))
+    err = capsys.readouterr().err
+    assert re.search(r"gen +1  members +0/8 finished  frames +[\d,]+  frames/s +[\d,]+  longest episode [\d,]+ "
+                     r"frames", err), err[-2000:]
+    assert summary["stopped_by"] == "seconds" and summary["generations"] == 0, summary
+    assert summary["frames"] > 0 and summary["steps"] == summary["frames"] and summary["episodes"] == 0, summary
+
+
+def test_the_frame_budget_holds_inside_a_generation(tmp_path):
+    """--total-frames sees a generation's frames as they are stepped: a
+    generation that never ends is abandoned once they reach the budget."""
+    # --seconds only so that a run that missed its frame budget ends (and fails) instead of hanging.
+    summary = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, total_frames=500, seconds=20.0,
+                                run_name="f"))
+    assert summary["stopped_by"] == "frames" and summary["generations"] == 0, summary
+    assert summary["frames"] >= 500, summary
 
 
 def test_the_frame_cap_lets_endless_episodes_end_scored_on_their_return_so_far(tmp_path):
@@ -396,6 +421,30 @@ def test_the_frame_cap_lets_endless_episodes_end_scored_on_their_return_so_far(t
     assert _scalars(tmp_path / "cap", "perf/capped_share")[1] == 1.0  # every episode was cut
     # The population's 8 episodes and the 2 elite candidates', cap frames each (and the next children's start).
     assert _scalars(tmp_path / "cap", "perf/frames_per_generation")[1] >= (8 + 2) * cap
+
+
+def test_counters_after_a_stop_inside_a_generation_and_a_resume(tmp_path):
+    """A checkpoint's counters are those of its last whole generation. A run
+    stopped inside the next one reports the frames it stepped there, leaves
+    the checkpoint as it was, and a resumed run evaluates that generation
+    again, counting its frames from the checkpoint's."""
+    run_dir = tmp_path / "r"
+    first = train(_endless_ga(tmp_path, max_episode_frames=40, generations=1, run_name="r"))
+    saved = checkpoint.load(run_dir)["counters"]
+    assert first["frames"] == saved["frames"] > 0 and first["episodes"] == saved["episodes"] >= 10
+    # Resumed without the cap, generation 2 cannot end: the time budget stops the run inside it.
+    stopped = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=2.0, resume=str(run_dir)))
+    assert stopped["stopped_by"] == "seconds" and stopped["generations"] == 1, stopped
+    assert stopped["frames"] > saved["frames"] and stopped["episodes"] == saved["episodes"], stopped
+    assert checkpoint.load(run_dir)["counters"] == saved
+    done = train(_endless_ga(tmp_path, max_episode_frames=40, generations=2, resume=str(run_dir)))
+    after = checkpoint.load(run_dir)["counters"]
+    assert after["generation"] == done["generations"] == 2
+    assert done["frames"] == after["frames"] and done["episodes"] == after["episodes"], (done, after)
+    frames = _scalars(run_dir, "charts/frames")
+    assert frames == {1: saved["frames"], 2: after["frames"]}
+    assert _scalars(run_dir, "perf/frames_per_generation")[2] == after["frames"] - saved["frames"]
+    assert _scalars(run_dir, "charts/episodes") == {1: saved["episodes"], 2: after["episodes"]}
 
 
 def test_the_frame_cap_defaults_by_env_kind():

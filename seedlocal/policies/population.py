@@ -220,6 +220,7 @@ class Job:
         if params.is_cuda:
             self.made = torch.cuda.Event()
             self.made.record(torch.cuda.current_stream(params.device))
+        self.episodes = episodes
         self.returns: list[list[float]] = [[] for _ in range(params.shape[0])]
         self.fitness: list[list[float]] = [[] for _ in range(params.shape[0])]
         self.pending = params.shape[0] * episodes
@@ -234,6 +235,15 @@ class Job:
             if check is not None:
                 check()
         return self.returns
+
+    @property
+    def members(self) -> int:
+        return len(self.returns)
+
+    def members_done(self) -> int:
+        """Members whose every episode has a return (read from any thread:
+        the lists only grow)."""
+        return sum(len(r) >= self.episodes for r in self.returns)
 
 
 class PopulationPolicy(Policy):
@@ -269,6 +279,7 @@ class PopulationPolicy(Policy):
         self._stats_lock = threading.Lock()
         self._batches = 0
         self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
+        self.steps = np.zeros(n, np.int64)  # steps each slot's job episode has played (0 idle), for progress
         self._env_job: list[Job | None] = [None] * n
         self._lock = threading.Lock()
         self._queue: deque[tuple[Job, int]] = deque()
@@ -297,6 +308,11 @@ class PopulationPolicy(Policy):
                 queue.extend(entries)
         self.loop.unhold()
         return job
+
+    def longest_running(self) -> int:
+        """Steps of the longest job episode still playing (0: none): what a
+        generation waits for at its end."""
+        return int(self.steps.max(initial=0))
 
     def evaluate(self, params: torch.Tensor, episodes: int, check=None) -> list[list[float]]:
         """Returns, per member (row of ``params``), the returns of ``episodes`` episodes."""
@@ -352,6 +368,8 @@ class PopulationPolicy(Policy):
                         job.done.set()
                     self._env_job[lo + j] = None
                     a[j] = -1
+                # Before new jobs start: a slot taking one now has played nothing of it yet.
+                self.steps[lo:lo + self.E] = np.where(a >= 0, length, 0)
                 for j in np.flatnonzero(first[i] & (a < 0)).tolist():
                     queue = self._queue or self._spare
                     if not queue:

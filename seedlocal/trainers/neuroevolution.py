@@ -6,6 +6,16 @@ inference thread in batched forward passes, ``policies/population.py``),
 waits for every return, tells the algorithm (``algos/ga.py``, ``es.py``,
 ``random_search.py``), logs and checkpoints, once per generation. The run's
 life around this is ``trainers/run.py``'s.
+
+Counters: ``generation``, ``frames`` and ``episodes`` advance by whole
+generations, and a checkpoint holds them with the state they produced. A
+long generation (Atari: minutes) is followed while it runs: a progress line
+(members finished, frames, frames/s, the longest episode still playing) and
+the frame budget see its frames as they are stepped, and a run that stops
+inside it (budget, Ctrl-C) reports them in summary.json. Its checkpoint
+still holds the last whole generation, so a resumed run evaluates the
+abandoned one again and counts its frames anew: summary.json's ``frames``
+are the checkpoint's plus those of the generation the run stopped inside.
 """
 
 from __future__ import annotations
@@ -250,6 +260,7 @@ class _Evolver:
             self.state = random_search.init(seed)
         self._cache: dict[tuple, torch.Tensor] = {}
         self._next = None  # the next population's job, already playing (GA: without its elite)
+        self.evaluating: list = []  # the jobs of the population in evaluation (together P members), for progress
 
     def state_dict(self) -> dict:
         return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
@@ -284,9 +295,11 @@ class _Evolver:
 
         if self.name == "ga":
             if self._next is None:
-                fitness = means(pool.submit(self._vecs(self.state.genomes), n_eps))
+                self.evaluating = [pool.submit(self._vecs(self.state.genomes), n_eps)]
+                fitness = means(self.evaluating[0])
             else:  # children already playing; the elite joins at the front of the queue
                 elite = pool.submit(self._vecs(self.state.genomes[:1]), n_eps, front=True)
+                self.evaluating = [elite, self._next]
                 fitness = means(elite) + means(self._next)
             candidates = ga.tell(self.state, cfg.algo, fitness)
             scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
@@ -304,6 +317,7 @@ class _Evolver:
                 seeds, params = alg.ask(self.state, cfg.algo)
                 self._next = (seeds, pool.submit(params, n_eps))
             seeds, job = self._next
+            self.evaluating = [job]
             centre = self.state.theta.clone()  # the population's centre: the state it was asked from
             # The centre's episodes only fill slots the population leaves free
             # and nothing waits for them until the next population plays: with
@@ -324,6 +338,7 @@ class _Evolver:
                 params = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
                 self._next = (params, pool.submit(params, n_eps))
             params, job = self._next
+            self.evaluating = [job]
             fitness = means(job)
             state = random_search.tell(self.state, fitness)
             top = params[int(np.argmax(fitness))]
@@ -347,8 +362,8 @@ class _Evolver:
 LONG_GENERATION_S = 120.0  # a generation this long is told about, once
 
 
-class _OutOfTime(Exception):
-    """The time budget ended inside a generation."""
+class _BudgetSpent(Exception):
+    """A budget (``args[0]``: "seconds" or "frames") ended inside a generation."""
 
 
 class NeuroevoTrainer(Trainer):
@@ -370,6 +385,8 @@ class NeuroevoTrainer(Trainer):
         self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
         self.reached, self.generated = False, False
         self.values: dict = {}
+        self._counted = (0, 0, 0, 0)  # ``_totals`` when the counters last advanced
+        self._inside: float | None = None  # when the generation in evaluation began; None between generations
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -412,6 +429,7 @@ class NeuroevoTrainer(Trainer):
 
     def start(self, run: Run) -> None:
         self.population.loop = run.loop
+        self._counted = self._totals(run.loop)
 
     def spent(self, run: Run) -> str | None:
         cfg, c = self.cfg, self.counters
@@ -422,20 +440,38 @@ class NeuroevoTrainer(Trainer):
             ("frames", cfg.total_frames and c["frames"] >= cfg.total_frames),
             ("seconds", run.out_of_time())) if over), None)
 
+    def _totals(self, loop) -> tuple[int, int, int, int]:
+        """Running totals the counters advance by: rows served to members
+        (each one step of a member's episode), env steps (idle slots and
+        auto-reset steps too: a group steps all its envs), evaluation
+        episodes scored, and those of them the frame cap ended."""
+        pop = self.population
+        return pop.forward_envs, loop.stats.env_steps, pop.episodes_scored, pop.episodes_capped
+
+    def _uncounted(self) -> tuple[int, int]:
+        """(frames, episodes) of evaluation played since the counters last
+        advanced: the generation in evaluation's so far."""
+        pop, (served, _, scored, _) = self.population, self._counted
+        return (pop.forward_envs - served) * self.frames_per_step, pop.episodes_scored - scored
+
     def advance(self, run: Run) -> str | None:
         """One generation, evaluated in the pipeline, then its scalars."""
         loop, pop, pool, c = run.loop, self.population, run.pipe.pool, self.counters
-        t0, steps0, eps0, capped0 = time.monotonic(), loop.stats.env_steps, pop.episodes_scored, pop.episodes_capped
-        w0, fwd0, served0 = pool.worker_stats(), pop.forward_s, pop.forward_envs
+        t0 = self._inside = time.monotonic()
+        w0, fwd0 = pool.worker_stats(), pop.forward_s
         self.generated, told = False, [False]
         run.watch.start()
 
         def check() -> None:
-            # Every 0.5 s while a generation waits for episodes: the time budget
-            # holds inside a generation too (long or endless episodes, a hung
-            # env), abandoning it; the checkpoint keeps the last whole one.
+            # Every 0.5 s while a generation waits for episodes (Job.wait: a
+            # blocking wait, no spinning). The budgets hold inside a
+            # generation too (long or endless episodes, a hung env),
+            # abandoning it; the checkpoint keeps the last whole one.
             if run.waiting(t0):
-                raise _OutOfTime
+                raise _BudgetSpent("seconds")
+            if self.cfg.total_frames and c["frames"] + self._uncounted()[0] >= self.cfg.total_frames:
+                raise _BudgetSpent("frames")
+            self._progress_inside(run, t0)
             if time.monotonic() - t0 >= LONG_GENERATION_S and not told[0]:
                 told[0] = True
                 print(f"\nseedlocal: generation {c['generation'] + 1} has waited {LONG_GENERATION_S:.0f} s for its "
@@ -445,21 +481,20 @@ class NeuroevoTrainer(Trainer):
 
         try:
             stats = self.evolver.generation(pop, check)
-        except _OutOfTime:
-            return "seconds"
+        except _BudgetSpent as spent:
+            return spent.args[0]  # still inside: the summary counts what this generation stepped
         pop.commit_obs_stats()  # what this generation's episodes saw, for the next
         dt = time.monotonic() - t0
         self.gen_s += dt
-        # Frames of evaluation episodes only: each served row is one step of a
-        # member's episode. Idle slots and auto-reset steps are stepped too (a
-        # group steps all its envs), but are no evaluation; their share is
-        # reported as perf/idle_share.
-        served = pop.forward_envs - served0
-        frames, stepped, w1 = served * self.frames_per_step, loop.stats.env_steps - steps0, pool.worker_stats()
+        # Read once: the inference thread goes on serving the next population,
+        # whose rows count towards the next generation.
+        counted = self._totals(loop)
+        served, stepped, scored, capped = (now - then for now, then in zip(counted, self._counted))
+        self._counted, self._inside = counted, None
+        frames, w1 = served * self.frames_per_step, pool.worker_stats()
         c["generation"] += 1
         c["frames"] += frames
         self.frames_run += frames
-        scored, capped = pop.episodes_scored - eps0, pop.episodes_capped - capped0
         c["episodes"] += scored
         loop.stats.episodes.take()
         self.values = {f"charts/{k}": v for k, v in stats.items()}
@@ -478,6 +513,18 @@ class NeuroevoTrainer(Trainer):
         self.generated = True
         return None
 
+    def _progress_inside(self, run: Run, t0: float) -> None:
+        """The progress line while a generation runs (the monitor rate-limits
+        it: live on a terminal, every 10 s in a log file)."""
+        jobs, pop = self.evolver.evaluating, self.population
+        frames = self._uncounted()[0]
+        dt = max(time.monotonic() - t0, 1e-9)
+        run.monitor.progress(
+            f"gen {self.counters['generation'] + 1:>4d}  members {sum(j.members_done() for j in jobs):>4d}"
+            f"/{sum(j.members for j in jobs)} finished  frames {self.counters['frames'] + frames:>12,d}  "
+            f"frames/s {frames / dt:>9,.0f}  longest episode {pop.longest_running() * self.frames_per_step:,d} "
+            f"frames  {dt:,.0f} s")
+
     def log_due(self, run: Run, now: float) -> bool:
         return self.generated  # once per generation, with the generation as the x axis
 
@@ -495,17 +542,25 @@ class NeuroevoTrainer(Trainer):
 
     def results(self, run: Run) -> dict:
         c, best = self.counters, self.evolver.best_return
+        # A run stopped inside a generation (budget, Ctrl-C, error) reports the
+        # frames it stepped there too; its checkpoint does not hold them.
+        inside, (more_frames, more_episodes) = self._inside is not None, self._uncounted()
+        if not inside:
+            more_frames = more_episodes = 0
+        gen_s = self.gen_s + (time.monotonic() - self._inside if inside else 0.0)
+        frames = c["frames"] + more_frames
         return {"algo": self.algo, "env": self.spec.env_id, "generations": c["generation"],
-                "steps": c["frames"] // self.frames_per_step, "frames": c["frames"], "episodes": c["episodes"],
+                "steps": frames // self.frames_per_step, "frames": frames, "episodes": c["episodes"] + more_episodes,
                 "best_member_return": best if math.isfinite(best) else None,
-                "frames_per_s": round(self.frames_run / self.gen_s, 1) if self.gen_s else None,
+                "frames_per_s": round((self.frames_run + more_frames) / gen_s, 1) if gen_s else None,
                 "forward": self.population.forward.strategy,
                 **{k: run.summary.get(k) for k in ("generations_to_target", "steps_to_target", "frames_to_target")}}
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
         best = f"{self.evolver.best_return:.1f}" if math.isfinite(self.evolver.best_return) else "-"
         g = self.counters["generation"]
-        return (f"{g} generations, {self.counters['frames']:,d} frames, best member return {best}",
+        frames = summary.get("frames", self.counters["frames"])  # with a generation stopped inside
+        return (f"{g} generations, {frames:,d} frames, best member return {best}",
                 None if g else "stopped before the first generation ended")
 
 
