@@ -134,6 +134,10 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
         return "cartpole"
     if kind == "cartpole" or kind not in presets:
         return "cartpole"
+    try:  # the preset's env settings must fit this env (R2D2's Atari preset has envpool stack single frames)
+        describe(env_id, _option(args, "--env.backend") or "auto", presets[kind].env.frame_stack)
+    except Exception:
+        return "cartpole"
     if not {"-h", "--help"} & set(args):
         what = "image frames" if kind == "atari" else "a Box action space"
         print(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
