@@ -100,7 +100,7 @@ def time_precisions(a: Args, cfg, algo, spec) -> None:
     device = torch.device(a.device)
     L, B = cfg.pipeline.unroll_length + 1, algo.batch_size
     frames = (L - 1) * B * spec.frames_per_step
-    seconds, losses = {}, {}
+    seconds, losses, resolved = {}, {}, {}
     for p in a.precisions:
         torch.manual_seed(0)
         model = build_model(cfg, spec).to(device)
@@ -108,7 +108,7 @@ def time_precisions(a: Args, cfg, algo, spec) -> None:
         precision = resolve_precision(p, model.kind, device)
         apply_precision(precision, device)
         batch = _to(synthetic_batch(spec, model, L, B)[1], device)
-        stats = learner_step(model, optimizer, batch, algo, precision=precision)  # warm-up (and cuDNN's tuning)
+        stats = learner_step(model, optimizer, batch, algo, precision=precision)  # warm-up (allocator, kernels)
         times = []
         for _ in range(a.repeats):
             if device.type == "cuda":
@@ -118,13 +118,15 @@ def time_precisions(a: Args, cfg, algo, spec) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
-        seconds[precision] = _median(times)
-        losses[precision] = {k: round(float(v), 6) for k, v in stats.items() if "loss" in k}
+        # Keyed by what was asked: on a CPU tf32 runs as fp32, and must not overwrite fp32's own figure.
+        seconds[p] = _median(times)
+        losses[p] = {k: round(float(v), 6) for k, v in stats.items() if "loss" in k}
+        resolved[p] = precision
     fastest = min(seconds, key=seconds.get)
     print(json.dumps({"preset": a.preset, "env": spec.env_id, "device": str(device), "echo": algo.echo,
                       "minibatches": algo.minibatches, "frames_per_batch": frames, "learn_s": seconds,
                       "learner_alone_frames_per_s": {p: frames / s for p, s in seconds.items()},
-                      "last_loss": losses, "fastest": fastest}), flush=True)
+                      "ran_as": resolved, "last_loss": losses, "fastest": fastest}), flush=True)
 
 
 def main(a: Args) -> None:

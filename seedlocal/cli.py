@@ -129,7 +129,8 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
     from seedlocal.pipeline.envs import describe
 
     try:
-        kind = task_kind(describe(env_id, _option(args, "--env.backend") or "auto"))
+        # Arguments as validation passes them (id, backend, frame_stack), so its describe() is this cached one.
+        kind = task_kind(describe(env_id, _option(args, "--env.backend") or "auto", 0))
     except Exception:
         return "cartpole"
     if kind == "cartpole" or kind not in presets:

@@ -4,21 +4,26 @@ package is named with what installs it."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from seedlocal.pipeline import envs
 from seedlocal.pipeline.envs import describe, make_group, register_namespace
 
-minatar = pytest.importorskip("minatar")
+needs_minatar = pytest.mark.skipif(importlib.util.find_spec("minatar") is None,
+                                   reason="minatar is not installed (pip install -e '.[minatar]')")
 
 
+@needs_minatar
 def test_minatar_ids_resolve_without_a_shim_module():
     spec = describe("MinAtar/Breakout-v1")
-    assert spec.obs[""].shape == (10, 10, 4) and spec.obs[""].dtype == "bool"
+    assert spec.obs[""].shape == (10, 10, 4) and spec.obs[""].dtype in ("bool", "uint8")  # 1.0.15: bool
     assert spec.num_actions == 3  # v1: the minimal action set
     assert envs.resolve_backend("MinAtar/SpaceInvaders-v1") == "gymnasium"
 
 
+@needs_minatar
 def test_a_fresh_process_registers_minatar_ids_by_itself():
     """Workers start by spawn, with an empty Gymnasium registry: making the
     group must register the namespace there too."""
@@ -34,6 +39,7 @@ def test_a_fresh_process_registers_minatar_ids_by_itself():
     assert out.returncode == 0 and "(2, 10, 10, 7)" in out.stdout, out.stderr[-1500:]
 
 
+@needs_minatar
 def test_a_group_steps_minatar_with_its_seeds():
     spec = describe("MinAtar/Breakout-v1")
     a, b = make_group(spec, 2, 1, 3), make_group(spec, 2, 1, 3)
@@ -55,3 +61,22 @@ def test_a_namespace_whose_package_is_missing_names_it(monkeypatch):
         register_namespace("NoSuchGames/Pong-v0")
     register_namespace("CartPole-v1")  # no namespace: nothing to do
     register_namespace("gfootball/academy_3_vs_1_with_keeper-v1")  # envpool's own namespaces: nothing to do
+
+
+def test_a_namespace_package_that_fails_to_register_is_named(monkeypatch):
+    """An entry point whose register function raises is one line naming it,
+    not a traceback from inside the package."""
+    class Broken:
+        name, value = "BrokenGames", "brokengames.gym:register_envs"
+
+        def load(self):
+            def register():
+                raise RuntimeError("no ROMs")
+            return register
+
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()])
+    with pytest.raises(ValueError, match=r"brokengames.gym:register_envs \(which registers BrokenGames/ ids\) "
+                                         r"failed: RuntimeError: no ROMs"):
+        register_namespace("BrokenGames/Pong-v0")

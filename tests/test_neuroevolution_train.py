@@ -369,7 +369,9 @@ def test_a_run_stopped_inside_its_first_generation_shows_progress_and_counts_its
     it runs, the progress line says how far it is (members finished of P,
     frames, frames/s, the longest episode still playing); stopped by its
     time budget, the run reports the frames it stepped (it reported 0)."""
-    summary = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=3.0, run_name="s",
+    # The clock starts before the spawned workers have imported and made their envs: 6 s leaves a loaded
+    # 2-core machine seconds of stepping after that.
+    summary = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=6.0, run_name="s",
                                 progress=True))
     err = capsys.readouterr().err
     assert re.search(r"gen +1  members +0/8 finished  frames +[\d,]+  frames/s +[\d,]+  longest episode [\d,]+ "
@@ -433,7 +435,7 @@ def test_counters_after_a_stop_inside_a_generation_and_a_resume(tmp_path):
     saved = checkpoint.load(run_dir)["counters"]
     assert first["frames"] == saved["frames"] > 0 and first["episodes"] == saved["episodes"] >= 10
     # Resumed without the cap, generation 2 cannot end: the time budget stops the run inside it.
-    stopped = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=2.0, resume=str(run_dir)))
+    stopped = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=5.0, resume=str(run_dir)))
     assert stopped["stopped_by"] == "seconds" and stopped["generations"] == 1, stopped
     assert stopped["frames"] > saved["frames"] and stopped["episodes"] == saved["episodes"], stopped
     assert checkpoint.load(run_dir)["counters"] == saved

@@ -89,6 +89,7 @@ def _unknown_id(env_id: str, why: str, otherwise: str = "") -> ValueError:
 
 # Namespaces of Gymnasium ids that a package registers when asked, and what installs it.
 NAMESPACE_PACKAGES = {"MinAtar": "minatar (pip install 'seedlocal[minatar]')"}
+_registered: set[str] = set()  # namespaces this process has registered
 
 
 def register_namespace(env_id: str) -> None:
@@ -98,7 +99,7 @@ def register_namespace(env_id: str) -> None:
     so no shim module is needed. Called wherever Gymnasium makes an env,
     worker processes included (they start fresh: spawn). Other ids: nothing."""
     namespace, slash, _ = env_id.partition("/")
-    if not slash or ":" in env_id or env_id in _gymnasium_ids():
+    if not slash or ":" in env_id or namespace in _registered or env_id in _gymnasium_ids():
         return
     from importlib.metadata import entry_points
 
@@ -106,11 +107,12 @@ def register_namespace(env_id: str) -> None:
         if ep.name == namespace:
             try:
                 register = ep.load()
+                if callable(register):
+                    register()
             except Exception as e:
-                raise ValueError(f"env.id={env_id!r}: loading {ep.value} (which registers {namespace}/ ids) failed: "
+                raise ValueError(f"env.id={env_id!r}: {ep.value} (which registers {namespace}/ ids) failed: "
                                  f"{type(e).__name__}: {e}") from None
-            if callable(register):
-                register()
+            _registered.add(namespace)  # once per process: a misspelled id must not register it again
             return
     if namespace in NAMESPACE_PACKAGES and env_id not in _envpool_ids():
         raise ValueError(f"env.id={env_id!r}: {namespace}/ ids need the package {NAMESPACE_PACKAGES[namespace]}")
