@@ -23,10 +23,10 @@ import sys
 USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,bench,actors} [--help] [options]
 
   train vtrace   train IMPALA (V-trace) with central batched inference
-                 presets: --preset cartpole, --preset atari, --preset mujoco; without
-                 --preset, the one made for --env.id's kind (images, Box actions)
+                 presets: --preset cartpole, atari, minatar, football, mujoco; without
+                 --preset, the one made for --env.id's kind (images, small grids, Box actions)
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
-  train r2d2     recurrent prioritized replay Q-learning (R2D2); presets cartpole, atari
+  train r2d2     recurrent prioritized replay Q-learning (R2D2); presets cartpole, atari, minatar
   train ga       deep GA: a population evaluated in batched forward passes
   train es       evolution strategies (antithetic, centred ranks, Adam); --preset mujoco
   train ars      Augmented Random Search: linear policies on normalised states; --preset mujoco
@@ -140,7 +140,8 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
     except Exception:
         return "cartpole"
     if not {"-h", "--help"} & set(args):
-        what = "image frames" if kind == "atari" else "a Box action space"
+        what = {"atari": "image frames", "minatar": "small image grids", "football": "Google Research Football's "
+                "minimap frames"}.get(kind, "a Box action space")
         print(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
               "plain defaults)", flush=True)
     return kind
@@ -257,7 +258,8 @@ def _parse(argv: list[str]):
             from seedlocal.trainers.r2d2 import R2D2Run
 
             return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
-                                        "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for image envs)." + TUNED)
+                                        "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for image envs), "
+                                        "--preset minatar (chosen by itself for small image grids)." + TUNED)
         if rest[0] != "vtrace":
             from seedlocal.trainers.neuroevolution import ALGOS, PRESETS as NEURO_PRESETS
 
@@ -268,8 +270,8 @@ def _parse(argv: list[str]):
         from seedlocal.trainers.vtrace import PRESETS, VTraceRun
 
         return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
-                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari, --preset mujoco (each chosen "
-                                    "by itself for an --env.id of its kind)." + TUNED)
+                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari, --preset minatar, "
+                                    "--preset football, --preset mujoco (each chosen by itself for an --env.id of its kind)." + TUNED)
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     raise SystemExit(2)
 

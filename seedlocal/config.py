@@ -235,14 +235,18 @@ def validate_env(env: EnvConfig, id_field: str = "env.id"):
 
 def task_kind(spec) -> str:
     """The kind of task an env is, named as the presets that fit it are:
-    'atari' for frames of 36 x 36 and up (Nature CNN), 'mujoco' for Box
-    actions, 'cartpole' for the rest (small vectors, small grids)."""
-    from seedlocal.networks import is_image
+    'football' for Google Research Football (envpool's gfootball/ ids),
+    'atari' for other frames of 36 x 36 and up (Nature CNN), 'minatar' for
+    smaller image grids with Discrete actions (MinAtar's 10 x 10 x C),
+    'mujoco' for Box actions, 'cartpole' for the rest (small vectors)."""
+    from seedlocal.networks import is_grid, is_image
 
     single = spec.obs.get("")
     if single is not None and is_image(single):
-        return "atari"
-    return "mujoco" if spec.num_actions is None else "cartpole"
+        return "football" if spec.env_id.startswith("gfootball/") else "atari"
+    if spec.num_actions is None:
+        return "mujoco"
+    return "minatar" if single is not None and is_grid(single) else "cartpole"
 
 
 def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: int = 0,

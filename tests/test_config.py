@@ -224,6 +224,10 @@ def test_precision_means_one_arithmetic_per_device():
     (["train", "vtrace", "--env.id", "box_envs:EchoAction-v0"], "mujoco"),
     (["train", "vtrace", "--env.id", "image_catch:ImageCatch-v0"], "atari"),
     (["train", "vtrace", "--env.id", "Acrobot-v1"], "cartpole"),
+    (["train", "vtrace", "--env.id", "grid_envs:BoolGrid-v0"], "minatar"),  # a small 0/1 grid, like MinAtar's
+    (["train", "r2d2", "--env.id", "grid_envs:BoolGrid-v0"], "minatar"),
+    (["train", "vtrace", "--env.id", "gfootball/academy_corner-v1"], "football"),
+    (["train", "r2d2", "--env.id", "gfootball/academy_corner-v1"], "cartpole"),  # R2D2 has no football preset
     (["train", "vtrace", "--env.id", "Hopper-v5", "--preset", "cartpole"], "cartpole"),
     (["train", "r2d2", "--env.id", "Breakout-v5"], "atari"),
     # R2D2's Atari preset has envpool stack single frames, which a Gymnasium image env cannot.

@@ -60,6 +60,30 @@ PRESETS: dict[str, VTraceRun] = {
                           separate_critic=False, init="orthogonal"),
         total_steps=2_500_000,
     ),
+    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso, the Atari preset's
+    # clipped-surrogate rhythm, but larger batches (64 envs, 1,024 steps a batch, 2 passes of 4 minibatches)
+    # and a larger step size: the network is tiny, so the CPU learner's cost is per batch, not per weight.
+    "minatar": VTraceRun(
+        env=EnvConfig(id="MinAtar/Breakout-v1"),
+        pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
+        algo=VTraceParams(batch_size=32, echo=2, minibatches=4, clip=0.2, normalize_advantages=True,
+                          learning_rate=1e-3, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
+                          entropy_cost=0.01, max_grad_norm=0.5, encoder="minatar", separate_critic=False,
+                          init="orthogonal"),
+        total_steps=5_000_000,
+    ),
+    # SEED's Google Research Football (docs/football.md) on envpool's gfootball/ ids: one 72 x 96 x 4 minimap
+    # (SMM) frame and the scoring reward; the Atari preset's rhythm and Nature CNN, with the longer horizon
+    # and smaller entropy bonus of GRF's own PPO scripts (gamma 0.993, entropy 0.003), 19 actions.
+    "football": VTraceRun(
+        env=EnvConfig(id="gfootball/academy_empty_goal_close-v1"),
+        pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=32),
+        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
+                          learning_rate=3.4e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.993,
+                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, encoder="nature",
+                          separate_critic=False, init="orthogonal"),
+        total_steps=1_000_000,
+    ),
     # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
     # (docs/mujoco.md): separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent
     # std, observation normalisation, reward scaling, clip 0.2, 10 passes of 32 minibatches over each
@@ -77,7 +101,8 @@ PRESETS: dict[str, VTraceRun] = {
 
 
 def preset_for(spec) -> VTraceRun:
-    """The preset made for an env's kind: Atari's for images, MuJoCo's for Box actions, else CartPole's."""
+    """The preset made for an env's kind (``config.task_kind``): Atari's for images, Football's for
+    gfootball's minimaps, MinAtar's for small grids, MuJoCo's for Box actions, else CartPole's."""
     from seedlocal.config import task_kind
 
     return PRESETS[task_kind(spec)]
