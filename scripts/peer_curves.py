@@ -87,21 +87,49 @@ class Run:
 
     @property
     def label(self) -> str:
-        name = "CleanRL" if self.system == "cleanrl" else "seedlocal"
+        name = {"cleanrl": "CleanRL", "minatar": "MinAtar's"}.get(self.system, "seedlocal")
         return f"{name} {self.algo} {self.env_id} s{self.seed}"
 
 
 def run_dirs(paths: list[str]) -> list[Path]:
-    """Folders that hold event files: each path itself, or its subfolders."""
+    """Folders that hold event files: each path itself, or its subfolders;
+    and MinAtar example logs (``*.minatar.log``, scripts/peer_minatar.sh)."""
     found = []
     for p in map(Path, paths):
+        if p.is_file() and p.name.endswith(MINATAR_LOG):
+            found.append(p)
+            continue
         if not p.is_dir():
             raise SystemExit(f"{p}: no such folder")
         if any(p.glob("events.out.tfevents.*")):
             found.append(p)
         else:
             found += sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("events.out.tfevents.*")))
+            found += sorted(p.glob(f"*{MINATAR_LOG}"))
     return found
+
+
+MINATAR_LOG = ".minatar.log"
+# MinAtar's examples (dqn.py, AC_lambda.py) with -v log every 1,000th episode: its return, an exponential
+# average of all returns (weight 0.01 on the newest, so about the last 100 episodes), the frame count and the
+# mean seconds per frame so far (so seconds = frames x that).
+_MINATAR_LINE = re.compile(r"Episode (\d+) \| Return: ([-\d.e]+) \| Avg return: ([-\d.e]+) \| Frame: (\d+) "
+                           r"\| Time per frame: ([\d.e-]+)")
+MINATAR_GAMES = {"breakout": "Breakout", "space_invaders": "SpaceInvaders", "freeway": "Freeway",
+                 "asterix": "Asterix", "seaquest": "Seaquest"}
+
+
+def read_minatar_log(path: Path) -> Run:
+    """A run of MinAtar's own example agents, from the log scripts/peer_minatar.sh keeps
+    (``<game>_<dqn|AC_lambda>_s<seed>.minatar.log``): their v0 envs (all 6 actions)."""
+    game, algo, seed = re.fullmatch(r"(\w+?)_(dqn|AC_lambda)_s(\w+)", path.name[:-len(MINATAR_LOG)]).groups()
+    rows = []
+    for m in _MINATAR_LINE.finditer(path.read_text()):
+        episodes, ret, avg, frames, per_frame = m.groups()
+        rows.append({"steps": int(frames), "seconds": round(int(frames) * float(per_frame), 1),
+                     "return_mean20": round(float(avg), 3), "episodes": int(episodes),
+                     "episode_return": float(ret), "entropy": ""})
+    return Run(path, "minatar", algo.replace("_", ""), f"MinAtar/{MINATAR_GAMES.get(game, game)}-v0", seed, rows)
 
 
 def _text(ea, tag: str) -> str:
@@ -123,6 +151,8 @@ def _count(v: float) -> int | str:
 
 
 def read_run(path: Path, window: int = 20) -> Run | None:
+    if path.is_file():
+        return read_minatar_log(path)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
@@ -195,14 +225,14 @@ def plot(env: str, runs: list[Run], path: Path, log_time: bool, target: float | 
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for r in runs:
-        style = {"linestyle": "--" if r.system == "cleanrl" else "-", "label": r.label}
+        style = {"linestyle": "-" if r.system == "seedlocal" else "--", "label": r.label}
         a.plot([x["steps"] / 1e6 for x in r.rows], [x["return_mean20"] for x in r.rows], **style)
         b.plot([x["seconds"] / 60 for x in r.rows], [x["return_mean20"] for x in r.rows], **style)
     a.set_xlabel("agent steps (millions)")
     b.set_xlabel("wall-clock (minutes" + (", log scale)" if log_time else ")"))
     if log_time:
         b.set_xscale("log")
-    a.set_ylabel("mean return, last 20 episodes")
+    a.set_ylabel("mean return, last 20 episodes" + (" (MinAtar's: its running average)" if any(r.system == "minatar" for r in runs) else ""))
     for ax in (a, b):
         ax.grid(alpha=0.3)
         if target is not None:
@@ -230,9 +260,9 @@ def main(args: Args) -> None:
             print(f"{path}: neither charts/episodic_return (CleanRL) nor charts/return_mean20 (seedlocal); skipped")
             continue
         if not run.rows:
-            print(f"{path}: fewer than {args.window} episodes; skipped")
+            print(f"{path}: fewer than {args.window if run.system != 'minatar' else 1000} episodes; skipped")
             continue
-        name = f"{args.prefix}{run.env_id}_{run.system}_{run.algo}_s{run.seed}"
+        name = f"{args.prefix}{run.env_id.replace('/', '_')}_{run.system}_{run.algo}_s{run.seed}"
         if name in written:
             name += f"_{path.name}"
         written.add(name)
@@ -254,7 +284,7 @@ def main(args: Args) -> None:
                 line += (f"   {targets[env]:g} reached at {hit['steps']:,d} steps, {hit['seconds'] / 60:.1f} min"
                          if hit else f"   never reached {targets[env]:g}")
             print(line)
-        png = out / f"{args.prefix}{env}.png"
+        png = out / f"{args.prefix}{env.replace('/', '_')}.png"
         if plot(env, runs, png, args.log_time, targets.get(env)):
             print(f"  plot: {png}")
 
