@@ -192,9 +192,9 @@ class ActorPool:
         self.restarts[w] += 1
         since = self.control["group_wait_since"]
         for g in self.groups_of(w):
-            if since[g] > 0:  # it died waiting: that wait ends now (nothing else writes these any more)
-                self.control["group_wait_s"][g] += time.perf_counter() - since[g]
-                since[g] = 0.0
+            if (began := since[g]) > 0:  # it died waiting: that wait ends now (nothing else writes these any more)
+                since[g] = 0.0  # first, as the worker does (see worker_stats)
+                self.control["group_wait_s"][g] += time.perf_counter() - began
             self.control["state"][g] = STEPPING
             self.wake[g].drain()
             self.ready[g].drain()
@@ -207,10 +207,16 @@ class ActorPool:
         seconds waiting for actions (a wait under way counted up to now),
         seconds in the env, steps; ``threads`` divides a span's seconds into shares."""
         c = self.control
-        since = c["group_wait_since"]
-        waiting = since[since > 0]
+        # The totals first, then one copy of the start times: a worker ends a
+        # wait by zeroing its start and then adding the wait to its total, so
+        # this order never counts a wait twice, and the copy keeps the mask and
+        # the values from one read (masking the live array, then indexing it
+        # again, could take a 0.0 written in between: ``now - 0.0``, the uptime).
+        done = float(c["group_wait_s"].sum())
+        since = c["group_wait_since"].copy()
+        now = time.perf_counter()
         return {
-            "wait_s": float(c["group_wait_s"].sum() + (time.perf_counter() - waiting).sum()),
+            "wait_s": done + float((now - since[since > 0]).sum()),
             "env_s": float(c["group_env_s"].sum()),
             "steps": int(c["group_steps"].sum()),
             "threads": self.num_local_groups,
