@@ -35,6 +35,8 @@ from seedlocal.pipeline.envs import EnvSpec, make_group
 _GL: list = []  # the headless OpenGL context, once made (kept alive for the process)
 MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms
 DEFAULT_FPS = 30.0  # an env that says nothing of its speed
+MIN_SIDE = 32  # frames smaller than this (on their shorter side) are enlarged, each cell a square block ...
+ENLARGED_SIDE = 160  # ... to at least this many pixels (Atari's width)
 
 
 class Clip(list):
@@ -186,7 +188,13 @@ def _frame(x) -> np.ndarray:
         what = "None" if x is None else f"an array of shape {getattr(f, 'shape', '?')}"
         raise RenderUnavailable(f"render() returned {what}, not an [H, W, 3] image; the env must take "
                                 "render_mode='rgb_array' and return frames from render()")
-    return f.astype(np.uint8, copy=False)
+    if np.issubdtype(f.dtype, np.floating):  # colours in [0, 1], as matplotlib takes them (MinAtar draws so)
+        f = np.clip(np.nan_to_num(f) * 255.0 + 0.5, 0, 255)
+    f = f.astype(np.uint8, copy=False)
+    if min(f.shape[:2]) < MIN_SIDE:  # a grid (MinAtar's 10 x 10 cells), not a picture: cells a person can see
+        k = -(-ENLARGED_SIDE // min(f.shape[:2]))
+        f = np.repeat(np.repeat(f, k, axis=0), k, axis=1)
+    return f
 
 
 def _observed(obs: dict) -> np.ndarray:

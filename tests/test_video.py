@@ -77,7 +77,7 @@ def test_atari_frames_are_the_games_colour_frames_of_the_episode_played():
 def test_a_gymnasium_env_is_recorded_through_its_render():
     model, spec = _model("faulty_envs:ActionStart-v0")
     frames = record(model, spec, greedy=True, seed=0, max_steps=10)
-    assert frames and frames[0].shape == (8, 8, 3)
+    assert frames and frames[0].shape == (160, 160, 3)  # its 8 x 8 render, each pixel a 20 x 20 block
 
 
 def test_a_gymnasium_frame_keeps_its_size_and_colour_and_plays_in_real_time():
@@ -98,6 +98,21 @@ def test_a_gymnasium_frame_keeps_its_size_and_colour_and_plays_in_real_time():
         im.seek(k)
         durations.append(im.info["duration"])
     assert durations == [20] * 9  # 30 steps at 200 a second: 0.15 s, shown in 0.18 s (its last frame whole)
+
+
+def test_a_small_float_grid_is_drawn_in_colour_with_cells_a_person_can_see():
+    """MinAtar's render() gives a 10 x 10 grid of float colours in [0, 1]: a
+    cast to uint8 made every frame black (an 84-byte GIF); each cell becomes a
+    16 x 16 block of its colour, 160 x 160 in all."""
+    from seedlocal.video import _frame
+
+    grid = np.zeros((10, 10, 3))
+    grid[2, 7] = (1.0, 0.5, 0.0)
+    f = _frame(grid)
+    assert f.shape == (160, 160, 3) and f.dtype == np.uint8
+    assert f[2 * 16:3 * 16, 7 * 16:8 * 16].reshape(-1, 3).tolist() == [[255, 128, 0]] * 256
+    assert int(f.sum()) == 256 * (255 + 128)  # the rest stays black
+    assert _frame(np.full((37, 53, 3), 7, np.uint8)).shape == (37, 53, 3)  # a picture keeps its size
 
 
 def test_render_returning_nothing_is_named():
