@@ -235,6 +235,7 @@ def test_precision_means_one_arithmetic_per_device():
     (["train", "es", "--env.id", "Hopper-v5"], "mujoco"),
     (["train", "ars", "--env.id", "InvertedPendulum-v5"], "mujoco"),
     (["train", "ga", "--env.id", "image_catch:ImageCatch-v0"], "cartpole"),  # GA has no image preset
+    (["train", "es", "--env.id", "grid_envs:BoolGrid-v0"], "minatar"),
     (["train", "random-search", "--env.id", "Hopper-v5"], "cartpole"),  # nor random search a MuJoCo one
 ])
 def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys):

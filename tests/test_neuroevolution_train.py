@@ -451,8 +451,9 @@ def test_counters_after_a_stop_inside_a_generation_and_a_resume(tmp_path):
 
 def test_the_frame_cap_defaults_by_env_kind():
     """-1 (the default): the deep GA's 20,000 frames for image frames (Atari:
-    5,000 steps of 4 frames), no cap otherwise; 0 turns it off; below -1 is
-    refused naming the field."""
+    5,000 steps of 4 frames), 10,000 for small grids (MinAtar, 1 frame a
+    step), no cap otherwise; 0 turns it off; below -1 is refused naming the
+    field."""
     from seedlocal.errors import ConfigError
     from seedlocal.trainers.neuroevolution import episode_frame_cap, episode_step_cap, validate
 
@@ -462,5 +463,7 @@ def test_the_frame_cap_defaults_by_env_kind():
     assert episode_frame_cap(GARun(max_episode_frames=0), atari) == 0
     assert episode_frame_cap(ESRun(), cartpole) == 0
     assert episode_frame_cap(GARun(max_episode_frames=500), cartpole) == 500
+    grid = validate_env(EnvConfig(id="grid_envs:BoolGrid-v0"))
+    assert (episode_frame_cap(ESRun(), grid), episode_step_cap(ESRun(), grid)) == (10_000, 10_000)
     with pytest.raises(ConfigError, match="max_episode_frames=-2"):
         validate(GARun(max_episode_frames=-2))

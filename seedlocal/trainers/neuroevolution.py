@@ -62,7 +62,8 @@ class NeuroevoRun:
     """episodes that score the best member each generation (ES centre, random-search winner)"""
     max_episode_frames: int = -1
     """end an evaluation episode after this many emulator frames (steps x frame skip), scored on its return so
-    far: -1 = by env kind (20,000 for image frames, as the deep-GA paper's Atari runs; none otherwise), 0 = never"""
+    far: -1 = by env kind (20,000 for image frames, as the deep-GA paper's Atari runs; 10,000 for small grids;
+    none otherwise), 0 = never"""
     encoder: str = "auto"
     """network torso: auto (MinAtar's one-conv torso for grids under 36 x 36, the Nature CNN from 36 x 36 up, else
     MLP), mlp, minatar, nature, impala"""
@@ -124,14 +125,27 @@ def _mujoco_pipeline(envs: int) -> PipelineConfig:
     return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
 
 
+def _grid_pipeline() -> PipelineConfig:
+    # MinAtar's games step in Python at tens of thousands of steps/s: every member's episode at once.
+    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
+
+
+# Small grids (MinAtar, docs/minatar.md): the one-conv torso as both learners use it; sticky actions make
+# every episode noisy, so the ES centre and the GA elite are scored over 5 episodes.
 # Continuous control (docs/mujoco.md): the networks, noise and normalisation of each paper, the populations
 # scaled to a workstation's cores (the papers ran hundreds to thousands of CPUs).
 PRESETS: dict[str, dict[str, NeuroevoRun]] = {
-    "es": {"cartpole": ESRun(), "mujoco": ESRun(
+    "es": {"cartpole": ESRun(), "minatar": ESRun(
+        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
+        best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+        "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
         hidden=(64, 64), obs_norm=True, action_noise=0.01, best_episodes=3,
         algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005))},
-    "ga": {"cartpole": GARun(), "mujoco": GARun(
+    "ga": {"cartpole": GARun(), "minatar": GARun(
+        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
+        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
+        "mujoco": GARun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
         hidden=(64, 64), obs_norm=True,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3))},
@@ -205,14 +219,20 @@ def fitness_shift(cfg: NeuroevoRun, spec) -> float:
 # is used here. Without a cap, one member that survives without scoring holds its whole generation up to the
 # emulator's own limit (envpool's Atari v5: 27,000 steps, 108,000 frames).
 ATARI_EPISODE_FRAMES = 20_000
+# MinAtar's games have no time limit but Freeway's 2,500 frames, and a member that keeps Breakout's ball in play
+# never ends its episode: 10,000 frames (= steps) is four Freeway episodes, far past what the papers' agents
+# reach per episode in 5M frames.
+GRID_EPISODE_FRAMES = 10_000
 
 
 def episode_frame_cap(cfg: NeuroevoRun, spec) -> int:
     """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the
-    deep-GA cap for image frames (the Atari kind) and none for other envs."""
+    deep-GA cap for image frames (Atari, football), ``GRID_EPISODE_FRAMES`` for small grids (MinAtar) and
+    none for other envs."""
     if cfg.max_episode_frames >= 0:
         return cfg.max_episode_frames
-    return ATARI_EPISODE_FRAMES if task_kind(spec) == "atari" else 0
+    kind = task_kind(spec)
+    return ATARI_EPISODE_FRAMES if kind in ("atari", "football") else GRID_EPISODE_FRAMES if kind == "minatar" else 0
 
 
 def episode_step_cap(cfg: NeuroevoRun, spec) -> int:
