@@ -105,7 +105,7 @@ def run_dirs(paths: list[str]) -> list[Path]:
             found.append(p)
         else:
             found += sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("events.out.tfevents.*")))
-            found += sorted(p.glob(f"*{MINATAR_LOG}"))
+        found += sorted(p.glob(f"*{MINATAR_LOG}"))
     return found
 
 
@@ -122,7 +122,11 @@ MINATAR_GAMES = {"breakout": "Breakout", "space_invaders": "SpaceInvaders", "fre
 def read_minatar_log(path: Path) -> Run:
     """A run of MinAtar's own example agents, from the log scripts/peer_minatar.sh keeps
     (``<game>_<dqn|AC_lambda>_s<seed>.minatar.log``): their v0 envs (all 6 actions)."""
-    game, algo, seed = re.fullmatch(r"(\w+?)_(dqn|AC_lambda)_s(\w+)", path.name[:-len(MINATAR_LOG)]).groups()
+    named = re.fullmatch(r"(\w+?)_(dqn|AC_lambda)_s(\w+)", path.name[:-len(MINATAR_LOG)])
+    if named is None:
+        raise SystemExit(f"{path}: expected a name <game>_<dqn|AC_lambda>_s<run>{MINATAR_LOG} "
+                         "(as scripts/peer_minatar.sh writes it)")
+    game, algo, seed = named.groups()
     rows = []
     for m in _MINATAR_LINE.finditer(path.read_text()):
         episodes, ret, avg, frames, per_frame = m.groups()

@@ -25,7 +25,8 @@
 # The checkout (outside the repository: MinAtar's code is not part of
 # seedlocal; pass MINATAR_DIR to use another folder) is kenjyoung/MinAtar at
 # 4241f24685622cfb52f843cab9bbcf385a53484a (version 1.0.15, the release on
-# PyPI), run in seedlocal's venv (torch and minatar are what it imports).
+# PyPI), run by the python on PATH (activate seedlocal's venv: torch and
+# minatar are what it imports) or by $PYTHON.
 set -euo pipefail
 game=${1:?GAME (breakout, space_invaders, freeway, ...)}
 agent=${2:?AGENT (dqn or AC_lambda)}
@@ -39,5 +40,5 @@ mkdir -p "$out"
 log="$out/${game}_${agent}_s${run}.minatar.log"
 echo "start: $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg); $script -g $game for ${seconds}s" | tee "$log"
 # timeout's 124 is the budget running out, the expected end.
-timeout "$seconds" python "$script" -g "$game" -v -o "$out/${game}_${agent}_s${run}" 2>&1 | tee -a "$log" || true
+timeout "$seconds" "${PYTHON:-python}" "$script" -g "$game" -v -o "$out/${game}_${agent}_s${run}" 2>&1 | tee -a "$log" || true
 echo "end: $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"

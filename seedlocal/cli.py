@@ -27,10 +27,10 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,benc
                  --preset, the one made for --env.id's kind (images, small grids, Box actions)
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
   train r2d2     recurrent prioritized replay Q-learning (R2D2); presets cartpole, atari, minatar
-  train ga       deep GA: a population evaluated in batched forward passes
-  train es       evolution strategies (antithetic, centred ranks, Adam); --preset mujoco
+  train ga       deep GA: a population evaluated in batched forward passes; presets minatar, mujoco
+  train es       evolution strategies (antithetic, centred ranks, Adam); presets minatar, mujoco
   train ars      Augmented Random Search: linear policies on normalised states; --preset mujoco
-                 (ga, es and ars take it by themselves for an env with a Box action space)
+                 (each takes its preset by itself for an env of its kind: small grids, Box actions)
   train random-search   the random-search baseline of the deep-GA paper
   eval           play a saved checkpoint: mean/std return, optional video
   bench          pipeline efficiency vs the best raw envpool configuration (ratios from
@@ -118,7 +118,8 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
 
 def _preset_for_env(args: list[str], presets: dict) -> str:
     """With no --preset, the preset made for the kind of env given by --env.id
-    (Atari's for image frames, MuJoCo's for Box actions), so that a new task of
+    (``config.task_kind``: Atari's for image frames, Football's for gfootball
+    minimaps, MinAtar's for small grids, MuJoCo's for Box actions), so that a new task of
     a kind seedlocal supports starts from settings that learn it, not
     CartPole's. Said in one line; an env that cannot be described is left to
     the trainer's validation, which names the problem."""
@@ -258,8 +259,8 @@ def _parse(argv: list[str]):
             from seedlocal.trainers.r2d2 import R2D2Run
 
             return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
-                                        "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for image envs), "
-                                        "--preset minatar (chosen by itself for small image grids)." + TUNED)
+                                        "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for envpool's "
+                                        "Atari-sized image envs), --preset minatar (chosen by itself for small image grids)." + TUNED)
         if rest[0] != "vtrace":
             from seedlocal.trainers.neuroevolution import ALGOS, PRESETS as NEURO_PRESETS
 

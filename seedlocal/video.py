@@ -188,8 +188,9 @@ def _frame(x) -> np.ndarray:
         what = "None" if x is None else f"an array of shape {getattr(f, 'shape', '?')}"
         raise RenderUnavailable(f"render() returned {what}, not an [H, W, 3] image; the env must take "
                                 "render_mode='rgb_array' and return frames from render()")
-    if np.issubdtype(f.dtype, np.floating):  # colours in [0, 1], as matplotlib takes them (MinAtar draws so)
-        f = np.clip(np.nan_to_num(f) * 255.0 + 0.5, 0, 255)
+    if np.issubdtype(f.dtype, np.floating):  # colours in [0, 1] as matplotlib takes them (MinAtar draws so),
+        f = np.nan_to_num(f)  # or already in 0..255
+        f = np.clip(f * (255.0 if f.max() <= 1.0 else 1.0) + 0.5, 0, 255)
     f = f.astype(np.uint8, copy=False)
     if min(f.shape[:2]) < MIN_SIDE:  # a grid (MinAtar's 10 x 10 cells), not a picture: cells a person can see
         k = -(-ENLARGED_SIDE // min(f.shape[:2]))

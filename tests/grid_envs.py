@@ -4,6 +4,7 @@
 ``BoolGrid-v0`` observes a (10, 10, 4) bool grid, as MinAtar 1.0.15 declares
 its Box, with one lit cell in channel 0 whose column the agent names with
 one of 3 actions (column // 4 is rewarded 1). Episodes last 16 steps.
+``Uint8Grid-v0`` is the same game declared as a uint8 Box of 0s and 1s.
 """
 
 import gymnasium as gym
@@ -31,4 +32,14 @@ class BoolGrid(gym.Env):
         return self._observe(), reward, self.t >= 16, False, {}
 
 
+class Uint8Grid(BoolGrid):
+    """The same game with its grid declared as MinAtar's master does: a uint8 Box of 0s and 1s."""
+
+    observation_space = gym.spaces.Box(0, 1, (10, 10, 4), np.uint8)
+
+    def _observe(self) -> np.ndarray:
+        return super()._observe().astype(np.uint8)
+
+
 gym.register("BoolGrid-v0", entry_point=BoolGrid)
+gym.register("Uint8Grid-v0", entry_point=Uint8Grid)

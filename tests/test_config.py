@@ -265,3 +265,20 @@ def test_an_unknown_env_without_a_preset_is_still_named_by_validation(tmp_path, 
     assert main(["train", "vtrace", "--env.id", "Hoper-v5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("seedlocal: error: env.id='Hoper-v5'") and "Hopper-v5" in err[-1], err
+
+
+@pytest.mark.parametrize("trainer", ["vtrace", "r2d2", "es", "ga", "ars", "random-search"])
+def test_every_preset_passes_its_trainers_validation(trainer, tmp_path):
+    """A preset is a config a new user runs as it is: each must pass the
+    checks its trainer makes before any process starts (on its own env)."""
+    import dataclasses
+    import importlib.util
+
+    from seedlocal.trainers import neuroevolution, r2d2, vtrace
+
+    presets = {"vtrace": vtrace.PRESETS, "r2d2": r2d2.PRESETS}.get(trainer) or neuroevolution.PRESETS[trainer]
+    validate = {"vtrace": vtrace.validate, "r2d2": r2d2.validate}.get(trainer, neuroevolution.validate)
+    for name, cfg in presets.items():
+        if cfg.env.id.startswith("MinAtar/") and importlib.util.find_spec("minatar") is None:
+            continue
+        validate(dataclasses.replace(cfg, log_dir=str(tmp_path)))

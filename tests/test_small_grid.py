@@ -94,6 +94,26 @@ def test_a_bool_grid_is_not_scaled_and_uint8_pixels_are():
     assert as_read.dtype == torch.bfloat16 and torch.equal(as_read.float(), x.reshape(3, -1).float())
 
 
+def test_a_uint8_box_of_0s_and_1s_is_read_as_a_bool_grid():
+    """MinAtar's master declares its grids as a uint8 Box with high 1 (1.0.15:
+    bool). Read as pixels they would enter the network as 1/255; the spec
+    calls them bool, and a group stores the env's 0/1 bytes as True/False."""
+    import grid_envs  # noqa: F401
+
+    from seedlocal.pipeline.envs import describe, make_group
+
+    spec = describe("grid_envs:Uint8Grid-v0")
+    assert spec.obs[""].dtype == "bool" and auto_encoder(spec) == "minatar"
+    assert describe("Pong-v5").obs[""].dtype == "uint8"  # pixels (high 255) stay pixels
+    group = make_group(spec, 2, 1, 0)
+    try:
+        group.reset()
+        obs = group.recv()[0][""]
+        assert obs.dtype == bool and obs.shape == (2, 10, 10, 4) and obs.sum() == 2  # one lit cell each
+    finally:
+        group.close()
+
+
 def test_chw_and_hwc_grids_give_the_same_output():
     torch.manual_seed(0)
     hwc = ActorCritic(grid_spec((10, 10, 4)))

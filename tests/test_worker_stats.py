@@ -30,6 +30,6 @@ def test_wait_ending_during_read_is_not_counted_from_zero():
 
         arrays = dict(control.arrays, group_wait_since=shared.view(EndsOnCompare))
         stats = _pool(arrays, 2).worker_stats()
-        assert 0.0 <= stats["wait_s"] < 2.0, stats
+        assert 0.4 < stats["wait_s"] < 0.6, stats  # once: not 0 (lost), 1.0 (twice) or the uptime
     finally:
         control.close()

@@ -88,8 +88,7 @@ class BenchConfig:
 
 def training_model(spec, device: torch.device):
     """The network (and arithmetic) ``seedlocal train vtrace`` uses by default
-    for this env: the Atari preset's for images, the MuJoCo preset's for Box
-    actions, the CartPole defaults else."""
+    for this env: the preset of its kind (``vtrace.preset_for``)."""
     from seedlocal.trainers.vtrace import build_model, preset_for
 
     preset = preset_for(spec)

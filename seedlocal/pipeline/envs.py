@@ -174,7 +174,12 @@ def _leaf_spec(space) -> TensorSpec:
     from gymnasium import spaces
 
     if isinstance(space, spaces.Box):
-        return TensorSpec(tuple(space.shape), np.dtype(space.dtype).name)
+        dtype = np.dtype(space.dtype).name
+        # A uint8 Box of 0s and 1s (MinAtar's grids as its master declares them; 1.0.15 says bool) is a 0/1
+        # grid: stored and read as bool, not as pixels the network divides by 255.
+        if dtype == "uint8" and space.low.min() >= 0 and space.high.max() <= 1:
+            dtype = "bool"
+        return TensorSpec(tuple(space.shape), dtype)
     if isinstance(space, spaces.Discrete):
         return TensorSpec((), "int64")
     if isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):

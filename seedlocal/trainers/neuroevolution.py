@@ -227,8 +227,8 @@ GRID_EPISODE_FRAMES = 10_000
 
 def episode_frame_cap(cfg: NeuroevoRun, spec) -> int:
     """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the
-    deep-GA cap for image frames (Atari, football), ``GRID_EPISODE_FRAMES`` for small grids (MinAtar) and
-    none for other envs."""
+    deep-GA cap for image frames (Atari; football too, whose episodes envpool ends first, at 400 to 3,000
+    steps), ``GRID_EPISODE_FRAMES`` for small grids (MinAtar) and none for other envs."""
     if cfg.max_episode_frames >= 0:
         return cfg.max_episode_frames
     kind = task_kind(spec)

@@ -60,9 +60,10 @@ PRESETS: dict[str, VTraceRun] = {
                           separate_critic=False, init="orthogonal"),
         total_steps=2_500_000,
     ),
-    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso, the Atari preset's
-    # clipped-surrogate rhythm, but larger batches (64 envs, 1,024 steps a batch, 2 passes of 4 minibatches)
-    # and a larger step size: the network is tiny, so the CPU learner's cost is per batch, not per weight.
+    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
+    # clipped surrogate on 1,024-step batches, but from more and shorter unrolls (64 envs x 32 steps), in 2
+    # passes instead of 4, at a larger step size: the network is tiny, so the CPU learner's cost is per
+    # minibatch, not per weight.
     "minatar": VTraceRun(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
