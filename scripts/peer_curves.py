@@ -53,7 +53,7 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atari_curve import first_reach
 
-FIELDS = ["steps", "seconds", "return_mean20", "episodes", "episode_return", "entropy"]
+FIELDS = ["steps", "seconds", "return_mean20", "episodes", "episode_return", "entropy", "eval_return"]
 
 
 @dataclass
@@ -181,7 +181,7 @@ def read_run(path: Path, window: int = 20) -> Run | None:
                              "episode_return": round(e.value, 3),
                              "entropy": round(_at_or_before(entropy, e.step), 4)})
         system = "cleanrl"
-    elif "charts/return_mean20" in tags:  # seedlocal
+    elif "charts/return_mean20" in tags or "charts/eval_return" in tags:  # seedlocal (R2D2: the second)
         config = _text(ea, "config/text_summary").strip("`\n")
         try:
             config = json.loads(config)
@@ -194,11 +194,16 @@ def read_run(path: Path, window: int = 20) -> Run | None:
         algo = algo or next((a for a in ("vtrace", "r2d2") if f"__{a}__" in path.name), "vtrace")
         ep_ret = {e.step: e.value for e in ea.Scalars("charts/episode_return")} if "charts/episode_return" in tags else {}
         ep_n = sorted(ea.Scalars("charts/episodes"), key=lambda e: e.step) if "charts/episodes" in tags else []
-        for e in sorted(ea.Scalars("charts/return_mean20"), key=lambda e: e.step):
+        # R2D2 logs the mean of its last 20 training episodes as charts/episode_return, and its
+        # evaluation slots' (epsilon 0.001) as charts/eval_return.
+        r2d2 = "charts/return_mean20" not in tags
+        evals = {e.step: e.value for e in ea.Scalars("charts/eval_return")} if r2d2 else {}
+        for e in sorted(ea.Scalars("charts/episode_return" if r2d2 else "charts/return_mean20"), key=lambda e: e.step):
             rows.append({"steps": e.step, "seconds": round(e.wall_time - t0, 1),
                          "return_mean20": round(e.value, 3), "episodes": _count(_at_or_before(ep_n, e.step)),
                          "episode_return": round(ep_ret.get(e.step, float("nan")), 3),
-                         "entropy": round(_at_or_before(entropy, e.step), 4)})
+                         "entropy": round(_at_or_before(entropy, e.step), 4),
+                         "eval_return": round(evals[e.step], 3) if e.step in evals else ""})
         system = "seedlocal"
     else:
         return None
@@ -232,6 +237,11 @@ def plot(env: str, runs: list[Run], path: Path, log_time: bool, target: float | 
         style = {"linestyle": "-" if r.system == "seedlocal" else "--", "label": r.label}
         a.plot([x["steps"] / 1e6 for x in r.rows], [x["return_mean20"] for x in r.rows], **style)
         b.plot([x["seconds"] / 60 for x in r.rows], [x["return_mean20"] for x in r.rows], **style)
+        evals = [x for x in r.rows if x.get("eval_return", "") != ""]
+        if evals:  # R2D2's evaluation slots, beside its training episodes
+            style = {"linestyle": ":", "label": f"{r.label} (evaluation, epsilon 0.001)"}
+            a.plot([x["steps"] / 1e6 for x in evals], [x["eval_return"] for x in evals], **style)
+            b.plot([x["seconds"] / 60 for x in evals], [x["eval_return"] for x in evals], **style)
     a.set_xlabel("agent steps (millions)")
     b.set_xlabel("wall-clock (minutes" + (", log scale)" if log_time else ")"))
     if log_time:
