@@ -224,7 +224,8 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
     dev = "cpu" if dry else "cuda"
     cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     runs = out / "runs"
-    probe = Step("env", lambda t: [PY, str(SCRIPT), "--probe", env], timeout=90, min_s=5 if dry else 20,
+    # The probe imports everything (torch, envpool, gymnasium, matplotlib ...): 5-6 s on a busy 2-core box.
+    probe = Step("env", lambda t: [PY, str(SCRIPT), "--probe", env], timeout=90, min_s=15 if dry else 20,
                  figures=env_figures,
                  show=("torch", "cuda", "cudnn", "gpu", "cuda_available", "missing", "missing_optional"))
     if a.curve:
