@@ -101,10 +101,10 @@ def reference_centered_ranks(x: list[float]) -> list[float]:
     n = len(x)
     if n == 1:
         return [0.0]
-    order = sorted(range(n), key=lambda i: (x[i], i))  # ties: lower index first
-    out = [0.0] * n
-    for rank, i in enumerate(order):
-        out[i] = rank / (n - 1) - 0.5
+    out = []
+    for v in x:  # a tie shares the mean of the positions it spans
+        below, equal = sum(u < v for u in x), sum(u == v for u in x)
+        out.append((below + (equal - 1) / 2) / (n - 1) - 0.5)
     return out
 
 
@@ -121,6 +121,19 @@ def test_centered_ranks_match_reference(values):
 
 def test_centered_ranks_put_nan_last():
     assert centered_ranks(torch.tensor([1.0, float("nan"), 0.0])).tolist() == [0.5, -0.5, 0.0]
+
+
+def test_tied_fitness_shares_its_rank_and_a_tied_pair_does_not_move_es():
+    # MinAtar Breakout early on: most members score 0 or 1. Ranking ties by position would give each tied
+    # antithetic pair (+e, -e) a weight of -1/(P-1) and step the centre along -e for no reason.
+    r = centered_ranks(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 3.0]))
+    assert r.tolist() == pytest.approx([0.2, 0.2, -0.3, -0.3, -0.3, 0.5])
+    p = es.ESParams(population_size=4, sigma=0.1)
+    state = es.init(torch.zeros(6), seed=3)
+    seeds, _ = es.ask(state, p)
+    g = es.gradient(state, p, seeds, [1.0, 1.0, 2.0, 0.0])
+    torch.testing.assert_close(g, (0.5 - -0.5) * noise(seeds[1], 6) / (4 * 0.1))
+    assert torch.count_nonzero(es.gradient(state, p, seeds, [0.0, 0.0, 0.0, 0.0])) == 0
 
 
 # -- GA ---------------------------------------------------------------------------

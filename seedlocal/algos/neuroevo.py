@@ -97,16 +97,18 @@ def centered_ranks(x: Tensor) -> Tensor:
     """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.).
 
     The smallest value gets -0.5, the largest +0.5, so the transform ignores the
-    scale of the fitness and outliers. Ties are ranked by index (a stable sort:
-    the earlier entry gets the lower rank). NaN counts as the worst value.
+    scale of the fitness and outliers. Tied values share the mean of the ranks
+    they span: games with small integer scores (MinAtar, Atari early on) tie
+    most of a population, and ranking ties by position would turn each tied
+    antithetic pair into a step along its own noise. NaN counts as the worst value.
     """
     x = nan_to_worst(x.detach())
     n = x.numel()
     if n <= 1:
         return torch.zeros(n, dtype=torch.float32)
-    order = torch.argsort(x, stable=True)
-    ranks = torch.empty(n, dtype=torch.float64)
-    ranks[order] = torch.arange(n, dtype=torch.float64)
+    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    first = torch.cumsum(counts, 0) - counts
+    ranks = (first + (counts - 1) / 2).to(torch.float64)[inverse]
     return (ranks / (n - 1) - 0.5).to(torch.float32)
 
 
