@@ -119,15 +119,30 @@ MINATAR_GAMES = {"breakout": "Breakout", "space_invaders": "SpaceInvaders", "fre
                  "asterix": "Asterix", "seaquest": "Seaquest"}
 
 
-def read_minatar_log(path: Path) -> Run:
-    """A run of MinAtar's own example agents, from the log scripts/peer_minatar.sh keeps
-    (``<game>_<dqn|AC_lambda>_s<seed>.minatar.log``): their v0 envs (all 6 actions)."""
+def read_minatar_log(path: Path, window: int = 20) -> Run:
+    """A run of MinAtar's own example agents, from what scripts/peer_minatar.sh keeps
+    (``<game>_<dqn|AC_lambda>_s<seed>.minatar.log``): their v0 envs (all 6 actions). Where the
+    episode CSV beside the log exists (``.minatar.csv``, scripts/minatar_episodes.py), the curve is the
+    mean of the last ``window`` episodes as for the other systems; else the log's every-1,000th-episode
+    running average."""
     named = re.fullmatch(r"(\w+?)_(dqn|AC_lambda)_s(\w+)", path.name[:-len(MINATAR_LOG)])
     if named is None:
         raise SystemExit(f"{path}: expected a name <game>_<dqn|AC_lambda>_s<run>{MINATAR_LOG} "
                          "(as scripts/peer_minatar.sh writes it)")
     game, algo, seed = named.groups()
     rows = []
+    episodes_csv = path.with_name(path.name[:-len(MINATAR_LOG)] + ".minatar.csv")
+    if episodes_csv.exists():
+        with open(episodes_csv, newline="") as f:
+            episodes = list(csv.DictReader(f))
+        last = deque(maxlen=window)
+        for n, e in enumerate(episodes, 1):
+            last.append(float(e["return"]))
+            if len(last) == window:
+                rows.append({"steps": int(e["frames"]), "seconds": float(e["seconds"]),
+                             "return_mean20": round(sum(last) / window, 3), "episodes": n,
+                             "episode_return": float(e["return"]), "entropy": ""})
+        return Run(path, "minatar", algo.replace("_", ""), f"MinAtar/{MINATAR_GAMES.get(game, game)}-v0", seed, rows)
     for m in _MINATAR_LINE.finditer(path.read_text()):
         episodes, ret, avg, frames, per_frame = m.groups()
         rows.append({"steps": int(frames), "seconds": round(int(frames) * float(per_frame), 1),
@@ -156,7 +171,7 @@ def _count(v: float) -> int | str:
 
 def read_run(path: Path, window: int = 20) -> Run | None:
     if path.is_file():
-        return read_minatar_log(path)
+        return read_minatar_log(path, window)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
@@ -274,7 +289,7 @@ def main(args: Args) -> None:
             print(f"{path}: neither charts/episodic_return (CleanRL) nor charts/return_mean20 (seedlocal); skipped")
             continue
         if not run.rows:
-            print(f"{path}: fewer than {args.window if run.system != 'minatar' else 1000} episodes; skipped")
+            print(f"{path}: fewer than {args.window} episodes (MinAtar's log alone: 1,000); skipped")
             continue
         name = f"{args.prefix}{run.env_id.replace('/', '_')}_{run.system}_{run.algo}_s{run.seed}"
         if name in written:

@@ -2,7 +2,8 @@
 # The MinAtar side of the MinAtar comparison: the authors' own example agents
 # (kenjyoung/MinAtar examples/dqn.py or examples/AC_lambda.py), unmodified, on
 # one game for a wall-clock budget, their -v log kept as
-# OUT/<game>_<agent>_s<n>.minatar.log for scripts/peer_curves.py.
+# OUT/<game>_<agent>_s<n>.minatar.log and every episode they play as
+# OUT/<game>_<agent>_s<n>.minatar.csv, for scripts/peer_curves.py.
 #
 #   scripts/peer_minatar.sh GAME AGENT SECONDS OUT [RUN]
 #   scripts/peer_minatar.sh breakout dqn 900 /work/peers/runs/minatar 1
@@ -40,5 +41,10 @@ mkdir -p "$out"
 log="$out/${game}_${agent}_s${run}.minatar.log"
 echo "start: $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg); $script -g $game for ${seconds}s" | tee "$log"
 # timeout's 124 is the budget running out, the expected end.
-timeout "$seconds" "${PYTHON:-python}" "$script" -g "$game" -v -o "$out/${game}_${agent}_s${run}" 2>&1 | tee -a "$log" || true
+# scripts/minatar_episodes.py runs the agent as it is and writes each episode it plays (frames, seconds,
+# return) to <name>.minatar.csv: the -v log's every-1,000th-episode lines never come on Freeway or
+# SpaceInvaders within minutes.
+here=$(cd "$(dirname "$0")" && pwd)
+timeout "$seconds" "${PYTHON:-python}" "$here/minatar_episodes.py" "$out/${game}_${agent}_s${run}.minatar.csv" \
+    "$script" -g "$game" -v -o "$out/${game}_${agent}_s${run}" 2>&1 | tee -a "$log" || true
 echo "end: $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
