@@ -6,8 +6,10 @@ the return against agent steps and against wall-clock, every run overlaid.
     python scripts/peer_curves.py runs/HalfCheetah-v5__vtrace__1__* peer/runs/HalfCheetah-v4__ppo_* --log-time
 
 Each argument is a run folder (event files in it) or a folder of run
-folders, as CleanRL's ``runs/`` and seedlocal's ``--log-dir`` are. A run is
-read as:
+folders, as CleanRL's ``runs/`` and seedlocal's ``--log-dir`` are, or a CSV
+this script wrote before (``<prefix><env>_<system>_<algo>_s<seed>.csv``;
+pass the same ``--prefix``), so a curve whose run folder is gone can still be
+plotted beside new runs. A run is read as:
 
 - CleanRL (``charts/episodic_return``, one point per episode against
   ``global_step``): the return is the mean of the last 20 episodes, one row
@@ -93,10 +95,10 @@ class Run:
 
 def run_dirs(paths: list[str]) -> list[Path]:
     """Folders that hold event files: each path itself, or its subfolders;
-    and MinAtar example logs (``*.minatar.log``, scripts/peer_minatar.sh)."""
+    MinAtar example logs (``*.minatar.log``, scripts/peer_minatar.sh); CSVs written before."""
     found = []
     for p in map(Path, paths):
-        if p.is_file() and p.name.endswith(MINATAR_LOG):
+        if p.is_file() and (p.name.endswith(MINATAR_LOG) or p.suffix == ".csv"):
             found.append(p)
             continue
         if not p.is_dir():
@@ -169,7 +171,30 @@ def _count(v: float) -> int | str:
     return "" if math.isnan(v) else int(v)
 
 
-def read_run(path: Path, window: int = 20) -> Run | None:
+_SAVED = re.compile(r"(.+)_(seedlocal|cleanrl|minatar)_([A-Za-z0-9]+)_s(\w+)\.csv")
+
+
+def read_saved_csv(path: Path, prefix: str) -> Run:
+    """A run's CSV as ``write_csv`` wrote it; its env id comes back from the file name (the first ``_`` of a
+    namespaced id was its ``/``: ``MinAtar_Breakout-v1`` is ``MinAtar/Breakout-v1``)."""
+    m = _SAVED.fullmatch(path.name[len(prefix):] if path.name.startswith(prefix) else "")
+    if m is None:
+        raise SystemExit(f"{path}: expected a name {prefix}<env>_<seedlocal|cleanrl|minatar>_<algo>_s<seed>.csv "
+                         "(as this script writes them, with the same --prefix)")
+    env, system, algo, seed = m.groups()
+    def value(key: str, text: str | None) -> float | int | str:
+        if text in ("", None):
+            return ""
+        return int(float(text)) if key in ("steps", "episodes") else float(text)
+
+    with open(path, newline="") as f:
+        rows = [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return Run(path, system, algo, env.replace("_", "/", 1), seed, rows)
+
+
+def read_run(path: Path, window: int = 20, prefix: str = "") -> Run | None:
+    if path.suffix == ".csv":
+        return read_saved_csv(path, prefix)
     if path.is_file():
         return read_minatar_log(path, window)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -284,7 +309,7 @@ def main(args: Args) -> None:
     if not paths:
         raise SystemExit(f"no TensorBoard event files in {' '.join(args.runs) or '(no folders given)'} or their subfolders")
     for path in paths:
-        run = read_run(path, args.window)
+        run = read_run(path, args.window, args.prefix)
         if run is None:
             print(f"{path}: neither charts/episodic_return (CleanRL) nor charts/return_mean20 (seedlocal); skipped")
             continue

@@ -56,6 +56,14 @@ def test_minatar_episodes_logs_every_episode_the_agent_plays_without_changing_it
     assert run.rows[-1]["return_mean20"] == pytest.approx(sum(own[-20:]) / 20, abs=1e-3)
     assert run.rows[-1]["steps"] == frames[-1]
 
+    # A CSV it wrote reads back as the same run, so a curve outlives its run folder.
+    saved = tmp_path / "minatar_MinAtar_Breakout-v0_minatar_dqn_s1.csv"
+    peer_curves.write_csv(run.rows, saved)
+    again = peer_curves.read_run(saved, prefix="minatar_")
+    assert (again.system, again.algo, again.env_id, again.seed) == ("minatar", "dqn", "MinAtar/Breakout-v0", "1")
+    assert [r["return_mean20"] for r in again.rows] == [r["return_mean20"] for r in run.rows]
+    assert [r["steps"] for r in again.rows] == [r["steps"] for r in run.rows]
+
 
 def test_minatar_episodes_refuses_a_call_without_an_agent(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPTS / "minatar_episodes.py"), str(tmp_path / "x.csv")],
