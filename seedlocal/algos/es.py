@@ -11,7 +11,8 @@ Conventions:
     [theta + sigma*eps_1, theta - sigma*eps_1, theta + sigma*eps_2, ...].
     ``ask`` draws nothing into the state, so asking twice gives the same seeds.
   * Fitness is higher-is-better; NaN counts as the worst. With r = the centred
-    ranks of all P fitnesses,
+    ranks of all P fitnesses (tied fitnesses share their mean rank, so a pair
+    that scored the same adds nothing),
     g = sum_i (r(+i) - r(-i)) * eps_i / (P * sigma),
     and Adam (bias-corrected) ascends g - weight_decay * theta.
   * The state holds ints, a dict and tensors: ``dataclasses.asdict`` of it
