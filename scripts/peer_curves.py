@@ -121,6 +121,18 @@ MINATAR_GAMES = {"breakout": "Breakout", "space_invaders": "SpaceInvaders", "fre
                  "asterix": "Asterix", "seaquest": "Seaquest"}
 
 
+def episode_rows(episodes, window: int, entropy=lambda step: "") -> list[dict]:
+    """One row per episode (steps, seconds, return), from the ``window``-th on, with the mean of the last
+    ``window`` returns: how a peer's per-episode log becomes the curve seedlocal logs as return_mean20."""
+    rows, last = [], deque(maxlen=window)
+    for n, (steps, seconds, ret) in enumerate(episodes, 1):
+        last.append(ret)
+        if len(last) == window:
+            rows.append({"steps": steps, "seconds": seconds, "return_mean20": round(sum(last) / window, 3),
+                         "episodes": n, "episode_return": round(ret, 3), "entropy": entropy(steps)})
+    return rows
+
+
 def read_minatar_log(path: Path, window: int = 20) -> Run:
     """A run of MinAtar's own example agents, from what scripts/peer_minatar.sh keeps
     (``<game>_<dqn|AC_lambda>_s<seed>.minatar.log``): their v0 envs (all 6 actions). Where the
@@ -137,13 +149,7 @@ def read_minatar_log(path: Path, window: int = 20) -> Run:
     if episodes_csv.exists():
         with open(episodes_csv, newline="") as f:
             episodes = list(csv.DictReader(f))
-        last = deque(maxlen=window)
-        for n, e in enumerate(episodes, 1):
-            last.append(float(e["return"]))
-            if len(last) == window:
-                rows.append({"steps": int(e["frames"]), "seconds": float(e["seconds"]),
-                             "return_mean20": round(sum(last) / window, 3), "episodes": n,
-                             "episode_return": float(e["return"]), "entropy": ""})
+        rows = episode_rows(((int(e["frames"]), float(e["seconds"]), float(e["return"])) for e in episodes), window)
         return Run(path, "minatar", algo.replace("_", ""), f"MinAtar/{MINATAR_GAMES.get(game, game)}-v0", seed, rows)
     for m in _MINATAR_LINE.finditer(path.read_text()):
         episodes, ret, avg, frames, per_frame = m.groups()
@@ -212,14 +218,8 @@ def read_run(path: Path, window: int = 20, prefix: str = "") -> Run | None:
         seed = hp.get("seed") or (parts[2] if len(parts) > 2 else "?")
         algo = (hp.get("exp_name") or "ppo").split("_")[0]
         episodes = sorted(ea.Scalars("charts/episodic_return"), key=lambda e: (e.step, e.wall_time))
-        last = deque(maxlen=window)
-        for n, e in enumerate(episodes, 1):
-            last.append(e.value)
-            if len(last) == window:
-                rows.append({"steps": e.step, "seconds": round(e.wall_time - t0, 1),
-                             "return_mean20": round(sum(last) / window, 3), "episodes": n,
-                             "episode_return": round(e.value, 3),
-                             "entropy": round(_at_or_before(entropy, e.step), 4)})
+        rows = episode_rows(((e.step, round(e.wall_time - t0, 1), e.value) for e in episodes), window,
+                            lambda step: round(_at_or_before(entropy, step), 4))
         system = "cleanrl"
     elif "charts/return_mean20" in tags or "charts/eval_return" in tags:  # seedlocal (R2D2: the second)
         config = _text(ea, "config/text_summary").strip("`\n")
