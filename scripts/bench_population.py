@@ -41,8 +41,8 @@ from seedlocal.policies.population import PopulationForward
 class Args:
     population: int = 256
     """P: networks evaluated per generation"""
-    network: Literal["mlp", "nature"] = "mlp"
-    """mlp (CartPole-v1) or nature (Pong-v5 observations)"""
+    network: Literal["mlp", "minatar", "nature"] = "mlp"
+    """mlp (CartPole-v1), minatar (MinAtar/Breakout-v1's 10 x 10 x 4 grids, the one-conv torso) or nature (Pong-v5)"""
     part: Literal["both", "forward", "train"] = "both"
     """what to measure"""
     active: tuple[float, ...] = (1.0, 0.5, 0.1)
@@ -80,13 +80,15 @@ def _time(fn, repeats: int, device: torch.device) -> float:
 
 
 def forward_part(a: Args, device: torch.device) -> dict:
-    spec = validate_env(EnvConfig(id="CartPole-v1" if a.network == "mlp" else "Pong-v5"))
+    ids = {"mlp": "CartPole-v1", "minatar": "MinAtar/Breakout-v1", "nature": "Pong-v5"}  # minatar: pip install .[minatar]
+    spec = validate_env(EnvConfig(id=ids[a.network]))
     template = PolicyNet(spec).to(device)
     probe = PopulationForward(template, 1, device)
     flats = torch.randn(a.population, probe.size, device=device) * 0.05
     shape = spec.obs[""].shape
-    obs = (torch.randint(0, 255, (a.population,) + shape, dtype=torch.uint8, device=device)
-           if a.network == "nature" else torch.randn((a.population,) + shape, device=device))
+    obs = {"nature": lambda: torch.randint(0, 255, (a.population,) + shape, dtype=torch.uint8, device=device),
+           "minatar": lambda: torch.rand((a.population,) + shape, device=device) < 0.1,
+           "mlp": lambda: torch.randn((a.population,) + shape, device=device)}[a.network]()
     ways = {s: PopulationForward(template, a.population, device, strategy=s) for s in probe.candidates}
     for f in ways.values():
         f.load(torch.arange(a.population, device=device), flats, torch.arange(a.population, device=device))

@@ -167,7 +167,7 @@ class ImpalaResNet(nn.Module):
         return self.fc(self.conv(x))
 
 
-def _as_float(x: torch.Tensor) -> torch.Tensor:
+def as_float(x: torch.Tensor) -> torch.Tensor:
     """An observation as a torso reads it: uint8 pixels scaled to [0, 1];
     bool cells (MinAtar's 0/1 grids) and every other dtype as they are."""
     if x.dtype not in (torch.uint8, torch.bool):
@@ -262,7 +262,7 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
             idx = x.reshape(-1, 1).long() - start
             flat.append((idx == torch.arange(n, device=x.device)).float())
         else:
-            flat.append(_as_float(x).reshape(x.shape[0], -1))
+            flat.append(as_float(x).reshape(x.shape[0], -1))
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
 
@@ -276,7 +276,7 @@ def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str
         if getattr(encoder, "channels_last", False):
             # Reorder the uint8 or bool frames (a quarter of the bytes), then convert.
             x = x.contiguous(memory_format=torch.channels_last)
-        return encoder(_as_float(x))
+        return encoder(as_float(x))
     return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
 
 

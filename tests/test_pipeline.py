@@ -161,7 +161,7 @@ def test_atari_data_path_end_to_end():
     step (and restarts on reset), raw rewards in {-1, 0, 1} that the learner's
     clip leaves alone, the network's input scaled to [0, 1], and actions
     sampled from exactly the behaviour logits stored beside them."""
-    from seedlocal.networks import _as_float
+    from seedlocal.networks import as_float
 
     bias = torch.tensor([2.0, 0.0, -1.0, 1.0, 0.0, -2.0])
 
@@ -195,7 +195,7 @@ def test_atari_data_path_end_to_end():
                     np.testing.assert_array_equal(obs[t + 1, e, :3], obs[t, e, 1:])
                     shifted += 1
     assert shifted > 1000
-    x = _as_float(torch.from_numpy(unrolls[0]["obs"][:2]))
+    x = as_float(torch.from_numpy(unrolls[0]["obs"][:2]))
     assert x.dtype == torch.float32 and 0.0 <= float(x.min()) and float(x.max()) <= 1.0 and float(x.max()) > 0.1
 
 

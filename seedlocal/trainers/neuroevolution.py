@@ -34,7 +34,7 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_net
                               task_kind, validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
-from seedlocal.policies.population import PopulationPolicy
+from seedlocal.policies.population import PopulationPolicy, strategies
 from seedlocal.trainers.run import Run, Trainer, run
 
 
@@ -83,7 +83,7 @@ class NeuroevoRun:
     5), as ARS does, so that standing still scores nothing; other envs are unchanged"""
     forward: str = "auto"
     """population forward: auto (times the others on the first batches and keeps the fastest);
-    MLPs: bmm, mulsum, vmap; CNNs: vmap, loop"""
+    MLPs: bmm, mulsum, vmap; the MinAtar and Nature CNNs: bmm, vmap, loop; the IMPALA ResNet: vmap, loop"""
     run_name: str = ""
     """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
     log_dir: str = "runs"
@@ -194,7 +194,7 @@ def validate(cfg: NeuroevoRun):
                                  "hidden", f"{copies:,} copies (the population's vectors and one per env slot)")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    forwards = ("auto", "bmm", "mulsum", "vmap") if net.kind == "mlp" else ("auto", "vmap", "loop")
+    forwards = ("auto",) + strategies(net)
     if cfg.forward not in forwards:
         fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
     return spec
