@@ -479,14 +479,18 @@ class NeuroevoTrainer(Trainer):
         loop, pop, pool, c = run.loop, self.population, run.pipe.pool, self.counters
         t0 = self._inside = time.monotonic()
         w0, fwd0 = pool.worker_stats(), pop.forward_s
-        self.generated, told = False, [False]
-        run.watch.start()
+        self.generated, told, watching = False, [False], [False]
 
         def check() -> None:
             # Every 0.5 s while a generation waits for episodes (Job.wait: a
             # blocking wait, no spinning). The budgets hold inside a
             # generation too (long or endless episodes, a hung env),
             # abandoning it; the checkpoint keeps the last whole one.
+            if not watching[0]:
+                # The envs owe steps from the first wait on, not while the
+                # population is built (64 Nature CNNs: seconds).
+                watching[0] = True
+                run.watch.start()
             if run.waiting(t0):
                 raise _BudgetSpent("seconds")
             if self.cfg.total_frames and c["frames"] + self._uncounted()[0] >= self.cfg.total_frames:
