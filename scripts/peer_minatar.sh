@@ -10,7 +10,9 @@
 #   python scripts/peer_curves.py /work/peers/runs/minatar runs/minatar_* --out docs/figures --prefix minatar_
 #
 # GAME is MinAtar's name (breakout, space_invaders, freeway, asterix,
-# seaquest); AGENT dqn or AC_lambda. The scripts take no seed (each run draws
+# seaquest); AGENT dqn or AC_lambda (AC_lambda with torch 1.x's zero_grad,
+# its one incompatibility with torch 2.x: see scripts/minatar_episodes.py).
+# The scripts take no seed (each run draws
 # its own), so RUN only names the log. They play MinAtar's v0 envs (all 6
 # actions, sticky actions 0.1, difficulty ramping), as their published curves
 # did; seedlocal plays v1 (the minimal action set, otherwise the same game).
@@ -45,6 +47,8 @@ echo "start: $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg); $script -g $game
 # return) to <name>.minatar.csv: the -v log's every-1,000th-episode lines never come on Freeway or
 # SpaceInvaders within minutes.
 here=$(cd "$(dirname "$0")" && pwd)
-timeout "$seconds" "${PYTHON:-python}" "$here/minatar_episodes.py" "$out/${game}_${agent}_s${run}.minatar.csv" \
+# AC_lambda.py reads .grad after zero_grad() as torch 1.x left it (zeros, not None): see minatar_episodes.py.
+compat=(); [ "$agent" = AC_lambda ] && compat=(--zero-grad-in-place)
+timeout "$seconds" "${PYTHON:-python}" "$here/minatar_episodes.py" "${compat[@]}" "$out/${game}_${agent}_s${run}.minatar.csv" \
     "$script" -g "$game" -v -o "$out/${game}_${agent}_s${run}" 2>&1 | tee -a "$log" || true
 echo "end: $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"

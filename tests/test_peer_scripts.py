@@ -68,4 +68,29 @@ def test_minatar_episodes_logs_every_episode_the_agent_plays_without_changing_it
 def test_minatar_episodes_refuses_a_call_without_an_agent(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPTS / "minatar_episodes.py"), str(tmp_path / "x.csv")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "usage: minatar_episodes.py OUT.csv AGENT.py" in r.stderr
+    assert r.returncode != 0 and "usage: minatar_episodes.py [--zero-grad-in-place] OUT.csv AGENT.py" in r.stderr
+
+
+# AC_lambda.py's pattern: zero the gradients, back-propagate a loss one head does not touch, read every .grad.
+GRAD_AGENT = '''
+import argparse, json, torch
+p = argparse.ArgumentParser(); p.add_argument("-o"); a = p.parse_args()
+net = torch.nn.ModuleDict({"policy": torch.nn.Linear(3, 2), "value": torch.nn.Linear(3, 1)})
+net["value"](torch.ones(1, 3)).sum().backward()
+net.zero_grad()
+net["policy"](torch.ones(1, 3)).sum().backward()
+json.dump([None if q.grad is None else q.grad.abs().sum().item() for q in net["value"].parameters()], open(a.o, "w"))
+'''
+
+
+@pytest.mark.parametrize("flag, expected", [([], [None, None]), (["--zero-grad-in-place"], [0.0, 0.0])])
+def test_zero_grad_in_place_gives_an_agent_torch_1s_zero_grad(tmp_path, flag, expected):
+    """With the flag, ``zero_grad()`` leaves zeros (torch 1.x), not None: the
+    one change AC_lambda.py needs to run on torch 2.x; without it, torch's own."""
+    import json
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(GRAD_AGENT)
+    subprocess.run([sys.executable, str(SCRIPTS / "minatar_episodes.py"), *flag, str(tmp_path / "x.csv"), str(agent),
+                    "-o", str(tmp_path / "grads.json")], check=True, timeout=120)
+    assert json.loads((tmp_path / "grads.json").read_text()) == expected
