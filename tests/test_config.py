@@ -234,7 +234,8 @@ def test_precision_means_one_arithmetic_per_device():
     (["train", "r2d2", "--env.id", "image_catch:ImageCatch-v0"], "cartpole"),
     (["train", "es", "--env.id", "Hopper-v5"], "mujoco"),
     (["train", "ars", "--env.id", "InvertedPendulum-v5"], "mujoco"),
-    (["train", "ga", "--env.id", "image_catch:ImageCatch-v0"], "cartpole"),  # GA has no image preset
+    (["train", "ga", "--env.id", "image_catch:ImageCatch-v0"], "atari"),  # Uber's Atari settings, any image env
+    (["train", "es", "--env.id", "Breakout-v5"], "atari"),
     (["train", "es", "--env.id", "grid_envs:BoolGrid-v0"], "minatar"),
     (["train", "random-search", "--env.id", "Hopper-v5"], "cartpole"),  # nor random search a MuJoCo one
 ])
