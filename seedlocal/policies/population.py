@@ -153,12 +153,9 @@ class PopulationForward:
                  strategy: str = "auto"):
         device = torch.device(device)
         self.template = template.to(device)
-        self.layout, offsets, o = [], {}, 0
-        for name, p in template.named_parameters():
-            self.layout.append((name, p.shape, p.numel()))
-            offsets[name] = o
-            o += p.numel()
-        self.size = o
+        self.layout = [(name, p.shape, p.numel()) for name, p in template.named_parameters()]
+        offsets = _offsets(template)
+        self.size = sum(n for _, _, n in self.layout)
         self.plan = _layer_plan(template, offsets)
         self.candidates = strategies(template, self.plan)
         if strategy not in ("auto",) + self.candidates:
