@@ -10,6 +10,7 @@ network is a policy's job (``seedlocal/policies``).
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -504,6 +505,17 @@ class RecurrentQNet(nn.Module):
         m = self.lstm
         hx, cx = torch.lstm_cell(x, _state_pair(core), m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
         return self._q(hx), torch.stack([hx, cx], dim=1)
+
+    def frozen_copy(self) -> RecurrentQNet:
+        """A copy without gradients (R2D2's target network). ``deepcopy``
+        gives each LSTM weight its own storage, which cuDNN repacks on every
+        call (its "not part of single contiguous chunk" warning, seen on the
+        H200): the copy's weights go back into one flat buffer."""
+        twin = copy.deepcopy(self)
+        for prm in twin.parameters():
+            prm.requires_grad_(False)
+        twin.lstm.flatten_parameters()  # a no-op off cuDNN
+        return twin
 
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor,
                starts: list[int] | None = None):

@@ -162,3 +162,23 @@ def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
     assert obs.grad is not None and obs.grad[:4].abs().sum() == 0 and obs.grad[4:-1].abs().sum() > 0
     stats2, _ = learner_step(online, target, opt, batch, torch.zeros(B), p)
     assert stats2["loss"] == 0.0 and stats2["grad_norm"] == 0.0  # zero importance weight: no gradient
+
+
+def test_target_network_is_a_frozen_independent_copy():
+    """``frozen_copy`` (the trainer's target): the same outputs, no
+    gradients, and storage of its own, so online updates leave it alone."""
+    from seedlocal.config import EnvConfig, validate_env
+    from seedlocal.networks import RecurrentQNet
+
+    torch.manual_seed(0)
+    online = RecurrentQNet(validate_env(EnvConfig(id="CartPole-v1")), lstm_size=16)
+    target = online.frozen_copy()
+    assert not any(p.requires_grad for p in target.parameters())
+    assert all(p.requires_grad for p in online.parameters())
+    obs, core, first = {"": torch.randn(5, 2, 4)}, torch.zeros(2, 2, 16), torch.zeros(5, 2, dtype=torch.bool)
+    before = target.unroll(obs, core, first)[0]
+    assert torch.equal(before, online.unroll(obs, core, first)[0])
+    with torch.no_grad():
+        for p in online.parameters():
+            p.add_(1.0)
+    assert torch.equal(target.unroll(obs, core, first)[0], before)

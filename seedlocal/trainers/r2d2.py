@@ -27,7 +27,6 @@ than outrun it; while it is ahead it waits for data.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import time
@@ -239,9 +238,7 @@ class R2D2Trainer(Trainer):
         a = self.a = cfg.algo
         self.online = build_net(cfg, spec).to(device)
         apply_precision(self.online.precision, device)
-        self.target = copy.deepcopy(self.online)
-        for prm in self.target.parameters():
-            prm.requires_grad_(False)
+        self.target = self.online.frozen_copy()
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
         self.counters = {"steps": 0, "updates": 0, "episodes": 0}
         self.pipe_cfg = dataclasses.replace(cfg.pipeline, unroll_length=a.unroll_length)
