@@ -336,8 +336,15 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
 
         def cmd(t, head=head, log_dir=log_dir, algo=algo):
             s = max(1.0, min(train_s, t - overhead))
+            if algo == "ga" and dry:
+                # One whole generation, not a few seconds: a CartPole member that balances for 500 steps can
+                # hold the first generation open past 3 s on a 2-core machine, and then nothing is checked.
+                stop = ["--generations", "1"]
+                s = max(1.0, t - overhead)
+            else:
+                stop = ["--generations", "0"] if algo == "ga" else ["--total-steps", "0"]
             return [*SEEDLOCAL, *head, "--env.id", env, "--pipeline.device", dev, "--seconds", f"{s:g}",
-                    *(["--generations", "0"] if algo == "ga" else ["--total-steps", "0"]), "--log-dir", str(log_dir)]
+                    *stop, "--log-dir", str(log_dir)]
 
         steps.append(Step(f"train_{algo}", cmd, timeout=t_train, min_s=m_train, figures=train_figures,
                           run_dir=log_dir,
