@@ -269,8 +269,10 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         b_trans = ["--seconds", "2", "--warmup", "1", "--rounds", "2"]
         graphs = ["--cuda-graphs"]
         # --timeout: a hung test fails alone instead of eating the step (and every count) at pyproject's 600 s.
-        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-q", "-rfEs", "--timeout", "90",
-                  "tests/test_cuda.py"]
+        # -v: each test's name and outcome as it ends, so a step cut off by the budget still says which failed
+        # (the H200's first run lost that); --tb=short keeps the tracebacks that follow inside the log.
+        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-v", "--tb=short", "-rfEs",
+                  "--timeout", "90", "--durations", "5", "tests/test_cuda.py"]
         pop_fwd = ["--network", "nature", "--part", "forward", "--population", "256"]
         pop_train = ["--part", "train", "--algos", "ga", "--population", "256", "--seconds", "8"]
         train_s, overhead = 60.0, 25.0
