@@ -22,6 +22,7 @@ Steps (``--print-steps`` lists them with their commands):
   learner_precision      one Atari-preset V-trace update in fp32, tf32 and bf16 (scripts/bench_learner_budget.py
                          --precisions): the measurement that --algo.precision auto (tf32 on CUDA) awaits
   bench_model[_graphs]   seedlocal bench on Pong-v5, all cores, the training network: ratio_model >= 0.9
+  bench_model_wide       the same at a worker per 8 cores and 64 envs each (the default is 1 x 32)
   bench_learning[_graphs]  the same with --learning: ratio_learning >= 0.8
   bench_transport        --transport-only on CartPole-v1 (512 envs): >= 1M steps/s
   bench_transport_pong   --transport-only with Pong's observations (figure only)
@@ -308,6 +309,18 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
                           targets=[("ratio_model", ">=", 0.9)],
                           show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random",
                                 "model_forward_ms_per_batch"), note=note if suffix else ""))
+    if not dry:
+        # The presets and the bench's default are sized for 2 cores (16-32 envs in one worker); on the H200's 16
+        # cores that left ratio_model at 0.363 with batches of 16 (docs/gpu.md). The same bench with a worker per
+        # 8 cores and 64 envs each: the figure a GPU-sized preset would start from.
+        wide = ["--num-workers", str(max(1, (os.cpu_count() or 1) // 8)), "--envs-per-worker", "64"]
+        steps.append(Step("bench_model_wide", lambda t: [*bench, "--env", env, *b_model, *wide, *more],
+                          timeout=t_bench, min_s=m_bench, figures=bench_figures(model_keys, "model_detail", (
+                              "forward_ms_per_batch", "mean_batch", "worker_wait_share")),
+                          targets=[("ratio_model", ">=", 0.9)],
+                          show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random", "num_workers",
+                                "envs_per_worker", "model_forward_ms_per_batch"),
+                          note="a worker per 8 cores, 64 envs each: sizes for a many-core machine"))
     for suffix, extra in (("", []), ("_graphs", graphs)):
         steps.append(Step(f"bench_learning{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_learn, *extra, *more],
                           timeout=t_bench, min_s=m_bench, figures=bench_figures(learn_keys, "learning_detail", (
@@ -348,7 +361,9 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
             return [*SEEDLOCAL, *head, "--env.id", env, "--pipeline.device", dev, "--seconds", f"{s:g}",
                     *stop, "--log-dir", str(log_dir)]
 
-        steps.append(Step(f"train_{algo}", cmd, timeout=t_train, min_s=m_train, figures=train_figures,
+        # The dry run's GA ends at its first generation (a few seconds of CartPole); the cap is room for a slow machine.
+        steps.append(Step(f"train_{algo}", cmd, timeout=t_train + (26 if dry and algo == "ga" else 0), min_s=m_train,
+                          figures=train_figures,
                           run_dir=log_dir,
                           show=("status", "steps", "frames_per_s", "episodes", "mean_return_last20",
                                 "eval_return_last20", "best_member_return", "generations")))
