@@ -35,6 +35,10 @@ def catch_config(tmp_path, algo: VTraceParams, steps: int, **kw):
         log_every_s=1.0, checkpoint_every_min=60.0, **kw)
 
 
+# 3.5 minutes on 2 cores, the longest test of the default run (clean-clone CI, 2026-11-26): run with -m slow.
+# In the default run the MinAtar preset's Breakout test keeps a CNN learning from pixels through the
+# pipeline, and test_train_vtrace runs the Atari preset itself (no learning bar there).
+@pytest.mark.slow
 def test_atari_preset_learns_catch_from_pixels(tmp_path):
     cfg = catch_config(tmp_path, PRESETS["atari"].algo, CATCH_BUDGET, stop_at_return=3.0)
     summary = train(cfg)
