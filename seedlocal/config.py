@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from seedlocal.errors import CheckpointError, ConfigError
 
 
@@ -174,6 +172,8 @@ def check_network_fits(make, copies: int, fields: str, what: str):
     size it; otherwise torch would fail inside the allocator with a traceback.
     Returns the meta network (its errors, e.g. a bad encoder, are raised as
     building it for real would)."""
+    import torch
+
     with torch.device("meta"):
         net = make()
     n = sum(p.numel() for p in net.parameters())
@@ -204,6 +204,8 @@ def budget_left(field: str, budget: int, done: int, unit: str) -> None:
 
 
 def resolve_device(value: str) -> torch.device:
+    import torch  # here, not at the top: an actor host (seedlocal actors) reads this module and needs no torch
+
     if value == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
