@@ -331,7 +331,9 @@ def run(cfg: ActorsConfig) -> int:
             print(f"seedlocal actors: no learner at {cfg.connect} for {cfg.retry_s:g} s ({why}); giving up",
                   file=sys.stderr, flush=True)
             return 1
+        # The last wait ends at the budget, not a doubled backoff past it (--retry-s 2 gave up after 3.5 s).
+        wait = max(0.05, min(backoff, cfg.retry_s - (now - lost_since)))
         if cfg.progress:
-            print(f"seedlocal actors: {why}; retrying in {backoff:.1f} s", file=sys.stderr, flush=True)
-        time.sleep(backoff)
+            print(f"seedlocal actors: {why}; retrying in {wait:.1f} s", file=sys.stderr, flush=True)
+        time.sleep(wait)
         backoff = min(8.0, backoff * 2)
