@@ -13,11 +13,28 @@ TESTS = Path(__file__).parent
 
 
 def seedlocal(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return seedlocal_all([args], timeout=timeout)[0]
+
+
+def seedlocal_all(runs: list[tuple[str, ...]], timeout: int = 240) -> list[subprocess.CompletedProcess]:
+    """Independent CLI runs at the same time: each mostly waits on its start-up
+    and its env's failure, so together they take about as long as one."""
     import os
 
     env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "seedlocal", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=TESTS.parent)
+    procs = [(args, subprocess.Popen([sys.executable, "-m", "seedlocal", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS.parent)) for args in runs]
+    done = []
+    try:
+        for args, p in procs:
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return done
 
 
 def test_readme_example_is_this_env():
@@ -52,8 +69,11 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     """A reset that always raises would fail the same way on every restart:
     the run stops at once, with one line naming the worker and the env's
     exception (its traceback is above it, from the worker)."""
-    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
-                    "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
+    out, aborts = seedlocal_all([
+        ("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
+         "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"),
+        ("train", "vtrace", "--env.id", "faulty_envs:ResetAborts-v0", "--total-steps", "2000",
+         "--log-dir", str(tmp_path), "--run-name", "a", "--no-progress")])
     assert out.returncode == 1, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("seedlocal: error: env worker"), last
@@ -66,11 +86,9 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
                       "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
     assert "boom in reset" in again.stderr.strip().splitlines()[-1] and "already holds" not in again.stderr
     # Native code aborting while the env starts is no different.
-    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetAborts-v0", "--total-steps", "2000",
-                    "--log-dir", str(tmp_path), "--run-name", "a", "--no-progress")
-    last = out.stderr.strip().splitlines()[-1]
-    assert out.returncode == 1 and "killed by signal 6 before its envs produced a first step" in last, last
-    assert "not restarting" in last and "restarted it" not in out.stdout
+    last = aborts.stderr.strip().splitlines()[-1]
+    assert aborts.returncode == 1 and "killed by signal 6 before its envs produced a first step" in last, last
+    assert "not restarting" in last and "restarted it" not in aborts.stdout
 
 
 def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path):
@@ -88,18 +106,20 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
     """A NaN reward or a wrong-shaped observation stops the run with one line
     naming it (not NaN weights, not a silent broadcast); a constructor that
     raises is named before anything starts."""
-    for env, message in [("NaNReward-v0", "step() returned the reward nan; rewards must be finite numbers"),
-                         ("BroadcastObs-v0", "observation has shape (1,), its space says (3,)"),
-                         ("OldGymStep-v0", "step() returned a tuple of 4; Gymnasium envs return (observation, "
-                                           "reward, terminated, truncated, info)")]:
-        out = seedlocal("train", "vtrace", "--env.id", f"faulty_envs:{env}", "--total-steps", "5000",
-                        "--log-dir", str(tmp_path), "--run-name", env, "--no-progress")
+    cases = [("NaNReward-v0", "step() returned the reward nan; rewards must be finite numbers"),
+             ("BroadcastObs-v0", "observation has shape (1,), its space says (3,)"),
+             ("OldGymStep-v0", "step() returned a tuple of 4; Gymnasium envs return (observation, "
+                               "reward, terminated, truncated, info)")]
+    *outs, ga = seedlocal_all([("train", "vtrace", "--env.id", f"faulty_envs:{env}", "--total-steps", "5000",
+                                "--log-dir", str(tmp_path), "--run-name", env, "--no-progress") for env, _ in cases]
+                              + [("train", "ga", "--env.id", "faulty_envs:InitRaises-v0", "--log-dir", str(tmp_path))])
+    for (env, message), out in zip(cases, outs):
         assert out.returncode == 1, out.stderr[-2000:]
         last = out.stderr.strip().splitlines()[-1]
         assert last.startswith("seedlocal: error: env worker") and message in last, last
         assert "not restarting it" in last and "restarted it" not in out.stdout  # it would fail the same way
         assert "Traceback" not in out.stderr, out.stderr[-2000:]  # our own check's stack says nothing
-    out = seedlocal("train", "ga", "--env.id", "faulty_envs:InitRaises-v0", "--log-dir", str(tmp_path))
+    out = ga
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "seedlocal: error: env.id='faulty_envs:InitRaises-v0': making the env raised FileNotFoundError: "
