@@ -302,25 +302,20 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
                       timeout=t_small, min_s=m_bench, figures=precision_figures,
                       show=("learn_s", "fastest"),
                       note="one V-trace update per arithmetic: what --algo.precision auto should be on this GPU"))
-    for suffix, extra in (("", []), ("_graphs", graphs)):
+    # _wide: the presets and the bench's default are sized for 2 cores (16-32 envs in one worker); on the H200's
+    # 16 cores that left ratio_model at 0.363 with batches of 16 (docs/gpu.md). The same bench with a worker per
+    # 8 cores and 64 envs each is the figure a GPU-sized preset would start from.
+    wide = ["--num-workers", str(max(1, (os.cpu_count() or 1) // 8)), "--envs-per-worker", "64"]
+    model_variants = [("", [], ""), ("_graphs", graphs, note)]
+    if not dry:
+        model_variants.append(("_wide", wide, "a worker per 8 cores, 64 envs each: sizes for a many-core machine"))
+    for suffix, extra, why in model_variants:
         steps.append(Step(f"bench_model{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_model, *extra, *more],
                           timeout=t_bench, min_s=m_bench, figures=bench_figures(model_keys, "model_detail", (
                               "forward_ms_per_batch", "mean_batch", "worker_wait_share")),
                           targets=[("ratio_model", ">=", 0.9)],
-                          show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random",
-                                "model_forward_ms_per_batch"), note=note if suffix else ""))
-    if not dry:
-        # The presets and the bench's default are sized for 2 cores (16-32 envs in one worker); on the H200's 16
-        # cores that left ratio_model at 0.363 with batches of 16 (docs/gpu.md). The same bench with a worker per
-        # 8 cores and 64 envs each: the figure a GPU-sized preset would start from.
-        wide = ["--num-workers", str(max(1, (os.cpu_count() or 1) // 8)), "--envs-per-worker", "64"]
-        steps.append(Step("bench_model_wide", lambda t: [*bench, "--env", env, *b_model, *wide, *more],
-                          timeout=t_bench, min_s=m_bench, figures=bench_figures(model_keys, "model_detail", (
-                              "forward_ms_per_batch", "mean_batch", "worker_wait_share")),
-                          targets=[("ratio_model", ">=", 0.9)],
                           show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random", "num_workers",
-                                "envs_per_worker", "model_forward_ms_per_batch"),
-                          note="a worker per 8 cores, 64 envs each: sizes for a many-core machine"))
+                                "envs_per_worker", "model_forward_ms_per_batch"), note=why))
     for suffix, extra in (("", []), ("_graphs", graphs)):
         steps.append(Step(f"bench_learning{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_learn, *extra, *more],
                           timeout=t_bench, min_s=m_bench, figures=bench_figures(learn_keys, "learning_detail", (
