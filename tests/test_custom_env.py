@@ -22,15 +22,15 @@ def seedlocal_all(runs: list[tuple[str, ...]], timeout: int = 240) -> list[subpr
     import os
 
     env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [(args, subprocess.Popen([sys.executable, "-m", "seedlocal", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS.parent)) for args in runs]
+    procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS.parent) for args in runs]
     done = []
     try:
-        for args, p in procs:
+        for p in procs:
             out, err = p.communicate(timeout=timeout)
             done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     finally:
-        for _, p in procs:
+        for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.communicate()
@@ -119,11 +119,10 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
         assert last.startswith("seedlocal: error: env worker") and message in last, last
         assert "not restarting it" in last and "restarted it" not in out.stdout  # it would fail the same way
         assert "Traceback" not in out.stderr, out.stderr[-2000:]  # our own check's stack says nothing
-    out = ga
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
+    assert ga.returncode == 2
+    assert ga.stderr.strip().splitlines() == [
         "seedlocal: error: env.id='faulty_envs:InitRaises-v0': making the env raised FileNotFoundError: "
-        "level file missing"], out.stderr
+        "level file missing"], ga.stderr
     assert not seedlocal_segments()
 
 
