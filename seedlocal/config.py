@@ -11,9 +11,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from seedlocal.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -52,6 +55,9 @@ class PipelineConfig:
     (CUDA only; off by default until measured faster on a GPU)"""
     max_restarts: int = 3
     """restarts allowed per env worker before the run stops with an error"""
+    stall_s: float = 10.0
+    """seconds without an env step before the run names the workers still inside an env's step (a hung env;
+    the run then ends at its time budget); a single stuck worker is named after 3 x this"""
     inference_threads: int = 1
     """torch CPU threads of the inference thread (cores are better spent on environments)"""
     learner_threads: int = 0
@@ -279,6 +285,8 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: 
         fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups})")
     if p.batch_timeout_ms < 0:
         fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
+    if not p.stall_s > 0 or p.stall_s == float("inf"):
+        fail(f"{prefix}.stall_s", p.stall_s, "must be a positive number of seconds")
     try:
         device = resolve_device(p.device)
     except ConfigError as e:

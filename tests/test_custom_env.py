@@ -57,10 +57,11 @@ def test_train_and_eval_a_custom_env_by_module_id(tmp_path):
 
 
 def test_a_module_that_cannot_be_imported_or_registers_nothing_is_named():
-    out = seedlocal("train", "vtrace", "--env.id", "no_such_module:Thing-v0")
+    out, other = seedlocal_all([("train", "vtrace", "--env.id", "no_such_module:Thing-v0"),
+                                ("train", "vtrace", "--env.id", "corridor:Other-v0")])
     assert out.returncode == 2
     assert "env.id='no_such_module:Thing-v0': cannot import module 'no_such_module'" in out.stderr
-    out = seedlocal("train", "vtrace", "--env.id", "corridor:Other-v0")
+    out = other
     assert out.returncode == 2
     assert "did not register 'Other-v0'" in out.stderr
 
@@ -141,7 +142,8 @@ def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_pat
 def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo):
     """An env stuck inside step(): the trainers say which workers hang and
     stop at --seconds instead of waiting for ever."""
-    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "16",
+    # --pipeline.stall-s 2: the run says so after 2 s without a step (10 s by default).
+    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "7", "--pipeline.stall-s", "2",
                     "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress", timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "seedlocal: no env steps for" in out.stdout and "still inside an env's step or reset" in out.stdout, (
@@ -153,13 +155,14 @@ def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo)
 
 def test_channels_last_images_get_the_cnn_torso(tmp_path):
     """Gymnasium's (H, W, C) images train with the Nature CNN, as (C, H, W) ones do."""
-    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageHWC-v0", "--total-steps", "300",
-                    "--log-dir", str(tmp_path), "--run-name", "img", "--no-progress")
+    out, refused = seedlocal_all([
+        ("train", "vtrace", "--env.id", "faulty_envs:ImageHWC-v0", "--total-steps", "300",
+         "--log-dir", str(tmp_path), "--run-name", "img", "--no-progress"),
+        ("train", "r2d2", "--env.id", "faulty_envs:ImageHWC-v0", "--frame-stack", "4", "--log-dir", str(tmp_path))])
     assert out.returncode == 0, out.stderr[-2000:]
     assert "(nature torso" in out.stdout, out.stdout[:500]
     # R2D2 stacks single-channel frames only, and says so before starting.
-    out = seedlocal("train", "r2d2", "--env.id", "faulty_envs:ImageHWC-v0", "--frame-stack", "4",
-                    "--log-dir", str(tmp_path))
+    out = refused
     assert out.returncode == 2
     assert "frame_stack=4: stacks single-channel (1, H, W) image frames" in out.stderr
     assert "observes (48, 48, 3)" in out.stderr

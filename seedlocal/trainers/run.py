@@ -153,7 +153,7 @@ class Run:
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
-        self.watch = StallWatch(pipe.loop)
+        self.watch = StallWatch(pipe.loop, after=cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting = 0.0
         self.summary: dict = {}
