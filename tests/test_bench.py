@@ -4,20 +4,24 @@ No wall-clock figure is asserted (these machines are shared): only that each
 mode measures what it says and reports it with the documented keys.
 """
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 
 from seedlocal import checkpoint
+from seedlocal.cli import main
 
 FAST = ["--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
 
 
-def bench(*args: str, timeout: int = 240) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-m", "seedlocal", "bench", *args], capture_output=True, text=True,
-                         timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1]), out.stdout
+def bench(*args: str) -> tuple[dict, str]:
+    """``seedlocal bench ARGS`` in this process (what the CLI runs, without a
+    second interpreter's start-up): its JSON line and its printed table."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["bench", *args])
+    assert code == 0, out.getvalue()[-3000:]
+    return json.loads(out.getvalue().strip().splitlines()[-1]), out.getvalue()
 
 
 def test_ratios_divide_by_the_best_raw_configuration():
@@ -31,7 +35,7 @@ def test_ratios_divide_by_the_best_raw_configuration():
 
 
 def test_learning_mode_runs_the_vtrace_learner():
-    r, text = bench("--env", "CartPole-v1", "--learning", "--seconds", "3", "--warmup", "0.5", "--rounds", "1",
+    r, text = bench("--env", "CartPole-v1", "--learning", "--seconds", "1", "--warmup", "0.5", "--rounds", "1",
                     "--skip-model")
     assert r["num_workers"] == 2 and r["envs_per_worker"] == 8  # the CartPole training preset's sizes
     assert r["learning_steps_per_s"] > 0 and r["learning_detail"]["updates_per_s"] > 0
@@ -50,10 +54,8 @@ def test_autotune_writes_settings_that_train_loads(tmp_path):
     assert saved == {k: r[k] for k in ("num_workers", "envs_per_worker", "min_batch_envs")}
     group = r["envs_per_worker"] // 2
     # As a new user runs it: the default batch is kept a multiple of whatever group size was chosen.
-    run = subprocess.run([sys.executable, "-m", "seedlocal", "train", "vtrace", "--pipeline-config", str(out),
-                          "--total-steps", "1500", "--log-dir", str(tmp_path), "--run-name", "t", "--no-progress"],
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert main(["train", "vtrace", "--pipeline-config", str(out), "--total-steps", "1500", "--log-dir", str(tmp_path),
+                 "--run-name", "t", "--no-progress"]) == 0
     cfg = checkpoint.load(tmp_path / "t")["config"]
     assert {k: cfg["pipeline"][k] for k in saved} == saved
     assert cfg["algo"]["batch_size"] % group == 0

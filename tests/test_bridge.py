@@ -411,7 +411,7 @@ def _training_learner_with_a_host(tmp_path, *host_args: str):
         [sys.executable, "-m", "seedlocal", "train", "vtrace", "--bridge.listen", f"127.0.0.1:{port}",
          "--bridge.remote-envs", "8", "--pipeline.num-workers", "1", "--pipeline.envs-per-worker", "8",
          "--algo.batch-size", "4", "--total-steps", "0", "--seconds", "120", "--log-dir", str(tmp_path),
-         "--run-name", "r", "--no-progress"],
+         "--run-name", "r", "--no-progress", "--log-every-s", "0.3"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=terminal_like, start_new_session=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(train.stdout), daemon=True).start()
@@ -431,10 +431,15 @@ def _training_learner_with_a_host(tmp_path, *host_args: str):
             _end(train, host)
             raise AssertionError("the host did not connect:\n" + "".join(lines))
         time.sleep(0.1)
-    # A few updates through the bridge, so that a stop saves a checkpoint (a run that never stepped writes none).
-    # 1 s was too short once in a clean-clone CI run, after actor hosts stopped importing torch and so connect
-    # sooner; nothing outside the learner shows its step count before it ends (progress prints every 10 s).
-    time.sleep(3.0)
+    # Updates through the bridge, so that a stop saves a checkpoint (a run that never updated writes none): wait
+    # for the learner's losses in TensorBoard (a fixed 1 s once stopped it before its first update in CI).
+    from test_train_vtrace import scalars
+
+    while not (tmp_path / "r").exists() or "losses/total_loss" not in scalars(tmp_path / "r")[0]:
+        if time.monotonic() > deadline or train.poll() is not None:
+            _end(train, host)
+            raise AssertionError("the learner logged no update:\n" + "".join(lines))
+        time.sleep(0.3)
     return train, lines, host, port
 
 

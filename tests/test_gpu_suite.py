@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "scripts" / "gpu_suite.py"
 KEYS = {"name", "command", "status", "rc", "seconds", "timeout_s", "figures", "targets", "suite_elapsed_s"}
@@ -93,6 +95,7 @@ def test_runner_records_each_outcome_as_one_json_line(tmp_path):
     assert "boom" in log and "==== hangs: timeout" in log
 
 
+@pytest.mark.slow  # ~25 s; the runner's budget and skips are covered above, the steps' output below
 def test_cpu_dry_run_writes_one_json_line_per_step_within_its_budget(tmp_path):
     listed = _run("--cpu-dry-run", "--print-steps", str(tmp_path / "unused"))
     names = [json.loads(line)["name"] for line in listed.stdout.splitlines()]

@@ -3,8 +3,6 @@
 import contextlib
 import json
 import re
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -243,12 +241,15 @@ def test_resume_restores_each_algorithm_bitwise(tmp_path, run):
     (["ga", "--algo.sigma", "-1"], "algo.sigma=-1.0"),
     (["es", "--forward", "loop"], "forward='loop': expected one of auto, bmm, mulsum, vmap for a mlp network"),
 ])
-def test_bad_population_settings_are_refused(args, message):
-    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", *args], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 2, out.stderr
-    lines = [l for l in out.stderr.splitlines() if l.startswith("seedlocal: error:")]
-    assert len(lines) == 1 and message in lines[0], out.stderr
+def test_bad_population_settings_are_refused(args, message, tmp_path, capsys, monkeypatch):
+    from seedlocal.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("seedlocal: error:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())
 
 
 def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):

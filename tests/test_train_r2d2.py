@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -131,7 +129,9 @@ def test_bad_r2d2_settings_fail_before_any_process_starts(change, message):
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-def test_short_run_writes_summary_checkpoint_and_eval_plays_it(tmp_path):
+def test_short_run_writes_summary_checkpoint_and_eval_plays_it(tmp_path, capsys):
+    from seedlocal.cli import main
+
     summary = train(small(tmp_path))
     run = tmp_path / "r"
     assert summary["status"] == "done" and summary["steps"] >= 6000 and summary["updates"] > 0
@@ -144,21 +144,22 @@ def test_short_run_writes_summary_checkpoint_and_eval_plays_it(tmp_path):
     for tag in ("charts/eval_return", "charts/replay_ratio", "losses/td_abs", "losses/q_mean", "replay/size",
                 "replay/priority_mean", "replay/insert_per_s", "replay/sample_per_s", "perf/updates_per_s"):
         assert tag in tags, tag
-    out = subprocess.run([sys.executable, "-m", "seedlocal", "eval", "--checkpoint", str(run), "--episodes", "3"],
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    assert "epsilon" in out.stdout or "return" in out.stdout, out.stdout
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon" in out or "return" in out, out
     # Resume continues the counters (the replay restarts empty unless --checkpoint-replay).
     again = train(dataclasses.replace(small(tmp_path), resume=str(run), total_steps=9000))
     assert again["steps"] >= 9000 and again["updates"] > summary["updates"]
 
 
-def test_cli_refuses_bad_values_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", "r2d2", "--algo.n-step", "40",
-                          "--log-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "algo.n_step=40" in lines[0], out.stderr
+def test_cli_refuses_bad_values_in_one_line(tmp_path, capsys):
+    from seedlocal.cli import main
+
+    assert main(["train", "r2d2", "--algo.n-step", "40", "--log-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "algo.n_step=40" in lines[0], err
     assert not list(tmp_path.iterdir())  # nothing was started or written
 
 

@@ -134,18 +134,17 @@ def test_resume_restores_weights_optimizer_and_counters_bitwise(tmp_path):
         assert_same_state(saved[key], restored[key], key)
 
 
-def test_cli_resume_keeps_the_saved_config_and_names_what_changed(tmp_path):
-    base = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "r",
-            "--no-progress"]
-    out = subprocess.run(base + ["--total-steps", "2000", "--algo.batch-size", "8", "--algo.entropy-cost", "0.02"],
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", "vtrace", "--resume", str(tmp_path / "r"),
-                          "--total-steps", "4000", "--algo.learning-rate", "0.0005", "--no-progress"],
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    lines = [l for l in out.stdout.splitlines() if l.startswith("seedlocal: resuming")]
-    assert len(lines) == 1, out.stdout
+def test_cli_resume_keeps_the_saved_config_and_names_what_changed(tmp_path, capsys):
+    from seedlocal.cli import main
+
+    base = ["train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"]
+    assert main(base + ["--total-steps", "2000", "--algo.batch-size", "8", "--algo.entropy-cost", "0.02"]) == 0
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--resume", str(tmp_path / "r"), "--total-steps", "4000",
+                 "--algo.learning-rate", "0.0005", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith("seedlocal: resuming")]
+    assert len(lines) == 1, out
     assert "algo.learning_rate: 0.001 -> 0.0005" in lines[0] and "total_steps: 2000 -> 4000" in lines[0]
     assert "batch_size" not in lines[0] and "entropy_cost" not in lines[0]
     cfg = checkpoint.load(tmp_path / "r")["config"]

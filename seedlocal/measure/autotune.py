@@ -60,7 +60,8 @@ def autotune(cfg, spec) -> dict:
         pipe_cfg = PipelineConfig(num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,
                                   env_threads=cfg.env_threads, device=cfg.device,
                                   batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=preset.pipeline.unroll_length)
-        one = type(cfg)(**{**cfg.__dict__, "seconds": seconds, "warmup": 1.0, "rounds": 1})
+        one = type(cfg)(**{**cfg.__dict__, "seconds": seconds, "warmup": min(cfg.warmup, 1.0),
+                                        "rounds": 1})
         p = pipeline_run(one, pipe_cfg, "auto", model=False, raw=None)
         ratio = p["steps_per_s"] / raw_best if raw_best else None
         rows.append({"num_workers": w, "envs_per_worker": per_worker, "min_batch_envs": min_batch,
