@@ -192,34 +192,15 @@ def test_es_learns_cartpole(tmp_path):
 
 
 @pytest.mark.parametrize("run", [GARun, ESRun, RandomSearchRun])
-def test_resume_continues_each_algorithm(tmp_path, run):
-    first = train(run(generations=2, log_dir=str(tmp_path), run_name="rs", progress=False))
-    state = checkpoint.load(tmp_path / "rs")
-    second = train(run(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "rs"), progress=False))
-    assert second["generations"] == 3
-    if run is RandomSearchRun:  # keeps the best ever seen
-        assert second["best_member_return"] >= first["best_member_return"]
-    if run is GARun:  # the resumed population descends from the saved one
-        after = checkpoint.load(tmp_path / "rs")["algo_state"]["genomes"]
-        saved = {tuple(g) for g in state["algo_state"]["genomes"]}
-        assert all(tuple(g)[:-1] in saved or tuple(g) in saved for g in after)
+def test_resume_restores_each_algorithm_bitwise_and_continues(tmp_path, run):
+    """Two generations; a resume whose budget is spent restores, runs nothing
+    and saves the same state bitwise; a resume with one more generation
+    continues from it (one TensorBoard curve, steps 1, 2, 3)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(tmp_path / "rs"))
-    ea.Reload()
-    for tag in ("charts/best_fitness", "charts/mean_fitness", "charts/median_fitness", "charts/episodes",
-                "charts/frames", "perf/frames_per_s", "perf/env_time_s", "perf/inference_time_s"):
-        assert tag in ea.Tags()["scalars"], tag
-    assert [e.step for e in ea.Scalars("charts/best_fitness")] == [1, 2, 3]
-
-
-@pytest.mark.parametrize("run", [GARun, ESRun, RandomSearchRun])
-def test_resume_restores_each_algorithm_bitwise(tmp_path, run):
     from test_train_vtrace import assert_same_state
 
-    train(run(generations=2, log_dir=str(tmp_path), run_name="b", progress=False))
+    first = train(run(generations=2, log_dir=str(tmp_path), run_name="b", progress=False))
     saved = checkpoint.load(tmp_path / "b")
-    # The generation budget is already spent: restore, run nothing, save again.
     train(run(generations=2, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False))
     restored = checkpoint.load(tmp_path / "b")
     for key in ("algo_state", "best_params", "best_return", "counters", "identity"):
@@ -232,6 +213,21 @@ def test_resume_restores_each_algorithm_bitwise(tmp_path, run):
     cfg = run()
     members = cfg.algo.population_size * cfg.episodes_per_member * 2
     assert members <= saved["counters"]["episodes"] <= saved["counters"]["frames"], saved["counters"]
+
+    second = train(run(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False))
+    assert second["generations"] == 3
+    if run is RandomSearchRun:  # keeps the best ever seen
+        assert second["best_member_return"] >= first["best_member_return"]
+    if run is GARun:  # the resumed population descends from the saved one
+        after = checkpoint.load(tmp_path / "b")["algo_state"]["genomes"]
+        parents = {tuple(g) for g in saved["algo_state"]["genomes"]}
+        assert all(tuple(g)[:-1] in parents or tuple(g) in parents for g in after)
+    ea = EventAccumulator(str(tmp_path / "b"))
+    ea.Reload()
+    for tag in ("charts/best_fitness", "charts/mean_fitness", "charts/median_fitness", "charts/episodes",
+                "charts/frames", "perf/frames_per_s", "perf/env_time_s", "perf/inference_time_s"):
+        assert tag in ea.Tags()["scalars"], tag
+    assert [e.step for e in ea.Scalars("charts/best_fitness")] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("args, message", [
