@@ -230,24 +230,6 @@ def test_resume_restores_each_algorithm_bitwise_and_continues(tmp_path, run):
     assert [e.step for e in ea.Scalars("charts/best_fitness")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["ga", "--algo.truncation", "80"], "algo.truncation=80: must be <= algo.population_size (64)"),
-    (["es", "--algo.population-size", "7"], "algo.population_size=7: must be even"),
-    (["es", "--algo.sigma", "0"], "algo.sigma=0.0"),
-    (["ga", "--algo.sigma", "-1"], "algo.sigma=-1.0"),
-    (["es", "--forward", "loop"], "forward='loop': expected one of auto, bmm, mulsum, vmap for a mlp network"),
-])
-def test_bad_population_settings_are_refused(args, message, tmp_path, capsys, monkeypatch):
-    from seedlocal.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    assert main(["train", *args]) == 2
-    err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.startswith("seedlocal: error:")]
-    assert len(lines) == 1 and message in lines[0], err
-    assert "Traceback" not in err and not list(tmp_path.iterdir())
-
-
 def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
     """The production ``_Evolver`` builds each child from its parent's cached
     vector: noise draws per generation stay at P - 1 (one per child), not a
