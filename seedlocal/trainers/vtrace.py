@@ -432,7 +432,9 @@ class VTraceTrainer(Trainer):
                 f"entropy {values['losses/entropy']:.2f}")
 
     def has_last_log(self) -> bool:
-        return self.iv is not None and self.iv.n > 0
+        # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
+        # curve too.
+        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
 
     def stop(self, run: Run) -> None:
         if self.prefetch is not None:
