@@ -13,12 +13,18 @@ def seedlocal_segments(pid: int | None = None) -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(prefix)}
 
 
+def _helper(cmdline: list[str]) -> bool:
+    line = " ".join(cmdline)
+    return "resource_tracker" in line or "multiprocessing.forkserver" in line
+
+
 def live_children() -> list[psutil.Process]:
-    # The resource tracker is multiprocessing's own helper: it outlives runs on purpose.
+    # The resource tracker and the workers' forkserver are multiprocessing's own helpers: they outlive runs on
+    # purpose (and exit with this process). The workers forked from the server are still counted.
     out = []
     for c in psutil.Process().children(recursive=True):
         try:
-            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()):
+            if c.status() != psutil.STATUS_ZOMBIE and not _helper(c.cmdline()):
                 out.append(c)
         except psutil.NoSuchProcess:
             pass

@@ -173,7 +173,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
         env = make_group(spec, 2, 1, 0)
         args = WorkerArgs(index=0, groups=(0, 1), envs_per_group=2, threads_per_group=1, seed=0, spec=spec,
                           control=pool.control.handle(), rollout=pool.store.handle(), wake=(pool.wake[0], pool.wake[1]),
-                          ready=(pool.ready[0], pool.ready[1]), obs_ready=pool.obs_ready, parent_pid=os.getpid(),
+                          ready=(pool.ready[0], pool.ready[1]), obs_ready=pool.obs_ready,
                           poll_s=0.05)
         pool.wake[1].drain()
         state[1] = 0  # STEPPING: the thread below writes its first observations

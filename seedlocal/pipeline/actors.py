@@ -30,6 +30,19 @@ SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
+# What every env worker imports before its first step. A spawned worker paid for these itself (about 1.5 s of
+# CPU, envpool's registry most of it) at every start and restart; forked from a server that has them already,
+# it starts at once. The server starts with a process's first pool, outlives its runs, and exits with it.
+WORKER_PRELOAD = ["seedlocal.pipeline.worker", "envpool"]
+
+
+def worker_context():
+    """The multiprocessing context env workers start from: a forkserver (never a fork of the learner, whose
+    threads and CUDA state a child must not inherit) with the workers' imports preloaded."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(WORKER_PRELOAD)
+    return ctx
+
 
 class ActorPool:
     def __init__(
@@ -53,7 +66,7 @@ class ActorPool:
         self.bridge_port: int | None = None
         self.threads_per_group = threads_per_group
         self.seed, self.max_restarts = seed, max_restarts
-        self._ctx = mp.get_context("spawn")
+        self._ctx = worker_context()
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
@@ -110,7 +123,7 @@ class ActorPool:
             control=self.control.handle(), rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready, started=send, parent_pid=os.getpid())
-        self.server = self._ctx.Process(target=run_bridge_server, args=(args,), name="seedlocal-bridge", daemon=True)
+        self.server = mp.get_context("spawn").Process(target=run_bridge_server, args=(args,), name="seedlocal-bridge", daemon=True)
         self.server.start()
         send.close()
         if not recv.poll(30.0):
@@ -144,7 +157,6 @@ class ActorPool:
             wake=tuple(self.wake[g] for g in groups),
             ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready,
-            parent_pid=os.getpid(),
         )
         for g in groups:
             self.control["group_error"][g] = 0

@@ -43,8 +43,25 @@ class WorkerArgs:
     wake: tuple[Signal, ...]  # per group, posted by the inference loop when its actions are in
     ready: tuple[Signal, ...]  # per group, posted by this worker when its observations are in
     obs_ready: Signal  # a wake-up hint for the inference loop (orders nothing)
-    parent_pid: int
     poll_s: float = 0.5
+
+
+def _leave_forkserver() -> None:
+    """Drop this process's copy of the pipe that keeps multiprocessing's forkserver alive.
+
+    The server exits when every holder of that pipe's write end has closed it, and it hands a copy to each
+    process it forks (so that a child may fork more). A worker holding one would keep its parent, the server,
+    alive after the learner died, and so would never be orphaned: both would be left behind."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
 
 
 def _die_with_parent() -> None:
@@ -94,6 +111,9 @@ def run_worker(args: WorkerArgs) -> None:
     # the learner decides how to stop (it checkpoints, then stops the workers).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The parent is the learner's forkserver (actors.worker_context), which exits with the learner.
+    _leave_forkserver()
+    parent = os.getppid()
     _die_with_parent()
     control = SharedArrays.attach(*args.control)
     store = SharedArrays.attach(*args.rollout)
@@ -114,7 +134,7 @@ def run_worker(args: WorkerArgs) -> None:
         # The main thread only watches: for the stop flag and for an orphaning.
         while not control["stop"][0] and any(t.is_alive() for t in threads):
             threads[0].join(args.poll_s)
-            if os.getppid() != args.parent_pid:
+            if os.getppid() != parent:
                 break
         for t in threads:
             t.join(args.poll_s * 2)
