@@ -260,6 +260,7 @@ class R2D2Trainer(Trainer):
         self.acc: dict[str, torch.Tensor] = {}  # learner statistics since the last log (device sums)
         self.sampled_p: list[float] = []
         self.dropped = 0
+        self.logged_episodes = None  # the episode count at the last log
         self._waiting = None  # when this wait for data began (None: learning)
 
     def identity(self) -> dict:
@@ -392,7 +393,7 @@ class R2D2Trainer(Trainer):
             })
         # Reset first: an interval is written once, whatever follows.
         self.t_log, self.log_steps, self.acc, self.sampled_p = now, step_now, {}, []
-        self.inserted0, self.log_updates = r.added, c["updates"]
+        self.inserted0, self.log_updates, self.logged_episodes = r.added, c["updates"], c["episodes"]
         run.monitor.scalars(step_now, values)
         if last:
             return
@@ -407,7 +408,9 @@ class R2D2Trainer(Trainer):
                                 if owed > 1 else ""))
 
     def has_last_log(self) -> bool:
-        return bool(self.acc)
+        # Episodes that end after the last update belong on the curve too.
+        unlogged = self.logged_episodes is not None and self.counters["episodes"] != self.logged_episodes
+        return bool(self.acc) or unlogged
 
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):
