@@ -123,7 +123,9 @@ class ActorPool:
             control=self.control.handle(), rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready, started=send, parent_pid=os.getpid())
-        self.server = mp.get_context("spawn").Process(target=run_bridge_server, args=(args,), name="seedlocal-bridge", daemon=True)
+        # Spawned, not forked from the workers' server: it imports grpc, which the workers never need.
+        self.server = mp.get_context("spawn").Process(target=run_bridge_server, args=(args,), name="seedlocal-bridge",
+                                                      daemon=True)
         self.server.start()
         send.close()
         if not recv.poll(30.0):

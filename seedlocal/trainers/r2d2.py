@@ -260,7 +260,6 @@ class R2D2Trainer(Trainer):
         self.acc: dict[str, torch.Tensor] = {}  # learner statistics since the last log (device sums)
         self.sampled_p: list[float] = []
         self.dropped = 0
-        self.logged_episodes = None  # the episode count at the last log
         self._waiting = None  # when this wait for data began (None: learning)
 
     def identity(self) -> dict:
@@ -309,6 +308,7 @@ class R2D2Trainer(Trainer):
         self.steps0 = self.counters["steps"]
         self.t_log, self.log_steps = run.t_start, self.steps0
         self.inserted0, self.log_updates = self.replay.added, self.counters["updates"]
+        self.logged_episodes = self.counters["episodes"]
 
     def _steps(self, run: Run) -> int:
         return self.steps0 + run.loop.stats.env_steps
@@ -408,9 +408,9 @@ class R2D2Trainer(Trainer):
                                 if owed > 1 else ""))
 
     def has_last_log(self) -> bool:
-        # Episodes that end after the last update belong on the curve too.
-        unlogged = self.logged_episodes is not None and self.counters["episodes"] != self.logged_episodes
-        return bool(self.acc) or unlogged
+        # Episodes that end after the last update belong on the curve too (start() sets the count they add to).
+        started = hasattr(self, "steps0")
+        return bool(self.acc) or (started and self.counters["episodes"] != self.logged_episodes)
 
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):
