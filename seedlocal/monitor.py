@@ -65,7 +65,9 @@ Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
 target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
 (``mean_return_last20``; ``best_member_return`` for neuroevolution),
 ``steps_to_target``/``frames_to_target`` (null unless --stop-at-return was
-reached), the checkpoint path and ``status`` (done, interrupted, error).
+reached; V-trace and R2D2 add ``return_at_target``, the 20-episode mean that
+met it: episodes that end while the run stops can leave the final mean below),
+the checkpoint path and ``status`` (done, interrupted, error).
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ def closing_line(summary: dict, outcome: str, nothing_done: str | None = None) -
     if nothing_done:
         head = nothing_done
     elif by == "target":
-        head = f"done: reached the target return at {summary['frames_to_target']:,d} frames"
+        at = summary.get("return_at_target")
+        head = (f"done: reached the target return{'' if at is None else f' (mean {at:.1f} over 20 episodes)'} at "
+                f"{summary['frames_to_target']:,d} frames")
     else:
         head = "done: " + _BUDGETS.get(by, "stopped")
     where = summary.get("checkpoint") or "none (nothing was trained)"

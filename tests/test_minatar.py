@@ -97,7 +97,9 @@ def test_vtrace_minatar_preset_learns_breakout(tmp_path):
     cfg = dataclasses.replace(PRESETS["minatar"], total_steps=150_000, stop_at_return=3.0, log_dir=str(tmp_path),
                               run_name="bo", progress=False)
     summary = train(cfg)
-    assert summary["mean_return_last20"] is not None and summary["mean_return_last20"] >= 3.0, summary
+    # The 20-episode mean that stopped the run (episodes that end while it stops can leave the final one
+    # below: 2.85 after 3.0 in one CI run).
+    assert summary["steps_to_target"] is not None and summary["return_at_target"] >= 3.0, summary
 
 
 @needs_minatar

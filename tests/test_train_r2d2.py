@@ -175,7 +175,7 @@ def test_r2d2_learns_cartpole_within_budget(tmp_path, seed):
                               progress=False, total_steps=R2D2_CARTPOLE_BUDGET, stop_at_return=450.0)
     summary = train(cfg)
     assert summary["steps_to_target"] is not None, summary
-    assert summary["eval_return_last20"] >= 450
+    assert summary["return_at_target"] >= 450 and summary["target_return_source"] == "eval", summary
 
 
 def test_checkpoint_replay_restores_the_replay_on_resume(tmp_path, capsys):

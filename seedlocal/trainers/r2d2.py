@@ -325,6 +325,7 @@ class R2D2Trainer(Trainer):
         on = self._stop_on()
         if self.cfg.stop_at_return and len(on) == on.maxlen and np.mean(on) >= self.cfg.stop_at_return:
             run.summary["steps_to_target"] = self.counters["steps"]
+            run.summary["return_at_target"] = float(np.mean(on))
             return "target"
         return None
 
@@ -423,6 +424,7 @@ class R2D2Trainer(Trainer):
         return {"algo": "r2d2", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
                 "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
                 "mean_return_last20": mean_of(f.recent_train), "eval_return_last20": mean_of(f.recent_eval),
+                "return_at_target": run.summary.get("return_at_target"),
                 "frames_to_target": to_target * self.frames_per_step if to_target is not None else None,
                 "target_return_source": "eval" if self.a.eval_envs else "train"}
 

@@ -387,7 +387,9 @@ class VTraceTrainer(Trainer):
         iv.learn_s += time.monotonic() - t1
         self._take_episodes(run)
         if self._target_met() and run.summary.get("steps_to_target") is None:
+            # The mean that met the target: episodes that end while the run stops may move the final one below it.
             run.summary["steps_to_target"] = self._steps(run)
+            run.summary["return_at_target"] = float(np.mean(self.recent))
         return None
 
     def _normalise(self, batch: dict, fetched) -> dict:
@@ -450,6 +452,7 @@ class VTraceTrainer(Trainer):
         return {"algo": "vtrace", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
                 "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
                 "mean_return_last20": float(np.mean(self.recent)) if self.recent else None,
+                "return_at_target": run.summary.get("return_at_target"),
                 "frames_to_target": to_target * self.frames_per_step if to_target is not None else None}
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
