@@ -12,7 +12,10 @@ line per seed: generations, training episodes (the population's: what the
 ARS paper's Table 1 counts) and all episodes (the per-generation scoring of
 the centre included), agent steps, wall-clock seconds, the eval mean. Per
 run, ``<out>/<algo>_<env>_s<seed>.csv`` holds the curve (generation,
-seconds, episodes, steps, best member return) from TensorBoard.
+seconds, episodes, steps, best member return) from TensorBoard, and
+``<out>/<algo>_<env>.png`` overlays the seeds' curves against training
+episodes and against minutes, the threshold dotted (``--plot-only`` draws it
+again from the CSVs of runs already made).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class Args:
     out: str = "runs/thresholds"
     extra: list[str] = field(default_factory=list)
     """more options for seedlocal train (e.g. --algo.step-size 0.01)"""
+    plot_only: bool = False
+    """only draw <out>/<algo>_<env>.png from the seeds' CSVs already there"""
 
 
 def curve(run_dir: Path, population: int) -> list[dict]:
@@ -59,9 +64,39 @@ def curve(run_dir: Path, population: int) -> list[dict]:
              "best_member_return": round(e.value, 2)} for e in best]
 
 
+def plot(a: Args, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    for seed in a.seeds:
+        name = f"{a.algo}_{a.env}_s{seed}"
+        with open(out / f"{name}.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        ret = [float(r["best_member_return"]) for r in rows]
+        axes[0].plot([int(r["training_episodes"]) for r in rows], ret, label=name)
+        axes[1].plot([float(r["seconds"]) / 60 for r in rows], ret, label=name)
+    for ax, xlabel in zip(axes, ("training episodes", "wall-clock (minutes)")):
+        ax.axhline(a.threshold, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("return scored each generation")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{a.algo.upper()} on {a.env}, threshold {a.threshold:,.0f}")
+    fig.tight_layout()
+    path = out / f"{a.algo}_{a.env}.png"
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def main(a: Args) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.plot_only:
+        print(plot(a, out))
+        return
     for seed in a.seeds:
         name = f"{a.algo}_{a.env}_s{seed}"
         cmd = [sys.executable, "-m", "seedlocal", "train", a.algo, "--preset", "mujoco", "--env.id", a.env,
@@ -88,6 +123,7 @@ def main(a: Args) -> None:
             "generations": summary["generations"], "training_episodes": summary["generations"] * population,
             "episodes": summary["episodes"], "steps": summary["steps"], "seconds": summary["seconds"],
             "best_member_return": summary["best_member_return"], "eval20_mean": mean}), flush=True)
+    print(plot(a, out))
 
 
 if __name__ == "__main__":
