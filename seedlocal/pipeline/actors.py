@@ -32,8 +32,9 @@ _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, 
 
 # What every env worker imports before its first step. A spawned worker paid for these itself (about 1.5 s of
 # CPU, envpool's registry most of it) at every start and restart; forked from a server that has them already,
-# it starts at once. The server starts with a process's first pool, outlives its runs, and exits with it.
-WORKER_PRELOAD = ["seedlocal.pipeline.worker", "envpool"]
+# it starts at once. The server starts with a process's first pool, outlives its runs, and exits with it, at
+# once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner within milliseconds.
+WORKER_PRELOAD = ["seedlocal.pipeline.forkserver_exit", "seedlocal.pipeline.worker", "envpool"]
 
 
 def worker_context():
