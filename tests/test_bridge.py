@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from helpers import collect_unrolls
@@ -80,16 +81,23 @@ def kill_host(proc: subprocess.Popen) -> None:
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError(f"the killed actor host left {left}")
-    deadline = time.monotonic() + 2  # workers get SIGTERM from PDEATHSIG and exit within their grace period
-    while True:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
+    # The workers' forkserver exits with the host, and the workers with it (PDEATHSIG): 0.02 s on an idle machine.
+    # An exited process stays a zombie until init reaps it, on init's own schedule (over a second here, more under
+    # load): that is not a process left running.
+    deadline = time.monotonic() + 2
+    while running := [p.pid for p in psutil.process_iter(["status"])
+                      if p.info["status"] != psutil.STATUS_ZOMBIE and _pgid(p.pid) == proc.pid]:
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("processes of the killed actor host were still running 2 s later")
+            raise AssertionError(f"processes of the killed actor host were still running 2 s later: {running}")
         time.sleep(0.1)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 # -- the wire format ---------------------------------------------------------------
