@@ -18,12 +18,11 @@ import sys
 
 def _in_forkserver() -> bool:
     """Whether this import runs from multiprocessing's forkserver main loop (its preloading)."""
-    server = sys.modules.get("multiprocessing.forkserver")
-    if server is None:
-        return False
-    frame = sys._getframe()
+    # Nothing here may raise: the server skips a preload that fails with ImportError only, and dies of any other.
+    code = getattr(getattr(sys.modules.get("multiprocessing.forkserver"), "main", None), "__code__", None)
+    frame = sys._getframe() if code is not None else None
     while frame is not None:
-        if frame.f_code is server.main.__code__:
+        if frame.f_code is code:
             return True
         frame = frame.f_back
     return False
