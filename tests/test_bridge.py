@@ -85,19 +85,23 @@ def kill_host(proc: subprocess.Popen) -> None:
     # An exited process stays a zombie until init reaps it, on init's own schedule (over a second here, more under
     # load): that is not a process left running.
     deadline = time.monotonic() + 2
-    while running := [p.pid for p in psutil.process_iter(["status"])
-                      if p.info["status"] != psutil.STATUS_ZOMBIE and _pgid(p.pid) == proc.pid]:
+    while running := running_in_group(proc.pid):
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError(f"processes of the killed actor host were still running 2 s later: {running}")
         time.sleep(0.1)
 
 
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
+def running_in_group(pgid: int) -> list[int]:
+    """The processes of a process group that have not exited (zombies waiting for init to reap them have)."""
+    def group_of(pid: int) -> int | None:
+        try:
+            return os.getpgid(pid)
+        except ProcessLookupError:
+            return None
+
+    return [p.pid for p in psutil.process_iter(["status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and group_of(p.pid) == pgid]
 
 
 # -- the wire format ---------------------------------------------------------------
@@ -490,12 +494,9 @@ def test_a_learner_killed_leaves_its_hosts_waiting_for_a_resume(tmp_path):
         train.wait()
         said = finish(host, timeout=30)
         deadline = time.monotonic() + 20
-        while True:  # its workers and bridge server follow it (PDEATHSIG), then the resource tracker
-            try:
-                os.killpg(train.pid, 0)
-            except ProcessLookupError:
-                break
-            assert time.monotonic() < deadline, "the killed learner's processes outlived it"
+        # Its workers and bridge server follow it (PDEATHSIG), then the resource tracker.
+        while running := running_in_group(train.pid):
+            assert time.monotonic() < deadline, f"the killed learner's processes outlived it: {running}"
             time.sleep(0.2)
     finally:
         _end(train, host)
