@@ -45,26 +45,40 @@ class EvalConfig:
     """where the network runs"""
 
 
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def _policy(model: ActorCritic, greedy: bool, epsilon: float = 0.0):
     """``act(obs, core) -> (actions, core)`` as a run's acting does: a
     categorical's argmax or sample, a Gaussian's mean or sample, or (a
-    neuroevolution network over a Box) the network's output itself."""
+    neuroevolution network over a Box) the network's output itself.
+
+    Observations go to the model's device and the core stays there; the
+    actions come back to the host. Epsilon's draws are made on the host from
+    a seeded generator, so an eval explores alike on every device."""
+    device = _device(model)
     gen = torch.Generator().manual_seed(0)
     dist = None if isinstance(model, PolicyNet) and model.continuous else for_actions(
         None if getattr(model, "continuous", False) else 0)
 
     @torch.inference_mode()
     def act(obs: dict[str, np.ndarray], core):
-        params, _, core = model.step({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()}, core)
+        x = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in obs.items()}
+        params, _, core = model.step(x, core)
         if dist is None:
-            return params.numpy(), core
-        a = dist.mode(params) if greedy else dist.sample(params)
+            return params.cpu().numpy(), core
+        a = (dist.mode(params) if greedy else dist.sample(params)).cpu()
         if epsilon > 0:
             explore = torch.rand(a.shape, generator=gen) < epsilon
             a = torch.where(explore, torch.randint(params.shape[-1], a.shape, generator=gen), a)
         return a.numpy(), core
 
     return act
+
+
+def _initial_core(model: torch.nn.Module, n: int):
+    return None if model.core_spec is None else torch.zeros((n,) + model.core_spec.shape, device=_device(model))
 
 
 class _R2D2Player(torch.nn.Module):
@@ -133,7 +147,7 @@ def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_s
     env = make_group(spec, episodes, 1, seed)
     getattr(model, "new_episodes", lambda: None)()
     act = _policy(model, greedy, epsilon)
-    core = None if model.core_spec is None else torch.zeros((episodes,) + model.core_spec.shape)
+    core = _initial_core(model, episodes)
     env.reset()
     obs, _, _, _ = env.recv()
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
@@ -153,8 +167,7 @@ def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) ->
     """Frames of one episode as a person sees it, drawn by the env that plays it and timed to play in real
     time (``seedlocal/video.py``), or RenderUnavailable."""
     getattr(model, "new_episodes", lambda: None)()
-    core = None if model.core_spec is None else torch.zeros((1,) + model.core_spec.shape)
-    return video.record(_policy(model, greedy), spec, seed, max_steps, core)
+    return video.record(_policy(model, greedy), spec, seed, max_steps, _initial_core(model, 1))
 
 
 def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
