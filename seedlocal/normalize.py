@@ -60,8 +60,18 @@ class RunningNorm(nn.Module):
         self.var.copy_(var)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = torch.rsqrt(self.var + self.eps).to(x.dtype)
-        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+        return normalise(x, self.mean, self.scale(), self.clip)
+
+    def scale(self) -> torch.Tensor:
+        """What ``forward`` multiplies by: ``1 / sqrt(var + eps)``."""
+        return torch.rsqrt(self.var + self.eps)
+
+
+def normalise(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, clip: float) -> torch.Tensor:
+    """``RunningNorm``'s map given its mean and ``scale()``: also what a
+    population's forward applies with each slot's own copy of them (rows
+    [n, size], float32, so that no step converts or takes a root)."""
+    return ((x - mean.to(x.dtype)) * scale.to(x.dtype)).clamp(-clip, clip)
 
 
 class RewardScaler:

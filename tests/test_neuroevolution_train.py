@@ -106,20 +106,21 @@ def test_population_forward_refuses_a_strategy_the_network_cannot_use():
 
 
 @contextlib.contextmanager
-def population_pipeline(num_groups: int, policy_options: dict | None = None, **pipe):
-    """A CartPole pipeline whose inference loop serves a PopulationPolicy of
+def population_pipeline(num_groups: int, policy_options: dict | None = None, env: str = "CartPole-v1",
+                        net_options: dict | None = None, **pipe):
+    """A pipeline of ``env`` whose inference loop serves a PopulationPolicy of
     ``num_groups`` groups of 4 envs (``policy_options`` its keyword
-    arguments), wired as the trainer wires it; yields (spec, policy, pipe)
-    with the loop not yet running."""
-    spec = validate_env(EnvConfig(id="CartPole-v1"))
-    template = PolicyNet(spec)
+    arguments; ``net_options`` the PolicyNet's), wired as the trainer wires
+    it; yields (spec, policy, pipe) with the loop not yet running."""
+    spec = validate_env(EnvConfig(id=env))
+    template = PolicyNet(spec, **(net_options or {}))
     holder = {}
 
     def make(s, device):
         holder["p"] = PopulationPolicy(template, 4, num_groups, device, **(policy_options or {}))
         return holder["p"]
 
-    with tiny_pipeline(make, consume=False, **pipe) as p:
+    with tiny_pipeline(make, env=env, consume=False, **pipe) as p:
         holder["p"].loop = p.loop
         yield spec, holder["p"], p
 
@@ -167,6 +168,51 @@ def test_spare_jobs_take_only_the_slots_other_jobs_leave():
         assert policy._env_job[0] is more and population.returns[0] == [9.0] and len(policy._spare) == 1
         policy.plan(group, slot0, slot0, ret + 7.0)
         assert policy._env_job[0] is centre and not policy._spare and more.done.is_set()
+
+
+@pytest.mark.parametrize("strategy", ["bmm", "mulsum", "vmap"])
+def test_a_job_normalises_every_step_by_the_statistics_it_was_submitted_with(strategy):
+    """Observation statistics committed while a job plays do not reach its
+    episodes: every step of a job reads the statistics committed when it was
+    submitted (so an ARS pair is scored under one normalisation), and a job
+    submitted after the commit reads the new ones, in the same batch. Driven
+    through plan, act and commit_obs_stats by hand, on a Box env so that the
+    actions are the networks' outputs."""
+    from seedlocal.policies.population import OBS_STATS_EVERY
+
+    with population_pipeline(1, {"strategy": strategy}, env="Pendulum-v1", net_options={"obs_norm": True},
+                             num_workers=1, envs_per_worker=8) as (spec, policy, pipe):
+        # The loop does not run: plan() and act() are driven by hand below, for group 0's 4 slots.
+        nets = [PolicyNet(spec, obs_norm=True) for _ in range(2)]
+        group, ret, nobody = np.array([0]), np.zeros((1, 4), np.float32), np.zeros((1, 4), bool)
+        x = torch.randn(4, 3)  # the observation every check reads
+
+        def act(obs):
+            return policy.act({"": obs}, env_ids=np.arange(4))[0]
+
+        first = policy.submit(_flats(nets), episodes=1)  # the statistics are the identity so far
+        policy.plan(group, np.array([[True, True, False, False]]), nobody, ret)
+        assert [policy._env_job[i] for i in range(4)] == [first, first, None, None]
+        before = act(x)[:2]
+        for _ in range(OBS_STATS_EVERY):  # observations far from the identity's (mean 0, std 1)
+            act(5.0 + 3.0 * torch.randn(4, 3))
+        policy.commit_obs_stats()  # mid-job, as the trainer's commit is for the episodes still playing
+        committed = policy.forward.template.obs_norm
+        assert float(committed.count) > 0 and float(committed.mean.mean()) > 2.0
+
+        second = policy.submit(_flats(nets), episodes=1)
+        policy.plan(group, np.array([[False, False, True, True]]), nobody, ret)  # beside the first job's
+        assert [policy._env_job[i] for i in range(4)] == [first, first, second, second]
+        after = act(x)
+
+    torch.testing.assert_close(after[:2], before, rtol=0, atol=0)  # the first job: one normalisation throughout
+    with torch.no_grad():
+        for i, net in enumerate(nets):  # slot i plays member i of the first job, slot 2 + i of the second
+            torch.testing.assert_close(before[i], net({"": x[i:i + 1]})[0])  # the identity, as submitted
+            old = net({"": x[2 + i:3 + i]})[0]
+            net.obs_norm.load_state_dict(committed.state_dict())
+            torch.testing.assert_close(after[2 + i], net({"": x[2 + i:3 + i]})[0])  # the second: the new ones,
+            assert not torch.allclose(after[2 + i], old)  # which differ from the first's
 
 
 def test_ga_learns_cartpole(tmp_path):

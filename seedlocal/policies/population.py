@@ -39,7 +39,7 @@ from torch.nn import functional as F
 from torch.func import functional_call, vmap
 
 from seedlocal.networks import PolicyNet, as_float, flatten_obs
-from seedlocal.normalize import RunningNorm, merge_moments
+from seedlocal.normalize import RunningNorm, merge_moments, normalise
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
@@ -147,6 +147,12 @@ class PopulationForward:
     2-core development machine (P = 256 CartPole MLPs, 12-100% of slots
     active) that made ``bmm`` 1.5-3.7x faster and the best strategy
     1.0-2.2x faster than the [out, in] layout.
+
+    With a template that has ``obs_norm``, a row also holds, after the
+    parameters, the observation mean and scale its job was submitted with
+    (``stats_of``): every step of a job normalises by one set of statistics,
+    whatever the population's shared ones become meanwhile, and the forward
+    reads them from the same views as the weights.
     """
 
     def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
@@ -175,7 +181,11 @@ class PopulationForward:
                                 if offsets[name] in {op[1] for op in linear} and len(shape) == 2}
         self.strategy = strategy
         self._trials: dict[str, list[float]] = {c: [] for c in self.candidates}
-        self.slots = torch.zeros(num_slots, self.size, device=device)
+        norm = getattr(template, "obs_norm", None)
+        self.norm_size = 0 if norm is None else norm.mean.numel()
+        # Read once: the forward never reads the template's obs_norm, which the learner swaps at each commit.
+        self.norm_clip = 0.0 if norm is None else norm.clip
+        self.slots = torch.zeros(num_slots, self.size + 2 * self.norm_size, device=device)
         self.obs_keys = list(getattr(template, "obs_keys", [""]))
         self.obs_classes = getattr(getattr(template, "encoder", None), "classes", None)  # Discrete fields: one-hot
 
@@ -183,9 +193,22 @@ class PopulationForward:
         """Flat parameter vectors [n, size] in the slot layout."""
         return params if self._perm is None else params.index_select(1, self._perm)
 
-    def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor) -> None:
-        """Slot ``slot_ids[i]`` now plays member ``members[i]`` of ``params``: one copy per job."""
-        self.slots.index_copy_(0, slot_ids, self.to_slots(params.index_select(0, members)))
+    def stats_of(self, norm: RunningNorm) -> torch.Tensor:
+        """``norm``'s statistics as a slot row's tail holds them: [mean, scale], float32
+        (the values ``norm`` itself multiplies by: the same outputs, bit for bit)."""
+        return torch.cat([norm.mean, norm.scale()]).to(self.slots.dtype)
+
+    def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor,
+             stats: torch.Tensor | None = None) -> None:
+        """Slot ``slot_ids[i]`` now plays member ``members[i]`` of ``params``,
+        normalising by ``stats`` (``stats_of``; default: the template's
+        statistics now): one copy per job."""
+        rows = self.to_slots(params.index_select(0, members))
+        if self.norm_size:
+            if stats is None:
+                stats = self.stats_of(self.template.obs_norm)
+            rows = torch.cat([rows, stats.expand(len(rows), -1)], 1)
+        self.slots.index_copy_(0, slot_ids, rows)
 
     # -- forward ------------------------------------------------------------------
 
@@ -241,8 +264,9 @@ class PopulationForward:
             h = as_float(h)
         else:
             h = flatten_obs(self.obs_keys, obs, self.obs_classes)  # [n, in]
-            if getattr(self.template, "obs_norm", None) is not None:  # shared by the population (not in a genome)
-                h = self.template.obs_norm(h)
+            if self.norm_size:  # each row by its job's statistics (the rows' tail)
+                o, d = self.size, self.norm_size
+                h = normalise(h, params[:, o:o + d], params[:, o + d:o + 2 * d], self.norm_clip)
         for op in self.plan:
             if op[0] == "conv":
                 h = _conv(params, h, *op[1:7])
@@ -265,18 +289,32 @@ class PopulationForward:
 
     def _one(self, flat: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         x = {k: v.unsqueeze(0) for k, v in obs.items()}
-        return functional_call(self.template, self.unflatten(flat), (x,)).squeeze(0)
+        tensors = self.unflatten(flat)
+        if not self.norm_size:
+            return functional_call(self.template, tensors, (x,)).squeeze(0)
+        # An MLP PolicyNet (only those have obs_norm), normalised by the row's
+        # statistics and then through its layers: functional_call would patch
+        # the template's obs_norm, which the learner thread reads and swaps.
+        o, d = self.size, self.norm_size
+        h = normalise(flatten_obs(self.obs_keys, x, self.obs_classes), flat[o:o + d], flat[o + d:o + 2 * d],
+                      self.norm_clip)
+        for name in ("encoder", "policy"):
+            part = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
+            h = functional_call(getattr(self.template, name), part, (h,))
+        return h.squeeze(0)
 
 
 class Job:
     """The episodes of one population: ``returns[m]`` (raw) and ``fitness[m]``
     (what selection sees: the return less ``reward_shift`` per step, see
-    ``PopulationPolicy``) fill as member m's episodes end."""
+    ``PopulationPolicy``) fill as member m's episodes end. ``stats``: the
+    observation statistics every episode of the job is normalised by (None:
+    the network has no ``obs_norm``)."""
 
-    def __init__(self, params: torch.Tensor, episodes: int):
-        self.params = params
-        # On CUDA the inference thread reads ``params`` on its own stream:
-        # it waits for this event, recorded after the kernels that made them.
+    def __init__(self, params: torch.Tensor, episodes: int, stats: torch.Tensor | None = None):
+        self.params, self.stats = params, stats
+        # On CUDA the inference thread reads ``params`` and ``stats`` on its own
+        # stream: it waits for this event, recorded after the kernels that made them.
         self.made = None
         if params.is_cuda:
             self.made = torch.cuda.Event()
@@ -326,7 +364,8 @@ class PopulationPolicy(Policy):
         the survival bonus on Hopper, Walker2d, Ant and Humanoid. With a
         template that has ``obs_norm``, the population shares observation
         statistics, gathered from every ``OBS_STATS_EVERY``-th batch's rows
-        and taken into use by ``commit_obs_stats`` between generations.
+        and taken into use by ``commit_obs_stats`` between generations; a
+        job normalises by the statistics committed when it was submitted.
         ``max_episode_steps`` (0: none) ends a job's episode at that many
         steps, scored on its return so far (see the module docstring)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
@@ -358,7 +397,10 @@ class PopulationPolicy(Policy):
         ``front`` puts them before the jobs already waiting; ``spare`` jobs
         start only on slots the other jobs leave free (a generation's tail),
         so work nobody waits for yet never delays a population."""
-        job = Job(params.to(self.device), episodes)
+        norm = self.forward.template.obs_norm if self.forward.norm_size else None
+        # A copy of the statistics committed now: a commit while the job plays
+        # does not reach its episodes (an ARS pair is scored under one normalisation).
+        job = Job(params.to(self.device), episodes, None if norm is None else self.forward.stats_of(norm))
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
         with self._lock:
@@ -379,12 +421,11 @@ class PopulationPolicy(Policy):
         """Returns, per member (row of ``params``), the returns of ``episodes`` episodes."""
         return self.submit(params, episodes).wait(check)
 
-    # -- inference thread -------------------------------------------------------
-
     def commit_obs_stats(self) -> None:
         """Take the observations gathered since the last commit into the
-        statistics the forward uses (a new module swapped in whole, so a
-        forward never reads half an update)."""
+        statistics that jobs submitted from now on normalise by (a new module
+        swapped in whole: the one a checkpoint or a submission holds is never
+        written again). Jobs already submitted keep theirs."""
         if self._seen is None:
             return
         with self._stats_lock:
@@ -403,6 +444,8 @@ class PopulationPolicy(Policy):
             merged.mean.copy_(mean)
             merged.var.copy_(var)
         self.forward.template.obs_norm = merged
+
+    # -- inference thread -------------------------------------------------------
 
     def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
              ep_length: np.ndarray | None = None) -> np.ndarray:
@@ -450,8 +493,10 @@ class PopulationPolicy(Policy):
                 stream = torch.cuda.current_stream(job.params.device)
                 stream.wait_event(job.made)
                 job.params.record_stream(stream)  # not reused by the allocator before this stream is done
+                if job.stats is not None:
+                    job.stats.record_stream(stream)
             self.forward.load(torch.tensor(envs, device=self.device), job.params,
-                              torch.tensor(members, device=self.device))
+                              torch.tensor(members, device=self.device), job.stats)
         return codes
 
     def act(self, obs, core=None, env_ids=None, first=None):
