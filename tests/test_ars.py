@@ -187,3 +187,38 @@ def test_ars_finds_a_linear_target():
         state = ars.tell(state, p, seeds, quadratic(params, target))
     assert state.generation == 40
     assert float(((state.theta - target) ** 2).sum()) < 1e-3 * start
+
+
+def test_a_pair_its_centre_and_the_checkpoint_share_one_set_of_observation_statistics(tmp_path, monkeypatch):
+    """ARS V2 on the pipeline (Pendulum, 3 generations): the statistics are
+    committed once a generation, before the next population is submitted,
+    and each job keeps those it was submitted with, so a generation's pairs
+    and the centre scored beside them are normalised alike; the checkpoint
+    holds the statistics its state's population plays under."""
+    from seedlocal import checkpoint
+    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.normalize import RunningNorm
+    from seedlocal.policies.population import PopulationPolicy
+    from seedlocal.trainers.neuroevolution import ARSRun, train
+
+    jobs = []  # (spare, statistics) of every job, in submission order
+    submit = PopulationPolicy.submit
+
+    def recorded(self, params, episodes, front=False, spare=False):
+        job = submit(self, params, episodes, front=front, spare=spare)
+        jobs.append((spare, job.stats.clone()))
+        return job
+
+    monkeypatch.setattr(PopulationPolicy, "submit", recorded)
+    train(ARSRun(env=EnvConfig(id="Pendulum-v1"), generations=3, hidden=(), obs_norm=True, best_episodes=2,
+                 pipeline=PipelineConfig(num_workers=1, envs_per_worker=8, unroll_length=8), log_dir=str(tmp_path),
+                 run_name="a", progress=False))
+    # population 1, its centre, population 2, its centre, ..., population 4 (submitted, not awaited)
+    assert [spare for spare, _ in jobs] == [False, True] * 3 + [False]
+    populations, centres = [s for spare, s in jobs if not spare], [s for spare, s in jobs if spare]
+    for g, centre in enumerate(centres):
+        assert torch.equal(centre, populations[g]), g
+        assert not torch.equal(populations[g + 1], populations[g]), g  # each generation's observations, committed
+    saved = RunningNorm(populations[0].numel() // 2)
+    saved.load_state_dict(checkpoint.load(tmp_path / "a")["obs_norm"])
+    assert torch.equal(torch.cat([saved.mean, saved.scale()]).float(), populations[-1])

@@ -300,6 +300,9 @@ def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
             scores = [[float(rng.normal())] * episodes for _ in range(params.shape[0])]
             return SimpleNamespace(wait=lambda check=None: scores, returns=scores, fitness=scores)
 
+        def commit_obs_stats(self):
+            pass
+
     per_generation = []
     for _ in range(20):
         before = len(draws)

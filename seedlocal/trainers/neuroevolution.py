@@ -318,6 +318,15 @@ class _Evolver:
         return self.space.stack([self._genome_vec(g) for g in genomes])
 
     def generation(self, pool, check=None) -> dict:
+        """One generation's evaluation and step; the next population is
+        submitted before this one's last work (the elite candidates', the
+        centre's episodes) ends, so the envs never wait for the bookkeeping.
+
+        Observation statistics (``obs_norm``) are committed once, just before
+        that submission, and a job normalises by those committed when it was
+        submitted: whatever selection compares was scored under one set
+        (GA's elite beside the children, ES's centre beside its population,
+        an ARS pair), and the next population sees this one's observations."""
         cfg, n_eps = self.cfg, self.cfg.episodes_per_member
 
         def means(job) -> list[float]:
@@ -334,6 +343,7 @@ class _Evolver:
                 self.evaluating = [elite, self._next]
                 fitness = means(elite) + means(self._next)
             candidates = ga.tell(self.state, cfg.algo, fitness)
+            pool.commit_obs_stats()
             scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
             self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
             scored.wait(check)
@@ -359,6 +369,7 @@ class _Evolver:
             fitness = means(job)
             state = alg.tell(self.state, cfg.algo, seeds, fitness)
             following, params = alg.ask(state, cfg.algo)
+            pool.commit_obs_stats()
             self._next = (following, pool.submit(params, n_eps))
             best = float(np.mean(scored.wait(check)[0]))
             # Only now: a run stopped while waiting saves this generation's
@@ -374,6 +385,7 @@ class _Evolver:
             fitness = means(job)
             state = random_search.tell(self.state, fitness)
             top = params[int(np.argmax(fitness))]
+            pool.commit_obs_stats()
             scored = pool.submit(top[None], cfg.best_episodes, front=True)
             following = self.space.stack([self.space.init(s) for s in random_search.ask(state, cfg.algo)])
             self._next = (following, pool.submit(following, n_eps))
@@ -419,6 +431,7 @@ class NeuroevoTrainer(Trainer):
         self.values: dict = {}
         self._counted = (0, 0, 0, 0)  # ``_totals`` when the counters last advanced
         self._inside: float | None = None  # when the generation in evaluation began; None between generations
+        self._obs_norm = self.template.obs_norm  # as of the last whole generation (see advance)
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -432,8 +445,8 @@ class NeuroevoTrainer(Trainer):
     def state(self) -> dict:
         out = {"algo_state": self.evolver.state_dict(), "best_params": self.evolver.best_params,
                "best_return": self.evolver.best_return}
-        if self.template.obs_norm is not None:  # the population's shared statistics (no genome holds them)
-            out["obs_norm"] = self.template.obs_norm.state_dict()
+        if self._obs_norm is not None:  # the population's shared statistics (no genome holds them)
+            out["obs_norm"] = self._obs_norm.state_dict()
         return out
 
     def position(self) -> tuple[int, int]:
@@ -519,7 +532,9 @@ class NeuroevoTrainer(Trainer):
             stats = self.evolver.generation(pop, check)
         except _BudgetSpent as spent:
             return spent.args[0]  # still inside: the summary counts what this generation stepped
-        pop.commit_obs_stats()  # what this generation's episodes saw, for the next
+        # The statistics the next population plays under (committed inside
+        # the generation): a checkpoint pairs them with the state that asked it.
+        self._obs_norm = self.template.obs_norm
         dt = time.monotonic() - t0
         self.gen_s += dt
         # Read once: the inference thread goes on serving the next population,
