@@ -374,8 +374,10 @@ class PopulationPolicy(Policy):
         self.max_episode_steps = max_episode_steps
         n = envs_per_group * num_groups
         self.forward = PopulationForward(template, n, device, strategy)
-        norm = getattr(self.forward.template, "obs_norm", None)
-        self._seen = None if norm is None else RunningNorm(norm.mean.numel()).to(device)  # since the last commit
+        # Observations since the last commit: made, written and (through
+        # ``_seen_written``, a CUDA event) handed over by the inference thread.
+        self._seen: RunningNorm | None = None
+        self._seen_written = None
         self._stats_lock = threading.Lock()
         self._batches = 0
         self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
@@ -399,7 +401,11 @@ class PopulationPolicy(Policy):
         so work nobody waits for yet never delays a population."""
         norm = self.forward.template.obs_norm if self.forward.norm_size else None
         # A copy of the statistics committed now: a commit while the job plays
-        # does not reach its episodes (an ARS pair is scored under one normalisation).
+        # does not reach its episodes (an ARS pair is scored under one
+        # normalisation). On CUDA it is made on this (the learner's) stream
+        # after the commit's writes and before ``Job.made`` is recorded, so the
+        # inference stream, which waits for that event, reads it whole, as the
+        # parameters; the forward reads no other copy of the statistics.
         job = Job(params.to(self.device), episodes, None if norm is None else self.forward.stats_of(norm))
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
@@ -426,10 +432,19 @@ class PopulationPolicy(Policy):
         statistics that jobs submitted from now on normalise by (a new module
         swapped in whole: the one a checkpoint or a submission holds is never
         written again). Jobs already submitted keep theirs."""
-        if self._seen is None:
-            return
         with self._stats_lock:
-            seen, self._seen = self._seen, RunningNorm(self._seen.mean.numel()).to(self.device)
+            seen, written = self._seen, self._seen_written
+            self._seen = self._seen_written = None
+        if seen is None:
+            return
+        if written is not None:
+            # The inference stream wrote ``seen``; this (the learner's) stream
+            # reads it only after that write, and the allocator reuses its
+            # memory only after these reads.
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(written)
+            for t in seen.buffers():
+                t.record_stream(stream)
         if float(seen.count) == 0:
             return
         current = self.forward.template.obs_norm
@@ -511,9 +526,14 @@ class PopulationPolicy(Policy):
                 idx = torch.from_numpy(active).to(self.device)
                 obs = {k: v[idx] for k, v in obs.items()}
             self._batches += 1
-            if self._seen is not None and self._batches % OBS_STATS_EVERY == 0:
+            if self.forward.norm_size and self._batches % OBS_STATS_EVERY == 0:
                 with self._stats_lock:
+                    if self._seen is None:  # made here, on this thread's stream, as its updates are
+                        self._seen = RunningNorm(self.forward.norm_size).to(self.device)
+                        self._seen_written = torch.cuda.Event() if self._seen.count.is_cuda else None
                     self._seen.update(flatten_obs(self.forward.obs_keys, obs, self.forward.obs_classes))
+                    if self._seen_written is not None:  # what commit_obs_stats waits for before it reads
+                        self._seen_written.record(torch.cuda.current_stream(self.device))
             out = self.forward(envs[active], obs)
             if self.continuous:
                 chosen = out if not self.action_noise else out + self.action_noise * torch.randn_like(out)
