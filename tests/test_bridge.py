@@ -314,6 +314,28 @@ def test_tls_with_the_right_ca_and_a_clear_failure_without(tmp_path):
         assert "if it uses TLS (--bridge.tls-cert), pass the CA with --tls-ca" in out, out
 
 
+# -- who trusts whom (docs/multihost.md, "Trust") ----------------------------------------
+
+
+def test_remote_seeds_fit_envpools_int32_and_differ_over_10000_assignments():
+    """Each assignment used to add 1,000,003 to a host's seed: a host that
+    reconnected often passed int32, which envpool refuses (and its env j is
+    seeded seed + j, so every one of them must fit). Seeds now wrap into the
+    valid range, and the envs of different assignments still get different
+    seeds, whatever the learner's base seed."""
+    from seedlocal.pipeline.bridge_server import remote_seed
+
+    for base, group_envs, remote_groups in [(1, 4, 2), (2**31 - 10, 8, 64), (12_345, 512, 6)]:
+        span = group_envs * remote_groups
+        for first in (0, remote_groups - 2):  # a host's first group: the first remote one, or a later one
+            starts = [remote_seed(base, k, first, group_envs, remote_groups) for k in range(1, 10_001)]
+            most = (remote_groups - first) * group_envs  # the most envs a host whose first group is this runs
+            assert all(0 <= s and s + most - 1 <= 2**31 - 1 for s in starts), (base, group_envs, first)
+            ordered = sorted(starts)
+            # Distinct, and no two hosts' ranges of seed .. seed + span - 1 overlap.
+            assert min(b - a for a, b in zip(ordered, ordered[1:])) >= span, (base, group_envs, first)
+
+
 # -- learning through the bridge ------------------------------------------------------
 
 

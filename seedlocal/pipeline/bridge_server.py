@@ -57,6 +57,31 @@ SERVER_OPTIONS = CHANNEL_OPTIONS + [("grpc.http2.min_ping_interval_without_data_
 # goodbye not yet read; ActorPool.close() gives the server this and more.
 GOODBYE_S = 2.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
+# envpool's seed is a C++ int and env i of a group is seeded seed + i, so a
+# host's seeds must stay below this; Gymnasium's take any size >= 0.
+SEED_END = 2**31
+# Remote seeds start this far above the learner's seed: its local workers
+# count up from that seed (one per env and restart), and the hosts' envs
+# should not replay their episodes.
+REMOTE_SEED_OFFSET = 1_000_003
+
+
+def remote_seed(base: int, assignment: int, first_index: int, group_envs: int, remote_groups: int) -> int:
+    """The seed of a host's ``assignment``-th envs, whose first group is
+    ``first_index`` among the remote groups: the host seeds its env j with
+    this + j, for at most ``remote_groups * group_envs`` envs (a *span*).
+
+    Each assignment takes the next span-sized block of seeds, and the blocks
+    wrap within [0, SEED_END - span), so seed + j always fits envpool's int32
+    however often hosts reconnect, and no two of the last
+    ``SEED_END // span - 1`` assignments (268 million for 8 remote envs)
+    share a seed. Within a block, a host's groups sit at their own offsets,
+    as a local worker's do."""
+    span = remote_groups * group_envs
+    room = (SEED_END // span - 1) * span  # one spare span: the last block's envs fit below SEED_END
+    return (base + REMOTE_SEED_OFFSET + assignment * span + first_index * group_envs) % room
+
+
 
 
 @dataclass(frozen=True)
@@ -218,7 +243,8 @@ class BridgeServer:
         return {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
                 "env_id": self.a.env_id, "backend": self.a.backend, "frame_stack": self.a.frame_stack,
                 "layout": self.a.layout,
-                "seed": self.a.seed + 1_000_003 * self.assignments + host.groups[0] * group,
+                "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, group,
+                                    len(self.groups)),
                 "version": wire.VERSION}
 
     def drop(self, host: _Host, why: str) -> None:
