@@ -77,6 +77,8 @@ class BridgeConfig:
     """PEM certificate chain for TLS (with tls_key); actor hosts pass the CA with --tls-ca"""
     tls_key: str = ""
     """PEM private key for TLS"""
+    insecure: bool = False
+    """listen beyond loopback without TLS: the network is trusted (traffic can be read and altered on the way)"""
 
 
 @dataclass
@@ -413,7 +415,7 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
 
 def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
     if not b.listen:
-        for name in ("remote_envs", "token_file", "tls_cert", "tls_key"):
+        for name in ("remote_envs", "token_file", "tls_cert", "tls_key", "insecure"):
             if getattr(b, name):  # would be silently ignored
                 fail(f"bridge.{name}", getattr(b, name), "needs bridge.listen HOST:PORT for actor hosts to connect to")
         if p.num_workers == 0:
@@ -424,6 +426,11 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
         fail("bridge.remote_envs", b.remote_envs, "must be a positive multiple of pipeline.envs_per_worker "
              f"({p.envs_per_worker}): actor hosts run whole workers of two groups")
     token = bridge_token(b.token_file)  # read now: a bad path fails before the run starts
+    if not is_loopback(host) and not b.tls_cert and not b.insecure:
+        # Without TLS the token, the steps, the actions and the env id that actor hosts run all travel in the
+        # clear: anyone on the path can read and alter them (and, with the token, join or impersonate).
+        fail("bridge.listen", b.listen, "beyond loopback without TLS the bridge can be read and altered on the way: "
+             "give bridge.tls_cert and bridge.tls_key, or pass --bridge.insecure if this network is trusted")
     if not is_loopback(host) and not token:
         fail("bridge.listen", b.listen, "listening beyond loopback needs a token: set SEEDLOCAL_BRIDGE_TOKEN "
              "or bridge.token_file")

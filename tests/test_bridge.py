@@ -28,12 +28,13 @@ from seedlocal.shm.rollout import TensorSpec
 TESTS = Path(__file__).parent
 
 
-def actors(port: int, *args: str, token: str | None = None, pythonpath: str = "") -> subprocess.Popen:
+def actors(port: int, *args: str, token: str | None = None, pythonpath: str = "",
+           address: str = "127.0.0.1") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": pythonpath or str(TESTS)}
     env.pop("SEEDLOCAL_BRIDGE_TOKEN", None)
     if token is not None:
         env["SEEDLOCAL_BRIDGE_TOKEN"] = token
-    return subprocess.Popen([sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{port}", *args],
+    return subprocess.Popen([sys.executable, "-m", "seedlocal", "actors", "--connect", f"{address}:{port}", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
@@ -44,11 +45,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def learner(remote_envs: int = 8, workers: int = 0, env: str = "CartPole-v1", **bridge) -> Pipeline:
+def learner(remote_envs: int = 8, workers: int = 0, env: str = "CartPole-v1", address: str = "127.0.0.1",
+            **bridge) -> Pipeline:
     return Pipeline(EnvConfig(id=env), PipelineConfig(num_workers=workers, envs_per_worker=8, unroll_length=8,
                                                       env_threads=1, batch_timeout_ms=1.0),
                     RandomPolicy, consume=True,
-                    bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=remote_envs, **bridge))
+                    bridge=BridgeConfig(listen=f"{address}:0", remote_envs=remote_envs, **bridge))
 
 
 def serve_until(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:
@@ -133,7 +135,12 @@ def test_wire_messages_round_trip_and_malformed_ones_are_named():
 
 
 @pytest.mark.parametrize("bridge, pipe, message", [
-    (dict(listen="0.0.0.0:5000", remote_envs=8), {}, "needs a token"),
+    (dict(listen="0.0.0.0:5000", remote_envs=8, insecure=True), {}, "needs a token"),
+    # Both ends prove the token without sending it, but the steps, actions and env id travel: beyond loopback
+    # they need TLS, or the user's word that the network is trusted.
+    (dict(listen="0.0.0.0:5000", remote_envs=8), {}, "without TLS the bridge can be read and altered on the way: "
+     "give bridge.tls_cert and bridge.tls_key, or pass --bridge.insecure if this network is trusted"),
+    (dict(insecure=True), dict(num_workers=1), "bridge.insecure=True: needs bridge.listen"),
     (dict(listen="127.0.0.1:5000", remote_envs=6), {}, "multiple of pipeline.envs_per_worker"),
     (dict(listen="", remote_envs=8), {}, "needs bridge.listen"),
     (dict(listen="nonsense", remote_envs=8), {}, "expected HOST:PORT"),
@@ -334,6 +341,44 @@ def test_remote_seeds_fit_envpools_int32_and_differ_over_10000_assignments():
             ordered = sorted(starts)
             # Distinct, and no two hosts' ranges of seed .. seed + span - 1 overlap.
             assert min(b - a for a, b in zip(ordered, ordered[1:])) >= span, (base, group_envs, first)
+
+
+def _own_address() -> str | None:
+    """A non-loopback address of this machine (`hostname -I`'s first), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_beyond_loopback_without_tls_both_ends_need_the_users_word(tmp_path):
+    """On this machine's own non-loopback address: without TLS, an actor host
+    refuses to connect unless --insecure says the network is trusted, and
+    then only with a token to verify the learner by (the learner's
+    --bridge.insecure refusal is in the table above); with both it serves."""
+    address = _own_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    token = "s3cret"
+    with learner(address=address, insecure=True, token_file=_token_file(token)) as pipe:
+        port = pipe.pool.bridge_port
+        for args, tok, why in [((), token, "connect='{a}:{p}': beyond loopback without TLS the bridge can be read "
+                                "and altered on the way: pass --tls-ca (the CA of the learner's --bridge.tls-cert), "
+                                "or --insecure if this network is trusted"),
+                               (("--insecure",), None, "insecure=True: without TLS only a token verifies the "
+                                "learner: set SEEDLOCAL_BRIDGE_TOKEN or --token-file")]:
+            refused = actors(port, *args, token=tok, address=address)
+            out = finish(refused)
+            assert refused.returncode == 2 and out.strip().splitlines() == [
+                "seedlocal: error: " + why.format(a=address, p=port)], out
+        host = actors(port, "--insecure", token=token, address=address)
+        try:
+            serve_until(pipe, lambda us: len(us) >= 4)
+        finally:
+            kill_host(host)
 
 
 # -- learning through the bridge ------------------------------------------------------

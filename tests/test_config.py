@@ -100,6 +100,12 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
       "--bridge.token-file", "/nonexistent"], "bridge.token_file='/nonexistent': cannot read it"),
     (["bench", "--bridge-delay-ms", "5"], "bench.bridge_delay_ms=5.0: only with --bridge"),
     (["actors", "--connect", "127.0.0.1:50999", "--retry-s", "nan"], "retry_s=nan: must be >= 0 and finite"),
+    (["train", "vtrace", "--bridge.listen", "0.0.0.0:50071", "--bridge.remote-envs", "8"],
+     "bridge.listen='0.0.0.0:50071': beyond loopback without TLS the bridge can be read and altered on the way: "
+     "give bridge.tls_cert and bridge.tls_key, or pass --bridge.insecure if this network is trusted"),
+    (["actors", "--connect", "192.0.2.1:50999"], "connect='192.0.2.1:50999': beyond loopback without TLS the "
+     "bridge can be read and altered on the way: pass --tls-ca (the CA of the learner's --bridge.tls-cert), or "
+     "--insecure if this network is trusted"),
     (["train", "vtrace", "--preset", "--log-dir", "x"], "preset: needs a value"),
     (["train", "ga", "--pipeline-config", "--log-dir", "x"], "pipeline_config: needs a value"),
     (["bench", "--envs-per-worker", "3"], "bench.envs_per_worker=3: must be even"),

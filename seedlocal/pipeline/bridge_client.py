@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seedlocal.config import ConfigError, bridge_token, split_address
+from seedlocal.config import ConfigError, bridge_token, is_loopback, split_address
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD, TOKEN_KEY
 from seedlocal.shm.arrays import sweep_once
@@ -56,6 +56,8 @@ class ActorsConfig:
     """file holding the shared secret (default: the SEEDLOCAL_BRIDGE_TOKEN environment variable)"""
     tls_ca: str = ""
     """PEM CA certificate that signed the learner's --bridge.tls-cert (enables TLS)"""
+    insecure: bool = False
+    """connect beyond loopback without TLS: the network is trusted (traffic can be read and altered on the way)"""
     retry_s: float = 60.0
     """how long to keep retrying an unreachable learner before giving up"""
     progress: bool = True
@@ -289,8 +291,17 @@ class _Session:
 
 def run(cfg: ActorsConfig) -> int:
     """Serve learners until one stops us; returns the process exit code."""
-    split_address("connect", cfg.connect)
+    host, _ = split_address("connect", cfg.connect)
     token = bridge_token(cfg.token_file, "token_file")
+    if not is_loopback(host) and not cfg.tls_ca:
+        # As on the learner (bridge.insecure): this host would run whatever a stranger on the path sends.
+        if not cfg.insecure:
+            raise ConfigError(f"connect={cfg.connect!r}: beyond loopback without TLS the bridge can be read and "
+                              "altered on the way: pass --tls-ca (the CA of the learner's --bridge.tls-cert), or "
+                              "--insecure if this network is trusted")
+        if not token:
+            raise ConfigError(f"insecure={cfg.insecure!r}: without TLS only a token verifies the learner: set "
+                              "SEEDLOCAL_BRIDGE_TOKEN or --token-file")
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 (0 = as the learner asks)")
