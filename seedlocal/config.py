@@ -427,8 +427,8 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
              f"({p.envs_per_worker}): actor hosts run whole workers of two groups")
     token = bridge_token(b.token_file)  # read now: a bad path fails before the run starts
     if not is_loopback(host) and not b.tls_cert and not b.insecure:
-        # Without TLS the token, the steps, the actions and the env id that actor hosts run all travel in the
-        # clear: anyone on the path can read and alter them (and, with the token, join or impersonate).
+        # The token never travels (both ends prove it by HMAC), but the steps, the actions and the env id that
+        # actor hosts run do, and without TLS anyone on the path can read and alter them.
         fail("bridge.listen", b.listen, "beyond loopback without TLS the bridge can be read and altered on the way: "
              "give bridge.tls_cert and bridge.tls_key, or pass --bridge.insecure if this network is trusted")
     if not is_loopback(host) and not token:

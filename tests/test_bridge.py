@@ -207,7 +207,7 @@ def test_wrong_token_and_unservable_env_are_refused_on_both_ends(capfd):
     assert "refused ipv4:127.0.0.1" in err and "wrong token" in err and "no token" in err
     with learner(env="image_catch:ImageCatch-v0") as pipe:
         # An actor host that cannot import the learner's env module cannot produce its spaces.
-        host = actors(pipe.pool.bridge_port, pythonpath=os.devnull)
+        host = actors(pipe.pool.bridge_port, "--allow-module", "image_catch", pythonpath=os.devnull)
         out = finish(host)
         assert host.returncode == 2 and "cannot serve the learner" in out and "image_catch" in out, out
     assert "refused the assignment" in capfd.readouterr().err
@@ -304,11 +304,21 @@ def test_learner_stop_ends_hosts_and_a_missing_learner_is_given_up_on():
     assert time.monotonic() - t0 < 15
 
 
-def test_tls_with_the_right_ca_and_a_clear_failure_without(tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+def _self_signed(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    key, cert = tmp_path / f"{name}.key", tmp_path / f"{name}.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
+    return key, cert
+
+
+def test_tls_with_the_right_ca_and_a_clear_failure_without_or_with_another(tmp_path):
+    """TLS is how a host verifies the learner without a token: a host
+    without --tls-ca, or whose CA did not sign the learner's certificate (an
+    impostor's, with the same name and address), gets no further than the
+    handshake and says why in its last line; the learner serves on."""
+    key, cert = _self_signed(tmp_path, "learner")
+    _, other = _self_signed(tmp_path, "impostor")
     with learner(tls_cert=str(cert), tls_key=str(key)) as pipe:
         host = actors(pipe.pool.bridge_port, "--tls-ca", str(cert))
         try:
@@ -319,6 +329,12 @@ def test_tls_with_the_right_ca_and_a_clear_failure_without(tmp_path):
         out = finish(plain)
         assert plain.returncode == 1 and "giving up" in out, out
         assert "if it uses TLS (--bridge.tls-cert), pass the CA with --tls-ca" in out, out
+        wrong = actors(pipe.pool.bridge_port, "--tls-ca", str(other), "--retry-s", "1")
+        out = finish(wrong)
+        last = out.strip().splitlines()[-1]
+        assert wrong.returncode == 1 and "giving up" in last and "the TLS handshake failed" in last, out
+        assert "--tls-ca is not the CA that signed its --bridge.tls-cert" in last, out
+        assert pipe.pool.control["group_connected"].sum() == 0
 
 
 # -- who trusts whom (docs/multihost.md, "Trust") ----------------------------------------
@@ -341,6 +357,164 @@ def test_remote_seeds_fit_envpools_int32_and_differ_over_10000_assignments():
             ordered = sorted(starts)
             # Distinct, and no two hosts' ranges of seed .. seed + span - 1 overlap.
             assert min(b - a for a, b in zip(ordered, ordered[1:])) >= span, (base, group_envs, first)
+
+
+def _raw_host(port: int, prove) -> tuple:
+    """A peer posing as an actor host: HELLO, then the PROOF ``prove(host_nonce,
+    learner_nonce)`` gives. Returns the learner's answer after the PROOF, as
+    (kind, JSON) or (gRPC status, details), and the nonces."""
+    import queue
+
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    nonce = wire.new_nonce()
+    outbox.put(wire.pack_json(wire.HELLO, {"version": wire.VERSION, "nonce": nonce}))
+
+    def requests():
+        while (m := outbox.get()) is not None:
+            yield m
+
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}", CHANNEL_OPTIONS)
+    try:
+        replies = ch.stream_stream(METHOD)(requests())
+        h, payload = wire.unpack(next(replies))
+        assert h.kind == wire.CHALLENGE, wire.KIND_NAMES[h.kind]
+        theirs = wire.unpack_json(payload)["nonce"]
+        outbox.put(wire.pack_json(wire.PROOF, {"proof": prove(nonce, theirs)}))
+        try:
+            h, payload = wire.unpack(next(replies))
+            answer = (h.kind, wire.unpack_json(payload))
+        except grpc.RpcError as e:
+            answer = (e.code(), e.details())
+    finally:
+        outbox.put(None)
+        ch.close()
+    return answer, nonce, theirs
+
+
+def test_a_learner_lets_in_only_a_host_that_proves_the_token_now(capfd):
+    """The token never travels: a host proves it holds it by an HMAC over
+    both ends' fresh nonces. A stranger with no proof, a proof recorded from
+    an earlier handshake, or the learner's own proof sent back is refused,
+    one line each, and gets no groups; the learner then proves itself in the
+    ASSIGN of a host that did prove (with a seed from remote_seed)."""
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import remote_seed
+
+    token = "s3cret"
+    with learner(token_file=_token_file(token)) as pipe:
+        port = pipe.pool.bridge_port
+        (kind, assign), hn, ln = _raw_host(port, lambda mine, theirs: wire.token_proof(token, "host", mine, theirs))
+        assert kind == wire.ASSIGN, assign
+        assert wire.proof_ok(token, "learner", hn, ln, assign["proof"]), "the learner did not prove the token"
+        assert assign["seed"] == remote_seed(EnvConfig().seed, 1, 0, 4, 2)
+        time.sleep(0.3)
+        pipe.loop._check_workers()  # the loop takes the groups of the host that left back
+        old_learner_nonce = ln
+        for prove in (lambda mine, theirs: "",  # no token
+                      lambda mine, theirs: wire.token_proof(token, "host", mine, old_learner_nonce),  # replayed
+                      lambda mine, theirs: wire.token_proof(token, "learner", mine, theirs),  # the other role's
+                      lambda mine, theirs: wire.token_proof("guess", "host", mine, theirs)):  # wrong token
+            (code, details), _, _ = _raw_host(port, prove)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+            assert pipe.pool.control["group_connected"].sum() == 0
+        assert not pipe.pool.control["group_steps"].any()
+    err = capfd.readouterr().err
+    assert err.count("refused ipv4:127.0.0.1") == 4 and err.count("wrong token") == 3 and "no token" in err, err
+
+
+def test_a_host_refuses_a_learner_that_cannot_prove_the_token_before_importing_anything(tmp_path):
+    """A peer posing as the learner (someone else's, or an impostor at its
+    address) that does not hold the host's token: the host sends nothing
+    the token could be read from, checks the learner's proof before using a
+    word of its assignment, and exits with one line, without importing the
+    env module it was sent even though --allow-module names it."""
+    from concurrent import futures
+
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import SERVICE
+
+    (tmp_path / "evil_env.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    token = "the-hosts-own-secret-0123456789"
+    heard: list[bytes] = []
+
+    def stream(requests, context):
+        heard.extend(f"{k}={v}".encode() for k, v in context.invocation_metadata())
+        heard.append(next(requests))  # HELLO
+        yield wire.pack_json(wire.CHALLENGE, {"nonce": wire.new_nonce()})
+        heard.append(next(requests))  # the host's PROOF: this impostor accepts anything
+        layout = wire.GroupLayout(4, {"": TensorSpec((4,), "float32")}, TensorSpec((), "int64"))
+        yield wire.pack_json(wire.ASSIGN, {"groups": [0, 1], "epochs": [1, 1], "env_id": "evil_env:Evil-v0",
+                                           "backend": "auto", "frame_stack": 0, "layout": layout.to_json(),
+                                           "seed": 1, "version": wire.VERSION, "proof": "0" * 64})
+        heard.extend(requests)  # the host's REFUSE, until it closes
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[grpc.method_handlers_generic_handler(
+        SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(stream)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        host = actors(port, "--allow-module", "evil_env", "--retry-s", "5", token=token, pythonpath=str(tmp_path))
+        out = finish(host)
+    finally:
+        server.stop(0)
+    assert host.returncode == 2, out
+    why = "the learner did not prove that it holds this host's bridge token"
+    assert out.strip().splitlines()[-1].startswith(f"seedlocal actors: this host cannot serve the learner at "
+                                                   f"127.0.0.1:{port}: {why}"), out
+    assert not (tmp_path / "imported").exists(), "the host imported the unproven learner's env module"
+    assert not any(token.encode() in m for m in heard), "the token travelled"
+    kinds = [wire.unpack(m)[0].kind for m in heard if m[:2] == wire.MAGIC]
+    assert kinds == [wire.HELLO, wire.PROOF, wire.REFUSE], kinds
+    assert why in wire.unpack_json(wire.unpack(heard[-1])[1])["reason"]
+
+
+def _gone(pipe: Pipeline, host: subprocess.Popen) -> str:
+    """An actor host's output once it has exited and the learner's loop has
+    taken back the groups it left (as a serving loop does every few checks;
+    this one has no groups with work to serve); those groups are free again."""
+    out = finish(host)
+    c, deadline = pipe.pool.control, time.monotonic() + 10
+    while (c["group_lost"] != c["group_lost_ack"]).any() or c["group_connected"].any():
+        assert time.monotonic() < deadline, "the learner did not take the host's groups back"
+        pipe.loop._check_workers()
+        time.sleep(0.05)
+    return out
+
+
+def test_a_host_runs_a_learners_module_env_only_if_allowed_and_a_learner_without_the_token_is_refused(capfd):
+    """A learner's ``module:EnvId`` env id imports that module on the host:
+    code the learner chooses. Without --allow-module naming it, the host
+    refuses the assignment; so does a host holding a token, facing a learner
+    (here on loopback, tokenless) that cannot prove it. One line on each end
+    says which module and flag, or which token; the learner carries on and
+    serves the host that is allowed."""
+    with learner(env="image_catch:ImageCatch-v0") as pipe:
+        port = pipe.pool.bridge_port
+        not_allowed = actors(port)
+        out = _gone(pipe, not_allowed)
+        assert not_allowed.returncode == 2, out
+        assert out.strip().splitlines()[-1] == (
+            f"seedlocal actors: this host cannot serve the learner at 127.0.0.1:{port}: the learner's env "
+            "'image_catch:ImageCatch-v0' imports the module 'image_catch', which this host imports only if "
+            "allowed: pass --allow-module image_catch to seedlocal actors"), out
+        with_token = actors(port, "--allow-module", "image_catch", token="s3cret")
+        out = _gone(pipe, with_token)
+        assert with_token.returncode == 2 and "the learner did not prove that it holds this host's bridge token" \
+            in out.strip().splitlines()[-1], out
+        host = actors(port, "--allow-module", "image_catch", "--allow-module", "other_envs")
+        try:
+            got = serve_until(pipe, lambda us: len(us) >= 4)
+        finally:
+            kill_host(host)
+    assert all(u["obs"].shape[-3:] == (4, 84, 84) for u in got)
+    err = [line for line in capfd.readouterr().err.splitlines() if "refused the assignment" in line]
+    assert len(err) == 2 and "pass --allow-module image_catch" in err[0] and "bridge token" in err[1], err
 
 
 def _own_address() -> str | None:

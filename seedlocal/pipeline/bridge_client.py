@@ -17,6 +17,14 @@ clear message; if the learner ends its run on purpose (its budget, Ctrl-C
 or SIGTERM there), it says so and the host exits at once, status 0. Ctrl-C
 here is a disconnect: the learner restarts this host's envs on fresh
 episodes when a host takes them again.
+
+What the learner sends is used only once the learner is verified, as far
+as this host can: by its TLS certificate (``--tls-ca``) and, where this host
+has a token, by proving that it holds the token too (``wire`` describes the
+exchange); beyond loopback one of the two is required. Even then an env id
+of the ``module:EnvId`` form runs only if this host's own
+``--allow-module`` names the module: running it imports the module, code
+the learner picked.
 """
 
 from __future__ import annotations
@@ -31,12 +39,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+import tyro
 
 from seedlocal.config import ConfigError, bridge_token, is_loopback, split_address
 from seedlocal.pipeline import wire
-from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD, TOKEN_KEY
+from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
 from seedlocal.shm.arrays import sweep_once
 from seedlocal.shm.rollout import RolloutLayout, obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING
@@ -58,6 +68,9 @@ class ActorsConfig:
     """PEM CA certificate that signed the learner's --bridge.tls-cert (enables TLS)"""
     insecure: bool = False
     """connect beyond loopback without TLS: the network is trusted (traffic can be read and altered on the way)"""
+    allow_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """a module this host may import to run a learner's module:EnvId env id (repeat for more); registered
+    ids (envpool, Gymnasium, MinAtar/...) need none"""
     retry_s: float = 60.0
     """how long to keep retrying an unreachable learner before giving up"""
     progress: bool = True
@@ -110,6 +123,11 @@ def _channel(cfg: ActorsConfig):
     return grpc.insecure_channel(address, CHANNEL_OPTIONS)
 
 
+def _env_module(env_id: str) -> str:
+    """The module that running ``env_id`` imports ('' for a registered id)."""
+    return env_id.partition(":")[0] if ":" in env_id else ""
+
+
 def _check_spaces(assign: dict, spec) -> str | None:
     """Why this host's env cannot produce the learner's spaces, or None."""
     want = wire.GroupLayout.from_json(assign["layout"])
@@ -148,8 +166,6 @@ class _Session:
             yield msg
 
     def run(self) -> None:
-        import grpc
-
         from seedlocal.config import threads_per_group, PipelineConfig
         from seedlocal.pipeline.actors import ActorPool
         from seedlocal.pipeline.envs import describe
@@ -157,36 +173,44 @@ class _Session:
         cfg = self.cfg
         channel = _channel(cfg)
         try:
+            nonce = wire.new_nonce()
             self._put(wire.pack_json(wire.HELLO, {
                 "version": wire.VERSION, "groups": 2 * cfg.num_workers, "envs_per_worker": cfg.envs_per_worker,
-                "host": socket.gethostname()}))
-            call = channel.stream_stream(METHOD)(self._requests(), metadata=[(TOKEN_KEY, self.token)])
-            try:
-                h, payload = wire.unpack(next(call))
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    raise HostStopped(f"the learner at {cfg.connect} refused this host: {e.details()} "
-                                      "(check SEEDLOCAL_BRIDGE_TOKEN or --token-file)", 2) from None
-                raise _Lost(_unreachable(e.code().name, e.details() or "", bool(cfg.tls_ca))) from None
-            except StopIteration:
-                raise _Lost("the learner closed the connection") from None
-            answer = wire.unpack_json(payload)
+                "host": socket.gethostname(), "nonce": nonce}))
+            call = channel.stream_stream(METHOD)(self._requests())
+            h, answer = self._next(call)
+            learner_nonce = None
+            if h.kind == wire.CHALLENGE:
+                try:
+                    learner_nonce = wire.check_nonce(answer.get("nonce"))
+                except wire.WireError as e:
+                    raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
+                # Without a token this host cannot prove anything: the learner refuses it, and says so.
+                proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
+                self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
+                h, answer = self._next(call)
             if h.kind == wire.REFUSE:
                 raise HostStopped(f"the learner at {cfg.connect} refused this host: {answer.get('reason')}",
                                   0 if answer.get("final") else 2)
             if h.kind != wire.ASSIGN:
                 raise HostStopped(f"the learner sent {wire.KIND_NAMES[h.kind]} instead of an assignment", 2)
+            if self.token and not (learner_nonce and wire.proof_ok(self.token, "learner", nonce, learner_nonce,
+                                                                    answer.get("proof"))):
+                # Before anything it sent is used: it may be someone else's learner (or no learner).
+                self._refuse("the learner did not prove that it holds this host's bridge token (the tokens "
+                             "differ, or the learner has none)")
+            env_id = str(answer.get("env_id", ""))
+            module = _env_module(env_id)
+            if module and module not in cfg.allow_module:
+                self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
+                             f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
             try:
-                spec = describe(answer["env_id"], answer["backend"], int(answer.get("frame_stack", 0)))
+                spec = describe(env_id, str(answer.get("backend", "")), int(answer.get("frame_stack", 0)))
             except ValueError as e:
-                spec, why = None, f"cannot run {answer['env_id']!r} here: {e}"
-            else:
-                why = _check_spaces(answer, spec)
+                self._refuse(f"cannot run {env_id!r} here: {e}")
+            why = _check_spaces(answer, spec)
             if why is not None:
-                self._put(wire.pack_json(wire.REFUSE, {"reason": why}))
-                self.out.put(None)
-                time.sleep(0.5)  # let the refusal reach the learner
-                raise HostStopped(f"this host cannot serve the learner at {cfg.connect}: {why}", 2)
+                self._refuse(why)
 
             self.connected = True
             groups, epochs = list(answer["groups"]), list(answer["epochs"])
@@ -252,6 +276,33 @@ class _Session:
             if self.pool is not None:
                 self.pool.close()
             channel.close()
+
+    def _next(self, call) -> tuple[wire.Header, dict]:
+        """The learner's next handshake message, or why there is none."""
+        import grpc
+
+        try:
+            h, payload = wire.unpack(next(call))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise HostStopped(f"the learner at {self.cfg.connect} refused this host: {e.details()} "
+                                  "(check SEEDLOCAL_BRIDGE_TOKEN or --token-file)", 2) from None
+            raise _Lost(_unreachable(e.code().name, e.details() or "", bool(self.cfg.tls_ca))) from None
+        except StopIteration:
+            raise _Lost("the learner closed the connection") from None
+        except wire.WireError as e:
+            raise HostStopped(f"the learner at {self.cfg.connect} broke the handshake: {e}", 2) from None
+        try:
+            return h, wire.unpack_json(payload)
+        except wire.WireError as e:
+            raise HostStopped(f"the learner at {self.cfg.connect} broke the handshake: {e}", 2) from None
+
+    def _refuse(self, why: str):
+        """Turn the learner's assignment down: it logs ``why``, and this host exits saying it."""
+        self._put(wire.pack_json(wire.REFUSE, {"reason": why}))
+        self.out.put(None)
+        time.sleep(0.5)  # let the refusal reach the learner
+        raise HostStopped(f"this host cannot serve the learner at {self.cfg.connect}: {why}", 2)
 
     def _read(self, call, local: dict, sent_at: np.ndarray, in_flight: np.ndarray) -> None:
         pool = self.pool

@@ -23,11 +23,14 @@ partial unrolls, rebinds them fresh (recurrent state zeroed) and
 acknowledges with ``group_lost_ack[g]`` plus a wake token. Only then can
 another host take them, starting with fresh episodes, so no step from
 before the loss is stitched to one after it.
+
+A host is let in only once it has proven the learner's token (when there is
+one; ``wire`` describes the exchange); the learner then proves it back in
+its ASSIGN, and the token itself never travels.
 """
 
 from __future__ import annotations
 
-import hmac
 import os
 import queue
 import signal
@@ -46,7 +49,6 @@ from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
 
 SERVICE = "seedlocal.Bridge"
 METHOD = f"/{SERVICE}/Stream"
-TOKEN_KEY = "x-seedlocal-token"
 # No message size limits (a group of Atari frames is megabytes), no compression.
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
                    ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -80,8 +82,6 @@ def remote_seed(base: int, assignment: int, first_index: int, group_envs: int, r
     span = remote_groups * group_envs
     room = (SEED_END // span - 1) * span  # one spare span: the last block's envs fit below SEED_END
     return (base + REMOTE_SEED_OFFSET + assignment * span + first_index * group_envs) % room
-
-
 
 
 @dataclass(frozen=True)
@@ -274,10 +274,23 @@ class BridgeServer:
         import grpc
 
         peer = context.peer()
-        metadata = dict(context.invocation_metadata())
-        if self.a.token and not hmac.compare_digest(metadata.get(TOKEN_KEY, ""), self.a.token):
-            log(f"refused {peer}: {'wrong' if metadata.get(TOKEN_KEY) else 'no'} token")
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
+        proof: dict = {}
+        try:
+            hello = _expect(requests, wire.HELLO)
+            if self.a.token:
+                host_nonce, nonce = wire.check_nonce(hello.get("nonce")), wire.new_nonce()
+                yield wire.pack_json(wire.CHALLENGE, {"nonce": nonce})
+                got = _expect(requests, wire.PROOF).get("proof")
+                if not wire.proof_ok(self.a.token, "host", host_nonce, nonce, got):
+                    log(f"refused {peer}: {'wrong' if got else 'no'} token")
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
+                # Only to a host that has proven the token: a stranger learns nothing derived from it.
+                proof = {"proof": wire.token_proof(self.a.token, "learner", host_nonce, nonce)}
+        except (wire.WireError, StopIteration, ValueError, TypeError) as e:
+            why = str(e) or "the host closed the stream"  # StopIteration says nothing
+            log(f"refused {peer}: bad handshake: {why}")
+            yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {why}"})
+            return
         with self.lock:
             slot = next((i for i, h in enumerate(self.host_slots) if h is None), None)
             if slot is not None:
@@ -286,12 +299,9 @@ class BridgeServer:
             yield wire.pack_json(wire.REFUSE, {"reason": "this learner has no free remote env slots"})
             return
         try:
-            h, payload = wire.unpack(next(requests))
-            if h.kind != wire.HELLO:
-                raise wire.WireError(f"expected HELLO first, got {wire.KIND_NAMES[h.kind]}")
-            answer = self.assign(host, wire.unpack_json(payload))
-        except (wire.WireError, StopIteration, ValueError, TypeError) as e:
-            log(f"refused {peer}: {e}")
+            answer = self.assign(host, hello)
+        except (ValueError, TypeError) as e:
+            log(f"refused {peer}: bad handshake: {e}")
             self.drop(host, "bad handshake")
             yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {e}"})
             return
@@ -302,7 +312,7 @@ class BridgeServer:
             return
         log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
         threading.Thread(target=self._read, args=(host, requests), daemon=True, name=f"read-{slot}").start()
-        yield wire.pack_json(wire.ASSIGN, answer)
+        yield wire.pack_json(wire.ASSIGN, {**answer, **proof})
         while True:
             msg = host.out.get()
             if msg is None:
@@ -342,6 +352,14 @@ class BridgeServer:
             hosts = [h for h in self.host_slots if h is not None]
         for h in hosts:
             h.out.put(_GOODBYE)
+
+
+def _expect(requests, kind: int) -> dict:
+    """The host's next handshake message, which must be ``kind``."""
+    h, payload = wire.unpack(next(requests))
+    if h.kind != kind:
+        raise wire.WireError(f"expected {wire.KIND_NAMES[kind]}, got {wire.KIND_NAMES[h.kind]}")
+    return wire.unpack_json(payload)
 
 
 def _credentials(a: ServerArgs):

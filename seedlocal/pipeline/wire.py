@@ -18,14 +18,32 @@ Learner to host:
     ACTION   the actions for the group's last observations
     RESET    restart the group's envs on fresh episodes (no payload)
 
-Handshake messages (HELLO, ASSIGN, REFUSE, STATS) carry UTF-8 JSON in the
-payload instead. Each array is the numpy buffer as is (native byte order,
+Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry
+UTF-8 JSON in the payload instead. A learner with a token and its host prove
+to each other that they hold it, and neither sends the token itself:
+
+    host     HELLO      {nonce: Nh, ...}
+    learner  CHALLENGE  {nonce: Nl}
+    host     PROOF      {proof: HMAC(token, "host" Nh Nl)}     learner checks it
+    learner  ASSIGN     {proof: HMAC(token, "learner" Nh Nl), ...}   host checks it
+
+Each side's proof covers the nonce the other side just drew, so a recorded
+exchange proves nothing later, and the two roles' proofs differ, so one
+cannot be replayed as the other. The host proves first: the learner is the
+end anyone can reach, and it shows nothing derived from the token to a peer
+that has not shown it holds the token. A learner without a token answers
+HELLO with ASSIGN at once (no proof: a host that has a token refuses it).
+Without TLS this authenticates the two ends, not the messages that follow. Each array is the numpy buffer as is (native byte order,
 little-endian on every platform seedlocal runs on); nothing is compressed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import re
+import secrets
 import struct
 from dataclasses import dataclass
 
@@ -34,12 +52,12 @@ import numpy as np
 from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
 
 MAGIC = b"SL"
-VERSION = 1
+VERSION = 2  # 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent
 HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
-FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS = range(8)
-KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS")
+FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS, CHALLENGE, PROOF = range(10)
+KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS", "CHALLENGE", "PROOF")
 # The step fields of a STEP message, in order (the unroll store's names).
 STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
 
@@ -88,6 +106,33 @@ def unpack_json(payload: memoryview) -> dict:
     if not isinstance(obj, dict):
         raise WireError("handshake payload is not a JSON object")
     return obj
+
+
+_NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+def new_nonce() -> str:
+    """128 random bits: fresh for every handshake, so no recorded proof answers it."""
+    return secrets.token_hex(16)
+
+
+def check_nonce(nonce) -> str:
+    """The peer's nonce, if it has the one form a proof's message allows (no separator tricks)."""
+    if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+        raise WireError("handshake without a valid nonce (32 lowercase hex digits)")
+    return nonce
+
+
+def token_proof(token: str, role: str, host_nonce: str, learner_nonce: str) -> str:
+    """What ``role`` ("host" or "learner") sends to show it holds ``token``."""
+    msg = f"seedlocal-bridge/{VERSION} {role} {host_nonce} {learner_nonce}".encode()
+    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def proof_ok(token: str, role: str, host_nonce: str, learner_nonce: str, proof) -> bool:
+    """Whether ``proof`` shows that the peer in ``role`` holds ``token`` (constant time)."""
+    return isinstance(proof, str) and hmac.compare_digest(
+        proof.encode(), token_proof(token, role, host_nonce, learner_nonce).encode())
 
 
 @dataclass(frozen=True)
