@@ -236,7 +236,7 @@ def checkpoint_encoder(identity: dict, spec: EnvSpec) -> str:
 
 def action_identity(spec: EnvSpec) -> dict:
     """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions)."""
-    return {} if spec.num_actions is not None else {"action_shape": list(spec.action.shape)}
+    return {} if spec.num_actions is not None else {"action_shape": list(spec.box_shape)}
 
 
 def obs_identity(spec: EnvSpec) -> dict:

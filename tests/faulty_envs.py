@@ -137,3 +137,34 @@ gym.register("StepHangs-v0", entry_point=StepHangs)
 gym.register("OneHangs-v0", entry_point=OneHangs)
 gym.register("ResetAborts-v0", entry_point=ResetAborts)
 gym.register("ImageHWC-v0", entry_point=ImageHWC)
+
+
+class BoxShaped(gym.Env):
+    """A Box action space of shape ``(2, 3)``: the env checks it receives its
+    own shape, and rewards actions near a fixed target (so learning is seen)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        action = np.asarray(action)
+        if action.shape != self.action_space.shape:
+            raise AssertionError(f"action of shape {action.shape} for {self.action_space}")
+        self.t += 1
+        target = np.linspace(-0.5, 0.5, action.size).reshape(action.shape)
+        return np.full(3, self.t / 20, np.float32), float(-np.abs(action - target).mean()), self.t >= 20, False, {}
+
+
+class BoxScalar(BoxShaped):
+    """A scalar Box action, ``Box(-1, 1, ())``."""
+
+    action_space = gym.spaces.Box(-1.0, 1.0, (), np.float32)
+
+
+gym.register("BoxShaped-v0", entry_point=BoxShaped)
+gym.register("BoxScalar-v0", entry_point=BoxScalar)

@@ -12,8 +12,9 @@ import numpy as np
 def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np.ndarray]:
     if spec.num_actions is not None:
         return [rng.integers(0, spec.num_actions, n).astype(np.int32) for _ in range(k)]
-    low, high = np.array(spec.action_low), np.array(spec.action_high)
-    return [rng.uniform(low, high, (n,) + spec.action.shape).astype(np.float32) for _ in range(k)]
+    # Raw envpool is stepped directly: in the space's own shape, not the pipeline's flat one.
+    low, high = (np.reshape(b, spec.box_shape) for b in (spec.action_low, spec.action_high))
+    return [rng.uniform(low, high, (n,) + spec.box_shape).astype(np.float32) for _ in range(k)]
 
 
 def _timed(step, warmup: float, seconds: float) -> float:

@@ -44,6 +44,9 @@ class EnvSpec:
     env_id: str
     backend: str
     obs: dict[str, TensorSpec]
+    # The pipeline's action per env: () for Discrete; for a Box, always a flat
+    # vector of its prod(shape) components, as the networks emit them, stored,
+    # shipped and scored flat. Only the env sees its own shape (``box_shape``).
     action: TensorSpec
     num_actions: int | None  # discrete action count; None for a Box action space
     action_low: tuple[float, ...] | None
@@ -55,6 +58,8 @@ class EnvSpec:
     # A Discrete(n, start) action space: the pipeline's actions are 0..n-1 and
     # the env receives action + start.
     action_start: int = 0
+    # A Box action space's own shape (``(2, 3)``, ``()``): what the env receives.
+    box_shape: tuple[int, ...] | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -202,15 +207,18 @@ def _obs_classes(space) -> dict[str, tuple[int, int]]:
     return {k: (int(sub.n), int(sub.start)) for k, sub in leaves if isinstance(sub, spaces.Discrete)}
 
 
-def _action_spec(space) -> tuple[TensorSpec, int | None, tuple | None, tuple | None, int]:
+def _action_spec(space) -> dict:
+    """EnvSpec's action fields for a Discrete or Box space (a Box flattened: ``EnvSpec.action``)."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Discrete):
-        return TensorSpec((), "int64"), int(space.n), None, None, int(space.start)
+        return dict(action=TensorSpec((), "int64"), num_actions=int(space.n), action_low=None, action_high=None,
+                    action_start=int(space.start))
     if isinstance(space, spaces.Box):
         low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
         high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
-        return TensorSpec(tuple(space.shape), "float32"), None, low, high, 0
+        return dict(action=TensorSpec((len(low),), "float32"), num_actions=None, action_low=low, action_high=high,
+                    box_shape=tuple(int(n) for n in space.shape))
     raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete space "
                      "(the pipeline also steps Box actions, for benchmarks)")
 
@@ -253,10 +261,11 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         raise ValueError(f"env.id={env_id!r}: observation space {obs_space} is not supported ({e}): seedlocal "
                          "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
     try:
-        action, n, low, high, start = _action_spec(act_space)
+        action = _action_spec(act_space)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
-    return EnvSpec(env_id, backend, obs, action, n, low, high, frames, frame_stack, _obs_classes(obs_space), start)
+    return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack,
+                   obs_classes=_obs_classes(obs_space), **action)
 
 
 def _close_quietly(env, timeout_s: float = 5.0) -> None:
@@ -283,24 +292,27 @@ def _stack_kw(frame_stack: int) -> dict:
 class ActionBounds:
     """What a Box action goes through on its way to the simulator: refused
     if it is NaN or infinite (a diverged network; the inference loop stops
-    first, this is the last line), then clipped to the space's bounds. The
+    first, this is the last line), clipped to the space's bounds, and given
+    the space's own shape (the pipeline's actions are flat vectors). The
     learner keeps the unclipped sample: its probability is what the policy
     gave."""
 
     def __init__(self, spec: EnvSpec):
-        self.env_id = spec.env_id
-        shape = spec.action.shape
-        self.low = np.asarray(spec.action_low, np.float32).reshape(shape)
-        self.high = np.asarray(spec.action_high, np.float32).reshape(shape)
+        self.env_id, self.shape = spec.env_id, spec.box_shape
+        self.low = np.asarray(spec.action_low, np.float32)
+        self.high = np.asarray(spec.action_high, np.float32)
         self._out = None
 
     def __call__(self, actions: np.ndarray) -> np.ndarray:
+        """``actions``: [n, prod(shape)]; returns [n, *shape], clipped."""
         if not np.isfinite(actions).all():
             raise EnvContractError(f"{self.env_id}: the policy sent a NaN or infinite action; not stepping the env "
                                    "with it (a diverged network?)")
-        if self._out is None or self._out.shape != actions.shape:
-            self._out = np.empty(actions.shape, np.float32)
-        return np.clip(actions, self.low, self.high, out=self._out)
+        n = len(actions)
+        if self._out is None or len(self._out) != n:
+            self._out = np.empty((n, self.low.size), np.float32)
+        np.clip(np.reshape(actions, self._out.shape), self.low, self.high, out=self._out)
+        return self._out.reshape((n,) + self.shape)
 
 
 def action_bounds(spec: EnvSpec) -> ActionBounds | None:
