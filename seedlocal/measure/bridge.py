@@ -58,7 +58,9 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
         host = subprocess.Popen(
             [sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{remote.pool.bridge_port}",
              "--num-workers", str(workers), "--envs-per-worker", str(envs), "--env-threads", str(cfg.env_threads),
-             "--no-progress", "--retry-s", "10", "--delay-ms", str(cfg.bridge_delay_ms)],
+             "--no-progress", "--retry-s", "10", "--delay-ms", str(cfg.bridge_delay_ms),
+             # The host it starts is this user's own: it may import the module of a module:EnvId id.
+             *(["--allow-module", env.id.partition(":")[0]] if ":" in env.id else [])],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             end = time.monotonic() + 60
