@@ -319,15 +319,19 @@ def load(path: str | Path) -> dict:
     return state
 
 
+# Identity keys added after checkpoints were first written: what an older checkpoint without the key had.
+IDENTITY_BEFORE_KEY = {"optimizer": "adam"}
+
+
 def check_compatible(state: dict, expected: dict, needs: tuple[str, ...] = ()) -> None:
-    """Refuse a checkpoint whose identity (algorithm, env, network) differs,
+    """Refuse a checkpoint whose identity (algorithm, env, network, optimizer) differs,
     or that lacks a part (``needs``) the caller restores from it."""
     missing = [k for k in needs if k not in state]
     if missing:
         raise CheckpointError(f"{state.get('path')}: lacks {', '.join(missing)}, so it cannot be resumed "
                               "(damaged, or not written by this trainer)")
     have = state.get("identity", {})
-    diffs = [f"{k}: checkpoint has {have.get(k)!r}, this run has {v!r}"
-             for k, v in expected.items() if have.get(k) != v]
+    diffs = [f"{k}: checkpoint has {have.get(k, IDENTITY_BEFORE_KEY.get(k))!r}, this run has {v!r}"
+             for k, v in expected.items() if have.get(k, IDENTITY_BEFORE_KEY.get(k)) != v]
     if diffs:
         raise CheckpointError(f"{state.get('path')}: incompatible with this configuration; " + "; ".join(diffs))

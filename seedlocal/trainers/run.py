@@ -183,8 +183,46 @@ class Run:
         t = self.trainer
         x, frames = t.position()
         checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.cfg), **t.state(),
-                                       "counters": dict(t.counters)}, x, frames, keep=self.cfg.keep_checkpoints)
+                                       "counters": dict(t.counters), "rng": rng_state()},
+                        x, frames, keep=self.cfg.keep_checkpoints)
         self.saved_at = time.monotonic()
+
+
+def rng_state() -> dict:
+    """The process-wide generators a run draws from (action sampling, init, exploration):
+    torch's CPU and CUDA ones, numpy's and Python's global ones."""
+    import random
+
+    # numpy's state as plain numbers and a tensor: checkpoints load with weights_only=True.
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    out = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "numpy": {"kind": str(kind), "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                     "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def seed_generators(seed: int, resumed: dict | None) -> None:
+    """A new run starts every generator from its seed; a resumed one continues them where its
+    checkpoint left them, so it does not replay the action noise of the run's start (a checkpoint
+    from before the generators were saved continues from the seed, as before)."""
+    import random
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    saved = (resumed or {}).get("rng")
+    if not saved:
+        return
+    torch.set_rng_state(saved["torch"])
+    n = saved["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate(saved["python"])
+    if "cuda" in saved and torch.cuda.is_available():
+        # A checkpoint may come from a machine with more GPUs: restore those this one has.
+        for i, state in enumerate(saved["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, i)
 
 
 def default_run_name(spec, algo: str, seed: int) -> str:
@@ -195,7 +233,7 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
     """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
     returns the summary (also on Ctrl-C, re-raised after saving)."""
     device = resolve_device(cfg.pipeline.device)
-    torch.manual_seed(cfg.env.seed)
+    torch.manual_seed(cfg.env.seed)  # the trainer's networks start from the seed; a resume restores them
     resumed = checkpoint.load(cfg.resume) if cfg.resume else None
     if resumed is not None:
         run_dir = checkpoint.run_dir_of(resumed["path"])
@@ -207,7 +245,12 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
         print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
         checkpoint.check_compatible(resumed, t.identity(), needs=t.checkpoint_parts)
         t.counters.update(resumed["counters"])
-        t.restore(resumed)
+        try:
+            t.restore(resumed)
+        except (KeyError, ValueError, RuntimeError) as e:  # what a part that does not fit this run raises
+            raise checkpoint.CheckpointError(f"{resumed['path']}: cannot be resumed with this configuration "
+                                             f"({type(e).__name__}: {e})") from None
+    seed_generators(cfg.env.seed, resumed)
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", t.counters[t.x_axis])

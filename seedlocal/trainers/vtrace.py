@@ -125,7 +125,8 @@ def identity(cfg: VTraceRun, spec) -> dict:
     return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
             **obs_identity(spec), **action_identity(spec),
             **encoder_identity(spec, a.encoder), "hidden": list(a.hidden), "lstm_size": a.lstm_size,
-            "separate_critic": a.separate_critic, **({"obs_norm": True} if a.obs_norm else {})}
+            "separate_critic": a.separate_critic, **({"obs_norm": True} if a.obs_norm else {}),
+            "optimizer": a.optimizer}
 
 
 def build_model(cfg: VTraceRun, spec) -> ActorCritic:
