@@ -80,24 +80,42 @@ class RewardScaler:
     CleanRL's PPO use), then clipped to ``[-clip, clip]``. Logged returns stay
     raw: only the learner's copy is scaled.
 
-    ``update`` takes a learner batch's rewards and episode ends [T, B] (host
-    arrays, rows in time order) with the env slot of each column: each env's
-    discounted return runs on across batches, so the statistics are those of
-    the returns the env actually saw."""
+    ``update`` takes a learner batch's rewards, episode ends and counted rows
+    [T, B] (host arrays, rows in time order) with the env slot of each
+    column: each env's discounted return runs on across unrolls and batches,
+    so the statistics are those of the returns the env actually saw. A batch
+    may hold two unrolls of one env group (the later one after the earlier,
+    as they completed): they are chained, not started from the same return.
+    Rows an auto-reset ignored (reward 0 by convention, no step of the game)
+    enter neither the return nor the statistics."""
 
     def __init__(self, num_envs: int, discount: float, clip: float = 10.0, eps: float = 1e-8):
         self.discount, self.clip, self.eps = discount, clip, eps
         self.returns = np.zeros(num_envs, np.float64)
         self.count, self.mean, self.var = 0.0, 0.0, 1.0
 
-    def update(self, rewards: np.ndarray, ends: np.ndarray, env_ids: np.ndarray) -> None:
-        seen = np.empty(rewards.shape, np.float64)
-        ret = self.returns[env_ids]
-        for t in range(rewards.shape[0]):
-            ret = ret * self.discount + rewards[t]
-            seen[t] = ret
-            ret = np.where(ends[t], 0.0, ret)
-        self.returns[env_ids] = ret
+    def update(self, rewards: np.ndarray, ends: np.ndarray, env_ids: np.ndarray,
+               counted: np.ndarray | None = None) -> None:
+        counted = np.ones(rewards.shape, bool) if counted is None else counted
+        # The k-th unroll of an env in this batch is chained after its (k-1)-th: one pass per k.
+        nth, times = np.empty(len(env_ids), np.int64), {}
+        for j, e in enumerate(env_ids.tolist()):
+            nth[j] = times[e] = times.get(e, -1) + 1
+        seen = []
+        for k in range(int(nth.max(initial=-1)) + 1):
+            cols = np.flatnonzero(nth == k)
+            ids = env_ids[cols]
+            ret = self.returns[ids]
+            out = np.empty((rewards.shape[0], len(cols)), np.float64)
+            for t in range(rewards.shape[0]):
+                ret = ret * self.discount + rewards[t, cols]
+                out[t] = ret
+                ret = np.where(ends[t, cols], 0.0, ret)
+            self.returns[ids] = ret
+            seen.append(out[counted[:, cols]])
+        seen = np.concatenate(seen) if seen else np.empty(0)
+        if seen.size == 0:
+            return
         n = float(seen.size)
         if self.count == 0:
             self.count, self.mean, self.var = n, float(seen.mean()), float(seen.var())
@@ -112,12 +130,9 @@ class RewardScaler:
         return (rewards * self.scale()).clamp(-self.clip, self.clip)
 
     def state_dict(self) -> dict:
-        return {"returns": torch.from_numpy(self.returns.copy()), "count": self.count, "mean": self.mean,
-                "var": self.var}
+        return {"count": self.count, "mean": self.mean, "var": self.var}
 
     def load_state_dict(self, state: dict) -> None:
-        returns = state["returns"].numpy()
-        if returns.shape != self.returns.shape:
-            raise ValueError(f"the saved reward scaler has {returns.shape[0]} envs, this run {self.returns.shape[0]}")
-        self.returns = returns.astype(np.float64).copy()
+        """The statistics only: a resumed run starts every env on a fresh episode, so no
+        env's return continues, and the run may have another number of envs."""
         self.count, self.mean, self.var = float(state["count"]), float(state["mean"]), float(state["var"])

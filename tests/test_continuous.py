@@ -85,9 +85,45 @@ def test_running_norm_and_reward_scaler_match_numpy_and_restore_bitwise():
         seen.append(ret.copy())
         ret[ends[t]] = 0.0
     assert scaler.var == pytest.approx(np.var(np.array(seen)), rel=1e-10)
-    copy = RewardScaler(num_envs=3, discount=0.9)
+    # A resume starts fresh episodes, maybe with another number of envs: the statistics carry over, no return does.
+    copy = RewardScaler(num_envs=5, discount=0.9)
     copy.load_state_dict(scaler.state_dict())
-    assert (copy.returns == scaler.returns).all() and copy.var == scaler.var and copy.count == scaler.count
+    assert (copy.returns == 0).all() and copy.var == scaler.var and copy.count == scaler.count
+
+
+def test_reward_scaler_chains_two_unrolls_of_one_env_in_a_batch_and_skips_auto_reset_rows():
+    """One batch with two unrolls of env group 0 (columns 0-1 then 4-5, in the order they completed)
+    sees the same returns as two batches of one unroll each; rows an auto-reset ignored (reward 0,
+    no step of the game) enter no statistic."""
+    rng = np.random.default_rng(1)
+    T = 5
+    rewards = rng.normal(size=(T, 6))
+    ends = np.zeros((T, 6), bool)
+    ends[1, 0] = ends[3, 4] = True
+    counted = np.ones((T, 6), bool)
+    counted[2, 0] = counted[4, 4] = False  # the rows after those ends
+    rewards[~counted] = 0.0
+    ids = np.array([0, 1, 2, 3, 0, 1])
+    together = RewardScaler(num_envs=4, discount=0.9)
+    together.update(rewards, ends, ids, counted)
+    apart = RewardScaler(num_envs=4, discount=0.9)
+    apart.update(rewards[:, :4], ends[:, :4], ids[:4], counted[:, :4])
+    apart.update(rewards[:, 4:], ends[:, 4:], ids[4:], counted[:, 4:])
+    assert (together.returns == apart.returns).all()
+    assert together.count == apart.count == counted.sum()
+    assert together.var == pytest.approx(apart.var, rel=1e-12) and together.mean == pytest.approx(apart.mean, rel=1e-12)
+    # By hand: each env's columns in batch order, one running return, the ignored rows not sampled.
+    seen, ret = [], {}
+    for col, env in enumerate(ids):
+        r = ret.get(env, 0.0)
+        for t in range(T):
+            r = r * 0.9 + rewards[t, col]
+            if counted[t, col]:
+                seen.append(r)
+            r = 0.0 if ends[t, col] else r
+        ret[env] = r
+    assert together.returns.tolist() == pytest.approx([ret[e] for e in range(4)], rel=1e-12)
+    assert together.var == pytest.approx(np.var(seen), rel=1e-10) and together.mean == pytest.approx(np.mean(seen))
 
 
 def test_actions_reach_the_env_clipped_while_the_store_keeps_the_sample():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -479,3 +480,47 @@ def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
     assert actors_wait(VTraceParams(sync="auto")) and not actors_wait(VTraceParams(sync="off"))
     train(VTraceRun(total_steps=600, log_dir=str(tmp_path), progress=False))
     assert "actors wait for each update, algo.sync on" in capsys.readouterr().out
+
+
+def test_resume_continues_the_generators_instead_of_replaying_the_seed(tmp_path):
+    """A checkpoint holds torch's, numpy's and Python's generators; a resume
+    restores them (trainers/run.py's seed_generators, as run() calls it), so
+    its first draws are not the run's first draws again (before, it seeded
+    them again and replayed the start's action noise)."""
+    import random
+
+    from seedlocal.trainers.run import seed_generators
+
+    train(_tiny(tmp_path, total_steps=1500))
+    saved = checkpoint.load(tmp_path / "tiny")
+    seed_generators(1, None)
+    fresh = (torch.rand(8), np.random.rand(8), random.random())
+    seed_generators(1, saved)
+    assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
+    assert (np.random.get_state()[1] == saved["rng"]["numpy"]["key"].numpy()).all()
+    assert random.getstate() == saved["rng"]["python"]
+    # Acting drew from torch's (numpy's and Python's are there for users' code: this run drew none).
+    assert not torch.equal(torch.rand(8), fresh[0])
+
+
+def test_resume_refuses_another_optimizer_and_takes_another_env_count(tmp_path, capsys):
+    """Another optimizer than the checkpoint's is refused in one line naming it,
+    before any worker starts and with the run's files untouched (it failed
+    mid-run with a KeyError); a reward-scaled run resumes with another number of
+    envs (a ValueError traceback): its envs start fresh episodes anyway."""
+    from seedlocal.cli import main
+
+    base = ["train", "vtrace", "--log-dir", str(tmp_path), "--no-progress", "--algo.reward-scale"]
+    assert main(base + ["--run-name", "r", "--total-steps", "1500", "--pipeline.envs-per-worker", "4"]) == 0
+    files = {p: p.stat().st_mtime_ns for p in (tmp_path / "r").rglob("*")}
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--resume", str(tmp_path / "r"), "--algo.optimizer", "rmsprop",
+                 "--total-steps", "3000", "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("seedlocal: error:")]
+    assert len(errors) == 1 and "optimizer: checkpoint has 'adam', this run has 'rmsprop'" in errors[0], err
+    assert "Traceback" not in err and "training V-trace" not in out, out + err
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "r").rglob("*")} == files
+    assert main(["train", "vtrace", "--resume", str(tmp_path / "r"), "--pipeline.envs-per-worker", "8",
+                 "--total-steps", "3000", "--no-progress"]) == 0, capsys.readouterr().err
+    assert checkpoint.load(tmp_path / "r")["counters"]["steps"] >= 3000

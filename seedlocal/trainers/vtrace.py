@@ -369,7 +369,7 @@ class VTraceTrainer(Trainer):
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr
         acted_version, version0 = float(batch["policy_version"].mean()), run.loop.version
-        batch = self._normalise(batch, fetched)
+        batch = self._scale_rewards(batch, fetched)
 
         def bump_version() -> None:
             run.loop.version += 1
@@ -377,6 +377,7 @@ class VTraceTrainer(Trainer):
         stats = learner_step(self.model, self.optimizer, batch, cfg.algo, step_lock=self.lock,
                              diagnose=iv.diag is None, precision=self.precision, after_update=bump_version,
                              shuffle=self.shuffle)
+        self._update_obs_norm(batch)
         if iv.diag is None:  # once per logging interval: it copies the weights
             iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
         n_updates = stats.pop("updates")
@@ -393,20 +394,25 @@ class VTraceTrainer(Trainer):
             run.summary["return_at_target"] = float(np.mean(self.recent))
         return None
 
-    def _normalise(self, batch: dict, fetched) -> dict:
-        """Continuous control's running statistics, from this batch: the
-        observation statistics (under the lock: inference reads them) and the
-        rewards' scale (on the host copy of the batch, in time order per env)."""
-        T = self.cfg.pipeline.unroll_length
+    def _update_obs_norm(self, batch: dict) -> None:
+        """Fold this batch's observations into the statistics, after its updates (under the lock:
+        inference reads them). Before them, the learner would recompute pi under other statistics
+        than the actors acted with, and pi/mu would leave 1 on the first pass of a sync run."""
         if self.model.obs_norm is not None:
+            T = self.cfg.pipeline.unroll_length
             with self.lock:
                 self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()})
+
+    def _scale_rewards(self, batch: dict, fetched) -> dict:
+        """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
+        T = self.cfg.pipeline.unroll_length
         if self.scaler is None:
             return batch
         host = self.prefetch.batcher.host[fetched.slot]
         E = self.cfg.pipeline.envs_per_worker // 2
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
-        self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids)
+        self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
+                           ~host["ignored"][:T])
         return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
