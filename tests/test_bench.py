@@ -42,6 +42,17 @@ def test_learning_mode_runs_the_vtrace_learner():
     assert abs(r["ratio_learning"] - r["learning_steps_per_s"] / r["raw_best_steps_per_s"]) < 1e-6
     assert 0.0 <= r["learning_detail"]["learner_wait_share"] <= 1.0
     assert "V-trace learner" in text
+    assert r["learning_detail"]["batch_size"] == 4 and r["learning_detail"]["batch_size_why"] == "the preset's 4"
+
+
+def test_learning_mode_sizes_its_batch_from_the_envs_it_is_given():
+    """CartPole's preset learns from batches of 4 envs; 64 envs a worker make groups of 32, which the
+    learner's batch must be whole groups of (it refused with algo.batch_size, which bench has no flag for)."""
+    r, text = bench("--env", "CartPole-v1", "--num-workers", "1", "--envs-per-worker", "64", "--learning",
+                    "--seconds", "1", "--warmup", "0.5", "--rounds", "1", "--skip-model")
+    detail = r["learning_detail"]
+    assert detail["batch_size"] == 32 and r["learning_steps_per_s"] > 0, detail
+    assert "1 whole group(s) of 32 envs" in detail["batch_size_why"] and detail["batch_size_why"] in text
 
 
 def test_autotune_writes_settings_that_train_loads(tmp_path):

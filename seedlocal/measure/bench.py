@@ -172,9 +172,10 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
 
     spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
     preset, _ = training_model(spec, torch.device("cpu"))
+    batch, why = learning_batch(preset.algo, pipe_cfg)
     with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
         run_cfg = dataclasses.replace(
-            preset, env=EnvConfig(id=cfg.env), pipeline=pipe_cfg, algo=dataclasses.replace(preset.algo),
+            preset, env=EnvConfig(id=cfg.env), pipeline=pipe_cfg, algo=dataclasses.replace(preset.algo, batch_size=batch),
             total_steps=0, seconds=cfg.warmup + 1.0 + cfg.seconds, log_dir=tmp, run_name="bench",
             log_every_s=0.5, progress=False, checkpoint_every_min=1e6)
         t0 = time.time()
@@ -201,7 +202,21 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
                 "learner_wait_share": mean_over("perf/learner_wait_share"),
                 "worker_wait_share": mean_over("perf/worker_wait_share"),
                 "updates_per_s": summary["updates"] / max(1e-9, time.time() - t0),
-                "batch_size": run_cfg.algo.batch_size, "unroll_length": pipe_cfg.unroll_length}
+                "batch_size": run_cfg.algo.batch_size, "batch_size_why": why, "unroll_length": pipe_cfg.unroll_length}
+
+
+def learning_batch(algo, pipe_cfg: PipelineConfig) -> tuple[int, str]:
+    """The learner's batch (envs per update) for the envs this bench was given, and why: the
+    preset's own where it is whole groups (half a worker's envs each), else the nearest number of
+    whole groups, at least one and at most all of them (an LSTM's minibatches need as many unrolls)."""
+    group = pipe_cfg.envs_per_worker // 2
+    groups = 2 * pipe_cfg.num_workers
+    if algo.batch_size % group == 0 and algo.batch_size // group <= groups:
+        return algo.batch_size, f"the preset's {algo.batch_size}"
+    k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if algo.lstm_size else 1)
+    k = min(k, groups)
+    return k * group, (f"the preset's {algo.batch_size}, as {k} whole group(s) of {group} envs "
+                       f"(half of envs_per_worker {pipe_cfg.envs_per_worker})")
 
 
 def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
@@ -309,7 +324,7 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
         rows.append(("seedlocal, V-trace learner training", lr["learning_steps_per_s"] or 0.0, ratio,
                      f"learner waits {lr['learner_wait_share'] or 0:.0%}, workers wait "
                      f"{lr['worker_wait_share'] or 0:.0%}, {lr['updates_per_s']:.1f} updates/s of "
-                     f"{lr['batch_size']} x {lr['unroll_length']}"))
+                     f"{lr['batch_size']} x {lr['unroll_length']} ({lr['batch_size_why']})"))
         result.update({"learning_steps_per_s": lr["learning_steps_per_s"], "ratio_learning": ratio,
                        "learning_detail": lr})
 
