@@ -289,3 +289,17 @@ def test_a_worker_stuck_while_the_others_run_is_named(capsys):
             runner.stop()
     assert f"env worker 0 (pid {pid}) made no step for 2 s while the others run" in out, out
     assert "env worker 1" not in out
+
+
+def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch, capfd):
+    """A forkserver that dies between forking a worker and the worker's
+    PR_SET_PDEATHSIG leaves it adopted: it must exit, not record its new
+    parent and step forever. Here the pid the learner passes is one that is
+    not the worker's parent (this test process), as it would be then."""
+    from seedlocal.pipeline import actors
+
+    monkeypatch.setattr(actors, "forkserver_pid", os.getpid)
+    with pytest.raises(WorkerDied):
+        with tiny_pipeline(RandomPolicy) as pipe:
+            take_unrolls(pipe, 1, seconds=30)
+    assert "its forkserver (pid %d) was gone before it started" % os.getpid() in capfd.readouterr().err

@@ -45,6 +45,15 @@ def worker_context():
     return ctx
 
 
+def forkserver_pid() -> int:
+    """The pid of the forkserver the workers are forked from (started now if need be; 0 where
+    multiprocessing does not say), which a worker checks is still its parent once it is set to die with it."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
+
+
 class ActorPool:
     def __init__(
         self,
@@ -160,6 +169,7 @@ class ActorPool:
             wake=tuple(self.wake[g] for g in groups),
             ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready,
+            parent_pid=forkserver_pid(),
         )
         for g in groups:
             self.control["group_error"][g] = 0

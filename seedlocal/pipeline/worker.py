@@ -44,6 +44,7 @@ class WorkerArgs:
     ready: tuple[Signal, ...]  # per group, posted by this worker when its observations are in
     obs_ready: Signal  # a wake-up hint for the inference loop (orders nothing)
     poll_s: float = 0.5
+    parent_pid: int = 0  # the forkserver this worker is forked from (0: unknown, take the parent at start)
 
 
 def _leave_forkserver() -> None:
@@ -113,8 +114,14 @@ def run_worker(args: WorkerArgs) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The parent is the learner's forkserver (actors.worker_context), which exits with the learner.
     _leave_forkserver()
-    parent = os.getppid()
     _die_with_parent()
+    # Compared with the pid the learner knew, not with the parent read here: a server that died before
+    # PDEATHSIG was armed would leave this worker adopted, recording its new parent and never exiting.
+    parent = args.parent_pid or os.getppid()
+    if os.getppid() != parent:
+        print(f"seedlocal env worker {args.index}: its forkserver (pid {parent}) was gone before it started; "
+              "exiting", file=sys.stderr, flush=True)
+        os._exit(1)
     control = SharedArrays.attach(*args.control)
     store = SharedArrays.attach(*args.rollout)
     envs = []
