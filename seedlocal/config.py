@@ -54,7 +54,10 @@ class PipelineConfig:
     """replay the inference forward as CUDA graphs, one per batch size padded to a power of two
     (CUDA only; off by default until measured faster on a GPU)"""
     max_restarts: int = 3
-    """restarts allowed per env worker before the run stops with an error"""
+    """restarts allowed per env worker within pipeline.restart_window_s before the run stops with an error
+    (an env that always fails stops the run fast; rare crashes over a long run do not)"""
+    restart_window_s: float = 600.0
+    """the window max_restarts counts over (0 = the whole run)"""
     stall_s: float = 10.0
     """seconds without an env step before the run names the workers still inside an env's step (a hung env;
     the run then ends at its time budget); a single stuck worker is named after 3 x this"""
@@ -277,6 +280,8 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: 
     for name in ("env_threads", "num_buffers", "min_batch_envs", "learner_threads"):
         if getattr(p, name) < 0:
             fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
+    if not (math.isfinite(p.restart_window_s) and p.restart_window_s >= 0):
+        fail(f"{prefix}.restart_window_s", p.restart_window_s, "must be >= 0 and finite (0 = the whole run)")
     cores = os.cpu_count() or 1
     for name in ("env_threads", "learner_threads", "inference_threads"):
         if getattr(p, name) > THREADS_PER_CORE * cores:

@@ -29,7 +29,8 @@ perf/worker_wait_share    share of env-group time spent waiting for actions
 perf/worker_env_share     share of env-group time spent stepping environments
 perf/learner_wait_share   share of learner time spent waiting for unrolls
 perf/policy_lag           parameter updates between acting and learning (averaged over a batch's updates)
-perf/worker_restarts      env workers restarted so far
+perf/worker_restarts      env workers restarted so far (every trainer logs it; a worker may restart
+                          pipeline.max_restarts times within pipeline.restart_window_s)
 
 Neuroevolution (``train ga|es|random-search``) logs once per generation, with
 the generation number as the x axis:
@@ -43,6 +44,7 @@ perf/idle_share           share of stepped env slots that played no evaluation e
                           (idle while a generation's last episodes finish, auto-reset steps)
 perf/env_time_s, perf/inference_time_s   time in env stepping (per group) and in forward passes
 perf/capped_share         share of the generation's evaluation episodes ended by --max-episode-frames
+perf/worker_restarts      env workers restarted so far
 
 While a generation runs, the progress line shows its members finished of P,
 frames, frames/s and the longest episode still playing, and the frame budget
@@ -55,7 +57,7 @@ charts/eval_return (the evaluation slots' return, epsilon ``eval_epsilon``),
 charts/episodes, charts/steps_per_s, charts/frames_per_s, charts/replay_ratio;
 losses/loss, losses/grad_norm, losses/td_abs (mean |TD error|), losses/q_mean;
 replay/size, replay/insert_per_s, replay/sample_per_s, replay/priority_mean,
-replay/priority_max, replay/stale_updates_dropped; perf/updates_per_s.
+replay/priority_max, replay/stale_updates_dropped; perf/updates_per_s, perf/worker_restarts.
 
 With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected,
 bridge/disconnects and per actor host bridge/host<N>/steps_per_s, mb_per_s,

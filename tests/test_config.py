@@ -91,6 +91,7 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     (["train", "r2d2", "--pipeline.learner-threads", "100000"], "pipeline.learner_threads=100000: more than 8"),
     (["train", "r2d2", "--algo.max-grad-norm", "-1"], "algo.max_grad_norm=-1.0: must be >= 0"),
     (["train", "vtrace", "--pipeline.max-restarts", "-1"], "pipeline.max_restarts=-1: must be >= 0"),
+    (["train", "ga", "--pipeline.restart-window-s", "-1"], "pipeline.restart_window_s=-1.0: must be >= 0"),
     (["train", "ga", "--pipeline.stall-s", "0"], "pipeline.stall_s=0.0: must be positive"),
     (["train", "vtrace", "--log-dir", ""], "log_dir='': must name a folder"),
     (["train", "es", "--run-name", "x" * 300], "is 300 bytes long"),

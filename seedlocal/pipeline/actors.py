@@ -15,7 +15,7 @@ import signal
 import time
 
 from seedlocal.errors import WorkerDied
-from seedlocal.pipeline.bridge_server import GOODBYE_S
+from seedlocal.pipeline.bridge_server import GOODBYE_S, SEED_END
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
@@ -45,6 +45,15 @@ def worker_context():
     return ctx
 
 
+def local_seed(base: int, worker: int, restarts: int, num_groups: int, group_envs: int) -> int:
+    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j).
+    Each restart takes the next block of all the groups' seeds, so its fresh episodes differ; the blocks
+    wrap below envpool's int32 end, since restarts are a rate, not a count, over a long run."""
+    span = num_groups * group_envs
+    room = max(span, (SEED_END - base) // span * span)
+    return base + (worker * GROUPS_PER_WORKER * group_envs + restarts * span) % room
+
+
 def forkserver_pid() -> int:
     """The pid of the forkserver the workers are forked from (started now if need be; 0 where
     multiprocessing does not say), which a worker checks is still its parent once it is set to die with it."""
@@ -64,6 +73,7 @@ class ActorPool:
         seed: int,
         max_restarts: int,
         bridge=None,
+        restart_window_s: float = 0.0,
     ):
         self.spec, self.layout = spec, layout
         self.num_workers = num_workers
@@ -75,12 +85,13 @@ class ActorPool:
         self.server: mp.Process | None = None
         self.bridge_port: int | None = None
         self.threads_per_group = threads_per_group
-        self.seed, self.max_restarts = seed, max_restarts
+        self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self._ctx = worker_context()
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
         self.restarts = [0] * num_workers
+        self._restarted_at: list[list[float]] = [[] for _ in range(num_workers)]  # monotonic times, per worker
         self._steps_at_spawn = [0] * num_workers  # its groups' step count when a worker was (re)started
         self.obs_ready = Signal(self._ctx)  # a wake-up hint for the inference loop
         self.ready = [Signal(self._ctx) for _ in range(self.num_groups)]  # per group: its rows are published
@@ -155,8 +166,7 @@ class ActorPool:
 
     def _spawn(self, w: int) -> None:
         groups = self.groups_of(w)
-        # A restarted worker gets new seeds so that its fresh episodes differ.
-        seed = self.seed + (w * GROUPS_PER_WORKER + self.restarts[w] * self.num_groups) * self.envs_per_group
+        seed = local_seed(self.seed, w, self.restarts[w], self.num_groups, self.envs_per_group)
         args = WorkerArgs(
             index=w,
             groups=tuple(groups),
@@ -210,9 +220,15 @@ class ActorPool:
                              "not restarting it: the env cannot start")
         if code == CONTRACT_EXIT:
             raise WorkerDied(f"{self.describe_exit(w)}; not restarting it: its env would do the same again")
-        if self.restarts[w] >= self.max_restarts:
-            raise WorkerDied(f"{self.describe_exit(w)}; restarted {self.restarts[w]} times already "
-                             f"(pipeline.max_restarts={self.max_restarts}), stopping")
+        now, recent = time.monotonic(), self._restarted_at[w]
+        if self.restart_window_s:
+            recent[:] = [t for t in recent if now - t < self.restart_window_s]
+        if len(recent) >= self.max_restarts:
+            within = f" in the last {self.restart_window_s:g} s" if self.restart_window_s else ""
+            raise WorkerDied(f"{self.describe_exit(w)}; restarted {len(recent)} times already{within} "
+                             f"(pipeline.max_restarts={self.max_restarts} per pipeline.restart_window_s="
+                             f"{self.restart_window_s:g}), stopping")
+        recent.append(now)
         self.procs[w].join(0)
         self.restarts[w] += 1
         since = self.control["group_wait_since"]

@@ -17,13 +17,14 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_d
                               threads_per_group, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
+from seedlocal.pipeline.bridge_server import SEED_END
 from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
 from seedlocal.shm.rollout import RolloutLayout
 
 
 WORKER_BYTES = 100e6  # one env worker process (numpy + envpool): CartPole's measured 95 MB proportional set size
-SEED_LIMIT = 2**31 - 1  # envpool (and most envs) take int32 seeds
+SEED_LIMIT = SEED_END - 1  # envpool (and most envs) take int32 seeds
 
 
 def _check_fits(env: EnvConfig, spec: EnvSpec, pipe: PipelineConfig, layout: RolloutLayout, remote: int) -> None:
@@ -41,12 +42,12 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, pipe: PipelineConfig, layout: Rol
             "or bridge.remote_envs")
     if env.seed < 0:
         raise ConfigError(f"env.seed={env.seed}: must be >= 0")
-    # Env i of a local worker's k-th start is seeded seed + i + k x (all envs) (ActorPool.spawn); envpool
-    # asserts they fit an int32 (Gymnasium envs take any size).
-    used = (pipe.max_restarts + 1) * (pipe.num_workers * pipe.envs_per_worker + remote)
+    # Env i of a local worker's k-th start is seeded seed + i + k x (all envs), wrapping below int32's end
+    # (ActorPool._spawn); envpool asserts they fit (Gymnasium envs take any size): one start of every env must.
+    used = pipe.num_workers * pipe.envs_per_worker + remote
     if spec.backend == "envpool" and env.seed + used - 1 > SEED_LIMIT:
         raise ConfigError(f"env.seed={env.seed}: envpool seeds are int32, and this run uses {used:,d} seeds from "
-                          f"it (one per env and restart): at most {SEED_LIMIT - used + 1:,d}")
+                          f"it (one per env): at most {SEED_LIMIT - used + 1:,d}")
 
 
 class Pipeline:
@@ -79,7 +80,7 @@ class Pipeline:
         _check_fits(env, self.spec, pipe, self.layout, remote)
         self.pool = ActorPool(
             self.spec, self.layout, pipe.num_workers, threads_per_group(pipe), env.seed, pipe.max_restarts,
-            bridge=bridge,
+            bridge=bridge, restart_window_s=pipe.restart_window_s,
         )
         try:
             self.loop = InferenceLoop(

@@ -556,6 +556,7 @@ class NeuroevoTrainer(Trainer):
             "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / max(1, w1["threads"]),
             "perf/inference_time_s": pop.forward_s - fwd0,
             "perf/capped_share": capped / scored if scored else 0.0,
+            "perf/worker_restarts": loop.stats.restarts,
         })
         if self.cfg.stop_at_return and stats["best_member_return"] >= self.cfg.stop_at_return:
             self.reached = True  # spent() says so once this generation is logged and saved

@@ -383,6 +383,7 @@ class R2D2Trainer(Trainer):
             "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
             "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
             "replay/stale_updates_dropped": self.dropped,
+            "perf/worker_restarts": run.loop.stats.restarts,
         })
         if not last or dt >= self.cfg.log_every_s / 4:  # no rates from a fraction of an interval
             values.update({
