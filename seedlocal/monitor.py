@@ -110,6 +110,21 @@ def closing_line(summary: dict, outcome: str, nothing_done: str | None = None) -
     return f"\nseedlocal: {head}; {outcome}; checkpoint {where}; summary {Path(summary['run_dir']) / 'summary.json'}"
 
 
+def _after_older_event_files(run_dir: Path) -> None:
+    """Wait, at most a second, until a new event file's name sorts after the run's older ones.
+
+    TensorBoard reads a run's files in name order. A name holds the second it was made in, then a
+    per-process counter that sorts as text (".10" before ".9"): a resume's file made in the same second
+    as the run's last one could be read first, and the older steps after it then purge the resume's."""
+    import re
+
+    seconds = [int(m.group(1)) for p in run_dir.glob("events.out.tfevents.*")
+               if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", p.name))]
+    if seconds:
+        while time.time() < max(seconds) + 1:
+            time.sleep(max(0.01, max(seconds) + 1 - time.time()))
+
+
 class RunMonitor:
     def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
         """``lock``: hold the run folder for this process (a trainer; eval's
@@ -118,6 +133,7 @@ class RunMonitor:
 
         self.run_dir = Path(run_dir)
         self._lock = lock_run(self.run_dir) if lock else None
+        _after_older_event_files(self.run_dir)
         self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         self._new_run = lock and purge_step is None  # a trainer's new run, not a resume or a video
         self._wrote_scalars = False

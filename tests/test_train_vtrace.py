@@ -524,3 +524,17 @@ def test_resume_refuses_another_optimizer_and_takes_another_env_count(tmp_path, 
     assert main(["train", "vtrace", "--resume", str(tmp_path / "r"), "--pipeline.envs-per-worker", "8",
                  "--total-steps", "3000", "--no-progress"]) == 0, capsys.readouterr().err
     assert checkpoint.load(tmp_path / "r")["counters"]["steps"] >= 3000
+
+
+def test_a_resumes_event_file_sorts_after_the_runs_older_ones(tmp_path):
+    """TensorBoard reads a run's event files in name order; names hold the second they were made in and
+    then a counter that sorts as text (".10" before ".9"), so a resume's file made in the same second as
+    the last one could be read first, its steps then purged by the older ones (a flaky resume test)."""
+    from seedlocal.monitor import RunMonitor
+
+    now = int(time.time())
+    (tmp_path / f"events.out.tfevents.{now}.host.1.9").write_bytes(b"")
+    mon = RunMonitor(tmp_path, purge_step=3, progress=False, lock=False)
+    mon.close()
+    names = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+    assert len(names) == 2 and names[0].endswith(".host.1.9") and int(names[1].split(".")[3]) > now, names
