@@ -15,8 +15,8 @@ import signal
 import time
 
 from seedlocal.errors import WorkerDied
-from seedlocal.pipeline.bridge_server import GOODBYE_S, SEED_END
-from seedlocal.pipeline.envs import EnvSpec
+from seedlocal.pipeline.bridge_server import GOODBYE_S
+from seedlocal.pipeline.envs import SEED_END, EnvSpec
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
@@ -50,8 +50,8 @@ def local_seed(base: int, worker: int, restarts: int, num_groups: int, group_env
     Each restart takes the next block of all the groups' seeds, so its fresh episodes differ; the blocks
     wrap below envpool's int32 end, since restarts are a rate, not a count, over a long run."""
     span = num_groups * group_envs
-    room = max(span, (SEED_END - base) // span * span)
-    return base + (worker * GROUPS_PER_WORKER * group_envs + restarts * span) % room
+    room = (SEED_END // span - 1) * span  # one spare span: a block that starts below room ends below SEED_END
+    return (base + worker * GROUPS_PER_WORKER * group_envs + restarts * span) % room
 
 
 def forkserver_pid() -> int:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seedlocal.pipeline import wire
+from seedlocal.pipeline.envs import SEED_END
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
@@ -59,9 +60,6 @@ SERVER_OPTIONS = CHANNEL_OPTIONS + [("grpc.http2.min_ping_interval_without_data_
 # goodbye not yet read; ActorPool.close() gives the server this and more.
 GOODBYE_S = 2.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
-# envpool's seed is a C++ int and env i of a group is seeded seed + i, so a
-# host's seeds must stay below this; Gymnasium's take any size >= 0.
-SEED_END = 2**31
 # Remote seeds start this far above the learner's seed: its local workers
 # count up from that seed (one per env and restart), and the hosts' envs
 # should not replay their episodes.

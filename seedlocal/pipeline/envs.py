@@ -26,6 +26,9 @@ from seedlocal.errors import EnvContractError
 from seedlocal.shm.rollout import TensorSpec
 
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
+# envpool's seed is a C++ int and env i of a group is seeded seed + i, so every
+# env's seed must stay below this; Gymnasium's take any size >= 0.
+SEED_END = 2**31
 
 
 def quiet_gymnasium() -> None:

@@ -17,8 +17,7 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_d
                               threads_per_group, validate_bridge, validate_env, validate_pipeline)
 from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
-from seedlocal.pipeline.bridge_server import SEED_END
-from seedlocal.pipeline.envs import EnvSpec
+from seedlocal.pipeline.envs import SEED_END, EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
 from seedlocal.shm.rollout import RolloutLayout
 
