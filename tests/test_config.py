@@ -149,7 +149,7 @@ def test_a_log_dir_that_is_a_file_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--pipeline.num-workers", "100"], "100 env workers (~100 MB each)"),
     (["--pipeline.unroll-length", "10000000"], "an unroll store of 4 unrolls x 10,000,001 steps x 4 envs"),
-    (["--env.seed", "2147483640"], "env.seed=2147483640: envpool seeds are int32, and this run uses 64 seeds"),
+    (["--env.seed", "2147483640"], "env.seed=2147483640: envpool seeds are int32, and this run uses 16 seeds"),
 ])
 def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, message, tmp_path, capsys,
                                                                        monkeypatch):
