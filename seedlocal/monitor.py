@@ -120,9 +120,10 @@ def _after_older_event_files(run_dir: Path) -> None:
 
     seconds = [int(m.group(1)) for p in run_dir.glob("events.out.tfevents.*")
                if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", p.name))]
-    if seconds:
-        while time.time() < max(seconds) + 1:
-            time.sleep(max(0.01, max(seconds) + 1 - time.time()))
+    if seconds:  # a file from the future (another machine's clock) is not waited for past a second
+        until = min(max(seconds) + 1, time.time() + 1)
+        while time.time() < until:
+            time.sleep(max(0.01, until - time.time()))
 
 
 class RunMonitor:

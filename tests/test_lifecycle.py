@@ -328,6 +328,8 @@ def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch):
     not the worker's parent (this test process), as it would be then."""
     from seedlocal.pipeline import actors
 
+    # multiprocessing's own record of its server (a private attribute): without it workers fall back to racing.
+    assert actors.forkserver_pid() > 0
     monkeypatch.setattr(actors, "forkserver_pid", os.getpid)
     # (Its own line goes to the forkserver's stderr, which an earlier test's server may hold.)
     with pytest.raises(WorkerDied, match="exited with code 1 before its envs produced a first step"):

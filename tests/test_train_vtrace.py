@@ -482,25 +482,35 @@ def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
     assert "actors wait for each update, algo.sync on" in capsys.readouterr().out
 
 
-def test_resume_continues_the_generators_instead_of_replaying_the_seed(tmp_path):
-    """A checkpoint holds torch's, numpy's and Python's generators; a resume
-    restores them (trainers/run.py's seed_generators, as run() calls it), so
-    its first draws are not the run's first draws again (before, it seeded
-    them again and replayed the start's action noise)."""
+def test_resume_continues_the_generators_instead_of_replaying_the_seed(tmp_path, monkeypatch):
+    """A checkpoint holds torch's, numpy's and Python's generators; a resumed
+    run() restores them, so its first draws are not the run's first draws
+    again (before, it seeded them again and replayed the start's action noise)."""
     import random
 
-    from seedlocal.trainers.run import seed_generators
+    from seedlocal.trainers import run as run_module
 
     train(_tiny(tmp_path, total_steps=1500))
     saved = checkpoint.load(tmp_path / "tiny")
-    seed_generators(1, None)
-    fresh = (torch.rand(8), np.random.rand(8), random.random())
-    seed_generators(1, saved)
-    assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
-    assert (np.random.get_state()[1] == saved["rng"]["numpy"]["key"].numpy()).all()
-    assert random.getstate() == saved["rng"]["python"]
-    # Acting drew from torch's (numpy's and Python's are there for users' code: this run drew none).
-    assert not torch.equal(torch.rand(8), fresh[0])
+    restored, restore = {}, run_module.restore_generators
+
+    def restore_and_look(state):
+        restore(state)
+        restored.update(torch=torch.get_rng_state(), numpy=np.random.get_state()[1].copy(),
+                        python=random.getstate())
+
+    monkeypatch.setattr(run_module, "restore_generators", restore_and_look)
+    train(_tiny(tmp_path, total_steps=3000, resume=str(tmp_path / "tiny")))
+    assert torch.equal(restored["torch"], saved["rng"]["torch"])
+    assert (restored["numpy"] == saved["rng"]["numpy"]["key"].numpy()).all()
+    assert restored["python"] == saved["rng"]["python"]
+    # Acting drew from torch's generator (numpy's and Python's are there for users' code): from the
+    # restored state the first draw is not the seed's first draw.
+    torch.manual_seed(1)
+    fresh = torch.rand(8)
+    g = torch.Generator()
+    g.set_state(saved["rng"]["torch"])
+    assert not torch.equal(torch.rand(8, generator=g), fresh)
 
 
 def test_resume_refuses_another_optimizer_and_takes_another_env_count(tmp_path, capsys):

@@ -203,16 +203,21 @@ def rng_state() -> dict:
     return out
 
 
-def seed_generators(seed: int, resumed: dict | None) -> None:
-    """A new run starts every generator from its seed; a resumed one continues them where its
-    checkpoint left them, so it does not replay the action noise of the run's start (a checkpoint
-    from before the generators were saved continues from the seed, as before)."""
+def seed_generators(seed: int) -> None:
+    """Every process-wide generator from the run's seed, once, before the trainer draws its networks."""
     import random
 
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
-    saved = (resumed or {}).get("rng")
+
+
+def restore_generators(saved: dict | None) -> None:
+    """A resumed run continues the generators where its checkpoint left them (``rng_state``), so it
+    does not replay the action noise of the run's start; a checkpoint from before they were saved
+    continues from the seed, as before."""
+    import random
+
     if not saved:
         return
     torch.set_rng_state(saved["torch"])
@@ -233,7 +238,7 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
     """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
     returns the summary (also on Ctrl-C, re-raised after saving)."""
     device = resolve_device(cfg.pipeline.device)
-    torch.manual_seed(cfg.env.seed)  # the trainer's networks start from the seed; a resume restores them
+    seed_generators(cfg.env.seed)  # the trainer's networks start from it; a resume restores them
     resumed = checkpoint.load(cfg.resume) if cfg.resume else None
     if resumed is not None:
         run_dir = checkpoint.run_dir_of(resumed["path"])
@@ -247,10 +252,12 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
         t.counters.update(resumed["counters"])
         try:
             t.restore(resumed)
-        except (KeyError, ValueError, RuntimeError) as e:  # what a part that does not fit this run raises
+            restore_generators(resumed.get("rng"))
+        except torch.OutOfMemoryError:
+            raise  # the machine's limit, not the checkpoint's fault
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:  # what a part that does not fit raises
             raise checkpoint.CheckpointError(f"{resumed['path']}: cannot be resumed with this configuration "
                                              f"({type(e).__name__}: {e})") from None
-    seed_generators(cfg.env.seed, resumed)
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", t.counters[t.x_axis])
