@@ -6,7 +6,6 @@ every algorithm, in eval and through the bridge."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
