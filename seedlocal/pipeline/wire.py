@@ -18,6 +18,9 @@ Learner to host:
     ACTION   the actions for the group's last observations
     RESET    restart the group's envs on fresh episodes (no payload)
 
+Each array is the numpy buffer as is (native byte order, little-endian on
+every platform seedlocal runs on); nothing is compressed.
+
 Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry
 UTF-8 JSON in the payload instead. A learner with a token and its host prove
 to each other that they hold it, and neither sends the token itself:
@@ -33,8 +36,7 @@ cannot be replayed as the other. The host proves first: the learner is the
 end anyone can reach, and it shows nothing derived from the token to a peer
 that has not shown it holds the token. A learner without a token answers
 HELLO with ASSIGN at once (no proof: a host that has a token refuses it).
-Without TLS this authenticates the two ends, not the messages that follow. Each array is the numpy buffer as is (native byte order,
-little-endian on every platform seedlocal runs on); nothing is compressed.
+Without TLS this authenticates the two ends, not the messages that follow.
 """
 
 from __future__ import annotations
