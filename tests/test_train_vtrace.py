@@ -548,3 +548,19 @@ def test_a_resumes_event_file_sorts_after_the_runs_older_ones(tmp_path):
     mon.close()
     names = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
     assert len(names) == 2 and names[0].endswith(".host.1.9") and int(names[1].split(".")[3]) > now, names
+
+
+def test_a_sync_learner_recomputes_the_policy_the_actors_acted_with(tmp_path):
+    """With observation statistics and actors that wait for each update, the
+    learner's first pass over a batch sees pi = mu: the statistics take the
+    batch in after its updates, not before (then mean_rho, the rho-clipped
+    pi/mu of that pass, sat at 0.989-0.994 on HalfCheetah; docs/mujoco.md)."""
+    import dataclasses
+
+    from seedlocal.algos.vtrace import VTraceParams
+
+    # A batch of every env: no group acts on while the learner works (that would be ordinary policy lag).
+    train(_tiny(tmp_path, total_steps=4000, algo=dataclasses.replace(VTraceParams(), obs_norm=True, batch_size=8),
+                pipeline=PipelineConfig(num_workers=1, envs_per_worker=8)))
+    rho = [v for _, v in scalars(tmp_path / "tiny")[0]["losses/mean_rho"]]
+    assert rho and min(rho) > 0.99999, rho
