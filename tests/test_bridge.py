@@ -395,6 +395,73 @@ def _raw_host(port: int, prove) -> tuple:
     return answer, nonce, theirs
 
 
+def test_strangers_who_say_nothing_or_too_much_do_not_hold_the_bridge(capfd):
+    """The server takes len(groups) + 2 streams at once. Strangers that open
+    them all and send nothing are cut off HANDSHAKE_S later, one line each,
+    and a real host turned away meanwhile connects soon after; a HELLO bigger
+    than a handshake message can be is refused before it is parsed, in one
+    line each end."""
+    import threading
+
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, HANDSHAKE_S, METHOD
+
+    quiet = threading.Event()
+
+    def nothing():
+        quiet.wait()
+        yield from ()
+
+    with learner() as pipe:
+        port, slots = pipe.pool.bridge_port, 8 // 4 + 2  # remote groups of 4 envs, and the server's 2 more
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}", CHANNEL_OPTIONS)
+        host = None
+        try:
+            t0 = time.monotonic()
+            idle = [ch.stream_stream(METHOD)(nothing()) for _ in range(slots + 1)]
+            while not any(call.done() for call in idle):
+                assert time.monotonic() - t0 < HANDSHAKE_S, "the server took more streams than it has slots"
+                time.sleep(0.01)
+            turned_away = [call for call in idle if call.done()]  # the others hold every slot
+            assert [call.code() for call in turned_away] == [grpc.StatusCode.RESOURCE_EXHAUSTED]
+            # A host started now is turned away (it tries within half a second, and again half a second later);
+            # one started at once would only wait longer, in its backoff.
+            time.sleep(HANDSHAKE_S - 1.5)
+            host = actors(port, "--retry-s", "30")
+            while pipe.pool.control["group_connected"].sum() < 2:
+                assert time.monotonic() - t0 < HANDSHAKE_S + 15, "idle strangers kept a host out"
+                assert host.poll() is None, finish(host)
+                time.sleep(0.1)
+        finally:
+            quiet.set()
+            ch.close()
+            if host is not None:
+                kill_host(host)
+        # Valid JSON, and what a HELLO holds: only its size is wrong.
+        hello = wire.pack_json(wire.HELLO, {"version": wire.VERSION, "nonce": wire.new_nonce(), "host": "x" * 65_000})
+        kind, answer = _first_reply(port, hello)
+    assert (kind, answer) == (wire.REFUSE, {"reason": f"bad handshake: a handshake message of {len(hello):,} bytes "
+                                                      "(at most 4,096)"})
+    err = capfd.readouterr().err.splitlines()
+    assert sum(f"no handshake within {HANDSHAKE_S:g} s" in line for line in err) == slots, err
+    assert sum("a handshake message of" in line for line in err) == 1, err
+
+
+def _first_reply(port: int, msg: bytes) -> tuple:
+    """The learner's first answer to a peer that sends ``msg`` and nothing more, as (kind, JSON)."""
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}", CHANNEL_OPTIONS)
+    try:
+        h, payload = wire.unpack(next(ch.stream_stream(METHOD)(iter([msg]))))
+        return h.kind, wire.unpack_json(payload)
+    finally:
+        ch.close()
+
+
 def test_a_learner_lets_in_only_a_host_that_proves_the_token_now(capfd):
     """The token never travels: a host proves it holds it by an HMAC over
     both ends' fresh nonces. A stranger with no proof, a proof recorded from

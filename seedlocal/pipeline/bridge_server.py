@@ -26,7 +26,11 @@ before the loss is stitched to one after it.
 
 A host is let in only once it has proven the learner's token (when there is
 one; ``wire`` describes the exchange); the learner then proves it back in
-its ASSIGN, and the token itself never travels.
+its ASSIGN, and the token itself never travels. A peer gets HANDSHAKE_S for
+the whole handshake and HANDSHAKE_BYTES per message of it: the server takes
+only len(groups) + 2 streams at once, and a stranger who opens that many
+and says nothing must not keep them (keepalive would keep them open) and
+lock every real host out.
 """
 
 from __future__ import annotations
@@ -64,6 +68,12 @@ _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
 # count up from that seed (one per env and restart), and the hosts' envs
 # should not replay their episodes.
 REMOTE_SEED_OFFSET = 1_000_003
+# A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
+# on any network, and a peer that has not proven itself by then is cut off.
+HANDSHAKE_S = 5.0
+# A host's HELLO and PROOF are a few hundred bytes; a bigger one is refused
+# before it is parsed (gRPC itself takes messages of any size: steps are large).
+HANDSHAKE_BYTES = 4096
 
 
 def remote_seed(base: int, assignment: int, first_index: int, group_envs: int, remote_groups: int) -> int:
@@ -273,6 +283,16 @@ class BridgeServer:
 
         peer = context.peer()
         proof: dict = {}
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            context.cancel()  # ends the read below and frees the stream's slot
+
+        deadline = threading.Timer(HANDSHAKE_S, expire)
+        deadline.daemon = True
+        deadline.start()
+        why = None  # why the handshake failed, if it did ("": the call is gone, nobody to tell)
         try:
             hello = _expect(requests, wire.HELLO)
             if self.a.token:
@@ -284,10 +304,19 @@ class BridgeServer:
                     context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
                 # Only to a host that has proven the token: a stranger learns nothing derived from it.
                 proof = {"proof": wire.token_proof(self.a.token, "learner", host_nonce, nonce)}
+        except grpc.RpcError:  # the call was cancelled: by the deadline, or by the peer
+            why = ""
         except (wire.WireError, StopIteration, ValueError, TypeError) as e:
             why = str(e) or "the host closed the stream"  # StopIteration says nothing
-            log(f"refused {peer}: bad handshake: {why}")
-            yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {why}"})
+        finally:
+            deadline.cancel()
+        if expired.is_set():  # a cancelled read raises RpcError or StopIteration, whichever gRPC notices first
+            log(f"refused {peer}: no handshake within {HANDSHAKE_S:g} s")
+            return
+        if why is not None:
+            if why:
+                log(f"refused {peer}: bad handshake: {why}")
+                yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {why}"})
             return
         with self.lock:
             slot = next((i for i, h in enumerate(self.host_slots) if h is None), None)
@@ -354,7 +383,10 @@ class BridgeServer:
 
 def _expect(requests, kind: int) -> dict:
     """The host's next handshake message, which must be ``kind``."""
-    h, payload = wire.unpack(next(requests))
+    msg = next(requests)
+    if len(msg) > HANDSHAKE_BYTES:
+        raise wire.WireError(f"a handshake message of {len(msg):,} bytes (at most {HANDSHAKE_BYTES:,})")
+    h, payload = wire.unpack(msg)
     if h.kind != kind:
         raise wire.WireError(f"expected {wire.KIND_NAMES[kind]}, got {wire.KIND_NAMES[h.kind]}")
     return wire.unpack_json(payload)
