@@ -433,6 +433,11 @@ def test_strangers_who_say_nothing_or_too_much_do_not_hold_the_bridge(capfd):
                 assert time.monotonic() - t0 < HANDSHAKE_S + 15, "idle strangers kept a host out"
                 assert host.poll() is None, finish(host)
                 time.sleep(0.1)
+            while not all(call.done() for call in idle):  # the host may have taken the first slot freed
+                assert time.monotonic() - t0 < HANDSHAKE_S + 15, "the learner kept a silent stream"
+                time.sleep(0.01)
+            assert sorted(call.code().value for call in idle) == sorted(
+                [grpc.StatusCode.CANCELLED.value] * slots + [grpc.StatusCode.RESOURCE_EXHAUSTED.value])
         finally:
             quiet.set()
             ch.close()

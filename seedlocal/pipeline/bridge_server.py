@@ -115,7 +115,10 @@ class ServerArgs:
 
 
 def log(msg: str) -> None:
-    print(f"seedlocal bridge: {msg}", file=sys.stderr, flush=True)
+    # One write per line: print writes the newline apart, and the lines of
+    # streams cut off at the same moment ran together.
+    sys.stderr.write(f"seedlocal bridge: {msg}\n")
+    sys.stderr.flush()
 
 
 class _Host:
