@@ -6,6 +6,7 @@ the learner side is the production Pipeline / train() with bridge options.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -482,7 +483,7 @@ def test_a_learner_lets_in_only_a_host_that_proves_the_token_now(capfd):
         port = pipe.pool.bridge_port
         (kind, assign), hn, ln = _raw_host(port, lambda mine, theirs: wire.token_proof(token, "host", mine, theirs))
         assert kind == wire.ASSIGN, assign
-        assert wire.proof_ok(token, "learner", hn, ln, assign["proof"]), "the learner did not prove the token"
+        assert wire.proof_ok(token, "learner", hn, ln, assign["proof"], assign), "the learner did not prove the token"
         assert assign["seed"] == remote_seed(EnvConfig().seed, 1, 0, 4, 2)
         time.sleep(0.3)
         pipe.loop._check_workers()  # the loop takes the groups of the host that left back
@@ -505,12 +506,6 @@ def test_a_host_refuses_a_learner_that_cannot_prove_the_token_before_importing_a
     the token could be read from, checks the learner's proof before using a
     word of its assignment, and exits with one line, without importing the
     env module it was sent even though --allow-module names it."""
-    from concurrent import futures
-
-    import grpc
-
-    from seedlocal.pipeline.bridge_server import SERVICE
-
     (tmp_path / "evil_env.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
     token = "the-hosts-own-secret-0123456789"
     heard: list[bytes] = []
@@ -526,15 +521,9 @@ def test_a_host_refuses_a_learner_that_cannot_prove_the_token_before_importing_a
                                            "seed": 1, "version": wire.VERSION, "proof": "0" * 64})
         heard.extend(requests)  # the host's REFUSE, until it closes
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[grpc.method_handlers_generic_handler(
-        SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(stream)})])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
+    with _fake_learner(stream) as port:
         host = actors(port, "--allow-module", "evil_env", "--retry-s", "5", token=token, pythonpath=str(tmp_path))
         out = finish(host)
-    finally:
-        server.stop(0)
     assert host.returncode == 2, out
     why = "the learner did not prove that it holds this host's bridge token"
     assert out.strip().splitlines()[-1].startswith(f"seedlocal actors: this host cannot serve the learner at "
@@ -544,6 +533,63 @@ def test_a_host_refuses_a_learner_that_cannot_prove_the_token_before_importing_a
     kinds = [wire.unpack(m)[0].kind for m in heard if m[:2] == wire.MAGIC]
     assert kinds == [wire.HELLO, wire.PROOF, wire.REFUSE], kinds
     assert why in wire.unpack_json(wire.unpack(heard[-1])[1])["reason"]
+
+
+@contextlib.contextmanager
+def _fake_learner(stream):
+    """A gRPC server at the learner's method whose handler is ``stream``; yields its port."""
+    from concurrent import futures
+
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import SERVICE
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[grpc.method_handlers_generic_handler(
+        SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(stream)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(0)
+
+
+def test_a_host_refuses_an_assignment_altered_on_the_way(tmp_path, capfd):
+    """Without TLS, someone on the path can pass both proofs on unchanged
+    and alter what the learner assigns. Its proof covers every field of the
+    ASSIGN, so a relay that swaps the env id (for a module this host allows,
+    but the learner did not pick) is refused before the host imports
+    anything: one line on each end."""
+    import grpc
+
+    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+
+    (tmp_path / "evil_env.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    token = "s3cret"
+
+    with learner(token_file=_token_file(token)) as pipe:
+        def relay(requests, context):
+            ch = grpc.insecure_channel(f"127.0.0.1:{pipe.pool.bridge_port}", CHANNEL_OPTIONS)
+            try:
+                for msg in ch.stream_stream(METHOD)(requests):
+                    h, payload = wire.unpack(msg)
+                    if h.kind == wire.ASSIGN:
+                        msg = wire.pack_json(wire.ASSIGN, {**wire.unpack_json(payload), "env_id": "evil_env:Evil-v0"})
+                    yield msg
+            finally:
+                ch.close()
+
+        with _fake_learner(relay) as port:
+            host = actors(port, "--allow-module", "evil_env", token=token, pythonpath=str(tmp_path))
+            out = _gone(pipe, host)
+    assert host.returncode == 2, out
+    assert out.strip().splitlines()[-1] == (
+        f"seedlocal actors: this host cannot serve the learner at 127.0.0.1:{port}: the learner did not prove that "
+        "it holds this host's bridge token and sent this assignment (the tokens differ, the learner has none, or "
+        "the assignment was altered on the way)"), out
+    assert not (tmp_path / "imported").exists(), "the host imported the module of an altered assignment"
+    err = [line for line in capfd.readouterr().err.splitlines() if "refused the assignment" in line]
+    assert len(err) == 1 and "altered on the way" in err[0], err
 
 
 def _gone(pipe: Pipeline, host: subprocess.Popen) -> str:

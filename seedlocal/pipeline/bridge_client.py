@@ -20,11 +20,11 @@ episodes when a host takes them again.
 
 What the learner sends is used only once the learner is verified, as far
 as this host can: by its TLS certificate (``--tls-ca``) and, where this host
-has a token, by proving that it holds the token too (``wire`` describes the
-exchange); beyond loopback one of the two is required. Even then an env id
-of the ``module:EnvId`` form runs only if this host's own
-``--allow-module`` names the module: running it imports the module, code
-the learner picked.
+has a token, by proving that it holds the token too, over the assignment it
+sends (``wire`` describes the exchange); beyond loopback one of the two is
+required. Even then an env id of the ``module:EnvId`` form runs only if
+this host's own ``--allow-module`` names the module: running it imports the
+module, code the learner picked.
 """
 
 from __future__ import annotations
@@ -195,10 +195,12 @@ class _Session:
             if h.kind != wire.ASSIGN:
                 raise HostStopped(f"the learner sent {wire.KIND_NAMES[h.kind]} instead of an assignment", 2)
             if self.token and not (learner_nonce and wire.proof_ok(self.token, "learner", nonce, learner_nonce,
-                                                                    answer.get("proof"))):
-                # Before anything it sent is used: it may be someone else's learner (or no learner).
-                self._refuse("the learner did not prove that it holds this host's bridge token (the tokens "
-                             "differ, or the learner has none)")
+                                                                    answer.get("proof"), answer)):
+                # Before anything it sent is used: it may be someone else's learner (or no learner), or someone
+                # on the path may have changed the assignment.
+                self._refuse("the learner did not prove that it holds this host's bridge token and sent this "
+                             "assignment (the tokens differ, the learner has none, or the assignment was altered "
+                             "on the way)")
             env_id = str(answer.get("env_id", ""))
             module = _env_module(env_id)
             if module and module not in cfg.allow_module:

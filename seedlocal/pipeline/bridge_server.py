@@ -285,7 +285,7 @@ class BridgeServer:
         import grpc
 
         peer = context.peer()
-        proof: dict = {}
+        nonces: tuple[str, str] | None = None  # the host's and the learner's, once the host has proven the token
         expired = threading.Event()
 
         def expire() -> None:
@@ -305,8 +305,7 @@ class BridgeServer:
                 if not wire.proof_ok(self.a.token, "host", host_nonce, nonce, got):
                     log(f"refused {peer}: {'wrong' if got else 'no'} token")
                     context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
-                # Only to a host that has proven the token: a stranger learns nothing derived from it.
-                proof = {"proof": wire.token_proof(self.a.token, "learner", host_nonce, nonce)}
+                nonces = host_nonce, nonce
         except grpc.RpcError:  # the call was cancelled: by the deadline, or by the peer
             why = ""
         except (wire.WireError, StopIteration, ValueError, TypeError) as e:
@@ -341,8 +340,12 @@ class BridgeServer:
             yield wire.pack_json(wire.REFUSE, answer)
             return
         log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
+        if nonces is not None:
+            # Only to a host that has proven the token: a stranger learns nothing derived from it. It covers
+            # every field, so that no one on the path can change what the host runs (env id, seeds, layout).
+            answer["proof"] = wire.token_proof(self.a.token, "learner", *nonces, answer)
         threading.Thread(target=self._read, args=(host, requests), daemon=True, name=f"read-{slot}").start()
-        yield wire.pack_json(wire.ASSIGN, {**answer, **proof})
+        yield wire.pack_json(wire.ASSIGN, answer)
         while True:
             msg = host.out.get()
             if msg is None:

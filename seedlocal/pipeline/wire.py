@@ -28,15 +28,19 @@ to each other that they hold it, and neither sends the token itself:
     host     HELLO      {nonce: Nh, ...}
     learner  CHALLENGE  {nonce: Nl}
     host     PROOF      {proof: HMAC(token, "host" Nh Nl)}     learner checks it
-    learner  ASSIGN     {proof: HMAC(token, "learner" Nh Nl), ...}   host checks it
+    learner  ASSIGN     {proof: HMAC(token, "learner" Nh Nl D), ...}  host checks it
 
-Each side's proof covers the nonce the other side just drew, so a recorded
-exchange proves nothing later, and the two roles' proofs differ, so one
-cannot be replayed as the other. The host proves first: the learner is the
-end anyone can reach, and it shows nothing derived from the token to a peer
-that has not shown it holds the token. A learner without a token answers
-HELLO with ASSIGN at once (no proof: a host that has a token refuses it).
-Without TLS this authenticates the two ends, not the messages that follow.
+where D is :func:`assign_digest` of the ASSIGN's other fields. Each side's
+proof covers the nonce the other side just drew, so a recorded exchange
+proves nothing later, and the two roles' proofs differ, so one cannot be
+replayed as the other. The learner's also covers what it assigns (env id,
+seeds, layout): without TLS, someone on the path could otherwise pass the
+proof on and change the assignment. The host proves first: the learner is
+the end anyone can reach, and it shows nothing derived from the token to a
+peer that has not shown it holds the token. A learner without a token
+answers HELLO with ASSIGN at once (no proof: a host that has a token
+refuses it). Without TLS this authenticates the two ends and the
+assignment, not the messages that follow.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ import numpy as np
 from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
 
 MAGIC = b"SL"
-VERSION = 2  # 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent
+# 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent. 3: the learner's proof covers
+# its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong).
+VERSION = 3
 HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
@@ -125,16 +131,29 @@ def check_nonce(nonce) -> str:
     return nonce
 
 
-def token_proof(token: str, role: str, host_nonce: str, learner_nonce: str) -> str:
-    """What ``role`` ("host" or "learner") sends to show it holds ``token``."""
-    msg = f"seedlocal-bridge/{VERSION} {role} {host_nonce} {learner_nonce}".encode()
-    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+def assign_digest(fields: dict) -> str:
+    """sha256 of an ASSIGN's fields but its proof, as JSON in one canonical form.
+
+    Both ends digest the parsed fields, not the bytes received, so what the
+    host checks is exactly what it then uses."""
+    body = {k: v for k, v in fields.items() if k != "proof"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def proof_ok(token: str, role: str, host_nonce: str, learner_nonce: str, proof) -> bool:
-    """Whether ``proof`` shows that the peer in ``role`` holds ``token`` (constant time)."""
+def token_proof(token: str, role: str, host_nonce: str, learner_nonce: str, assign: dict | None = None) -> str:
+    """What ``role`` ("host" or "learner") sends to show it holds ``token``;
+    the learner's also vouches for the ``assign`` fields it comes with."""
+    msg = f"seedlocal-bridge/{VERSION} {role} {host_nonce} {learner_nonce}"
+    if assign is not None:
+        msg += " " + assign_digest(assign)
+    return hmac.new(token.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def proof_ok(token: str, role: str, host_nonce: str, learner_nonce: str, proof, assign: dict | None = None) -> bool:
+    """Whether ``proof`` shows that the peer in ``role`` holds ``token`` (and,
+    for the learner, sent ``assign`` as it is): constant time."""
     return isinstance(proof, str) and hmac.compare_digest(
-        proof.encode(), token_proof(token, role, host_nonce, learner_nonce).encode())
+        proof.encode(), token_proof(token, role, host_nonce, learner_nonce, assign).encode())
 
 
 @dataclass(frozen=True)
