@@ -554,6 +554,23 @@ def _fake_learner(stream):
         server.stop(0)
 
 
+def test_a_goodbye_from_a_learner_not_yet_verified_is_no_clean_stop():
+    """A host exits 0 when its learner stops on purpose, and a supervisor
+    takes that for a clean end. Anyone at the learner's address can send a
+    final REFUSE straight after HELLO, before any proof: the host exits 2,
+    saying the learner was not verified."""
+    def stream(requests, context):
+        next(requests)  # HELLO
+        yield wire.pack_json(wire.REFUSE, {"reason": "the learner stopped", "final": True})
+
+    with _fake_learner(stream) as port:
+        host = actors(port, token="s3cret")
+        out = finish(host)
+    assert host.returncode == 2, out
+    assert out.strip().splitlines()[-1] == (f"seedlocal actors: the learner at 127.0.0.1:{port}, not yet verified, "
+                                            "refused this host: the learner stopped"), out
+
+
 def test_a_host_refuses_an_assignment_altered_on_the_way(tmp_path, capfd):
     """Without TLS, someone on the path can pass both proofs on unchanged
     and alter what the learner assigns. Its proof covers every field of the

@@ -190,8 +190,12 @@ class _Session:
                 self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
                 h, answer = self._next(call)
             if h.kind == wire.REFUSE:
-                raise HostStopped(f"the learner at {cfg.connect} refused this host: {answer.get('reason')}",
-                                  0 if answer.get("final") else 2)
+                # Never status 0, even if it says it is final: before its ASSIGN nothing the learner says is
+                # proven, and a stranger at the address must not pass for a learner that stopped cleanly (a
+                # supervisor would not restart this host). A real learner says goodbye only after an ASSIGN.
+                unverified = "" if cfg.tls_ca else ", not yet verified,"
+                raise HostStopped(f"the learner at {cfg.connect}{unverified} refused this host: "
+                                  f"{answer.get('reason')}", 2)
             if h.kind != wire.ASSIGN:
                 raise HostStopped(f"the learner sent {wire.KIND_NAMES[h.kind]} instead of an assignment", 2)
             if self.token and not (learner_nonce and wire.proof_ok(self.token, "learner", nonce, learner_nonce,
@@ -270,7 +274,7 @@ class _Session:
                     print(f"seedlocal actors: {(steps - steps_line) / (now - t_line):,.0f} steps/s, round trip "
                           f"p50 {np.percentile(rtt, 50):.2f} ms, p99 {np.percentile(rtt, 99):.2f} ms", flush=True)
                     t_line, steps_line = now, steps
-            if self.final:
+            if self.final:  # said after an ASSIGN this host accepted: by a learner verified as far as it can be
                 raise HostStopped(f"the learner at {cfg.connect} stopped; exiting", 0)
             raise _Lost(self.ended)
         finally:
