@@ -291,8 +291,11 @@ class _Session:
             h, payload = wire.unpack(next(call))
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise HostStopped(f"the learner at {self.cfg.connect} refused this host: {e.details()} "
-                                  "(check SEEDLOCAL_BRIDGE_TOKEN or --token-file)", 2) from None
+                # A learner of wire version 1 with a token wanted the token itself, in the call's metadata: it
+                # refuses every later host so, before reading the HELLO that would show the version.
+                raise HostStopped(f"the learner at {self.cfg.connect} refused this host: {e.details()} (check "
+                                  "SEEDLOCAL_BRIDGE_TOKEN or --token-file; a learner of another seedlocal version, "
+                                  f"with a wire version other than {wire.VERSION}, says this too)", 2) from None
             raise _Lost(_unreachable(e.code().name, e.details() or "", bool(self.cfg.tls_ca))) from None
         except StopIteration:
             raise _Lost("the learner closed the connection") from None
