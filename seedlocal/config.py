@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from seedlocal.errors import CheckpointError, ConfigError
+from seedlocal.errors import CheckpointError, ConfigError, fail  # fail: re-exported for the trainers
 
 if TYPE_CHECKING:
     import torch
@@ -110,10 +110,6 @@ class RunOptions:
     """run directory or checkpoint to continue; same config, same TensorBoard curve"""
     progress: bool = True
     """live one-line progress on the terminal"""
-
-
-def fail(field: str, value, why: str) -> None:
-    raise ConfigError(f"{field}={value!r}: {why}")
 
 
 def _floats(obj, prefix: str = ""):

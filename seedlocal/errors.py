@@ -10,6 +10,11 @@ class ConfigError(ValueError):
     """A configuration value that cannot work (its message starts with the field and the value)."""
 
 
+def fail(field: str, value, why: str) -> None:
+    """Raise the one-line refusal of a config value: ``field=value: why``."""
+    raise ConfigError(f"{field}={value!r}: {why}")
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, unreadable or for another config."""
 

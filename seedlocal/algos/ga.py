@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from seedlocal.algos.neuroevo import ParamSpace, generation_rng, nan_to_worst, new_seeds, noise
-from seedlocal.config import fail
+from seedlocal.errors import fail
 
 Genome = tuple[int, ...]
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from seedlocal.algos.neuroevo import generation_rng, nan_to_worst, new_seeds
-from seedlocal.config import fail
+from seedlocal.errors import fail
 
 
 @dataclass
