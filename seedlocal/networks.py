@@ -19,8 +19,7 @@ from torch import nn
 
 from seedlocal.arithmetic import Tanh, autocast
 from seedlocal.normalize import RunningNorm
-from seedlocal.pipeline.envs import EnvSpec
-from seedlocal.shm.rollout import TensorSpec
+from seedlocal.spec import EnvSpec, TensorSpec
 
 
 ENCODERS = ("auto", "mlp", "minatar", "nature", "impala")

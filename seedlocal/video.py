@@ -30,7 +30,8 @@ import os
 
 import numpy as np
 
-from seedlocal.pipeline.envs import EnvSpec, make_group
+from seedlocal.pipeline.envs import make_group
+from seedlocal.spec import EnvSpec
 
 _GL: list = []  # the headless OpenGL context, once made (kept alive for the process)
 MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms

@@ -152,7 +152,7 @@ def test_episode_starts_follow_the_one_rule_everywhere():
     replay's stacking keeps it across appends."""
     import torch
 
-    from seedlocal.shm.rollout import episode_starts
+    from seedlocal.spec import episode_starts
 
     ign = np.array([False, True, False, False, True])
     np.testing.assert_array_equal(episode_starts(ign), [False, False, True, False, False])

@@ -14,9 +14,9 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.networks import (ActorCritic, MinAtarCNN, PolicyNet, RecurrentQNet, auto_encoder, build_encoder,
                                 checkpoint_encoder, encode_obs, encoder_identity, flatten_obs, image_layout)
-from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.policies.population import PopulationForward
 from seedlocal.shm.rollout import TensorSpec
+from seedlocal.spec import EnvSpec
 
 
 def grid_spec(shape=(10, 10, 4), dtype="bool", actions=3, **obs) -> EnvSpec:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from seedlocal.networks import cut_rows
-from seedlocal.shm.rollout import episode_starts
+from seedlocal.spec import episode_starts
 
 RESCALE_EPS = 1e-3
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from seedlocal.algos.distributions import Categorical, DiagGaussian
 from seedlocal.arithmetic import autocast
-from seedlocal.shm.rollout import episode_starts
+from seedlocal.spec import episode_starts
 
 
 class VTraceReturns(NamedTuple):

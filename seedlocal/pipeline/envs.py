@@ -15,15 +15,13 @@ Observations are always a dict (key ``""`` for a plain array observation).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from seedlocal.errors import EnvContractError
-from seedlocal.shm.rollout import TensorSpec
+from seedlocal.spec import EnvSpec, TensorSpec
 
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
 # envpool's seed is a C++ int and env i of a group is seeded seed + i, so every
@@ -38,31 +36,6 @@ def quiet_gymnasium() -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What the pipeline must know of an environment to lay out storage."""
-
-    env_id: str
-    backend: str
-    obs: dict[str, TensorSpec]
-    # The pipeline's action per env: () for Discrete; for a Box, always a flat
-    # vector of its prod(shape) components, as the networks emit them, stored,
-    # shipped and scored flat. Only the env sees its own shape (``box_shape``).
-    action: TensorSpec
-    num_actions: int | None  # discrete action count; None for a Box action space
-    action_low: tuple[float, ...] | None
-    action_high: tuple[float, ...] | None
-    frames_per_step: int
-    frame_stack: int = 0  # envpool's stack_num where set (0 = the env's default)
-    # Discrete observation fields: key -> (n, start). Networks see them one-hot.
-    obs_classes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
-    # A Discrete(n, start) action space: the pipeline's actions are 0..n-1 and
-    # the env receives action + start.
-    action_start: int = 0
-    # A Box action space's own shape (``(2, 3)``, ``()``): what the env receives.
-    box_shape: tuple[int, ...] | None = None
 
 
 @functools.lru_cache(maxsize=1)

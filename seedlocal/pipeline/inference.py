@@ -39,7 +39,7 @@ from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy
 from seedlocal.pipeline.unrolls import UnrollAllocator
-from seedlocal.shm.rollout import starts_episode
+from seedlocal.spec import starts_episode
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 
 

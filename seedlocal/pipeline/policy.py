@@ -30,7 +30,7 @@ import abc
 import numpy as np
 import torch
 
-from seedlocal.shm.rollout import TensorSpec
+from seedlocal.spec import TensorSpec
 
 # What a planning policy may ask for each ready group.
 SERVE, HOLD, RESTART = 0, 1, 2

@@ -13,9 +13,8 @@ import torch
 
 from seedlocal.algos.distributions import for_actions
 from seedlocal.networks import action_size
-from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.policy import Policy
-from seedlocal.shm.rollout import TensorSpec
+from seedlocal.spec import EnvSpec, TensorSpec
 
 
 def policy_outputs(spec: EnvSpec) -> dict[str, TensorSpec]:

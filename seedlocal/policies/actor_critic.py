@@ -10,9 +10,9 @@ from seedlocal.algos.distributions import for_actions
 from seedlocal.arithmetic import autocast
 from seedlocal.networks import ActorCritic
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
-from seedlocal.pipeline.envs import EnvSpec
 from seedlocal.pipeline.policy import Policy
 from seedlocal.policies import policy_outputs
+from seedlocal.spec import EnvSpec
 
 
 class ModelPolicy(Policy):

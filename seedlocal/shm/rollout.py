@@ -23,8 +23,8 @@ Row ``length - 1`` holds only an observation: it is copied to row 0 of the
 group's next unroll, so consecutive unrolls share it as in IMPALA.
 
 Where episodes start is not stored: it follows from ``ignored``, by one rule
-(``starts_episode``) that the inference loop, the learners and the replay
-all use.
+(``seedlocal/spec.py``'s ``starts_episode``) that the inference loop, the
+learners and the replay all use.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
+from seedlocal.spec import TensorSpec
 
 STEP_FIELDS = {
     "reward": "float32",
@@ -43,12 +44,6 @@ STEP_FIELDS = {
     "ep_return": "float32",
     "ep_length": "int32",
 }
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    shape: tuple[int, ...]
-    dtype: str
 
 
 @dataclass(frozen=True)
@@ -79,25 +74,6 @@ class RolloutLayout:
 
     def obs_keys(self) -> list[str]:
         return [obs_key(k) for k in self.obs]
-
-
-def starts_episode(prev_ignored):
-    """Whether an observation starts an episode, from the ``ignored`` flag of
-    the step before it: envpool and Gymnasium's next-step auto-reset ignore
-    the action after an episode's end and return the next episode's first
-    observation. numpy or torch, any shape."""
-    return prev_ignored
-
-
-def episode_starts(ignored, before=False):
-    """``first`` flags of T consecutive rows (numpy or torch, [T, ...]) from
-    their ``ignored`` flags: row t > 0 by ``starts_episode(ignored[t - 1])``,
-    row 0 by ``before`` (what the row before it said; False: the caller's
-    recurrent state already starts there, as in a learner's unroll)."""
-    first = ignored.copy() if isinstance(ignored, np.ndarray) else ignored.clone()
-    first[0] = before
-    first[1:] = starts_episode(ignored[:-1])
-    return first
 
 
 def obs_key(k: str) -> str:

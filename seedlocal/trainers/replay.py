@@ -33,7 +33,7 @@ from collections import deque
 
 import numpy as np
 
-from seedlocal.shm.rollout import episode_starts, starts_episode
+from seedlocal.spec import episode_starts, starts_episode
 
 PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
 

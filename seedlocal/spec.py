@@ -1,0 +1,62 @@
+"""The words every floor of seedlocal shares: what a tensor is (``TensorSpec``),
+what an environment is to the pipeline (``EnvSpec``), and where an episode
+starts (``starts_episode``, ``episode_starts``). Nothing here imports from
+seedlocal, so algorithms, networks, shared memory and the pipeline all may.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the pipeline must know of an environment to lay out storage."""
+
+    env_id: str
+    backend: str
+    obs: dict[str, TensorSpec]
+    # The pipeline's action per env: () for Discrete; for a Box, always a flat
+    # vector of its prod(shape) components, as the networks emit them, stored,
+    # shipped and scored flat. Only the env sees its own shape (``box_shape``).
+    action: TensorSpec
+    num_actions: int | None  # discrete action count; None for a Box action space
+    action_low: tuple[float, ...] | None
+    action_high: tuple[float, ...] | None
+    frames_per_step: int
+    frame_stack: int = 0  # envpool's stack_num where set (0 = the env's default)
+    # Discrete observation fields: key -> (n, start). Networks see them one-hot.
+    obs_classes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # A Discrete(n, start) action space: the pipeline's actions are 0..n-1 and
+    # the env receives action + start.
+    action_start: int = 0
+    # A Box action space's own shape (``(2, 3)``, ``()``): what the env receives.
+    box_shape: tuple[int, ...] | None = None
+
+
+def starts_episode(prev_ignored):
+    """Whether an observation starts an episode, from the ``ignored`` flag of
+    the step before it: envpool and Gymnasium's next-step auto-reset ignore
+    the action after an episode's end and return the next episode's first
+    observation. numpy or torch, any shape."""
+    return prev_ignored
+
+
+def episode_starts(ignored, before=False):
+    """``first`` flags of T consecutive rows (numpy or torch, [T, ...]) from
+    their ``ignored`` flags: row t > 0 by ``starts_episode(ignored[t - 1])``,
+    row 0 by ``before`` (what the row before it said; False: the caller's
+    recurrent state already starts there, as in a learner's unroll)."""
+    first = ignored.copy() if isinstance(ignored, np.ndarray) else ignored.clone()
+    first[0] = before
+    first[1:] = starts_episode(ignored[:-1])
+    return first
