@@ -233,7 +233,7 @@ def test_box_actions_cross_the_bridge_and_are_clipped_on_the_actor_host():
     cfg = PipelineConfig(num_workers=0, envs_per_worker=8, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
     with Pipeline(EnvConfig(id="box_envs:EchoAction-v0"), cfg, make, consume=True,
                   bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=8)) as pipe:
-        host = actors(pipe.pool.bridge_port)
+        host = actors(pipe.pool.bridge_port, "--allow-module", "box_envs")  # the host may import the env's module
         try:
             unrolls = serve_until(pipe, lambda us: len(us) >= 4)
         finally:
