@@ -1,0 +1,99 @@
+"""The pipeline's shape: derived once, and checked, by seedlocal/shape.py's builder."""
+
+import dataclasses
+
+import pytest
+
+from seedlocal.config import BridgeConfig, ConfigError, PipelineConfig
+from seedlocal.shape import ShapeNeeds, actor_host_shape, pipeline_shape
+
+
+# -- the builder ---------------------------------------------------------------------
+
+
+def test_sizes_of_a_local_run():
+    s = pipeline_shape(PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=16, env_threads=8))
+    assert (s.num_workers, s.envs_per_group, s.num_local_groups, s.num_remote_groups) == (2, 16, 4, 0)
+    assert (s.num_groups, s.num_envs, s.num_local_envs, s.envs_per_worker) == (4, 64, 64, 32)
+    assert s.unroll_length == 16
+    assert s.num_buffers == 3 * 4  # no trainer's needs: three per group
+    assert s.min_batch_envs == 32  # half of all envs: one group per worker
+    assert s.threads_per_group == 2  # 8 threads over 4 groups
+    assert s.unrolls_per_batch == 0
+    assert list(s.groups_of(1)) == [2, 3] and s.worker_of(3) == 1
+
+
+def test_explicit_values_are_kept():
+    s = pipeline_shape(PipelineConfig(num_workers=1, envs_per_worker=8, num_buffers=5, min_batch_envs=2))
+    assert (s.num_buffers, s.min_batch_envs) == (5, 2)
+
+
+def test_a_batch_of_whole_groups_sets_k_and_the_buffers():
+    """V-trace: k = batch / envs per group unrolls; one buffer per group and at least a batch."""
+    p = PipelineConfig(num_workers=2, envs_per_worker=8)  # 4 groups of 4
+    v = ShapeNeeds(batch_envs=8, buffers_per_group=1)
+    assert (pipeline_shape(p, needs=v).unrolls_per_batch, pipeline_shape(p, needs=v).num_buffers) == (2, 4)
+    big = pipeline_shape(p, needs=dataclasses.replace(v, batch_envs=24))
+    assert (big.unrolls_per_batch, big.num_buffers) == (6, 6)
+
+
+def test_the_learners_own_unroll_length():
+    """R2D2: pipeline.unroll_length 0 takes the learner's; two buffers per group."""
+    s = pipeline_shape(PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=0),
+                       needs=ShapeNeeds(unroll_length=10, buffers_per_group=2))
+    assert (s.unroll_length, s.num_buffers) == (10, 4)
+
+
+def test_bridge_remote_groups_follow_the_local_ones():
+    p = PipelineConfig(num_workers=1, envs_per_worker=8)
+    s = pipeline_shape(p, BridgeConfig(listen="127.0.0.1:0", remote_envs=16))
+    assert (s.num_local_groups, s.num_remote_groups, s.num_groups) == (2, 4, 6)
+    assert (s.num_envs, s.num_local_envs, s.min_batch_envs, s.num_buffers) == (24, 8, 12, 18)
+    assert pipeline_shape(p, BridgeConfig(remote_envs=16)).num_remote_groups == 0  # not listening: no remote envs
+    remote_only = pipeline_shape(dataclasses.replace(p, num_workers=0), BridgeConfig(listen=":0", remote_envs=8))
+    assert (remote_only.num_local_groups, remote_only.num_remote_groups) == (0, 2)
+
+
+def test_an_actor_hosts_shape_is_its_assignment():
+    s = actor_host_shape(groups=4, envs_per_group=3, env_threads=4)
+    assert (s.num_workers, s.num_groups, s.envs_per_group, s.num_buffers, s.unroll_length) == (2, 4, 3, 4, 1)
+    assert s.threads_per_group == 1
+    assert [s.whole_workers(n) for n in range(5)] == [0, 0, 2, 2, 4]
+
+
+def test_the_shape_is_frozen():
+    s = pipeline_shape(PipelineConfig())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.envs_per_group = 3
+
+
+@pytest.mark.parametrize("pipe, bridge, needs, prefix, message", [
+    (dict(num_workers=0), None, None, "pipeline",
+     "pipeline.num_workers=0: must be positive (or 0 with bridge.remote_envs)"),
+    (dict(envs_per_worker=-4), None, None, "pipeline", "pipeline.envs_per_worker=-4: must be positive"),
+    (dict(envs_per_worker=7), None, None, "pipeline",
+     "pipeline.envs_per_worker=7: must be even: each worker steps two equal groups"),
+    (dict(envs_per_worker=3), None, None, "bench", "bench.envs_per_worker=3: must be even"),
+    (dict(unroll_length=0), None, None, "pipeline", "pipeline.unroll_length=0: must be positive"),
+    (dict(unroll_length=-1), None, ShapeNeeds(unroll_length=10), "pipeline",
+     "pipeline.unroll_length=-1: must be positive"),
+    (dict(min_batch_envs=-1), None, None, "pipeline", "pipeline.min_batch_envs=-1: must be 0 (automatic) or positive"),
+    (dict(num_buffers=3), None, None, "pipeline",
+     r"pipeline.num_buffers=3: needs at least one unroll per group (4)"),
+    (dict(envs_per_worker=8, num_buffers=4), None, ShapeNeeds(batch_envs=20), "pipeline",
+     "pipeline.num_buffers=4: needs one unroll per group (4) and at least a batch (5)"),
+    (dict(envs_per_worker=8), None, ShapeNeeds(batch_envs=6), "pipeline",
+     "algo.batch_size=6: must be a positive multiple of the envs per group (4, half of "
+     "pipeline.envs_per_worker=8): change one or the other"),
+    (dict(envs_per_worker=8), None, ShapeNeeds(batch_envs=0), "pipeline", "algo.batch_size=0: must be a positive"),
+    (dict(envs_per_worker=8), dict(listen="127.0.0.1:0", remote_envs=6), None, "pipeline",
+     "bridge.remote_envs=6: must be a positive multiple of pipeline.envs_per_worker (8): actor hosts run whole "
+     "workers of two groups"),
+    (dict(envs_per_worker=8), dict(listen="127.0.0.1:0", remote_envs=0), None, "pipeline",
+     "bridge.remote_envs=0: must be a positive multiple"),
+])
+def test_refusals_are_one_line_naming_the_field(pipe, bridge, needs, prefix, message):
+    with pytest.raises(ConfigError) as e:
+        pipeline_shape(PipelineConfig(**pipe), BridgeConfig(**bridge) if bridge else None, needs or ShapeNeeds(),
+                       prefix=prefix)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
