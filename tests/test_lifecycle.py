@@ -174,19 +174,22 @@ def test_rows_are_read_only_after_the_acquiring_token():
     Here the test plays each side by hand against the production code."""
     import threading
 
-    from seedlocal.config import EnvConfig, validate_env
+    from seedlocal.config import EnvConfig, PipelineConfig, validate_env
     from seedlocal.policies import RandomPolicy
     from seedlocal.pipeline.actors import ActorPool
     from seedlocal.pipeline.envs import make_group
     from seedlocal.pipeline.inference import InferenceLoop
     from seedlocal.pipeline.worker import WorkerArgs, _group_loop
+    from seedlocal.shape import pipeline_shape
     from seedlocal.shm.rollout import RolloutLayout
     from seedlocal.shm.slots import ACTION_READY, OBS_READY
 
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     policy = RandomPolicy(spec, torch.device("cpu"))
+    shape = pipeline_shape(PipelineConfig(num_workers=1, envs_per_worker=4, env_threads=1, unroll_length=4,
+                                          num_buffers=8))
     layout = RolloutLayout(num_buffers=8, length=5, envs=2, obs=spec.obs, action=spec.action, outputs=policy.outputs)
-    with ActorPool(spec, layout, num_workers=1, threads_per_group=1, seed=0, max_restarts=0) as pool:
+    with ActorPool(spec, layout, shape, seed=0, max_restarts=0) as pool:
         loop = InferenceLoop(pool, policy, torch.device("cpu"), min_batch_envs=2, batch_timeout_s=0.0)
         state = pool.control["state"]
         loop.unrolls.bind_all()  # as start() would, without spawning the worker

@@ -18,11 +18,11 @@ from seedlocal.errors import WorkerDied
 from seedlocal.pipeline.bridge_server import GOODBYE_S
 from seedlocal.pipeline.envs import SEED_END, EnvSpec
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
+from seedlocal.shape import GROUPS_PER_WORKER, PipelineShape
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
-GROUPS_PER_WORKER = 2
 # The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's
 # half-second grace on top, and its exit (bridge_server.run_bridge_server).
 SERVER_GOODBYE_S = GOODBYE_S + 2.0
@@ -68,23 +68,22 @@ class ActorPool:
         self,
         spec: EnvSpec,
         layout: RolloutLayout,
-        num_workers: int,
-        threads_per_group: int,
+        shape: PipelineShape,
         seed: int,
         max_restarts: int,
         bridge=None,
         restart_window_s: float = 0.0,
     ):
-        self.spec, self.layout = spec, layout
-        self.num_workers = num_workers
-        self.envs_per_group = layout.envs
-        self.num_local_groups = num_workers * GROUPS_PER_WORKER
+        """``bridge``: where actor hosts connect, for ``shape``'s remote groups."""
+        self.spec, self.layout, self.shape = spec, layout, shape
+        num_workers = self.num_workers = shape.num_workers
+        self.envs_per_group = shape.envs_per_group
+        self.num_local_groups, self.num_remote_groups = shape.num_local_groups, shape.num_remote_groups
+        self.num_groups = shape.num_groups
         self.bridge = bridge if bridge is not None and bridge.listen else None
-        self.num_remote_groups = self.bridge.remote_envs // layout.envs if self.bridge else 0
-        self.num_groups = self.num_local_groups + self.num_remote_groups
         self.server: mp.Process | None = None
         self.bridge_port: int | None = None
-        self.threads_per_group = threads_per_group
+        self.threads_per_group = shape.threads_per_group
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self._ctx = worker_context()
         self.control: SharedArrays | None = None
@@ -107,10 +106,10 @@ class ActorPool:
             raise
 
     def groups_of(self, worker: int) -> range:
-        return range(worker * GROUPS_PER_WORKER, (worker + 1) * GROUPS_PER_WORKER)
+        return self.shape.groups_of(worker)
 
     def worker_of(self, group: int) -> int:
-        return group // GROUPS_PER_WORKER
+        return self.shape.worker_of(group)
 
     def epoch_of(self, group: int) -> int:
         """How often the group's envs restarted from scratch (worker restarts; lost actor hosts)."""
@@ -138,7 +137,7 @@ class ActorPool:
         recv, send = self._ctx.Pipe(duplex=False)
         args = ServerArgs(
             host=host, port=port, token=bridge_token(b.token_file), tls_cert=b.tls_cert, tls_key=b.tls_key,
-            groups=tuple(groups),
+            groups=tuple(groups), shape=self.shape,
             layout=wire.GroupLayout(self.envs_per_group, self.layout.obs, self.layout.action).to_json(),
             env_id=self.spec.env_id, backend=self.spec.backend, frame_stack=self.spec.frame_stack, seed=self.seed,
             control=self.control.handle(), rollout=self.store.handle(),

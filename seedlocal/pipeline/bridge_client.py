@@ -47,6 +47,7 @@ import tyro
 from seedlocal.config import ConfigError, bridge_token, is_loopback, split_address
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+from seedlocal.shape import actor_host_shape, worker_groups
 from seedlocal.shm.arrays import sweep_once
 from seedlocal.shm.rollout import RolloutLayout, obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING
@@ -166,7 +167,6 @@ class _Session:
             yield msg
 
     def run(self) -> None:
-        from seedlocal.config import threads_per_group, PipelineConfig
         from seedlocal.pipeline.actors import ActorPool
         from seedlocal.pipeline.envs import describe
 
@@ -175,8 +175,8 @@ class _Session:
         try:
             nonce = wire.new_nonce()
             self._put(wire.pack_json(wire.HELLO, {
-                "version": wire.VERSION, "groups": 2 * cfg.num_workers, "envs_per_worker": cfg.envs_per_worker,
-                "host": socket.gethostname(), "nonce": nonce}))
+                "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
+                "envs_per_worker": cfg.envs_per_worker, "host": socket.gethostname(), "nonce": nonce}))
             call = channel.stream_stream(METHOD)(self._requests())
             h, answer = self._next(call)
             learner_nonce = None
@@ -222,10 +222,9 @@ class _Session:
             groups, epochs = list(answer["groups"]), list(answer["epochs"])
             layout = wire.GroupLayout.from_json(answer["layout"])
             G, E = len(groups), layout.envs
+            shape = actor_host_shape(G, E, cfg.env_threads)
             store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
-            pipe = PipelineConfig(num_workers=G // 2, envs_per_worker=2 * E, env_threads=cfg.env_threads)
-            self.pool = pool = ActorPool(spec, store_layout, G // 2, threads_per_group(pipe), int(answer["seed"]),
-                                         max_restarts=0)
+            self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
             ctl, store = pool.control, pool.store
             state, tbuf, trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
             for i in range(G):
@@ -233,7 +232,7 @@ class _Session:
             pool.start()
             if cfg.progress:
                 print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
-                      f"({G // 2} worker{'s' if G > 2 else ''})", flush=True)
+                      f"({shape.num_workers} worker{'s' if shape.num_workers > 1 else ''})", flush=True)
             local = {gid: i for i, gid in enumerate(groups)}
             sent_at = np.zeros(G)
             in_flight = np.zeros(G, bool)

@@ -48,6 +48,7 @@ import numpy as np
 
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.envs import SEED_END
+from seedlocal.shape import PipelineShape
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
@@ -100,6 +101,7 @@ class ServerArgs:
     tls_cert: str
     tls_key: str
     groups: tuple[int, ...]  # the learner's group ids reserved for remote envs
+    shape: PipelineShape  # the learner's: actor hosts run workers of its size
     layout: dict  # wire.GroupLayout.to_json()
     env_id: str
     backend: str
@@ -233,13 +235,13 @@ class BridgeServer:
         """Give a new host free groups, or say why not (REFUSE)."""
         want = int(hello.get("groups", 0) or 0)
         epw = int(hello.get("envs_per_worker", 0) or 0)
-        group = self.layout.envs
-        if epw and epw != 2 * group:
+        group, shape = self.layout.envs, self.a.shape
+        if epw and epw != shape.envs_per_worker:
             return {"reason": f"this learner runs groups of {group} envs: actor hosts need --envs-per-worker "
-                              f"{2 * group} (or leave it out), not {epw}"}
+                              f"{shape.envs_per_worker} (or leave it out), not {epw}"}
         with self.lock:
             free = [g for g in self.groups.values() if g.host is None and not g.lost]
-            free = free[: (len(free) // 2) * 2]  # whole workers: two groups each
+            free = free[: shape.whole_workers(len(free))]
             if want:
                 free = free[:want]
             if not free:

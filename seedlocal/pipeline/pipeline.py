@@ -3,6 +3,10 @@
     with Pipeline(env_cfg, pipe_cfg, make_policy) as pipe:
         pipe.loop.run(seconds=10)
 
+Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``): a trainer's,
+built and checked with what the trainer needs, or else one made here from
+``pipe_cfg`` alone.
+
 Leaving the ``with`` block, by return, exception or Ctrl-C, stops the workers
 and unlinks the shared memory.
 """
@@ -14,11 +18,12 @@ from typing import Callable
 import torch
 
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_device, short_of_memory,
-                              threads_per_group, validate_bridge, validate_env, validate_pipeline)
+                              validate_bridge, validate_env, validate_pipeline)
 from seedlocal.errors import ConfigError
-from seedlocal.pipeline.actors import GROUPS_PER_WORKER, ActorPool
+from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.envs import SEED_END, EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
+from seedlocal.shape import PipelineShape, pipeline_shape
 from seedlocal.shm.rollout import RolloutLayout
 
 
@@ -26,16 +31,16 @@ WORKER_BYTES = 100e6  # one env worker process (numpy + envpool): CartPole's mea
 SEED_LIMIT = SEED_END - 1  # envpool (and most envs) take int32 seeds
 
 
-def _check_fits(env: EnvConfig, spec: EnvSpec, pipe: PipelineConfig, layout: RolloutLayout, remote: int) -> None:
+def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: RolloutLayout) -> None:
     """Refuse sizes this machine cannot hold, before a worker starts (a
     thousand workers, or a store of billions of rows, would end in the OOM
     killer minutes later, with no message)."""
     store = sum(s.nbytes for s in layout.specs())
-    need = store + pipe.num_workers * WORKER_BYTES
+    need = store + shape.num_workers * WORKER_BYTES
     if (have := short_of_memory(need)) is not None:
         raise ConfigError(
             f"pipeline: needs {need / 1e9:.1f} GB of memory, {have / 1e9:.1f} GB are available: "
-            f"{pipe.num_workers} env workers (~{WORKER_BYTES / 1e6:.0f} MB each) and an unroll store of "
+            f"{shape.num_workers} env workers (~{WORKER_BYTES / 1e6:.0f} MB each) and an unroll store of "
             f"{layout.num_buffers:,d} unrolls x {layout.length:,d} steps x {layout.envs} envs ({store / 1e9:.1f} GB); "
             "lower pipeline.num_workers, pipeline.num_buffers (V-trace: algo.batch_size), pipeline.unroll_length "
             "or bridge.remote_envs")
@@ -43,7 +48,7 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, pipe: PipelineConfig, layout: Rol
         raise ConfigError(f"env.seed={env.seed}: must be >= 0")
     # Env i of a local worker's k-th start is seeded seed + i + k x (all envs), wrapping below int32's end
     # (ActorPool._spawn); envpool asserts they fit (Gymnasium envs take any size): one start of every env must.
-    used = pipe.num_workers * pipe.envs_per_worker + remote
+    used = shape.num_envs
     if spec.backend == "envpool" and env.seed + used - 1 > SEED_LIMIT:
         raise ConfigError(f"env.seed={env.seed}: envpool seeds are int32, and this run uses {used:,d} seeds from "
                           f"it (one per env): at most {SEED_LIMIT - used + 1:,d}")
@@ -58,33 +63,38 @@ class Pipeline:
         consume: bool = False,
         spec: EnvSpec | None = None,
         bridge: BridgeConfig | None = None,
+        shape: PipelineShape | None = None,
     ):
-        remote = bridge.remote_envs if bridge is not None and bridge.listen else 0
-        validate_pipeline(pipe, remote_envs=remote)
-        if bridge is not None:
-            validate_bridge(bridge, pipe)
+        """``shape``: the trainer's, built and checked from this config (the
+        config is not checked again); without one, the config is checked and
+        shaped here."""
+        if shape is None:
+            validate_pipeline(pipe, remote_envs=bridge.remote_envs if bridge is not None and bridge.listen else 0)
+            shape = pipeline_shape(pipe, bridge)
+            if bridge is not None:
+                validate_bridge(bridge, pipe)
+        self.shape = shape
         self.spec = spec or validate_env(env)
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)
-        groups = pipe.num_workers * GROUPS_PER_WORKER + remote // (pipe.envs_per_worker // GROUPS_PER_WORKER)
         self.layout = RolloutLayout(
-            num_buffers=pipe.num_buffers or 3 * groups,
-            length=pipe.unroll_length + 1,
-            envs=pipe.envs_per_worker // GROUPS_PER_WORKER,
+            num_buffers=shape.num_buffers,
+            length=shape.unroll_length + 1,
+            envs=shape.envs_per_group,
             obs=self.spec.obs,
             action=self.spec.action,
             outputs=self.policy.outputs,
             core_state=self.policy.core_state,
         )
-        _check_fits(env, self.spec, pipe, self.layout, remote)
+        _check_fits(env, self.spec, shape, self.layout)
         self.pool = ActorPool(
-            self.spec, self.layout, pipe.num_workers, threads_per_group(pipe), env.seed, pipe.max_restarts,
+            self.spec, self.layout, shape, env.seed, pipe.max_restarts,
             bridge=bridge, restart_window_s=pipe.restart_window_s,
         )
         try:
             self.loop = InferenceLoop(
                 self.pool, self.policy, self.device,
-                min_batch_envs=pipe.min_batch_envs or (pipe.num_workers * pipe.envs_per_worker + remote) // 2,
+                min_batch_envs=shape.min_batch_envs,
                 batch_timeout_s=pipe.batch_timeout_ms / 1000.0,
                 consume=consume,
                 threads=pipe.inference_threads,
