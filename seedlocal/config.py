@@ -258,22 +258,13 @@ def task_kind(spec) -> str:
     return "minatar" if single is not None and is_grid(single) else "cartpole"
 
 
-def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: int = 0,
-                      learner_unroll: bool = False) -> None:
-    """``remote_envs`` (from a bridge) allows ``num_workers`` 0: every env
-    remote; ``learner_unroll`` allows ``unroll_length`` 0: the learner's own."""
-    for name in ("num_workers", "envs_per_worker", "unroll_length", "max_restarts", "inference_threads"):
+def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
+    """The pipeline's fields besides its sizes, which ``shape.pipeline_shape`` checks as it derives them."""
+    for name in ("max_restarts", "inference_threads"):
         v = getattr(p, name)
-        if name == "num_workers" and remote_envs and v == 0:
-            continue
-        if name == "unroll_length" and learner_unroll and v == 0:
-            continue
         if v < (0 if name == "max_restarts" else 1):
-            fail(f"{prefix}.{name}", v, "must be >= 0" if name == "max_restarts" else "must be positive" + (
-                " (or 0 with bridge.remote_envs)" if name == "num_workers" else ""))
-    if p.envs_per_worker % 2:
-        fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
-    for name in ("env_threads", "num_buffers", "min_batch_envs", "learner_threads"):
+            fail(f"{prefix}.{name}", v, "must be >= 0" if name == "max_restarts" else "must be positive")
+    for name in ("env_threads", "learner_threads"):
         if getattr(p, name) < 0:
             fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
     if not (math.isfinite(p.restart_window_s) and p.restart_window_s >= 0):
@@ -283,9 +274,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: 
         if getattr(p, name) > THREADS_PER_CORE * cores:
             fail(f"{prefix}.{name}", getattr(p, name), f"more than {THREADS_PER_CORE} per core of this machine's "
                  f"{cores}: threads beyond the cores only wait for them (and thousands fail to start)")
-    groups = 2 * p.num_workers + remote_envs // max(1, p.envs_per_worker // 2)
-    if p.num_buffers and p.num_buffers < groups:
-        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups})")
     if p.batch_timeout_ms < 0:
         fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
     if not p.stall_s > 0:
@@ -296,24 +284,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline", remote_envs: 
         raise ConfigError(f"{prefix}.{e}") from None
     if p.cuda_graphs and device.type != "cuda":
         fail(f"{prefix}.cuda_graphs", p.cuda_graphs, f"needs a CUDA device ({prefix}.device={p.device!r} is {device})")
-
-
-def num_groups(p: PipelineConfig, bridge: BridgeConfig | None = None) -> int:
-    """Slots of a run: two groups per local worker, plus the bridge's remote groups."""
-    remote = bridge.remote_envs if bridge is not None and bridge.listen else 0
-    return 2 * p.num_workers + remote // max(1, p.envs_per_worker // 2)
-
-
-def threads_per_group(p: PipelineConfig) -> int:
-    """envpool threads of each group: the cores shared out over all groups.
-
-    Giving each group its worker's whole share (the groups mostly alternate)
-    measured worse on 2 cores: Pong 0.77-0.87 of raw vs 0.96-1.00, CartPole
-    0.86 vs 1.18. A small group split over two threads waits on its slowest
-    env every step; one thread per group has no such barrier.
-    """
-    total = p.env_threads or os.cpu_count() or 1
-    return max(1, total // (2 * max(1, p.num_workers)))
 
 
 def from_dict(cls, d: dict):
@@ -415,6 +385,7 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
 
 
 def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
+    """The bridge's address, secrets and TLS files (its remote envs are sized by ``shape.pipeline_shape``)."""
     if not b.listen:
         for name in ("remote_envs", "token_file", "tls_cert", "tls_key", "insecure"):
             if getattr(b, name):  # would be silently ignored
@@ -423,9 +394,6 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
             fail("pipeline.num_workers", 0, "no env would run: give workers, or bridge.listen and bridge.remote_envs")
         return
     host, _ = split_address("bridge.listen", b.listen, listen=True)
-    if b.remote_envs <= 0 or b.remote_envs % p.envs_per_worker:
-        fail("bridge.remote_envs", b.remote_envs, "must be a positive multiple of pipeline.envs_per_worker "
-             f"({p.envs_per_worker}): actor hosts run whole workers of two groups")
     token = bridge_token(b.token_file)  # read now: a bad path fails before the run starts
     if not is_loopback(host) and not b.tls_cert and not b.insecure:
         # The token never travels (both ends prove it by HMAC), but the steps, the actions and the env id that

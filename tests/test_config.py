@@ -22,8 +22,13 @@ from seedlocal.pipeline.pipeline import Pipeline
     ],
 )
 def test_bad_pipeline_values_name_the_field(field, value, message):
+    """Sizes are checked where the shape is made, the rest by validate_pipeline: a run does both."""
+    from seedlocal.shape import pipeline_shape
+
+    cfg = PipelineConfig(**{field: value})
     with pytest.raises(ConfigError, match=message):
-        validate_pipeline(PipelineConfig(**{field: value}))
+        validate_pipeline(cfg)
+        pipeline_shape(cfg)
 
 
 def test_cuda_graphs_on_a_cpu_device_are_refused():

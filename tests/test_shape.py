@@ -97,3 +97,21 @@ def test_refusals_are_one_line_naming_the_field(pipe, bridge, needs, prefix, mes
         pipeline_shape(PipelineConfig(**pipe), BridgeConfig(**bridge) if bridge else None, needs or ShapeNeeds(),
                        prefix=prefix)
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_each_trainer_declares_what_it_needs():
+    """The defaults each trainer chose for itself before the shape existed: V-trace one unroll per group and at
+    least a batch, R2D2 two per group of its own unroll length, neuroevolution three per group."""
+    from seedlocal.trainers import r2d2, vtrace
+    from seedlocal.trainers.neuroevolution import NeuroevoTrainer
+    from seedlocal.trainers.r2d2 import R2D2Run
+    from seedlocal.trainers.vtrace import VTraceRun
+
+    for cfg in (VTraceRun(), vtrace.PRESETS["atari"]):
+        s = pipeline_shape(cfg.pipeline, cfg.bridge, vtrace.VTraceTrainer.needs(cfg))
+        k = cfg.algo.batch_size // s.envs_per_group
+        assert (s.unrolls_per_batch, s.num_buffers) == (k, max(s.num_groups, k))
+    cfg = R2D2Run()
+    s = pipeline_shape(cfg.pipeline, cfg.bridge, r2d2.R2D2Trainer.needs(cfg))
+    assert (s.unroll_length, s.num_buffers) == (cfg.algo.unroll_length, 2 * s.num_groups)
+    assert NeuroevoTrainer.needs(cfg) == ShapeNeeds()

@@ -42,6 +42,7 @@ from seedlocal.config import (EnvConfig, PipelineConfig, check_writable, resolve
                               validate_pipeline)
 from seedlocal.errors import ConfigError
 from seedlocal.measure.raw import RawEnvpool
+from seedlocal.shape import pipeline_shape
 
 
 @dataclass
@@ -257,6 +258,7 @@ def check(cfg: BenchConfig):
                               device=cfg.device, cuda_graphs=cfg.cuda_graphs, min_batch_envs=cfg.min_batch_envs,
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
     validate_pipeline(pipe_cfg, prefix="bench")
+    pipeline_shape(pipe_cfg, prefix="bench")
     resolve_device(cfg.device)
     return spec, pipe_cfg
 

@@ -69,7 +69,7 @@ class Pipeline:
         config is not checked again); without one, the config is checked and
         shaped here."""
         if shape is None:
-            validate_pipeline(pipe, remote_envs=bridge.remote_envs if bridge is not None and bridge.listen else 0)
+            validate_pipeline(pipe)
             shape = pipeline_shape(pipe, bridge)
             if bridge is not None:
                 validate_bridge(bridge, pipe)

@@ -30,11 +30,12 @@ import torch
 
 from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, num_groups,
-                              task_kind, validate_bridge, validate_env, validate_pipeline, validate_run_options)
+from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, task_kind,
+                              validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
 from seedlocal.policies.population import PopulationPolicy, strategies
+from seedlocal.shape import pipeline_shape
 from seedlocal.trainers.run import Run, Trainer, run
 
 
@@ -176,7 +177,8 @@ def _algo_name(cfg: NeuroevoRun) -> str:
 
 def validate(cfg: NeuroevoRun):
     validate_run_options(cfg)
-    validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_pipeline(cfg.pipeline)
+    shape = pipeline_shape(cfg.pipeline, cfg.bridge)
     if cfg.pipeline.cuda_graphs:
         fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
     validate_bridge(cfg.bridge, cfg.pipeline)
@@ -201,7 +203,7 @@ def validate(cfg: NeuroevoRun):
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
     try:
         # The population's vectors and one row per env slot, at least.
-        copies = cfg.algo.population_size + cfg.pipeline.num_workers * cfg.pipeline.envs_per_worker + cfg.bridge.remote_envs
+        copies = cfg.algo.population_size + shape.num_envs
         net = check_network_fits(lambda: build_policy(cfg, spec), copies,
                                  "hidden", f"{copies:,} copies (the population's vectors and one per env slot)")
     except ValueError as e:
@@ -459,15 +461,12 @@ class NeuroevoTrainer(Trainer):
 
     def policy(self):
         cfg = self.cfg
-        self.population = PopulationPolicy(self.template, cfg.pipeline.envs_per_worker // 2,
-                                           num_groups(cfg.pipeline, cfg.bridge), self.device, greedy=cfg.greedy,
+        self.population = PopulationPolicy(self.template, self.shape.envs_per_group,
+                                           self.shape.num_groups, self.device, greedy=cfg.greedy,
                                            strategy=cfg.forward, action_noise=cfg.action_noise,
                                            reward_shift=fitness_shift(cfg, self.spec),
                                            max_episode_steps=episode_step_cap(cfg, self.spec))
         return self.population
-
-    def pipeline(self) -> PipelineConfig:
-        return self.cfg.pipeline
 
     def learner_threads(self) -> int:
         return self.cfg.pipeline.learner_threads or torch.get_num_threads()

@@ -38,13 +38,14 @@ import torch
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
-                              num_groups, resolve_device, short_of_memory, validate_bridge, validate_env,
-                              validate_pipeline, validate_run_options)
+                              resolve_device, short_of_memory, validate_bridge, validate_env, validate_pipeline,
+                              validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import RecurrentQNet, encoder_identity, image_layout, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.q_greedy import R2D2Policy
+from seedlocal.shape import ShapeNeeds, pipeline_shape
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
@@ -166,10 +167,17 @@ def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
     return int(steps * per_step) + a.replay_size * (2 * a.lstm_size * 4 + 40)
 
 
+def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
+    """Unrolls of algo.unroll_length (its sequences' stride), two per group: one being filled, one waiting for
+    the learner."""
+    return ShapeNeeds(unroll_length=cfg.algo.unroll_length, buffers_per_group=2)
+
+
 def validate(cfg: R2D2Run):
     validate_run_options(cfg)
     a, p = cfg.algo, cfg.pipeline
-    validate_pipeline(p, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0, learner_unroll=True)
+    validate_pipeline(p)
+    shape = pipeline_shape(p, cfg.bridge, shape_needs(cfg))
     validate_bridge(cfg.bridge, p)
     spec = validate_env(cfg.env)
     if spec.num_actions is None:
@@ -201,7 +209,7 @@ def validate(cfg: R2D2Run):
     if a.learning_rate <= 0 or a.replay_ratio <= 0:
         fail("algo.learning_rate" if a.learning_rate <= 0 else "algo.replay_ratio",
              min(a.learning_rate, a.replay_ratio), "must be positive")
-    envs = p.num_workers * p.envs_per_worker + (cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    envs = shape.num_envs
     if a.eval_envs >= envs:
         fail("algo.eval_envs", a.eval_envs, f"leaves no env to fill the replay (the run has {envs})")
     per_env = -(-a.replay_size // max(1, envs - a.eval_envs))
@@ -232,6 +240,7 @@ def validate(cfg: R2D2Run):
 class R2D2Trainer(Trainer):
     algo = "r2d2"
     checkpoint_parts = ("model", "target", "optimizer", "counters")
+    needs = staticmethod(shape_needs)
 
     def __init__(self, cfg: R2D2Run, spec, device):
         super().__init__(cfg, spec, device)
@@ -241,20 +250,16 @@ class R2D2Trainer(Trainer):
         self.target = self.online.frozen_copy()
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
         self.counters = {"steps": 0, "updates": 0, "episodes": 0}
-        self.pipe_cfg = dataclasses.replace(cfg.pipeline, unroll_length=a.unroll_length)
-        G, E = num_groups(self.pipe_cfg, cfg.bridge), self.pipe_cfg.envs_per_worker // 2
-        if not self.pipe_cfg.num_buffers:
-            self.pipe_cfg.num_buffers = 2 * G  # one unroll per group being filled, one waiting for the learner
-        num_envs = G * E
+        num_envs = self.shape.num_envs
         evaluating = np.zeros(num_envs, bool)
-        evaluating[eval_env_ids(self.pipe_cfg.num_workers * self.pipe_cfg.envs_per_worker, num_envs, a.eval_envs)] = True
+        evaluating[eval_env_ids(self.shape.num_local_envs, num_envs, a.eval_envs)] = True
         self.eps = torch.full((num_envs,), a.eval_epsilon)
         self.eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base,
                                                                   a.epsilon_alpha)
         self.replay = make_replay(cfg, spec, num_envs - a.eval_envs, self.online.core_spec.shape)
         obs_keys = [obs_key(k) for k in spec.obs]
-        self.feeder = ReplayFeeder(self.replay, evaluating, E, a.unroll_length, obs_keys, a.replay_ratio,
-                                   a.batch_size, a.min_replay)
+        self.feeder = ReplayFeeder(self.replay, evaluating, self.shape.envs_per_group, a.unroll_length, obs_keys,
+                                   a.replay_ratio, a.batch_size, a.min_replay)
         self.stager, self.staged = BatchStager(device, obs_keys), []
         self.lock = WeightLock(device)
         self.acc: dict[str, torch.Tensor] = {}  # learner statistics since the last log (device sums)
@@ -294,9 +299,6 @@ class R2D2Trainer(Trainer):
         stack = self.cfg.frame_stack if self.cfg.frame_stack > 1 and "" in self.spec.obs else 1
         return R2D2Policy(self.online, self.spec, self.eps, self.lock, self.device, stack, self.cfg.env.seed,
                           cuda_graphs=self.cfg.pipeline.cuda_graphs)
-
-    def pipeline(self) -> PipelineConfig:
-        return self.pipe_cfg
 
     def learner_threads(self) -> int:
         # A small MLP + LSTM update gains nothing from more threads, and OpenMP threads that wait on each

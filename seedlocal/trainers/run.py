@@ -36,6 +36,7 @@ from seedlocal.pipeline.bridge_server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
+from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
 
 WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)
 
@@ -61,6 +62,13 @@ class Trainer(abc.ABC):
         self.cfg, self.spec, self.device = cfg, spec, device
         self.counters: dict[str, int] = {}
         self.frames_per_step = spec.frames_per_step
+        # The pipeline's sizes: the trainer sizes its own parts by them, and the pipeline takes them.
+        self.shape: PipelineShape = pipeline_shape(cfg.pipeline, cfg.bridge, self.needs(cfg))
+
+    @staticmethod
+    def needs(cfg) -> ShapeNeeds:
+        """What this trainer asks of the pipeline's shape (its validate checks the same)."""
+        return ShapeNeeds()
 
     # -- building and saving ----------------------------------------------------
 
@@ -94,10 +102,6 @@ class Trainer(abc.ABC):
     @abc.abstractmethod
     def policy(self) -> Policy:
         """What the inference loop runs (built once)."""
-
-    @abc.abstractmethod
-    def pipeline(self):
-        """This trainer's PipelineConfig (defaults filled in)."""
 
     def learner_threads(self) -> int:
         return self.cfg.pipeline.learner_threads or 1
@@ -266,8 +270,8 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
     policy = t.policy()
     summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
-    with monitor, Pipeline(cfg.env, t.pipeline(), lambda s, d: policy, consume=t.consume, spec=spec,
-                           bridge=cfg.bridge) as pipe:
+    with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
+                           bridge=cfg.bridge, shape=t.shape) as pipe:
         r = Run(cfg, t, pipe, monitor, run_dir, resumed)
         r.summary = summary
         r.runner.start()

@@ -11,7 +11,6 @@ The run's life around this is ``trainers/run.py``'s.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections import deque
@@ -23,7 +22,7 @@ import torch
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
-                              num_groups, validate_bridge, validate_env, validate_pipeline, validate_run_options)
+                              validate_bridge, validate_env, validate_pipeline, validate_run_options)
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
@@ -31,6 +30,7 @@ from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
+from seedlocal.shape import ShapeNeeds, pipeline_shape
 from seedlocal.trainers.run import WAIT_S, Run, Trainer, run
 
 # Learner statistics measured once per logging interval (see learner_step).
@@ -135,23 +135,22 @@ def build_model(cfg: VTraceRun, spec) -> ActorCritic:
                        separate_critic=a.separate_critic, init=a.init, obs_norm=a.obs_norm, init_std=a.init_std)
 
 
+def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
+    """Batches of whole groups (k unrolls), and one unroll per group, at least a batch: while the learner works
+    on a batch, actors fill the next one (or, with algo.sync, wait), no more, so the policy lag stays about one
+    batch of updates."""
+    return ShapeNeeds(batch_envs=cfg.algo.batch_size, buffers_per_group=1)
+
+
 def validate(cfg: VTraceRun):
     validate_run_options(cfg)
-    validate_pipeline(cfg.pipeline, remote_envs=cfg.bridge.remote_envs if cfg.bridge.listen else 0)
+    validate_pipeline(cfg.pipeline)
+    pipeline_shape(cfg.pipeline, cfg.bridge, shape_needs(cfg))
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
     a, p = cfg.algo, cfg.pipeline
     if not a.init_std > 0:
         fail("algo.init_std", a.init_std, "must be > 0")
-    group = p.envs_per_worker // 2
-    if a.batch_size < 1 or a.batch_size % group:
-        fail("algo.batch_size", a.batch_size, f"must be a positive multiple of the envs per group ({group}, half "
-             f"of pipeline.envs_per_worker={p.envs_per_worker}): change one or the other")
-    k = a.batch_size // group
-    groups = num_groups(cfg.pipeline, cfg.bridge)
-    if p.num_buffers and p.num_buffers < max(groups, k):
-        fail("pipeline.num_buffers", p.num_buffers,
-             f"needs one unroll per group ({groups}) and at least a batch ({k})")
     if a.precision not in ("auto", "fp32", "tf32", "bf16"):
         fail("algo.precision", a.precision, "expected auto, fp32, tf32 or bf16")
     if a.echo < 1:
@@ -263,6 +262,7 @@ class _Interval:
 class VTraceTrainer(Trainer):
     algo = "vtrace"
     checkpoint_parts = ("model", "optimizer", "counters")
+    needs = staticmethod(shape_needs)
 
     def __init__(self, cfg: VTraceRun, spec, device):
         super().__init__(cfg, spec, device)
@@ -276,15 +276,14 @@ class VTraceTrainer(Trainer):
         apply_precision(self.precision, device)
         self.sync = actors_wait(a)
         self.lock = WeightLock(device)
-        self.k = a.batch_size // (cfg.pipeline.envs_per_worker // 2)  # unrolls per batch
+        self.k = self.shape.unrolls_per_batch  # unrolls per batch
         self.rows_per_batch = a.batch_size * cfg.pipeline.unroll_length
         self.recent: deque[float] = deque(maxlen=20)
         self.lr = a.learning_rate
         self.prefetch = self.iv = None  # once the pipeline runs (start)
         self.scaler = None
         if a.reward_scale:
-            envs = num_groups(cfg.pipeline, cfg.bridge) * (cfg.pipeline.envs_per_worker // 2)
-            self.scaler = RewardScaler(envs, a.discount)
+            self.scaler = RewardScaler(self.shape.num_envs, a.discount)
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -313,13 +312,6 @@ class VTraceTrainer(Trainer):
     def policy(self):
         return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
                            cuda_graphs=self.cfg.pipeline.cuda_graphs)
-
-    def pipeline(self) -> PipelineConfig:
-        # One unroll per group, and at least a batch: while the learner works
-        # on a batch, actors fill the next one (or, with algo.sync, wait),
-        # no more, so the policy lag stays about one batch of updates.
-        p = self.cfg.pipeline
-        return p if p.num_buffers else dataclasses.replace(p, num_buffers=max(num_groups(p, self.cfg.bridge), self.k))
 
     def learner_threads(self) -> int:
         return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
@@ -409,7 +401,7 @@ class VTraceTrainer(Trainer):
         if self.scaler is None:
             return batch
         host = self.prefetch.batcher.host[fetched.slot]
-        E = self.cfg.pipeline.envs_per_worker // 2
+        E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
                            ~host["ignored"][:T])
