@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from seedlocal.algos.vtrace import learner_step, make_optimizer
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config import EnvConfig, validate_env
+from seedlocal.shape import pipeline_shape
 from seedlocal.arithmetic import apply_precision, autocast, resolve_precision
 from seedlocal.trainers.vtrace import PRESETS, build_model
 
@@ -157,7 +158,8 @@ def main(a: Args) -> None:
             times.append(time.perf_counter() - t0)
         learn[threads] = _median(times)
 
-    group = cfg.pipeline.envs_per_worker // 2
+    shape = pipeline_shape(cfg.pipeline)
+    group = shape.envs_per_group
     torch.set_num_threads(1)  # the inference loop's default (pipeline.inference_threads)
     x = {k: v[0, :group] for k, v in obs.items()}
     core = None if model.lstm is None else torch.zeros(group, 2, model.lstm.hidden_size)
@@ -171,7 +173,7 @@ def main(a: Args) -> None:
                 times.append(time.perf_counter() - t0)
     act_batch = _median(times)
 
-    n_envs = cfg.pipeline.num_workers * cfg.pipeline.envs_per_worker
+    n_envs = shape.num_local_envs
     with RawEnvpool(spec.env_id, spec, n_envs, cfg.pipeline.env_threads or cores) as raw:
         raw_steps = max(raw.measure(0.5, 3.0).values())
 

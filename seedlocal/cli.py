@@ -193,6 +193,18 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
         state.get("counters", {}))
 
 
+def _envs_per_group(pipeline) -> int:
+    """The group size of ``pipeline``; 0 where it makes no shape (validation names the field once the command
+    line, which may mend it, is read)."""
+    from seedlocal.errors import ConfigError
+    from seedlocal.shape import pipeline_shape
+
+    try:
+        return pipeline_shape(pipeline).envs_per_group
+    except ConfigError:
+        return 0
+
+
 def _pop_pipeline_config(args: list[str], default):
     """``--pipeline-config FILE`` (from ``seedlocal bench --autotune``): its
     fields become the pipeline's defaults; explicit --pipeline.* options win."""
@@ -213,7 +225,7 @@ def _pop_pipeline_config(args: list[str], default):
             rest.append(a)
     fields = load_pipeline_file(path)
     tuned = dataclasses.replace(default, pipeline=dataclasses.replace(default.pipeline, **fields))
-    group = tuned.pipeline.envs_per_worker // 2
+    group = _envs_per_group(tuned.pipeline)
     batch = getattr(getattr(tuned, "algo", None), "batch_size", None)
     if type(tuned).__name__ == "VTraceRun" and group > 0 and batch and batch % group:
         # V-trace batches whole groups: keep the batch a multiple of the tuned

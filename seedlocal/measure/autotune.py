@@ -23,17 +23,22 @@ import time
 from pathlib import Path
 
 from seedlocal.config import PipelineConfig
+from seedlocal.errors import ConfigError
+from seedlocal.shape import pipeline_shape
 
 
 def candidates(total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
     """(num_workers, envs_per_worker, min_batch_envs) settings worth measuring."""
     out = []
     for w in sorted({1, 2, cpus, 2 * cpus}):
-        if total_envs % (2 * w):
+        if total_envs % w:
             continue
         per_worker = total_envs // w
-        group = per_worker // 2
-        for min_batch in sorted({total_envs // 2, group}):
+        try:
+            shape = pipeline_shape(PipelineConfig(num_workers=w, envs_per_worker=per_worker))
+        except ConfigError:  # envs that make no two equal groups per worker
+            continue
+        for min_batch in sorted({shape.min_batch_envs, shape.envs_per_group}):
             out.append((w, per_worker, min_batch))
     return out
 
@@ -86,8 +91,6 @@ def autotune(cfg, spec) -> dict:
 
 def load_pipeline_file(path: str) -> dict:
     """The pipeline fields of an autotune file (or of a plain PipelineConfig JSON)."""
-    from seedlocal.errors import ConfigError
-
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:

@@ -137,7 +137,7 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
                          ("wait", w1["wait_s"] - w0["wait_s"]), ("env", w1["env_s"] - w0["env_s"])):
                 totals[k] += v
         lat = np.array(s.collect_s) * 1e3
-        total_envs = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
+        min_batch = pipe.shape.min_batch_envs
         batches = max(1, totals["batches"])
         thread_s = totals["dt"] * max(1, w1["threads"])
         return {
@@ -151,8 +151,8 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
             # default half of all envs, since the other half is stepping by
             # design): below 1 the timeout cut batches short; above 1 more
             # groups were ready than it waits for.
-            "min_batch": pipe_cfg.min_batch_envs or total_envs // 2,
-            "batch_fill": totals["envs"] / batches / (pipe_cfg.min_batch_envs or total_envs // 2),
+            "min_batch": min_batch,
+            "batch_fill": totals["envs"] / batches / min_batch,
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "collect_ms_p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
             "forward_ms_per_batch": totals["fwd"] / batches * 1e3,
@@ -210,8 +210,8 @@ def learning_batch(algo, pipe_cfg: PipelineConfig) -> tuple[int, str]:
     """The learner's batch (envs per update) for the envs this bench was given, and why: the
     preset's own where it is whole groups (half a worker's envs each), else the nearest number of
     whole groups, at least one and at most all of them (an LSTM's minibatches need as many unrolls)."""
-    group = pipe_cfg.envs_per_worker // 2
-    groups = 2 * pipe_cfg.num_workers
+    shape = pipeline_shape(pipe_cfg)
+    group, groups = shape.envs_per_group, shape.num_groups
     if algo.batch_size % group == 0 and algo.batch_size // group <= groups:
         return algo.batch_size, f"the preset's {algo.batch_size}"
     k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if algo.lstm_size else 1)

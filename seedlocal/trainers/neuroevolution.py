@@ -121,9 +121,9 @@ ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun, "ars": ARSR
 MODULES = {"ga": ga, "es": es, "random-search": random_search, "ars": ars}
 
 
-def _mujoco_pipeline(envs: int) -> PipelineConfig:
+def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
     # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
-    return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
+    return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
 
 
 def _grid_pipeline() -> PipelineConfig:
