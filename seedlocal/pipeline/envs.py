@@ -296,14 +296,14 @@ def action_bounds(spec: EnvSpec) -> ActionBounds | None:
 
 
 class EnvpoolGroup:
-    """``num_envs`` envpool environments stepped together in envpool's threads."""
+    """``envs_per_group`` envpool environments stepped together in envpool's threads."""
 
-    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec,
+    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
         import envpool
 
         self._env = envpool.make(
-            env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
+            env_id, env_type="gymnasium", num_envs=envs_per_group, batch_size=envs_per_group,
             num_threads=num_threads, seed=seed, **_stack_kw(spec.frame_stack),
             **({"render_mode": "rgb_array"} if render else {}),
         )
@@ -337,22 +337,22 @@ class GymnasiumGroup:
     """Fallback for Gymnasium ids that envpool lacks: plain envs stepped in turn
     by the worker itself, with envpool's next-step auto-reset."""
 
-    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec,
+    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
         import gymnasium
 
         register_namespace(env_id)
         self._envs = [gymnasium.make(env_id, **({"render_mode": "rgb_array"} if render else {}))
-                      for _ in range(num_envs)]
+                      for _ in range(envs_per_group)]
         self._id, self._seed, self._start = env_id, seed, spec.action_start
         self._bounds = action_bounds(spec)
         self._keys = list(spec.obs)
         self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
-        self._obs = {k: np.zeros((num_envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
-        self._reward = np.zeros(num_envs, np.float32)
-        self._terminated = np.zeros(num_envs, bool)
-        self._truncated = np.zeros(num_envs, bool)
-        self._needs_reset = np.ones(num_envs, bool)
+        self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self._reward = np.zeros(envs_per_group, np.float32)
+        self._terminated = np.zeros(envs_per_group, bool)
+        self._truncated = np.zeros(envs_per_group, bool)
+        self._needs_reset = np.ones(envs_per_group, bool)
         self._first = True
 
     def _put_obs(self, i: int, obs) -> None:
@@ -437,10 +437,10 @@ class NullGroup:
     """No environment at all: returns the previous arrays at once. Measures
     the ceiling of the transport (slots, notification, gather, write-back)."""
 
-    def __init__(self, env_id: str, num_envs: int, num_threads: int, seed: int, spec: EnvSpec):
-        self._obs = {k: np.zeros((num_envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
-        self._reward = np.zeros(num_envs, np.float32)
-        self._false = np.zeros(num_envs, bool)
+    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec):
+        self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self._reward = np.zeros(envs_per_group, np.float32)
+        self._false = np.zeros(envs_per_group, bool)
 
     def reset(self) -> None:
         pass
@@ -455,8 +455,8 @@ class NullGroup:
         pass
 
 
-def make_group(spec: EnvSpec, num_envs: int, num_threads: int, seed: int, render: bool = False):
+def make_group(spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
     """``render``: the envs also draw frames for a person (``group.render()``: eval's videos)."""
     quiet_gymnasium()
     cls = {"envpool": EnvpoolGroup, "gymnasium": GymnasiumGroup, "null": NullGroup}[spec.backend]
-    return cls(spec.env_id, num_envs, num_threads, seed, spec, **({"render": True} if render else {}))
+    return cls(spec.env_id, envs_per_group, num_threads, seed, spec, **({"render": True} if render else {}))
