@@ -19,6 +19,9 @@ the policies, the replay feeder) takes the shape, not the config:
                    asks (V-trace 1, R2D2 2, else 3), and at least a batch
     min_batch_envs pipeline.min_batch_envs, or half of all envs (one group
                    per worker: the other half is stepping, by design)
+
+This module is the only place that computes a group's size or the number of
+groups (``tests/test_shape.py`` checks it).
 """
 
 from __future__ import annotations

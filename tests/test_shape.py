@@ -1,11 +1,18 @@
-"""The pipeline's shape: derived once, and checked, by seedlocal/shape.py's builder."""
+"""The pipeline's shape: derived once (seedlocal/shape.py), checked there, and nowhere else."""
 
+import ast
 import dataclasses
+import inspect
+import re
+from pathlib import Path
 
 import pytest
 
 from seedlocal.config import BridgeConfig, ConfigError, PipelineConfig
 from seedlocal.shape import ShapeNeeds, actor_host_shape, pipeline_shape
+
+ROOT = Path(__file__).resolve().parents[1] / "seedlocal"
+SHAPE = ROOT / "shape.py"
 
 
 # -- the builder ---------------------------------------------------------------------
@@ -115,3 +122,92 @@ def test_each_trainer_declares_what_it_needs():
     s = pipeline_shape(cfg.pipeline, cfg.bridge, r2d2.R2D2Trainer.needs(cfg))
     assert (s.unroll_length, s.num_buffers) == (cfg.algo.unroll_length, 2 * s.num_groups)
     assert NeuroevoTrainer.needs(cfg) == ShapeNeeds()
+
+
+# -- nowhere else ----------------------------------------------------------------------
+
+HALF = {"2", "GROUPS_PER_WORKER"}  # a worker's two groups
+SIZED = re.compile(r"envs|per_worker|group|\bE\b|\bG\b", re.I)  # env and group counts
+WORKERS = re.compile(r"num_workers|\bworkers\b")
+# ``// 2`` that is not the pipeline's shape, each with its reason.
+OTHER_HALVES = {
+    ("algos/es.py", "p.population_size // 2"),  # antithetic pairs
+    ("arithmetic.py", "len(times) // 2"),  # a median
+    ("measure/raw.py", "n // 2"),  # raw envpool's half pools: the baseline, not the pipeline
+    ("measure/raw.py", "threads // 2"),
+}
+
+
+def _shape_formulas(source: str, rel: str) -> list[str]:
+    """Where ``source`` (module ``rel``) computes a group's size, a number of groups, or a worker's envs."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("num_groups", "threads_per_group"):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)} (a group count of its own)")
+        if not isinstance(node, ast.BinOp):
+            continue
+        left, right, op, text = ast.unparse(node.left), ast.unparse(node.right), type(node.op), ast.unparse(node)
+        where = f"{rel}:{node.lineno}: {text}"
+        if op in (ast.FloorDiv, ast.Div):
+            if "envs_per_worker" in left:
+                found.append(f"{where} (envs_per_worker divided: the group size)")
+            elif right in HALF and SIZED.search(left):
+                found.append(f"{where} (half of envs or groups)")
+            elif op is ast.FloorDiv and right in HALF and (rel, text) not in OTHER_HALVES:
+                found.append(f"{where} (a half: if it is not the shape's, add it to OTHER_HALVES with its reason)")
+            elif "remote_envs" in left or ("envs" in left and SIZED.search(right)):
+                found.append(f"{where} (a number of groups)")
+        elif op is ast.Mult:
+            for half, other in ((left, right), (right, left)):
+                if half in HALF and (WORKERS.search(other) or SIZED.search(other)):
+                    found.append(f"{where} (groups of workers, or a worker's envs)")
+    return found
+
+
+def test_the_shape_is_computed_only_in_its_builder():
+    """``envs_per_worker // 2``, halves of env counts and group counts appear in seedlocal/shape.py only;
+    every other module takes them from a PipelineShape."""
+    found = [f for path in sorted(ROOT.rglob("*.py")) if path != SHAPE
+             for f in _shape_formulas(path.read_text(), path.relative_to(ROOT).as_posix())]
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_sees_the_formulas_it_forbids():
+    """The shapes of code the check above must catch (all of them were in seedlocal/ before the shape)."""
+    code = ("group = p.envs_per_worker // 2\n"
+            "groups = 2 * p.num_workers + remote // max(1, p.envs_per_worker // GROUPS_PER_WORKER)\n"
+            "n = self.bridge.remote_envs // layout.envs\n"
+            "m = (pipe.num_workers * pipe.envs_per_worker + remote) // 2\n"
+            "w, e = G // 2, 2 * E\n"
+            "x = num_groups(cfg.pipeline, cfg.bridge)\n"
+            "free = free[: (len(free) // 2) * 2]\n")
+    found = _shape_formulas(code, "probe.py")
+    assert {int(f.split(":")[1]) for f in found} == set(range(1, 8)), "\n".join(found)
+
+
+def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
+    """The walk of pipeline.envs_per_worker from the command line to envpool (docs/architecture.md): config.py
+    (envs_per_worker) -> shape.py (envs_per_group) -> pipeline/actors.py -> pipeline/worker.py ->
+    pipeline/envs.py (envpool's num_envs), under two names."""
+    readers = set()
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "envs_per_worker" and isinstance(node.ctx, ast.Load):
+                readers.add(path.relative_to(ROOT).as_posix())
+    # The actor host's own option (bridge_client), the shape's envs_per_worker that the bridge server asks
+    # actor hosts for, and the bench's options, from which it makes a PipelineConfig.
+    assert readers <= {"shape.py", "pipeline/bridge_client.py", "pipeline/bridge_server.py", "measure/__init__.py",
+                       "measure/bench.py", "measure/autotune.py"}, readers
+
+    from seedlocal.pipeline.actors import ActorPool
+    from seedlocal.pipeline.envs import EnvpoolGroup, make_group
+    from seedlocal.pipeline.worker import WorkerArgs
+    from seedlocal.shape import PipelineShape
+
+    assert "envs_per_group" in {f.name for f in dataclasses.fields(PipelineShape)}
+    assert "shape" in inspect.signature(ActorPool).parameters
+    assert "envs_per_group" in {f.name for f in dataclasses.fields(WorkerArgs)}
+    assert "envs_per_group" in inspect.signature(make_group).parameters
+    assert "envs_per_group" in inspect.signature(EnvpoolGroup).parameters
