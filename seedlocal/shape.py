@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from seedlocal.config import BridgeConfig, PipelineConfig, fail
+from seedlocal.config import BridgeConfig, PipelineConfig
+from seedlocal.errors import fail
 
 GROUPS_PER_WORKER = 2  # double buffering
 
