@@ -177,7 +177,9 @@ def test_remote_envs_fill_unrolls_like_local_ones_and_a_killed_host_is_replaced(
             serve_until(pipe, lambda us: pipe.pool.control["group_connected"].sum() == 0)
             serve_until(pipe, lambda us: sum(u["group"] in (0, 1) for u in us) >= 6)
             host = actors(pipe.pool.bridge_port)
-            later = serve_until(pipe, lambda us: sum(u["group"] in (2, 3) and u["epoch"] >= 1 for u in us) >= 4)
+            # Both remote groups back (four unrolls of one group alone would leave the other unchecked).
+            later = serve_until(pipe, lambda us: {u["group"] for u in us if u["epoch"] >= 1} >= {2, 3}
+                                and sum(u["group"] in (2, 3) and u["epoch"] >= 1 for u in us) >= 4)
         finally:
             kill_host(host)
     remote_after = [u for u in later if u["group"] in (2, 3) and u["epoch"] >= 1]
