@@ -121,7 +121,6 @@ def population_pipeline(num_groups: int, policy_options: dict | None = None, env
         return holder["p"]
 
     with tiny_pipeline(make, env=env, consume=False, **pipe) as p:
-        holder["p"].loop = p.loop
         yield spec, holder["p"], p
 
 

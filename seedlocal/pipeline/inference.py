@@ -37,7 +37,7 @@ import torch
 from seedlocal.dtypes import numpy_dtype, torch_dtype
 from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
-from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy
+from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
 from seedlocal.pipeline.unrolls import UnrollAllocator
 from seedlocal.spec import starts_episode
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
@@ -172,7 +172,10 @@ class InferenceLoop:
         # Groups whose ready token the loop took: their rows are published to
         # this thread (shm/slots.py) until it hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
-        self._unhold = threading.Event()
+        # A planning policy's requests to serve held groups again (its own
+        # Unhold, so that it need not hold this loop), which wake the loop.
+        self._unhold = policy.unhold if policy.unhold is not None else Unhold()
+        self._unhold.connect(pool.obs_ready.post)
         # Which groups are remote (stepped by actor hosts behind the bridge).
         self._remote = None
         if pool.num_remote_groups:
@@ -281,8 +284,7 @@ class InferenceLoop:
         while True:
             if self._stop.is_set():
                 raise LoopStopped
-            if self._unhold.is_set():
-                self._unhold.clear()
+            if self._unhold.take():
                 self._held[:] = False
             unbound = self.unrolls.unbound()
             if unbound.any():
@@ -433,8 +435,7 @@ class InferenceLoop:
 
     def unhold(self) -> None:
         """Serve held groups again (they are offered to ``policy.plan`` anew)."""
-        self._unhold.set()
-        self.pool.obs_ready.post()
+        self._unhold()
 
     def run(self, seconds: float) -> None:
         torch.set_num_threads(self.threads)

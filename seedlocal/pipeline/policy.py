@@ -18,7 +18,9 @@ the pipeline, not both ways. What a policy reads and writes is declared:
   which the loop keeps per env and stores at the start of each unroll;
 * a policy that ``plans`` is offered every ready group before it is served,
   with its episode ends and returns, and may hold it (its worker sleeps) or
-  restart it on fresh episodes (neuroevolution's work queue);
+  restart it on fresh episodes (neuroevolution's work queue), and calls its
+  ``unhold`` (an ``Unhold``, made with the policy) to have held groups
+  served again;
 * ``prepare`` runs once before any worker or learner starts, with every
   batch size the loop will serve (CUDA graph capture).
 """
@@ -26,6 +28,8 @@ the pipeline, not both ways. What a policy reads and writes is declared:
 from __future__ import annotations
 
 import abc
+import threading
+from typing import Callable
 
 import numpy as np
 import torch
@@ -36,6 +40,35 @@ from seedlocal.spec import TensorSpec
 SERVE, HOLD, RESTART = 0, 1, 2
 
 
+class Unhold:
+    """A planning policy's request, from any thread, that the loop serve its
+    held groups again.
+
+    The policy makes it when it is built; the loop built around that policy
+    connects its wake-up to it. So the policy holds no reference to the
+    loop that holds the policy."""
+
+    def __init__(self) -> None:
+        self._asked = threading.Event()
+        self._wake: Callable[[], None] | None = None
+
+    def __call__(self) -> None:
+        self._asked.set()
+        if self._wake is not None:
+            self._wake()
+
+    def connect(self, wake: Callable[[], None]) -> None:
+        """The loop's wake-up, called after each request."""
+        self._wake = wake
+
+    def take(self) -> bool:
+        """Whether a request came since the last ``take`` (the loop's)."""
+        if not self._asked.is_set():
+            return False
+        self._asked.clear()
+        return True
+
+
 class Policy(abc.ABC):
     outputs: dict[str, TensorSpec] = {}
     """per-step outputs written to the store (``out.<name>``) beside the action"""
@@ -43,6 +76,8 @@ class Policy(abc.ABC):
     """shape of the per-env recurrent state the loop keeps for this policy (None: none)"""
     plans: bool = False
     """whether ``plan`` is offered each ready group before it is served"""
+    unhold: Unhold | None = None
+    """a planning policy's ``Unhold``: calling it has the groups it held served again"""
 
     def prepare(self, sizes: list[int], obs: dict[str, torch.Tensor]) -> None:
         """Before the run: ``sizes`` are every batch size (env rows) the loop

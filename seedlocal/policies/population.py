@@ -40,7 +40,7 @@ from torch.func import functional_call, vmap
 
 from seedlocal.networks import PolicyNet, as_float, flatten_obs
 from seedlocal.normalize import RunningNorm, merge_moments, normalise
-from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy
+from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
 OBS_STATS_EVERY = 4  # with shared observation statistics: every this many batches adds its rows
@@ -390,7 +390,9 @@ class PopulationPolicy(Policy):
         self.forward_envs = 0
         self.episodes_scored = 0  # evaluation episodes that ended (idle slots' episodes are not counted)
         self.episodes_capped = 0  # of those, ended by max_episode_steps
-        self.loop = None  # set by the caller once the pipeline exists
+        # Wakes the groups ``plan`` held when work arrives; the loop serving
+        # this policy connects to it (the policy never holds the loop).
+        self.unhold = Unhold()
 
     # -- learner thread ---------------------------------------------------------
 
@@ -415,7 +417,7 @@ class PopulationPolicy(Policy):
                 queue.extendleft(reversed(entries))
             else:
                 queue.extend(entries)
-        self.loop.unhold()
+        self.unhold()
         return job
 
     def longest_running(self) -> int:

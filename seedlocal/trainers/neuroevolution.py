@@ -472,7 +472,6 @@ class NeuroevoTrainer(Trainer):
         return self.cfg.pipeline.learner_threads or torch.get_num_threads()
 
     def start(self, run: Run) -> None:
-        self.population.loop = run.loop
         self._counted = self._totals(run.loop)
 
     def spent(self, run: Run) -> str | None:
