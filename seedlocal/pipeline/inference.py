@@ -3,7 +3,8 @@
 Each call of :meth:`InferenceLoop.step`
 
 1. waits (in the kernel) until ``min_batch_envs`` observations are ready or
-   ``batch_timeout_s`` has passed since the first one was (dynamic batching);
+   ``batch_timeout_s`` has passed since the first one was (dynamic batching:
+   ``_collect``);
 2. hands every group that filled its unroll's last row to the consumer and
    rebinds it to a free unroll, whose row 0 is the same observation. When
    the consumer holds every other unroll, such a group is *parked*: left
@@ -11,11 +12,13 @@ Each call of :meth:`InferenceLoop.step`
    other groups are served on. This back-pressure bounds how far actors run
    ahead of the learner (its policy lag) by the number of unrolls. Which
    unroll a group writes into is the ``UnrollAllocator``'s business
-   (``pipeline/unrolls.py``); no call of it blocks;
+   (``pipeline/unrolls.py``); no call of it blocks (``_rotate``);
 3. gathers the observations with one ``np.take`` per field into a staging
-   buffer (pinned when the device is CUDA) and copies it to the device;
-4. runs the policy and scatters actions and outputs into the same rows;
-5. gives the slots back to their workers.
+   buffer (pinned when the device is CUDA) and copies it to the device
+   (``_stage``);
+4. runs the policy (``_act``);
+5. scatters actions and outputs into the same rows and gives the slots back
+   to their workers (``_scatter``).
 
 It also watches the workers: a dead one is restarted on fresh episodes (its
 partial unrolls are dropped and its recurrent state is zeroed) or, once
@@ -128,6 +131,33 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
         out.append(block[:, o:o + w].reshape(t.shape).astype(dtype))
         o += w
     return out[0], dict(zip(outputs, out[1:]))
+
+
+class _Batch:
+    """One batch, passed between the phases of ``InferenceLoop.step``: the
+    ready groups [k] and, for each, its unroll and row, and whether each of
+    its envs' observations starts an episode [k, E]. What the step that
+    produced them ended (``stepped`` [k] groups: their rows ``prev_b``,
+    ``prev_r`` and ``done`` [stepped, E]) is read by ``_plan``; ``steps``
+    counts the env steps answered; ``_act`` adds the policy's answers on the
+    host. One object per batch, no copy per phase."""
+
+    __slots__ = ("groups", "bufs", "rows", "first", "stepped", "prev_b", "prev_r", "done", "steps", "actions",
+                 "outputs")
+
+    def __init__(self, groups, bufs, rows, first, stepped, prev_b, prev_r, done, steps):
+        self.groups, self.bufs, self.rows, self.first = groups, bufs, rows, first
+        self.stepped, self.prev_b, self.prev_r, self.done, self.steps = stepped, prev_b, prev_r, done, steps
+        self.actions: np.ndarray | None = None  # [k * E, ...] and {name: [k * E, ...]}, set by _act
+        self.outputs: dict[str, np.ndarray] | None = None
+
+    def keep(self, mask: np.ndarray) -> bool:
+        """Only the groups where ``mask`` is True stay; whether any does.
+        ``stepped``, ``prev_b``, ``prev_r`` and ``done`` stay as ``_gather``
+        made them: only ``_plan`` reads them, before any group leaves."""
+        self.groups, self.bufs, self.rows, self.first = (
+            self.groups[mask], self.bufs[mask], self.rows[mask], self.first[mask])
+        return bool(len(self.groups))
 
 
 class InferenceLoop:
@@ -326,9 +356,28 @@ class InferenceLoop:
         self.pool.wake[g].post()  # release: publishes the rows written for g
 
     def step(self) -> int:
-        """Serve one batch; returns the number of env steps it answered."""
-        ready = self._collect()
-        store, E, L = self.store, self.E, self.L
+        """Serve one batch; returns the number of env steps it answered.
+
+        Its phases: wait for ready groups (``_collect``); read where their
+        rows are and the episodes their last step ended (``_gather``); let a
+        planning policy hold or restart groups (``_plan``); move groups whose
+        unroll is full to a fresh one (``_rotate``); run the policy
+        (``_act``); write its answers into the rows and hand the groups back
+        (``_scatter``). A phase that leaves no group ends the batch there."""
+        batch = self._gather(self._collect())
+        if self.policy.plans and not self._plan(batch):
+            return batch.steps
+        if not self._rotate(batch):
+            return batch.steps
+        self._act(batch)
+        self._scatter(batch)
+        return batch.steps
+
+    def _gather(self, ready: np.ndarray) -> _Batch:
+        """The ready groups' rows, whether each env's observation starts an
+        episode, and the episode ends of the step that produced them (added
+        to ``stats.episodes``)."""
+        store, E = self.store, self.E
         bufs = self._tbuf[ready].astype(np.int64)
         rows = self._trow[ready].astype(np.int64)
         stepped = rows > 0
@@ -346,58 +395,51 @@ class InferenceLoop:
             self.stats.episodes.add(rets, lens)
         n_stepped = int(stepped.sum()) * E
         self.stats.env_steps += n_stepped
+        return _Batch(ready, bufs, rows, first, stepped, prev_b, prev_r, done, n_stepped)
 
-        if self.policy.plans:
-            full_done = np.zeros((len(ready), E), bool)
-            full_ret = np.zeros((len(ready), E), np.float32)
-            full_len = np.zeros((len(ready), E), np.int32)
-            full_done[stepped] = done
-            full_ret[stepped] = store["ep_return"][prev_b, prev_r]
-            full_len[stepped] = store["ep_length"][prev_b, prev_r]
-            codes = np.asarray(self.policy.plan(ready, first, full_done, full_ret, full_len))
-            if (codes != SERVE).any():
-                self._apply_plan(ready, codes)
-                keep = codes == SERVE
-                ready, bufs, rows, first = ready[keep], bufs[keep], rows[keep], first[keep]
-                if not len(ready):
-                    return n_stepped
+    def _plan(self, b: _Batch) -> bool:
+        """Offer the groups to the policy's ``plan`` with their envs' episode
+        ends, returns and lengths; the groups it holds or restarts leave the
+        batch. False once none is left."""
+        store, shape = self.store, (len(b.groups), self.E)
+        done, ret, length = np.zeros(shape, bool), np.zeros(shape, np.float32), np.zeros(shape, np.int32)
+        done[b.stepped] = b.done
+        ret[b.stepped] = store["ep_return"][b.prev_b, b.prev_r]
+        length[b.stepped] = store["ep_length"][b.prev_b, b.prev_r]
+        codes = np.asarray(self.policy.plan(b.groups, b.first, done, ret, length))
+        if (codes != SERVE).any():
+            self._apply_plan(b.groups, codes)
+            return b.keep(codes == SERVE)
+        return True
 
+    def _rotate(self, b: _Batch) -> bool:
+        """Groups whose unroll is full hand it on and go on in row 0 of a
+        free one; with none free they leave the batch, parked. False once
+        none is left."""
         full = []
-        for i in np.flatnonzero(rows == L - 1).tolist():
-            new = self.unrolls.rotate(int(ready[i]), first[i])
+        for i in np.flatnonzero(b.rows == self.L - 1).tolist():
+            new = self.unrolls.rotate(int(b.groups[i]), b.first[i])
             if new is None:  # parked until the consumer releases an unroll
                 full.append(i)
             else:
-                bufs[i], rows[i] = new, 0
-        if full:
-            keep = np.ones(len(ready), bool)
-            keep[full] = False
-            ready, bufs, rows, first = ready[keep], bufs[keep], rows[keep], first[keep]
-            if not len(ready):
-                return n_stepped
+                b.bufs[i], b.rows[i] = new, 0
+        if not full:
+            return True
+        keep = np.ones(len(b.groups), bool)
+        keep[full] = False
+        return b.keep(keep)
 
-        core = None
-        if self.core is not None:
-            core = self.core[torch.from_numpy(ready)]
-            core[torch.from_numpy(first)] = 0.0
-            starting = np.flatnonzero(rows == 0)
-            if len(starting):  # the state each new unroll starts from: one copy for them all
-                store["core_state"][bufs[starting]] = core[torch.from_numpy(starting)].cpu().numpy()
-
-        n = len(ready) * E
-        flat_idx = bufs * L + rows
-        obs = {}
-        for k in self._obs_keys:
-            np.take(self._flat[k], flat_idx, axis=0, out=self._staging_np[k][: len(ready)])
-            obs[k[4:] if k != "obs" else ""] = (
-                self._staging[k][: len(ready)].reshape((n,) + self._staging[k].shape[2:])
-                .to(self.device, non_blocking=True)
-            )
-
+    def _act(self, b: _Batch) -> None:
+        """The forward: the batch's recurrent state and observations on the
+        device, the policy, its actions and outputs back on the host (into
+        ``b.actions``, ``b.outputs``)."""
+        E = self.E
+        core = self._batch_core(b)
+        obs = self._stage(b)
         t0 = time.perf_counter()
-        flat_core = None if core is None else core.reshape((n,) + core.shape[2:])
-        env_ids = (ready[:, None] * E + np.arange(E)).ravel()
-        actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, first.ravel())
+        flat_core = None if core is None else core.reshape((len(b.groups) * E,) + core.shape[2:])
+        env_ids = (b.groups[:, None] * E + np.arange(E)).ravel()
+        actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, b.first.ravel())
         host_actions, host_out = to_host(actions, outputs)
         if host_actions.dtype.kind == "f" and not np.isfinite(host_actions).all():
             # Never sent: a simulator stepped with NaN goes on silently with NaN state.
@@ -405,21 +447,49 @@ class InferenceLoop:
                            "statistics diverged); no env was stepped with it")
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
-            self.core[torch.from_numpy(ready)] = new_core.reshape(core.shape)
+            self.core[torch.from_numpy(b.groups)] = new_core.reshape(core.shape)
+        b.actions, b.outputs = host_actions, host_out
 
-        k = len(ready)
-        store["action"][bufs, rows] = host_actions.reshape((k, E) + host_actions.shape[1:])
-        for name, v in host_out.items():
-            store[f"out.{name}"][bufs, rows] = v.reshape((k, E) + v.shape[1:])
-        store["policy_version"][bufs, rows] = self.version
+    def _batch_core(self, b: _Batch) -> torch.Tensor | None:
+        """The groups' recurrent state [k, E, ...], zeroed where an episode
+        starts; stored as the start state of each unroll that starts here."""
+        if self.core is None:
+            return None
+        core = self.core[torch.from_numpy(b.groups)]
+        core[torch.from_numpy(b.first)] = 0.0
+        starting = np.flatnonzero(b.rows == 0)
+        if len(starting):  # the state each new unroll starts from: one copy for them all
+            self.store["core_state"][b.bufs[starting]] = core[torch.from_numpy(starting)].cpu().numpy()
+        return core
 
-        self._trow[ready] = rows + 1
-        for g in ready.tolist():
+    def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
+        """The observations of the batch's rows: one ``np.take`` per field
+        into the staging buffer, then to the device."""
+        k = len(b.groups)
+        n = k * self.E
+        flat_idx = b.bufs * self.L + b.rows
+        obs = {}
+        for key in self._obs_keys:
+            np.take(self._flat[key], flat_idx, axis=0, out=self._staging_np[key][:k])
+            obs[key[4:] if key != "obs" else ""] = (
+                self._staging[key][:k].reshape((n,) + self._staging[key].shape[2:])
+                .to(self.device, non_blocking=True)
+            )
+        return obs
+
+    def _scatter(self, b: _Batch) -> None:
+        """Actions, outputs and the policy version into the batch's rows; the
+        groups move to their next row and go back to their workers."""
+        store, k, E = self.store, len(b.groups), self.E
+        store["action"][b.bufs, b.rows] = b.actions.reshape((k, E) + b.actions.shape[1:])
+        for name, v in b.outputs.items():
+            store[f"out.{name}"][b.bufs, b.rows] = v.reshape((k, E) + v.shape[1:])
+        store["policy_version"][b.bufs, b.rows] = self.version
+        self._trow[b.groups] = b.rows + 1
+        for g in b.groups.tolist():
             self._hand_back(g, ACTION_READY)
-
         self.stats.batches += 1
-        self.stats.batch_envs += n
-        return n_stepped
+        self.stats.batch_envs += k * E
 
     def _apply_plan(self, groups: np.ndarray, codes: np.ndarray) -> None:
         for g, code in zip(groups.tolist(), codes.tolist()):
