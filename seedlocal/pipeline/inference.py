@@ -211,9 +211,14 @@ class InferenceLoop:
         if pool.num_remote_groups:
             self._remote = np.zeros(self.G, bool)
             self._remote[pool.num_local_groups:] = True
+        self._batch_buffers()
 
-        pin = device.type == "cuda"
-        self._obs_keys = pool.layout.obs_keys()
+    def _batch_buffers(self) -> None:
+        """What every batch reuses, made once: flat views of the observation
+        fields, a staging buffer per field (pinned on CUDA) and the
+        recurrent state of every env (when the policy has one)."""
+        pin = self.device.type == "cuda"
+        self._obs_keys = self.layout.obs_keys()
         # Flat [buffers * rows, envs, ...] views so one np.take gathers a batch.
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in self._obs_keys}
         self._staging = {
@@ -223,9 +228,9 @@ class InferenceLoop:
         }
         self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
         self.core = None
-        if policy.core_state is not None:
-            shape = (self.G, self.E) + policy.core_state.shape
-            self.core = torch.zeros(shape, device=device)
+        if self.policy.core_state is not None:
+            shape = (self.G, self.E) + self.policy.core_state.shape
+            self.core = torch.zeros(shape, device=self.device)
 
     # -- unrolls -------------------------------------------------------------------
 
