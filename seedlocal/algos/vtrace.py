@@ -134,19 +134,11 @@ def impala_loss(
         return masked(x, valid).sum() / n_valid
 
     action_log_probs = dist.log_prob(target_params, actions)
-    adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
-    if normalize_advantages:
-        mean = masked_mean(adv)
-        std = masked_mean((adv - mean) ** 2).sqrt()
-        adv = (adv - mean) / (std + 1e-8)
+    adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean)
     stats = {}
     if clip > 0:
-        if behaviour_log_probs is None:
-            raise ValueError("clip > 0 needs behaviour_log_probs")
-        ratio = torch.exp(action_log_probs - behaviour_log_probs)
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
-        policy_loss = -masked_mean(surrogate)
-        stats["clip_fraction"] = masked_mean(((ratio - 1.0).abs() > clip).to(values.dtype)).detach()
+        policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, behaviour_log_probs, adv, clip,
+                                                                 masked_mean, values.dtype)
     else:
         policy_loss = -masked_mean(action_log_probs * adv)
 
@@ -163,6 +155,31 @@ def impala_loss(
         "total_loss": total_loss.detach(),
     })
     return total_loss, stats
+
+
+def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bool, masked_mean) -> Tensor:
+    """The advantages of ``impala_loss``'s policy term: V-trace's rho-weighted
+    ones, or with ``clip`` > 0 the plain ones (the surrogate's ratio weights
+    them); with ``normalize`` rescaled to zero mean and unit variance over
+    the valid rows (``masked_mean``). Detached."""
+    adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
+    if normalize:
+        mean = masked_mean(adv)
+        std = masked_mean((adv - mean) ** 2).sqrt()
+        adv = (adv - mean) / (std + 1e-8)
+    return adv
+
+
+def _clipped_surrogate(log_probs: Tensor, behaviour_log_probs: Tensor | None, adv: Tensor, clip: float,
+                       masked_mean, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """PPO's clipped policy loss on r = pi/mu, -min(r A, clip(r, 1 - clip,
+    1 + clip) A) averaged over the valid rows, and the share of valid rows
+    whose ratio lies outside the clip range (detached, in ``dtype``)."""
+    if behaviour_log_probs is None:
+        raise ValueError("clip > 0 needs behaviour_log_probs")
+    ratio = torch.exp(log_probs - behaviour_log_probs)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+    return -masked_mean(surrogate), masked_mean(((ratio - 1.0).abs() > clip).to(dtype)).detach()
 
 
 # -- the learner step -----------------------------------------------------------
@@ -322,70 +339,92 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     Returns 0-dim device tensors (the diagnostics excepted, which are floats)
     and ``updates``: nothing in an update waits for the device.
     """
-    ignored = batch["ignored"]
-    L, B = ignored.shape
-    T = L - 1
-    first = episode_starts(ignored)
-    loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip, dist=policy_dist(batch),
-                   normalize_advantages=p.normalize_advantages)
-    totals: dict[str, Tensor] = {}
-    diag = None
-
-    def update(logits: Tensor, values: Tensor, t: _Targets) -> None:
-        nonlocal diag
-        loss, stats = impala_loss(logits, t.actions, values, t.returns, t.valid,
-                                  behaviour_log_probs=t.behaviour_log_probs, **loss_kw)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
-        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        before = None
-        if diagnose and diag is None:
-            before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
-        with step_lock if step_lock is not None else contextlib.nullcontext():
-            optimizer.step()
-            if after_update is not None:
-                after_update()  # inside: no forward runs between the write and the version bump
-        if before is not None:
-            diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
-        for k, v in stats.items():
-            totals[k] = totals.get(k, 0.0) + v.detach()
-
+    first = episode_starts(batch["ignored"])
+    update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose)
     if p.echo == 1 and p.minibatches == 1:
+        T = batch["ignored"].shape[0] - 1
         logits, values = _unroll(model, batch, first, precision)
         targets = _targets(p, batch, logits.detach(), values.detach())
         update(logits[:T], values[:T], targets)
     else:
-        with torch.no_grad():
-            targets = _targets(p, batch, *_unroll(model, batch, first, precision))
-        recurrent = getattr(model, "lstm", None) is not None
-        n = B if recurrent else T * B
-        if not recurrent:  # rows: [T, B, ...] -> [T * B, ...]
-            obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in batch["obs"].items()}
-            targets = _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
-                               VTraceReturns(*(x.reshape(T * B) for x in targets.returns)))
-        for _ in range(p.echo):
-            order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
-            for idx in order.chunk(p.minibatches):
-                if recurrent:
-                    logits, values = _unroll(model, batch, first, precision, cols=idx)
-                    update(logits[:T], values[:T], targets.select((slice(None), idx)))
-                else:
-                    with autocast(ignored.device, precision):
-                        logits, values = model({k: v[idx] for k, v in obs.items()})
-                    update(logits.float(), values.float(), targets.select(idx))
+        targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
     n_updates = p.echo * p.minibatches
     # Device tensors, not floats: reading them here would make the host wait
     # for the update to finish. The caller sums them and reads once per log.
-    out = {k: v / n_updates for k, v in totals.items()}
+    out = {k: v / n_updates for k, v in update.totals.items()}
     valid = targets.valid
     n_valid = valid.sum()
     rho_mean = torch.where(valid, targets.returns.rhos, 0.0).sum() / n_valid.clamp(min=1)
     out["mean_rho"] = torch.where(n_valid > 0, rho_mean, 1.0).detach()
     out["updates"] = n_updates
-    if diag is not None:
-        out.update(diag)
+    if update.diag is not None:
+        out.update(update.diag)
     return out
+
+
+class _Updater:
+    """One optimiser update per call, on a minibatch's network outputs and
+    V-trace targets; sums each update's statistics into ``totals`` and, with
+    ``diagnose``, measures the first update into ``diag`` (see
+    ``learner_step``)."""
+
+    def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool):
+        self.model, self.optimizer, self.p = model, optimizer, p
+        self.step_lock, self.after_update, self.diagnose = step_lock, after_update, diagnose
+        self.loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip, dist=dist,
+                            normalize_advantages=p.normalize_advantages)
+        self.totals: dict[str, Tensor] = {}
+        self.diag: dict[str, float] | None = None
+
+    def __call__(self, logits: Tensor, values: Tensor, t: _Targets) -> None:
+        model, optimizer, p, step_lock = self.model, self.optimizer, self.p, self.step_lock
+        loss, stats = impala_loss(logits, t.actions, values, t.returns, t.valid,
+                                  behaviour_log_probs=t.behaviour_log_probs, **self.loss_kw)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
+        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        before = None
+        if self.diagnose and self.diag is None:
+            before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
+        with step_lock if step_lock is not None else contextlib.nullcontext():
+            optimizer.step()
+            if self.after_update is not None:
+                self.after_update()  # inside: no forward runs between the write and the version bump
+        if before is not None:
+            self.diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
+        for k, v in stats.items():
+            self.totals[k] = self.totals.get(k, 0.0) + v.detach()
+
+
+def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precision: str,
+                      shuffle: torch.Generator | None, update: _Updater) -> _Targets:
+    """``p.echo`` shuffled passes of ``p.minibatches`` updates each, on
+    V-trace targets computed once, without gradients, over the whole batch
+    (see ``learner_step``); returns those targets (as rows [T * B] without
+    an LSTM)."""
+    ignored = batch["ignored"]
+    L, B = ignored.shape
+    T = L - 1
+    with torch.no_grad():
+        targets = _targets(p, batch, *_unroll(model, batch, first, precision))
+    recurrent = getattr(model, "lstm", None) is not None
+    n = B if recurrent else T * B
+    if not recurrent:  # rows: [T, B, ...] -> [T * B, ...]
+        obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in batch["obs"].items()}
+        targets = _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
+                           VTraceReturns(*(x.reshape(T * B) for x in targets.returns)))
+    for _ in range(p.echo):
+        order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
+        for idx in order.chunk(p.minibatches):
+            if recurrent:
+                logits, values = _unroll(model, batch, first, precision, cols=idx)
+                update(logits[:T], values[:T], targets.select((slice(None), idx)))
+            else:
+                with autocast(ignored.device, precision):
+                    logits, values = model({k: v[idx] for k, v in obs.items()})
+                update(logits.float(), values.float(), targets.select(idx))
+    return targets
 
 
 @torch.no_grad()
