@@ -24,6 +24,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -329,74 +330,94 @@ class _Evolver:
         submitted: whatever selection compares was scored under one set
         (GA's elite beside the children, ES's centre beside its population,
         an ARS pair), and the next population sees this one's observations."""
-        cfg, n_eps = self.cfg, self.cfg.episodes_per_member
-
-        def means(job) -> list[float]:
-            """Each member's mean fitness (its return, less any reward shift)."""
-            job.wait(check)
-            return [float(np.mean(f)) for f in job.fitness]
-
         if self.name == "ga":
-            if self._next is None:
-                self.evaluating = [pool.submit(self._vecs(self.state.genomes), n_eps)]
-                fitness = means(self.evaluating[0])
-            else:  # children already playing; the elite joins at the front of the queue
-                elite = pool.submit(self._vecs(self.state.genomes[:1]), n_eps, front=True)
-                self.evaluating = [elite, self._next]
-                fitness = means(elite) + means(self._next)
-            candidates = ga.tell(self.state, cfg.algo, fitness)
-            pool.commit_obs_stats()
-            scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
-            self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
-            scored.wait(check)
-            self.state = ga.advance(self.state, cfg.algo, fitness, scored.fitness)
-            best = float(np.mean(scored.returns[candidates.index(self.state.elite)]))
-            # Keep exactly the vectors of the next population: its children's
-            # parents come from it.
-            self._cache = {g: self._cache[g] for g in self.state.genomes}
-            self._set_best(self._genome_vec(self.state.elite), best, always=True)
+            fitness, best = self._ga_generation(pool, check)
         elif self.name in ("es", "ars"):  # the same rhythm: antithetic pairs around a centre, one step
-            alg = MODULES[self.name]
-            if self._next is None:
-                seeds, params = alg.ask(self.state, cfg.algo)
-                self._next = (seeds, pool.submit(params, n_eps))
-            seeds, job = self._next
-            self.evaluating = [job]
-            centre = self.state.theta.clone()  # the population's centre: the state it was asked from
-            # The centre's episodes only fill slots the population leaves free
-            # and nothing waits for them until the next population plays: with
-            # as many slots as members, scoring it first would add a wave of
-            # a few episodes to every generation.
-            scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
-            fitness = means(job)
-            state = alg.tell(self.state, cfg.algo, seeds, fitness)
-            following, params = alg.ask(state, cfg.algo)
-            pool.commit_obs_stats()
-            self._next = (following, pool.submit(params, n_eps))
-            best = float(np.mean(scored.wait(check)[0]))
-            # Only now: a run stopped while waiting saves this generation's
-            # state, matching its counters, and re-evaluates it on resume.
-            self.state = state
-            self._set_best(centre, best, always=True)
+            fitness, best = self._es_generation(pool, check)
         else:
-            if self._next is None:
-                params = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
-                self._next = (params, pool.submit(params, n_eps))
-            params, job = self._next
-            self.evaluating = [job]
-            fitness = means(job)
-            state = random_search.tell(self.state, fitness)
-            top = params[int(np.argmax(fitness))]
-            pool.commit_obs_stats()
-            scored = pool.submit(top[None], cfg.best_episodes, front=True)
-            following = self.space.stack([self.space.init(s) for s in random_search.ask(state, cfg.algo)])
-            self._next = (following, pool.submit(following, n_eps))
-            best = float(np.mean(scored.wait(check)[0]))
-            self.state = state  # only now, as ES: a run stopped while waiting saves the state its counters match
-            self._set_best(top, best, always=False)
+            fitness, best = self._random_search_generation(pool, check)
         f = np.array(fitness)
         return {"best_fitness": float(f.max()), "mean_fitness": float(f.mean()),
                 "median_fitness": float(np.median(f)), "best_member_return": best}
+
+    @staticmethod
+    def _means(job, check) -> list[float]:
+        """Each member's mean fitness (its return, less any reward shift)."""
+        job.wait(check)
+        return [float(np.mean(f)) for f in job.fitness]
+
+    def _ga_generation(self, pool, check) -> tuple[list[float], float]:
+        """GA: the population's fitness, then its elite candidates scored
+        beside the next generation's children; (fitness, the elite's return)."""
+        cfg, n_eps, means = self.cfg, self.cfg.episodes_per_member, self._means
+        if self._next is None:
+            self.evaluating = [pool.submit(self._vecs(self.state.genomes), n_eps)]
+            fitness = means(self.evaluating[0], check)
+        else:  # children already playing; the elite joins at the front of the queue
+            elite = pool.submit(self._vecs(self.state.genomes[:1]), n_eps, front=True)
+            self.evaluating = [elite, self._next]
+            fitness = means(elite, check) + means(self._next, check)
+        candidates = ga.tell(self.state, cfg.algo, fitness)
+        pool.commit_obs_stats()
+        scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
+        self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
+        scored.wait(check)
+        self.state = ga.advance(self.state, cfg.algo, fitness, scored.fitness)
+        best = float(np.mean(scored.returns[candidates.index(self.state.elite)]))
+        # Keep exactly the vectors of the next population: its children's
+        # parents come from it.
+        self._cache = {g: self._cache[g] for g in self.state.genomes}
+        self._set_best(self._genome_vec(self.state.elite), best, always=True)
+        return fitness, best
+
+    def _es_generation(self, pool, check) -> tuple[list[float], float]:
+        """ES and ARS: the population's fitness, one step of the centre, the
+        next population submitted while the old centre's episodes end;
+        (fitness, the old centre's return)."""
+        cfg, n_eps, alg = self.cfg, self.cfg.episodes_per_member, MODULES[self.name]
+        if self._next is None:
+            seeds, params = alg.ask(self.state, cfg.algo)
+            self._next = (seeds, pool.submit(params, n_eps))
+        seeds, job = self._next
+        self.evaluating = [job]
+        centre = self.state.theta.clone()  # the population's centre: the state it was asked from
+        # The centre's episodes only fill slots the population leaves free
+        # and nothing waits for them until the next population plays: with
+        # as many slots as members, scoring it first would add a wave of
+        # a few episodes to every generation.
+        scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
+        fitness = self._means(job, check)
+        state = alg.tell(self.state, cfg.algo, seeds, fitness)
+        following, params = alg.ask(state, cfg.algo)
+        pool.commit_obs_stats()
+        self._next = (following, pool.submit(params, n_eps))
+        best = float(np.mean(scored.wait(check)[0]))
+        # Only now: a run stopped while waiting saves this generation's
+        # state, matching its counters, and re-evaluates it on resume.
+        self.state = state
+        self._set_best(centre, best, always=True)
+        return fitness, best
+
+    def _random_search_generation(self, pool, check) -> tuple[list[float], float]:
+        """Random search: the population's fitness, its winner scored beside
+        the next population; (fitness, the winner's return)."""
+        cfg, n_eps = self.cfg, self.cfg.episodes_per_member
+        if self._next is None:
+            params = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
+            self._next = (params, pool.submit(params, n_eps))
+        params, job = self._next
+        self.evaluating = [job]
+        fitness = self._means(job, check)
+        state = random_search.tell(self.state, fitness)
+        top = params[int(np.argmax(fitness))]
+        pool.commit_obs_stats()
+        scored = pool.submit(top[None], cfg.best_episodes, front=True)
+        following = self.space.stack([self.space.init(s) for s in random_search.ask(state, cfg.algo)])
+        self._next = (following, pool.submit(following, n_eps))
+        best = float(np.mean(scored.wait(check)[0]))
+        self.state = state  # only now, as ES: a run stopped while waiting saves the state its counters match
+        self._set_best(top, best, always=False)
+        return fitness, best
 
     def _set_best(self, vec: torch.Tensor, score: float, always: bool) -> None:
         # GA's elite and ES's centre are *the* current solution; random search
@@ -499,16 +520,34 @@ class NeuroevoTrainer(Trainer):
 
     def advance(self, run: Run) -> str | None:
         """One generation, evaluated in the pipeline, then its scalars."""
-        loop, pop, pool, c = run.loop, self.population, run.pipe.pool, self.counters
+        pop, pool = self.population, run.pipe.pool
         t0 = self._inside = time.monotonic()
         w0, fwd0 = pool.worker_stats(), pop.forward_s
-        self.generated, told, watching = False, [False], [False]
+        self.generated = False
+        try:
+            stats = self.evolver.generation(pop, self._watch_generation(run, t0))
+        except _BudgetSpent as spent:
+            return spent.args[0]  # still inside: the summary counts what this generation stepped
+        # The statistics the next population plays under (committed inside
+        # the generation): a checkpoint pairs them with the state that asked it.
+        self._obs_norm = self.template.obs_norm
+        self._count_generation(run, stats, t0, w0, fwd0)
+        if self.cfg.stop_at_return and stats["best_member_return"] >= self.cfg.stop_at_return:
+            c = self.counters
+            self.reached = True  # spent() says so once this generation is logged and saved
+            run.summary.update(generations_to_target=c["generation"], frames_to_target=c["frames"],
+                               steps_to_target=c["frames"] // self.frames_per_step)
+        self.generated = True
+        return None
+
+    def _watch_generation(self, run: Run, t0: float) -> Callable[[], None]:
+        """What a generation calls every 0.5 s while it waits for episodes
+        (Job.wait: a blocking wait, no spinning). The budgets hold inside a
+        generation too (long or endless episodes, a hung env), abandoning it
+        (``_BudgetSpent``); the checkpoint keeps the last whole one."""
+        c, told, watching = self.counters, [False], [False]
 
         def check() -> None:
-            # Every 0.5 s while a generation waits for episodes (Job.wait: a
-            # blocking wait, no spinning). The budgets hold inside a
-            # generation too (long or endless episodes, a hung env),
-            # abandoning it; the checkpoint keeps the last whole one.
             if not watching[0]:
                 # The envs owe steps from the first wait on, not while the
                 # population is built (64 Nature CNNs: seconds).
@@ -526,13 +565,13 @@ class NeuroevoTrainer(Trainer):
                       "cap them with --max-episode-frames N, register it with a time limit, "
                       "gymnasium.register(..., max_episode_steps=N), or give --seconds)", flush=True)
 
-        try:
-            stats = self.evolver.generation(pop, check)
-        except _BudgetSpent as spent:
-            return spent.args[0]  # still inside: the summary counts what this generation stepped
-        # The statistics the next population plays under (committed inside
-        # the generation): a checkpoint pairs them with the state that asked it.
-        self._obs_norm = self.template.obs_norm
+        return check
+
+    def _count_generation(self, run: Run, stats: dict, t0: float, w0: dict, fwd0: float) -> None:
+        """The counters advance by the generation just evaluated (begun at
+        ``t0``, when the workers' times were ``w0`` and the forward time
+        ``fwd0``), and its scalars are made."""
+        loop, pop, c = run.loop, self.population, self.counters
         dt = time.monotonic() - t0
         self.gen_s += dt
         # Read once: the inference thread goes on serving the next population,
@@ -540,7 +579,7 @@ class NeuroevoTrainer(Trainer):
         counted = self._totals(loop)
         served, stepped, scored, capped = (now - then for now, then in zip(counted, self._counted))
         self._counted, self._inside = counted, None
-        frames, w1 = served * self.frames_per_step, pool.worker_stats()
+        frames, w1 = served * self.frames_per_step, run.pipe.pool.worker_stats()
         c["generation"] += 1
         c["frames"] += frames
         self.frames_run += frames
@@ -556,12 +595,6 @@ class NeuroevoTrainer(Trainer):
             "perf/capped_share": capped / scored if scored else 0.0,
             "perf/worker_restarts": loop.stats.restarts,
         })
-        if self.cfg.stop_at_return and stats["best_member_return"] >= self.cfg.stop_at_return:
-            self.reached = True  # spent() says so once this generation is logged and saved
-            run.summary.update(generations_to_target=c["generation"], frames_to_target=c["frames"],
-                               steps_to_target=c["frames"] // self.frames_per_step)
-        self.generated = True
-        return None
 
     def _progress_inside(self, run: Run, t0: float) -> None:
         """The progress line while a generation runs (the monitor rate-limits
