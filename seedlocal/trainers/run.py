@@ -238,9 +238,10 @@ def default_run_name(spec, algo: str, seed: int) -> str:
     return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
-    """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
-    returns the summary (also on Ctrl-C, re-raised after saving)."""
+def _start_or_resume(trainer_cls: type[Trainer], cfg, spec) -> tuple[Trainer, dict | None, Path]:
+    """The trainer, seeded from the run's seed or, with ``cfg.resume``,
+    restored from its checkpoint (counters, state, generators); the
+    checkpoint (None for a new run) and the run folder it writes to."""
     device = resolve_device(cfg.pipeline.device)
     seed_generators(cfg.env.seed)  # the trainer's networks start from it; a resume restores them
     resumed = checkpoint.load(cfg.resume) if cfg.resume else None
@@ -262,6 +263,13 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
         except (KeyError, ValueError, TypeError, RuntimeError) as e:  # what a part that does not fit raises
             raise checkpoint.CheckpointError(f"{resumed['path']}: cannot be resumed with this configuration "
                                              f"({type(e).__name__}: {e})") from None
+    return t, resumed, run_dir
+
+
+def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
+    """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
+    returns the summary (also on Ctrl-C, re-raised after saving)."""
+    t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec)
     checkpoint.make_run_dir(run_dir)
     monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
     monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", t.counters[t.x_axis])
