@@ -112,34 +112,14 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         apply_precision(precision, device)
         return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs)
 
-    raws, pipes, ratios = [], [], []
     with Pipeline(EnvConfig(id=cfg.env, backend=backend), pipe_cfg, make_policy) as pipe:
-        loop = pipe.loop
-        loop.run(cfg.warmup)
-        s = loop.stats
-        totals = {"dt": 0.0, "steps": 0, "batches": 0, "envs": 0, "fwd": 0.0, "wait": 0.0, "env": 0.0}
-        s.collect_s.clear()
-        for _ in range(cfg.rounds):
-            if raw is not None:
-                raws.append(raw.measure(min(0.5, cfg.warmup), cfg.seconds))
-            loop.run(0.3)  # the workers slept during the raw run: wake them first
-            w0 = pipe.pool.worker_stats()
-            steps0, batches0, envs0, fwd0 = s.env_steps, s.batches, s.batch_envs, s.forward_s
-            t0 = time.perf_counter()
-            loop.run(cfg.seconds)
-            dt = time.perf_counter() - t0
-            w1 = pipe.pool.worker_stats()
-            pipes.append((s.env_steps - steps0) / dt)
-            if raws:
-                ratios.append(pipes[-1] / max(raws[-1].values()))
-            for k, v in (("dt", dt), ("steps", s.env_steps - steps0), ("batches", s.batches - batches0),
-                         ("envs", s.batch_envs - envs0), ("fwd", s.forward_s - fwd0),
-                         ("wait", w1["wait_s"] - w0["wait_s"]), ("env", w1["env_s"] - w0["env_s"])):
-                totals[k] += v
-        lat = np.array(s.collect_s) * 1e3
+        pipe.loop.run(cfg.warmup)
+        pipe.loop.stats.collect_s.clear()
+        raws, pipes, ratios, totals, threads = _alternate(cfg, pipe, raw)
+        lat = np.array(pipe.loop.stats.collect_s) * 1e3
         min_batch = pipe.shape.min_batch_envs
         batches = max(1, totals["batches"])
-        thread_s = totals["dt"] * max(1, w1["threads"])
+        thread_s = totals["dt"] * max(1, threads)
         return {
             "steps_per_s": float(np.median(pipes)),
             "raw": {k: float(np.median([r[k] for r in raws])) for k in RawEnvpool.KINDS} if raws else None,
@@ -161,6 +141,34 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
             "worker_env_share": totals["env"] / thread_s,
             "device": str(pipe.device),
         }
+
+
+def _alternate(cfg: BenchConfig, pipe, raw: RawEnvpool | None) -> tuple[list, list, list, dict, int]:
+    """``cfg.rounds`` rounds of raw envpool (if ``raw``), then the running
+    pipeline ``pipe``, for ``cfg.seconds`` each: the raw rates, the
+    pipeline's steps/s and their per-round ratios, the pipeline's totals
+    over all rounds, and the workers' group threads."""
+    loop, s = pipe.loop, pipe.loop.stats
+    raws, pipes, ratios = [], [], []
+    totals = {"dt": 0.0, "steps": 0, "batches": 0, "envs": 0, "fwd": 0.0, "wait": 0.0, "env": 0.0}
+    for _ in range(cfg.rounds):
+        if raw is not None:
+            raws.append(raw.measure(min(0.5, cfg.warmup), cfg.seconds))
+        loop.run(0.3)  # the workers slept during the raw run: wake them first
+        w0 = pipe.pool.worker_stats()
+        steps0, batches0, envs0, fwd0 = s.env_steps, s.batches, s.batch_envs, s.forward_s
+        t0 = time.perf_counter()
+        loop.run(cfg.seconds)
+        dt = time.perf_counter() - t0
+        w1 = pipe.pool.worker_stats()
+        pipes.append((s.env_steps - steps0) / dt)
+        if raws:
+            ratios.append(pipes[-1] / max(raws[-1].values()))
+        for k, v in (("dt", dt), ("steps", s.env_steps - steps0), ("batches", s.batches - batches0),
+                     ("envs", s.batch_envs - envs0), ("fwd", s.forward_s - fwd0),
+                     ("wait", w1["wait_s"] - w0["wait_s"]), ("env", w1["env_s"] - w0["env_s"])):
+            totals[k] += v
+    return raws, pipes, ratios, totals, w1["threads"]
 
 
 def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
