@@ -173,19 +173,9 @@ def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
     return ShapeNeeds(unroll_length=cfg.algo.unroll_length, buffers_per_group=2)
 
 
-def validate(cfg: R2D2Run):
-    validate_run_options(cfg)
-    a, p = cfg.algo, cfg.pipeline
-    validate_pipeline(p)
-    shape = pipeline_shape(p, cfg.bridge, shape_needs(cfg))
-    validate_bridge(cfg.bridge, p)
-    spec = validate_env(cfg.env)
-    if spec.num_actions is None:
-        fail("env.id", cfg.env.id, "R2D2 is Q-learning over a Discrete action space, and this env's actions are a "
-             "Box: use seedlocal train vtrace --preset mujoco (a Gaussian policy), or es / ars / ga")
-    if p.unroll_length and p.unroll_length != a.unroll_length:
-        fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
-             f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")
+def _validate_algo(a: R2D2Params) -> None:
+    """The algorithm's own values, each in its range and consistent with the
+    others (those that depend on the env or the pipeline are ``validate``'s)."""
     for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "lstm_size",
                  "target_update_every"):
         if getattr(a, name) < 1:
@@ -209,6 +199,22 @@ def validate(cfg: R2D2Run):
     if a.learning_rate <= 0 or a.replay_ratio <= 0:
         fail("algo.learning_rate" if a.learning_rate <= 0 else "algo.replay_ratio",
              min(a.learning_rate, a.replay_ratio), "must be positive")
+
+
+def validate(cfg: R2D2Run):
+    validate_run_options(cfg)
+    a, p = cfg.algo, cfg.pipeline
+    validate_pipeline(p)
+    shape = pipeline_shape(p, cfg.bridge, shape_needs(cfg))
+    validate_bridge(cfg.bridge, p)
+    spec = validate_env(cfg.env)
+    if spec.num_actions is None:
+        fail("env.id", cfg.env.id, "R2D2 is Q-learning over a Discrete action space, and this env's actions are a "
+             "Box: use seedlocal train vtrace --preset mujoco (a Gaussian policy), or es / ars / ga")
+    if p.unroll_length and p.unroll_length != a.unroll_length:
+        fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
+             f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")
+    _validate_algo(a)
     envs = shape.num_envs
     if a.eval_envs >= envs:
         fail("algo.eval_envs", a.eval_envs, f"leaves no env to fill the replay (the run has {envs})")
