@@ -3,7 +3,8 @@
 import contextlib
 import json
 import re
-from types import SimpleNamespace
+from collections import deque
+from types import MethodType, ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,6 +145,35 @@ def test_work_queue_serves_every_job_once_and_nothing_else():
     assert policy.forward_envs == served
     # Greedy members are deterministic, but episodes start from different states.
     assert all(1 <= x <= 500 for r in results for x in r)
+
+
+def test_the_policy_does_not_hold_the_loop_that_holds_it():
+    """The loop holds its policy; the policy reaches the loop through none of
+    its attributes (its Unhold, made with it, holds the loop's wake-up, not
+    the loop), and submitting work still wakes the loop."""
+    with population_pipeline(1, num_workers=1, envs_per_worker=8) as (spec, policy, pipe):
+        assert pipe.loop.policy is policy
+        seen, todo = set(), [policy]
+        while todo:  # what the policy reaches through attributes, containers and bound methods
+            obj = todo.pop()
+            if id(obj) in seen or isinstance(obj, (torch.Tensor, np.ndarray, str, bytes, int, float, type,
+                                                   ModuleType)):
+                continue
+            seen.add(id(obj))
+            assert obj is not pipe.loop and obj is not pipe.pool, f"the policy reaches {type(obj).__name__}"
+            if isinstance(obj, MethodType):
+                todo.append(obj.__self__)
+            elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+                todo.extend(obj)
+            elif isinstance(obj, dict):
+                todo.extend(obj.values())
+            elif hasattr(obj, "__dict__"):
+                todo.extend(vars(obj).values())
+        while pipe.pool.obs_ready.try_acquire():  # the workers' first wake-ups (the loop is not running)
+            pass
+        policy.submit(_flats([PolicyNet(spec)]), episodes=1)
+        assert pipe.pool.obs_ready.try_acquire()  # the loop's wake-up
+        assert policy.unhold.take()  # which then serves held groups again
 
 
 def test_spare_jobs_take_only_the_slots_other_jobs_leave():
