@@ -601,14 +601,18 @@ def test_a_host_refuses_an_assignment_altered_on_the_way(tmp_path, capfd):
         with _fake_learner(relay) as port:
             host = actors(port, "--allow-module", "evil_env", token=token, pythonpath=str(tmp_path))
             out = _gone(pipe, host)
-    assert host.returncode == 2, out
-    assert out.strip().splitlines()[-1] == (
-        f"seedlocal actors: this host cannot serve the learner at 127.0.0.1:{port}: the learner did not prove that "
-        "it holds this host's bridge token and sent this assignment (the tokens differ, the learner has none, or "
-        "the assignment was altered on the way)"), out
+    _refused_with(host, out, f"seedlocal actors: this host cannot serve the learner at 127.0.0.1:{port}: the learner "
+                  "did not prove that it holds this host's bridge token and sent this assignment (the tokens differ, "
+                  "the learner has none, or the assignment was altered on the way)")
     assert not (tmp_path / "imported").exists(), "the host imported the module of an altered assignment"
     err = [line for line in capfd.readouterr().err.splitlines() if "refused the assignment" in line]
     assert len(err) == 1 and "altered on the way" in err[0], err
+
+
+def _refused_with(host: subprocess.Popen, out: str, line: str) -> None:
+    """The host exited 2 (a refusal retrying cannot fix), its last line ``line``."""
+    assert host.returncode == 2, out
+    assert out.strip().splitlines()[-1] == line, out
 
 
 def _gone(pipe: Pipeline, host: subprocess.Popen) -> str:
@@ -635,11 +639,9 @@ def test_a_host_runs_a_learners_module_env_only_if_allowed_and_a_learner_without
         port = pipe.pool.bridge_port
         not_allowed = actors(port)
         out = _gone(pipe, not_allowed)
-        assert not_allowed.returncode == 2, out
-        assert out.strip().splitlines()[-1] == (
-            f"seedlocal actors: this host cannot serve the learner at 127.0.0.1:{port}: the learner's env "
-            "'image_catch:ImageCatch-v0' imports the module 'image_catch', which this host imports only if "
-            "allowed: pass --allow-module image_catch to seedlocal actors"), out
+        _refused_with(not_allowed, out, f"seedlocal actors: this host cannot serve the learner at 127.0.0.1:{port}: "
+                      "the learner's env 'image_catch:ImageCatch-v0' imports the module 'image_catch', which this "
+                      "host imports only if allowed: pass --allow-module image_catch to seedlocal actors")
         with_token = actors(port, "--allow-module", "image_catch", token="s3cret")
         out = _gone(pipe, with_token)
         assert with_token.returncode == 2 and "the learner did not prove that it holds this host's bridge token" \
