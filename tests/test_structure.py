@@ -8,14 +8,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "seedlocal"
 MAX_FUNCTION_LINES = 60  # from the ``def`` line to the last, docstring included (decorators not)
 
-# Functions allowed to be longer for now, as (path under seedlocal/, qualified name). Both were
-# changed just before the rule came in (issue 31's bridge work) and are to be split next, into
-# named phases as InferenceLoop.step was (issue 32, part 5). Add nothing here: split the function.
-LONG_FUNCTIONS_TO_SPLIT = {
-    ("pipeline/bridge_client.py", "_Session.run"),
-    ("pipeline/bridge_server.py", "BridgeServer.stream"),
-}
-
 
 def _functions(tree: ast.AST, prefix: str = ""):
     """(qualified name, node) of every function and method, nested ones too."""
@@ -43,15 +35,9 @@ def _long_functions() -> dict[tuple[str, str], int]:
 def test_no_function_is_longer_than_a_screen():
     """A function a reader can hold in their head: at most 60 lines. A longer
     one is split by meaning, into helpers that each name a step."""
-    too_long = {k: n for k, n in _long_functions().items() if k not in LONG_FUNCTIONS_TO_SPLIT}
+    too_long = _long_functions()
     assert not too_long, "over {} lines: {}".format(
         MAX_FUNCTION_LINES, ", ".join(f"seedlocal/{path}:{name} ({n})" for (path, name), n in sorted(too_long.items())))
-
-
-def test_the_allow_list_names_only_functions_still_too_long():
-    """An entry whose function was split (or renamed) leaves the list."""
-    stale = LONG_FUNCTIONS_TO_SPLIT - set(_long_functions())
-    assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines (remove from LONG_FUNCTIONS_TO_SPLIT): {sorted(stale)}"
 
 
 def test_the_line_count_matches_a_known_function():

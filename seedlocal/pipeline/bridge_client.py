@@ -139,6 +139,28 @@ def _check_spaces(assign: dict, spec) -> str | None:
     return None
 
 
+@dataclass
+class _HostGroups:
+    """The learner's groups on this host, by local index, and where each one's exchange stands."""
+
+    ids: list[int]  # the learner's group ids
+    epochs: list[int]
+    layout: wire.GroupLayout
+    seqs: np.ndarray  # messages sent per group
+    sent_at: np.ndarray  # when each group's last message left (perf_counter), for the round trip
+    in_flight: np.ndarray  # a message sent, its answer not yet back
+
+    @classmethod
+    def assigned(cls, answer: dict) -> _HostGroups:
+        G = len(answer["groups"])
+        return cls(list(answer["groups"]), list(answer["epochs"]), wire.GroupLayout.from_json(answer["layout"]),
+                   np.zeros(G, np.int64), np.zeros(G), np.zeros(G, bool))
+
+    @property
+    def local(self) -> dict[int, int]:
+        return {gid: i for i, gid in enumerate(self.ids)}
+
+
 class _Session:
     """One connection: a local ActorPool served over one gRPC stream."""
 
@@ -167,120 +189,158 @@ class _Session:
             yield msg
 
     def run(self) -> None:
-        from seedlocal.pipeline.actors import ActorPool
-        from seedlocal.pipeline.envs import describe
-
-        cfg = self.cfg
-        channel = _channel(cfg)
+        """Connect, take the learner's assignment, and step its envs until the stream ends; always raises
+        (HostStopped: exit; _Lost: retry)."""
+        channel = _channel(self.cfg)
         try:
-            nonce = wire.new_nonce()
-            self._put(wire.pack_json(wire.HELLO, {
-                "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
-                "envs_per_worker": cfg.envs_per_worker, "host": socket.gethostname(), "nonce": nonce}))
-            call = channel.stream_stream(METHOD)(self._requests())
-            h, answer = self._next(call)
-            learner_nonce = None
-            if h.kind == wire.CHALLENGE:
-                try:
-                    learner_nonce = wire.check_nonce(answer.get("nonce"))
-                except wire.WireError as e:
-                    raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
-                # Without a token this host cannot prove anything: the learner refuses it, and says so.
-                proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
-                self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
-                h, answer = self._next(call)
-            if h.kind == wire.REFUSE:
-                # Never status 0, even if it says it is final: before its ASSIGN nothing the learner says is
-                # proven, and a stranger at the address must not pass for a learner that stopped cleanly (a
-                # supervisor would not restart this host). A real learner says goodbye only after an ASSIGN.
-                unverified = "" if cfg.tls_ca else ", not yet verified,"
-                raise HostStopped(f"the learner at {cfg.connect}{unverified} refused this host: "
-                                  f"{answer.get('reason')}", 2)
-            if h.kind != wire.ASSIGN:
-                raise HostStopped(f"the learner sent {wire.KIND_NAMES[h.kind]} instead of an assignment", 2)
-            if self.token and not (learner_nonce and wire.proof_ok(self.token, "learner", nonce, learner_nonce,
-                                                                    answer.get("proof"), answer)):
-                # Before anything it sent is used: it may be someone else's learner (or no learner), or someone
-                # on the path may have changed the assignment.
-                self._refuse("the learner did not prove that it holds this host's bridge token and sent this "
-                             "assignment (the tokens differ, the learner has none, or the assignment was altered "
-                             "on the way)")
-            env_id = str(answer.get("env_id", ""))
-            module = _env_module(env_id)
-            if module and module not in cfg.allow_module:
-                self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
-                             f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
-            try:
-                spec = describe(env_id, str(answer.get("backend", "")), int(answer.get("frame_stack", 0)))
-            except ValueError as e:
-                self._refuse(f"cannot run {env_id!r} here: {e}")
-            why = _check_spaces(answer, spec)
-            if why is not None:
-                self._refuse(why)
-
-            self.connected = True
-            groups, epochs = list(answer["groups"]), list(answer["epochs"])
-            layout = wire.GroupLayout.from_json(answer["layout"])
-            G, E = len(groups), layout.envs
-            shape = actor_host_shape(G, E, cfg.env_threads)
-            store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
-            self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
-            ctl, store = pool.control, pool.store
-            state, tbuf, trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-            for i in range(G):
-                state[i], tbuf[i], trow[i] = STEPPING, i, 0
-            pool.start()
-            if cfg.progress:
-                print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
-                      f"({shape.num_workers} worker{'s' if shape.num_workers > 1 else ''})", flush=True)
-            local = {gid: i for i, gid in enumerate(groups)}
-            sent_at = np.zeros(G)
-            in_flight = np.zeros(G, bool)
-            reader = threading.Thread(target=self._read, args=(call, local, sent_at, in_flight), daemon=True)
-            reader.start()
-            seqs = np.zeros(G, np.int64)
-            t_stats = t_line = time.monotonic()
-            steps = steps_line = 0
-            while self.ended is None:
-                pool.obs_ready.wait(0.1)
-                for i in np.flatnonzero((state == OBS_READY) & ~in_flight).tolist():
-                    if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
-                        continue
-                    first = trow[i] == 0
-                    arrays = {k: store[obs_key(k)][i, trow[i]] for k in spec.obs}
-                    if not first:
-                        arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
-                        steps += E
-                    kind = wire.FIRST if first else wire.STEP
-                    seqs[i] += 1
-                    msg = wire.pack(kind, groups[i], epochs[i], int(seqs[i]), layout.encode(kind, arrays))
-                    in_flight[i] = True
-                    sent_at[i] = time.perf_counter()
-                    self.bytes += len(msg)
-                    self._put(msg)
-                now = time.monotonic()
-                if now - t_stats >= 1.0:
-                    t_stats = now
-                    if pool.dead_workers():
-                        w = pool.dead_workers()[0]
-                        raise HostStopped(f"{pool.describe_exit(w)}; disconnecting so that the learner "
-                                          "restarts these envs", 1)
-                    rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
-                    self._put(wire.pack_json(wire.STATS, {
-                        "rtt_ms_p50": float(np.percentile(rtt, 50)), "rtt_ms_p99": float(np.percentile(rtt, 99))}))
-                if cfg.progress and now - t_line >= 10.0:
-                    rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
-                    print(f"seedlocal actors: {(steps - steps_line) / (now - t_line):,.0f} steps/s, round trip "
-                          f"p50 {np.percentile(rtt, 50):.2f} ms, p99 {np.percentile(rtt, 99):.2f} ms", flush=True)
-                    t_line, steps_line = now, steps
+            call, answer = self._handshake(channel)
+            spec = self._accept(answer)
+            groups = self._start_workers(answer, spec)
+            self._step_loop(call, groups, spec)
             if self.final:  # said after an ASSIGN this host accepted: by a learner verified as far as it can be
-                raise HostStopped(f"the learner at {cfg.connect} stopped; exiting", 0)
+                raise HostStopped(f"the learner at {self.cfg.connect} stopped; exiting", 0)
             raise _Lost(self.ended)
         finally:
             self.out.put(None)
             if self.pool is not None:
                 self.pool.close()
             channel.close()
+
+    def _handshake(self, channel) -> tuple[object, dict]:
+        """HELLO, the token exchange where the learner asks for it, and its ASSIGN: the call and the
+        assignment, verified as far as this host can before anything in it is used."""
+        cfg = self.cfg
+        nonce = wire.new_nonce()
+        self._put(wire.pack_json(wire.HELLO, {
+            "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
+            "envs_per_worker": cfg.envs_per_worker, "host": socket.gethostname(), "nonce": nonce}))
+        call = channel.stream_stream(METHOD)(self._requests())
+        h, answer = self._next(call)
+        learner_nonce = None
+        if h.kind == wire.CHALLENGE:
+            try:
+                learner_nonce = wire.check_nonce(answer.get("nonce"))
+            except wire.WireError as e:
+                raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
+            # Without a token this host cannot prove anything: the learner refuses it, and says so.
+            proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
+            self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
+            h, answer = self._next(call)
+        if h.kind == wire.REFUSE:
+            # Never status 0, even if it says it is final: before its ASSIGN nothing the learner says is
+            # proven, and a stranger at the address must not pass for a learner that stopped cleanly (a
+            # supervisor would not restart this host). A real learner says goodbye only after an ASSIGN.
+            unverified = "" if cfg.tls_ca else ", not yet verified,"
+            raise HostStopped(f"the learner at {cfg.connect}{unverified} refused this host: "
+                              f"{answer.get('reason')}", 2)
+        if h.kind != wire.ASSIGN:
+            raise HostStopped(f"the learner sent {wire.KIND_NAMES[h.kind]} instead of an assignment", 2)
+        if self.token and not (learner_nonce and wire.proof_ok(self.token, "learner", nonce, learner_nonce,
+                                                                answer.get("proof"), answer)):
+            # Before anything it sent is used: it may be someone else's learner (or no learner), or someone
+            # on the path may have changed the assignment.
+            self._refuse("the learner did not prove that it holds this host's bridge token and sent this "
+                         "assignment (the tokens differ, the learner has none, or the assignment was altered "
+                         "on the way)")
+        return call, answer
+
+    def _accept(self, answer: dict):
+        """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
+        never imported, and an env whose spaces differ from the learner's is not run."""
+        from seedlocal.pipeline.envs import describe
+
+        env_id = str(answer.get("env_id", ""))
+        module = _env_module(env_id)
+        if module and module not in self.cfg.allow_module:
+            self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
+                         f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
+        try:
+            spec = describe(env_id, str(answer.get("backend", "")), int(answer.get("frame_stack", 0)))
+        except ValueError as e:
+            self._refuse(f"cannot run {env_id!r} here: {e}")
+        why = _check_spaces(answer, spec)
+        if why is not None:
+            self._refuse(why)
+        return spec
+
+    def _start_workers(self, answer: dict, spec) -> _HostGroups:
+        """The local store and env workers for the assigned groups, each group set to step first."""
+        from seedlocal.pipeline.actors import ActorPool
+
+        cfg = self.cfg
+        self.connected = True
+        groups = _HostGroups.assigned(answer)
+        G, E = len(groups.ids), groups.layout.envs
+        shape = actor_host_shape(G, E, cfg.env_threads)
+        store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
+        self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
+        ctl = pool.control
+        state, tbuf, trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
+        for i in range(G):
+            state[i], tbuf[i], trow[i] = STEPPING, i, 0
+        pool.start()
+        if cfg.progress:
+            print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
+                  f"({shape.num_workers} worker{'s' if shape.num_workers > 1 else ''})", flush=True)
+        return groups
+
+    def _step_loop(self, call, groups: _HostGroups, spec) -> None:
+        """Until the stream ends (the reader thread says why): ship each group whose observations are
+        ready, report the round trip each second (and stop if a worker died), a status line each 10 s."""
+        pool = self.pool
+        reader = threading.Thread(target=self._read, args=(call, groups.local, groups.sent_at, groups.in_flight),
+                                  daemon=True)
+        reader.start()
+        t_stats = t_line = time.monotonic()
+        steps = steps_line = 0
+        while self.ended is None:
+            pool.obs_ready.wait(0.1)
+            steps += self._send_ready_groups(groups, spec)
+            now = time.monotonic()
+            if now - t_stats >= 1.0:
+                t_stats = now
+                self._each_second()
+            if self.cfg.progress and now - t_line >= 10.0:
+                rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
+                print(f"seedlocal actors: {(steps - steps_line) / (now - t_line):,.0f} steps/s, round trip "
+                      f"p50 {np.percentile(rtt, 50):.2f} ms, p99 {np.percentile(rtt, 99):.2f} ms", flush=True)
+                t_line, steps_line = now, steps
+
+    def _send_ready_groups(self, groups: _HostGroups, spec) -> int:
+        """Send the learner every group whose worker has published its observations (FIRST after a
+        reset, else STEP); returns the env steps sent."""
+        pool = self.pool
+        ctl, store = pool.control, pool.store
+        state, trow = ctl["state"], ctl["target_row"]
+        steps = 0
+        for i in np.flatnonzero((state == OBS_READY) & ~groups.in_flight).tolist():
+            if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
+                continue
+            first = trow[i] == 0
+            arrays = {k: store[obs_key(k)][i, trow[i]] for k in spec.obs}
+            if not first:
+                arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
+                steps += groups.layout.envs
+            kind = wire.FIRST if first else wire.STEP
+            groups.seqs[i] += 1
+            msg = wire.pack(kind, groups.ids[i], groups.epochs[i], int(groups.seqs[i]),
+                            groups.layout.encode(kind, arrays))
+            groups.in_flight[i] = True
+            groups.sent_at[i] = time.perf_counter()
+            self.bytes += len(msg)
+            self._put(msg)
+        return steps
+
+    def _each_second(self) -> None:
+        """Stop if a worker died (the learner restarts its envs elsewhere); else send the round trip."""
+        pool = self.pool
+        if pool.dead_workers():
+            w = pool.dead_workers()[0]
+            raise HostStopped(f"{pool.describe_exit(w)}; disconnecting so that the learner "
+                              "restarts these envs", 1)
+        rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
+        self._put(wire.pack_json(wire.STATS, {
+            "rtt_ms_p50": float(np.percentile(rtt, 50)), "rtt_ms_p99": float(np.percentile(rtt, 99))}))
 
     def _next(self, call) -> tuple[wire.Header, dict]:
         """The learner's next handshake message, or why there is none."""

@@ -284,9 +284,20 @@ class BridgeServer:
 
     def stream(self, requests, context):
         """The one RPC: a bidirectional stream of raw messages with one actor host."""
+        peer = context.peer()
+        shaken = yield from self._handshake(requests, context, peer)
+        if shaken is None:
+            return
+        admitted = yield from self._admit(peer, *shaken)
+        if admitted is None:
+            return
+        yield from self._serve(requests, *admitted)
+
+    def _handshake(self, requests, context, peer: str):
+        """The host's HELLO and, where the learner has a token, its proof, all within HANDSHAKE_S (each
+        message at most HANDSHAKE_BYTES): (hello, nonces or None), or None once the host is refused."""
         import grpc
 
-        peer = context.peer()
         nonces: tuple[str, str] | None = None  # the host's and the learner's, once the host has proven the token
         expired = threading.Event()
 
@@ -316,37 +327,47 @@ class BridgeServer:
             deadline.cancel()
         if expired.is_set():  # a cancelled read raises RpcError or StopIteration, whichever gRPC notices first
             log(f"refused {peer}: no handshake within {HANDSHAKE_S:g} s")
-            return
+            return None
         if why is not None:
             if why:
                 log(f"refused {peer}: bad handshake: {why}")
                 yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {why}"})
-            return
+            return None
+        return hello, nonces
+
+    def _admit(self, peer: str, hello: dict, nonces: tuple[str, str] | None):
+        """A host slot and free groups for a host that passed the handshake: (host, its ASSIGN, proven
+        where the host proved the token), or None once it is refused."""
         with self.lock:
             slot = next((i for i, h in enumerate(self.host_slots) if h is None), None)
             if slot is not None:
                 host = self.host_slots[slot] = _Host(slot, peer)
         if slot is None:
             yield wire.pack_json(wire.REFUSE, {"reason": "this learner has no free remote env slots"})
-            return
+            return None
         try:
             answer = self.assign(host, hello)
         except (ValueError, TypeError) as e:
             log(f"refused {peer}: bad handshake: {e}")
             self.drop(host, "bad handshake")
             yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {e}"})
-            return
+            return None
         if "reason" in answer:
             log(f"refused {peer}: {answer['reason']}")
             self.drop(host, "refused")
             yield wire.pack_json(wire.REFUSE, answer)
-            return
+            return None
         log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
         if nonces is not None:
             # Only to a host that has proven the token: a stranger learns nothing derived from it. It covers
             # every field, so that no one on the path can change what the host runs (env id, seeds, layout).
             answer["proof"] = wire.token_proof(self.a.token, "learner", *nonces, answer)
-        threading.Thread(target=self._read, args=(host, requests), daemon=True, name=f"read-{slot}").start()
+        return host, answer
+
+    def _serve(self, requests, host: _Host, answer: dict):
+        """Send the ASSIGN, then the host's outgoing queue (the group threads' actions and resets) until
+        the host is dropped or the learner says goodbye; its messages are read on a thread of their own."""
+        threading.Thread(target=self._read, args=(host, requests), daemon=True, name=f"read-{host.slot}").start()
         yield wire.pack_json(wire.ASSIGN, answer)
         while True:
             msg = host.out.get()
