@@ -229,19 +229,6 @@ def resolve_device(value: str) -> torch.device:
     return dev
 
 
-def validate_env(env: EnvConfig, id_field: str = "env.id"):
-    """Resolve the env id to a spec, or fail naming the field that holds it."""
-    from seedlocal.pipeline.envs import describe
-
-    try:
-        return describe(env.id, env.backend, env.frame_stack)
-    except ValueError as e:
-        msg = str(e)
-        if msg.startswith("env.id="):
-            msg = id_field + msg[len("env.id"):]
-        raise ConfigError(msg) from None
-
-
 def task_kind(spec) -> str:
     """The kind of task an env is, named as the presets that fit it are:
     'football' for Google Research Football (envpool's gfootball/ ids),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from seedlocal.cli import main
-from seedlocal.config import EnvConfig, validate_env
+from seedlocal.config import EnvConfig
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 

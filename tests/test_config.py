@@ -5,7 +5,8 @@ import sys
 import pytest
 import torch
 
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, validate_env, validate_pipeline
+from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, validate_pipeline
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.pipeline import Pipeline
 

@@ -181,7 +181,8 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
     Then the observation statistics come back bitwise from the checkpoint."""
     from seedlocal import checkpoint
     from seedlocal.trainers.vtrace import PRESETS, VTraceRun, build_model, train
-    from seedlocal.config import EnvConfig, validate_env
+    from seedlocal.config import EnvConfig
+    from seedlocal.pipeline.envs import validate_env
 
     preset = PRESETS["mujoco"]
     cfg = VTraceRun(**{**preset.__dict__, "env": EnvConfig(id="InvertedPendulum-v5"), "total_steps": 80_000,

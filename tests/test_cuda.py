@@ -10,7 +10,8 @@ import torch
 
 from helpers import take_unrolls, tiny_pipeline
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import EnvConfig, validate_env
+from seedlocal.config import EnvConfig
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.networks import ActorCritic, PolicyNet
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy

@@ -174,7 +174,8 @@ def test_rows_are_read_only_after_the_acquiring_token():
     Here the test plays each side by hand against the production code."""
     import threading
 
-    from seedlocal.config import EnvConfig, PipelineConfig, validate_env
+    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.pipeline.envs import validate_env
     from seedlocal.policies import RandomPolicy
     from seedlocal.pipeline.actors import ActorPool
     from seedlocal.pipeline.envs import make_group

@@ -13,7 +13,8 @@ import torch
 from helpers import tiny_pipeline
 from seedlocal import checkpoint
 from seedlocal.algos.neuroevo import ParamSpace
-from seedlocal.config import EnvConfig, validate_env
+from seedlocal.config import EnvConfig
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.networks import PolicyNet

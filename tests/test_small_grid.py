@@ -235,7 +235,8 @@ def test_a_checkpoint_from_before_the_torso_evaluates_with_its_mlp(tmp_path):
     a resumed run is refused by name."""
     import grid_envs  # noqa: F401  (registers BoolGrid-v0)
 
-    from seedlocal.config import EnvConfig, validate_env
+    from seedlocal.config import EnvConfig
+    from seedlocal.pipeline.envs import validate_env
     from seedlocal.evaluate import load_model
     from seedlocal.trainers.vtrace import VTraceRun, identity
 

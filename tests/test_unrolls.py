@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import tiny_pipeline
-from seedlocal.config import EnvConfig, validate_env
+from seedlocal.config import EnvConfig
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.pipeline.unrolls import BOUND, PARKED, WAITING, UnrollAllocator

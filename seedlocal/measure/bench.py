@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedlocal.config import (EnvConfig, PipelineConfig, check_writable, resolve_device, validate_env,
-                              validate_pipeline)
+from seedlocal.config import EnvConfig, PipelineConfig, check_writable, resolve_device, validate_pipeline
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.shape import pipeline_shape

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seedlocal.errors import EnvContractError
+from seedlocal.errors import ConfigError, EnvContractError
 from seedlocal.spec import EnvSpec, TensorSpec
+
+if TYPE_CHECKING:  # a worker imports this module, and no torch: config is only named here
+    from seedlocal.config import EnvConfig
 
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
 # envpool's seed is a C++ int and env i of a group is seeded seed + i, so every
@@ -123,6 +127,17 @@ def import_env_module(env_id: str) -> str:
         raise _unknown_id(env_id, f"importing {module!r} did not register {name!r} with Gymnasium",
                           " (the module should call gymnasium.register)")
     return name
+
+
+def validate_env(env: EnvConfig, id_field: str = "env.id") -> EnvSpec:
+    """Resolve a config's env id to a spec, or raise the ConfigError that names the field holding it."""
+    try:
+        return describe(env.id, env.backend, env.frame_stack)
+    except ValueError as e:
+        msg = str(e)
+        if msg.startswith("env.id="):
+            msg = id_field + msg[len("env.id"):]
+        raise ConfigError(msg) from None
 
 
 def resolve_backend(env_id: str, backend: str = "auto") -> str:

@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_device, short_of_memory,
-                              validate_bridge, validate_env, validate_pipeline)
+                              validate_bridge, validate_pipeline)
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.envs import SEED_END, EnvSpec

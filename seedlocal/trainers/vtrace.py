@@ -22,7 +22,8 @@ import torch
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
-                              validate_bridge, validate_env, validate_pipeline, validate_run_options)
+                              validate_bridge, validate_pipeline, validate_run_options)
+from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
