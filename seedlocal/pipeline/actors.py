@@ -16,7 +16,7 @@ import time
 
 from seedlocal.errors import WorkerDied
 from seedlocal.pipeline.bridge_server import GOODBYE_S
-from seedlocal.pipeline.envs import SEED_END, EnvSpec
+from seedlocal.pipeline.envs import EnvSpec, wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import GROUPS_PER_WORKER, PipelineShape
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
@@ -50,8 +50,7 @@ def local_seed(base: int, worker: int, restarts: int, num_groups: int, group_env
     Each restart takes the next block of all the groups' seeds, so its fresh episodes differ; the blocks
     wrap below envpool's int32 end, since restarts are a rate, not a count, over a long run."""
     span = num_groups * group_envs
-    room = (SEED_END // span - 1) * span  # one spare span: a block that starts below room ends below SEED_END
-    return (base + worker * GROUPS_PER_WORKER * group_envs + restarts * span) % room
+    return wrap_seed(base + worker * GROUPS_PER_WORKER * group_envs + restarts * span, span)
 
 
 def forkserver_pid() -> int:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seedlocal.pipeline import wire
-from seedlocal.pipeline.envs import SEED_END
+from seedlocal.pipeline.envs import wrap_seed
 from seedlocal.shape import PipelineShape
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
@@ -89,8 +89,7 @@ def remote_seed(base: int, assignment: int, first_index: int, group_envs: int, r
     share a seed. Within a block, a host's groups sit at their own offsets,
     as a local worker's do."""
     span = remote_groups * group_envs
-    room = (SEED_END // span - 1) * span  # one spare span: the last block's envs fit below SEED_END
-    return (base + REMOTE_SEED_OFFSET + assignment * span + first_index * group_envs) % room
+    return wrap_seed(base + REMOTE_SEED_OFFSET + assignment * span + first_index * group_envs, span)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,13 @@ BACKENDS = ("auto", "envpool", "gymnasium", "null")
 SEED_END = 2**31
 
 
+def wrap_seed(seed: int, span: int) -> int:
+    """``seed`` taken into [0, room), room a whole number of ``span``-wide blocks with one spare below
+    SEED_END: a block of ``span`` envs seeded ``seed + j`` then always fits envpool's int32, however far
+    restarts or reconnections have counted a run's blocks up."""
+    return seed % ((SEED_END // span - 1) * span)
+
+
 def quiet_gymnasium() -> None:
     """Silence Gymnasium's per-env-creation warning that a float64 Box bound
     was cast to float32 (classic control): harmless, and printed by every
