@@ -1,8 +1,10 @@
 """``seedlocal eval``: play a checkpoint, report its return, record an episode.
 
-A plain function of (checkpoint, episodes, video), independent of training:
-it builds the network from the checkpoint's identity and steps the env
-backend directly, one env per episode, no pipeline.
+A plain function of (checkpoint, episodes, video): the family that wrote
+the checkpoint makes the policy its training's inference runs
+(``from_checkpoint``, its network sized by the checkpoint's identity), and
+eval calls that policy's ``act`` as the inference loop does, stepping the
+env backend directly, one env per episode, no pipeline.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from seedlocal import checkpoint, video
-from seedlocal.algos.distributions import for_actions
+from seedlocal import checkpoint, families, video
 from seedlocal.config import check_writable, fail, resolve_device
-from seedlocal.networks import ActorCritic, PolicyNet, action_identity, checkpoint_encoder, obs_identity
-from seedlocal.pipeline.envs import describe, make_group
+from seedlocal.pipeline.envs import make_group
+from seedlocal.pipeline.policy import Policy
 
 
 @dataclass
@@ -45,115 +46,41 @@ class EvalConfig:
     """where the network runs"""
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+def policy_of(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> Policy:
+    """A checkpoint's policy, made by the family that wrote it (``families.py``) as its training's inference
+    runs it (``greedy`` None: acting as trained)."""
+    return families.of_checkpoint(state).from_checkpoint(state, device, greedy, epsilon)
 
 
-def _policy(model: ActorCritic, greedy: bool, epsilon: float = 0.0):
-    """``act(obs, core) -> (actions, core)`` as a run's acting does: a
-    categorical's argmax or sample, a Gaussian's mean or sample, or (a
-    neuroevolution network over a Box) the network's output itself.
+class Acting:
+    """``policy.act`` called as the inference loop calls it, for ``n`` envs that each play from their reset:
+    observations to the policy's device as tensors, each env's slot id, its first step marked (an episode
+    start: frame stacks refill), the recurrent core kept per env from zeros; actions back to the host."""
 
-    Observations go to the model's device and the core stays there; the
-    actions come back to the host. Epsilon's draws are made on the host from
-    a seeded generator, so an eval explores alike on every device."""
-    device = _device(model)
-    gen = torch.Generator().manual_seed(0)
-    dist = None if isinstance(model, PolicyNet) and model.continuous else for_actions(
-        None if getattr(model, "continuous", False) else 0)
+    def __init__(self, policy: Policy, n: int):
+        self.policy, self.ids = policy, np.arange(n)
+        self.device = policy.device
+        self.first = np.ones(n, bool)
+        spec = policy.core_state
+        self.core = None if spec is None else torch.zeros((n,) + spec.shape, device=self.device)
 
-    @torch.inference_mode()
-    def act(obs: dict[str, np.ndarray], core):
-        x = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in obs.items()}
-        params, _, core = model.step(x, core)
-        if dist is None:
-            return params.cpu().numpy(), core
-        a = (dist.mode(params) if greedy else dist.sample(params)).cpu()
-        if epsilon > 0:
-            explore = torch.rand(a.shape, generator=gen) < epsilon
-            a = torch.where(explore, torch.randint(params.shape[-1], a.shape, generator=gen), a)
-        return a.numpy(), core
-
-    return act
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        x = {k: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in obs.items()}
+        actions, _, self.core = self.policy.act(x, self.core, self.ids, self.first)
+        self.first = np.zeros_like(self.first)
+        return actions.cpu().numpy()
 
 
-def _initial_core(model: torch.nn.Module, n: int):
-    return None if model.core_spec is None else torch.zeros((n,) + model.core_spec.shape, device=_device(model))
-
-
-class _R2D2Player(torch.nn.Module):
-    """An R2D2 network as eval plays it: Q-values as the logits to take the
-    argmax of, and the frame stack it was trained on kept per env (each env
-    plays one episode from its reset, whose first frame fills the stack)."""
-
-    def __init__(self, net, stack: int):
-        super().__init__()
-        self.net, self.stack, self.hist = net, stack, None
-        self.core_spec = net.core_spec
-
-    def step(self, obs, core):
-        if self.stack > 1:
-            x = obs[""]
-            self.hist = (x.expand(-1, self.stack, -1, -1) if self.hist is None
-                         else torch.cat([self.hist[:, 1:], x], dim=1))
-            obs = {"": self.hist}
-        q, core = self.net.step(obs, core)
-        return q, None, core
-
-    def new_episodes(self) -> None:
-        self.hist = None
-
-
-def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, dict, object]:
-    state = checkpoint.load(path)
-    ident = state.get("identity", {})
-    try:
-        spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
-        # The env as it is now must still be the one the network was trained
-        # on (a user's own env may have changed since).
-        checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec),
-                                            **action_identity(spec)})
-        if ident.get("algo") == "r2d2":
-            from seedlocal.networks import RecurrentQNet
-            from seedlocal.trainers.r2d2 import net_spec
-
-            seen = net_spec(spec, ident["frame_stack"])
-            net = RecurrentQNet(seen, encoder=checkpoint_encoder(ident, seen),
-                                hidden=tuple(ident["hidden"]), lstm_size=ident["lstm_size"])
-            net.load_state_dict(state["model"])
-            model = _R2D2Player(net, ident["frame_stack"] if "" in spec.obs else 1)
-        elif ident.get("network") == "policy":  # neuroevolution: the best member's flat parameters
-            model = PolicyNet(spec, checkpoint_encoder(ident, spec), tuple(ident["hidden"]),
-                              obs_norm=ident.get("obs_norm", False))
-            torch.nn.utils.vector_to_parameters(state["best_params"].float(), model.parameters())
-            if model.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
-                model.obs_norm.load_state_dict(state["obs_norm"])
-        else:
-            model = ActorCritic(spec, encoder=checkpoint_encoder(ident, spec), hidden=tuple(ident["hidden"]),
-                                lstm_size=ident["lstm_size"], separate_critic=ident.get("separate_critic", False),
-                                obs_norm=ident.get("obs_norm", False))
-            model.load_state_dict(state["model"])
-    except checkpoint.CheckpointError:
-        raise
-    except (KeyError, RuntimeError, ValueError) as e:
-        raise checkpoint.CheckpointError(f"{state['path']}: cannot rebuild its network ({e})") from None
-    return model.to(device).eval(), state, spec
-
-
-def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_steps: int,
-         epsilon: float = 0.0) -> tuple[np.ndarray, int]:
+def play(policy: Policy, episodes: int, seed: int, max_steps: int) -> tuple[np.ndarray, int]:
     """One raw return per episode (each env plays its first episode), and how
     many of them ``max_steps`` cut short."""
-    env = make_group(spec, episodes, 1, seed)
-    getattr(model, "new_episodes", lambda: None)()
-    act = _policy(model, greedy, epsilon)
-    core = _initial_core(model, episodes)
+    env = make_group(policy.spec, episodes, 1, seed)
+    act = Acting(policy, episodes)
     env.reset()
     obs, _, _, _ = env.recv()
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
     for _ in range(max_steps):
-        actions, core = act(obs, core)
-        env.send(actions)
+        env.send(act(obs))
         obs, reward, terminated, truncated = env.recv()
         returns += np.where(finished, 0.0, reward)
         finished |= terminated | truncated
@@ -163,11 +90,10 @@ def play(model: ActorCritic, spec, episodes: int, greedy: bool, seed: int, max_s
     return returns, int((~finished).sum())
 
 
-def record(model: ActorCritic, spec, greedy: bool, seed: int, max_steps: int) -> list[np.ndarray]:
+def record(policy: Policy, seed: int, max_steps: int) -> list[np.ndarray]:
     """Frames of one episode as a person sees it, drawn by the env that plays it and timed to play in real
     time (``seedlocal/video.py``), or RenderUnavailable."""
-    getattr(model, "new_episodes", lambda: None)()
-    return video.record(_policy(model, greedy), spec, seed, max_steps, _initial_core(model, 1))
+    return video.record(Acting(policy, 1), policy.spec, seed, max_steps)
 
 
 def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
@@ -185,16 +111,6 @@ def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[byte
     return buf.getvalue(), first.height, first.width
 
 
-def trained_greedy(state: dict) -> bool:
-    """Whether the checkpoint's run acted by argmax in training: neuroevolution
-    does by default (its ``greedy`` option) and R2D2 (epsilon-greedy), V-trace samples."""
-    if state.get("identity", {}).get("algo") == "r2d2":
-        return True
-    if state.get("identity", {}).get("network") == "policy":
-        return bool(state.get("config", {}).get("greedy", True))
-    return False
-
-
 def main(cfg: EvalConfig) -> dict:
     if cfg.episodes < 1:
         fail("episodes", cfg.episodes, "must be positive")
@@ -205,27 +121,25 @@ def main(cfg: EvalConfig) -> dict:
         fail("video", cfg.video, "only .gif output is supported")
     if cfg.video:  # before the episodes are played, not after
         check_writable("video", cfg.video, folder=False)
-    device = resolve_device(cfg.device)
-    model, state, spec = load_model(cfg.checkpoint, device)
-    greedy = trained_greedy(state) if cfg.policy == "trained" else cfg.policy == "argmax"
-    r2d2 = state.get("identity", {}).get("algo") == "r2d2"
-    epsilon = cfg.epsilon if r2d2 and cfg.policy == "trained" else 0.0
     if not 0 <= cfg.epsilon <= 1:
         fail("epsilon", cfg.epsilon, "must be in [0, 1]")
-    # The video first (its episode is separate from the scored ones): an env
-    # that cannot render costs the video only, said in one line.
+    state = checkpoint.load(cfg.checkpoint)
+    trained, device = cfg.policy == "trained", resolve_device(cfg.device)
+    acting = (state, device, None if trained else cfg.policy == "argmax", cfg.epsilon if trained else 0.0)
+    policy = policy_of(*acting)
+    # The video first (its episode is separate from the scored ones, played by a policy of its own, so that the
+    # scores do not depend on it): an env that cannot render costs the video only, said in one line.
     frames, no_video = None, None
     if cfg.video:
         try:
-            frames = record(model, spec, greedy, cfg.seed, cfg.video_max_steps)
+            frames = record(policy_of(*acting), cfg.seed, cfg.video_max_steps)
         except video.RenderUnavailable as e:
             no_video = str(e)
-    returns, cut = play(model, spec, cfg.episodes, greedy, cfg.seed, cfg.max_steps, epsilon)
+    returns, cut = play(policy, cfg.episodes, cfg.seed, cfg.max_steps)
     counters = state.get("counters", {})
     steps = counters.get("steps", counters.get("generation", 0))
-    mode = "mean" if getattr(model, "continuous", False) else "argmax"
-    how = (f"epsilon-greedy, epsilon {epsilon:g}" if epsilon else mode) if greedy else "sampled"
-    print(f"{spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
+    how = policy.acting
+    print(f"{policy.spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
           f"std {returns.std():.2f} (min {returns.min():.1f}, max {returns.max():.1f}); "
           f"checkpoint {state['path']} at {steps:,d} {'steps' if 'steps' in counters else 'generations'}")
     if cut:

@@ -128,9 +128,9 @@ def _hint(spec: EnvSpec, e: BaseException) -> str:
     return "; the env must take render_mode='rgb_array' and return frames from render()"
 
 
-def record(act, spec: EnvSpec, seed: int, max_steps: int, core=None) -> Clip:
-    """Frames of one episode the policy ``act(obs, core) -> (actions, core)``
-    plays, at most ``max_steps`` steps, drawn every k-th step so that they
+def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
+    """Frames of one episode the policy ``act(obs) -> actions`` (keeping its own state, e.g.
+    ``evaluate.Acting``) plays, at most ``max_steps`` steps, drawn every k-th step so that they
     play in real time at no more than ``MAX_FPS``; or ``RenderUnavailable``."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # Gymnasium's MuJoCo envs would try a window (GLFW) otherwise
@@ -163,8 +163,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int, core=None) -> Clip:
             first = _observed(obs)
         frames = Clip([first], fps / every)
         for t in range(1, max_steps):
-            actions, core = act(obs, core)
-            env.send(actions)
+            env.send(act(obs))
             obs, _, te, tr = env.recv()
             end = bool(te[0] or tr[0]) or t == max_steps - 1
             if t % every == 0 or end:  # the episode's last frame too

@@ -1,49 +1,103 @@
-"""``seedlocal eval`` acts on the device it is given: observations and the
-recurrent core go to the model's device, actions come back to the host."""
+"""``seedlocal eval`` acts through the policy its family's training serves
+(``from_checkpoint``), calling its ``act`` as the inference loop does, on the
+device it is given: observations and the recurrent core go to the policy's
+device, actions come back to the host."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from seedlocal.config import EnvConfig
-from seedlocal.pipeline.envs import validate_env
-from seedlocal.evaluate import _R2D2Player, play
-from seedlocal.networks import ActorCritic, PolicyNet, RecurrentQNet
+from seedlocal import checkpoint, families
+from seedlocal.errors import ConfigError
+from seedlocal.evaluate import Acting, play, policy_of
+from seedlocal.policies.actor_critic import ModelPolicy
+from seedlocal.policies.population import MemberPolicy
+from seedlocal.policies.q_greedy import R2D2Policy
+
+SAVED = Path(__file__).parent / "fixtures" / "saved_runs"  # one checkpoint per family, from older code
+# The class each family's trainer serves to the inference loop (neuroevolution: its population's member, by the
+# population's action rule, member_actions).
+SERVED = {"vtrace": ModelPolicy, "r2d2": R2D2Policy, "es": MemberPolicy, "ga": MemberPolicy}
 
 
-def _models():
-    """Every kind of network eval plays, each over an env of its kind."""
-    cartpole = validate_env(EnvConfig(id="CartPole-v1"))
-    pendulum = validate_env(EnvConfig(id="Pendulum-v1"))
-    torch.manual_seed(0)
-    return {
-        "actor-critic with an LSTM core": (ActorCritic(cartpole, lstm_size=16), cartpole, True),
-        "actor-critic over a Box, sampled": (ActorCritic(pendulum), pendulum, False),
-        "neuroevolution policy over a Box": (PolicyNet(pendulum, obs_norm=True), pendulum, True),
-        "R2D2 Q-network": (_R2D2Player(RecurrentQNet(cartpole, lstm_size=16), 1), cartpole, True),
-    }
+def _state(name: str) -> dict:
+    return checkpoint.load(SAVED / name)
 
 
-@pytest.mark.parametrize("kind", list(_models()))
-def test_eval_runs_the_network_on_its_device(kind):
+@pytest.mark.parametrize("name", list(SERVED))
+def test_each_family_plays_its_checkpoint_through_the_policy_training_serves(name, monkeypatch):
+    """The family the checkpoint names makes the policy its training runs, and eval steps envs through its
+    ``act`` as the loop calls it: env slot ids, each env's first step marked once, the core carried."""
+    state = _state(name)
+    assert families.of_checkpoint(state).name == name
+    policy = policy_of(state, torch.device("cpu"))
+    assert type(policy) is SERVED[name]
+    calls = []
+    act = type(policy).act
+
+    def spying(self, obs, core=None, env_ids=None, first=None):
+        calls.append((env_ids.tolist(), first.tolist(), None if core is None else core.shape))
+        return act(self, obs, core, env_ids, first)
+
+    monkeypatch.setattr(type(policy), "act", spying)
+    returns, cut = play(policy, episodes=3, seed=1, max_steps=50)
+    assert returns.shape == (3,) and np.isfinite(returns).all() and (returns >= 1).all()  # CartPole pays 1 a step
+    assert calls[0][:2] == ([0, 1, 2], [True] * 3) and all(f == [False] * 3 for _, f, _ in calls[1:])
+    assert calls[0][2] == (None if policy.core_state is None else (3,) + tuple(policy.core_state.shape))
+
+
+def test_the_network_is_sized_by_the_checkpoint_not_by_todays_defaults():
+    """The fixtures were saved with sizes unlike the defaults (tests/fixtures/saved_runs/README.md)."""
+    vtrace = policy_of(_state("vtrace"), torch.device("cpu")).model
+    assert vtrace.lstm is not None and vtrace.lstm.hidden_size == 8 and vtrace.obs_norm is not None
+    r2d2 = policy_of(_state("r2d2"), torch.device("cpu")).net
+    assert r2d2.lstm.hidden_size == 8
+    ga = policy_of(_state("ga"), torch.device("cpu")).net
+    assert [m.out_features for m in ga.modules() if isinstance(m, torch.nn.Linear)] == [8, 4, 2]
+    es = policy_of(_state("es"), torch.device("cpu")).net
+    assert es.obs_norm is not None and float(es.obs_norm.count) > 0  # the population's statistics came too
+
+
+def test_each_family_acts_as_it_did_in_training_unless_asked():
+    cpu = torch.device("cpu")
+    assert policy_of(_state("vtrace"), cpu).acting == "sampled"
+    assert policy_of(_state("vtrace"), cpu, greedy=True).acting == "argmax"
+    assert policy_of(_state("r2d2"), cpu, epsilon=0.01).acting == "epsilon-greedy, epsilon 0.01"
+    assert policy_of(_state("r2d2"), cpu, greedy=True).acting == "argmax"
+    assert policy_of(_state("ga"), cpu).acting == "argmax"  # the run's greedy option (the deep-GA convention)
+    assert policy_of(_state("ga"), cpu, greedy=False).acting == "sampled"
+    with pytest.raises(ConfigError, match="policy=sample: R2D2 acts epsilon-greedily"):
+        policy_of(_state("r2d2"), cpu, greedy=False)
+
+
+def test_a_checkpoint_naming_no_algorithm_is_refused_by_name():
+    state = {**_state("ga"), "identity": {**_state("ga")["identity"], "algo": "dqn"}}
+    with pytest.raises(checkpoint.CheckpointError, match="written by no algorithm seedlocal has \\('dqn'\\)"):
+        policy_of(state, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", list(SERVED))
+def test_eval_runs_the_network_on_its_device(name):
     """On the meta device a forward computes shapes and no values, and any
     host tensor mixed into it is refused. So the first error is copying the
     action back out: the observations, the core and the forward were all on
-    the model's device (before the fix, a CPU observation met meta weights)."""
-    model, spec, greedy = _models()[kind]
+    the policy's device."""
+    policy = policy_of(_state(name), torch.device("meta"), greedy=True)
     with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
-        play(model.to("meta").eval(), spec, episodes=2, greedy=greedy, seed=1, max_steps=5, epsilon=0.1)
+        Acting(policy, 2)({"": np.zeros((2, 4), np.float32)})
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("kind", list(_models()))
-def test_eval_on_cuda_plays_as_on_the_cpu(kind):
-    """The same network, greedy, on the same seeds: the same returns on the GPU as on the CPU."""
-    model, spec, _ = _models()[kind]
-    model.eval()
-    cpu, _ = play(model, spec, episodes=3, greedy=True, seed=1, max_steps=300, epsilon=0.05)
-    gpu, _ = play(model.to("cuda"), spec, episodes=3, greedy=True, seed=1, max_steps=300, epsilon=0.05)
+@pytest.mark.parametrize("name", list(SERVED))
+def test_eval_on_cuda_plays_as_on_the_cpu(name):
+    """The same checkpoint, greedy (R2D2 with epsilon, drawn on the host), on the same seeds: the same returns
+    on the GPU as on the CPU."""
+    eps = 0.05 if name == "r2d2" else 0.0
+    cpu, _ = play(policy_of(_state(name), torch.device("cpu"), True, eps), episodes=3, seed=1, max_steps=300)
+    gpu, _ = play(policy_of(_state(name), torch.device("cuda"), True, eps), episodes=3, seed=1, max_steps=300)
     np.testing.assert_allclose(gpu, cpu, rtol=1e-3, atol=1e-2)

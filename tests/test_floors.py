@@ -19,7 +19,7 @@ FLOORS = [
     ["pipeline"],  # every process and every wait
     ["policies", "video"],  # how the inference loop acts; frames of an episode
     ["trainers"],  # one run's life and each trainer on it
-    ["measure", "evaluate"],  # seedlocal bench, seedlocal eval
+    ["measure", "evaluate", "families"],  # seedlocal bench, seedlocal eval, the table of algorithm families
     ["cli", "__main__"],  # the commands
 ]
 FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}

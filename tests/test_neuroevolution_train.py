@@ -369,11 +369,16 @@ def test_a_few_busy_groups_do_not_wait_for_held_ones():
 
 
 def test_eval_acts_as_the_run_acted_in_training():
-    from seedlocal.evaluate import trained_greedy
+    """A member acts by argmax or by a sample, as the run's --greedy said, unless eval is told otherwise."""
+    from pathlib import Path
 
-    assert trained_greedy({"identity": {"network": "policy"}, "config": {"greedy": True}})
-    assert not trained_greedy({"identity": {"network": "policy"}, "config": {"greedy": False}})
-    assert not trained_greedy({"identity": {"algo": "vtrace"}, "config": {}})
+    from seedlocal.evaluate import policy_of
+
+    state = checkpoint.load(Path(__file__).parent / "fixtures" / "saved_runs" / "ga")
+    cpu = torch.device("cpu")
+    assert policy_of(state, cpu).acting == "argmax"
+    sampled = {**state, "config": {**state["config"], "greedy": False}}
+    assert policy_of(sampled, cpu).acting == "sampled" and policy_of(sampled, cpu, greedy=True).acting == "argmax"
 
 
 def test_discrete_observations_enter_every_network_one_hot():

@@ -237,7 +237,7 @@ def test_a_checkpoint_from_before_the_torso_evaluates_with_its_mlp(tmp_path):
 
     from seedlocal.config import EnvConfig
     from seedlocal.pipeline.envs import validate_env
-    from seedlocal.evaluate import load_model
+    from seedlocal.evaluate import policy_of
     from seedlocal.trainers.vtrace import VTraceRun, identity
 
     cfg = VTraceRun(env=EnvConfig(id="grid_envs:BoolGrid-v0"))
@@ -246,8 +246,7 @@ def test_a_checkpoint_from_before_the_torso_evaluates_with_its_mlp(tmp_path):
     ident = {**identity(cfg, spec), "encoder": "auto"}
     assert ident.pop("torso") == "minatar"
     checkpoint.save(tmp_path, {"identity": ident, "model": old.state_dict()}, 10, 10)
-    model, _, _ = load_model(str(tmp_path), torch.device("cpu"))
-    assert model.kind == "mlp"
+    assert policy_of(checkpoint.load(tmp_path), torch.device("cpu")).model.kind == "mlp"
     with pytest.raises(checkpoint.CheckpointError, match="torso: checkpoint has None, this run has 'minatar'"):
         checkpoint.check_compatible(checkpoint.load(tmp_path), identity(cfg, spec))
 

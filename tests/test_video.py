@@ -10,8 +10,9 @@ import torch
 from seedlocal import video
 from seedlocal.config import EnvConfig
 from seedlocal.pipeline.envs import validate_env
-from seedlocal.evaluate import _policy, encode_gif, record
+from seedlocal.evaluate import Acting, encode_gif, record
 from seedlocal.networks import ActorCritic
+from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.video import RenderUnavailable
 
 
@@ -46,10 +47,11 @@ gym.register("SeedlocalPainted-v0", entry_point=Painted, kwargs={"frame": "defau
 gym.register("SeedlocalDrawsNothing-v0", entry_point=Painted, kwargs={"frame": None})
 
 
-def _model(env_id: str):
+def _model(env_id: str, greedy: bool = True):
+    """A fresh actor-critic's policy as eval plays it, and its env."""
     spec = validate_env(EnvConfig(id=env_id))
     torch.manual_seed(0)
-    return ActorCritic(spec).eval(), spec
+    return ModelPolicy(ActorCritic(spec).eval(), spec, greedy=greedy), spec
 
 
 def test_atari_frames_are_the_games_colour_frames_of_the_episode_played():
@@ -57,13 +59,13 @@ def test_atari_frames_are_the_games_colour_frames_of_the_episode_played():
     very observation the network acted on (the frame, greyed and shrunk, is the stack's newest)."""
     from PIL import Image
 
-    model, spec = _model("Pong-v5")
+    policy, spec = _model("Pong-v5", greedy=False)
     seen = []
-    act = _policy(model, greedy=False)
+    act = Acting(policy, 1)
 
-    def watching(obs, core):
+    def watching(obs):
         seen.append(np.asarray(obs[""][0, -1], float))
-        return act(obs, core)
+        return act(obs)
 
     frames = video.record(watching, spec, seed=3, max_steps=40)
     assert len(frames) == 40 and frames.fps == 15.0
@@ -77,14 +79,14 @@ def test_atari_frames_are_the_games_colour_frames_of_the_episode_played():
 
 def test_a_gymnasium_env_is_recorded_through_its_render():
     model, spec = _model("faulty_envs:ActionStart-v0")
-    frames = record(model, spec, greedy=True, seed=0, max_steps=10)
+    frames = record(model, seed=0, max_steps=10)
     assert frames and frames[0].shape == (160, 160, 3)  # its 8 x 8 render, each pixel a 20 x 20 block
 
 
 def test_a_gymnasium_frame_keeps_its_size_and_colour_and_plays_in_real_time():
     """200 steps a second: every 4th step drawn, played at 50 frames a second, the last step's frame kept."""
     model, spec = _model("SeedlocalPainted-v0")
-    frames = record(model, spec, greedy=True, seed=0, max_steps=1000)
+    frames = record(model, seed=0, max_steps=1000)
     assert frames[0].shape == (37, 53, 3) and frames[0][0, 0].tolist() == [0, 100, 200]
     assert [int(f[0, 0, 0]) for f in frames] == [0, 4, 8, 12, 16, 20, 24, 28, 30] and frames.fps == 50.0
     gif, h, w = encode_gif(frames)
@@ -119,7 +121,7 @@ def test_a_small_float_grid_is_drawn_in_colour_with_cells_a_person_can_see():
 def test_render_returning_nothing_is_named():
     model, spec = _model("SeedlocalDrawsNothing-v0")
     with pytest.raises(RenderUnavailable, match="render\\(\\) returned None"):
-        record(model, spec, greedy=True, seed=0, max_steps=5)
+        record(model, seed=0, max_steps=5)
 
 
 def test_gymnasiums_own_mujoco_env_renders_its_480_by_480_camera():
@@ -131,7 +133,7 @@ def test_gymnasiums_own_mujoco_env_renders_its_480_by_480_camera():
     except RenderUnavailable as e:
         pytest.skip(f"no headless OpenGL here: {e}")
     spec = validate_env(EnvConfig(id="InvertedPendulum-v5", backend="gymnasium"))
-    frames = record(ActorCritic(spec).eval(), spec, greedy=True, seed=0, max_steps=3)
+    frames = record(ModelPolicy(ActorCritic(spec).eval(), spec, greedy=True), seed=0, max_steps=3)
     assert frames[0].shape == (480, 480, 3) and (frames[0][..., 0] != frames[0][..., 2]).any()
     assert frames.fps == 25.0  # InvertedPendulum's dt: 0.04 s
 
@@ -145,8 +147,7 @@ def test_mujoco_renders_headless_where_a_context_can_be_made():
     except RenderUnavailable as e:
         pytest.skip(f"no headless OpenGL here: {e}")
     spec = validate_env(EnvConfig(id="InvertedPendulum-v5"))
-    model = ActorCritic(spec).eval()
-    frames = record(model, spec, greedy=True, seed=0, max_steps=5)
+    frames = record(ModelPolicy(ActorCritic(spec).eval(), spec, greedy=True), seed=0, max_steps=5)
     assert frames[0].shape[2] == 3 and min(frames[0].shape[:2]) >= 240 and frames[0].std() > 0
 
 

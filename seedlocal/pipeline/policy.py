@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from seedlocal.spec import TensorSpec
+from seedlocal.spec import EnvSpec, TensorSpec
 
 # What a planning policy may ask for each ready group.
 SERVE, HOLD, RESTART = 0, 1, 2
@@ -70,6 +70,12 @@ class Unhold:
 
 
 class Policy(abc.ABC):
+    device: torch.device
+    """where it acts: the loop (and seedlocal eval) hands it observations there"""
+    spec: EnvSpec
+    """the env it acts in"""
+    acting: str = ""
+    """how it picks actions, in words (seedlocal eval's report: "sampled", "argmax", ...)"""
     outputs: dict[str, TensorSpec] = {}
     """per-step outputs written to the store (``out.<name>``) beside the action"""
     core_state: TensorSpec | None = None

@@ -21,11 +21,14 @@ class ModelPolicy(Policy):
     ``lock`` (a ``WeightLock`` shared with the learner's optimiser step)
     keeps a forward pass from reading parameters halfway through an update.
     ``cuda_graphs`` replays the forward from CUDA graphs (``GraphedStep``).
+    ``greedy`` takes the distribution's mode (a categorical's argmax, a
+    Gaussian's mean) instead of a sample: ``seedlocal eval --policy argmax``.
     """
 
     def __init__(self, model: ActorCritic, spec: EnvSpec, lock: WeightLock | None = None,
-                 precision: str = "fp32", cuda_graphs: bool = False):
-        self.model = model
+                 precision: str = "fp32", cuda_graphs: bool = False, greedy: bool = False):
+        self.model, self.spec, self.greedy = model, spec, greedy
+        self.acting = ("mean" if spec.num_actions is None else "argmax") if greedy else "sampled"
         self.outputs = policy_outputs(spec)
         self.dist = for_actions(spec.num_actions)
         self.core_state = model.core_spec
@@ -50,4 +53,5 @@ class ModelPolicy(Policy):
         params, value = params.float(), value.float()
         if core is not None:
             core = core.float()
-        return self.dist.sample(params), {self.dist.field: params, "value": value}, core
+        actions = self.dist.mode(params) if self.greedy else self.dist.sample(params)
+        return actions, {self.dist.field: params, "value": value}, core

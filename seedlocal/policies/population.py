@@ -304,6 +304,32 @@ class PopulationForward:
         return h.squeeze(0)
 
 
+def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noise: float = 0.0) -> torch.Tensor:
+    """The population's action rule, one member's network output -> its action: over a Box the output itself
+    (the env clips it), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions the argmax
+    of the logits (``greedy``, the deep-GA convention) or a sample from their softmax."""
+    if continuous:
+        return out if not action_noise else out + action_noise * torch.randn_like(out)
+    if greedy:
+        return out.argmax(-1)
+    return torch.multinomial(torch.softmax(out, -1), 1).squeeze(-1)
+
+
+class MemberPolicy(Policy):
+    """One network acting alone by the population's rule (``member_actions``): seedlocal eval's policy for a
+    neuroevolution checkpoint, whose best member's vector fills ``net`` (with the population's observation
+    statistics where it has them). No action noise: eval plays the policy itself."""
+
+    def __init__(self, net: PolicyNet, spec, greedy: bool):
+        self.net, self.spec, self.greedy = net, spec, greedy
+        self.device = next(net.parameters()).device
+        self.acting = "its output" if net.continuous else "argmax" if greedy else "sampled"
+
+    @torch.inference_mode()
+    def act(self, obs, core=None, env_ids=None, first=None):
+        return member_actions(self.net(obs), self.net.continuous, self.greedy), {}, None
+
+
 class Job:
     """The episodes of one population: ``returns[m]`` (raw) and ``fitness[m]``
     (what selection sees: the return less ``reward_shift`` per step, see
@@ -536,13 +562,7 @@ class PopulationPolicy(Policy):
                     self._seen.update(flatten_obs(self.forward.obs_keys, obs, self.forward.obs_classes))
                     if self._seen_written is not None:  # what commit_obs_stats waits for before it reads
                         self._seen_written.record(torch.cuda.current_stream(self.device))
-            out = self.forward(envs[active], obs)
-            if self.continuous:
-                chosen = out if not self.action_noise else out + self.action_noise * torch.randn_like(out)
-            elif self.greedy:
-                chosen = out.argmax(-1)
-            else:
-                chosen = torch.multinomial(torch.softmax(out, -1), 1).squeeze(-1)
+            chosen = member_actions(self.forward(envs[active], obs), self.continuous, self.greedy, self.action_noise)
             if len(active) < len(envs):
                 actions[idx] = chosen
             else:

@@ -14,50 +14,72 @@ from seedlocal.pipeline.policy import Policy
 
 
 class R2D2Policy(Policy):
-    """Epsilon-greedy on the online network's Q-values, one epsilon per env slot;
-    stacks each env's frames itself when ``stack`` > 1."""
+    """Epsilon-greedy on the online network's Q-values: ``epsilons`` holds
+    one epsilon per env slot (training's schedule), or is one number for
+    every env (seedlocal eval). Stacks each env's frames itself when
+    ``stack`` > 1. Its random draws come from a generator seeded with
+    ``seed`` on ``draws_on`` (default: the policy's device; eval draws on the
+    host, so that it explores alike on every device)."""
 
-    def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor, lock: WeightLock, device, stack: int,
-                 seed: int, cuda_graphs: bool = False):
+    def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor | float, lock: WeightLock, device,
+                 stack: int, seed: int, cuda_graphs: bool = False, draws_on: str | None = None):
         self.net, self.spec, self.lock, self.device = net, spec, lock, device
         self._step = GraphedStep(net.step, device) if cuda_graphs else net.step
         self.outputs = {}
         self.core_state = net.core_spec
-        self.eps = epsilons.to(device)
+        eps = torch.as_tensor(epsilons, dtype=torch.float32)
+        self.acting = ("epsilon-greedy, an epsilon per env slot" if eps.ndim else
+                       f"epsilon-greedy, epsilon {float(eps):g}" if float(eps) else "argmax")
+        self.eps = eps.to(device)
         self.stack = stack
-        self.hist = None
-        if stack > 1:
-            single = spec.obs[""]  # the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255
-            self.hist = torch.zeros((len(epsilons), stack) + tuple(single.shape[1:]), dtype=torch_dtype(single.dtype),
-                                    device=device)
-        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.hist = None  # [env slots, stack, H, W]: each env's last frames
+        if stack > 1 and self.eps.ndim:
+            self._history(len(self.eps))
+        self.gen = torch.Generator(device=draws_on or device).manual_seed(seed)
+
+    def _history(self, rows: int) -> torch.Tensor:
+        """The frame history, grown to ``rows`` env slots (eval learns its count from its first batch)."""
+        if self.hist is None or len(self.hist) < rows:
+            single = self.spec.obs[""]  # the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255
+            grown = torch.zeros((rows, self.stack) + tuple(single.shape[1:]), dtype=torch_dtype(single.dtype),
+                                device=self.device)
+            if self.hist is not None:
+                grown[:len(self.hist)] = self.hist
+            self.hist = grown
+        return self.hist
 
     def prepare(self, sizes, obs):
         if isinstance(self._step, GraphedStep):
-            if self.hist is not None:  # the network sees stacked frames
+            if self.stack > 1:  # the network sees stacked frames
                 obs = {"": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
                                        device=self.device)}
             self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
 
     def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start."""
-        prev = self.hist[ids]
-        rolled = torch.cat([prev[:, 1:], frames], dim=1)
+        hist = self._history(int(ids.max()) + 1)
+        rolled = torch.cat([hist[ids][:, 1:], frames], dim=1)
         fresh = frames.expand(-1, self.stack, -1, -1)
         out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
-        self.hist[ids] = out
+        hist[ids] = out
         return out
+
+    def _draws(self, n: int, actions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform [0, 1) numbers and random actions for ``n`` rows, from this policy's generator."""
+        on = self.gen.device
+        u = torch.rand(n, generator=self.gen, device=on)
+        random = torch.randint(actions, (n,), generator=self.gen, device=on)
+        return u.to(self.device), random.to(self.device)
 
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
         n = next(iter(obs.values())).shape[0]
         ids = torch.from_numpy(env_ids if env_ids is not None else np.arange(n)).to(self.device)
-        if self.hist is not None:
+        if self.stack > 1:
             starts = first if first is not None else np.zeros(n, bool)
             obs = {"": self.stacked(obs[""], ids, torch.from_numpy(starts).to(self.device))}
         with self.lock.reading():
             q, core = self._step(obs, core)
-        n = q.shape[0]
-        explore = torch.rand(n, generator=self.gen, device=self.device) < self.eps[ids]
-        random = torch.randint(q.shape[1], (n,), generator=self.gen, device=self.device)
+        u, random = self._draws(q.shape[0], q.shape[1])
+        explore = u < (self.eps[ids] if self.eps.ndim else self.eps)
         return torch.where(explore, random, q.argmax(-1)), {}, core.float()

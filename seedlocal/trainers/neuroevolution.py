@@ -35,10 +35,10 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_net
                               validate_bridge, validate_pipeline, validate_run_options)
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
-from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
-from seedlocal.policies.population import PopulationPolicy, strategies
+from seedlocal.networks import PolicyNet, action_identity, checkpoint_encoder, encoder_identity, obs_identity
+from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape
-from seedlocal.trainers.run import Run, Trainer, run
+from seedlocal.trainers.run import Family, Run, Trainer, checkpoint_env, rebuilding, run
 
 
 def _pipeline_default() -> PipelineConfig:
@@ -650,3 +650,23 @@ class NeuroevoTrainer(Trainer):
 
 def train(cfg: NeuroevoRun) -> dict:
     return run(NeuroevoTrainer, cfg, validate(cfg))
+
+
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> MemberPolicy:
+    """A checkpoint's best member acting alone by the population's rule: argmax or a sample over Discrete
+    actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
+    the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""
+    ident = state.get("identity", {})
+    spec = checkpoint_env(state)
+    with rebuilding(state):
+        cfg = NeuroevoRun(encoder=checkpoint_encoder(ident, spec), hidden=tuple(ident["hidden"]),
+                          obs_norm=ident.get("obs_norm", False))
+        net = build_policy(cfg, spec)
+        torch.nn.utils.vector_to_parameters(state["best_params"].float(), net.parameters())
+        if net.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
+            net.obs_norm.load_state_dict(state["obs_norm"])
+    trained = bool(state.get("config", {}).get("greedy", True))
+    return MemberPolicy(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
+
+
+FAMILIES = tuple(Family(name, cls, PRESETS[name], train, from_checkpoint) for name, cls in ALGOS.items())

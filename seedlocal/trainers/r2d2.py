@@ -43,14 +43,14 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOption
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import RecurrentQNet, encoder_identity, image_layout, obs_identity
+from seedlocal.networks import RecurrentQNet, checkpoint_encoder, encoder_identity, image_layout, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shape import ShapeNeeds, pipeline_shape
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
-from seedlocal.trainers.run import WAIT_S, Run, Trainer, mean_of, run
+from seedlocal.trainers.run import WAIT_S, Family, Run, Trainer, checkpoint_env, mean_of, rebuilding, run
 
 
 @dataclass
@@ -125,11 +125,12 @@ def net_spec(spec, frame_stack: int):
     return dataclasses.replace(spec, obs={"": dataclasses.replace(single, shape=shape)})
 
 
-def build_net(cfg: R2D2Run, spec) -> RecurrentQNet:
+def build_net(cfg: R2D2Run, spec, device: torch.device | None = None) -> RecurrentQNet:
+    """The Q-network, its torso's precision that of ``device`` (default: the pipeline's)."""
     a = cfg.algo
     net = RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=a.encoder, hidden=tuple(a.hidden),
                         lstm_size=a.lstm_size)
-    net.precision = resolve_precision(a.precision, net.kind, resolve_device(cfg.pipeline.device))
+    net.precision = resolve_precision(a.precision, net.kind, device or resolve_device(cfg.pipeline.device))
     return net
 
 
@@ -446,3 +447,26 @@ class R2D2Trainer(Trainer):
 
 def train(cfg: R2D2Run) -> dict:
     return run(R2D2Trainer, cfg, validate(cfg))
+
+
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> R2D2Policy:
+    """A checkpoint's online network acting as training's evaluation slots do: epsilon-greedy with ``epsilon``
+    (greedy None or True), its frames stacked as in training. Its draws come from a seeded host generator. The
+    network is sized by the checkpoint's identity, as it was saved."""
+    if greedy is False:
+        raise ConfigError("policy=sample: R2D2 acts epsilon-greedily on Q-values, which are not a distribution "
+                          "to sample; use --policy trained or argmax")
+    ident = state.get("identity", {})
+    spec = checkpoint_env(state)
+    with rebuilding(state):
+        stack = int(ident["frame_stack"])
+        cfg = R2D2Run(frame_stack=stack, algo=R2D2Params(
+            encoder=checkpoint_encoder(ident, net_spec(spec, stack)), hidden=tuple(ident["hidden"]),
+            lstm_size=ident["lstm_size"]))
+        net = build_net(cfg, spec, device)
+        net.load_state_dict(state["model"])
+    return R2D2Policy(net.to(device).eval(), spec, epsilon, WeightLock(device), device,
+                      stack if "" in spec.obs else 1, seed=0, draws_on="cpu")
+
+
+FAMILIES = (Family("r2d2", R2D2Run, PRESETS, train, from_checkpoint),)

@@ -24,7 +24,9 @@ import dataclasses
 import json
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -32,11 +34,27 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.config import resolve_device, resume_line
 from seedlocal.monitor import RunMonitor, closing_line
+from seedlocal.networks import action_identity, obs_identity
 from seedlocal.pipeline.bridge_server import BridgeMeter
+from seedlocal.pipeline.envs import describe
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
 from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One algorithm family as the command line and ``seedlocal eval`` see it (``families.py`` lists them):
+    ``seedlocal train <name>`` parses ``run`` (a config dataclass) over one of ``presets`` and calls
+    ``train``; eval plays a checkpoint of it through ``from_checkpoint(state, device, greedy, epsilon)``, the
+    policy training's inference serves (``greedy`` None: acting as the run acted in training)."""
+
+    name: str
+    run: type
+    presets: dict
+    train: Callable[..., dict]
+    from_checkpoint: Callable[..., Policy]
+
 
 WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)
 
@@ -232,6 +250,28 @@ def restore_generators(saved: dict | None) -> None:
         # A checkpoint may come from a machine with more GPUs: restore those this one has.
         for i, state in enumerate(saved["cuda"][:torch.cuda.device_count()]):
             torch.cuda.set_rng_state(state, i)
+
+
+def checkpoint_env(state: dict):
+    """The env a checkpoint was trained on, as it is here now, refused (CheckpointError) unless its observations
+    and actions are still those the checkpoint's network was trained on (a user's own env may have changed)."""
+    ident = state.get("identity", {})
+    with rebuilding(state):
+        spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
+    checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec), **action_identity(spec)})
+    return spec
+
+
+@contextmanager
+def rebuilding(state: dict):
+    """Rebuild a checkpoint's network: what a damaged or foreign checkpoint raises becomes a CheckpointError
+    naming it."""
+    try:
+        yield
+    except checkpoint.CheckpointError:
+        raise
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        raise checkpoint.CheckpointError(f"{state.get('path')}: cannot rebuild its network ({e})") from None
 
 
 def default_run_name(spec, algo: str, seed: int) -> str:

@@ -26,13 +26,13 @@ from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOption
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
+from seedlocal.networks import ActorCritic, action_identity, checkpoint_encoder, encoder_identity, obs_identity
 from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.shape import ShapeNeeds, pipeline_shape
-from seedlocal.trainers.run import WAIT_S, Run, Trainer, run
+from seedlocal.trainers.run import WAIT_S, Family, Run, Trainer, checkpoint_env, rebuilding, run
 
 # Learner statistics measured once per logging interval (see learner_step).
 DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
@@ -466,3 +466,21 @@ class VTraceTrainer(Trainer):
 def train(cfg: VTraceRun) -> dict:
     """Train until a budget ends; returns a summary (also on Ctrl-C, re-raised after saving)."""
     return run(VTraceTrainer, cfg, validate(cfg))
+
+
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> ModelPolicy:
+    """A checkpoint's network acting as training's inference serves it: sampling (``greedy`` None, as trained,
+    or False), or its distribution's mode (True). ``epsilon`` is R2D2's; V-trace acts without it. The network
+    is sized by the checkpoint's identity, as it was saved."""
+    ident = state.get("identity", {})
+    spec = checkpoint_env(state)
+    with rebuilding(state):
+        cfg = VTraceRun(algo=VTraceParams(encoder=checkpoint_encoder(ident, spec), hidden=tuple(ident["hidden"]),
+                                          lstm_size=ident["lstm_size"], obs_norm=ident.get("obs_norm", False),
+                                          separate_critic=ident.get("separate_critic", False)))
+        model = build_model(cfg, spec)
+        model.load_state_dict(state["model"])
+    return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy))
+
+
+FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint),)
