@@ -17,7 +17,8 @@ import torch
 
 from seedlocal import checkpoint, video
 from seedlocal.algos.distributions import for_actions
-from seedlocal.config import check_writable, fail, resolve_device
+from seedlocal.config.checks import check_writable, resolve_device
+from seedlocal.errors import fail
 from seedlocal.networks import ActorCritic, PolicyNet, action_identity, checkpoint_encoder, obs_identity
 from seedlocal.pipeline.envs import describe, make_group
 

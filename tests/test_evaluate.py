@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.evaluate import _R2D2Player, play
 from seedlocal.networks import ActorCritic, PolicyNet, RecurrentQNet
