@@ -31,7 +31,8 @@ import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from seedlocal.measure.raw import RawEnvpool
-from seedlocal.config import EnvConfig, resolve_device
+from seedlocal.config.schema import EnvConfig
+from seedlocal.config.checks import resolve_device
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.networks import PolicyNet
 from seedlocal.trainers.neuroevolution import ESRun, GARun, train

@@ -17,7 +17,7 @@ import errno
 import signal
 import sys
 
-# Nothing heavy at import time (seedlocal.config pulls in torch, a second or
+# Nothing heavy at import time (the trainers pull in torch, a second or
 # two): a Ctrl-C while it loads must end as quietly as one during a run.
 
 USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,bench,actors} [--help] [options]
@@ -118,7 +118,7 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
 
 def _preset_for_env(args: list[str], presets: dict) -> str:
     """With no --preset, the preset made for the kind of env given by --env.id
-    (``config.task_kind``: Atari's for image frames, Football's for gfootball
+    (``config.checks.task_kind``: Atari's for image frames, Football's for gfootball
     minimaps, MinAtar's for small grids, MuJoCo's for Box actions), so that a new task of
     a kind seedlocal supports starts from settings that learn it, not
     CartPole's. Said in one line; an env that cannot be described is left to
@@ -126,7 +126,7 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
     env_id = _option(args, "--env.id")
     if env_id is None or _option(args, "--resume") is not None:
         return "cartpole"
-    from seedlocal.config import task_kind
+    from seedlocal.config.checks import task_kind
     from seedlocal.pipeline.envs import describe
 
     try:
@@ -175,7 +175,7 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     if not path:
         return None, None
     from seedlocal.checkpoint import load
-    from seedlocal.config import saved_config
+    from seedlocal.config.resume import saved_config
     from seedlocal.errors import ConfigError
 
     state = load(path)
@@ -294,7 +294,7 @@ def _check_resume(cfg, saved, counters: dict | None):
     ``counters``) whose budget is already spent, which would start its workers
     only to stop at once and rewrite its summary with an empty one, or names
     another folder for it: a resumed run goes on where its checkpoints are."""
-    from seedlocal.config import budget_left
+    from seedlocal.config.resume import budget_left
     from seedlocal.errors import ConfigError
 
     if counters is None:

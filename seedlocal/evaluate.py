@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint, families, video
-from seedlocal.config import check_writable, fail, resolve_device
+from seedlocal.config.checks import check_writable, resolve_device
+from seedlocal.errors import fail
 from seedlocal.pipeline.envs import make_group
 from seedlocal.pipeline.policy import Policy
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from seedlocal.config import BridgeConfig, PipelineConfig
+from seedlocal.config.schema import BridgeConfig, PipelineConfig
 from seedlocal.errors import fail
 
 GROUPS_PER_WORKER = 2  # double buffering

@@ -6,7 +6,7 @@ import queue
 
 import numpy as np
 
-from seedlocal.config import EnvConfig, PipelineConfig
+from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.pipeline.pipeline import Pipeline
 
 FIELDS = ("obs", "action", "reward", "terminated", "truncated", "ignored", "ep_return", "ep_length",

@@ -196,7 +196,7 @@ def test_a_pair_its_centre_and_the_checkpoint_share_one_set_of_observation_stati
     and the centre scored beside them are normalised alike; the checkpoint
     holds the statistics its state's population plays under."""
     from seedlocal import checkpoint
-    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
     from seedlocal.normalize import RunningNorm
     from seedlocal.policies.population import PopulationPolicy
     from seedlocal.trainers.neuroevolution import ARSRun, train

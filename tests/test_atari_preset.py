@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import describe
 from seedlocal.trainers.vtrace import PRESETS, build_model, train
 

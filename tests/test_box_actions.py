@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from seedlocal.cli import main
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
@@ -44,7 +44,7 @@ def test_a_shaped_box_acts_through_the_bridge(tmp_path):
     host's env gets its (2, 3) shape, and the run ends on its budget."""
     from test_bridge import actors, finish, free_port
 
-    from seedlocal.config import BridgeConfig, PipelineConfig
+    from seedlocal.config.schema import BridgeConfig, PipelineConfig
     from seedlocal.trainers.neuroevolution import ESRun, train
 
     port = free_port()

@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 from helpers import collect_unrolls
-from seedlocal.config import BridgeConfig, ConfigError, EnvConfig, PipelineConfig
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
+from seedlocal.errors import ConfigError
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.pipeline import Pipeline

@@ -5,7 +5,9 @@ import sys
 import pytest
 import torch
 
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig, validate_pipeline
+from seedlocal.errors import ConfigError
+from seedlocal.config.schema import EnvConfig, PipelineConfig
+from seedlocal.config.checks import validate_pipeline
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.pipeline import Pipeline
@@ -166,9 +168,9 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, me
     its folder, so the same name runs at once with sane values."""
     from conftest import seedlocal_segments
     from seedlocal.cli import main
-    from seedlocal import config
+    from seedlocal.config import checks
 
-    monkeypatch.setattr(config, "available_bytes", lambda: 8e9)
+    monkeypatch.setattr(checks, "available_bytes", lambda: 8e9)
     base = ["train", "vtrace", "--log-dir", str(tmp_path), "--run-name", "big", "--no-progress"]
     assert main(base + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -186,10 +188,10 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, me
 def test_networks_the_machine_cannot_hold_are_refused_in_one_line(argv, message, tmp_path, capsys, monkeypatch):
     """Counted on the meta device, before anything is allocated: torch's own
     failure is a traceback from inside its allocator."""
-    from seedlocal import config
+    from seedlocal.config import checks
     from seedlocal.cli import main
 
-    monkeypatch.setattr(config, "available_bytes", lambda: 8e9)
+    monkeypatch.setattr(checks, "available_bytes", lambda: 8e9)
     assert main(["train", *argv, "--log-dir", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("seedlocal: error: " + message) and "make it smaller" in err[0], err

@@ -181,7 +181,7 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
     Then the observation statistics come back bitwise from the checkpoint."""
     from seedlocal import checkpoint
     from seedlocal.trainers.vtrace import PRESETS, VTraceRun, build_model, train
-    from seedlocal.config import EnvConfig
+    from seedlocal.config.schema import EnvConfig
     from seedlocal.pipeline.envs import validate_env
 
     preset = PRESETS["mujoco"]
@@ -201,7 +201,7 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
 def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path):
     from seedlocal import checkpoint
     from seedlocal.algos.es import ESParams
-    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
     from seedlocal.trainers.neuroevolution import ESRun, train
 
     # ES here is not bitwise repeatable (which member plays in which slot, and the observation statistics
@@ -223,7 +223,7 @@ def test_box_actions_cross_the_bridge_and_are_clipped_on_the_actor_host():
     learner's store."""
     from test_bridge import actors, kill_host, serve_until
 
-    from seedlocal.config import BridgeConfig, EnvConfig, PipelineConfig
+    from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
     from seedlocal.networks import ActorCritic
     from seedlocal.pipeline.pipeline import Pipeline
     from seedlocal.policies.actor_critic import ModelPolicy

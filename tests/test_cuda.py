@@ -10,7 +10,7 @@ import torch
 
 from helpers import take_unrolls, tiny_pipeline
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.networks import ActorCritic, PolicyNet
 from seedlocal.pipeline.cuda import WeightLock
@@ -364,7 +364,7 @@ def test_graph_capture_while_the_learner_thread_is_busy():
 
 
 def _gpu_run(tmp_path, algo, **kw):
-    from seedlocal.config import PipelineConfig
+    from seedlocal.config.schema import PipelineConfig
     from seedlocal.trainers.vtrace import VTraceRun
     from seedlocal.trainers.r2d2 import R2D2Run
 

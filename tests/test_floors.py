@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).parent.parent / "seedlocal"
 # Lowest first. A unit is a top-level module or a folder.
 FLOORS = [
     ["spec", "errors", "dtypes", "arithmetic", "normalize"],  # the words and the arithmetic every floor shares
-    ["checkpoint", "networks", "shm", "config"],  # files, networks, shared memory, the config's schema
+    ["checkpoint", "networks", "shm", "config"],  # files, networks, shared memory, the config's schema and checks
     ["shape", "monitor", "algos"],  # the pipeline's sizes, TensorBoard, the math of each algorithm
     ["pipeline"],  # every process and every wait
     ["policies", "video"],  # how the inference loop acts; frames of an episode

@@ -174,7 +174,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
     Here the test plays each side by hand against the production code."""
     import threading
 
-    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
     from seedlocal.pipeline.envs import validate_env
     from seedlocal.policies import RandomPolicy
     from seedlocal.pipeline.actors import ActorPool

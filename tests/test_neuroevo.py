@@ -11,7 +11,7 @@ from torch import nn
 
 from seedlocal.algos import es, ga, random_search
 from seedlocal.algos.neuroevo import ParamSpace, centered_ranks, new_seeds, noise, noise_table, noise_table_length
-from seedlocal.config import ConfigError
+from seedlocal.errors import ConfigError
 
 TARGET = torch.linspace(-1.0, 1.0, 10)
 

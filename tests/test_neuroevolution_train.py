@@ -13,7 +13,7 @@ import torch
 from helpers import tiny_pipeline
 from seedlocal import checkpoint
 from seedlocal.algos.neuroevo import ParamSpace
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
@@ -414,7 +414,7 @@ ENDLESS = EnvConfig(id="faulty_envs:Endless-v0")  # tests/faulty_envs.py: never 
 def _endless_ga(tmp_path, **options) -> GARun:
     """A GA of 8 members on 4 env slots of Endless-v0."""
     from seedlocal.algos.ga import GAParams
-    from seedlocal.config import PipelineConfig
+    from seedlocal.config.schema import PipelineConfig
 
     return GARun(**{"env": ENDLESS, "log_dir": str(tmp_path), "progress": False,
                     "algo": GAParams(population_size=8, truncation=2, elite_candidates=2, elite_episodes=1),

@@ -139,7 +139,7 @@ def test_lstm_state_is_kept_reset_and_stored_per_unroll():
 
 
 def test_impala_resnet_encoder_shapes():
-    from seedlocal.config import EnvConfig
+    from seedlocal.config.schema import EnvConfig
     from seedlocal.pipeline.envs import validate_env
 
     spec = validate_env(EnvConfig(id="Pong-v5"))

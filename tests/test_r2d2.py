@@ -167,7 +167,7 @@ def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
 def test_target_network_is_a_frozen_independent_copy():
     """``frozen_copy`` (the trainer's target): the same outputs, no
     gradients, and storage of its own, so online updates leave it alone."""
-    from seedlocal.config import EnvConfig
+    from seedlocal.config.schema import EnvConfig
     from seedlocal.pipeline.envs import validate_env
     from seedlocal.networks import RecurrentQNet
 

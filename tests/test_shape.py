@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from seedlocal.config import BridgeConfig, ConfigError, PipelineConfig
+from seedlocal.config.schema import BridgeConfig, PipelineConfig
+from seedlocal.errors import ConfigError
 from seedlocal.shape import ShapeNeeds, actor_host_shape, pipeline_shape
 
 ROOT = Path(__file__).resolve().parents[1] / "seedlocal"
@@ -188,8 +189,8 @@ def test_the_checker_sees_the_formulas_it_forbids():
 
 
 def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
-    """The walk of pipeline.envs_per_worker from the command line to envpool (docs/architecture.md): config.py
-    (envs_per_worker) -> shape.py (envs_per_group) -> pipeline/actors.py -> pipeline/worker.py ->
+    """The walk of pipeline.envs_per_worker from the command line to envpool (docs/architecture.md):
+    config/schema.py (envs_per_worker) -> shape.py (envs_per_group) -> pipeline/actors.py -> pipeline/worker.py ->
     pipeline/envs.py (envpool's num_envs), under two names."""
     readers = set()
     for path in ROOT.rglob("*.py"):

@@ -235,7 +235,7 @@ def test_a_checkpoint_from_before_the_torso_evaluates_with_its_mlp(tmp_path):
     a resumed run is refused by name."""
     import grid_envs  # noqa: F401  (registers BoolGrid-v0)
 
-    from seedlocal.config import EnvConfig
+    from seedlocal.config.schema import EnvConfig
     from seedlocal.pipeline.envs import validate_env
     from seedlocal.evaluate import policy_of
     from seedlocal.trainers.vtrace import VTraceRun, identity
@@ -256,7 +256,7 @@ def test_vtrace_trains_on_a_bool_grid_env_through_the_pipeline(tmp_path):
     import grid_envs  # noqa: F401
 
     from seedlocal.algos.vtrace import VTraceParams
-    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
     from seedlocal.trainers.vtrace import VTraceRun, train
 
     cfg = VTraceRun(env=EnvConfig(id="grid_envs:BoolGrid-v0"), total_steps=600, log_dir=str(tmp_path),
@@ -277,7 +277,7 @@ def test_r2d2_and_ga_run_on_a_bool_grid_env(tmp_path):
 
     from seedlocal.algos.ga import GAParams
     from seedlocal.algos.r2d2 import R2D2Params
-    from seedlocal.config import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
     from seedlocal.trainers import neuroevolution, r2d2
 
     env = EnvConfig(id="grid_envs:BoolGrid-v0")

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
+from seedlocal.errors import ConfigError
+from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.networks import RecurrentQNet, encode_obs
 from seedlocal.pipeline.envs import describe
 from seedlocal.trainers.r2d2 import PRESETS, R2D2Run, train, validate

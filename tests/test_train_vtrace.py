@@ -16,7 +16,8 @@ from conftest import seedlocal_segments
 from helpers import terminal_like
 from seedlocal import checkpoint
 from seedlocal.checkpoint import CheckpointError
-from seedlocal.config import ConfigError, EnvConfig, PipelineConfig
+from seedlocal.errors import ConfigError
+from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.trainers.vtrace import PRESETS, VTraceRun, train

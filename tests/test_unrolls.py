@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_pipeline
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.inference import InferenceThread

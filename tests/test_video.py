@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seedlocal import video
-from seedlocal.config import EnvConfig
+from seedlocal.config.schema import EnvConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.evaluate import Acting, encode_gif, record
 from seedlocal.networks import ActorCritic

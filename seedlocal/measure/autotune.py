@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from seedlocal.config import PipelineConfig
+from seedlocal.config.schema import PipelineConfig
 from seedlocal.errors import ConfigError
 from seedlocal.shape import pipeline_shape
 

@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedlocal.config import EnvConfig, PipelineConfig, check_writable, resolve_device, validate_pipeline
+from seedlocal.config.schema import EnvConfig, PipelineConfig
+from seedlocal.config.checks import check_writable, resolve_device, validate_pipeline
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.measure.raw import RawEnvpool

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from seedlocal.config import BridgeConfig, EnvConfig, PipelineConfig
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
 
 
 def _measure(pipe, seconds: float) -> tuple[float, float]:

@@ -126,7 +126,8 @@ class ActorPool:
         return range(self.num_local_groups, self.num_groups)
 
     def _start_server(self) -> None:
-        from seedlocal.config import ConfigError, bridge_token, split_address
+        from seedlocal.errors import ConfigError
+        from seedlocal.config.checks import bridge_token, split_address
         from seedlocal.pipeline import wire
         from seedlocal.pipeline.bridge_server import ServerArgs, run_bridge_server
 

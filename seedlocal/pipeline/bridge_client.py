@@ -44,7 +44,8 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from seedlocal.config import ConfigError, bridge_token, is_loopback, split_address
+from seedlocal.errors import ConfigError
+from seedlocal.config.checks import bridge_token, is_loopback, split_address
 from seedlocal.pipeline import wire
 from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
 from seedlocal.shape import actor_host_shape, worker_groups

@@ -25,7 +25,7 @@ from seedlocal.errors import ConfigError, EnvContractError
 from seedlocal.spec import EnvSpec, TensorSpec
 
 if TYPE_CHECKING:  # a worker imports this module, and no torch: config is only named here
-    from seedlocal.config import EnvConfig
+    from seedlocal.config.schema import EnvConfig
 
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
 # envpool's seed is a C++ int and env i of a group is seeded seed + i, so every

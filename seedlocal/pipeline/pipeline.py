@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, resolve_device, short_of_memory,
-                              validate_bridge, validate_pipeline)
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
+from seedlocal.config.checks import resolve_device, short_of_memory, validate_bridge, validate_pipeline
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import ActorPool

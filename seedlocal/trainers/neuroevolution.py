@@ -31,10 +31,11 @@ import torch
 
 from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, check_network_fits, fail, task_kind,
-                              validate_bridge, validate_pipeline, validate_run_options)
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
+from seedlocal.config.checks import (check_network_fits, task_kind, validate_bridge, validate_pipeline,
+                                     validate_run_options)
 from seedlocal.pipeline.envs import validate_env
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, checkpoint_encoder, encoder_identity, obs_identity
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape

@@ -37,11 +37,11 @@ import torch
 
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
-                              resolve_device, short_of_memory, validate_bridge, validate_pipeline,
-                              validate_run_options)
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
+from seedlocal.config.checks import (check_network_fits, resolve_device, short_of_memory, validate_bridge,
+                                     validate_pipeline, validate_run_options)
 from seedlocal.pipeline.envs import validate_env
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import RecurrentQNet, checkpoint_encoder, encoder_identity, image_layout, obs_identity
 from seedlocal.pipeline.cuda import WeightLock

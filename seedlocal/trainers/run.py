@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint
-from seedlocal.config import resolve_device, resume_line
+from seedlocal.config.checks import resolve_device
+from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.networks import action_identity, obs_identity
 from seedlocal.pipeline.bridge_server import BridgeMeter

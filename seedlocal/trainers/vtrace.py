@@ -21,10 +21,10 @@ import torch
 
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config import (BridgeConfig, EnvConfig, PipelineConfig, RunOptions, check_network_fits, fail,
-                              validate_bridge, validate_pipeline, validate_run_options)
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
+from seedlocal.config.checks import check_network_fits, validate_bridge, validate_pipeline, validate_run_options
 from seedlocal.pipeline.envs import validate_env
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import ActorCritic, action_identity, checkpoint_encoder, encoder_identity, obs_identity
 from seedlocal.normalize import RewardScaler
@@ -103,9 +103,9 @@ PRESETS: dict[str, VTraceRun] = {
 
 
 def preset_for(spec) -> VTraceRun:
-    """The preset made for an env's kind (``config.task_kind``): Atari's for images, Football's for
+    """The preset made for an env's kind (``config.checks.task_kind``): Atari's for images, Football's for
     gfootball's minimaps, MinAtar's for small grids, MuJoCo's for Box actions, else CartPole's."""
-    from seedlocal.config import task_kind
+    from seedlocal.config.checks import task_kind
 
     return PRESETS[task_kind(spec)]
 

@@ -1,7 +1,9 @@
-"""Typed configuration, parsed by tyro; checked before any process starts.
+"""Checks of the config, before any process starts.
 
 Every check raises :class:`ConfigError` whose message starts with the field
-and the value it refuses, e.g. ``pipeline.envs_per_worker=3: ...``.
+and the value it refuses, e.g. ``pipeline.envs_per_worker=3: ...``. torch is
+imported inside the functions that need it: an actor host (``seedlocal
+actors``) reads this module and needs no torch.
 """
 
 from __future__ import annotations
@@ -9,107 +11,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from seedlocal.errors import CheckpointError, ConfigError, fail  # fail: re-exported for the trainers
+from seedlocal.config.schema import BridgeConfig, PipelineConfig
+from seedlocal.errors import ConfigError, fail
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass
-class EnvConfig:
-    id: str = "CartPole-v1"
-    """environment id: any envpool id (Atari *-v5, classic control, MiniGrid, gfootball ...) or a registered Gymnasium id"""
-    backend: Literal["auto", "envpool", "gymnasium", "null"] = "auto"
-    """auto: envpool if it has the id, else the Gymnasium fallback; null: no env (transport ceiling)"""
-    seed: int = 1
-    """base seed; environment i of the run gets seed + i"""
-    frame_stack: int = 0
-    """frames an Atari observation stacks (envpool's stack_num); 0 = the env's default (4)"""
-
-
-@dataclass
-class PipelineConfig:
-    num_workers: int = 2
-    """env worker processes"""
-    envs_per_worker: int = 32
-    """environments per worker, stepped in two equal groups (double buffering)"""
-    env_threads: int = 0
-    """envpool threads over all workers; 0 = one per CPU core"""
-    unroll_length: int = 32
-    """steps per unroll (T); each unroll stores T + 1 observations (R2D2: 0 = algo.unroll_length, the only
-    length it takes)"""
-    num_buffers: int = 0
-    """unrolls in shared memory; 0 = V-trace: one per group, at least a batch; R2D2: two per group; else three"""
-    min_batch_envs: int = 0
-    """inference waits for this many ready envs (0 = half of all envs, one group per worker) ..."""
-    batch_timeout_ms: float = 2.0
-    """... or this long after the first is ready, whichever comes first"""
-    device: str = "auto"
-    """where the policy runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N"""
-    cuda_graphs: bool = False
-    """replay the inference forward as CUDA graphs, one per batch size padded to a power of two
-    (CUDA only; off by default until measured faster on a GPU)"""
-    max_restarts: int = 3
-    """restarts allowed per env worker within pipeline.restart_window_s before the run stops with an error
-    (an env that always fails stops the run fast; rare crashes over a long run do not)"""
-    restart_window_s: float = 600.0
-    """the window max_restarts counts over (0 = the whole run)"""
-    stall_s: float = 10.0
-    """seconds without an env step before the run names the workers still inside an env's step (a hung env;
-    the run then ends at its time budget); a single stuck worker is named after 3 x this"""
-    inference_threads: int = 1
-    """torch CPU threads of the inference thread (cores are better spent on environments)"""
-    learner_threads: int = 0
-    """torch CPU threads of the learner thread; 0 = one per CPU core"""
-
-
-@dataclass
-class BridgeConfig:
-    listen: str = ""
-    """HOST:PORT where actor hosts connect (seedlocal actors --connect); empty = no bridge; a bare :PORT binds
-    loopback"""
-    remote_envs: int = 0
-    """environments stepped on actor hosts, a multiple of pipeline.envs_per_worker (hosts run workers like it)"""
-    token_file: str = ""
-    """file holding the shared secret (default: the SEEDLOCAL_BRIDGE_TOKEN environment variable)"""
-    tls_cert: str = ""
-    """PEM certificate chain for TLS (with tls_key); actor hosts pass the CA with --tls-ca"""
-    tls_key: str = ""
-    """PEM private key for TLS"""
-    insecure: bool = False
-    """listen beyond loopback without TLS: the network is trusted (traffic can be read and altered on the way)"""
-
-
-@dataclass
-class RunOptions:
-    """Budget, logging and checkpoint options every step-based trainer shares
-    (``VTraceRun``, ``R2D2Run``); their own fields follow these."""
-
-    total_steps: int = 300_000
-    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
-    seconds: float = 0.0
-    """wall-clock budget in seconds; 0 = none"""
-    stop_at_return: float = 0.0
-    """stop early once the mean return of the last 20 episodes reaches this (0 = never; R2D2 tests its
-    evaluation slots' return)"""
-    run_name: str = ""
-    """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
-    log_dir: str = "runs"
-    """where runs (TensorBoard events, checkpoints) are written"""
-    log_every_s: float = 2.0
-    """seconds between TensorBoard points"""
-    checkpoint_every_min: float = 5.0
-    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
-    keep_checkpoints: int = 3
-    """newest checkpoints kept per run (0 = all)"""
-    resume: str = ""
-    """run directory or checkpoint to continue; same config, same TensorBoard curve"""
-    progress: bool = True
-    """live one-line progress on the terminal"""
 
 
 def _floats(obj, prefix: str = ""):
@@ -203,13 +112,6 @@ def available_bytes() -> int | None:
     return None
 
 
-def budget_left(field: str, budget: int, done: int, unit: str) -> None:
-    """A resumed run whose budget is already spent would start its workers
-    only to stop at once and rewrite its summary with an empty one."""
-    if budget and done >= budget:
-        fail(field, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")
-
-
 def resolve_device(value: str) -> torch.device:
     import torch  # here, not at the top: an actor host (seedlocal actors) reads this module and needs no torch
 
@@ -271,71 +173,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
         raise ConfigError(f"{prefix}.{e}") from None
     if p.cuda_graphs and device.type != "cuda":
         fail(f"{prefix}.cuda_graphs", p.cuda_graphs, f"needs a CUDA device ({prefix}.device={p.device!r} is {device})")
-
-
-def from_dict(cls, d: dict):
-    """A config dataclass rebuilt from ``dataclasses.asdict`` output (as saved
-    in checkpoints): nested dataclasses recursively, lists back to tuples where
-    the default is a tuple. Keys the class no longer has are dropped, fields
-    the dict lacks keep their defaults, so older checkpoints stay resumable."""
-    import dataclasses
-
-    base = cls()
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in d:
-            continue
-        default, v = getattr(base, f.name), d[f.name]
-        if dataclasses.is_dataclass(default) and isinstance(v, dict):
-            v = from_dict(type(default), v)
-        elif isinstance(default, tuple) and isinstance(v, list):
-            v = tuple(v)
-        if type(default) is int and isinstance(v, float) and v.is_integer():
-            v = int(v)  # e.g. total_steps=3e3 given to the Python API
-        # A value of another kind than the default's (a file edited by hand or
-        # damaged) would fail later, deep inside; name it here.
-        kind = (int, float) if type(default) is float else type(default)
-        if default is not None and not isinstance(v, kind) or isinstance(v, bool) and type(default) is not bool:
-            raise TypeError(f"{f.name}={v!r}: expected {type(default).__name__}")
-        kwargs[f.name] = v
-    return cls(**kwargs)
-
-
-def config_changes(old, new, prefix: str = "") -> list[str]:
-    """``field: old -> new`` for every leaf that differs between two configs."""
-    import dataclasses
-
-    out = []
-    for f in dataclasses.fields(new):
-        a, b = getattr(old, f.name, None), getattr(new, f.name)
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(b) and dataclasses.is_dataclass(a):
-            out += config_changes(a, b, name + ".")
-        elif a != b:
-            out.append(f"{name}: {a!r} -> {b!r}")
-    return out
-
-
-def saved_config(cls, saved: dict, path: str):
-    """A checkpoint's saved config as ``cls`` (after ``cls.migrate``, where a
-    config class has one for what older runs saved), or CheckpointError
-    naming what is wrong with it."""
-    try:
-        if hasattr(cls, "migrate"):
-            saved = cls.migrate(saved)
-        return from_dict(cls, saved)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
-        raise CheckpointError(f"{path}: its saved configuration cannot be read ({type(e).__name__}: {e})") from None
-
-
-def resume_line(saved: dict | None, cfg, path: str) -> str:
-    """The one line a resumed run prints: what differs from the saved config."""
-    if saved is None:
-        return f"seedlocal: resuming {path} (it holds no saved configuration; using this one as given)"
-    changes = [c for c in config_changes(saved_config(type(cfg), saved, path), cfg) if not c.startswith("resume:")]
-    if not changes:
-        return f"seedlocal: resuming {path} with its saved configuration"
-    return f"seedlocal: resuming {path}; changed from its saved configuration: " + "; ".join(changes)
 
 
 def is_loopback(host: str) -> bool:

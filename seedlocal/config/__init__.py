@@ -1,0 +1,18 @@
+"""Typed configuration, parsed by tyro; checked before any process starts.
+
+- ``schema.py``: the dataclasses (``EnvConfig``, ``PipelineConfig``,
+  ``BridgeConfig``, ``RunOptions``), their fields and one-line docs.
+- ``checks.py``: the checks that refuse a value in one line naming the field
+  (``validate_pipeline``, ``validate_bridge``, ``resolve_device`` ...), and
+  the bridge's address and secret.
+- ``resume.py``: a resumed run's config against the one its checkpoint saved.
+
+The schema is re-exported here for the Python API (``from seedlocal.config
+import EnvConfig``); seedlocal's own modules import the submodule they use.
+Nothing here imports torch at module import: an actor host (``seedlocal
+actors``) reads it and needs none.
+"""
+
+from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
+
+__all__ = ["BridgeConfig", "EnvConfig", "PipelineConfig", "RunOptions"]

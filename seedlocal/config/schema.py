@@ -1,0 +1,103 @@
+"""The config's schema: the dataclasses tyro parses and the Python API builds.
+
+Only the fields and their one-line docs live here; what checks them is
+``checks.py``, and what a resumed run makes of a saved one is ``resume.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """environment id: any envpool id (Atari *-v5, classic control, MiniGrid, gfootball ...) or a registered Gymnasium id"""
+    backend: Literal["auto", "envpool", "gymnasium", "null"] = "auto"
+    """auto: envpool if it has the id, else the Gymnasium fallback; null: no env (transport ceiling)"""
+    seed: int = 1
+    """base seed; environment i of the run gets seed + i"""
+    frame_stack: int = 0
+    """frames an Atari observation stacks (envpool's stack_num); 0 = the env's default (4)"""
+
+
+@dataclass
+class PipelineConfig:
+    num_workers: int = 2
+    """env worker processes"""
+    envs_per_worker: int = 32
+    """environments per worker, stepped in two equal groups (double buffering)"""
+    env_threads: int = 0
+    """envpool threads over all workers; 0 = one per CPU core"""
+    unroll_length: int = 32
+    """steps per unroll (T); each unroll stores T + 1 observations (R2D2: 0 = algo.unroll_length, the only
+    length it takes)"""
+    num_buffers: int = 0
+    """unrolls in shared memory; 0 = V-trace: one per group, at least a batch; R2D2: two per group; else three"""
+    min_batch_envs: int = 0
+    """inference waits for this many ready envs (0 = half of all envs, one group per worker) ..."""
+    batch_timeout_ms: float = 2.0
+    """... or this long after the first is ready, whichever comes first"""
+    device: str = "auto"
+    """where the policy runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N"""
+    cuda_graphs: bool = False
+    """replay the inference forward as CUDA graphs, one per batch size padded to a power of two
+    (CUDA only; off by default until measured faster on a GPU)"""
+    max_restarts: int = 3
+    """restarts allowed per env worker within pipeline.restart_window_s before the run stops with an error
+    (an env that always fails stops the run fast; rare crashes over a long run do not)"""
+    restart_window_s: float = 600.0
+    """the window max_restarts counts over (0 = the whole run)"""
+    stall_s: float = 10.0
+    """seconds without an env step before the run names the workers still inside an env's step (a hung env;
+    the run then ends at its time budget); a single stuck worker is named after 3 x this"""
+    inference_threads: int = 1
+    """torch CPU threads of the inference thread (cores are better spent on environments)"""
+    learner_threads: int = 0
+    """torch CPU threads of the learner thread; 0 = one per CPU core"""
+
+
+@dataclass
+class BridgeConfig:
+    listen: str = ""
+    """HOST:PORT where actor hosts connect (seedlocal actors --connect); empty = no bridge; a bare :PORT binds
+    loopback"""
+    remote_envs: int = 0
+    """environments stepped on actor hosts, a multiple of pipeline.envs_per_worker (hosts run workers like it)"""
+    token_file: str = ""
+    """file holding the shared secret (default: the SEEDLOCAL_BRIDGE_TOKEN environment variable)"""
+    tls_cert: str = ""
+    """PEM certificate chain for TLS (with tls_key); actor hosts pass the CA with --tls-ca"""
+    tls_key: str = ""
+    """PEM private key for TLS"""
+    insecure: bool = False
+    """listen beyond loopback without TLS: the network is trusted (traffic can be read and altered on the way)"""
+
+
+@dataclass
+class RunOptions:
+    """Budget, logging and checkpoint options every step-based trainer shares
+    (``VTraceRun``, ``R2D2Run``); their own fields follow these."""
+
+    total_steps: int = 300_000
+    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
+    seconds: float = 0.0
+    """wall-clock budget in seconds; 0 = none"""
+    stop_at_return: float = 0.0
+    """stop early once the mean return of the last 20 episodes reaches this (0 = never; R2D2 tests its
+    evaluation slots' return)"""
+    run_name: str = ""
+    """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
+    log_dir: str = "runs"
+    """where runs (TensorBoard events, checkpoints) are written"""
+    log_every_s: float = 2.0
+    """seconds between TensorBoard points"""
+    checkpoint_every_min: float = 5.0
+    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept per run (0 = all)"""
+    resume: str = ""
+    """run directory or checkpoint to continue; same config, same TensorBoard curve"""
+    progress: bool = True
+    """live one-line progress on the terminal"""
