@@ -145,9 +145,6 @@ class ARSRun(NeuroevoRun):
     algo: ars.ARSParams = field(default_factory=ars.ARSParams)
 
 
-ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun, "ars": ARSRun}
-
-
 def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
     # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
     return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
@@ -169,32 +166,40 @@ def _grid_pipeline() -> PipelineConfig:
 # scaled to a workstation's cores (the papers ran hundreds to thousands of CPUs). ES takes the survival bonus out
 # of the fitness, as ARS does: with it in, ES on Hopper-v5 stood still at ~1,000 for 10 minutes; without it three
 # seeds climbed to 1,136-2,892 in the same time (docs/mujoco.md).
-PRESETS: dict[str, dict[str, NeuroevoRun]] = {
-    "es": {"cartpole": ESRun(), "atari": ESRun(
+ES_PRESETS: dict[str, ESRun] = {
+    "cartpole": ESRun(),
+    "atari": ESRun(
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0, best_episodes=5,
-        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)), "minatar": ESRun(
+        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+    "minatar": ESRun(
         env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
         best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
-        "mujoco": ESRun(
+    "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
         hidden=(64, 64), obs_norm=True, action_noise=0.01, best_episodes=3, remove_survival_bonus=True,
-        algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005))},
-    "ga": {"cartpole": GARun(), "atari": GARun(
+        algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+}
+GA_PRESETS: dict[str, GARun] = {
+    "cartpole": GARun(),
+    "atari": GARun(
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.002, elite_candidates=4, elite_episodes=5)),
-        "minatar": GARun(
+    "minatar": GARun(
         env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
-        "mujoco": GARun(
+    "mujoco": GARun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
         hidden=(64, 64), obs_norm=True,
-        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3))},
-    "random-search": {"cartpole": RandomSearchRun()},
-    # ARS V2-t: a linear policy on normalised states, the survival bonus out of the fitness.
-    "ars": {"cartpole": ARSRun(), "mujoco": ARSRun(
+        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3)),
+}
+RANDOM_SEARCH_PRESETS: dict[str, RandomSearchRun] = {"cartpole": RandomSearchRun()}
+# ARS V2-t: a linear policy on normalised states, the survival bonus out of the fitness.
+ARS_PRESETS: dict[str, ARSRun] = {
+    "cartpole": ARSRun(),
+    "mujoco": ARSRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(16), generations=0, seconds=3600.0,
         hidden=(), obs_norm=True, remove_survival_bonus=True, best_episodes=2,
-        algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03))},
+        algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03)),
 }
 
 
