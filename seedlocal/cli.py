@@ -181,10 +181,8 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     state = load(path)
     have = state.get("identity", {}).get("algo")
     want = {"VTraceRun": "vtrace", "R2D2Run": "r2d2"}.get(cls.__name__)
-    if want is None:  # a neuroevolution trainer
-        from seedlocal.trainers.neuroevolution import ALGOS
-
-        want = next((name for name, c in ALGOS.items() if c is cls), None)
+    if want is None:  # a neuroevolution trainer: its run config names its algorithm
+        want = getattr(cls, "name", None)
     if have is not None and want is not None and have != want:
         raise ConfigError(f"resume={path!r}: {state.get('path')} is a {have} run; resume it with "
                           f"seedlocal train {have} --resume {path}")
@@ -274,10 +272,13 @@ def _parse(argv: list[str]):
                                         "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for envpool's "
                                         "Atari-sized image envs), --preset minatar (chosen by itself for small image grids)." + TUNED)
         if rest[0] != "vtrace":
-            from seedlocal.trainers.neuroevolution import ALGOS, PRESETS as NEURO_PRESETS
+            from seedlocal.trainers import neuroevolution as ne
 
-            presets = NEURO_PRESETS[rest[0]]
-            return "train", _preset_cli(rest[1:], presets, ALGOS[rest[0]], f"seedlocal train {rest[0]}",
+            neuro = {c.name: (c, p) for c, p in ((ne.GARun, ne.GA_PRESETS), (ne.ESRun, ne.ES_PRESETS),
+                                                 (ne.ARSRun, ne.ARS_PRESETS),
+                                                 (ne.RandomSearchRun, ne.RANDOM_SEARCH_PRESETS))}
+            cls, presets = neuro[rest[0]]
+            return "train", _preset_cli(rest[1:], presets, cls, f"seedlocal train {rest[0]}",
                                         f"{NEURO_TITLES[rest[0]]}. Presets: " + ", ".join(
                                             f"--preset {p}" for p in presets) + "." + TUNED)
         from seedlocal.trainers.vtrace import PRESETS, VTraceRun

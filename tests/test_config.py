@@ -258,12 +258,13 @@ def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys):
     said in one line; an explicit --preset always wins; the chosen preset's
     other fields arrive intact while --env.id stays the user's."""
     from seedlocal.cli import _parse
-    from seedlocal.trainers.neuroevolution import PRESETS as NEURO
+    from seedlocal.trainers import neuroevolution as ne
     from seedlocal.trainers.r2d2 import PRESETS as R2D2
     from seedlocal.trainers.vtrace import PRESETS as VTRACE
 
     _, cfg = _parse(argv)
-    presets = {"vtrace": VTRACE, "r2d2": R2D2}.get(argv[1]) or NEURO[argv[1]]
+    presets = {"vtrace": VTRACE, "r2d2": R2D2, "ga": ne.GA_PRESETS, "es": ne.ES_PRESETS, "ars": ne.ARS_PRESETS,
+               "random-search": ne.RANDOM_SEARCH_PRESETS}[argv[1]]
     expected = presets[preset]
     assert cfg.env.id == argv[argv.index("--env.id") + 1]
     assert cfg.algo == expected.algo and cfg.pipeline == expected.pipeline
@@ -290,7 +291,9 @@ def test_every_preset_passes_its_trainers_validation(trainer, tmp_path):
 
     from seedlocal.trainers import neuroevolution, r2d2, vtrace
 
-    presets = {"vtrace": vtrace.PRESETS, "r2d2": r2d2.PRESETS}.get(trainer) or neuroevolution.PRESETS[trainer]
+    presets = {"vtrace": vtrace.PRESETS, "r2d2": r2d2.PRESETS, "ga": neuroevolution.GA_PRESETS,
+               "es": neuroevolution.ES_PRESETS, "ars": neuroevolution.ARS_PRESETS,
+               "random-search": neuroevolution.RANDOM_SEARCH_PRESETS}[trainer]
     validate = {"vtrace": vtrace.validate, "r2d2": r2d2.validate}.get(trainer, neuroevolution.validate)
     for name, cfg in presets.items():
         if cfg.env.id.startswith("MinAtar/") and importlib.util.find_spec("minatar") is None:

@@ -256,9 +256,9 @@ def test_mujoco_presets_take_the_survival_bonus_out_of_the_fitness_only(algo):
     envs without a bonus keep their reward."""
     from types import SimpleNamespace
 
-    from seedlocal.trainers.neuroevolution import PRESETS, fitness_shift
+    from seedlocal.trainers.neuroevolution import ARS_PRESETS, ES_PRESETS, fitness_shift
 
-    cfg = PRESETS[algo]["mujoco"]
+    cfg = {"es": ES_PRESETS, "ars": ARS_PRESETS}[algo]["mujoco"]
     shifts = {env: fitness_shift(cfg, SimpleNamespace(env_id=env))
               for env in ("Hopper-v5", "Humanoid-v4", "HalfCheetah-v5", "Pendulum-v1")}
     assert shifts == {"Hopper-v5": 1.0, "Humanoid-v4": 5.0, "HalfCheetah-v5": 0.0, "Pendulum-v1": 0.0}

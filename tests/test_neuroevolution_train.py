@@ -307,14 +307,14 @@ def test_resume_restores_each_algorithm_bitwise_and_continues(tmp_path, run):
 
 
 def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
-    """The production ``_Evolver`` builds each child from its parent's cached
+    """The production ``GAEvolver`` builds each child from its parent's cached
     vector: noise draws per generation stay at P - 1 (one per child), not a
     count that grows with the genome's length."""
     import numpy as np
 
     from seedlocal.algos import ga
     from seedlocal.algos.neuroevo import ParamSpace
-    from seedlocal.trainers.neuroevolution import _Evolver
+    from seedlocal.trainers.evolvers import GAEvolver
 
     draws = []
     real_noise = ga.noise
@@ -322,7 +322,7 @@ def test_ga_draws_one_mutation_per_child_every_generation(monkeypatch):
     spec = validate_env(EnvConfig(id="CartPole-v1"))
     cfg = GARun()
     cfg.algo.population_size, cfg.algo.truncation = 16, 4
-    evolver = _Evolver(cfg, ParamSpace(PolicyNet(spec)))
+    evolver = GAEvolver(cfg, ParamSpace(PolicyNet(spec)))
     rng = np.random.default_rng(0)
 
     class Pool:  # any fitness will do: the cache is what is tested
@@ -481,14 +481,15 @@ def test_the_frame_cap_lets_endless_episodes_end_scored_on_their_return_so_far(t
     as its network playing that many steps of the env alone."""
     import gymnasium
 
-    from seedlocal.trainers.neuroevolution import _Evolver, build_policy
+    from seedlocal.trainers.evolvers import GAEvolver
+    from seedlocal.trainers.neuroevolution import build_policy
 
     cap = 40
     cfg = _endless_ga(tmp_path, max_episode_frames=cap, generations=1, run_name="cap")
     summary = train(cfg)
     assert summary["generations"] == 1, summary
     spec = validate_env(cfg.env)
-    evolver = _Evolver(cfg, ParamSpace(build_policy(cfg, spec)))  # generation 1's population, rebuilt
+    evolver = GAEvolver(cfg, ParamSpace(build_policy(cfg, spec)))  # generation 1's population, rebuilt
     net = build_policy(cfg, spec)
     expected = []
     for vec in evolver._vecs(evolver.state.genomes):

@@ -1,11 +1,13 @@
-"""``seedlocal train ga|es|random-search``: neuroevolution on the pipeline.
+"""``seedlocal train ga|es|ars|random-search``: neuroevolution on the pipeline.
 
 The learner thread asks the algorithm for a population, posts it to the
 ``PopulationPolicy`` (a work queue of member x episode jobs served by the
 inference thread in batched forward passes, ``policies/population.py``),
 waits for every return, tells the algorithm (``algos/ga.py``, ``es.py``,
-``random_search.py``), logs and checkpoints, once per generation. The run's
-life around this is ``trainers/run.py``'s.
+``ars.py``, ``random_search.py``), logs and checkpoints, once per
+generation. Each run config names its algorithm's parts (``GARun.name``,
+``.algo_module``, ``.evolver``); the evolver (``trainers/evolvers.py``) runs
+its generations. The run's life around this is ``trainers/run.py``'s.
 
 Counters: ``generation``, ``frames`` and ``episodes`` advance by whole
 generations, and a checkpoint holds them with the state they produced. A
@@ -20,13 +22,12 @@ are the checkpoint's plus those of the generation the run stopped inside.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from types import ModuleType
+from typing import Callable, ClassVar
 
-import numpy as np
 import torch
 
 from seedlocal.algos import ars, es, ga, random_search
@@ -39,6 +40,7 @@ from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, checkpoint_encoder, encoder_identity, obs_identity
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape
+from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
 from seedlocal.trainers.run import Family, Run, Trainer, checkpoint_env, rebuilding, run
 
 
@@ -49,6 +51,14 @@ def _pipeline_default() -> PipelineConfig:
 
 @dataclass
 class NeuroevoRun:
+    # Each algorithm's run names its own parts (class attributes: neither a dataclass field nor a tyro option).
+    name: ClassVar[str]
+    """the command's name (``seedlocal train <name>``), the checkpoint identity's algo and the run name's part"""
+    algo_module: ClassVar[ModuleType]
+    """the algorithm's math (``algos/``), whose ``validate`` checks ``algo``"""
+    evolver: ClassVar[type[Evolver]]
+    """what runs its generations (``trainers/evolvers.py``)"""
+
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=_pipeline_default)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
@@ -102,26 +112,38 @@ class NeuroevoRun:
 
 @dataclass
 class GARun(NeuroevoRun):
+    name: ClassVar[str] = "ga"
+    algo_module: ClassVar[ModuleType] = ga
+    evolver: ClassVar[type[Evolver]] = GAEvolver
+
     algo: ga.GAParams = field(default_factory=ga.GAParams)
 
 
 @dataclass
 class ESRun(NeuroevoRun):
+    name: ClassVar[str] = "es"
+    algo_module: ClassVar[ModuleType] = es
+    evolver: ClassVar[type[Evolver]] = ESEvolver
+
     algo: es.ESParams = field(default_factory=es.ESParams)
 
 
 @dataclass
 class RandomSearchRun(NeuroevoRun):
+    name: ClassVar[str] = "random-search"
+    algo_module: ClassVar[ModuleType] = random_search
+    evolver: ClassVar[type[Evolver]] = RandomSearchEvolver
+
     algo: random_search.RSParams = field(default_factory=random_search.RSParams)
 
 
 @dataclass
 class ARSRun(NeuroevoRun):
+    name: ClassVar[str] = "ars"
+    algo_module: ClassVar[ModuleType] = ars
+    evolver: ClassVar[type[Evolver]] = ARSEvolver
+
     algo: ars.ARSParams = field(default_factory=ars.ARSParams)
-
-
-ALGOS = {"ga": GARun, "es": ESRun, "random-search": RandomSearchRun, "ars": ARSRun}
-MODULES = {"ga": ga, "es": es, "random-search": random_search, "ars": ars}
 
 
 def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
@@ -145,37 +167,41 @@ def _grid_pipeline() -> PipelineConfig:
 # scaled to a workstation's cores (the papers ran hundreds to thousands of CPUs). ES takes the survival bonus out
 # of the fitness, as ARS does: with it in, ES on Hopper-v5 stood still at ~1,000 for 10 minutes; without it three
 # seeds climbed to 1,136-2,892 in the same time (docs/mujoco.md).
-PRESETS: dict[str, dict[str, NeuroevoRun]] = {
-    "es": {"cartpole": ESRun(), "atari": ESRun(
+ES_PRESETS: dict[str, ESRun] = {
+    "cartpole": ESRun(),
+    "atari": ESRun(
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0, best_episodes=5,
-        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)), "minatar": ESRun(
+        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+    "minatar": ESRun(
         env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
         best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
-        "mujoco": ESRun(
+    "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
         hidden=(64, 64), obs_norm=True, action_noise=0.01, best_episodes=3, remove_survival_bonus=True,
-        algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005))},
-    "ga": {"cartpole": GARun(), "atari": GARun(
+        algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+}
+GA_PRESETS: dict[str, GARun] = {
+    "cartpole": GARun(),
+    "atari": GARun(
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.002, elite_candidates=4, elite_episodes=5)),
-        "minatar": GARun(
+    "minatar": GARun(
         env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
-        "mujoco": GARun(
+    "mujoco": GARun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
         hidden=(64, 64), obs_norm=True,
-        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3))},
-    "random-search": {"cartpole": RandomSearchRun()},
-    # ARS V2-t: a linear policy on normalised states, the survival bonus out of the fitness.
-    "ars": {"cartpole": ARSRun(), "mujoco": ARSRun(
+        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3)),
+}
+RANDOM_SEARCH_PRESETS: dict[str, RandomSearchRun] = {"cartpole": RandomSearchRun()}
+# ARS V2-t: a linear policy on normalised states, the survival bonus out of the fitness.
+ARS_PRESETS: dict[str, ARSRun] = {
+    "cartpole": ARSRun(),
+    "mujoco": ARSRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(16), generations=0, seconds=3600.0,
         hidden=(), obs_norm=True, remove_survival_bonus=True, best_episodes=2,
-        algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03))},
+        algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03)),
 }
-
-
-def _algo_name(cfg: NeuroevoRun) -> str:
-    return next(name for name, cls in ALGOS.items() if type(cfg) is cls)
 
 
 def validate(cfg: NeuroevoRun):
@@ -186,7 +212,7 @@ def validate(cfg: NeuroevoRun):
         fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
-    MODULES[_algo_name(cfg)].validate(cfg.algo)
+    cfg.algo_module.validate(cfg.algo)
     for name in ("generations", "total_frames"):
         if getattr(cfg, name) < 0:
             fail(name, getattr(cfg, name), "must be >= 0")
@@ -262,170 +288,12 @@ def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
 
 
 def identity(cfg: NeuroevoRun, spec) -> dict:
-    return {"algo": _algo_name(cfg), "env_id": spec.env_id, "num_actions": spec.num_actions,
+    return {"algo": cfg.name, "env_id": spec.env_id, "num_actions": spec.num_actions,
             **obs_identity(spec), **action_identity(spec), "network": "policy",
             **encoder_identity(spec, cfg.encoder), "hidden": list(cfg.hidden),
             **({"obs_norm": True} if cfg.obs_norm else {}),
             # Genomes name slices of this table: vectors rebuilt from another would differ.
             "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
-
-
-class _Evolver:
-    """One algorithm behind one interface: ``generation(pool) -> stats``.
-
-    ``pool`` is the ``PopulationPolicy``: jobs run asynchronously, so each
-    generation overlaps what it can. ES scores its centre in the slots its
-    population leaves free and starts the next population before it waits
-    for that score; GA starts the next generation's children (they depend only
-    on this generation's fitness) beside the elite candidates' re-evaluation,
-    and random search its next population beside the winner's. A run that
-    stops (or resumes) just re-evaluates the population in its state.
-    """
-
-    def __init__(self, cfg: NeuroevoRun, space: ParamSpace):
-        self.cfg, self.space, self.name = cfg, space, _algo_name(cfg)
-        self.best_params: torch.Tensor | None = None
-        self.best_return = -math.inf
-        seed = cfg.env.seed
-        if self.name == "ga":
-            self.state = ga.init(cfg.algo, seed)
-        elif self.name == "es":
-            self.state = es.init(space.init(seed), seed)
-        elif self.name == "ars":
-            self.state = ars.init(space.size, seed)  # ARS starts from the zero policy
-        else:
-            self.state = random_search.init(seed)
-        self._cache: dict[tuple, torch.Tensor] = {}
-        self._next = None  # the next population's job, already playing (GA: without its elite)
-        self.evaluating: list = []  # the jobs of the population in evaluation (together P members), for progress
-
-    def state_dict(self) -> dict:
-        return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
-
-    def restore(self, d: dict) -> None:
-        cls = {"ga": ga.GAState, "es": es.ESState, "random-search": random_search.RSState,
-               "ars": ars.ARSState}[self.name]
-        if self.name == "ga":
-            d = {**d, "genomes": tuple(tuple(g) for g in d["genomes"]),
-                 "elite": tuple(d["elite"]) if d["elite"] is not None else None}
-        self.state = cls(**d)
-
-    def _genome_vec(self, g: tuple) -> torch.Tensor:
-        # Children are one mutation from a cached parent: rebuilding a genome
-        # from all its seeds every generation would cost a noise slice per seed.
-        if g not in self._cache:
-            parent = self._cache.get(g[:-1])
-            self._cache[g] = (ga.mutate(parent, g[-1], self.cfg.algo.sigma) if parent is not None
-                              else ga.rebuild(g, self.space, self.cfg.algo.sigma))
-        return self._cache[g]
-
-    def _vecs(self, genomes) -> torch.Tensor:
-        return self.space.stack([self._genome_vec(g) for g in genomes])
-
-    def generation(self, pool, check=None) -> dict:
-        """One generation's evaluation and step; the next population is
-        submitted before this one's last work (the elite candidates', the
-        centre's episodes) ends, so the envs never wait for the bookkeeping.
-
-        Observation statistics (``obs_norm``) are committed once, just before
-        that submission, and a job normalises by those committed when it was
-        submitted: whatever selection compares was scored under one set
-        (GA's elite beside the children, ES's centre beside its population,
-        an ARS pair), and the next population sees this one's observations."""
-        if self.name == "ga":
-            fitness, best = self._ga_generation(pool, check)
-        elif self.name in ("es", "ars"):  # the same rhythm: antithetic pairs around a centre, one step
-            fitness, best = self._es_generation(pool, check)
-        else:
-            fitness, best = self._random_search_generation(pool, check)
-        f = np.array(fitness)
-        return {"best_fitness": float(f.max()), "mean_fitness": float(f.mean()),
-                "median_fitness": float(np.median(f)), "best_member_return": best}
-
-    @staticmethod
-    def _means(job, check) -> list[float]:
-        """Each member's mean fitness (its return, less any reward shift)."""
-        job.wait(check)
-        return [float(np.mean(f)) for f in job.fitness]
-
-    def _ga_generation(self, pool, check) -> tuple[list[float], float]:
-        """GA: the population's fitness, then its elite candidates scored
-        beside the next generation's children; (fitness, the elite's return)."""
-        cfg, n_eps, means = self.cfg, self.cfg.episodes_per_member, self._means
-        if self._next is None:
-            self.evaluating = [pool.submit(self._vecs(self.state.genomes), n_eps)]
-            fitness = means(self.evaluating[0], check)
-        else:  # children already playing; the elite joins at the front of the queue
-            elite = pool.submit(self._vecs(self.state.genomes[:1]), n_eps, front=True)
-            self.evaluating = [elite, self._next]
-            fitness = means(elite, check) + means(self._next, check)
-        candidates = ga.tell(self.state, cfg.algo, fitness)
-        pool.commit_obs_stats()
-        scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
-        self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
-        scored.wait(check)
-        self.state = ga.advance(self.state, cfg.algo, fitness, scored.fitness)
-        best = float(np.mean(scored.returns[candidates.index(self.state.elite)]))
-        # Keep exactly the vectors of the next population: its children's
-        # parents come from it.
-        self._cache = {g: self._cache[g] for g in self.state.genomes}
-        self._set_best(self._genome_vec(self.state.elite), best, always=True)
-        return fitness, best
-
-    def _es_generation(self, pool, check) -> tuple[list[float], float]:
-        """ES and ARS: the population's fitness, one step of the centre, the
-        next population submitted while the old centre's episodes end;
-        (fitness, the old centre's return)."""
-        cfg, n_eps, alg = self.cfg, self.cfg.episodes_per_member, MODULES[self.name]
-        if self._next is None:
-            seeds, params = alg.ask(self.state, cfg.algo)
-            self._next = (seeds, pool.submit(params, n_eps))
-        seeds, job = self._next
-        self.evaluating = [job]
-        centre = self.state.theta.clone()  # the population's centre: the state it was asked from
-        # The centre's episodes only fill slots the population leaves free
-        # and nothing waits for them until the next population plays: with
-        # as many slots as members, scoring it first would add a wave of
-        # a few episodes to every generation.
-        scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
-        fitness = self._means(job, check)
-        state = alg.tell(self.state, cfg.algo, seeds, fitness)
-        following, params = alg.ask(state, cfg.algo)
-        pool.commit_obs_stats()
-        self._next = (following, pool.submit(params, n_eps))
-        best = float(np.mean(scored.wait(check)[0]))
-        # Only now: a run stopped while waiting saves this generation's
-        # state, matching its counters, and re-evaluates it on resume.
-        self.state = state
-        self._set_best(centre, best, always=True)
-        return fitness, best
-
-    def _random_search_generation(self, pool, check) -> tuple[list[float], float]:
-        """Random search: the population's fitness, its winner scored beside
-        the next population; (fitness, the winner's return)."""
-        cfg, n_eps = self.cfg, self.cfg.episodes_per_member
-        if self._next is None:
-            params = self.space.stack([self.space.init(s) for s in random_search.ask(self.state, cfg.algo)])
-            self._next = (params, pool.submit(params, n_eps))
-        params, job = self._next
-        self.evaluating = [job]
-        fitness = self._means(job, check)
-        state = random_search.tell(self.state, fitness)
-        top = params[int(np.argmax(fitness))]
-        pool.commit_obs_stats()
-        scored = pool.submit(top[None], cfg.best_episodes, front=True)
-        following = self.space.stack([self.space.init(s) for s in random_search.ask(state, cfg.algo)])
-        self._next = (following, pool.submit(following, n_eps))
-        best = float(np.mean(scored.wait(check)[0]))
-        self.state = state  # only now, as ES: a run stopped while waiting saves the state its counters match
-        self._set_best(top, best, always=False)
-        return fitness, best
-
-    def _set_best(self, vec: torch.Tensor, score: float, always: bool) -> None:
-        # GA's elite and ES's centre are *the* current solution; random search
-        # keeps the best network it has ever seen.
-        if always or score > self.best_return:
-            self.best_params, self.best_return = vec.clone(), score
 
 
 LONG_GENERATION_S = 120.0  # a generation this long is told about, once
@@ -442,14 +310,14 @@ class NeuroevoTrainer(Trainer):
 
     @classmethod
     def algo_name(cls, cfg) -> str:
-        return _algo_name(cfg)
+        return cfg.name
 
     def __init__(self, cfg: NeuroevoRun, spec, device):
         super().__init__(cfg, spec, device)
-        self.algo = _algo_name(cfg)
+        self.algo = cfg.name
         self.template = build_policy(cfg, spec)
         self.space = ParamSpace(self.template)
-        self.evolver = _Evolver(cfg, self.space)
+        self.evolver = cfg.evolver(cfg, self.space)
         self.counters = {"generation": 0, "frames": 0, "episodes": 0}
         self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
         self.reached, self.generated = False, False
@@ -670,4 +538,5 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     return MemberPolicy(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
 
 
-FAMILIES = tuple(Family(name, cls, PRESETS[name], train, from_checkpoint) for name, cls in ALGOS.items())
+FAMILIES = tuple(Family(cls.name, cls, presets, train, from_checkpoint) for cls, presets in (
+    (GARun, GA_PRESETS), (ESRun, ES_PRESETS), (ARSRun, ARS_PRESETS), (RandomSearchRun, RANDOM_SEARCH_PRESETS)))
