@@ -20,18 +20,11 @@ import sys
 # Nothing heavy at import time (the trainers pull in torch, a second or
 # two): a Ctrl-C while it loads must end as quietly as one during a run.
 
-USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,bench,actors} [--help] [options]
-
-  train vtrace   train IMPALA (V-trace) with central batched inference
-                 presets: --preset cartpole, atari, minatar, football, mujoco; without
-                 --preset, the one made for --env.id's kind (images, small grids, Box actions)
+USAGE_HEAD = "usage: seedlocal {train ALGORITHM,eval,bench,actors} [--help] [options]\n"
+USAGE_TAIL = """
+  train ALGORITHM --help   its options and presets; --preset NAME picks one, and without --preset
+                 the one made for --env.id's kind (images, small grids, Box actions) is taken
                  --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
-  train r2d2     recurrent prioritized replay Q-learning (R2D2); presets cartpole, atari, minatar
-  train ga       deep GA: a population evaluated in batched forward passes; presets minatar, mujoco
-  train es       evolution strategies (antithetic, centred ranks, Adam); presets minatar, mujoco
-  train ars      Augmented Random Search: linear policies on normalised states; --preset mujoco
-                 (each takes its preset by itself for an env of its kind: small grids, Box actions)
-  train random-search   the random-search baseline of the deep-GA paper
   eval           play a saved checkpoint: mean/std return, optional video
   bench          pipeline efficiency vs the best raw envpool configuration (ratios from
                  one run); --learning adds the V-trace learner; --autotune picks sizes
@@ -39,14 +32,18 @@ USAGE = """usage: seedlocal {train vtrace|r2d2|ga|es|ars|random-search,eval,benc
   actors         step envs for a learner on another host (train ... --bridge.listen HOST:PORT
                  --bridge.remote-envs N); see docs/multihost.md
 """
-
-TRAINERS = ("vtrace", "r2d2", "ga", "es", "ars", "random-search")
-NEURO_TITLES = {"ga": "Deep GA: a population evaluated in batched forward passes",
-                "es": "Evolution strategies (antithetic, centred ranks, Adam)",
-                "ars": "Augmented Random Search (linear policies, top-b directions; Mania et al. 2018)",
-                "random-search": "Random search: the deep-GA paper's baseline"}
 TUNED = (" --pipeline-config FILE: pipeline sizes from `seedlocal bench --autotune` "
          "(options given here still win).")
+# Network options older command lines gave elsewhere (V-trace and R2D2 under --algo., neuroevolution at the
+# top), each with its one spelling now; a bool's negation too.
+RENAMED = {f"{old}{name}": f"--network.{name}" for old in ("--algo.", "--") for name in
+           ("encoder", "hidden", "lstm-size", "lstm_size", "obs-norm", "obs_norm", "no-obs-norm", "no_obs_norm")}
+
+
+def _usage() -> str:
+    from seedlocal.families import usage
+
+    return USAGE_HEAD + usage() + USAGE_TAIL
 
 
 class Stopped(SystemExit):
@@ -77,24 +74,42 @@ def _stopped_line(e: BaseException) -> str:
     return f"\nseedlocal: {how}; stopped cleanly ({what})"
 
 
-def _preset_cli(argv: list[str], presets: dict, cls, prog: str, description: str):
-    """Parse a trainer with presets: --preset picks the defaults, --resume the saved config
+def _preset_cli(argv: list[str], fam):
+    """Parse a family's run config: --preset picks the defaults, --resume the saved config
     (a preset may not be combined with it), --pipeline-config a tuned pipeline; options given
     explicitly override them all."""
     import tyro
 
     from seedlocal.errors import ConfigError
+    from seedlocal.families import TABLE
 
-    default, args = _pop_preset(argv, presets)
-    saved, counters = _resumed_default(args, cls)
+    argv = _renamed(argv)
+    default, args = _pop_preset(argv, fam.presets)
+    saved, counters = _resumed_default(args, fam)
     if saved is not None:
         if _option(argv, "--preset") is not None:
             raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
                               "give the options to change explicitly instead")
         default = saved
     default, args = _pop_pipeline_config(args, default)
-    return _check_resume(tyro.cli(cls, args=args, default=default, prog=prog, description=description),
-                         saved, counters)
+    description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
+                   + " (each chosen by itself for an --env.id of its kind)." + TUNED)
+    cfg = tyro.cli(fam.run, args=args, default=default, prog=f"seedlocal train {fam.name}", description=description)
+    return _check_resume(cfg, saved, counters)
+
+
+def _renamed(args: list[str]) -> list[str]:
+    """``args`` with the network options' old spellings (``RENAMED``) given their one spelling, each said in
+    one line."""
+    out = []
+    for a in args:
+        name, eq, value = a.partition("=")
+        if name in RENAMED:
+            print(f"seedlocal: {name} is now {RENAMED[name]} (the old spelling will go)", file=sys.stderr,
+                  flush=True)
+            a = RENAMED[name] + eq + value
+        out.append(a)
+    return out
 
 
 def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
@@ -168,7 +183,7 @@ def _option(args: list[str], name: str) -> str | None:
     return value
 
 
-def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
+def _resumed_default(args: list[str], fam) -> tuple[object | None, dict | None]:
     """With ``--resume``, the run's saved configuration becomes the default,
     so only options given on this command line change it; also its counters."""
     path = _option(args, "--resume")
@@ -177,17 +192,15 @@ def _resumed_default(args: list[str], cls) -> tuple[object | None, dict | None]:
     from seedlocal.checkpoint import load
     from seedlocal.config.resume import saved_config
     from seedlocal.errors import ConfigError
+    from seedlocal.families import of_checkpoint
 
     state = load(path)
-    have = state.get("identity", {}).get("algo")
-    want = {"VTraceRun": "vtrace", "R2D2Run": "r2d2"}.get(cls.__name__)
-    if want is None:  # a neuroevolution trainer: its run config names its algorithm
-        want = getattr(cls, "name", None)
-    if have is not None and want is not None and have != want:
-        raise ConfigError(f"resume={path!r}: {state.get('path')} is a {have} run; resume it with "
-                          f"seedlocal train {have} --resume {path}")
+    wrote = of_checkpoint(state)
+    if wrote is not fam:
+        raise ConfigError(f"resume={path!r}: {state.get('path')} is a {wrote.name} run; resume it with "
+                          f"seedlocal train {wrote.name} --resume {path}")
     saved = state.get("config")
-    return (saved_config(cls, saved, state["path"]) if isinstance(saved, dict) else None), dict(
+    return (saved_config(fam.run, saved, state["path"]) if isinstance(saved, dict) else None), dict(
         state.get("counters", {}))
 
 
@@ -221,25 +234,22 @@ def _pop_pipeline_config(args: list[str], default):
             skip = True
         elif not a.startswith("--pipeline-config="):
             rest.append(a)
+    from seedlocal.config.resume import config_changes
+
     fields = load_pipeline_file(path)
     tuned = dataclasses.replace(default, pipeline=dataclasses.replace(default.pipeline, **fields))
     group = _envs_per_group(tuned.pipeline)
-    batch = getattr(getattr(tuned, "algo", None), "batch_size", None)
-    if type(tuned).__name__ == "VTraceRun" and group > 0 and batch and batch % group:
-        # V-trace batches whole groups: keep the batch a multiple of the tuned
-        # group size (an explicit --algo.batch-size still wins).
-        fixed = -(-batch // group) * group
-        print(f"seedlocal: {path}: algo.batch_size {batch} -> {fixed}, a multiple of its {group} envs per group",
-              flush=True)
-        tuned = dataclasses.replace(tuned, algo=dataclasses.replace(tuned.algo, batch_size=fixed))
-    return tuned, rest
+    fitted = tuned.fit_to_groups(group)  # e.g. V-trace's batch, whole groups (an explicit option still wins)
+    for change in config_changes(tuned, fitted):
+        print(f"seedlocal: {path}: {change.replace(':', '', 1)}, to fit its {group} envs per group", flush=True)
+    return fitted, rest
 
 
 def _parse(argv: list[str]):
     import tyro
 
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(_usage())
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd == "bench":
@@ -256,37 +266,17 @@ def _parse(argv: list[str]):
 
         return cmd, tyro.cli(EvalConfig, args=rest, prog="seedlocal eval")
     if cmd == "train":
-        if rest and rest[0] in ("-h", "--help"):
-            print(USAGE)
+        from seedlocal.families import TABLE, family
+
+        if not rest or rest[0] in ("-h", "--help"):
+            print(_usage())
             raise SystemExit(0)
-        if not rest or rest[0] not in TRAINERS:
-            given = rest[0] if rest else "nothing"
-            print(f"seedlocal: error: train needs an algorithm ({', '.join(TRAINERS)}), got {given}\n\n{USAGE}",
+        if rest[0] not in TABLE:
+            print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}\n\n{_usage()}",
                   file=sys.stderr)
             raise SystemExit(2)
-        if rest[0] == "r2d2":
-            from seedlocal.trainers.r2d2 import PRESETS as R2D2_PRESETS
-            from seedlocal.trainers.r2d2 import R2D2Run
-
-            return "train", _preset_cli(rest[1:], R2D2_PRESETS, R2D2Run, "seedlocal train r2d2",
-                                        "R2D2. Presets: --preset cartpole (default), --preset atari (chosen by itself for envpool's "
-                                        "Atari-sized image envs), --preset minatar (chosen by itself for small image grids)." + TUNED)
-        if rest[0] != "vtrace":
-            from seedlocal.trainers import neuroevolution as ne
-
-            neuro = {c.name: (c, p) for c, p in ((ne.GARun, ne.GA_PRESETS), (ne.ESRun, ne.ES_PRESETS),
-                                                 (ne.ARSRun, ne.ARS_PRESETS),
-                                                 (ne.RandomSearchRun, ne.RANDOM_SEARCH_PRESETS))}
-            cls, presets = neuro[rest[0]]
-            return "train", _preset_cli(rest[1:], presets, cls, f"seedlocal train {rest[0]}",
-                                        f"{NEURO_TITLES[rest[0]]}. Presets: " + ", ".join(
-                                            f"--preset {p}" for p in presets) + "." + TUNED)
-        from seedlocal.trainers.vtrace import PRESETS, VTraceRun
-
-        return "train", _preset_cli(rest[1:], PRESETS, VTraceRun, "seedlocal train vtrace",
-                                    "IMPALA / V-trace. Presets: --preset cartpole (default), --preset atari, --preset minatar, "
-                                    "--preset football, --preset mujoco (each chosen by itself for an --env.id of its kind)." + TUNED)
-    print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        return "train", _preset_cli(rest[1:], family(rest[0]))
+    print(f"seedlocal: error: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -295,7 +285,6 @@ def _check_resume(cfg, saved, counters: dict | None):
     ``counters``) whose budget is already spent, which would start its workers
     only to stop at once and rewrite its summary with an empty one, or names
     another folder for it: a resumed run goes on where its checkpoints are."""
-    from seedlocal.config.resume import budget_left
     from seedlocal.errors import ConfigError
 
     if counters is None:
@@ -304,11 +293,7 @@ def _check_resume(cfg, saved, counters: dict | None):
         if saved is not None and getattr(cfg, name) != getattr(saved, name):
             raise ConfigError(f"{name}={getattr(cfg, name)!r}: a resumed run goes on in its own folder "
                               f"({cfg.resume}); leave --{name.replace('_', '-')} out")
-    if hasattr(cfg, "total_steps"):
-        budget_left("total_steps", cfg.total_steps, counters.get("steps", 0), "steps")
-    else:
-        budget_left("generations", cfg.generations, counters.get("generation", 0), "generations")
-        budget_left("total_frames", cfg.total_frames, counters.get("frames", 0), "frames")
+    cfg.budget_spent(counters)
     return cfg
 
 
@@ -362,18 +347,10 @@ def _run(argv: list[str]) -> int:
             from seedlocal.pipeline.bridge_client import run as actors
 
             return actors(cfg)
-        elif type(cfg).__name__ == "VTraceRun":
-            from seedlocal.trainers.vtrace import train
-
-            train(cfg)
-        elif type(cfg).__name__ == "R2D2Run":
-            from seedlocal.trainers.r2d2 import train as train_r2d2
-
-            train_r2d2(cfg)
         else:
-            from seedlocal.trainers.neuroevolution import train as evolve
+            from seedlocal.families import of_config
 
-            evolve(cfg)
+            of_config(cfg).train(cfg)
     except (ConfigError, CheckpointError) as e:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from seedlocal.arithmetic import Tanh, autocast
+from seedlocal.config.schema import NetworkConfig
 from seedlocal.normalize import RunningNorm
 from seedlocal.spec import EnvSpec, TensorSpec
 
@@ -231,6 +232,13 @@ def checkpoint_encoder(identity: dict, spec: EnvSpec) -> str:
     if "torso" in identity:
         return identity["torso"]
     return "mlp" if auto_encoder(spec) == "minatar" else "auto"  # written when auto gave grids an MLP
+
+
+def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
+    """The network options that rebuild a checkpoint's network, from its identity (``spec``: what the network
+    sees, e.g. R2D2's stacked frames): the sizes it was saved with, whatever today's defaults are."""
+    return NetworkConfig(encoder=checkpoint_encoder(identity, spec), hidden=tuple(identity["hidden"]),
+                         lstm_size=int(identity.get("lstm_size", 0)), obs_norm=bool(identity.get("obs_norm", False)))
 
 
 def action_identity(spec: EnvSpec) -> dict:

@@ -196,7 +196,7 @@ def test_a_pair_its_centre_and_the_checkpoint_share_one_set_of_observation_stati
     and the centre scored beside them are normalised alike; the checkpoint
     holds the statistics its state's population plays under."""
     from seedlocal import checkpoint
-    from seedlocal.config.schema import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
     from seedlocal.normalize import RunningNorm
     from seedlocal.policies.population import PopulationPolicy
     from seedlocal.trainers.neuroevolution import ARSRun, train
@@ -210,7 +210,7 @@ def test_a_pair_its_centre_and_the_checkpoint_share_one_set_of_observation_stati
         return job
 
     monkeypatch.setattr(PopulationPolicy, "submit", recorded)
-    train(ARSRun(env=EnvConfig(id="Pendulum-v1"), generations=3, hidden=(), obs_norm=True, best_episodes=2,
+    train(ARSRun(env=EnvConfig(id="Pendulum-v1"), generations=3, network=NetworkConfig(hidden=(), obs_norm=True), best_episodes=2,
                  pipeline=PipelineConfig(num_workers=1, envs_per_worker=8, unroll_length=8), log_dir=str(tmp_path),
                  run_name="a", progress=False))
     # population 1, its centre, population 2, its centre, ..., population 4 (submitted, not awaited)

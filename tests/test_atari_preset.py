@@ -23,7 +23,7 @@ CATCH = "image_catch:ImageCatch-v0"
 CATCH_BUDGET = 150_000  # agent steps for the preset to reach a mean return of 3 (of 5) on Catch
 # The preset as it was before issue 7: it never left the uniform policy on Pong.
 OLD_ATARI = VTraceParams(batch_size=32, learning_rate=6e-4, optimizer="rmsprop", optimizer_eps=0.01,
-                         entropy_cost=0.01, reward_clip=1.0, encoder="nature", separate_critic=False)
+                         entropy_cost=0.01, reward_clip=1.0, separate_critic=False)
 
 
 def catch_config(tmp_path, algo: VTraceParams, steps: int, **kw):

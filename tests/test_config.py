@@ -88,8 +88,8 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     (["train", "vtrace", "--algo.learning-rate", "nan"], "algo.learning_rate=nan: must be a finite number"),
     (["train", "vtrace", "--seconds", "inf", "--total-steps", "0"], "seconds=inf: must be a finite number"),
     (["train", "es", "--algo.sigma", "inf"], "algo.sigma=inf: must be a finite number"),
-    (["train", "vtrace", "--algo.hidden", "-5"], "algo.hidden=(-5,): MLP hidden sizes must be positive"),
-    (["train", "ga", "--hidden", "0"], "hidden=(0,): MLP hidden sizes must be positive"),
+    (["train", "vtrace", "--network.hidden", "-5"], "network.hidden=(-5,): MLP hidden sizes must be positive"),
+    (["train", "ga", "--network.hidden", "0"], "network.hidden=(0,): MLP hidden sizes must be positive"),
     (["train", "vtrace", "--algo.rmsprop-alpha", "5"], "algo.rmsprop_alpha=5.0: must be in (0, 1)"),
     (["train", "r2d2", "--algo.adam-eps", "0"], "algo.adam_eps=0.0: must be positive"),
     (["train", "vtrace", "--run-name", "../escape"], "run_name='../escape': must be a folder name"),
@@ -181,9 +181,9 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_workers_start(argv, me
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["vtrace", "--algo.hidden", "100000", "100000"], "algo.hidden, algo.lstm_size: the network has 20,001,"),
-    (["r2d2", "--algo.lstm-size", "200000"], "algo.hidden, algo.lstm_size: the network has 240,"),
-    (["ga", "--hidden", "100000", "100000"], "hidden: the network has 10,000,"),
+    (["vtrace", "--network.hidden", "100000", "100000"], "network.hidden, network.lstm_size: the network has 20,001,"),
+    (["r2d2", "--network.lstm-size", "200000"], "network.hidden, network.lstm_size: the network has 240,"),
+    (["ga", "--network.hidden", "100000", "100000"], "network.hidden: the network has 10,000,"),
 ])
 def test_networks_the_machine_cannot_hold_are_refused_in_one_line(argv, message, tmp_path, capsys, monkeypatch):
     """Counted on the meta device, before anything is allocated: torch's own

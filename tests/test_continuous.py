@@ -201,13 +201,13 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
 def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path):
     from seedlocal import checkpoint
     from seedlocal.algos.es import ESParams
-    from seedlocal.config.schema import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
     from seedlocal.trainers.neuroevolution import ESRun, train
 
     # ES here is not bitwise repeatable (which member plays in which slot, and the observation statistics
     # gathered from every 4th batch, follow the scheduling): 20 generations once ended at 159 in CI while
     # most runs pass 900 in about 15. The run stops at 600, so the room costs only the slow runs.
-    cfg = ESRun(env=EnvConfig(id="InvertedPendulum-v5"), generations=50, stop_at_return=600.0, obs_norm=True,
+    cfg = ESRun(env=EnvConfig(id="InvertedPendulum-v5"), generations=50, stop_at_return=600.0, network=NetworkConfig(obs_norm=True),
                 algo=ESParams(population_size=32, sigma=0.05, learning_rate=0.03), log_dir=str(tmp_path),
                 run_name="es", progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=32,
                                                                          unroll_length=8))

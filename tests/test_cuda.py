@@ -10,7 +10,7 @@ import torch
 
 from helpers import take_unrolls, tiny_pipeline
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
-from seedlocal.config.schema import EnvConfig
+from seedlocal.config.schema import EnvConfig, NetworkConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.networks import ActorCritic, PolicyNet
 from seedlocal.pipeline.cuda import WeightLock
@@ -253,7 +253,7 @@ def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights(host_cu
 
     spec = validate_env(EnvConfig(id="Pong-v5"))
     torch.manual_seed(0)
-    p = R2D2Params(burn_in=4, unroll_length=8, lstm_size=32, n_step=3)
+    p = R2D2Params(burn_in=4, unroll_length=8, n_step=3)
     cpu_online = RecurrentQNet(spec, "nature", lstm_size=32)
     cpu_target = copy.deepcopy(cpu_online)
     gpu_online, gpu_target = copy.deepcopy(cpu_online).to(CUDA), copy.deepcopy(cpu_target).to(CUDA)
@@ -372,7 +372,7 @@ def _gpu_run(tmp_path, algo, **kw):
         from seedlocal.algos.vtrace import VTraceParams as P
 
         return VTraceRun(pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=16, device="cuda"),
-                         algo=P(batch_size=8, sync="off", lstm_size=32), log_dir=str(tmp_path), run_name="v",
+                         algo=P(batch_size=8, sync="off"), network=NetworkConfig(lstm_size=32), log_dir=str(tmp_path), run_name="v",
                          progress=False, log_every_s=0.5, **kw)
     from seedlocal.algos.r2d2 import R2D2Params as P
 

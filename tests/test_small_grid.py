@@ -277,14 +277,14 @@ def test_r2d2_and_ga_run_on_a_bool_grid_env(tmp_path):
 
     from seedlocal.algos.ga import GAParams
     from seedlocal.algos.r2d2 import R2D2Params
-    from seedlocal.config.schema import EnvConfig, PipelineConfig
+    from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
     from seedlocal.trainers import neuroevolution, r2d2
 
     env = EnvConfig(id="grid_envs:BoolGrid-v0")
     cfg = r2d2.R2D2Run(env=env, total_steps=800, log_dir=str(tmp_path), run_name="r2d2", progress=False,
                        pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, min_batch_envs=2, unroll_length=0),
                        algo=R2D2Params(batch_size=4, burn_in=2, unroll_length=8, n_step=2, min_replay=8,
-                                       replay_size=64, lstm_size=16, eval_envs=1))
+                                       replay_size=64, eval_envs=1), network=NetworkConfig(lstm_size=16))
     assert r2d2.train(cfg)["steps"] >= 800
     assert checkpoint.load(tmp_path / "r2d2")["identity"]["torso"] == "minatar"
     ga = neuroevolution.GARun(env=env, generations=1, log_dir=str(tmp_path), run_name="ga", progress=False,

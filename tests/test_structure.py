@@ -45,3 +45,62 @@ def test_the_line_count_matches_a_known_function():
     source = 'def f():\n    """doc\n    more"""\n    return 1\n\n\nclass C:\n    def g(self):\n        pass\n'
     found = {name: node.end_lineno - node.lineno + 1 for name, node in _functions(ast.parse(source))}
     assert found == {"f": 4, "C.g": 2}
+
+
+# -- the family table is the only place that chooses code by an algorithm's name ---------------------------------
+
+def _names() -> set[str]:
+    """Every family's command name and run configuration's class name."""
+    from seedlocal.families import TABLE, family
+
+    return set(TABLE) | {family(name).run.__name__ for name in TABLE}
+
+
+def _branches_on_a_name(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines that compare with, look up or match an algorithm's name (a string constant in ``names``), or
+    compare a class's ``__name__``."""
+    def named(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named(s) for s in sides) or any(isinstance(s, ast.Attribute) and s.attr == "__name__"
+                                                   for s in sides):
+                lines.append(node.lineno)
+            elif any(isinstance(s, (ast.Tuple, ast.List, ast.Set)) and any(map(named, s.elts)) for s in sides):
+                lines.append(node.lineno)  # name in ("ga", "es")
+        elif isinstance(node, ast.Dict) and any(named(k) for k in node.keys if k is not None):
+            lines.append(node.lineno)  # {"ga": GARun, ...}: a second table
+        elif isinstance(node, ast.Subscript) and named(node.slice):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.MatchValue) and named(node.value):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_but_the_family_table_branches_on_an_algorithm_name():
+    """Adding a family is a trainer module and a line in families.py: no other code picks a family by its
+    name or its config class's name (issue 32)."""
+    names = _names()
+    found = [f"seedlocal/{path.relative_to(PACKAGE).as_posix()}:{line}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path.name != "families.py"
+             for line in _branches_on_a_name(ast.parse(path.read_text(), str(path)), names)]
+    assert not found, "branches on an algorithm's name outside seedlocal/families.py: " + ", ".join(found)
+
+
+def test_the_name_checker_finds_each_form_of_branch():
+    names = {"vtrace", "ga", "VTraceRun"}
+    for source in ('if type(cfg).__name__ == "VTraceRun": pass', 'x = algo == "vtrace"', 'y = name in ("ga", "es")',
+                   'z = {"ga": 1}', 'w = PRESETS["ga"]', 'match a:\n    case "vtrace": pass',
+                   'if cls.__name__ != other: pass'):
+        assert len(_branches_on_a_name(ast.parse(source), names)) == 1, source
+    assert _branches_on_a_name(ast.parse('t = Family("ga", GARun)\nalgo = "vtrace"'), names) == []
+
+
+def test_docs_families_md_is_the_tables_own():
+    from seedlocal.families import markdown
+
+    path = PACKAGE.parent / "docs" / "families.md"
+    assert path.read_text() == markdown(), "docs/families.md is out of step: python -m seedlocal.families > it"

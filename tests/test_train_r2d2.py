@@ -73,7 +73,7 @@ def test_learner_lstm_gets_contiguous_states_flat_weights_and_host_side_cuts():
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
-    p = R2D2Params(burn_in=4, unroll_length=8, lstm_size=16)
+    p = R2D2Params(burn_in=4, unroll_length=8)
     online = RecurrentQNet(describe("CartPole-v1"), lstm_size=16)
     target = copy.deepcopy(online)
     L, B = p.burn_in + p.unroll_length + 1, 6

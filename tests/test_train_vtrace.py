@@ -17,7 +17,7 @@ from helpers import terminal_like
 from seedlocal import checkpoint
 from seedlocal.checkpoint import CheckpointError
 from seedlocal.errors import ConfigError
-from seedlocal.config.schema import EnvConfig, PipelineConfig
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.trainers.vtrace import PRESETS, VTraceRun, train
@@ -225,7 +225,7 @@ def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
 def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
     train(_tiny(tmp_path))
     cfg = _tiny(tmp_path, resume=str(tmp_path / "tiny"))
-    cfg.algo.hidden = (32,)
+    cfg.network.hidden = (32,)
     with pytest.raises(CheckpointError, match=r"incompatible.*hidden: checkpoint has \[64, 64\], this run has \[32\]"):
         train(cfg)
     newest = checkpoint.resolve(tmp_path / "tiny")
@@ -463,7 +463,7 @@ def test_vtrace_lstm_learns_cartpole(tmp_path):
     # rate and more steps than the feed-forward default (measured: 450 at 784k).
     cfg = VTraceRun(total_steps=1_500_000, stop_at_return=450, log_dir=str(tmp_path), run_name="lstm",
                     progress=False)
-    cfg.algo.lstm_size = 64
+    cfg.network.lstm_size = 64
     cfg.algo.learning_rate = 3e-3
     summary = train(cfg)
     assert summary["steps_to_target"] is not None, summary
@@ -561,7 +561,7 @@ def test_a_sync_learner_recomputes_the_policy_the_actors_acted_with(tmp_path):
     from seedlocal.algos.vtrace import VTraceParams
 
     # A batch of every env: no group acts on while the learner works (that would be ordinary policy lag).
-    train(_tiny(tmp_path, total_steps=4000, algo=dataclasses.replace(VTraceParams(), obs_norm=True, batch_size=8),
+    train(_tiny(tmp_path, total_steps=4000, algo=dataclasses.replace(VTraceParams(), batch_size=8), network=NetworkConfig(obs_norm=True),
                 pipeline=PipelineConfig(num_workers=1, envs_per_worker=8)))
     rho = [v for _, v in scalars(tmp_path / "tiny")[0]["losses/mean_rho"]]
     assert rho and min(rho) > 0.99999, rho

@@ -158,13 +158,6 @@ class R2D2Params:
     """exploration of evaluation slots and of seedlocal eval"""
     reward_clip: float = 0.0
     """clip rewards to [-x, x] for learning (0 = off)"""
-    encoder: Literal["auto", "mlp", "minatar", "nature", "impala"] = "auto"
-    """network torso: auto = MinAtar's one-conv torso for grids under 36 x 36 (e.g. 10 x 10 x C), the nature CNN
-    from 36 x 36 up, MLP otherwise; impala (the IMPALA ResNet) only when asked"""
-    hidden: tuple[int, ...] = (64, 64)
-    """MLP hidden sizes"""
-    lstm_size: int = 64
-    """LSTM core size"""
     precision: Literal["auto", "fp32", "tf32", "bf16"] = "auto"
     """torso arithmetic: auto = tf32 on CUDA; on a CPU bf16 for CNN torsos where it has native bf16
     (AMX/AVX512-BF16), else fp32; the LSTM, the head and the targets stay float32 (TF32 matmuls with tf32, bf16)"""

@@ -217,20 +217,10 @@ class VTraceParams:
     """V-trace truncation of the trace coefficients"""
     lam: float = 1.0
     """V-trace lambda"""
-    encoder: Literal["auto", "mlp", "minatar", "nature", "impala"] = "auto"
-    """network torso: auto = MinAtar's one-conv torso for grids under 36 x 36 (e.g. 10 x 10 x C), the nature CNN
-    from 36 x 36 up, MLP otherwise; impala (the IMPALA ResNet) only when asked"""
-    hidden: tuple[int, ...] = (64, 64)
-    """MLP hidden sizes"""
-    lstm_size: int = 0
-    """size of an LSTM core after the encoder (0 = no LSTM)"""
     separate_critic: bool = True
     """give the value its own MLP; applies to MLP torsos without LSTM (image torsos are shared)"""
     init: Literal["torch", "orthogonal"] = "torch"
     """weight init: torch's default, or orthogonal (gain sqrt 2; 0.01 policy head, 1 value head)"""
-    obs_norm: bool = False
-    """normalise vector observations by their running mean and variance (clipped to +-10), statistics kept in
-    the network and its checkpoints (continuous control: the mujoco preset)"""
     reward_scale: bool = False
     """divide the learner's rewards by the running std of each env's discounted return, clipped to +-10
     (logged returns stay raw)"""

@@ -1,7 +1,8 @@
 """Typed configuration, parsed by tyro; checked before any process starts.
 
 - ``schema.py``: the dataclasses (``EnvConfig``, ``PipelineConfig``,
-  ``BridgeConfig``, ``RunOptions``), their fields and one-line docs.
+  ``BridgeConfig``, ``NetworkConfig``, and ``RunConfig``, the base of every
+  family's run), their fields and one-line docs.
 - ``checks.py``: the checks that refuse a value in one line naming the field
   (``validate_pipeline``, ``validate_bridge``, ``resolve_device`` ...), and
   the bridge's address and secret.
@@ -13,6 +14,6 @@ Nothing here imports torch at module import: an actor host (``seedlocal
 actors``) reads it and needs none.
 """
 
-from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
+from seedlocal.config.schema import BridgeConfig, EnvConfig, NetworkConfig, PipelineConfig, RunConfig, StepRunConfig
 
-__all__ = ["BridgeConfig", "EnvConfig", "PipelineConfig", "RunOptions"]
+__all__ = ["BridgeConfig", "EnvConfig", "NetworkConfig", "PipelineConfig", "RunConfig", "StepRunConfig"]

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seedlocal.config.schema import BridgeConfig, PipelineConfig
+from seedlocal.config.schema import NETWORK_OPTIONS, BridgeConfig, NetworkConfig, PipelineConfig
 from seedlocal.errors import ConfigError, fail
 
 if TYPE_CHECKING:
@@ -57,6 +57,24 @@ def validate_run_options(cfg) -> None:
     log_dir = getattr(cfg, "log_dir", None)
     if log_dir is not None and not getattr(cfg, "resume", ""):
         check_writable("log_dir", log_dir, folder=True)
+    if isinstance(getattr(cfg, "network", None), NetworkConfig):
+        validate_network(cfg.network)
+
+
+def validate_network(n: NetworkConfig) -> None:
+    """The network's sizes (what a family's network cannot be, e.g. R2D2's without an LSTM, its own check says;
+    what the env makes of the encoder, building it does: ``network_error``)."""
+    if n.lstm_size < 0:
+        fail("network.lstm_size", n.lstm_size, "must be >= 0 (0 = no LSTM core)")
+
+
+def network_error(e: ValueError, algo: tuple[str, ...] = ()) -> str:
+    """A network constructor's refusal (``encoder=...: why``) named by the option it came from: one of the
+    network's, or one of the family's own ``algo`` options (e.g. V-trace's separate_critic)."""
+    text = str(e)
+    if text.startswith(NETWORK_OPTIONS):
+        return f"network.{text}"
+    return f"algo.{text}" if algo and text.startswith(algo) else text
 
 
 def check_writable(field: str, value: str, folder: bool) -> None:

@@ -6,21 +6,23 @@ from __future__ import annotations
 from seedlocal.errors import CheckpointError, fail
 
 
-def from_dict(cls, d: dict):
+def from_dict(cls, d: dict, base=None):
     """A config dataclass rebuilt from ``dataclasses.asdict`` output (as saved
     in checkpoints): nested dataclasses recursively, lists back to tuples where
     the default is a tuple. Keys the class no longer has are dropped, fields
-    the dict lacks keep their defaults, so older checkpoints stay resumable."""
+    the dict lacks keep their defaults (those of ``base``, default ``cls()``:
+    a nested config keeps its parent's default, e.g. R2D2's LSTM size, not its
+    own class's), so older checkpoints stay resumable."""
     import dataclasses
 
-    base = cls()
+    base = cls() if base is None else base
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in d:
             continue
         default, v = getattr(base, f.name), d[f.name]
         if dataclasses.is_dataclass(default) and isinstance(v, dict):
-            v = from_dict(type(default), v)
+            v = from_dict(type(default), v, default)
         elif isinstance(default, tuple) and isinstance(v, list):
             v = tuple(v)
         if type(default) is int and isinstance(v, float) and v.is_integer():
@@ -31,7 +33,7 @@ def from_dict(cls, d: dict):
         if default is not None and not isinstance(v, kind) or isinstance(v, bool) and type(default) is not bool:
             raise TypeError(f"{f.name}={v!r}: expected {type(default).__name__}")
         kwargs[f.name] = v
-    return cls(**kwargs)
+    return dataclasses.replace(base, **kwargs)
 
 
 def config_changes(old, new, prefix: str = "") -> list[str]:

@@ -6,7 +6,7 @@ Only the fields and their one-line docs live here; what checks them is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 
@@ -76,28 +76,91 @@ class BridgeConfig:
 
 
 @dataclass
-class RunOptions:
-    """Budget, logging and checkpoint options every step-based trainer shares
-    (``VTraceRun``, ``R2D2Run``); their own fields follow these."""
+class NetworkConfig:
+    """The network every family builds, under one name (``--network.*``) whatever the algorithm."""
 
-    total_steps: int = 300_000
-    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
+    encoder: Literal["auto", "mlp", "minatar", "nature", "impala"] = "auto"
+    """torso: auto = MinAtar's one-conv torso for grids under 36 x 36 (e.g. 10 x 10 x C), the Nature CNN from
+    36 x 36 up, an MLP otherwise; impala (the IMPALA ResNet) only when asked"""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP hidden sizes (the MLP torso; a linear policy: none)"""
+    lstm_size: int = 0
+    """an LSTM core of this size after the torso (0 = none; R2D2 needs one, neuroevolution takes none)"""
+    obs_norm: bool = False
+    """normalise vector observations by running mean and variance (clipped to +-10), statistics kept in the
+    network and its checkpoints (continuous control presets; a population shares them between generations)"""
+
+
+# Options of the network that older runs saved (and older command lines gave) elsewhere: under algo.
+# (V-trace, R2D2) or at the top (neuroevolution).
+NETWORK_OPTIONS = ("encoder", "hidden", "lstm_size", "obs_norm")
+
+
+def _pipeline() -> PipelineConfig:
+    return PipelineConfig()
+
+
+@dataclass
+class RunConfig:
+    """What every family's run shares: the env, the pipeline and the bridge that step it, the network, and
+    the budget, logging and checkpoint options every family uses. A family's own options follow these
+    (``trainers/*.py``); a budget only some families count in (steps, generations) is theirs."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    pipeline: PipelineConfig = field(default_factory=_pipeline)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     seconds: float = 0.0
     """wall-clock budget in seconds; 0 = none"""
     stop_at_return: float = 0.0
-    """stop early once the mean return of the last 20 episodes reaches this (0 = never; R2D2 tests its
-    evaluation slots' return)"""
+    """stop early once this return is reached (0 = never): the mean of the last 20 episodes (R2D2: of its
+    evaluation slots; neuroevolution: the best member's over its evaluation episodes)"""
     run_name: str = ""
     """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
     log_dir: str = "runs"
     """where runs (TensorBoard events, checkpoints) are written"""
-    log_every_s: float = 2.0
-    """seconds between TensorBoard points"""
-    checkpoint_every_min: float = 5.0
-    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
     keep_checkpoints: int = 3
     """newest checkpoints kept per run (0 = all)"""
     resume: str = ""
     """run directory or checkpoint to continue; same config, same TensorBoard curve"""
     progress: bool = True
-    """live one-line progress on the terminal"""
+    """live progress on the terminal"""
+
+    @classmethod
+    def migrate(cls, saved: dict) -> dict:
+        """A saved config as this schema reads it: runs saved before ``network`` held its options under
+        ``algo`` (V-trace, R2D2) or at the top (neuroevolution); a family with more to mend extends this."""
+        if "network" in saved:
+            return saved
+        algo = saved.get("algo") if isinstance(saved.get("algo"), dict) else {}
+        network = {k: src[k] for src in (saved, algo) for k in NETWORK_OPTIONS if k in src}
+        rest = {k: v for k, v in saved.items() if k not in NETWORK_OPTIONS}
+        if algo:
+            rest["algo"] = {k: v for k, v in algo.items() if k not in NETWORK_OPTIONS}
+        return {**rest, "network": network}
+
+    def fit_to_groups(self, envs_per_group: int) -> RunConfig:
+        """This config made to fit a pipeline of groups of ``envs_per_group`` envs (``--pipeline-config``); a
+        family whose options depend on the group size (V-trace's batch) extends this."""
+        return self
+
+    def budget_spent(self, counters: dict) -> None:
+        """Fail (ConfigError) if a resumed run whose checkpoint holds ``counters`` has no budget left: it
+        would start its workers only to stop at once."""
+
+
+@dataclass
+class StepRunConfig(RunConfig):
+    """A run counted in agent steps, logged and saved by the clock (V-trace, R2D2)."""
+
+    total_steps: int = 300_000
+    """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
+    log_every_s: float = 2.0
+    """seconds between TensorBoard points"""
+    checkpoint_every_min: float = 5.0
+    """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
+
+    def budget_spent(self, counters: dict) -> None:
+        from seedlocal.config.resume import budget_left
+
+        budget_left("total_steps", self.total_steps, counters.get("steps", 0), "steps")

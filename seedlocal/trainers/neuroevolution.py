@@ -32,12 +32,13 @@ import torch
 
 from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
-from seedlocal.config.checks import (check_network_fits, task_kind, validate_bridge, validate_pipeline,
-                                     validate_run_options)
+from seedlocal.config.checks import (check_network_fits, network_error, task_kind, validate_bridge,
+                                     validate_pipeline, validate_run_options)
+from seedlocal.config.resume import budget_left
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError, fail
-from seedlocal.networks import PolicyNet, action_identity, checkpoint_encoder, encoder_identity, obs_identity
+from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
@@ -50,7 +51,7 @@ def _pipeline_default() -> PipelineConfig:
 
 
 @dataclass
-class NeuroevoRun:
+class NeuroevoRun(RunConfig):
     # Each algorithm's run names its own parts (class attributes: neither a dataclass field nor a tyro option).
     name: ClassVar[str]
     """the command's name (``seedlocal train <name>``), the checkpoint identity's algo and the run name's part"""
@@ -59,17 +60,11 @@ class NeuroevoRun:
     evolver: ClassVar[type[Evolver]]
     """what runs its generations (``trainers/evolvers.py``)"""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=_pipeline_default)
-    bridge: BridgeConfig = field(default_factory=BridgeConfig)
     generations: int = 100
-    """generations to run (0 = until another budget ends)"""
+    """generations to run (0 = until another budget ends); a checkpoint is written after each"""
     total_frames: int = 0
     """emulator frames to spend (0 = no frame budget)"""
-    seconds: float = 0.0
-    """wall-clock budget (0 = none)"""
-    stop_at_return: float = 0.0
-    """stop once the best member's mean return over its evaluation episodes reaches this (0 = never)"""
     episodes_per_member: int = 1
     """episodes averaged into each member's fitness"""
     best_episodes: int = 5
@@ -78,16 +73,8 @@ class NeuroevoRun:
     """end an evaluation episode after this many emulator frames (steps x frame skip), scored on its return so
     far: -1 = by env kind (20,000 for image frames, as the deep-GA paper's Atari runs; 10,000 for small grids;
     none otherwise), 0 = never"""
-    encoder: str = "auto"
-    """network torso: auto (MinAtar's one-conv torso for grids under 36 x 36, the Nature CNN from 36 x 36 up, else
-    MLP), mlp, minatar, nature, impala"""
-    hidden: tuple[int, ...] = (64, 64)
-    """MLP hidden sizes"""
     greedy: bool = True
     """act by argmax (the deep-GA convention) rather than sampling (Discrete actions)"""
-    obs_norm: bool = False
-    """normalise vector observations with running statistics the population shares, gathered from a share of
-    evaluation steps and updated between generations (Salimans et al.'s ES, ARS V2); saved in checkpoints"""
     action_noise: float = 0.0
     """Box actions: std of Gaussian noise added to each action while evaluating (Salimans et al.: 0.01)"""
     reward_shift: float = 0.0
@@ -98,16 +85,10 @@ class NeuroevoRun:
     forward: str = "auto"
     """population forward: auto (times the others on the first batches and keeps the fastest);
     MLPs: bmm, mulsum, vmap; the MinAtar and Nature CNNs: bmm, vmap, loop; the IMPALA ResNet: vmap, loop"""
-    run_name: str = ""
-    """folder under log_dir (default: <env>__<algo>__<seed>__<date-time>)"""
-    log_dir: str = "runs"
-    """where runs are written"""
-    keep_checkpoints: int = 3
-    """newest checkpoints kept (one is written every generation; 0 = all)"""
-    resume: str = ""
-    """run directory or checkpoint to continue"""
-    progress: bool = True
-    """a line per generation on the terminal"""
+
+    def budget_spent(self, counters: dict) -> None:
+        budget_left("generations", self.generations, counters.get("generation", 0), "generations")
+        budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
 
 
 @dataclass
@@ -177,7 +158,8 @@ ES_PRESETS: dict[str, ESRun] = {
         best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
-        hidden=(64, 64), obs_norm=True, action_noise=0.01, best_episodes=3, remove_survival_bonus=True,
+        network=NetworkConfig(hidden=(64, 64), obs_norm=True), action_noise=0.01, best_episodes=3,
+        remove_survival_bonus=True,
         algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
 }
 GA_PRESETS: dict[str, GARun] = {
@@ -190,7 +172,7 @@ GA_PRESETS: dict[str, GARun] = {
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
     "mujoco": GARun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
-        hidden=(64, 64), obs_norm=True,
+        network=NetworkConfig(hidden=(64, 64), obs_norm=True),
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3)),
 }
 RANDOM_SEARCH_PRESETS: dict[str, RandomSearchRun] = {"cartpole": RandomSearchRun()}
@@ -199,7 +181,7 @@ ARS_PRESETS: dict[str, ARSRun] = {
     "cartpole": ARSRun(),
     "mujoco": ARSRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(16), generations=0, seconds=3600.0,
-        hidden=(), obs_norm=True, remove_survival_bonus=True, best_episodes=2,
+        network=NetworkConfig(hidden=(), obs_norm=True), remove_survival_bonus=True, best_episodes=2,
         algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03)),
 }
 
@@ -230,13 +212,15 @@ def validate(cfg: NeuroevoRun):
             fail(name, getattr(cfg, name), "must be >= 0")
     if cfg.action_noise and spec.num_actions is not None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
+    if cfg.network.lstm_size:
+        fail("network.lstm_size", cfg.network.lstm_size, "a genome is a feed-forward network here: leave it 0")
     try:
         # The population's vectors and one row per env slot, at least.
         copies = cfg.algo.population_size + shape.num_envs
-        net = check_network_fits(lambda: build_policy(cfg, spec), copies,
-                                 "hidden", f"{copies:,} copies (the population's vectors and one per env slot)")
+        net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
+                                 f"{copies:,} copies (the population's vectors and one per env slot)")
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(network_error(e)) from None
     forwards = ("auto",) + strategies(net)
     if cfg.forward not in forwards:
         fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
@@ -284,14 +268,15 @@ def episode_step_cap(cfg: NeuroevoRun, spec) -> int:
 
 
 def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
-    return PolicyNet(spec, cfg.encoder, tuple(cfg.hidden), obs_norm=cfg.obs_norm)
+    n = cfg.network
+    return PolicyNet(spec, n.encoder, tuple(n.hidden), obs_norm=n.obs_norm)
 
 
 def identity(cfg: NeuroevoRun, spec) -> dict:
     return {"algo": cfg.name, "env_id": spec.env_id, "num_actions": spec.num_actions,
             **obs_identity(spec), **action_identity(spec), "network": "policy",
-            **encoder_identity(spec, cfg.encoder), "hidden": list(cfg.hidden),
-            **({"obs_norm": True} if cfg.obs_norm else {}),
+            **encoder_identity(spec, cfg.network.encoder), "hidden": list(cfg.network.hidden),
+            **({"obs_norm": True} if cfg.network.obs_norm else {}),
             # Genomes name slices of this table: vectors rebuilt from another would differ.
             "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
 
@@ -528,8 +513,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     ident = state.get("identity", {})
     spec = checkpoint_env(state)
     with rebuilding(state):
-        cfg = NeuroevoRun(encoder=checkpoint_encoder(ident, spec), hidden=tuple(ident["hidden"]),
-                          obs_norm=ident.get("obs_norm", False))
+        cfg = NeuroevoRun(network=checkpoint_network(ident, spec))
         net = build_policy(cfg, spec)
         torch.nn.utils.vector_to_parameters(state["best_params"].float(), net.parameters())
         if net.obs_norm is not None:  # the population's shared statistics, saved beside the genomes

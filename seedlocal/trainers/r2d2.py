@@ -37,13 +37,13 @@ import torch
 
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
-from seedlocal.config.checks import (check_network_fits, resolve_device, short_of_memory, validate_bridge,
-                                     validate_pipeline, validate_run_options)
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
+from seedlocal.config.checks import (check_network_fits, network_error, resolve_device, short_of_memory,
+                                     validate_bridge, validate_pipeline, validate_run_options)
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import RecurrentQNet, checkpoint_encoder, encoder_identity, image_layout, obs_identity
+from seedlocal.networks import RecurrentQNet, checkpoint_network, encoder_identity, image_layout, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shape import ShapeNeeds, pipeline_shape
@@ -54,12 +54,11 @@ from seedlocal.trainers.run import WAIT_S, Family, Run, Trainer, checkpoint_env,
 
 
 @dataclass
-class R2D2Run(RunOptions):
-    env: EnvConfig = field(default_factory=EnvConfig)
+class R2D2Run(StepRunConfig):
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=8, min_batch_envs=4, unroll_length=0))
+    network: NetworkConfig = field(default_factory=lambda: NetworkConfig(lstm_size=64))
     algo: R2D2Params = field(default_factory=R2D2Params)
-    bridge: BridgeConfig = field(default_factory=BridgeConfig)
     frame_stack: int = 0
     """frames stacked on the learner side for image observations (Atari preset: 4 over env.frame_stack 1)"""
     compress: bool = False
@@ -67,10 +66,11 @@ class R2D2Run(RunOptions):
     checkpoint_replay: bool = False
     """also save the replay with checkpoints (otherwise a resumed run starts with an empty replay)"""
 
-    @staticmethod
-    def migrate(saved: dict) -> dict:
+    @classmethod
+    def migrate(cls, saved: dict) -> dict:
         """Runs saved before pipeline.unroll_length 0 hold the default they
         ignored (they ran at algo.unroll_length): resume them as they ran."""
+        saved = super().migrate(saved)
         pipe, algo = saved.get("pipeline"), saved.get("algo")
         if isinstance(pipe, dict) and isinstance(algo, dict) and pipe.get("unroll_length") != algo.get("unroll_length"):
             saved = {**saved, "pipeline": {**pipe, "unroll_length": 0}}
@@ -87,9 +87,8 @@ PRESETS: dict[str, R2D2Run] = {
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
         algo=R2D2Params(batch_size=16, burn_in=20, unroll_length=40, n_step=5, discount=0.997,
                         learning_rate=1e-4, adam_eps=1e-3, target_update_every=2500, replay_size=20_000,
-                        min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, encoder="nature",
-                        lstm_size=512, max_grad_norm=40.0),
-        frame_stack=4, compress=True, total_steps=5_000_000,
+                        min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, max_grad_norm=40.0),
+        network=NetworkConfig(encoder="nature", lstm_size=512), frame_stack=4, compress=True, total_steps=5_000_000,
     ),
     # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso under a 128-unit LSTM,
     # no frame stack (MinAtar's trail channel already shows motion). MinAtar's DQN trains 32 rows per frame,
@@ -101,19 +100,18 @@ PRESETS: dict[str, R2D2Run] = {
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
         algo=R2D2Params(batch_size=64, burn_in=4, unroll_length=10, n_step=3, discount=0.99,
                         learning_rate=1e-3, adam_eps=1e-4, target_update_every=100, replay_size=40_000,
-                        min_replay=500, replay_ratio=2.0, eval_envs=2, encoder="minatar", lstm_size=128,
-                        max_grad_norm=40.0),
-        total_steps=5_000_000,
+                        min_replay=500, replay_ratio=2.0, eval_envs=2, max_grad_norm=40.0),
+        network=NetworkConfig(encoder="minatar", lstm_size=128), total_steps=5_000_000,
     ),
 }
 
 
 def identity(cfg: R2D2Run, spec) -> dict:
-    a = cfg.algo
+    n = cfg.network
     return {"algo": "r2d2", "env_id": spec.env_id, "num_actions": spec.num_actions, "env_frame_stack": spec.frame_stack,
             **obs_identity(spec), "frame_stack": cfg.frame_stack,
-            **encoder_identity(net_spec(spec, cfg.frame_stack), a.encoder), "hidden": list(a.hidden),
-            "lstm_size": a.lstm_size}
+            **encoder_identity(net_spec(spec, cfg.frame_stack), n.encoder), "hidden": list(n.hidden),
+            "lstm_size": n.lstm_size}
 
 
 def net_spec(spec, frame_stack: int):
@@ -127,9 +125,9 @@ def net_spec(spec, frame_stack: int):
 
 def build_net(cfg: R2D2Run, spec, device: torch.device | None = None) -> RecurrentQNet:
     """The Q-network, its torso's precision that of ``device`` (default: the pipeline's)."""
-    a = cfg.algo
-    net = RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=a.encoder, hidden=tuple(a.hidden),
-                        lstm_size=a.lstm_size)
+    a, n = cfg.algo, cfg.network
+    net = RecurrentQNet(net_spec(spec, cfg.frame_stack), encoder=n.encoder, hidden=tuple(n.hidden),
+                        lstm_size=n.lstm_size)
     net.precision = resolve_precision(a.precision, net.kind, device or resolve_device(cfg.pipeline.device))
     return net
 
@@ -166,7 +164,7 @@ def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
     steps = num_envs * (per_env * a.unroll_length + a.burn_in + a.unroll_length + 1 + max(1, cfg.frame_stack))
     obs = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.obs.values())
     per_step = obs * (COMPRESSED_FRAME_SHARE if cfg.compress else 1) + 8 + 4 + 3 + 8
-    return int(steps * per_step) + a.replay_size * (2 * a.lstm_size * 4 + 40)
+    return int(steps * per_step) + a.replay_size * (2 * cfg.network.lstm_size * 4 + 40)
 
 
 def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
@@ -178,8 +176,7 @@ def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
 def _validate_algo(a: R2D2Params) -> None:
     """The algorithm's own values, each in its range and consistent with the
     others (those that depend on the env or the pipeline are ``validate``'s)."""
-    for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "lstm_size",
-                 "target_update_every"):
+    for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "target_update_every"):
         if getattr(a, name) < 1:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
     for name in ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"):
@@ -213,6 +210,10 @@ def validate(cfg: R2D2Run):
     if spec.num_actions is None:
         fail("env.id", cfg.env.id, "R2D2 is Q-learning over a Discrete action space, and this env's actions are a "
              "Box: use seedlocal train vtrace --preset mujoco (a Gaussian policy), or es / ars / ga")
+    if cfg.network.lstm_size < 1:
+        fail("network.lstm_size", cfg.network.lstm_size, "R2D2's Q-network is recurrent: give its LSTM a size")
+    if cfg.network.obs_norm:
+        fail("network.obs_norm", True, "R2D2 does not normalise observations (V-trace and neuroevolution do)")
     if p.unroll_length and p.unroll_length != a.unroll_length:
         fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
              f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")
@@ -233,10 +234,10 @@ def validate(cfg: R2D2Run):
     if cfg.total_steps < 0 or cfg.seconds < 0 or (cfg.total_steps == 0 and cfg.seconds == 0):
         fail("total_steps", cfg.total_steps, "set a step or time budget (both >= 0, not both 0)")
     try:
-        check_network_fits(lambda: build_net(cfg, spec), 6, "algo.hidden, algo.lstm_size",
+        check_network_fits(lambda: build_net(cfg, spec), 6, "network.hidden, network.lstm_size",
                            "the online and target networks, gradients, Adam state and the actors' copy")
     except ValueError as e:
-        raise ConfigError(f"algo.{e}" if str(e).startswith(("encoder=", "hidden=")) else str(e)) from None
+        raise ConfigError(network_error(e)) from None
     need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))
     if (have := short_of_memory(need)) is not None:
         fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"
@@ -300,7 +301,7 @@ class R2D2Trainer(Trainer):
     def describe(self) -> str:
         a, acting = self.a, int((~self.feeder.evaluating).sum())
         return (f"training R2D2 on {self.spec.env_id} ({self.online.kind} torso in {self.online.precision} + LSTM "
-                f"{a.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
+                f"{self.cfg.network.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
                 f"{', lz4' if self.cfg.compress else ''})")
 
     def policy(self):
@@ -460,9 +461,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     spec = checkpoint_env(state)
     with rebuilding(state):
         stack = int(ident["frame_stack"])
-        cfg = R2D2Run(frame_stack=stack, algo=R2D2Params(
-            encoder=checkpoint_encoder(ident, net_spec(spec, stack)), hidden=tuple(ident["hidden"]),
-            lstm_size=ident["lstm_size"]))
+        cfg = R2D2Run(frame_stack=stack, network=checkpoint_network(ident, net_spec(spec, stack)))
         net = build_net(cfg, spec, device)
         net.load_state_dict(state["model"])
     return R2D2Policy(net.to(device).eval(), spec, epsilon, WeightLock(device), device,

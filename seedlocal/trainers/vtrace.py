@@ -11,6 +11,7 @@ The run's life around this is ``trainers/run.py``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -21,12 +22,13 @@ import torch
 
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
-from seedlocal.config.checks import check_network_fits, validate_bridge, validate_pipeline, validate_run_options
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
+from seedlocal.config.checks import (check_network_fits, network_error, validate_bridge, validate_pipeline,
+                                     validate_run_options)
 from seedlocal.pipeline.envs import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import ActorCritic, action_identity, checkpoint_encoder, encoder_identity, obs_identity
+from seedlocal.networks import ActorCritic, action_identity, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
@@ -39,12 +41,18 @@ DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_varian
 
 
 @dataclass
-class VTraceRun(RunOptions):
-    env: EnvConfig = field(default_factory=EnvConfig)
+class VTraceRun(StepRunConfig):
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
     algo: VTraceParams = field(default_factory=VTraceParams)
-    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+
+    def fit_to_groups(self, envs_per_group: int) -> VTraceRun:
+        """V-trace batches whole groups: the batch rounded up to a multiple of the group size."""
+        batch = self.algo.batch_size
+        if envs_per_group <= 0 or batch % envs_per_group == 0:
+            return self
+        return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=-(-batch // envs_per_group)
+                                                                   * envs_per_group))
 
 
 PRESETS: dict[str, VTraceRun] = {
@@ -57,9 +65,9 @@ PRESETS: dict[str, VTraceRun] = {
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
         algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
                           learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
-                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, encoder="nature",
-                          separate_critic=False, init="orthogonal"),
-        total_steps=2_500_000,
+                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
+                          init="orthogonal"),
+        network=NetworkConfig(encoder="nature"), total_steps=2_500_000,
     ),
     # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
     # clipped surrogate on 1,024-step batches, but from more and shorter unrolls (64 envs x 32 steps), in 2
@@ -70,9 +78,8 @@ PRESETS: dict[str, VTraceRun] = {
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
         algo=VTraceParams(batch_size=32, echo=2, minibatches=4, clip=0.2, normalize_advantages=True,
                           learning_rate=1e-3, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.01, max_grad_norm=0.5, encoder="minatar", separate_critic=False,
-                          init="orthogonal"),
-        total_steps=5_000_000,
+                          entropy_cost=0.01, max_grad_norm=0.5, separate_critic=False, init="orthogonal"),
+        network=NetworkConfig(encoder="minatar"), total_steps=5_000_000,
     ),
     # SEED's Google Research Football (docs/football.md) on envpool's gfootball/ ids: one 72 x 96 x 4 minimap
     # (SMM) frame and the scoring reward; the Atari preset's rhythm and Nature CNN, with the longer horizon
@@ -82,9 +89,9 @@ PRESETS: dict[str, VTraceRun] = {
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=32),
         algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
                           learning_rate=3.4e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.993,
-                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, encoder="nature",
-                          separate_critic=False, init="orthogonal"),
-        total_steps=1_000_000,
+                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
+                          init="orthogonal"),
+        network=NetworkConfig(encoder="nature"), total_steps=1_000_000,
     ),
     # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
     # (docs/mujoco.md): separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent
@@ -96,8 +103,8 @@ PRESETS: dict[str, VTraceRun] = {
         algo=VTraceParams(batch_size=16, echo=10, minibatches=32, clip=0.2, normalize_advantages=True,
                           learning_rate=3e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
                           entropy_cost=0.0, max_grad_norm=0.5, separate_critic=True, init="orthogonal",
-                          obs_norm=True, reward_scale=True, init_std=0.5),
-        total_steps=1_000_000,
+                          reward_scale=True, init_std=0.5),
+        network=NetworkConfig(obs_norm=True), total_steps=1_000_000,
     ),
 }
 
@@ -122,18 +129,18 @@ def actors_wait(a: VTraceParams) -> bool:
 
 def identity(cfg: VTraceRun, spec) -> dict:
     """What a checkpoint must match to be resumed or evaluated with this config."""
-    a = cfg.algo
+    a, n = cfg.algo, cfg.network
     return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
             **obs_identity(spec), **action_identity(spec),
-            **encoder_identity(spec, a.encoder), "hidden": list(a.hidden), "lstm_size": a.lstm_size,
-            "separate_critic": a.separate_critic, **({"obs_norm": True} if a.obs_norm else {}),
+            **encoder_identity(spec, n.encoder), "hidden": list(n.hidden), "lstm_size": n.lstm_size,
+            "separate_critic": a.separate_critic, **({"obs_norm": True} if n.obs_norm else {}),
             "optimizer": a.optimizer}
 
 
 def build_model(cfg: VTraceRun, spec) -> ActorCritic:
-    a = cfg.algo
-    return ActorCritic(spec, encoder=a.encoder, hidden=tuple(a.hidden), lstm_size=a.lstm_size,
-                       separate_critic=a.separate_critic, init=a.init, obs_norm=a.obs_norm, init_std=a.init_std)
+    a, n = cfg.algo, cfg.network
+    return ActorCritic(spec, encoder=n.encoder, hidden=tuple(n.hidden), lstm_size=n.lstm_size,
+                       separate_critic=a.separate_critic, init=a.init, obs_norm=n.obs_norm, init_std=a.init_std)
 
 
 def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
@@ -158,7 +165,7 @@ def validate(cfg: VTraceRun):
         fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
     if a.minibatches < 1:
         fail("algo.minibatches", a.minibatches, "must be >= 1 (updates per pass over a batch)")
-    if a.lstm_size and a.minibatches > a.batch_size:
+    if cfg.network.lstm_size and a.minibatches > a.batch_size:
         fail("algo.minibatches", a.minibatches,
              f"with an LSTM a minibatch holds whole unrolls: at most algo.batch_size ({a.batch_size})")
     if a.minibatches > a.batch_size * p.unroll_length:
@@ -174,7 +181,7 @@ def validate(cfg: VTraceRun):
         fail("algo.discount", a.discount, "must be in [0, 1]")
     if not 0 <= a.lam <= 1:
         fail("algo.lam", a.lam, "must be in [0, 1]")
-    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm", "lstm_size"):
+    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
         if getattr(a, name) < 0:
             fail(f"algo.{name}", getattr(a, name), "must be >= 0")
     if cfg.total_steps < 0 or cfg.seconds < 0:
@@ -185,11 +192,10 @@ def validate(cfg: VTraceRun):
     if not 0 < a.rmsprop_alpha < 1:
         fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
     try:
-        check_network_fits(lambda: build_model(cfg, spec), 5, "algo.hidden, algo.lstm_size",
+        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
                            "its weights, gradients, Adam state and the actors' copy")
     except ValueError as e:
-        named = str(e).startswith(("encoder=", "separate_critic", "hidden=", "obs_norm"))
-        raise ConfigError(f"algo.{e}" if named else str(e)) from None
+        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
     return spec
 
 
@@ -305,7 +311,7 @@ class VTraceTrainer(Trainer):
         return out
 
     def describe(self) -> str:
-        lstm = f" + LSTM {self.cfg.algo.lstm_size}" if self.cfg.algo.lstm_size else ""
+        lstm = f" + LSTM {self.cfg.network.lstm_size}" if self.cfg.network.lstm_size else ""
         rhythm = "actors wait for each update, algo.sync on" if self.sync else "acting overlaps learning, algo.sync off"
         return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}, {self.precision} on "
                 f"{self.device}, {rhythm})")
@@ -475,9 +481,8 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     ident = state.get("identity", {})
     spec = checkpoint_env(state)
     with rebuilding(state):
-        cfg = VTraceRun(algo=VTraceParams(encoder=checkpoint_encoder(ident, spec), hidden=tuple(ident["hidden"]),
-                                          lstm_size=ident["lstm_size"], obs_norm=ident.get("obs_norm", False),
-                                          separate_critic=ident.get("separate_critic", False)))
+        cfg = VTraceRun(network=checkpoint_network(ident, spec),
+                        algo=VTraceParams(separate_critic=ident.get("separate_critic", False)))
         model = build_model(cfg, spec)
         model.load_state_dict(state["model"])
     return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy))
