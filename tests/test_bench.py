@@ -70,3 +70,14 @@ def test_autotune_writes_settings_that_train_loads(tmp_path):
     cfg = checkpoint.load(tmp_path / "t")["config"]
     assert {k: cfg["pipeline"][k] for k in saved} == saved
     assert cfg["algo"]["batch_size"] % group == 0
+
+
+def test_the_learning_bench_batch_is_whole_groups_and_enough_unrolls_for_an_lstms_minibatches():
+    from seedlocal.algos.vtrace import VTraceParams
+    from seedlocal.config.schema import PipelineConfig
+    from seedlocal.measure.bench import learning_batch
+
+    pipe = PipelineConfig(num_workers=2, envs_per_worker=4)  # 4 groups of 2 envs
+    assert learning_batch(VTraceParams(batch_size=4), pipe)[0] == 4  # the preset's own: whole groups
+    assert learning_batch(VTraceParams(batch_size=5, minibatches=8), pipe)[0] == 4  # the nearest whole groups
+    assert learning_batch(VTraceParams(batch_size=5, minibatches=8), pipe, lstm_size=16)[0] == 8  # 8 unrolls

@@ -22,7 +22,7 @@ Conventions:
   * V2 and V2-t are this update on states normalised by their running mean
     and standard deviation. The caller does that, not this module: the
     statistics are shared by the population, gathered from its rollouts and
-    taken into use between generations (``NeuroevoRun.obs_norm``); so is the
+    taken into use between generations (``--network.obs-norm``); so is the
     survival-bonus shift of Hopper, Walker2d, Ant and Humanoid
     (``NeuroevoRun.remove_survival_bonus``).
   * The state holds ints, a dict and a tensor: ``dataclasses.asdict`` of it

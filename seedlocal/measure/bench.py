@@ -182,7 +182,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
 
     spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
     preset, _ = training_model(spec, torch.device("cpu"))
-    batch, why = learning_batch(preset.algo, pipe_cfg)
+    batch, why = learning_batch(preset.algo, pipe_cfg, preset.network.lstm_size)
     with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
         run_cfg = dataclasses.replace(
             preset, env=EnvConfig(id=cfg.env), pipeline=pipe_cfg, algo=dataclasses.replace(preset.algo, batch_size=batch),
@@ -215,7 +215,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
                 "batch_size": run_cfg.algo.batch_size, "batch_size_why": why, "unroll_length": pipe_cfg.unroll_length}
 
 
-def learning_batch(algo, pipe_cfg: PipelineConfig) -> tuple[int, str]:
+def learning_batch(algo, pipe_cfg: PipelineConfig, lstm_size: int = 0) -> tuple[int, str]:
     """The learner's batch (envs per update) for the envs this bench was given, and why: the
     preset's own where it is whole groups (half a worker's envs each), else the nearest number of
     whole groups, at least one and at most all of them (an LSTM's minibatches need as many unrolls)."""
@@ -223,7 +223,7 @@ def learning_batch(algo, pipe_cfg: PipelineConfig) -> tuple[int, str]:
     group, groups = shape.envs_per_group, shape.num_groups
     if algo.batch_size % group == 0 and algo.batch_size // group <= groups:
         return algo.batch_size, f"the preset's {algo.batch_size}"
-    k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if algo.lstm_size else 1)
+    k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if lstm_size else 1)
     k = min(k, groups)
     return k * group, (f"the preset's {algo.batch_size}, as {k} whole group(s) of {group} envs "
                        f"(half of envs_per_worker {pipe_cfg.envs_per_worker})")
