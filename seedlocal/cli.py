@@ -20,17 +20,17 @@ import sys
 # Nothing heavy at import time (the trainers pull in torch, a second or
 # two): a Ctrl-C while it loads must end as quietly as one during a run.
 
-USAGE_HEAD = "usage: seedlocal {train ALGORITHM,eval,bench,actors} [--help] [options]\n"
+USAGE_HEAD = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n"
 USAGE_TAIL = """
-  train ALGORITHM --help   its options and presets; --preset NAME picks one, and without --preset
-                 the one made for --env.id's kind (images, small grids, Box actions) is taken
-                 --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
-  eval           play a saved checkpoint: mean/std return, optional video
-  bench          pipeline efficiency vs the best raw envpool configuration (ratios from
-                 one run); --learning adds the V-trace learner; --autotune picks sizes
-                 for this machine and writes them for train --pipeline-config FILE
-  actors         step envs for a learner on another host (train ... --bridge.listen HOST:PORT
-                 --bridge.remote-envs N); see docs/multihost.md
+  train ALGO --help    its options and presets: --preset NAME, or without it the preset
+                       made for --env.id's kind (image frames, small grids, Box actions);
+                       --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
+  eval                 play a saved checkpoint: mean/std return, optional video
+  bench                pipeline efficiency vs the best raw envpool configuration (ratios
+                       from one run); --learning adds the V-trace learner; --autotune picks
+                       sizes for this machine and writes them for train --pipeline-config FILE
+  actors               step envs for a learner on another host (train ... --bridge.listen
+                       HOST:PORT --bridge.remote-envs N); see docs/multihost.md
 """
 TUNED = (" --pipeline-config FILE: pipeline sizes from `seedlocal bench --autotune` "
          "(options given here still win).")
