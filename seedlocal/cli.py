@@ -127,7 +127,7 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
     if env_id is None or _option(args, "--resume") is not None:
         return "cartpole"
     from seedlocal.config.checks import task_kind
-    from seedlocal.pipeline.envs import describe
+    from seedlocal.envs.spaces import describe
 
     try:
         # Arguments as validation passes them (id, backend, frame_stack), so its describe() is this cached one.

@@ -20,7 +20,8 @@ from seedlocal.algos.distributions import for_actions
 from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.errors import fail
 from seedlocal.networks import ActorCritic, PolicyNet, action_identity, checkpoint_encoder, obs_identity
-from seedlocal.pipeline.envs import describe, make_group
+from seedlocal.envs.spaces import describe
+from seedlocal.envs.make import make_group
 
 
 @dataclass

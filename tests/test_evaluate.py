@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.evaluate import _R2D2Player, play
 from seedlocal.networks import ActorCritic, PolicyNet, RecurrentQNet
 

@@ -191,7 +191,7 @@ def test_the_checker_sees_the_formulas_it_forbids():
 def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
     """The walk of pipeline.envs_per_worker from the command line to envpool (docs/architecture.md):
     config/schema.py (envs_per_worker) -> shape.py (envs_per_group) -> pipeline/actors.py -> pipeline/worker.py ->
-    pipeline/envs.py (envpool's num_envs), under two names."""
+    envs/make.py -> envs/envpool_group.py (envpool's num_envs), under two names."""
     readers = set()
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -203,7 +203,8 @@ def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
                        "measure/bench.py", "measure/autotune.py"}, readers
 
     from seedlocal.pipeline.actors import ActorPool
-    from seedlocal.pipeline.envs import EnvpoolGroup, make_group
+    from seedlocal.envs.envpool_group import EnvpoolGroup
+    from seedlocal.envs.make import make_group
     from seedlocal.pipeline.worker import WorkerArgs
     from seedlocal.shape import PipelineShape
 

@@ -16,7 +16,8 @@ import time
 
 from seedlocal.errors import WorkerDied
 from seedlocal.pipeline.bridge_server import GOODBYE_S
-from seedlocal.pipeline.envs import EnvSpec, wrap_seed
+from seedlocal.spec import EnvSpec
+from seedlocal.envs.make import wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import GROUPS_PER_WORKER, PipelineShape
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
@@ -30,7 +31,8 @@ SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
-# What every env worker imports before its first step. A spawned worker paid for these itself (about 1.5 s of
+# What every env worker imports before its first step (the worker module brings the env backends of
+# seedlocal/envs/ with it: tests/test_lifecycle.py checks). A spawned worker paid for these itself (about 1.5 s of
 # CPU, envpool's registry most of it) at every start and restart; forked from a server that has them already,
 # it starts at once. The server starts with a process's first pool, outlives its runs, and exits with it, at
 # once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner within milliseconds.

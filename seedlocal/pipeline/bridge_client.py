@@ -248,7 +248,7 @@ class _Session:
     def _accept(self, answer: dict):
         """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
         never imported, and an env whose spaces differ from the learner's is not run."""
-        from seedlocal.pipeline.envs import describe
+        from seedlocal.envs.spaces import describe
 
         env_id = str(answer.get("env_id", ""))
         module = _env_module(env_id)

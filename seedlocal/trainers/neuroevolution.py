@@ -34,7 +34,7 @@ from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
 from seedlocal.config.checks import (check_network_fits, task_kind, validate_bridge, validate_pipeline,
                                      validate_run_options)
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
 from seedlocal.policies.population import PopulationPolicy, strategies

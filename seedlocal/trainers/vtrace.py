@@ -23,7 +23,7 @@ from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig, RunOptions
 from seedlocal.config.checks import check_network_fits, validate_bridge, validate_pipeline, validate_run_options
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
