@@ -249,7 +249,7 @@ def _parse(argv: list[str]):
 
         return cmd, tyro.cli(BenchConfig, args=rest, prog="seedlocal bench")
     if cmd == "actors":
-        from seedlocal.pipeline.bridge_client import ActorsConfig
+        from seedlocal.pipeline.bridge.client import ActorsConfig
 
         return cmd, tyro.cli(ActorsConfig, args=rest, prog="seedlocal actors",
                              description="An actor host: steps environments for a learner's bridge.")
@@ -358,7 +358,7 @@ def _run(argv: list[str]) -> int:
 
             evaluate(cfg)
         elif cmd == "actors":
-            from seedlocal.pipeline.bridge_client import run as actors
+            from seedlocal.pipeline.bridge.client import run as actors
 
             return actors(cfg)
         elif type(cfg).__name__ == "VTraceRun":

@@ -197,9 +197,9 @@ def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "envs_per_worker" and isinstance(node.ctx, ast.Load):
                 readers.add(path.relative_to(ROOT).as_posix())
-    # The actor host's own option (bridge_client), the shape's envs_per_worker that the bridge server asks
+    # The actor host's own option (bridge/client.py), the shape's envs_per_worker that the bridge server asks
     # actor hosts for, and the bench's options, from which it makes a PipelineConfig.
-    assert readers <= {"shape.py", "pipeline/bridge_client.py", "pipeline/bridge_server.py", "measure/__init__.py",
+    assert readers <= {"shape.py", "pipeline/bridge/client.py", "pipeline/bridge/server.py", "measure/__init__.py",
                        "measure/bench.py", "measure/autotune.py"}, readers
 
     from seedlocal.pipeline.actors import ActorPool

@@ -15,7 +15,7 @@ import signal
 import time
 
 from seedlocal.errors import WorkerDied
-from seedlocal.pipeline.bridge_server import GOODBYE_S
+from seedlocal.pipeline.bridge.server import GOODBYE_S
 from seedlocal.spec import EnvSpec
 from seedlocal.envs.make import wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
@@ -25,7 +25,7 @@ from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
 # The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's
-# half-second grace on top, and its exit (bridge_server.run_bridge_server).
+# half-second grace on top, and its exit (bridge/server.py's run_bridge_server).
 SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 
@@ -130,8 +130,8 @@ class ActorPool:
     def _start_server(self) -> None:
         from seedlocal.errors import ConfigError
         from seedlocal.config.checks import bridge_token, split_address
-        from seedlocal.pipeline import wire
-        from seedlocal.pipeline.bridge_server import ServerArgs, run_bridge_server
+        from seedlocal.pipeline.bridge import wire
+        from seedlocal.pipeline.bridge.server import ServerArgs, run_bridge_server
 
         b = self.bridge
         host, port = split_address("bridge.listen", b.listen, listen=True)

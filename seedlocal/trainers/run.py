@@ -33,7 +33,7 @@ from seedlocal import checkpoint
 from seedlocal.config.checks import resolve_device
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
-from seedlocal.pipeline.bridge_server import BridgeMeter
+from seedlocal.pipeline.bridge.server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy

@@ -46,8 +46,8 @@ import tyro
 
 from seedlocal.errors import ConfigError
 from seedlocal.config.checks import bridge_token, is_loopback, split_address
-from seedlocal.pipeline import wire
-from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+from seedlocal.pipeline.bridge import wire
+from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
 from seedlocal.shape import actor_host_shape, worker_groups
 from seedlocal.shm.arrays import sweep_once
 from seedlocal.shm.rollout import RolloutLayout, obs_key

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seedlocal.pipeline import wire
+from seedlocal.pipeline.bridge import wire
 from seedlocal.envs.make import wrap_seed
 from seedlocal.shape import PipelineShape
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
