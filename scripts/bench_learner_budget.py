@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from seedlocal.algos.vtrace import learner_step, make_optimizer
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.shape import pipeline_shape
 from seedlocal.arithmetic import apply_precision, autocast, resolve_precision
 from seedlocal.trainers.vtrace import PRESETS, build_model

@@ -33,7 +33,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config.schema import EnvConfig
 from seedlocal.config.checks import resolve_device
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.networks import PolicyNet
 from seedlocal.trainers.neuroevolution import ESRun, GARun, train
 from seedlocal.policies.population import PopulationForward

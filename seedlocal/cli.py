@@ -142,7 +142,7 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
     if env_id is None or _option(args, "--resume") is not None:
         return "cartpole"
     from seedlocal.config.checks import task_kind
-    from seedlocal.pipeline.envs import describe
+    from seedlocal.envs.spaces import describe
 
     try:
         # Arguments as validation passes them (id, backend, frame_stack), so its describe() is this cached one.
@@ -257,7 +257,7 @@ def _parse(argv: list[str]):
 
         return cmd, tyro.cli(BenchConfig, args=rest, prog="seedlocal bench")
     if cmd == "actors":
-        from seedlocal.pipeline.bridge_client import ActorsConfig
+        from seedlocal.pipeline.bridge.client import ActorsConfig
 
         return cmd, tyro.cli(ActorsConfig, args=rest, prog="seedlocal actors",
                              description="An actor host: steps environments for a learner's bridge.")
@@ -344,7 +344,7 @@ def _run(argv: list[str]) -> int:
 
             evaluate(cfg)
         elif cmd == "actors":
-            from seedlocal.pipeline.bridge_client import run as actors
+            from seedlocal.pipeline.bridge.client import run as actors
 
             return actors(cfg)
         else:

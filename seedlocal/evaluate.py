@@ -20,7 +20,7 @@ import torch
 from seedlocal import checkpoint, families, video
 from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.errors import fail
-from seedlocal.pipeline.envs import make_group
+from seedlocal.envs.make import make_group
 from seedlocal.pipeline.policy import Policy
 
 

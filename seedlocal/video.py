@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from seedlocal.pipeline.envs import make_group
+from seedlocal.envs.make import make_group
 from seedlocal.spec import EnvSpec
 
 _GL: list = []  # the headless OpenGL context, once made (kept alive for the process)

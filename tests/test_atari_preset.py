@@ -16,7 +16,7 @@ import torch
 
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import describe
+from seedlocal.envs.spaces import describe
 from seedlocal.trainers.vtrace import PRESETS, build_model, train
 
 CATCH = "image_catch:ImageCatch-v0"

@@ -12,7 +12,7 @@ import pytest
 
 from seedlocal.cli import main
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 

@@ -23,7 +23,7 @@ from helpers import collect_unrolls
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
 from seedlocal.policies import RandomPolicy
-from seedlocal.pipeline import wire
+from seedlocal.pipeline.bridge import wire
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.shm.rollout import TensorSpec
 
@@ -236,7 +236,7 @@ def test_malformed_messages_are_refused_and_nothing_is_written(capfd):
     the NaN sentinel it was created with, and a good host still works."""
     import grpc
 
-    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+    from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
 
     import queue
 
@@ -350,7 +350,7 @@ def test_remote_seeds_fit_envpools_int32_and_differ_over_10000_assignments():
     seeded seed + j, so every one of them must fit). Seeds now wrap into the
     valid range, and the envs of different assignments still get different
     seeds, whatever the learner's base seed."""
-    from seedlocal.pipeline.bridge_server import remote_seed
+    from seedlocal.pipeline.bridge.server import remote_seed
 
     for base, group_envs, remote_groups in [(1, 4, 2), (2**31 - 10, 8, 64), (12_345, 512, 6)]:
         span = group_envs * remote_groups
@@ -371,7 +371,7 @@ def _raw_host(port: int, prove) -> tuple:
 
     import grpc
 
-    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+    from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
 
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     nonce = wire.new_nonce()
@@ -409,7 +409,7 @@ def test_strangers_who_say_nothing_or_too_much_do_not_hold_the_bridge(capfd):
 
     import grpc
 
-    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, HANDSHAKE_S, METHOD
+    from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, HANDSHAKE_S, METHOD
 
     quiet = threading.Event()
 
@@ -461,7 +461,7 @@ def _first_reply(port: int, msg: bytes) -> tuple:
     """The learner's first answer to a peer that sends ``msg`` and nothing more, as (kind, JSON)."""
     import grpc
 
-    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+    from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
 
     ch = grpc.insecure_channel(f"127.0.0.1:{port}", CHANNEL_OPTIONS)
     try:
@@ -479,7 +479,7 @@ def test_a_learner_lets_in_only_a_host_that_proves_the_token_now(capfd):
     ASSIGN of a host that did prove (with a seed from remote_seed)."""
     import grpc
 
-    from seedlocal.pipeline.bridge_server import remote_seed
+    from seedlocal.pipeline.bridge.server import remote_seed
 
     token = "s3cret"
     with learner(token_file=_token_file(token)) as pipe:
@@ -545,7 +545,7 @@ def _fake_learner(stream):
 
     import grpc
 
-    from seedlocal.pipeline.bridge_server import SERVICE
+    from seedlocal.pipeline.bridge.server import SERVICE
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[grpc.method_handlers_generic_handler(
         SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(stream)})])
@@ -582,7 +582,7 @@ def test_a_host_refuses_an_assignment_altered_on_the_way(tmp_path, capfd):
     anything: one line on each end."""
     import grpc
 
-    from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+    from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
 
     (tmp_path / "evil_env.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
     token = "s3cret"

@@ -8,7 +8,7 @@ import torch
 from seedlocal.errors import ConfigError
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import validate_pipeline
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.pipeline import Pipeline
 

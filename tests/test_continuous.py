@@ -182,7 +182,7 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
     from seedlocal import checkpoint
     from seedlocal.trainers.vtrace import PRESETS, VTraceRun, build_model, train
     from seedlocal.config.schema import EnvConfig
-    from seedlocal.pipeline.envs import validate_env
+    from seedlocal.envs.spaces import validate_env
 
     preset = PRESETS["mujoco"]
     cfg = VTraceRun(**{**preset.__dict__, "env": EnvConfig(id="InvertedPendulum-v5"), "total_steps": 80_000,

@@ -11,7 +11,7 @@ import torch
 from helpers import take_unrolls, tiny_pipeline
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config.schema import EnvConfig, NetworkConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.networks import ActorCritic, PolicyNet
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy

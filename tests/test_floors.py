@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).parent.parent / "seedlocal"
 FLOORS = [
     ["spec", "errors", "dtypes", "arithmetic", "normalize"],  # the words and the arithmetic every floor shares
     ["checkpoint", "networks", "shm", "config"],  # files, networks, shared memory, the config's schema and checks
-    ["shape", "monitor", "algos"],  # the pipeline's sizes, TensorBoard, the math of each algorithm
+    ["shape", "monitor", "algos", "envs"],  # the pipeline's sizes, TensorBoard, each algorithm's math, the env backends
     ["pipeline"],  # every process and every wait
     ["policies", "video"],  # how the inference loop acts; frames of an episode
     ["trainers"],  # one run's life and each trainer on it
@@ -68,7 +68,7 @@ def test_the_list_of_upward_imports_only_shrinks():
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("from seedlocal.pipeline.envs import describe", ("pipeline",)),
+    ("from seedlocal.envs.spaces import describe", ("envs",)),
     ("import seedlocal.trainers.run", ("trainers",)),
     ("from seedlocal import checkpoint, video", ("checkpoint", "video")),
 ])

@@ -1,3 +1,4 @@
+import ast
 import os
 import signal
 import subprocess
@@ -175,10 +176,10 @@ def test_rows_are_read_only_after_the_acquiring_token():
     import threading
 
     from seedlocal.config.schema import EnvConfig, PipelineConfig
-    from seedlocal.pipeline.envs import validate_env
+    from seedlocal.envs.spaces import validate_env
     from seedlocal.policies import RandomPolicy
     from seedlocal.pipeline.actors import ActorPool
-    from seedlocal.pipeline.envs import make_group
+    from seedlocal.envs.make import make_group
     from seedlocal.pipeline.inference import InferenceLoop
     from seedlocal.pipeline.worker import WorkerArgs, _group_loop
     from seedlocal.shape import pipeline_shape
@@ -339,6 +340,21 @@ def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch):
     with pytest.raises(WorkerDied, match="exited with code 1 before its envs produced a first step"):
         with tiny_pipeline(RandomPolicy) as pipe:
             take_unrolls(pipe, 1, seconds=30)
+
+
+def test_the_forkserver_preloads_every_env_module_a_worker_steps_with_and_no_torch():
+    """What the workers' forkserver imports (actors.WORKER_PRELOAD) covers the env backends a worker
+    makes its groups from, so a forked worker steps at once; and env workers import no torch."""
+    from seedlocal.pipeline.actors import WORKER_PRELOAD
+
+    code = (f"import importlib, sys\nfor m in {WORKER_PRELOAD!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('seedlocal.envs.') or m == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    loaded = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert "torch" not in loaded
+    assert {"seedlocal.envs.make", "seedlocal.envs.envpool_group", "seedlocal.envs.gymnasium_group",
+            "seedlocal.envs.null_group", "seedlocal.envs.bounds", "seedlocal.envs.ids"} <= set(loaded), loaded
 
 
 def test_restarted_workers_seeds_differ_and_stay_in_int32_over_many_restarts():

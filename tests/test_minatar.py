@@ -8,8 +8,10 @@ import importlib.util
 
 import pytest
 
-from seedlocal.pipeline import envs
-from seedlocal.pipeline.envs import describe, make_group, register_namespace
+from seedlocal.envs import ids
+from seedlocal.envs.ids import register_namespace
+from seedlocal.envs.make import make_group
+from seedlocal.envs.spaces import describe
 
 needs_minatar = pytest.mark.skipif(importlib.util.find_spec("minatar") is None,
                                    reason="minatar is not installed (pip install -e '.[minatar]')")
@@ -20,7 +22,7 @@ def test_minatar_ids_resolve_without_a_shim_module():
     spec = describe("MinAtar/Breakout-v1")
     assert spec.obs[""].shape == (10, 10, 4) and spec.obs[""].dtype in ("bool", "uint8")  # 1.0.15: bool
     assert spec.num_actions == 3  # v1: the minimal action set
-    assert envs.resolve_backend("MinAtar/SpaceInvaders-v1") == "gymnasium"
+    assert ids.resolve_backend("MinAtar/SpaceInvaders-v1") == "gymnasium"
 
 
 @needs_minatar
@@ -30,7 +32,8 @@ def test_a_fresh_process_registers_minatar_ids_by_itself():
     import subprocess
     import sys
 
-    code = ("from seedlocal.pipeline.envs import describe, make_group\n"
+    code = ("from seedlocal.envs.make import make_group\n"
+            "from seedlocal.envs.spaces import describe\n"
             "import gymnasium\n"
             "assert 'MinAtar/Freeway-v1' not in gymnasium.registry\n"
             "g = make_group(describe('MinAtar/Freeway-v1'), 2, 1, 0)\n"
@@ -56,7 +59,7 @@ def test_a_group_steps_minatar_with_its_seeds():
 
 
 def test_a_namespace_whose_package_is_missing_names_it(monkeypatch):
-    monkeypatch.setitem(envs.NAMESPACE_PACKAGES, "NoSuchGames", "nosuchgames (pip install nosuchgames)")
+    monkeypatch.setitem(ids.NAMESPACE_PACKAGES, "NoSuchGames", "nosuchgames (pip install nosuchgames)")
     with pytest.raises(ValueError, match=r"NoSuchGames/ ids need the package nosuchgames \(pip install"):
         register_namespace("NoSuchGames/Pong-v0")
     register_namespace("CartPole-v1")  # no namespace: nothing to do

@@ -14,7 +14,7 @@ from helpers import tiny_pipeline
 from seedlocal import checkpoint
 from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.networks import PolicyNet

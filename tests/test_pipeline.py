@@ -6,7 +6,7 @@ from helpers import check_autoreset_rows, take_unrolls, tiny_pipeline
 from seedlocal.networks import ActorCritic
 from seedlocal.policies import RandomPolicy
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.pipeline.envs import resolve_backend
+from seedlocal.envs.ids import resolve_backend
 
 
 def cartpole_reset(obs) -> bool:
@@ -140,7 +140,7 @@ def test_lstm_state_is_kept_reset_and_stored_per_unroll():
 
 def test_impala_resnet_encoder_shapes():
     from seedlocal.config.schema import EnvConfig
-    from seedlocal.pipeline.envs import validate_env
+    from seedlocal.envs.spaces import validate_env
 
     spec = validate_env(EnvConfig(id="Pong-v5"))
     model = ActorCritic(spec, encoder="impala")

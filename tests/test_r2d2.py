@@ -140,7 +140,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
 def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
     from seedlocal.algos.r2d2 import R2D2Params, learner_step
     from seedlocal.networks import RecurrentQNet
-    from seedlocal.pipeline.envs import describe
+    from seedlocal.envs.spaces import describe
 
     torch.manual_seed(0)
     spec = describe("CartPole-v1")
@@ -168,7 +168,7 @@ def test_target_network_is_a_frozen_independent_copy():
     """``frozen_copy`` (the trainer's target): the same outputs, no
     gradients, and storage of its own, so online updates leave it alone."""
     from seedlocal.config.schema import EnvConfig
-    from seedlocal.pipeline.envs import validate_env
+    from seedlocal.envs.spaces import validate_env
     from seedlocal.networks import RecurrentQNet
 
     torch.manual_seed(0)

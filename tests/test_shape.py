@@ -191,19 +191,20 @@ def test_the_checker_sees_the_formulas_it_forbids():
 def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
     """The walk of pipeline.envs_per_worker from the command line to envpool (docs/architecture.md):
     config/schema.py (envs_per_worker) -> shape.py (envs_per_group) -> pipeline/actors.py -> pipeline/worker.py ->
-    pipeline/envs.py (envpool's num_envs), under two names."""
+    envs/make.py -> envs/envpool_group.py (envpool's num_envs), under two names."""
     readers = set()
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "envs_per_worker" and isinstance(node.ctx, ast.Load):
                 readers.add(path.relative_to(ROOT).as_posix())
-    # The actor host's own option (bridge_client), the shape's envs_per_worker that the bridge server asks
+    # The actor host's own option (bridge/client.py), the shape's envs_per_worker that the bridge server asks
     # actor hosts for, and the bench's options, from which it makes a PipelineConfig.
-    assert readers <= {"shape.py", "pipeline/bridge_client.py", "pipeline/bridge_server.py", "measure/__init__.py",
+    assert readers <= {"shape.py", "pipeline/bridge/client.py", "pipeline/bridge/server.py", "measure/__init__.py",
                        "measure/bench.py", "measure/autotune.py"}, readers
 
     from seedlocal.pipeline.actors import ActorPool
-    from seedlocal.pipeline.envs import EnvpoolGroup, make_group
+    from seedlocal.envs.envpool_group import EnvpoolGroup
+    from seedlocal.envs.make import make_group
     from seedlocal.pipeline.worker import WorkerArgs
     from seedlocal.shape import PipelineShape
 

@@ -100,7 +100,8 @@ def test_a_uint8_box_of_0s_and_1s_is_read_as_a_bool_grid():
     calls them bool, and a group stores the env's 0/1 bytes as True/False."""
     import grid_envs  # noqa: F401
 
-    from seedlocal.pipeline.envs import describe, make_group
+    from seedlocal.envs.spaces import describe
+    from seedlocal.envs.make import make_group
 
     spec = describe("grid_envs:Uint8Grid-v0")
     assert spec.obs[""].dtype == "bool" and auto_encoder(spec) == "minatar"
@@ -236,7 +237,7 @@ def test_a_checkpoint_from_before_the_torso_evaluates_with_its_mlp(tmp_path):
     import grid_envs  # noqa: F401  (registers BoolGrid-v0)
 
     from seedlocal.config.schema import EnvConfig
-    from seedlocal.pipeline.envs import validate_env
+    from seedlocal.envs.spaces import validate_env
     from seedlocal.evaluate import policy_of
     from seedlocal.trainers.vtrace import VTraceRun, identity
 

@@ -11,7 +11,7 @@ import torch
 from seedlocal.errors import ConfigError
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.networks import RecurrentQNet, encode_obs
-from seedlocal.pipeline.envs import describe
+from seedlocal.envs.spaces import describe
 from seedlocal.trainers.r2d2 import PRESETS, R2D2Run, train, validate
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import tiny_pipeline
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.policies import RandomPolicy
 from seedlocal.pipeline.inference import InferenceThread
 from seedlocal.pipeline.unrolls import BOUND, PARKED, WAITING, UnrollAllocator

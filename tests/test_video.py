@@ -9,7 +9,7 @@ import torch
 
 from seedlocal import video
 from seedlocal.config.schema import EnvConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.evaluate import Acting, encode_gif, record
 from seedlocal.networks import ActorCritic
 from seedlocal.policies.actor_critic import ModelPolicy

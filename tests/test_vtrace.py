@@ -303,7 +303,7 @@ def test_minibatch_order_comes_from_the_given_cpu_generator_only():
 
     from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
     from seedlocal.config.schema import EnvConfig
-    from seedlocal.pipeline.envs import validate_env
+    from seedlocal.envs.spaces import validate_env
     from seedlocal.networks import ActorCritic
 
     spec = validate_env(EnvConfig(id="CartPole-v1"))

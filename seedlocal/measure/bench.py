@@ -40,7 +40,7 @@ import torch
 
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device, validate_pipeline
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.shape import pipeline_shape

@@ -15,8 +15,9 @@ import signal
 import time
 
 from seedlocal.errors import WorkerDied
-from seedlocal.pipeline.bridge_server import GOODBYE_S
-from seedlocal.pipeline.envs import EnvSpec, wrap_seed
+from seedlocal.pipeline.bridge.server import GOODBYE_S
+from seedlocal.spec import EnvSpec
+from seedlocal.envs.make import wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import GROUPS_PER_WORKER, PipelineShape
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
@@ -24,13 +25,14 @@ from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
 
 # The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's
-# half-second grace on top, and its exit (bridge_server.run_bridge_server).
+# half-second grace on top, and its exit (bridge/server.py's run_bridge_server).
 SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
-# What every env worker imports before its first step. A spawned worker paid for these itself (about 1.5 s of
+# What every env worker imports before its first step (the worker module brings the env backends of
+# seedlocal/envs/ with it: tests/test_lifecycle.py checks). A spawned worker paid for these itself (about 1.5 s of
 # CPU, envpool's registry most of it) at every start and restart; forked from a server that has them already,
 # it starts at once. The server starts with a process's first pool, outlives its runs, and exits with it, at
 # once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner within milliseconds.
@@ -128,8 +130,8 @@ class ActorPool:
     def _start_server(self) -> None:
         from seedlocal.errors import ConfigError
         from seedlocal.config.checks import bridge_token, split_address
-        from seedlocal.pipeline import wire
-        from seedlocal.pipeline.bridge_server import ServerArgs, run_bridge_server
+        from seedlocal.pipeline.bridge import wire
+        from seedlocal.pipeline.bridge.server import ServerArgs, run_bridge_server
 
         b = self.bridge
         host, port = split_address("bridge.listen", b.listen, listen=True)

@@ -19,10 +19,11 @@ import torch
 
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
 from seedlocal.config.checks import resolve_device, short_of_memory, validate_bridge, validate_pipeline
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import ActorPool
-from seedlocal.pipeline.envs import SEED_END, EnvSpec
+from seedlocal.envs.make import SEED_END
+from seedlocal.spec import EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
 from seedlocal.shape import PipelineShape, pipeline_shape
 from seedlocal.shm.rollout import RolloutLayout

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from seedlocal.errors import EnvContractError
-from seedlocal.pipeline.envs import EnvSpec, make_group
+from seedlocal.spec import EnvSpec
+from seedlocal.envs.make import make_group
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND, Signal, write_error

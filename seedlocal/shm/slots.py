@@ -80,7 +80,7 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("group_env_s", (num_groups,), "float64"),
         ArraySpec("group_steps", (num_groups,), "int64"),
         ArraySpec("group_episodes", (num_groups,), "int64"),
-        # Remote groups (the bridge, pipeline/bridge_server.py): the server
+        # Remote groups (the bridge, pipeline/bridge/server.py): the server
         # bumps group_lost when the host stepping a group goes away; the loop
         # drops the group's partial unroll, rebinds it fresh and sets
         # group_lost_ack to match, then posts the group's wake token.

@@ -36,7 +36,7 @@ from seedlocal.config.checks import (check_network_fits, network_error, task_kin
                                      validate_pipeline, validate_run_options)
 from seedlocal.config.resume import budget_left
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies

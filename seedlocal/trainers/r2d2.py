@@ -40,7 +40,7 @@ from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
 from seedlocal.config.checks import (check_network_fits, network_error, resolve_device, short_of_memory,
                                      validate_bridge, validate_pipeline, validate_run_options)
-from seedlocal.pipeline.envs import validate_env
+from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import RecurrentQNet, checkpoint_network, encoder_identity, image_layout, obs_identity

@@ -36,8 +36,8 @@ from seedlocal.config.checks import resolve_device
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.networks import action_identity, obs_identity
-from seedlocal.pipeline.bridge_server import BridgeMeter
-from seedlocal.pipeline.envs import describe
+from seedlocal.pipeline.bridge.server import BridgeMeter
+from seedlocal.envs.spaces import describe
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy

@@ -46,8 +46,8 @@ import tyro
 
 from seedlocal.errors import ConfigError
 from seedlocal.config.checks import bridge_token, is_loopback, split_address
-from seedlocal.pipeline import wire
-from seedlocal.pipeline.bridge_server import CHANNEL_OPTIONS, METHOD
+from seedlocal.pipeline.bridge import wire
+from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
 from seedlocal.shape import actor_host_shape, worker_groups
 from seedlocal.shm.arrays import sweep_once
 from seedlocal.shm.rollout import RolloutLayout, obs_key
@@ -248,7 +248,7 @@ class _Session:
     def _accept(self, answer: dict):
         """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
         never imported, and an env whose spaces differ from the learner's is not run."""
-        from seedlocal.pipeline.envs import describe
+        from seedlocal.envs.spaces import describe
 
         env_id = str(answer.get("env_id", ""))
         module = _env_module(env_id)

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seedlocal.pipeline import wire
-from seedlocal.pipeline.envs import wrap_seed
+from seedlocal.pipeline.bridge import wire
+from seedlocal.envs.make import wrap_seed
 from seedlocal.shape import PipelineShape
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key

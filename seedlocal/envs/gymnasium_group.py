@@ -1,0 +1,124 @@
+"""The Gymnasium fallback: ids envpool lacks, stepped in turn by the worker
+itself, with envpool's auto-reset, and refused in one line where they break
+the Gymnasium contract (old Gym returns, non-finite rewards or observations,
+observations of another shape than their space's)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from seedlocal.envs.bounds import action_bounds
+from seedlocal.envs.ids import register_namespace
+from seedlocal.errors import EnvContractError
+from seedlocal.spec import EnvSpec
+
+
+def quiet_gymnasium() -> None:
+    """Silence Gymnasium's per-env-creation warning that a float64 Box bound
+    was cast to float32 (classic control): harmless, and printed by every
+    worker at every start. Other warnings stay on."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")
+
+
+class GymnasiumGroup:
+    """Fallback for Gymnasium ids that envpool lacks: plain envs stepped in turn
+    by the worker itself, with envpool's next-step auto-reset."""
+
+    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
+                 render: bool = False):
+        import gymnasium
+
+        register_namespace(env_id)
+        self._envs = [gymnasium.make(env_id, **({"render_mode": "rgb_array"} if render else {}))
+                      for _ in range(envs_per_group)]
+        self._id, self._seed, self._start = env_id, seed, spec.action_start
+        self._bounds = action_bounds(spec)
+        self._keys = list(spec.obs)
+        self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
+        self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self._reward = np.zeros(envs_per_group, np.float32)
+        self._terminated = np.zeros(envs_per_group, bool)
+        self._truncated = np.zeros(envs_per_group, bool)
+        self._needs_reset = np.ones(envs_per_group, bool)
+        self._first = True
+
+    def _put_obs(self, i: int, obs) -> None:
+        for k in self._keys:
+            v, out = obs[k] if isinstance(obs, dict) else obs, self._obs[k]
+            if getattr(v, "shape", None) != out.shape[1:]:  # lists, scalars, other shapes
+                v = np.asarray(v)
+                if v.size != out[i].size:  # numpy would repeat a smaller one silently
+                    raise EnvContractError(f"{self._id}: observation{f' {k!r}' if k else ''} has shape "
+                                           f"{v.shape}, its space says {out.shape[1:]}")
+                v = v.reshape(out.shape[1:])
+            out[i] = v
+
+    def reset(self) -> None:
+        self._needs_reset[:] = True
+        self.send(None)
+
+    def send(self, actions: np.ndarray | None) -> None:
+        if actions is not None and self._bounds is not None:
+            actions = self._bounds(actions)
+        for i, env in enumerate(self._envs):
+            if self._needs_reset[i]:
+                seed = self._seed + i if self._first else None
+                out = env.reset(seed=seed)
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise EnvContractError(f"{self._id}: reset() returned {_what(out)}; Gymnasium envs return "
+                                           "(observation, info) (an old Gym env needs porting to that API)")
+                obs = out[0]
+                self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
+            else:
+                try:
+                    out = None
+                    out = env.step(actions[i] + self._start if self._start else actions[i])
+                    obs, r, te, tr, _ = out
+                except (TypeError, ValueError) as e:
+                    # Unpacked here, or by a Gymnasium wrapper (TimeLimit) inside step().
+                    if out is None and "(expected 5, got 4)" not in str(e):
+                        raise  # the env's own error
+                    what = _what(out) if out is not None else "a tuple of 4"
+                    raise EnvContractError(
+                        f"{self._id}: step() returned {what}; Gymnasium envs return (observation, reward, "
+                        "terminated, truncated, info) (an old Gym env needs porting to that API)") from None
+                self._reward[i], self._terminated[i], self._truncated[i] = _finite_reward(self._id, r), te, tr
+            self._needs_reset[i] = self._terminated[i] or self._truncated[i]
+            self._put_obs(i, obs)
+        self._first = False
+
+    def recv(self):
+        for k in self._float_keys:
+            bad = ~np.isfinite(self._obs[k]).reshape(len(self._envs), -1).all(1)
+            if bad.any():
+                raise EnvContractError(f"{self._id}: env {int(np.argmax(bad))} returned an observation"
+                                 f"{f' {k!r}' if k else ''} with NaN or inf; observations must be finite")
+        return self._obs, self._reward, self._terminated, self._truncated
+
+    def render(self) -> np.ndarray:
+        return np.asarray(self._envs[0].render())
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+
+
+def _what(out) -> str:
+    return f"a tuple of {len(out)}" if isinstance(out, tuple) else f"a {type(out).__name__}"
+
+
+def _finite_reward(env_id: str, r) -> float:
+    if type(r) is float or type(r) is int:  # the usual case, in ~100 ns
+        value = float(r)
+    else:
+        try:  # numpy scalars, 0-d or 1-element arrays; None becomes NaN
+            value = float(np.asarray(r, np.float64).reshape(()))
+        except (TypeError, ValueError):
+            value = math.nan
+    if not math.isfinite(value):
+        raise EnvContractError(f"{env_id}: step() returned the reward {r!r}; rewards must be finite numbers")
+    return value

@@ -1,0 +1,139 @@
+"""An env's spaces read into an ``EnvSpec`` by building one instance of it
+(``describe``, cached), and a config's env checked that way (``validate_env``)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from seedlocal.envs.envpool_group import stack_kw
+from seedlocal.envs.gymnasium_group import quiet_gymnasium
+from seedlocal.envs.ids import envpool_ids, resolve_backend
+from seedlocal.errors import ConfigError
+from seedlocal.spec import EnvSpec, TensorSpec
+
+if TYPE_CHECKING:  # a worker imports this module, and no torch: config is only named here
+    from seedlocal.config.schema import EnvConfig
+
+
+def validate_env(env: EnvConfig, id_field: str = "env.id") -> EnvSpec:
+    """Resolve a config's env id to a spec, or raise the ConfigError that names the field holding it."""
+    try:
+        return describe(env.id, env.backend, env.frame_stack)
+    except ValueError as e:
+        msg = str(e)
+        if msg.startswith("env.id="):
+            msg = id_field + msg[len("env.id"):]
+        raise ConfigError(msg) from None
+
+
+def _leaf_spec(space) -> TensorSpec:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Box):
+        dtype = np.dtype(space.dtype).name
+        # A uint8 Box of 0s and 1s (MinAtar's grids as its master declares them; 1.0.15 says bool) is a 0/1
+        # grid: stored and read as bool, not as pixels the network divides by 255.
+        if dtype == "uint8" and space.low.min() >= 0 and space.high.max() <= 1:
+            dtype = "bool"
+        return TensorSpec(tuple(space.shape), dtype)
+    if isinstance(space, spaces.Discrete):
+        return TensorSpec((), "int64")
+    if isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):
+        return TensorSpec(tuple(space.shape), "int64")
+    raise ValueError(f"a {type(space).__name__} inside it")
+
+
+def _space_spec(space) -> dict[str, TensorSpec]:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        return {k: _leaf_spec(sub) for k, sub in space.spaces.items()}
+    return {"": _leaf_spec(space)}
+
+
+def _obs_classes(space) -> dict[str, tuple[int, int]]:
+    from gymnasium import spaces
+
+    leaves = space.spaces.items() if isinstance(space, spaces.Dict) else [("", space)]
+    return {k: (int(sub.n), int(sub.start)) for k, sub in leaves if isinstance(sub, spaces.Discrete)}
+
+
+def _action_spec(space) -> dict:
+    """EnvSpec's action fields for a Discrete or Box space (a Box flattened: ``EnvSpec.action``)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return dict(action=TensorSpec((), "int64"), num_actions=int(space.n), action_low=None, action_high=None,
+                    action_start=int(space.start))
+    if isinstance(space, spaces.Box):
+        low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
+        high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
+        return dict(action=TensorSpec((len(low),), "float32"), num_actions=None, action_low=low, action_high=high,
+                    box_shape=tuple(int(n) for n in space.shape))
+    raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete space "
+                     "(the pipeline also steps Box actions, for benchmarks)")
+
+
+@functools.lru_cache(maxsize=32)
+def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpec:
+    """Read an env's spaces by building one instance of it (cached)."""
+    quiet_gymnasium()
+    backend = resolve_backend(env_id, backend)
+    real = "envpool" if backend in ("envpool", "null") and env_id in envpool_ids() else "gymnasium"
+    if frame_stack < 0:
+        raise ValueError(f"env.frame_stack={frame_stack}: must be >= 0")
+    if frame_stack and real != "envpool":
+        raise ValueError(f"env.frame_stack={frame_stack}: only envpool's Atari envs stack frames ({env_id} is not one)")
+    if real == "envpool":
+        import envpool
+
+        try:
+            env = envpool.make(env_id, env_type="gymnasium", num_envs=1, **stack_kw(frame_stack))
+        except (TypeError, ValueError, RuntimeError) as e:
+            if frame_stack:
+                raise ValueError(f"env.frame_stack={frame_stack}: {env_id} does not take it ({e})") from None
+            raise ValueError(f"env.id={env_id!r}: envpool could not make it ({type(e).__name__}: {e})") from None
+        obs_space, act_space = env.observation_space, env.action_space
+        frames = int(getattr(env.spec.config, "frame_skip", 1))
+        env.close() if hasattr(env, "close") else None
+    else:
+        import gymnasium
+
+        try:
+            env = gymnasium.make(env_id)
+        except Exception as e:  # the user's own constructor: name it, in one line
+            raise ValueError(f"env.id={env_id!r}: making the env raised {type(e).__name__}: {e}") from None
+        obs_space, act_space = env.observation_space, env.action_space
+        frames = 1
+        _close_quietly(env)
+    try:
+        obs = _space_spec(obs_space)
+    except ValueError as e:
+        raise ValueError(f"env.id={env_id!r}: observation space {obs_space} is not supported ({e}): seedlocal "
+                         "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
+    try:
+        action = _action_spec(act_space)
+    except ValueError as e:
+        raise ValueError(f"env.id={env_id!r}: {e}") from None
+    return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack,
+                   obs_classes=_obs_classes(obs_space), **action)
+
+
+def _close_quietly(env, timeout_s: float = 5.0) -> None:
+    """Close the env built only to read its spaces: the spaces are what was
+    wanted, so a ``close()`` that raises or hangs must not stop the run."""
+    import threading
+
+    t = threading.Thread(target=lambda: _ignore_errors(env.close), daemon=True, name="env-close")
+    t.start()
+    t.join(timeout_s)
+
+
+def _ignore_errors(fn) -> None:
+    try:
+        fn()
+    except Exception:
+        pass
