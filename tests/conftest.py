@@ -13,6 +13,17 @@ def seedlocal_segments(pid: int | None = None) -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(prefix)}
 
 
+def leaked_segments() -> set[str]:
+    """seedlocal segments whose creating process (the pid in the name) is gone: what a finished run left.
+    Segments of runs still going (another test run on the machine) are not counted."""
+    out = set()
+    for name in seedlocal_segments():
+        pid = name[len(SEGMENT_PREFIX):].split("_", 1)[0]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
+            out.add(name)
+    return out
+
+
 def _helper(cmdline: list[str]) -> bool:
     line = " ".join(cmdline)
     return "resource_tracker" in line or "multiprocessing.forkserver" in line

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import seedlocal_segments
+from conftest import leaked_segments
 
 TESTS = Path(__file__).parent
 
@@ -80,7 +80,7 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     assert last.startswith("seedlocal: error: env worker"), last
     assert "RuntimeError: boom in reset" in last and "not restarting" in last, last
     assert "restarted it" not in out.stdout
-    assert not seedlocal_segments()
+    assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
     # A run that never stepped leaves no checkpoint, so the same name can be used again once the env is fixed.
     assert not list((tmp_path / "r").glob("checkpoints/ckpt_*.pt"))
     again = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
@@ -124,7 +124,7 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
     assert ga.stderr.strip().splitlines() == [
         "seedlocal: error: env.id='faulty_envs:InitRaises-v0': making the env raised FileNotFoundError: "
         "level file missing"], ga.stderr
-    assert not seedlocal_segments()
+    assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
 
 
 def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_path):
@@ -135,7 +135,7 @@ def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_pat
                     timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "seedlocal: stopped before the first generation ended; 0 generations" in out.stdout, out.stdout[-2000:]
-    assert not seedlocal_segments()
+    assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
 
 
 @pytest.mark.parametrize("algo", ["vtrace", pytest.param("ga", marks=pytest.mark.slow)])
@@ -150,7 +150,7 @@ def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo)
         out.stdout[-2000:])
     assert "seedlocal: done: time budget spent;" in out.stdout or "stopped before the first" in out.stdout, (
         out.stdout[-2000:])
-    assert not seedlocal_segments()
+    assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
 
 
 def test_channels_last_images_get_the_cnn_torso(tmp_path):
