@@ -275,6 +275,17 @@ def rebuilding(state: dict):
         raise checkpoint.CheckpointError(f"{state.get('path')}: cannot rebuild its network ({e})") from None
 
 
+def image_frames(env) -> bool:
+    """Whether ``env`` (an ``EnvConfig``) steps image frames (``config.checks.task_kind``: Atari's, Football's
+    minimaps), the runs a GPU machine sizes up; False for one that cannot be described (validation names it)."""
+    from seedlocal.config.checks import task_kind
+
+    try:
+        return task_kind(describe(env.id, env.backend, env.frame_stack)) in ("atari", "football")
+    except Exception:
+        return False
+
+
 def default_run_name(spec, algo: str, seed: int) -> str:
     return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 

@@ -1,0 +1,70 @@
+"""The machine a run is sized for: its usable cores and whether the run's device is a GPU.
+
+A preset is a learning recipe; its sizes (workers, envs, batch) follow the machine (DESIGN.md, decision 9).
+Each family's run configuration sizes itself (``RunConfig.sized_for``); what was measured and what was not is
+in docs/tuning.md ("Sized to the machine"). The command line applies it to a preset; the Python API does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from seedlocal.config.schema import PipelineConfig
+
+ENVS_PER_CORE = 8
+"""envs stepped per usable core on a GPU machine (issue 33's H200 run: 128 envs on 16 cores)"""
+MAX_ENVS = 512
+"""the most envs a sizing gives, whatever the cores (unmeasured beyond 128)"""
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    """CPU cores this process may run on"""
+    accelerator: bool
+    """whether the run's device (pipeline.device) is CUDA"""
+
+    @classmethod
+    def detect(cls, device: str) -> Machine:
+        """This machine, for a run on ``device`` (pipeline.device: auto, cpu, cuda, cuda:N). A device that cannot
+        be had (cuda on a machine without one) counts as none: validation names it once the run's config is read."""
+        from seedlocal.config.checks import resolve_device
+        from seedlocal.errors import ConfigError
+
+        try:
+            cuda = resolve_device(device).type == "cuda"
+        except ConfigError:
+            cuda = False
+        return cls(cores=usable_cores(), accelerator=cuda)
+
+    def __str__(self) -> str:
+        return f"{self.cores} cores, {'cuda' if self.accelerator else 'cpu'}"
+
+    def gpu_envs(self, p: PipelineConfig) -> int:
+        """Local envs for a GPU run of pipeline ``p``: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``, never
+        fewer than ``p``'s own; 0 without a GPU (a CPU run keeps its preset's sizes)."""
+        if not self.accelerator:
+            return 0
+        return max(p.num_workers * p.envs_per_worker, min(MAX_ENVS, ENVS_PER_CORE * self.cores))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, e.g. under taskset or a container's
+    cpuset), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def resized(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int) -> PipelineConfig:
+    """``p`` with ``envs`` local envs in workers of ``per_worker`` (at least one worker), its min_batch_envs (where
+    set) scaled with them. With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, in
+    workers of ``p``'s size instead, so that actor hosts still run whole workers like the learner's."""
+    if remote_envs and remote_envs % per_worker:
+        per_worker = p.envs_per_worker
+    workers = max(1, envs // per_worker)
+    scale = workers * per_worker / (p.num_workers * p.envs_per_worker)
+    return dataclasses.replace(p, num_workers=workers, envs_per_worker=per_worker,
+                               min_batch_envs=int(p.min_batch_envs * scale))
