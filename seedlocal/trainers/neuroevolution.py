@@ -22,6 +22,7 @@ are the checkpoint's plus those of the generation the run stopped inside.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config.checks import (check_network_fits, network_error, task_kind, validate_bridge,
                                      validate_pipeline, validate_run_options)
 from seedlocal.config.resume import budget_left
+from seedlocal.config.machine import Machine, resized
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
@@ -42,7 +44,7 @@ from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, e
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
-from seedlocal.trainers.run import Family, Run, Trainer, checkpoint_env, rebuilding, run
+from seedlocal.trainers.run import Family, Run, Trainer, checkpoint_env, image_frames, rebuilding, run
 
 
 def _pipeline_default() -> PipelineConfig:
@@ -89,6 +91,21 @@ class NeuroevoRun(RunConfig):
     def budget_spent(self, counters: dict) -> None:
         budget_left("generations", self.generations, counters.get("generation", 0), "generations")
         budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
+
+    def sized_for(self, machine: Machine) -> NeuroevoRun:
+        """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 32 and a population of at least 256
+        (issue 33's GA target: P >= 256 Nature CNNs in one batched forward) and at least one member per env;
+        everything else, and every CPU run, keeps the preset's sizes (docs/tuning.md)."""
+        if not machine.accelerator or not hasattr(self.algo, "population_size") or not image_frames(self.env):
+            return self
+        # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the population is the issue's target.
+        p = resized(self.pipeline, machine.gpu_envs(self.pipeline), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
+        population = max(GPU_POPULATION, self.algo.population_size, p.num_workers * p.envs_per_worker)
+        return dataclasses.replace(self, pipeline=p, algo=dataclasses.replace(self.algo, population_size=population))
+
+
+GPU_ENVS_PER_WORKER = 32  # the default pipeline's workers
+GPU_POPULATION = 256  # even, as ES's antithetic pairs need
 
 
 @dataclass

@@ -37,6 +37,7 @@ import torch
 
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.config.machine import Machine, resized
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
 from seedlocal.config.checks import (check_network_fits, network_error, resolve_device, short_of_memory,
                                      validate_bridge, validate_pipeline, validate_run_options)
@@ -50,7 +51,8 @@ from seedlocal.shape import ShapeNeeds, pipeline_shape
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
-from seedlocal.trainers.run import WAIT_S, Family, Run, Trainer, checkpoint_env, mean_of, rebuilding, run
+from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, checkpoint_env, image_frames, mean_of, rebuilding,
+                                    run)
 
 
 @dataclass
@@ -75,6 +77,22 @@ class R2D2Run(StepRunConfig):
         if isinstance(pipe, dict) and isinstance(algo, dict) and pipe.get("unroll_length") != algo.get("unroll_length"):
             saved = {**saved, "pipeline": {**pipe, "unroll_length": 0}}
         return saved
+
+    def sized_for(self, machine: Machine) -> R2D2Run:
+        """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 16 (min_batch_envs scaled with them)
+        and batches of at least 64 sequences, SEED's published batch (the Atari preset's 16 was cut for a CPU
+        learner); everything else, and every CPU run, keeps the preset's sizes (docs/tuning.md)."""
+        p = self.pipeline
+        envs = machine.gpu_envs(p)
+        if envs <= p.num_workers * p.envs_per_worker or not image_frames(self.env):
+            return self
+        # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the rest of the recipe is the preset's.
+        pipeline = resized(p, envs, GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
+        return dataclasses.replace(self, pipeline=pipeline,
+                                   algo=dataclasses.replace(self.algo, batch_size=max(64, self.algo.batch_size)))
+
+
+GPU_ENVS_PER_WORKER = 16  # the Atari preset's worker, repeated
 
 
 PRESETS: dict[str, R2D2Run] = {
