@@ -32,6 +32,8 @@ USAGE_TAIL = """
   actors               step envs for a learner on another host (train ... --bridge.listen
                        HOST:PORT --bridge.remote-envs N); see docs/multihost.md
 """
+SIZED = (" The preset's sizes follow this machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); "
+         "--no-machine-sizing keeps them as the preset has them.")
 TUNED = (" --pipeline-config FILE: pipeline sizes from `seedlocal bench --autotune` "
          "(options given here still win).")
 # Network options older command lines gave elsewhere (V-trace and R2D2 under --algo., neuroevolution at the
@@ -85,15 +87,19 @@ def _preset_cli(argv: list[str], fam):
 
     argv = _renamed(argv)
     default, args = _pop_preset(argv, fam.presets)
+    sizing = "--no-machine-sizing" not in args
+    args = [a for a in args if a != "--no-machine-sizing"]
     saved, counters = _resumed_default(args, fam)
     if saved is not None:
         if _option(argv, "--preset") is not None:
             raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
                               "give the options to change explicitly instead")
-        default = saved
+        default = saved  # with the sizes it ran at: a resumed run is not sized again
+    elif sizing:
+        default = _machine_sized(args, default)
     default, args = _pop_pipeline_config(args, default)
     description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
-                   + " (each chosen by itself for an --env.id of its kind)." + TUNED)
+                   + " (each chosen by itself for an --env.id of its kind)." + SIZED + TUNED)
     cfg = tyro.cli(fam.run, args=args, default=default, prog=f"seedlocal train {fam.name}", description=description)
     return _check_resume(cfg, saved, counters)
 
@@ -161,6 +167,39 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
         print(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
               "plain defaults)", flush=True)
     return kind
+
+
+def _machine_sized(args: list[str], preset):
+    """``preset`` sized for this machine (``RunConfig.sized_for``: its cores, and whether the device
+    --pipeline.device names, or the preset's, is a GPU), what changed said in one line. Options given on the
+    command line still win; --bridge.remote-envs is taken in, so that it stays a multiple of a worker's envs."""
+    import dataclasses
+
+    from seedlocal.config.machine import Machine
+    from seedlocal.config.resume import config_changes
+
+    machine = Machine.detect(_option(args, "--pipeline.device") or preset.pipeline.device)
+    remote = _option(args, "--bridge.remote-envs")
+    base = preset
+    if remote is not None and remote.isdigit():
+        base = dataclasses.replace(preset, bridge=dataclasses.replace(preset.bridge, remote_envs=int(remote)))
+    sized = base.sized_for(machine)
+    changes = [c.replace(":", "", 1) for c in config_changes(base, sized) if not _given(args, c.split(":")[0])]
+    if changes and not {"-h", "--help"} & set(args):
+        kept = preset.sized_for(machine).pipeline.envs_per_worker
+        note = (f" (pipeline.envs_per_worker kept at {sized.pipeline.envs_per_worker}: --bridge.remote-envs {remote}"
+                f" is not a multiple of {kept})" if kept != sized.pipeline.envs_per_worker else "")
+        print(f"seedlocal: sized for this machine ({machine}): {', '.join(changes)}{note}; --no-machine-sizing "
+              "keeps the preset's", flush=True)
+    return sized
+
+
+def _given(args: list[str], field: str) -> bool:
+    """Whether ``args`` set the config's ``field`` (dotted, e.g. algo.lr_decay), in any of tyro's spellings."""
+    parent, _, leaf = field.rpartition(".")
+    prefix = f"--{parent}." if parent else "--"
+    flags = {prefix + name for leaf_ in (leaf, leaf.replace("_", "-")) for name in (leaf_, "no-" + leaf_, "no_" + leaf_)}
+    return any(a.split("=", 1)[0] in flags for a in args)
 
 
 def _value(value: str, field: str) -> str:
