@@ -252,12 +252,16 @@ def test_precision_means_one_arithmetic_per_device():
     (["train", "es", "--env.id", "grid_envs:BoolGrid-v0"], "minatar"),
     (["train", "random-search", "--env.id", "Hopper-v5"], "cartpole"),  # nor random search a MuJoCo one
 ])
-def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys):
+def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys, monkeypatch):
     """A new task of a kind seedlocal has a preset for starts from that
     preset (a MuJoCo body from the MuJoCo preset, not CartPole's settings),
     said in one line; an explicit --preset always wins; the chosen preset's
-    other fields arrive intact while --env.id stays the user's."""
+    other fields arrive intact while --env.id stays the user's (on a 2-core
+    CPU, so that a GPU box's sizing, tests/test_sizing.py, leaves them as they are)."""
     from seedlocal.cli import _parse
+    from seedlocal.config.machine import Machine
+
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, device: Machine(2, False)))
     from seedlocal.trainers import neuroevolution as ne
     from seedlocal.trainers.r2d2 import PRESETS as R2D2
     from seedlocal.trainers.vtrace import PRESETS as VTRACE
