@@ -186,9 +186,10 @@ def _machine_sized(args: list[str], preset):
     sized = base.sized_for(machine)
     changes = [c.replace(":", "", 1) for c in config_changes(base, sized) if not _given(args, c.split(":")[0])]
     if changes and not {"-h", "--help"} & set(args):
-        kept = preset.sized_for(machine).pipeline.envs_per_worker
-        note = (f" (pipeline.envs_per_worker kept at {sized.pipeline.envs_per_worker}: --bridge.remote-envs {remote}"
-                f" is not a multiple of {kept})" if kept != sized.pipeline.envs_per_worker else "")
+        free = preset.sized_for(machine).pipeline  # as sized without the remote envs
+        unlike = [c.replace(":", "", 1) for c in config_changes(sized.pipeline, free, "pipeline.")]
+        note = (f" (workers of the preset's size, so that --bridge.remote-envs {remote} makes whole ones; without it"
+                f" {', '.join(unlike)})" if unlike else "")
         print(f"seedlocal: sized for this machine ({machine}): {', '.join(changes)}{note}; --no-machine-sizing "
               "keeps the preset's", flush=True)
     return sized

@@ -26,6 +26,7 @@ groups (``tests/test_shape.py`` checks it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -166,3 +167,18 @@ def actor_host_shape(groups: int, envs_per_group: int, env_threads: int) -> Pipe
     return pipeline_shape(PipelineConfig(num_workers=groups // GROUPS_PER_WORKER,
                                          envs_per_worker=envs_per_group * GROUPS_PER_WORKER,
                                          env_threads=env_threads, unroll_length=1, num_buffers=groups))
+
+
+def widened(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int = 0) -> PipelineConfig:
+    """``p`` with ``envs`` local envs in workers of ``per_worker`` (at least one worker) and its min_batch_envs,
+    where set, scaled with them: a machine's sizing (``RunConfig.sized_for``). ``p`` itself where that adds no envs
+    to its own. With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, workers of ``p``'s
+    size instead, so that actor hosts still run whole workers like the learner's."""
+    own = p.num_workers * p.envs_per_worker
+    if envs <= own:
+        return p
+    if remote_envs and remote_envs % per_worker:
+        per_worker = p.envs_per_worker
+    workers = max(1, envs // per_worker)
+    return dataclasses.replace(p, num_workers=workers, envs_per_worker=per_worker,
+                               min_batch_envs=p.min_batch_envs * workers * per_worker // own)

@@ -155,7 +155,8 @@ def test_no_machine_sizing_keeps_the_preset(gpu16, capsys):
 def test_a_remote_envs_option_keeps_the_presets_workers_and_says_so(gpu16, capsys):
     cfg = _parse(["vtrace", "--preset", "atari", "--bridge.listen", ":5555", "--bridge.remote-envs", "48"])
     assert (cfg.pipeline.envs_per_worker, cfg.pipeline.num_workers, cfg.bridge.remote_envs) == (16, 8, 48)
-    assert "envs_per_worker kept at 16: --bridge.remote-envs 48 is not a multiple of 32" in capsys.readouterr().out
+    assert ("(workers of the preset's size, so that --bridge.remote-envs 48 makes whole ones; without it "
+            "pipeline.num_workers 8 -> 4, pipeline.envs_per_worker 16 -> 32)") in capsys.readouterr().out
 
 
 def test_a_resumed_run_keeps_its_saved_sizes(gpu16, tmp_path, capsys):

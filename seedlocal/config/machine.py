@@ -7,11 +7,8 @@ in docs/tuning.md ("Sized to the machine"). The command line applies it to a pre
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
-
-from seedlocal.config.schema import PipelineConfig
 
 ENVS_PER_CORE = 8
 """envs stepped per usable core on a GPU machine (issue 33's H200 run: 128 envs on 16 cores)"""
@@ -42,12 +39,10 @@ class Machine:
     def __str__(self) -> str:
         return f"{self.cores} cores, {'cuda' if self.accelerator else 'cpu'}"
 
-    def gpu_envs(self, p: PipelineConfig) -> int:
-        """Local envs for a GPU run of pipeline ``p``: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``, never
-        fewer than ``p``'s own; 0 without a GPU (a CPU run keeps its preset's sizes)."""
-        if not self.accelerator:
-            return 0
-        return max(p.num_workers * p.envs_per_worker, min(MAX_ENVS, ENVS_PER_CORE * self.cores))
+    def gpu_envs(self) -> int:
+        """Local envs for a GPU run: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``; 0 without a GPU (a CPU run
+        keeps its preset's sizes). A family sizes its pipeline to them with ``shape.widened``."""
+        return min(MAX_ENVS, ENVS_PER_CORE * self.cores) if self.accelerator else 0
 
 
 def usable_cores() -> int:
@@ -56,15 +51,3 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def resized(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int) -> PipelineConfig:
-    """``p`` with ``envs`` local envs in workers of ``per_worker`` (at least one worker), its min_batch_envs (where
-    set) scaled with them. With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, in
-    workers of ``p``'s size instead, so that actor hosts still run whole workers like the learner's."""
-    if remote_envs and remote_envs % per_worker:
-        per_worker = p.envs_per_worker
-    workers = max(1, envs // per_worker)
-    scale = workers * per_worker / (p.num_workers * p.envs_per_worker)
-    return dataclasses.replace(p, num_workers=workers, envs_per_worker=per_worker,
-                               min_batch_envs=int(p.min_batch_envs * scale))

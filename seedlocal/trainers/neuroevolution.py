@@ -36,13 +36,13 @@ from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
 from seedlocal.config.checks import (check_network_fits, network_error, task_kind, validate_bridge,
                                      validate_pipeline, validate_run_options)
 from seedlocal.config.resume import budget_left
-from seedlocal.config.machine import Machine, resized
+from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
-from seedlocal.shape import pipeline_shape
+from seedlocal.shape import pipeline_shape, widened
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
 from seedlocal.trainers.run import Family, Run, Trainer, checkpoint_env, image_frames, rebuilding, run
 
@@ -99,8 +99,8 @@ class NeuroevoRun(RunConfig):
         if not machine.accelerator or not hasattr(self.algo, "population_size") or not image_frames(self.env):
             return self
         # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the population is the target.
-        p = resized(self.pipeline, machine.gpu_envs(self.pipeline), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
-        population = max(GPU_POPULATION, self.algo.population_size, p.num_workers * p.envs_per_worker)
+        p = widened(self.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
+        population = max(GPU_POPULATION, self.algo.population_size, pipeline_shape(p).num_local_envs)
         return dataclasses.replace(self, pipeline=p, algo=dataclasses.replace(self.algo, population_size=population))
 
 

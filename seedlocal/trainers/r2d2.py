@@ -37,7 +37,7 @@ import torch
 
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config.machine import Machine, resized
+from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
 from seedlocal.config.checks import (check_network_fits, network_error, resolve_device, short_of_memory,
                                      validate_bridge, validate_pipeline, validate_run_options)
@@ -47,7 +47,7 @@ from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import RecurrentQNet, checkpoint_network, encoder_identity, image_layout, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.q_greedy import R2D2Policy
-from seedlocal.shape import ShapeNeeds, pipeline_shape
+from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
@@ -82,12 +82,10 @@ class R2D2Run(StepRunConfig):
         """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 16 (min_batch_envs scaled with them)
         and batches of at least 64 sequences, SEED's published batch (the Atari preset's 16 was cut for a CPU
         learner); everything else, and every CPU run, keeps the preset's sizes (docs/tuning.md)."""
-        p = self.pipeline
-        envs = machine.gpu_envs(p)
-        if envs <= p.num_workers * p.envs_per_worker or not image_frames(self.env):
+        pipeline = widened(self.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
+        if pipeline == self.pipeline or not image_frames(self.env):
             return self
         # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the rest of the recipe is the preset's.
-        pipeline = resized(p, envs, GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
         return dataclasses.replace(self, pipeline=pipeline,
                                    algo=dataclasses.replace(self.algo, batch_size=max(64, self.algo.batch_size)))
 

@@ -22,7 +22,7 @@ import torch
 
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config.machine import Machine, resized
+from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
 from seedlocal.config.checks import (check_network_fits, network_error, validate_bridge, validate_pipeline,
                                      validate_run_options)
@@ -34,7 +34,7 @@ from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.shape import ShapeNeeds, pipeline_shape
+from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
 from seedlocal.trainers.run import WAIT_S, Family, Run, Trainer, checkpoint_env, image_frames, rebuilding, run
 
 # Learner statistics measured once per logging interval (see learner_step).
@@ -61,16 +61,14 @@ class VTraceRun(StepRunConfig):
         budget: issue 33's H200 run (16 cores: 4 x 32 envs, batch 128, 8 minibatches, constant rate) reached
         +18.1 on Pong at 12.3M frames, past the preset's 10M, where its rate has decayed to 0. Everything else,
         and every CPU run, keeps the preset's sizes (docs/tuning.md, "Sized to the machine")."""
-        p = self.pipeline
-        envs = machine.gpu_envs(p)
-        if envs <= p.num_workers * p.envs_per_worker or not image_frames(self.env):
+        pipeline = widened(self.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
+        if pipeline == self.pipeline or not image_frames(self.env):
             return self
         # Measured at 16 cores on Atari only (128 envs): other core counts, and Football, are unmeasured on a GPU.
         # The budget is unmeasured too: the H200 run had no step limit (total_steps 0) and was stopped by hand
         # after +19.4 at 16M frames; twice the Atari preset's 2.5M steps (20M frames) covers that, at the rate
         # it ran with (a decay over 5M steps would have halved it by 12.3M frames: never tried).
-        pipeline = resized(p, envs, GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
-        batch = pipeline.num_workers * pipeline.envs_per_worker
+        batch = pipeline_shape(pipeline).num_local_envs
         algo = dataclasses.replace(self.algo, batch_size=batch, minibatches=max(1, batch // UNROLLS_PER_MINIBATCH),
                                    lr_decay=False)
         return dataclasses.replace(self, pipeline=pipeline, algo=algo, total_steps=2 * self.total_steps)
