@@ -7,7 +7,9 @@ made here by ``bash ../shared/tools/device-kit.sh`` then ``bash scripts/device_e
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .site .whl/*.whl && export PYTHONPATH=$PWD/.site:$PWD ENVPOOL_ASSETS_PATH=$PWD/.assets && bash scripts/gpu_suite.sh $OUT
 
-and, in another call, the Pong V-trace learning curve (up to the budget):
+and, in another call, the Pong V-trace learning curve of ``seedlocal train vtrace --env.id Pong-v5`` as a
+user types it (the preset and its machine sizing picked by themselves), up to the budget, with its minutes to
+--curve-target (+18):
 
     ... && bash scripts/gpu_suite.sh --curve $OUT
 
@@ -234,10 +236,11 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         overhead = 8 if dry else 20  # start-up (torch, CUDA, workers) and the exit's checkpoint
 
         def curve_cmd(t):
+            # What a user types (issue 33): the preset is picked by the env's kind and sized for this machine
+            # (its first lines say so); only the time budget and the log folder are added.
             s = max(1.0, min(seconds, t - overhead))
-            return [*SEEDLOCAL, "train", "vtrace", *([] if dry else ["--preset", "atari"]), "--env.id", env,
-                    "--pipeline.device", dev, "--total-steps", "0", "--seconds", f"{s:g}",
-                    "--log-dir", str(runs / "curve")]
+            return [*SEEDLOCAL, "train", "vtrace", "--env.id", env, *(["--pipeline.device", dev] if dry else []),
+                    "--seconds", f"{s:g}", "--log-dir", str(runs / "curve")]
 
         return [probe,
                 Step("curve_train", curve_cmd, timeout=seconds + overhead, min_s=overhead + (2 if dry else 60),

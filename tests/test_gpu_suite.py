@@ -138,3 +138,17 @@ def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
     assert ga["summary"]["status"] == "done" and ga["summary"]["algo"] == "ga"
     assert ga["progress"].startswith("gen") and ga["figures"]["generations"] >= 1
     assert not (tmp_path / "runs").exists()  # read into results.jsonl, then pruned
+
+
+def test_the_gpu_curve_is_the_command_a_user_types(tmp_path):
+    """Issue 33: the suite's Pong curve is `seedlocal train vtrace --env.id Pong-v5` with only a time budget and a
+    log folder added: the preset and its machine sizing are picked by themselves, not given."""
+    import argparse
+
+    suite = _suite_module()
+    a = argparse.Namespace(curve=True, cpu_dry_run=False, env="", curve_seconds=300.0, curve_target=18.0)
+    step = next(s for s in suite.build_steps(a, tmp_path) if s.name == "curve_train")
+    cmd = step.argv(400.0)
+    i = cmd.index("train")
+    assert cmd[i:i + 4] == ["train", "vtrace", "--env.id", "Pong-v5"]
+    assert [c for c in cmd[i + 4:] if c.startswith("--")] == ["--seconds", "--log-dir"], cmd
