@@ -89,6 +89,7 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     (["train", "vtrace", "--seconds", "inf", "--total-steps", "0"], "seconds=inf: must be a finite number"),
     (["train", "es", "--algo.sigma", "inf"], "algo.sigma=inf: must be a finite number"),
     (["train", "vtrace", "--network.hidden", "-5"], "network.hidden=(-5,): MLP hidden sizes must be positive"),
+    (["train", "vtrace", "--algo.proximal", "batch"], "algo.proximal='batch': keeps the clipped surrogate near"),
     (["train", "ga", "--network.hidden", "0"], "network.hidden=(0,): MLP hidden sizes must be positive"),
     (["train", "vtrace", "--algo.rmsprop-alpha", "5"], "algo.rmsprop_alpha=5.0: must be in (0, 1)"),
     (["train", "r2d2", "--algo.adam-eps", "0"], "algo.adam_eps=0.0: must be positive"),

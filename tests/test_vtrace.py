@@ -326,3 +326,53 @@ def test_minibatch_order_comes_from_the_given_cpu_generator_only():
     model = copy.deepcopy(base)
     learner_step(model, make_optimizer(model.parameters(), p), batch, p, shuffle=torch.Generator().manual_seed(8))
     assert not torch.equal(torch.nn.utils.parameters_to_vector(model.parameters()), after[0])
+
+
+def test_the_proximal_clip_is_ppos_when_the_learner_acted_and_a_weighted_reference_otherwise():
+    """Decoupled PPO (algo.proximal batch): the ratio is taken to the learner's policy at the batch's start
+    (pi_prox) and each row's surrogate weighted by min(rho_bar, pi_prox/mu), with V-trace's targets under pi_prox.
+    With no lag (mu = pi_prox) it is exactly PPO's clip against mu; with lag it matches a hand computation."""
+    logits, beh, actions, values, rewards, discounts, valid, bootstrap = _loss_setup(seed=7)
+    clip = 0.2
+    prox_lp = log_prob_of(logits, actions)
+
+    def loss(mu_logits, prox, pi_logits):
+        returns = vtrace(log_prob_of(mu_logits, actions), prox_lp, rewards, discounts, values, bootstrap, valid)
+        return impala_loss(pi_logits, actions, values, returns, valid, behaviour_log_probs=log_prob_of(mu_logits,
+                           actions), clip=clip, proximal_log_probs=prox)[1]["policy_loss"], returns
+
+    moved = logits + 0.3 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(1), dtype=logits.dtype)
+    no_lag, _ = loss(logits, prox_lp, moved)
+    ppo, _ = loss(logits, None, moved)
+    assert no_lag.item() == pytest.approx(ppo.item(), abs=1e-12)
+
+    lagged, returns = loss(beh, prox_lp, moved)
+    ratio = torch.exp(log_prob_of(moved, actions) - prox_lp)
+    weight = torch.clamp(torch.exp(prox_lp - log_prob_of(beh, actions)), max=1.0)
+    adv = returns.advantages
+    surrogate = weight * torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    expected = -(torch.where(valid, surrogate, 0.0).sum() / valid.sum())
+    assert lagged.item() == pytest.approx(expected.item(), abs=1e-10)
+    assert lagged.item() != pytest.approx(loss(beh, None, moved)[0].item(), abs=1e-6)  # not the clip against mu
+
+
+def test_a_lagged_batch_still_gives_a_gradient_with_the_proximal_clip():
+    """Actors far behind the learner (pi/mu well outside the clip range, advantages positive): clipped against mu,
+    those rows give no policy gradient; against the learner's own policy at the batch's start (r = 1 at its first
+    update) every valid row does."""
+    logits, _, actions, values, rewards, discounts, valid, bootstrap = _loss_setup(seed=3)
+    mu = logits.clone()
+    mu.scatter_(-1, actions.unsqueeze(-1), -4.0)  # the actors gave the taken actions little probability
+    rewards = rewards.abs() + 1.0
+    returns = vtrace(log_prob_of(mu, actions), log_prob_of(logits, actions), rewards, discounts, values, bootstrap,
+                     valid)
+    grads = {}
+    for name, prox in (("behaviour", None), ("batch", log_prob_of(logits, actions))):
+        pi = logits.clone().requires_grad_(True)
+        loss, stats = impala_loss(pi, actions, values, returns, valid, entropy_cost=0.0, baseline_cost=0.0,
+                                  behaviour_log_probs=log_prob_of(mu, actions), clip=0.1, proximal_log_probs=prox)
+        loss.backward()
+        grads[name] = (pi.grad.abs().sum(-1), stats["clip_fraction"].item())
+    positive = valid & (returns.advantages > 0)
+    assert grads["behaviour"][1] > 0.9 and grads["batch"][1] == 0.0
+    assert (grads["behaviour"][0][positive] == 0).all() and (grads["batch"][0][positive] > 0).all()

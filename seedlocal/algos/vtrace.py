@@ -109,6 +109,7 @@ def impala_loss(
     clip: float = 0.0,
     normalize_advantages: bool = False,
     dist=Categorical,
+    proximal_log_probs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
@@ -126,6 +127,15 @@ def impala_loss(
     gradient keeps pushing however far the policy already moved.
     ``normalize_advantages`` rescales A to zero mean, unit variance over the
     valid rows, which makes the policy step independent of the reward scale.
+
+    With ``proximal_log_probs`` (log pi_prox of the actions: the learner's
+    own policy at the batch's start) the clip keeps each update near pi_prox
+    instead of mu, and each row's surrogate is weighted by V-trace's
+    truncated min(rho_bar, pi_prox/mu) (``vtrace_returns.rhos``, computed with
+    pi = pi_prox): decoupled PPO (Hilton et al. 2021, "Batch size-invariance
+    for policy optimization"). With no lag (pi_prox = mu) it is PPO's; with
+    actors running ahead (``algo.sync off``) a stale row no longer starts
+    outside the clip range, and the truncated weight corrects for mu.
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -136,7 +146,10 @@ def impala_loss(
     action_log_probs = dist.log_prob(target_params, actions)
     adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean)
     stats = {}
-    if clip > 0:
+    if clip > 0 and proximal_log_probs is not None:
+        policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, proximal_log_probs, adv, clip,
+                                                                 masked_mean, values.dtype, vtrace_returns.rhos)
+    elif clip > 0:
         policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, behaviour_log_probs, adv, clip,
                                                                  masked_mean, values.dtype)
     else:
@@ -170,15 +183,18 @@ def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bo
     return adv
 
 
-def _clipped_surrogate(log_probs: Tensor, behaviour_log_probs: Tensor | None, adv: Tensor, clip: float,
-                       masked_mean, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """PPO's clipped policy loss on r = pi/mu, -min(r A, clip(r, 1 - clip,
-    1 + clip) A) averaged over the valid rows, and the share of valid rows
-    whose ratio lies outside the clip range (detached, in ``dtype``)."""
-    if behaviour_log_probs is None:
+def _clipped_surrogate(log_probs: Tensor, anchor_log_probs: Tensor | None, adv: Tensor, clip: float,
+                       masked_mean, dtype: torch.dtype, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """PPO's clipped policy loss on r = pi/anchor (mu, or the proximal
+    policy), -min(r A, clip(r, 1 - clip, 1 + clip) A), each row times
+    ``weights`` if given, averaged over the valid rows; and the share of
+    valid rows whose ratio lies outside the clip range (detached, in ``dtype``)."""
+    if anchor_log_probs is None:
         raise ValueError("clip > 0 needs behaviour_log_probs")
-    ratio = torch.exp(log_probs - behaviour_log_probs)
+    ratio = torch.exp(log_probs - anchor_log_probs)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+    if weights is not None:
+        surrogate = weights * surrogate
     return -masked_mean(surrogate), masked_mean(((ratio - 1.0).abs() > clip).to(dtype)).detach()
 
 
@@ -234,6 +250,10 @@ class VTraceParams:
     unrolls with an LSTM)"""
     clip: float = 0.0
     """PPO's clipped surrogate on pi/mu with V-trace advantages (0 = IMPALA's policy gradient); keeps echo > 1 safe"""
+    proximal: Literal["behaviour", "batch"] = "behaviour"
+    """what the clip keeps each update near: behaviour = the actors' policy mu (PPO, APPO); batch = the learner's
+    own at the batch's start, each row weighted by V-trace's min(rho_bar, pi_start/mu) (decoupled PPO; for actors
+    that run ahead of the learner, algo.sync off)"""
     normalize_advantages: bool = False
     """rescale the policy-gradient advantages of each batch to zero mean and unit variance"""
     sync: Literal["on", "off", "auto"] = "on"
@@ -252,16 +272,18 @@ def make_optimizer(params, p: VTraceParams) -> torch.optim.Optimizer:
 
 
 class _Targets(NamedTuple):
-    """What the loss needs of each row besides the network's outputs: [T, B] each."""
+    """What the loss needs of each row besides the network's outputs: [T, B] each. ``proximal_log_probs``: log
+    pi(a) under the weights the targets were computed with (the learner's at the batch's start)."""
 
     actions: Tensor
     behaviour_log_probs: Tensor
     valid: Tensor
     returns: VTraceReturns
+    proximal_log_probs: Tensor
 
     def select(self, index) -> "_Targets":
         return _Targets(self.actions[index], self.behaviour_log_probs[index], self.valid[index],
-                        VTraceReturns(*(x[index] for x in self.returns)))
+                        VTraceReturns(*(x[index] for x in self.returns)), self.proximal_log_probs[index])
 
 
 def _unroll(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
@@ -291,9 +313,10 @@ def _targets(p: VTraceParams, batch: dict, params: Tensor, values: Tensor) -> _T
     valid = ~batch["ignored"][:T]
     dist = policy_dist(batch)
     behaviour_log_probs = dist.log_prob(batch[f"behaviour_{dist.field}"][:T], actions)
-    returns = vtrace(behaviour_log_probs, dist.log_prob(params[:T], actions), rewards, discounts,
+    proximal_log_probs = dist.log_prob(params[:T], actions).detach()
+    returns = vtrace(behaviour_log_probs, proximal_log_probs, rewards, discounts,
                      values[:T], values[T], valid, rho_bar=p.rho_bar, c_bar=p.c_bar, lam=p.lam)
-    return _Targets(actions, behaviour_log_probs, valid, returns)
+    return _Targets(actions, behaviour_log_probs, valid, returns, proximal_log_probs)
 
 
 def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
@@ -368,8 +391,10 @@ class _Updater:
 
     def __call__(self, logits: Tensor, values: Tensor, t: _Targets) -> None:
         model, optimizer, p, step_lock = self.model, self.optimizer, self.p, self.step_lock
+        proximal = t.proximal_log_probs if self.p.proximal == "batch" else None
         loss, stats = impala_loss(logits, t.actions, values, t.returns, t.valid,
-                                  behaviour_log_probs=t.behaviour_log_probs, **self.loss_kw)
+                                  behaviour_log_probs=t.behaviour_log_probs, proximal_log_probs=proximal,
+                                  **self.loss_kw)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
@@ -403,7 +428,8 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
     if not recurrent:  # rows: [T, B, ...] -> [T * B, ...]
         obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in batch["obs"].items()}
         targets = _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
-                           VTraceReturns(*(x.reshape(T * B) for x in targets.returns)))
+                           VTraceReturns(*(x.reshape(T * B) for x in targets.returns)),
+                           targets.proximal_log_probs.reshape(T * B))
     for _ in range(p.echo):
         order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
         for idx in order.chunk(p.minibatches):

@@ -195,6 +195,10 @@ def validate(cfg: VTraceRun):
         fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
     if a.sync not in ("auto", "on", "off"):
         fail("algo.sync", a.sync, "expected on or off")
+    if a.proximal not in ("behaviour", "batch"):
+        fail("algo.proximal", a.proximal, "expected behaviour or batch")
+    if a.proximal == "batch" and a.clip == 0:
+        fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
     if not 0 <= a.clip < 1:
         fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
     for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
@@ -336,6 +340,8 @@ class VTraceTrainer(Trainer):
     def describe(self) -> str:
         lstm = f" + LSTM {self.cfg.network.lstm_size}" if self.cfg.network.lstm_size else ""
         rhythm = "actors wait for each update, algo.sync on" if self.sync else "acting overlaps learning, algo.sync off"
+        if self.cfg.algo.proximal == "batch":
+            rhythm += "; the clip against the learner's policy at each batch's start, algo.proximal batch"
         return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}, {self.precision} on "
                 f"{self.device}, {rhythm})")
 
