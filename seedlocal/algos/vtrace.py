@@ -128,14 +128,11 @@ def impala_loss(
     ``normalize_advantages`` rescales A to zero mean, unit variance over the
     valid rows, which makes the policy step independent of the reward scale.
 
-    With ``proximal_log_probs`` (log pi_prox of the actions: the learner's
-    own policy at the batch's start) the clip keeps each update near pi_prox
-    instead of mu, and each row's surrogate is weighted by V-trace's
-    truncated min(rho_bar, pi_prox/mu) (``vtrace_returns.rhos``, computed with
-    pi = pi_prox): decoupled PPO (Hilton et al. 2021, "Batch size-invariance
-    for policy optimization"). With no lag (pi_prox = mu) it is PPO's; with
-    actors running ahead (``algo.sync off``) a stale row no longer starts
-    outside the clip range, and the truncated weight corrects for mu.
+    With ``proximal_log_probs`` (log pi_prox: the learner's policy at the
+    batch's start) the clip keeps each update near pi_prox instead of mu, each
+    row weighted by V-trace's min(rho_bar, pi_prox/mu) (``vtrace_returns.rhos``
+    under pi_prox): decoupled PPO (Hilton et al. 2021). With no lag it is PPO's;
+    with actors running ahead a stale row no longer starts outside the clip.
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -146,12 +143,12 @@ def impala_loss(
     action_log_probs = dist.log_prob(target_params, actions)
     adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean)
     stats = {}
-    if clip > 0 and proximal_log_probs is not None:
-        policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, proximal_log_probs, adv, clip,
-                                                                 masked_mean, values.dtype, vtrace_returns.rhos)
-    elif clip > 0:
-        policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, behaviour_log_probs, adv, clip,
-                                                                 masked_mean, values.dtype)
+    if clip > 0:
+        # Near the proximal policy, each row weighted by V-trace's truncated pi_prox/mu; or near mu (PPO).
+        anchor, weights = ((proximal_log_probs, vtrace_returns.rhos) if proximal_log_probs is not None
+                           else (behaviour_log_probs, None))
+        policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, anchor, adv, clip, masked_mean,
+                                                                 values.dtype, weights)
     else:
         policy_loss = -masked_mean(action_log_probs * adv)
 
