@@ -128,11 +128,8 @@ def impala_loss(
     ``normalize_advantages`` rescales A to zero mean, unit variance over the
     valid rows, which makes the policy step independent of the reward scale.
 
-    With ``proximal_log_probs`` (log pi_prox: the learner's policy at the
-    batch's start) the clip keeps each update near pi_prox instead of mu, each
-    row weighted by V-trace's min(rho_bar, pi_prox/mu) (``vtrace_returns.rhos``
-    under pi_prox): decoupled PPO (Hilton et al. 2021). With no lag it is PPO's;
-    with actors running ahead a stale row no longer starts outside the clip.
+    With ``proximal_log_probs`` (the learner's policy at the batch's start) the
+    clip is decoupled PPO's (Hilton et al. 2021; ``_clipped_surrogate``).
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -144,18 +141,15 @@ def impala_loss(
     adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean)
     stats = {}
     if clip > 0:
-        # Near the proximal policy, each row weighted by V-trace's truncated pi_prox/mu; or near mu (PPO).
-        anchor, weights = ((proximal_log_probs, vtrace_returns.rhos) if proximal_log_probs is not None
-                           else (behaviour_log_probs, None))
-        policy_loss, stats["clip_fraction"] = _clipped_surrogate(action_log_probs, anchor, adv, clip, masked_mean,
-                                                                 values.dtype, weights)
+        policy_loss, stats["clip_fraction"] = _clipped_surrogate(
+            action_log_probs, adv, clip, masked_mean, values.dtype, behaviour_log_probs, proximal_log_probs,
+            vtrace_returns.rhos)
     else:
         policy_loss = -masked_mean(action_log_probs * adv)
 
     baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
 
-    entropy_per_row = dist.entropy(target_params)
-    entropy = masked_mean(entropy_per_row)
+    entropy = masked_mean(dist.entropy(target_params))
 
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
     stats.update({
@@ -180,15 +174,22 @@ def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bo
     return adv
 
 
-def _clipped_surrogate(log_probs: Tensor, anchor_log_probs: Tensor | None, adv: Tensor, clip: float,
-                       masked_mean, dtype: torch.dtype, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """PPO's clipped policy loss on r = pi/anchor (mu, or the proximal
-    policy), -min(r A, clip(r, 1 - clip, 1 + clip) A), each row times
-    ``weights`` if given, averaged over the valid rows; and the share of
-    valid rows whose ratio lies outside the clip range (detached, in ``dtype``)."""
-    if anchor_log_probs is None:
+def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, masked_mean, dtype: torch.dtype,
+                       behaviour_log_probs: Tensor | None, proximal_log_probs: Tensor | None = None,
+                       rhos: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A)
+    averaged over the valid rows, on r = pi/mu; or, with
+    ``proximal_log_probs`` (log pi_prox, the learner's policy at the batch's
+    start), on r = pi/pi_prox with each row weighted by ``rhos`` (V-trace's
+    min(rho_bar, pi_prox/mu) under pi_prox): decoupled PPO. With no lag it is
+    PPO's; with actors running ahead (algo.sync off) a stale row no longer
+    starts outside the clip range, and the truncated weight corrects for mu.
+    Also the share of valid rows whose ratio lies outside the clip range
+    (detached, in ``dtype``)."""
+    anchor, weights = (proximal_log_probs, rhos) if proximal_log_probs is not None else (behaviour_log_probs, None)
+    if anchor is None:
         raise ValueError("clip > 0 needs behaviour_log_probs")
-    ratio = torch.exp(log_probs - anchor_log_probs)
+    ratio = torch.exp(log_probs - anchor)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
     if weights is not None:
         surrogate = weights * surrogate
