@@ -124,12 +124,11 @@ def impala_loss(
     advantages (as in APPO): min(r A, clip(r, 1 - clip, 1 + clip) A). It
     bounds how far one batch can pull the policy, which is what makes using a
     batch in several updates (``echo``) safe; IMPALA's plain rho-weighted
-    gradient keeps pushing however far the policy already moved.
+    gradient keeps pushing however far the policy already moved. With
+    ``proximal_log_probs`` (the learner's policy at the batch's start) the
+    clip is decoupled PPO's (Hilton et al. 2021; ``_clipped_surrogate``).
     ``normalize_advantages`` rescales A to zero mean, unit variance over the
     valid rows, which makes the policy step independent of the reward scale.
-
-    With ``proximal_log_probs`` (the learner's policy at the batch's start) the
-    clip is decoupled PPO's (Hilton et al. 2021; ``_clipped_surrogate``).
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -148,7 +147,6 @@ def impala_loss(
         policy_loss = -masked_mean(action_log_probs * adv)
 
     baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
-
     entropy = masked_mean(dist.entropy(target_params))
 
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
