@@ -475,7 +475,10 @@ class InferenceLoop:
         flat_idx = b.bufs * self.L + b.rows
         obs = {}
         for key in self._obs_keys:
-            np.take(self._flat[key], flat_idx, axis=0, out=self._staging_np[key][:k])
+            # mode="clip": with out= and the default mode="raise", numpy
+            # gathers into a temporary and copies that (3x a memcpy for Pong
+            # frames); the rows are the allocator's own, always in range.
+            np.take(self._flat[key], flat_idx, axis=0, out=self._staging_np[key][:k], mode="clip")
             obs[key[4:] if key != "obs" else ""] = (
                 self._staging[key][:k].reshape((n,) + self._staging[key].shape[2:])
                 .to(self.device, non_blocking=True)
