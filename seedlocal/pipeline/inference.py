@@ -237,6 +237,10 @@ class InferenceLoop:
             for k in self._obs_keys
         }
         self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
+        # What the policy reads of a batch of k groups: views [k * E, ...] of
+        # the staging buffer, made once for every k.
+        self._staged = {key: [None] + [v[:k].reshape((k * self.E,) + v.shape[2:]) for k in range(1, self.G + 1)]
+                        for key, v in self._staging.items()}
         self.core = None
         if self.policy.core_state is not None:
             shape = (self.G, self.E) + self.policy.core_state.shape
@@ -336,15 +340,15 @@ class InferenceLoop:
                 self._resume()
                 unbound = self.unrolls.unbound()
             self._claim()
-            ready = np.flatnonzero(self._owned & ~self._held & ~unbound)
-            now = time.perf_counter()
             # Held, parked, waiting and host-less remote groups cannot become ready:
             # waiting for them would cost a full timeout per batch whenever only a
             # few groups have work.
             idle = self._held | unbound
+            ready = np.flatnonzero(self._owned & ~idle)
+            now = time.perf_counter()
             if self._remote is not None:
                 idle = idle | self._remote & (self.pool.control["group_connected"] == 0)
-            need = min(self.min_batch_envs, max(1, self.G - int(idle.sum())) * self.E)
+            need = min(self.min_batch_envs, max(1, self.G - np.count_nonzero(idle)) * self.E)
             if len(ready) * self.E >= need:
                 break
             if deadline is not None and now >= deadline:
@@ -488,17 +492,13 @@ class InferenceLoop:
         """The observations of the batch's rows: one ``np.take`` per field
         into the staging buffer, then to the device."""
         k = len(b.groups)
-        n = k * self.E
         obs = {}
         for key in self._obs_keys:
             # mode="clip": with out= and the default mode="raise", numpy
             # gathers into a temporary and copies that (3x a memcpy for Pong
             # frames); the rows are the allocator's own, always in range.
             np.take(self._flat[key], b.flat, axis=0, out=self._staging_np[key][:k], mode="clip")
-            obs[key[4:] if key != "obs" else ""] = (
-                self._staging[key][:k].reshape((n,) + self._staging[key].shape[2:])
-                .to(self.device, non_blocking=True)
-            )
+            obs[key[4:] if key != "obs" else ""] = self._staged[key][k].to(self.device, non_blocking=True)
         return obs
 
     def _scatter(self, b: _Batch) -> None:
