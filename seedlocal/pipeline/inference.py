@@ -137,23 +137,25 @@ class _Batch:
     """One batch, passed between the phases of ``InferenceLoop.step``: the
     ready groups [k] and, for each, its unroll and row, and whether each of
     its envs' observations starts an episode [k, E]. What the step that
-    produced them ended (``stepped`` [k] groups: their rows ``prev_b``,
-    ``prev_r`` and ``done`` [stepped, E]) is read by ``_plan``; ``steps``
-    counts the env steps answered; ``_act`` adds the policy's answers on the
+    produced them ended (``stepped`` [k] groups: their rows ``prev``, as
+    ``buf * L + row``, and ``done`` [stepped, E]) is read by ``_plan``;
+    ``steps`` counts the env steps answered; ``_act`` adds the batch's own
+    rows as ``buf * L + row`` (``flat``) and the policy's answers on the
     host. One object per batch, no copy per phase."""
 
-    __slots__ = ("groups", "bufs", "rows", "first", "stepped", "prev_b", "prev_r", "done", "steps", "actions",
+    __slots__ = ("groups", "bufs", "rows", "first", "stepped", "prev", "done", "steps", "flat", "actions",
                  "outputs")
 
-    def __init__(self, groups, bufs, rows, first, stepped, prev_b, prev_r, done, steps):
+    def __init__(self, groups, bufs, rows, first, stepped, prev, done, steps):
         self.groups, self.bufs, self.rows, self.first = groups, bufs, rows, first
-        self.stepped, self.prev_b, self.prev_r, self.done, self.steps = stepped, prev_b, prev_r, done, steps
+        self.stepped, self.prev, self.done, self.steps = stepped, prev, done, steps
+        self.flat: np.ndarray | None = None  # [k], set by _act once _rotate moved no group any more
         self.actions: np.ndarray | None = None  # [k * E, ...] and {name: [k * E, ...]}, set by _act
         self.outputs: dict[str, np.ndarray] | None = None
 
     def keep(self, mask: np.ndarray) -> bool:
         """Only the groups where ``mask`` is True stay; whether any does.
-        ``stepped``, ``prev_b``, ``prev_r`` and ``done`` stay as ``_gather``
+        ``stepped``, ``prev`` and ``done`` stay as ``_gather``
         made them: only ``_plan`` reads them, before any group leaves."""
         self.groups, self.bufs, self.rows, self.first = (
             self.groups[mask], self.bufs[mask], self.rows[mask], self.first[mask])
@@ -219,14 +221,26 @@ class InferenceLoop:
         recurrent state of every env (when the policy has one)."""
         pin = self.device.type == "cuda"
         self._obs_keys = self.layout.obs_keys()
-        # Flat [buffers * rows, envs, ...] views so one np.take gathers a batch.
-        self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in self._obs_keys}
+        # Flat [buffers * rows, envs, ...] views of every field a batch reads
+        # or writes, so one index per row (buf * L + row) reaches it: one
+        # np.take gathers a batch's observations, and each other field is one
+        # small read or write rather than a two-array fancy index.
+        fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
+        fields += [f"out.{name}" for name in self.layout.outputs]
+        self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
+        self._flat_version = self.store["policy_version"].reshape(-1)
+        # Group g's env slots, g*E .. g*E + E - 1 (the policy's env_ids).
+        self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)
         self._staging = {
             k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=torch_dtype(self.store[k].dtype),
                            pin_memory=pin)
             for k in self._obs_keys
         }
         self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
+        # What the policy reads of a batch of k groups: views [k * E, ...] of
+        # the staging buffer, made once for every k.
+        self._staged = {key: [None] + [v[:k].reshape((k * self.E,) + v.shape[2:]) for k in range(1, self.G + 1)]
+                        for key, v in self._staging.items()}
         self.core = None
         if self.policy.core_state is not None:
             shape = (self.G, self.E) + self.policy.core_state.shape
@@ -326,15 +340,15 @@ class InferenceLoop:
                 self._resume()
                 unbound = self.unrolls.unbound()
             self._claim()
-            ready = np.flatnonzero(self._owned & ~self._held & ~unbound)
-            now = time.perf_counter()
             # Held, parked, waiting and host-less remote groups cannot become ready:
             # waiting for them would cost a full timeout per batch whenever only a
             # few groups have work.
             idle = self._held | unbound
+            ready = np.flatnonzero(self._owned & ~idle)
+            now = time.perf_counter()
             if self._remote is not None:
                 idle = idle | self._remote & (self.pool.control["group_connected"] == 0)
-            need = min(self.min_batch_envs, max(1, self.G - int(idle.sum())) * self.E)
+            need = min(self.min_batch_envs, max(1, self.G - np.count_nonzero(idle)) * self.E)
             if len(ready) * self.E >= need:
                 break
             if deadline is not None and now >= deadline:
@@ -355,10 +369,12 @@ class InferenceLoop:
             if self.pool.ready[g].try_acquire():
                 self._owned[g] = True
 
-    def _hand_back(self, g: int, state: int) -> None:
+    def _hand_back(self, g: int | np.ndarray, state: int) -> None:
+        """Give group ``g`` (or an array of groups) back to its worker in ``state``."""
         self._owned[g] = False
         self._state[g] = state
-        self.pool.wake[g].post()  # release: publishes the rows written for g
+        for one in np.atleast_1d(g).tolist():
+            self.pool.wake[one].post()  # release: publishes the rows written for it
 
     def step(self) -> int:
         """Serve one batch; returns the number of env steps it answered.
@@ -382,35 +398,39 @@ class InferenceLoop:
         """The ready groups' rows, whether each env's observation starts an
         episode, and the episode ends of the step that produced them (added
         to ``stats.episodes``)."""
-        store, E = self.store, self.E
+        flat, E = self._flat, self.E
         bufs = self._tbuf[ready].astype(np.int64)
         rows = self._trow[ready].astype(np.int64)
         stepped = rows > 0
         # Episode ends and auto-reset flags of the step that produced these obs.
-        prev_b, prev_r = bufs[stepped], rows[stepped] - 1
-        first = np.ones((len(ready), E), bool)  # a fresh unroll's row 0: a reset
-        first[stepped] = starts_episode(store["ignored"][prev_b, prev_r])
-        for i in np.flatnonzero(~stepped):
-            resumed = self.unrolls.take_resume_first(int(ready[i]))
-            if resumed is not None:  # a parked group going on with its episodes
-                first[i] = resumed
-        done = store["terminated"][prev_b, prev_r] | store["truncated"][prev_b, prev_r]
+        prev = (bufs * self.L + rows)[stepped] - 1
+        ignored = flat["ignored"].take(prev, axis=0)
+        n_stepped = len(prev)
+        if n_stepped == len(ready):  # (take made a new array: first is the batch's own)
+            first = starts_episode(ignored)
+        else:
+            first = np.ones((len(ready), E), bool)  # a fresh unroll's row 0: a reset
+            first[stepped] = starts_episode(ignored)
+            for i in np.flatnonzero(~stepped):
+                resumed = self.unrolls.take_resume_first(int(ready[i]))
+                if resumed is not None:  # a parked group going on with its episodes
+                    first[i] = resumed
+        done = flat["terminated"].take(prev, axis=0) | flat["truncated"].take(prev, axis=0)
         if done.any():
-            rets, lens = store["ep_return"][prev_b, prev_r][done], store["ep_length"][prev_b, prev_r][done]
+            rets, lens = flat["ep_return"].take(prev, axis=0)[done], flat["ep_length"].take(prev, axis=0)[done]
             self.stats.episodes.add(rets, lens)
-        n_stepped = int(stepped.sum()) * E
-        self.stats.env_steps += n_stepped
-        return _Batch(ready, bufs, rows, first, stepped, prev_b, prev_r, done, n_stepped)
+        self.stats.env_steps += n_stepped * E
+        return _Batch(ready, bufs, rows, first, stepped, prev, done, n_stepped * E)
 
     def _plan(self, b: _Batch) -> bool:
         """Offer the groups to the policy's ``plan`` with their envs' episode
         ends, returns and lengths; the groups it holds or restarts leave the
         batch. False once none is left."""
-        store, shape = self.store, (len(b.groups), self.E)
+        flat, shape = self._flat, (len(b.groups), self.E)
         done, ret, length = np.zeros(shape, bool), np.zeros(shape, np.float32), np.zeros(shape, np.int32)
         done[b.stepped] = b.done
-        ret[b.stepped] = store["ep_return"][b.prev_b, b.prev_r]
-        length[b.stepped] = store["ep_length"][b.prev_b, b.prev_r]
+        ret[b.stepped] = flat["ep_return"].take(b.prev, axis=0)
+        length[b.stepped] = flat["ep_length"].take(b.prev, axis=0)
         codes = np.asarray(self.policy.plan(b.groups, b.first, done, ret, length))
         if (codes != SERVE).any():
             self._apply_plan(b.groups, codes)
@@ -439,11 +459,12 @@ class InferenceLoop:
         device, the policy, its actions and outputs back on the host (into
         ``b.actions``, ``b.outputs``)."""
         E = self.E
+        b.flat = b.bufs * self.L + b.rows
         core = self._batch_core(b)
         obs = self._stage(b)
         t0 = time.perf_counter()
         flat_core = None if core is None else core.reshape((len(b.groups) * E,) + core.shape[2:])
-        env_ids = (b.groups[:, None] * E + np.arange(E)).ravel()
+        env_ids = self._env_ids[b.groups].ravel()
         actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, b.first.ravel())
         host_actions, host_out = to_host(actions, outputs)
         if host_actions.dtype.kind == "f" and not np.isfinite(host_actions).all():
@@ -471,28 +492,25 @@ class InferenceLoop:
         """The observations of the batch's rows: one ``np.take`` per field
         into the staging buffer, then to the device."""
         k = len(b.groups)
-        n = k * self.E
-        flat_idx = b.bufs * self.L + b.rows
         obs = {}
         for key in self._obs_keys:
-            np.take(self._flat[key], flat_idx, axis=0, out=self._staging_np[key][:k])
-            obs[key[4:] if key != "obs" else ""] = (
-                self._staging[key][:k].reshape((n,) + self._staging[key].shape[2:])
-                .to(self.device, non_blocking=True)
-            )
+            # mode="clip": with out= and the default mode="raise", numpy
+            # gathers into a temporary and copies that (3x a memcpy for Pong
+            # frames); the rows are the allocator's own, always in range.
+            np.take(self._flat[key], b.flat, axis=0, out=self._staging_np[key][:k], mode="clip")
+            obs[key[4:] if key != "obs" else ""] = self._staged[key][k].to(self.device, non_blocking=True)
         return obs
 
     def _scatter(self, b: _Batch) -> None:
         """Actions, outputs and the policy version into the batch's rows; the
         groups move to their next row and go back to their workers."""
-        store, k, E = self.store, len(b.groups), self.E
-        store["action"][b.bufs, b.rows] = b.actions.reshape((k, E) + b.actions.shape[1:])
+        flat, k, E = self._flat, len(b.groups), self.E
+        flat["action"][b.flat] = b.actions.reshape((k, E) + b.actions.shape[1:])
         for name, v in b.outputs.items():
-            store[f"out.{name}"][b.bufs, b.rows] = v.reshape((k, E) + v.shape[1:])
-        store["policy_version"][b.bufs, b.rows] = self.version
+            flat[f"out.{name}"][b.flat] = v.reshape((k, E) + v.shape[1:])
+        self._flat_version[b.flat] = self.version
         self._trow[b.groups] = b.rows + 1
-        for g in b.groups.tolist():
-            self._hand_back(g, ACTION_READY)
+        self._hand_back(b.groups, ACTION_READY)
         self.stats.batches += 1
         self.stats.batch_envs += k * E
 
