@@ -61,14 +61,14 @@ class Acting:
     def __init__(self, policy: Policy, n: int):
         self.policy, self.ids = policy, np.arange(n)
         self.device = policy.device
-        self.first = np.ones(n, bool)
+        self.first, self._later = np.ones(n, bool), np.zeros(n, bool)  # the first step, then every other
         spec = policy.core_state
         self.core = None if spec is None else torch.zeros((n,) + spec.shape, device=self.device)
 
     def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         x = {k: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in obs.items()}
         actions, _, self.core = self.policy.act(x, self.core, self.ids, self.first)
-        self.first = np.zeros_like(self.first)
+        self.first = self._later
         return actions.cpu().numpy()
 
 

@@ -55,9 +55,12 @@ class R2D2Policy(Policy):
                                        device=self.device)}
             self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
 
-    def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start."""
-        hist = self._history(int(ids.max()) + 1)
+    def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor,
+                slots: int | None = None) -> torch.Tensor:
+        """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start. ``slots``:
+        one more than the largest of ``ids`` where the host knows it (``act``: reading it from ``ids`` on a GPU
+        would wait for the device every batch)."""
+        hist = self._history(slots if slots is not None else int(ids.max()) + 1)
         rolled = torch.cat([hist[ids][:, 1:], frames], dim=1)
         fresh = frames.expand(-1, self.stack, -1, -1)
         out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
@@ -74,10 +77,11 @@ class R2D2Policy(Policy):
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
         n = next(iter(obs.values())).shape[0]
-        ids = torch.from_numpy(env_ids if env_ids is not None else np.arange(n)).to(self.device)
+        env_ids = env_ids if env_ids is not None else np.arange(n)
+        ids = torch.from_numpy(env_ids).to(self.device)
         if self.stack > 1:
             starts = first if first is not None else np.zeros(n, bool)
-            obs = {"": self.stacked(obs[""], ids, torch.from_numpy(starts).to(self.device))}
+            obs = {"": self.stacked(obs[""], ids, torch.from_numpy(starts).to(self.device), int(env_ids.max()) + 1)}
         with self.lock.reading():
             q, core = self._step(obs, core)
         u, random = self._draws(q.shape[0], q.shape[1])
