@@ -81,3 +81,28 @@ def test_the_learning_bench_batch_is_whole_groups_and_enough_unrolls_for_an_lstm
     assert learning_batch(VTraceParams(batch_size=4), pipe)[0] == 4  # the preset's own: whole groups
     assert learning_batch(VTraceParams(batch_size=5, minibatches=8), pipe)[0] == 4  # the nearest whole groups
     assert learning_batch(VTraceParams(batch_size=5, minibatches=8), pipe, lstm_size=16)[0] == 8  # 8 unrolls
+
+
+def test_raw_ceiling_sweeps_envpools_own_settings_at_each_thread_count():
+    from seedlocal.measure.raw import ceiling_grid
+
+    r, text = bench("--env", "CartPole-v1", "--raw-ceiling", "--env-threads", "2", "--envs-per-worker", "16",
+                    "--seconds", "0.05", "--warmup", "0.02")
+    assert [p["threads"] for p in r["per_threads"]] == [1, 2]
+    for p in r["per_threads"]:
+        # Every setting of envpool's recipe at that thread count measured, best first.
+        assert len(p["rows"]) == len(ceiling_grid(p["threads"]))
+        assert p["best"] == max(p["rows"], key=lambda row: row["steps_per_s"])
+        assert all(row["threads"] == p["threads"] for row in p["rows"])
+        assert abs(p["bench_best_over_ceiling"] - max(p["bench_kinds"].values()) / p["best"]["steps_per_s"]) < 1e-9
+    # One thread: the two half pools would run two threads, so they are not compared there.
+    assert "two_groups" not in r["per_threads"][0]["bench_kinds"]
+    assert "two_groups" in r["per_threads"][1]["bench_kinds"]
+    assert r["ceiling_steps_per_s"] == r["per_threads"][-1]["best"]["steps_per_s"]
+    assert "scaling from 1 to 2 threads" in text
+
+
+def test_raw_ceiling_refuses_the_modes_that_measure_the_pipeline(capsys):
+    code = main(["bench", "--env", "CartPole-v1", "--raw-ceiling", "--transport-only"])
+    assert code == 2
+    assert "drop --transport-only" in capsys.readouterr().err

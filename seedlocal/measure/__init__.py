@@ -19,6 +19,10 @@ def main(cfg) -> dict:
         from seedlocal.measure.autotune import autotune
 
         return autotune(cfg, spec)
+    if cfg.raw_ceiling:
+        from seedlocal.measure.bench import run_ceiling
+
+        return run_ceiling(cfg, spec, pipe_cfg)
     if cfg.bridge:
         from seedlocal.measure.bridge import run_bridge_bench
 

@@ -15,6 +15,9 @@ share the cores:
 - with ``--learning``, the real V-trace learner on the pipeline (the sizes
   of the env's training preset unless given), for the same seconds.
 
+``--raw-ceiling`` checks that limit: envpool's own best settings at the same
+threads (``raw.ceiling``), and how raw envpool scales per thread.
+
 ``--transport-only`` replaces environments with a null backend: the ceiling
 of the shared-memory transport. ``--autotune`` tries a bounded set of worker,
 env and batch settings and writes the best to a file that ``seedlocal train
@@ -42,7 +45,7 @@ from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device, validate_pipeline
 from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError
-from seedlocal.measure.raw import RawEnvpool
+from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.shape import pipeline_shape
 
 
@@ -86,6 +89,9 @@ class BenchConfig:
     """try a bounded set of worker/env/batch settings (~2 minutes) and write the best to --pipeline-out"""
     pipeline_out: str = "pipeline.json"
     """where --autotune writes the chosen settings (load them with seedlocal train --pipeline-config FILE)"""
+    raw_ceiling: bool = False
+    """raw envpool only: envpool's own best settings (async, batch_size ~ threads, num_envs 2-3 x batch,
+    pinned or not) at 1, 2, 4 ... --env-threads threads, against the three kinds every ratio divides by"""
 
 
 def training_model(spec, device: torch.device):
@@ -254,6 +260,11 @@ def check(cfg: BenchConfig):
         check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
     if cfg.rounds < 1:
         raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
+    if cfg.raw_ceiling:
+        others = [f"--{n.replace('_', '-')}" for n in ("transport_only", "learning", "bridge", "autotune")
+                  if getattr(cfg, n)]
+        if others:
+            raise ConfigError(f"bench.raw_ceiling measures raw envpool alone: drop {', '.join(others)}")
     if cfg.bridge_delay_ms and not cfg.bridge:
         raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: only with --bridge")
     if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
@@ -344,3 +355,52 @@ def _detail(p: dict) -> str:
     return (f"batch {p['mean_batch']:.0f} (waits for {p['min_batch']}), collect p50 {p['collect_ms_p50']:.2f} ms, "
             f"fwd {p['forward_ms_per_batch']:.2f} ms, workers wait {p['worker_wait_share']:.0%} / "
             f"in env {p['worker_env_share']:.0%}")
+
+
+def thread_counts(most: int) -> list[int]:
+    """1, 2, 4 ... and ``most`` itself: the thread counts ``--raw-ceiling`` measures."""
+    counts, t = [], 1
+    while t < most:
+        counts.append(t)
+        t *= 2
+    return counts + [most]
+
+
+def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
+    """Raw envpool's best over envpool's own settings, per thread count, against
+    the best of the bench's three kinds at the pipeline's env count (the limit
+    every other ratio divides by): is that limit the machine's, or the bench's?"""
+    if spec.backend != "envpool":
+        raise ConfigError(f"bench.raw_ceiling: {cfg.env} is not an envpool env (backend {spec.backend})")
+    n = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
+    most = cfg.env_threads or os.cpu_count() or 1
+    per_threads = []
+    for t in thread_counts(most):
+        rows = ceiling(cfg.env, spec, t, min(0.5, cfg.warmup), cfg.seconds)
+        with RawEnvpool(cfg.env, spec, n, t) as raw:
+            kinds = raw.measure(min(0.5, cfg.warmup), cfg.seconds)
+        if t < 2:  # two_groups gives each half pool max(1, t // 2) threads: two, not t, below 2
+            kinds.pop("two_groups")
+        per_threads.append({"threads": t, "best": rows[0], "rows": rows, "bench_kinds": kinds,
+                            "bench_best_over_ceiling": max(kinds.values()) / rows[0]["steps_per_s"]})
+    one = per_threads[0]["best"]["steps_per_s"]
+    top = per_threads[-1]
+    result = {"env": cfg.env, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count(), "envs": n,
+              "per_threads": per_threads,
+              "ceiling_steps_per_s": top["best"]["steps_per_s"],
+              "bench_raw_best_steps_per_s": max(top["bench_kinds"].values()),
+              "bench_best_over_ceiling": top["bench_best_over_ceiling"],
+              # Scaling from one thread to all of them: 1.0 is linear.
+              "scaling_efficiency": top["best"]["steps_per_s"] / (one * top["threads"])}
+    print(f"\n{cfg.env}: raw envpool, envpool's own settings against the bench's kinds at {n} envs, "
+          f"{cfg.seconds:g}s each")
+    print(f"{'threads':>7s} {'best steps/s':>13s} {'num_envs':>8s} {'batch':>5s} {'pinned':>6s} "
+          f"{'bench kinds best':>16s} {'bench/best':>10s}")
+    for r in per_threads:
+        b = r["best"]
+        print(f"{r['threads']:7d} {b['steps_per_s']:13,.0f} {b['num_envs']:8d} {b['batch_size']:5d} "
+              f"{'yes' if b['thread_affinity_offset'] >= 0 else 'no':>6s} {max(r['bench_kinds'].values()):16,.0f} "
+              f"{r['bench_best_over_ceiling']:10.3f}")
+    print(f"scaling from 1 to {top['threads']} threads: {result['scaling_efficiency']:.2f} of linear")
+    print(json.dumps(result, default=float))
+    return result
