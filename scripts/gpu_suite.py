@@ -28,10 +28,19 @@ Steps (``--print-steps`` lists them with their commands):
   bench_learning[_graphs]  the same with --learning: ratio_learning >= 0.8
   bench_transport        --transport-only on CartPole-v1 (512 envs): >= 1M steps/s
   bench_transport_pong   --transport-only with Pong's observations (figure only)
+  raw_ceiling            seedlocal bench --raw-ceiling: envpool's own best settings at 1, 2, 4 ... all threads
+                         against bench_model's raw kinds (bench_best_over_ceiling >= 0.95), and the per-thread scaling
   population_forward     scripts/bench_population.py --network nature, P = 256 (forward only: the script
                          refuses --part train for nature); its steps/s ceiling against bench_model's raw Pong
   population_train       scripts/bench_population.py --part train (GA, CartPole MLPs, P = 256): >= 0.8 x raw
-  train_vtrace / train_r2d2 / train_ga   60-second smoke runs on Pong-v5: summary.json and last progress line
+  train_vtrace / train_r2d2 / train_ga   60-second runs on Pong-v5 at the machine-sized presets: summary.json,
+                         the last progress line, frames/s over bench_model's raw (issue 33's targets: V-trace >= 0.75
+                         and >= 70K frames/s, R2D2 >= 0.5, GA >= 0.75 with P >= 256)
+
+and, in a third call of the same length, the peer: CleanRL's ppo_atari_envpool.py for the same seconds
+(``scripts/peer_cleanrl_atari.py``; carry ``.peer`` too, made by ``scripts/peer_cleanrl_prepare.sh``):
+
+    ... && bash scripts/gpu_suite.sh --peer $OUT
 
 Written under the output folder (few files: the device machine sends back at
 most 8): ``results.jsonl`` (one JSON object per step: name, command, status,
@@ -81,6 +90,12 @@ REQUIRED = {
 }
 OPTIONAL = {"matplotlib": "--curve's PNG (CSV only without it)", "PIL": "seedlocal eval --video",
             "pytest_timeout": "pytest's timeout = 600 in pyproject.toml"}
+
+# Issue 33's targets for the trainers as a user runs them on a 16-core GPU box (machine-sized presets):
+# frames/s over bench_model's best raw envpool frames/s on the same box.
+TRAIN_TARGETS = {"vtrace": [("over_raw", ">=", 0.75), ("frames_per_s", ">=", 70_000)],
+                 "r2d2": [("over_raw", ">=", 0.5)],
+                 "ga": [("over_raw", ">=", 0.75), ("population", ">=", 256)]}
 
 TARGET_OPS = {">=": lambda v, t: v >= t, "==": lambda v, t: v == t, "<=": lambda v, t: v <= t}
 
@@ -215,6 +230,37 @@ def train_figures(rec: dict, ctx: dict) -> dict:
     return f
 
 
+def over_raw_figures(rec: dict, ctx: dict) -> dict:
+    """A trainer's frames/s (summary.json: its whole run, start-up included) over bench_model's best raw
+    envpool frames/s on the same box, with the run's population where it has one."""
+    f = train_figures(rec, ctx)
+    s = rec.get("summary") or {}
+    if s.get("population"):
+        f["population"] = s["population"]
+    raw = _last_json(ctx.get("bench_model", {}))
+    if f.get("frames_per_s") and raw.get("raw_best_steps_per_s"):
+        f["raw_best_frames_per_s"] = raw["raw_best_steps_per_s"] * raw.get("frames_per_step", 1)
+        f["over_raw"] = f["frames_per_s"] / f["raw_best_frames_per_s"]
+    return f
+
+
+def ceiling_figures(rec: dict, ctx: dict) -> dict:
+    j = _last_json(rec)
+    f = _pick(j, ("ceiling_steps_per_s", "bench_raw_best_steps_per_s", "bench_best_over_ceiling",
+                  "scaling_efficiency", "envs"))
+    for r in j.get("per_threads") or []:
+        f[f"best_steps_per_s_{r['threads']}t"] = r["best"]["steps_per_s"]
+    if j.get("per_threads"):
+        b = j["per_threads"][-1]["best"]
+        f["best_setting"] = f"num_envs {b['num_envs']}, batch {b['batch_size']}, affinity {b['thread_affinity_offset']}"
+    return f
+
+
+def peer_figures(rec: dict, ctx: dict) -> dict:
+    return _pick(_last_json(rec), ("status", "sps", "frames_per_s", "frames", "games", "return_mean20",
+                                   "reached_target_minutes", "reached_target_frames", "minutes"))
+
+
 def curve_figures(rec: dict, ctx: dict) -> dict:
     return _pick(_last_json(rec), ("points", "final_return_mean20", "best_return_mean20", "final_frames",
                                    "final_minutes", "reached_target_minutes", "reached_target_frames", "csv", "png",
@@ -252,10 +298,28 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
                      targets=[("best_return_mean20", ">=", a.curve_target)],
                      show=("final_return_mean20", "final_minutes", "reached_target_minutes", "png_note"))]
 
+    if a.peer:
+        seconds = a.curve_seconds or (8 if dry else 520)
+        overhead = 5 if dry else 15
+
+        def peer_cmd(t):
+            # CleanRL's defaults as they are; on the CPU (dry run) --no-cuda, CleanRL's own flag.
+            s = max(1.0, min(seconds, t - overhead))
+            return [PY, "scripts/peer_cleanrl_atari.py", "--seconds", f"{s:g}", "--target", f"{a.curve_target:g}",
+                    "--log-dir", str(runs / "peer"), "--", "--env-id", a.env or "Pong-v5",
+                    *(["--no-cuda"] if dry else [])]
+
+        return [probe, Step("peer_cleanrl", peer_cmd, timeout=seconds + overhead, min_s=overhead + 2,
+                            figures=peer_figures, targets=[("return_mean20", ">=", a.curve_target)],
+                            show=("frames_per_s", "games", "return_mean20", "reached_target_minutes"),
+                            note="CleanRL's ppo_atari_envpool.py, unmodified, behind the envpool 1.x shim; "
+                                 "compare with --curve's run of the same seconds on the same box")]
+
     if dry:  # tiny sizes: the mechanics, not the figures
         b_model = ["--envs-per-worker", "16", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
         b_learn = ["--learning", "--skip-model", "--seconds", "0.5", "--warmup", "0.5", "--rounds", "1"]
         b_trans = ["--envs-per-worker", "64", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
+        b_ceiling = ["--env-threads", "2", "--envs-per-worker", "16", "--seconds", "0.05", "--warmup", "0.02"]
         graphs: list[str] = []  # --cuda-graphs needs a CUDA device: the dry run runs these steps without it
         pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "-q",
                   "tests/test_cuda.py"]
@@ -271,6 +335,8 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         b_model = ["--seconds", "1.5", "--warmup", "1", "--rounds", "2"]
         b_learn = ["--learning", "--skip-model", "--seconds", "3", "--warmup", "3", "--rounds", "1"]
         b_trans = ["--seconds", "2", "--warmup", "1", "--rounds", "2"]
+        # 12 of envpool's settings at 1, 2, 4, 8 and all threads, 0.8 s each: about 80 s on 16 cores.
+        b_ceiling = ["--num-workers", "2", "--envs-per-worker", "64", "--seconds", "0.6", "--warmup", "0.2"]
         graphs = ["--cuda-graphs"]
         # --timeout: a hung test fails alone instead of eating the step (and every count) at pyproject's 600 s.
         # -v: each test's name and outcome as it ends, so a step cut off by the budget still says which failed
@@ -334,6 +400,14 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         steps.append(Step("bench_transport_pong", lambda t: [*bench, "--env", env, "--transport-only", *b_trans, *more],
                           timeout=t_small, min_s=15, figures=bench_figures(trans_keys),
                           show=("transport_steps_per_s", "transport_batches_per_s", "collect_ms_p50")))
+    # Issue 33, item 4: is bench_model's raw limit envpool's real ceiling here, or a setting the bench chose?
+    steps.append(Step("raw_ceiling", lambda t: [*SEEDLOCAL, "bench", "--env", env, "--raw-ceiling",
+                                                 *(["--env-threads", cores] if not dry else []), *b_ceiling],
+                      timeout=t_small + (0 if dry else 60), min_s=m_bench, figures=ceiling_figures,
+                      targets=[("bench_best_over_ceiling", ">=", 0.95)],
+                      show=("ceiling_steps_per_s", "bench_raw_best_steps_per_s", "scaling_efficiency", "best_setting"),
+                      note="envpool's own settings (async, batch ~ threads, num_envs 2-3 x batch, pinned or not) "
+                           "against the bench's three kinds, per thread count"))
     pop = [PY, "scripts/bench_population.py", "--device", dev]
     steps.append(Step("population_forward", lambda t: [*pop, *pop_fwd], timeout=t_small, min_s=m_bench,
                       figures=population_forward_figures, targets=[("forward_over_raw", ">=", 0.8)],
@@ -361,10 +435,11 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
 
         # The dry run's GA ends at its first generation (a few seconds of CartPole); the cap is room for a slow machine.
         steps.append(Step(f"train_{algo}", cmd, timeout=t_train + (26 if dry and algo == "ga" else 0), min_s=m_train,
-                          figures=train_figures,
+                          figures=over_raw_figures, targets=[] if dry else TRAIN_TARGETS[algo],
                           run_dir=log_dir,
-                          show=("status", "steps", "frames_per_s", "episodes", "mean_return_last20",
-                                "eval_return_last20", "best_member_return", "generations")))
+                          show=("status", "steps", "frames_per_s", "over_raw", "population", "episodes",
+                                "mean_return_last20", "eval_return_last20", "best_member_return", "generations"),
+                          note="over_raw: the run's frames/s, start-up included, over bench_model's raw envpool"))
     return steps
 
 
@@ -619,7 +694,7 @@ def run_suite(a: argparse.Namespace) -> int:
     except OSError as e:
         print(f"gpu_suite: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
         return 2
-    mode = "curve" if a.curve else "suite"
+    mode = "curve" if a.curve else "peer" if a.peer else "suite"
     print(f"gpu_suite: {mode}{' (CPU dry run)' if a.cpu_dry_run else ''}, {len(steps)} steps, budget {a.budget:g} s; "
           f"results {runner.results_path}, log {runner.log_path}", flush=True)
     runner.write_log(f"gpu_suite {mode}: {' '.join(map(shlex.quote, sys.argv))}\nbudget {a.budget:g} s, "
@@ -800,13 +875,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-runs", action="store_true", help="keep the trainers' run folders under OUT/runs")
     p.add_argument("--grace", type=float, default=None,
                    help="seconds a timed-out step gets to exit after SIGTERM (default 10; 3 in the dry run)")
+    p.add_argument("--peer", action="store_true",
+                   help="the peer instead: CleanRL's ppo_atari_envpool.py for --curve-seconds on the same box "
+                        "(scripts/peer_cleanrl_atari.py; .peer/ made by scripts/peer_cleanrl_prepare.sh)")
     p.add_argument("--curve-seconds", type=float, default=0.0,
-                   help="--curve: training seconds (default 520, shortened to fit the budget)")
+                   help="--curve, --peer: training seconds (default 520, shortened to fit the budget)")
     p.add_argument("--curve-target", type=float, default=18.0, help="--curve: return to reach (default 18)")
     p.add_argument("--bench-args", default="", help="extra options for every seedlocal bench step, e.g. "
                                                     "'--num-workers 2 --envs-per-worker 64'")
     p.add_argument("--print-steps", action="store_true", help="print each step's command as JSON and exit")
     a = p.parse_args(argv)
+    if a.curve and a.peer:
+        p.error("--curve and --peer are two calls: the same seconds each, one after the other")
     if not a.budget > 0 or not math.isfinite(a.budget):
         p.error(f"--budget {a.budget!r}: must be positive")
     code = run_suite(a)

@@ -121,11 +121,16 @@ def test_cpu_dry_run_writes_one_json_line_per_step_within_its_budget(tmp_path):
 
 
 def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
-    r = _run("--cpu-dry-run", "--budget", "100", "--only", "learner_precision,bench_transport,population_forward,train_ga",
+    r = _run("--cpu-dry-run", "--budget", "100", "--only",
+             "learner_precision,bench_transport,raw_ceiling,population_forward,train_ga",
              str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     recs = {rec["name"]: rec for rec in _records(tmp_path)}
-    assert list(recs) == ["env", "learner_precision", "bench_transport", "population_forward", "train_ga"]
+    assert list(recs) == ["env", "learner_precision", "bench_transport", "raw_ceiling", "population_forward",
+                          "train_ga"]
+    ceiling = recs["raw_ceiling"]["figures"]  # issue 33, item 4: envpool's own best against the bench's limit
+    assert ceiling["ceiling_steps_per_s"] > 0 and ceiling["bench_best_over_ceiling"] > 0
+    assert {"best_steps_per_s_1t", "best_steps_per_s_2t"} <= set(ceiling)
     precision = recs["learner_precision"]["figures"]  # what decides --algo.precision auto on a GPU
     assert set(precision["learn_s"]) == {"fp32", "bf16"} and precision["fastest"] in precision["learn_s"]
     assert all(v > 0 for v in precision["learn_s"].values())
@@ -137,6 +142,7 @@ def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
     ga = recs["train_ga"]
     assert ga["summary"]["status"] == "done" and ga["summary"]["algo"] == "ga"
     assert ga["progress"].startswith("gen") and ga["figures"]["generations"] >= 1
+    assert ga["figures"]["population"] == ga["summary"]["population"] >= 2
     assert not (tmp_path / "runs").exists()  # read into results.jsonl, then pruned
 
 
@@ -152,3 +158,90 @@ def test_the_gpu_curve_is_the_command_a_user_types(tmp_path):
     i = cmd.index("train")
     assert cmd[i:i + 4] == ["train", "vtrace", "--env.id", "Pong-v5"]
     assert [c for c in cmd[i + 4:] if c.startswith("--")] == ["--seconds", "--log-dir"], cmd
+
+
+def test_the_trainers_frames_per_s_are_compared_with_raw_envpool_on_the_same_box(tmp_path):
+    """Issue 33's throughput targets: each trainer's frames/s over bench_model's raw envpool frames/s."""
+    import argparse
+
+    suite = _suite_module()
+    a = argparse.Namespace(curve=False, peer=False, cpu_dry_run=False, env="", bench_args="", curve_target=18.0)
+    steps = {s.name: s for s in suite.build_steps(a, tmp_path)}
+    assert "raw_ceiling" in steps and "--raw-ceiling" in steps["raw_ceiling"].argv(100)
+    ctx = {"bench_model": {"json": [{"raw_best_steps_per_s": 20_000.0, "frames_per_step": 4}]}}
+    rec = {"summary": {"status": "done", "frames": 3_000_000, "seconds": 60.0, "population": 256}}
+    f = steps["train_ga"].figures(rec, ctx)
+    assert f["frames_per_s"] == 50_000 and f["raw_best_frames_per_s"] == 80_000 and f["over_raw"] == 0.625
+    assert f["population"] == 256
+    assert {t[0] for t in steps["train_vtrace"].targets} == {"over_raw", "frames_per_s"}
+    assert steps["train_r2d2"].targets == [("over_raw", ">=", 0.5)]
+
+
+def test_the_peer_is_cleanrls_script_for_the_curves_seconds(tmp_path):
+    import argparse
+
+    suite = _suite_module()
+    a = argparse.Namespace(curve=False, peer=True, cpu_dry_run=False, env="", curve_seconds=240.0, curve_target=18.0)
+    steps = suite.build_steps(a, tmp_path)
+    assert [s.name for s in steps] == ["env", "peer_cleanrl"]
+    cmd = steps[1].argv(400.0)
+    assert cmd[1] == "scripts/peer_cleanrl_atari.py" and cmd[cmd.index("--seconds") + 1] == "240"
+    assert cmd[cmd.index("--") + 1:] == ["--env-id", "Pong-v5"]  # CleanRL's own defaults otherwise
+
+
+def test_the_peer_without_cleanrls_script_says_how_to_get_it(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_cleanrl_atari.py"), "--seconds", "5",
+                        "--script", str(tmp_path / "absent.py")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "scripts/peer_cleanrl_prepare.sh" in r.stderr
+
+
+def test_the_peer_shim_gives_envpool_1x_pools_the_old_gym_api():
+    """What CleanRL's script calls, on a real envpool pool through the shim: reset -> observations,
+    step -> four values, gym.Wrapper passing calls and attributes through, gym.spaces = Gymnasium's."""
+    import envpool
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("peer_cleanrl_atari", ROOT / "scripts" / "peer_cleanrl_atari.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    make = envpool.make
+    saved_gym = sys.modules.get("gym")
+    try:
+        peer.install_shim()
+        import gym
+
+        env = envpool.make("CartPole-v1", env_type="gym", num_envs=3)
+        wrapped = gym.Wrapper(env)
+        obs = wrapped.reset()
+        assert obs.shape == (3, 4)
+        out = wrapped.step(np.zeros(3, int))
+        assert len(out) == 4 and out[2].dtype == bool and "env_id" in out[3]
+        assert isinstance(wrapped.action_space, gym.spaces.Discrete)
+        env.num_envs = 3  # the script sets attributes on the pool
+        assert wrapped.num_envs == 3
+        gymnasium_pool = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=2)
+        assert len(gymnasium_pool.step(np.zeros(2, int))) == 5  # other env types untouched
+    finally:
+        envpool.make = make
+        if saved_gym is None:
+            sys.modules.pop("gym", None)
+        else:
+            sys.modules["gym"] = saved_gym
+
+
+def test_the_peer_reads_cleanrls_console_lines():
+    spec = importlib.util.spec_from_file_location("peer_cleanrl_atari", ROOT / "scripts" / "peer_cleanrl_atari.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    import io
+
+    watch = peer.Watch(io.StringIO(), frames_per_step=4, target=18.0, t0=time.monotonic())
+    for i in range(25):
+        watch.write(f"global_step={1000 * (i + 1)}, episodic_return={-21 if i < 5 else 19}\n")
+    watch.write("SPS: 1")
+    watch.write("234\n")
+    r = watch.result("done")
+    assert r["sps"] == 1234 and r["frames_per_s"] == 4936 and r["games"] == 25
+    assert r["return_mean20"] == 19 and r["frames"] == 100_000
+    assert r["reached_target_frames"] == 4 * 25_000  # 20 games of 19 first at the 25th

@@ -508,7 +508,7 @@ class NeuroevoTrainer(Trainer):
                 "steps": frames // self.frames_per_step, "frames": frames, "episodes": c["episodes"] + more_episodes,
                 "best_member_return": best if math.isfinite(best) else None,
                 "frames_per_s": round((self.frames_run + more_frames) / gen_s, 1) if gen_s else None,
-                "forward": self.population.forward.strategy,
+                "forward": self.population.forward.strategy, "population": self.cfg.algo.population_size,
                 **{k: run.summary.get(k) for k in ("generations_to_target", "steps_to_target", "frames_to_target")}}
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
