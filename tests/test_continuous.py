@@ -262,3 +262,28 @@ def test_mujoco_presets_take_the_survival_bonus_out_of_the_fitness_only(algo):
     shifts = {env: fitness_shift(cfg, SimpleNamespace(env_id=env))
               for env in ("Hopper-v5", "Humanoid-v4", "HalfCheetah-v5", "Pendulum-v1")}
     assert shifts == {"Hopper-v5": 1.0, "Humanoid-v4": 5.0, "HalfCheetah-v5": 0.0, "Pendulum-v1": 0.0}
+
+
+def test_categorical_samples_follow_the_softmax_without_multinomial(monkeypatch):
+    """The Gumbel-max sample: frequencies over 200k draws match softmax(logits) within 4 standard errors,
+    an action ~40 logits below the rest is never drawn, and torch.multinomial (which checks its input on
+    the host: a GPU wait per batch) is not called."""
+    from seedlocal.algos.distributions import Categorical
+
+    def no_multinomial(*a, **k):
+        raise AssertionError("sampling called torch.multinomial")
+
+    monkeypatch.setattr(torch, "multinomial", no_multinomial)
+    torch.manual_seed(0)
+    logits = torch.tensor([0.0, 1.0, -1.0, 2.0, -40.0])
+    n = 200_000
+    actions = Categorical.sample(logits.expand(n, -1))
+    assert actions.shape == (n,) and actions.dtype == torch.long
+    freq = torch.bincount(actions, minlength=5).double() / n
+    p = torch.softmax(logits.double(), -1)
+    se = (p * (1 - p) / n).sqrt()
+    assert ((freq - p).abs() <= 4 * se + 1e-12).all(), (freq, p)
+    assert freq[4] == 0
+    # bf16 logits (autocast's output) sample too, and rows are independent
+    rows = Categorical.sample(torch.zeros(1000, 3, dtype=torch.bfloat16))
+    assert set(rows.tolist()) == {0, 1, 2}

@@ -40,7 +40,13 @@ class Categorical:
 
     @staticmethod
     def sample(params: Tensor) -> Tensor:
-        return torch.multinomial(torch.softmax(params, dim=-1), 1).squeeze(-1)
+        """One action per row, by the Gumbel-max trick: the argmax of the logits plus Gumbel noise is
+        distributed as softmax(logits). Unlike ``torch.multinomial`` it neither validates its input on the
+        host nor makes a probability tensor: on a GPU the inference loop's sampling never waits for the
+        device, and a CUDA graph can hold it. Uniforms are clamped away from 0 so the noise stays finite
+        (at most about 16.6 in float32, so a logit ``ILLEGAL``-far below the others is never chosen)."""
+        u = torch.rand(params.shape, device=params.device).clamp_(min=torch.finfo(torch.float32).tiny)
+        return (params.float() - torch.log(-torch.log(u))).argmax(-1)
 
     @staticmethod
     def mode(params: Tensor) -> Tensor:

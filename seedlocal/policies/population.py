@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.func import functional_call, vmap
 
+from seedlocal.algos.distributions import Categorical
 from seedlocal.networks import PolicyNet, as_float, flatten_obs
 from seedlocal.normalize import RunningNorm, merge_moments, normalise
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
@@ -312,7 +313,7 @@ def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noi
         return out if not action_noise else out + action_noise * torch.randn_like(out)
     if greedy:
         return out.argmax(-1)
-    return torch.multinomial(torch.softmax(out, -1), 1).squeeze(-1)
+    return Categorical.sample(out)
 
 
 class MemberPolicy(Policy):
