@@ -106,3 +106,19 @@ def test_raw_ceiling_refuses_the_modes_that_measure_the_pipeline(capsys):
     code = main(["bench", "--env", "CartPole-v1", "--raw-ceiling", "--transport-only"])
     assert code == 2
     assert "drop --transport-only" in capsys.readouterr().err
+
+
+def test_frame_stack_sets_what_raw_envpool_and_the_transport_carry():
+    """Issue 33, item 3: the transport's cost per batch with single Atari frames against envpool's stack of 4."""
+    one, text = bench("--env", "Pong-v5", "--transport-only", "--frame-stack", "1", "--envs-per-worker", "4", *FAST)
+    four, _ = bench("--env", "Pong-v5", "--transport-only", "--envs-per-worker", "4", *FAST)
+    assert one["frame_stack"] == 1 and one["obs_bytes_per_env"] * 4 == four["obs_bytes_per_env"] == 4 * 84 * 84
+    assert one["transport_steps_per_s"] > 0
+    raw, _ = bench("--env", "Pong-v5", "--raw-ceiling", "--frame-stack", "1", "--env-threads", "1",
+                   "--envs-per-worker", "2", "--seconds", "0.05", "--warmup", "0.02")
+    assert raw["ceiling_steps_per_s"] > 0
+
+
+def test_frame_stack_is_refused_where_the_env_must_be_trainings(capsys):
+    assert main(["bench", "--env", "Pong-v5", "--learning", "--frame-stack", "1"]) == 2
+    assert "bench.frame_stack=1" in capsys.readouterr().err

@@ -70,6 +70,9 @@ class BenchConfig:
     """envpool threads in total, the same for raw and pipeline; 0 = one per core"""
     transport_only: bool = False
     """skip environments entirely: measure the slot transport ceiling"""
+    frame_stack: int = 0
+    """envpool's frames per Atari observation, for raw envpool and the pipeline alike (0 = the env's own, 4;
+    1 = single frames, as R2D2's Atari preset stores them and stacks them beside the network)"""
     min_batch_envs: int = 0
     """see pipeline.min_batch_envs (0 = half of all envs)"""
     batch_timeout_ms: float = 2.0
@@ -119,7 +122,7 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         apply_precision(precision, device)
         return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs)
 
-    with Pipeline(EnvConfig(id=cfg.env, backend=backend), pipe_cfg, make_policy) as pipe:
+    with Pipeline(EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack), pipe_cfg, make_policy) as pipe:
         pipe.loop.run(cfg.warmup)
         pipe.loop.stats.collect_s.clear()
         raws, pipes, ratios, totals, threads = _alternate(cfg, pipe, raw)
@@ -272,7 +275,10 @@ def check(cfg: BenchConfig):
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")
-    spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
+    if cfg.frame_stack and (cfg.learning or cfg.bridge or cfg.autotune):
+        raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: the raw, transport and policy rows only (the "
+                          "learner, the bridge and --autotune run the env as training does)")
+    spec = validate_env(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), id_field="bench.env")
     workers, envs, unroll = _sizes(cfg, spec)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
                               device=cfg.device, cuda_graphs=cfg.cuda_graphs, min_batch_envs=cfg.min_batch_envs,
@@ -290,7 +296,9 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
-              "env_threads": threads, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count(),
+              "env_threads": threads, "frames_per_step": spec.frames_per_step, "frame_stack": cfg.frame_stack,
+              "obs_bytes_per_env": int(sum(np.prod(o.shape) * np.dtype(o.dtype).itemsize for o in spec.obs.values())),
+              "cpu_count": os.cpu_count(),
               "cuda_graphs": cfg.cuda_graphs}
 
     if cfg.transport_only:

@@ -46,14 +46,17 @@ class RawEnvpool:
     def __init__(self, env_id: str, spec, n: int, threads: int):
         import envpool
 
+        from seedlocal.envs.envpool_group import stack_kw
+
+        kw = stack_kw(spec.frame_stack)
         self.n, self.half = n, n // 2
-        self.sync = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads)
+        self.sync = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads, **kw)
         self.sync.reset()
         self.async_env = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=self.half,
-                                      num_threads=threads)
+                                      num_threads=threads, **kw)
         self.async_env.async_reset()
         self.groups = [envpool.make(env_id, env_type="gymnasium", num_envs=self.half,
-                                    num_threads=max(1, threads // 2)) for _ in range(2)]
+                                    num_threads=max(1, threads // 2), **kw) for _ in range(2)]
         for g in self.groups:
             g.async_reset()
         rng = np.random.default_rng(0)
@@ -148,8 +151,10 @@ def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affi
                 warmup: float, seconds: float) -> float:
     import envpool
 
+    from seedlocal.envs.envpool_group import stack_kw
+
     env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch, num_threads=threads,
-                       thread_affinity_offset=affinity)
+                       thread_affinity_offset=affinity, **stack_kw(spec.frame_stack))
     acts = _raw_actions(spec, batch, np.random.default_rng(0))
     env.async_reset()
     try:
