@@ -43,8 +43,9 @@ class EvalConfig:
     """R2D2 checkpoints: chance of a random action when acting as trained (greedy otherwise)"""
     seed: int = 12345
     """env seed (different from training's by default)"""
-    device: str = "cpu"
-    """where the network runs"""
+    device: str = "auto"
+    """where the network runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N (as train's
+    --pipeline.device)"""
 
 
 def policy_of(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> Policy:
