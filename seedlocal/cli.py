@@ -32,6 +32,9 @@ USAGE_TAIL = """
                        sizes for this machine and writes them for train --pipeline-config FILE
   actors               step envs for a learner on another host (train ... --bridge.listen
                        HOST:PORT --bridge.remote-envs N); see docs/multihost.md
+
+From Python: seedlocal.train(ALGO, **options) -> Summary, seedlocal.evaluate(CHECKPOINT, ...);
+the options as keywords, a group as a dict: network={"hidden": (64,)} (README, "From Python").
 """
 SIZED = (" The preset's sizes follow this machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); "
          "--no-machine-sizing keeps them as the preset has them.")
@@ -111,10 +114,22 @@ def _preset_cli(argv: list[str], fam):
     explicitly override them all."""
     import tyro
 
-    from seedlocal.errors import ConfigError
     from seedlocal.families import TABLE
 
-    argv = _renamed(argv)
+    default, args, saved, counters = preset_default(_renamed(argv), fam)
+    description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
+                   + " (each chosen by itself for an --env.id of its kind)." + SIZED + TUNED)
+    cfg = tyro.cli(fam.run, args=args, default=default, prog=f"seedlocal train {fam.name}", description=description)
+    return check_resume(cfg, saved, counters)
+
+
+def preset_default(argv: list[str], fam) -> tuple[object, list[str], object | None, dict | None]:
+    """What a train command's options apply to: the preset (``--preset``, or the one the env's kind picks)
+    sized for this machine, or with ``--resume`` the run's saved config; then ``--pipeline-config``. Returns it,
+    the options left for the parser, and the resumed run's saved config and counters (None for a new run), for
+    ``check_resume``. The Python API (``seedlocal/api.py``) passes its keyword overrides here as options."""
+    from seedlocal.errors import ConfigError
+
     default, args = _pop_preset(argv, fam.presets)
     sizing = "--no-machine-sizing" not in args
     args = [a for a in args if a != "--no-machine-sizing"]
@@ -127,10 +142,7 @@ def _preset_cli(argv: list[str], fam):
     elif sizing:
         default = _machine_sized(args, default)
     default, args = _pop_pipeline_config(args, default)
-    description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
-                   + " (each chosen by itself for an --env.id of its kind)." + SIZED + TUNED)
-    cfg = tyro.cli(fam.run, args=args, default=default, prog=f"seedlocal train {fam.name}", description=description)
-    return _check_resume(cfg, saved, counters)
+    return default, args, saved, counters
 
 
 def _renamed(args: list[str]) -> list[str]:
@@ -356,7 +368,7 @@ def _parse(argv: list[str]):
     raise SystemExit(2)
 
 
-def _check_resume(cfg, saved, counters: dict | None):
+def check_resume(cfg, saved, counters: dict | None):
     """``cfg``, unless it resumes a run (saved config ``saved``, checkpoint
     ``counters``) whose budget is already spent, which would start its workers
     only to stop at once and rewrite its summary with an empty one, or names

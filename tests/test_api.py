@@ -1,0 +1,158 @@
+"""Training from Python (issue 35, item 4): ``seedlocal.train`` builds the config the command line builds from the
+same options, refuses what it refuses with the same line as one exception type, and leaves no process or
+shared-memory segment behind however a run in a notebook's cell ends."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import seedlocal
+from conftest import leaked_segments, live_children
+from seedlocal.config.machine import Machine
+
+
+def test_import_seedlocal_loads_nothing_heavy():
+    """A notebook's `import seedlocal` (and a look at its API) costs no torch: it loads with the first run."""
+    code = ("import sys, seedlocal; seedlocal.train, seedlocal.run_config, seedlocal.Summary, seedlocal.SeedlocalError;"
+            " print(sorted(m for m in ('torch', 'envpool', 'tyro') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.fixture
+def gpu16(monkeypatch):
+    """A 16-core GPU machine as sizing sees it, so that the preset is sized and options given must win over it."""
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, device: Machine(16, True)))
+
+
+@pytest.mark.parametrize("argv, overrides", [
+    (["vtrace"], {}),
+    (["vtrace", "--preset", "atari", "--algo.batch-size", "32", "--network.hidden", "32", "--no-machine-sizing"],
+     dict(preset="atari", algo={"batch_size": 32}, network={"hidden": (32,)}, machine_sizing=False)),
+    (["vtrace", "--preset", "atari", "--algo.batch-size", "32", "--pipeline.num-workers", "3"],
+     {"preset": "atari", "algo.batch_size": 32, "pipeline.num_workers": 3}),
+    (["r2d2", "--env.id", "Breakout-v5", "--total-steps", "1000", "--network.obs-norm"],
+     dict(env={"id": "Breakout-v5"}, total_steps=1000, network={"obs_norm": True})),
+    (["es", "--env.id", "Hopper-v5", "--seconds", "5"], dict(env={"id": "Hopper-v5"}, seconds=5)),
+])
+def test_overrides_build_the_config_the_command_line_builds(argv, overrides, gpu16, capsys):
+    """The preset an env's kind picks, the machine's sizing, and options given winning over both: the same
+    dataclass from keywords as from the command line's options, and the same lines said."""
+    from seedlocal.cli import _parse
+
+    from_cli = _parse(["train", *argv])[1]
+    said = capsys.readouterr().out
+    assert seedlocal.run_config(argv[0], **overrides) == from_cli
+    assert capsys.readouterr().out == said
+
+
+@pytest.mark.parametrize("argv, overrides", [
+    (["--pipeline.envs-per-worker", "7"], dict(pipeline={"envs_per_worker": 7})),
+    (["--algo.learning-rate", "nan"], dict(algo={"learning_rate": float("nan")})),
+    (["--network.hidden", "-5"], dict(network={"hidden": (-5,)})),
+    (["--preset", "atary"], dict(preset="atary")),
+    (["--env.id", "Hoper-v5"], dict(env={"id": "Hoper-v5"})),
+    (["--run-name", "../escape"], dict(run_name="../escape")),
+])
+def test_refusals_are_the_command_lines_line_as_one_exception_type(argv, overrides, tmp_path, capsys):
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--log-dir", str(tmp_path), *argv]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(seedlocal.SeedlocalError) as e:
+        seedlocal.train("vtrace", log_dir=str(tmp_path), **overrides)
+    assert line == f"seedlocal: error: {e.value}"
+    assert not list(tmp_path.iterdir()) and not live_children() and not leaked_segments()
+
+
+@pytest.mark.parametrize("family, overrides, message", [
+    ("vtrase", {}, "vtrase: no such family; did you mean vtrace?"),
+    ("vtrace", dict(pipeline={"num_workerz": 1}), "pipeline.num_workerz: no such option; did you mean "
+                                                  "pipeline.num_workers?"),
+    ("vtrace", dict(totl_steps=5), "totl_steps: no such option; did you mean total_steps?"),
+    ("vtrace", dict(pipelin={"num_workers": 1}), "pipelin: no such option; did you mean pipeline?"),
+    ("ga", dict(presett="atari"), "presett: no such option; did you mean preset?"),
+    ("vtrace", dict(network={"hidden": "64"}), "network.hidden='64': expected a tuple of ints"),
+    ("vtrace", dict(total_steps=1.5), "total_steps=1.5: expected an int"),
+    ("vtrace", dict(network=64), "network=64: a group of options; give them as a dict"),
+    ("vtrace", dict(algo={"optimizer": "sgd"}), "algo.optimizer='sgd': expected one of 'adam', 'rmsprop'"),
+    ("vtrace", dict(machine_sizing="no"), "machine_sizing='no': expected True or False"),
+])
+def test_a_name_that_is_no_option_is_refused_with_the_nearest(family, overrides, message):
+    with pytest.raises(seedlocal.ConfigError) as e:
+        seedlocal.run_config(family, **overrides)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), e.value
+
+
+def test_train_then_read_the_returns_then_evaluate(tmp_path, capsys):
+    """The README's example (without the plot): train CartPole, read the curve from the run's files, play
+    the checkpoint."""
+    summary = seedlocal.train("vtrace", total_steps=3000, log_dir=str(tmp_path), progress=False, log_every_s=0.2)
+    assert summary.status == "done" and summary.stopped_by == "steps" and summary.steps >= 3000
+    assert summary.run_dir.parent == tmp_path and summary.checkpoint.exists()
+    on_disk = json.loads((summary.run_dir / "summary.json").read_text())
+    assert summary.data == on_disk and summary["updates"] == on_disk["updates"] > 0
+    assert summary.mean_return == on_disk["mean_return_last20"] and summary.algo == "vtrace"
+    steps, returns = summary.scalars("charts/episode_return")
+    assert len(steps) == len(returns) >= 2 and steps == sorted(steps) and all(math.isfinite(r) for r in returns)
+    result = seedlocal.evaluate(summary.run_dir, episodes=3, device="cpu")
+    assert len(result.returns) == 3 and result.mean == pytest.approx(sum(result.returns) / 3)
+    assert result.policy == "sampled" and result.video is None
+    with pytest.raises(seedlocal.ConfigError, match="episodez: no such option; did you mean episodes?"):
+        seedlocal.evaluate(summary.run_dir, episodez=3)
+    with pytest.raises(seedlocal.ConfigError, match="no such scalar in .*; did you mean charts/episode_return"):
+        summary.scalars("charts/episode_retrun")
+
+
+def _nothing_left():
+    assert not live_children(), "a process is left besides the forkserver and the resource tracker"
+    assert not leaked_segments(), "a /dev/shm segment is left"
+
+
+def test_an_env_failing_mid_run_raises_and_leaves_nothing(tmp_path):
+    """As in a notebook's cell: the run's error is raised as a SeedlocalError with the command line's line,
+    its summary says so, and nothing of the run is left running; the next cell trains again."""
+    with pytest.raises(seedlocal.SeedlocalError, match="step\\(\\) returned the reward nan") as e:
+        seedlocal.train("vtrace", env={"id": "faulty_envs:NaNReward-v0"}, total_steps=5000, log_dir=str(tmp_path),
+                        progress=False)
+    assert type(e.value).__name__ == "WorkerDied" and "\n" not in str(e.value)
+    _nothing_left()
+    assert seedlocal.Summary.read(e.value.seedlocal_run_dir).status == "error"
+    assert seedlocal.train("vtrace", total_steps=1000, log_dir=str(tmp_path), progress=False).status == "done"
+    _nothing_left()
+
+
+def test_an_interrupt_mid_run_saves_and_leaves_nothing(tmp_path, capsys):
+    """A notebook's interrupt button (KeyboardInterrupt in the main thread, once training has stepped): a
+    checkpoint, an interrupted summary, the next commands said; no process and no segment left."""
+    stop = threading.Event()
+
+    def interrupt_once_stepping():
+        while not stop.is_set():
+            if list(tmp_path.glob("*/events.out.tfevents.*")) and time.sleep(3) is None:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=interrupt_once_stepping, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            seedlocal.train("vtrace", total_steps=10_000_000, log_dir=str(tmp_path), run_name="r", progress=False,
+                            checkpoint_every_min=60.0)
+    finally:
+        stop.set()
+        watcher.join()
+    _nothing_left()
+    assert e.value.seedlocal_run_dir == tmp_path / "r"
+    summary = seedlocal.Summary.read(tmp_path / "r")
+    assert summary.status == "interrupted" and summary.checkpoint.exists() and summary.steps > 0
+    assert f"seedlocal train vtrace --resume {tmp_path / 'r'}" in capsys.readouterr().err
