@@ -112,6 +112,21 @@ def test_train_then_read_the_returns_then_evaluate(tmp_path, capsys):
         summary.scalars("charts/episode_retrun")
 
 
+def test_the_readmes_example_runs_as_written_without_the_plot(tmp_path, monkeypatch, capsys):
+    """README's "From Python" block, its plotting lines left out and its step budget cut for CI."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme.split("### From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = "\n".join(line for line in block.splitlines() if "plt" not in line)
+    assert "total_steps=300_000" in code
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(code.replace("total_steps=300_000", "total_steps=3_000"), names)
+    assert names["summary"].status == "done" and names["summary"].run_dir.parent == Path("runs")
+    assert len(names["steps"]) == len(names["returns"]) > 0 and len(names["result"].returns) == 10
+
+
 def _nothing_left():
     assert not live_children(), "a process is left besides the forkserver and the resource tracker"
     assert not leaked_segments(), "a /dev/shm segment is left"
