@@ -15,9 +15,9 @@ resumed run's saved config (``resume=``); ``pipeline_config=`` is
 ``--pipeline-config``. The same checks follow, and whatever the command line
 would print as one ``seedlocal: error:`` line is raised with that line as a
 ``SeedlocalError`` (``errors.py``; its subclass says which kind). Ctrl-C (a
-notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt, as
-any exception does once every process and shared-memory segment of the run
-is gone; the workers' forkserver stays for the next run and ends with the
+notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt (a
+SIGTERM, SystemExit(143)), as any exception does once every process and
+shared-memory segment of the run is gone; the workers' forkserver stays for the next run and ends with the
 interpreter.
 
 ``seedlocal.evaluate`` is ``evaluate.evaluate`` (``seedlocal eval``).
@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from seedlocal.errors import ConfigError
@@ -95,17 +98,34 @@ class Summary:
 def train(family: str, **overrides) -> Summary:
     """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
-    from seedlocal.cli import _start_resource_tracker, _stopped_line
+    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line
 
     cfg = run_config(family, **overrides)
     fam = _family(family)
     _start_resource_tracker()
     try:
-        summary = fam.train(cfg)
-    except KeyboardInterrupt as e:
+        with _sigterm_unwinds():
+            summary = fam.train(cfg)
+    except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
     return Summary.read(summary["run_dir"])
+
+
+@contextmanager
+def _sigterm_unwinds():
+    """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does:
+    a checkpoint, the summary, its processes and shared memory released, then SystemExit(143). Only where
+    SIGTERM would otherwise kill at once: in the main thread, with no handler of the caller's own."""
+    from seedlocal.cli import _sigterm_as_exit
+
+    own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_exit) if own else None
+    try:
+        yield
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run_config(family: str, **overrides):

@@ -127,6 +127,17 @@ def test_the_readmes_example_runs_as_written_without_the_plot(tmp_path, monkeypa
     assert len(names["steps"]) == len(names["returns"]) > 0 and len(names["result"].returns) == 10
 
 
+def _training(run_dir) -> bool:
+    """Whether the run in ``run_dir`` has logged a training rate: it is past its start, stepping and learning."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not list(run_dir.glob("events.out.tfevents.*")):
+        return False
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return "charts/steps_per_s" in events.Tags()["scalars"]
+
+
 def _nothing_left():
     assert not live_children(), "a process is left besides the forkserver and the resource tracker"
     assert not leaked_segments(), "a /dev/shm segment is left"
@@ -152,7 +163,7 @@ def test_an_interrupt_mid_run_saves_and_leaves_nothing(tmp_path, capsys):
 
     def interrupt_once_stepping():
         while not stop.is_set():
-            if list(tmp_path.glob("*/events.out.tfevents.*")) and time.sleep(3) is None:
+            if _training(tmp_path / "r"):
                 _thread.interrupt_main()
                 return
             time.sleep(0.2)
@@ -171,3 +182,43 @@ def test_an_interrupt_mid_run_saves_and_leaves_nothing(tmp_path, capsys):
     summary = seedlocal.Summary.read(tmp_path / "r")
     assert summary.status == "interrupted" and summary.checkpoint.exists() and summary.steps > 0
     assert f"seedlocal train vtrace --resume {tmp_path / 'r'}" in capsys.readouterr().err
+
+
+SCRIPT = """
+import sys
+import seedlocal
+
+if __name__ == "__main__":
+    seedlocal.train("vtrace", total_steps=10_000_000, log_dir=sys.argv[1], run_name="t", progress=False,
+                    log_every_s=0.5)
+"""
+
+
+def test_a_script_stopped_by_sigterm_saves_and_releases_its_memory(tmp_path):
+    """A script (a scheduler's job) that calls seedlocal.train and gets SIGTERM ends as the command line does:
+    checkpoint, interrupted summary, no segment left, exit status 143."""
+    import os
+    import signal
+
+    from conftest import seedlocal_segments
+
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 120
+        while not _training(tmp_path / "t"):
+            assert proc.poll() is None and time.monotonic() < end, proc.stdout.read()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 143, out
+    assert "stopped by SIGTERM; stopped cleanly (checkpoint and summary" in out and "Traceback" not in out, out
+    summary = seedlocal.Summary.read(tmp_path / "t")
+    assert summary.status == "interrupted" and summary.steps > 0 and summary.checkpoint.exists()
+    assert not seedlocal_segments(proc.pid)
