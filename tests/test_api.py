@@ -110,6 +110,23 @@ def test_train_then_read_the_returns_then_evaluate(tmp_path, capsys):
         seedlocal.evaluate(summary.run_dir, episodez=3)
     with pytest.raises(seedlocal.ConfigError, match="no such scalar in .*; did you mean charts/episode_return"):
         summary.scalars("charts/episode_retrun")
+    # The summary's next step: go on with the same run, its saved config and a larger budget.
+    more = seedlocal.train("vtrace", resume=summary.run_dir, total_steps=6000, progress=False)
+    assert more.run_dir == summary.run_dir and more.steps >= 6000 and more["updates"] > summary["updates"]
+    with pytest.raises(seedlocal.ConfigError, match="total_steps=6000: the resumed run already has"):
+        seedlocal.train("vtrace", resume=summary.run_dir, total_steps=6000)
+
+
+def test_evaluate_refuses_as_eval_does(tmp_path, capsys):
+    from seedlocal.cli import main
+
+    for argv, options in [(["--max-steps", "0"], dict(max_steps=0)), (["--video", "x.mp4"], dict(video="x.mp4")),
+                          ([], {})]:
+        assert main(["eval", "--checkpoint", str(tmp_path / "none"), *argv]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        with pytest.raises(seedlocal.SeedlocalError) as e:
+            seedlocal.evaluate(tmp_path / "none", **options)
+        assert line == f"seedlocal: error: {e.value}"
 
 
 def test_the_readmes_example_runs_as_written_without_the_plot(tmp_path, monkeypatch, capsys):
