@@ -14,6 +14,7 @@ the field and exit with status 2 before any process starts.
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 
@@ -31,6 +32,9 @@ USAGE_TAIL = """
                        sizes for this machine and writes them for train --pipeline-config FILE
   actors               step envs for a learner on another host (train ... --bridge.listen
                        HOST:PORT --bridge.remote-envs N); see docs/multihost.md
+
+From Python: seedlocal.train(ALGO, **options) -> Summary, seedlocal.evaluate(CHECKPOINT, ...);
+the options as keywords, a group as a dict: network={"hidden": (64,)} (README, "From Python").
 """
 SIZED = (" The preset's sizes follow this machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); "
          "--no-machine-sizing keeps them as the preset has them.")
@@ -61,7 +65,30 @@ def _sigterm_as_exit(signum, frame):
     raise Stopped(signum)
 
 
-def _stopped_line(e: BaseException) -> str:
+def _first_line(argv: list[str]) -> str | None:
+    """A train command's first line, said before torch loads (seconds on a busy machine): the command and its
+    preset where the command line alone tells it (given, or CartPole's defaults without --env.id); else the
+    env's kind picks it, said in the next line."""
+    from seedlocal.errors import ConfigError
+    from seedlocal.families import TABLE
+
+    if len(argv) < 2 or argv[0] != "train" or argv[1] not in TABLE or {"-h", "--help"} & set(argv):
+        return None
+    try:
+        preset, env_id, resume = (_option(argv[2:], f"--{name}") for name in ("preset", "env.id", "resume"))
+    except ConfigError:
+        return None  # the command line's parse names it
+    head = f"seedlocal: train {argv[1]}"
+    if resume:
+        return f"{head}: resuming {resume} with the configuration saved with it"
+    if preset:
+        return f"{head} --preset {preset}" + (f" on {env_id}" if env_id else "")
+    if env_id:
+        return f"{head} on {env_id}: the env's kind picks the preset (--preset NAME to choose one)"
+    return f"{head} --preset cartpole: the defaults, on CartPole-v1 (--env.id ID or --preset NAME for another)"
+
+
+def _stopped_line(e: BaseException, argv: list[str]) -> str:
     """What a stopped run left behind, from the run folder its trainer set on the exception."""
     run_dir = getattr(e, "seedlocal_run_dir", None)  # set by a trainer that got as far as its loop
     if run_dir is None:
@@ -73,7 +100,12 @@ def _stopped_line(e: BaseException) -> str:
         parts = [name for name, there in found.items() if there]
         what = f"{' and '.join(parts)} in {run_dir}" if parts else f"before the run began; nothing saved in {run_dir}"
     how = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
-    return f"\nseedlocal: {how}; stopped cleanly ({what})"
+    line = f"\nseedlocal: {how}; stopped cleanly ({what})"
+    if run_dir is not None and found["checkpoint"] and argv[:1] == ["train"]:
+        from seedlocal.monitor import next_commands
+
+        line += "\n" + next_commands(argv[1], run_dir)
+    return line
 
 
 def _preset_cli(argv: list[str], fam):
@@ -82,10 +114,22 @@ def _preset_cli(argv: list[str], fam):
     explicitly override them all."""
     import tyro
 
-    from seedlocal.errors import ConfigError
     from seedlocal.families import TABLE
 
-    argv = _renamed(argv)
+    default, args, saved, counters = preset_default(_renamed(argv), fam)
+    description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
+                   + " (each chosen by itself for an --env.id of its kind)." + SIZED + TUNED)
+    cfg = tyro.cli(fam.run, args=args, default=default, prog=f"seedlocal train {fam.name}", description=description)
+    return check_resume(cfg, saved, counters)
+
+
+def preset_default(argv: list[str], fam) -> tuple[object, list[str], object | None, dict | None]:
+    """What a train command's options apply to: the preset (``--preset``, or the one the env's kind picks)
+    sized for this machine, or with ``--resume`` the run's saved config; then ``--pipeline-config``. Returns it,
+    the options left for the parser, and the resumed run's saved config and counters (None for a new run), for
+    ``check_resume``. The Python API (``seedlocal/api.py``) passes its keyword overrides here as options."""
+    from seedlocal.errors import ConfigError
+
     default, args = _pop_preset(argv, fam.presets)
     sizing = "--no-machine-sizing" not in args
     args = [a for a in args if a != "--no-machine-sizing"]
@@ -98,10 +142,7 @@ def _preset_cli(argv: list[str], fam):
     elif sizing:
         default = _machine_sized(args, default)
     default, args = _pop_pipeline_config(args, default)
-    description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
-                   + " (each chosen by itself for an --env.id of its kind)." + SIZED + TUNED)
-    cfg = tyro.cli(fam.run, args=args, default=default, prog=f"seedlocal train {fam.name}", description=description)
-    return _check_resume(cfg, saved, counters)
+    return default, args, saved, counters
 
 
 def _renamed(args: list[str]) -> list[str]:
@@ -155,13 +196,20 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
         kind = task_kind(describe(env_id, _option(args, "--env.backend") or "auto", 0))
     except Exception:
         return "cartpole"
-    if kind == "cartpole" or kind not in presets:
-        return "cartpole"
+    quiet = bool({"-h", "--help"} & set(args))
     try:  # the preset's env settings must fit this env (R2D2's Atari preset has envpool stack single frames)
-        describe(env_id, _option(args, "--env.backend") or "auto", presets[kind].env.frame_stack)
+        if kind != "cartpole" and kind in presets:
+            describe(env_id, _option(args, "--env.backend") or "auto", presets[kind].env.frame_stack)
+        else:
+            kind = "cartpole"
     except Exception:
-        return "cartpole"
-    if not {"-h", "--help"} & set(args):
+        kind = "cartpole"
+    if kind == "cartpole":
+        if not quiet:
+            print(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
+                  f"{env_id}'s kind", flush=True)
+        return kind
+    if not quiet:
         what = {"atari": "image frames", "minatar": "small image grids", "football": "Google Research Football's "
                 "minimap frames"}.get(kind, "a Box action space")
         print(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
@@ -320,7 +368,7 @@ def _parse(argv: list[str]):
     raise SystemExit(2)
 
 
-def _check_resume(cfg, saved, counters: dict | None):
+def check_resume(cfg, saved, counters: dict | None):
     """``cfg``, unless it resumes a run (saved config ``saved``, checkpoint
     ``counters``) whose budget is already spent, which would start its workers
     only to stop at once and rewrite its summary with an empty one, or names
@@ -354,6 +402,23 @@ def _start_resource_tracker() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Flushed here, where a reader that went away (`seedlocal train vtrace --help | head`) can be caught,
+            # not at the interpreter's exit, which would print a BrokenPipeError traceback.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can be said on stdout: send what is still buffered nowhere, so the exit stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # what a shell reports for a program that SIGPIPE ended
+
+
+def _main(argv: list[str]) -> int:
+    first = _first_line(argv)
+    if first:
+        print(first, flush=True)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     # A closed terminal (SIGHUP) ends a run as SIGTERM does: checkpoint, clean
     # exit. Unless it is ignored already: under nohup a run must outlive it.
@@ -362,10 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except KeyboardInterrupt as e:
-        print(_stopped_line(e), file=sys.stderr)
+        print(_stopped_line(e, argv), file=sys.stderr)
         return 130
     except Stopped as e:
-        print(_stopped_line(e), file=sys.stderr)
+        print(_stopped_line(e, argv), file=sys.stderr)
         return e.code
 
 

@@ -2,11 +2,18 @@
 
 Each is one line for the user: the CLI prints it after ``seedlocal: error:``
 and exits (2 for a config or checkpoint the user can fix, 1 for a run that
-broke). Nothing here imports anything, so every module may raise them.
+broke); the Python API (``seedlocal.train``, ``seedlocal.evaluate``) raises
+it, every kind catchable as ``SeedlocalError``. Nothing here imports
+anything, so every module may raise them.
 """
 
 
-class ConfigError(ValueError):
+class SeedlocalError(Exception):
+    """What the command line prints as one ``seedlocal: error:`` line, raised by the Python API as it is: a
+    config, checkpoint or env that cannot work, or a run that broke. Its subclass names which."""
+
+
+class ConfigError(SeedlocalError, ValueError):
     """A configuration value that cannot work (its message starts with the field and the value)."""
 
 
@@ -15,18 +22,18 @@ def fail(field: str, value, why: str) -> None:
     raise ConfigError(f"{field}={value!r}: {why}")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(SeedlocalError, ValueError):
     """A checkpoint that cannot be used: missing, unreadable or for another config."""
 
 
-class Diverged(RuntimeError):
+class Diverged(SeedlocalError, RuntimeError):
     """Training produced NaN or inf weights: they are not saved over good ones."""
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(SeedlocalError, RuntimeError):
     """An env worker exited and may not be restarted."""
 
 
-class EnvContractError(ValueError):
+class EnvContractError(SeedlocalError, ValueError):
     """An env broke the Gymnasium contract (non-finite reward, observation
     outside its space's shape): a restarted worker would meet it again."""

@@ -5,11 +5,16 @@ the checkpoint makes the policy its training's inference runs
 (``from_checkpoint``, its network sized by the checkpoint's identity), and
 eval calls that policy's ``act`` as the inference loop does, stepping the
 env backend directly, one env per episode, no pipeline.
+
+From Python: ``seedlocal.evaluate(checkpoint, episodes=10, **options)`` (this
+module is that call: ``evaluate`` below) returns an ``Evaluation``.
 """
 
 from __future__ import annotations
 
 import io
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,8 +48,9 @@ class EvalConfig:
     """R2D2 checkpoints: chance of a random action when acting as trained (greedy otherwise)"""
     seed: int = 12345
     """env seed (different from training's by default)"""
-    device: str = "cpu"
-    """where the network runs"""
+    device: str = "auto"
+    """where the network runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N (as train's
+    --pipeline.device)"""
 
 
 def policy_of(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> Policy:
@@ -163,3 +169,43 @@ def main(cfg: EvalConfig) -> dict:
         print(f"video: {cfg.video} ({len(frames)} frames); also in TensorBoard under eval/episode of {run_dir}")
         out["video"] = cfg.video
     return out
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What ``seedlocal.evaluate`` returns."""
+
+    returns: list[float]
+    """each episode's raw return"""
+    mean: float
+    std: float
+    policy: str
+    """how it acted (e.g. sampled, argmax)"""
+    cut_short: int
+    """episodes that had not ended after max_steps (their returns are partial)"""
+    video: str | None
+    """the GIF written, if one was asked for and the env could draw it"""
+
+
+def evaluate(checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
+    """``seedlocal eval`` from Python: play ``checkpoint`` (a checkpoint file, or a run folder: its newest) for
+    ``episodes``. ``options`` are eval's other options by name (``policy``, ``video``, ``device``, ``seed``,
+    ``max_steps``, ``epsilon``, ``video_max_steps``); what the command line refuses in one line is raised as a
+    ``SeedlocalError`` with that line."""
+    from seedlocal.config.overrides import apply, flatten
+
+    cfg = apply(EvalConfig(checkpoint=str(checkpoint)), flatten(EvalConfig, {"episodes": episodes, **options}))
+    out = main(cfg)
+    return Evaluation(returns=out["returns"], mean=out["mean"], std=out["std"], policy=out["policy"],
+                      cut_short=out["cut_short"], video=out.get("video"))
+
+
+class _CallableModule(types.ModuleType):
+    """``seedlocal.evaluate`` names this module once it is imported (a package's attribute cannot be both the
+    submodule and a function), so the module itself is the call: ``seedlocal.evaluate(checkpoint, ...)``."""
+
+    def __call__(self, checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
+        return evaluate(checkpoint, episodes, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

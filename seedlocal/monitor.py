@@ -92,11 +92,23 @@ def nothing_stepped(cfg) -> str:
     return "stopped before the first env step (the budget ended during start-up)"
 
 
-def closing_line(summary: dict, outcome: str, nothing_done: str | None = None) -> str:
+def next_commands(algo: str, run_dir, go_on: str = "") -> str:
+    """What to type next about a run that has a checkpoint: play it, go on with it (``go_on``: the options
+    a resume needs besides the run, e.g. a larger budget), and see its curves."""
+    import shlex
+
+    run, log_dir = shlex.quote(str(run_dir)), shlex.quote(str(Path(run_dir).parent))
+    return (f"  play it:     seedlocal eval --checkpoint {run}\n"
+            f"  go on:       seedlocal train {algo} --resume {run}{go_on}\n"
+            f"  its curves:  tensorboard --logdir {log_dir}")
+
+
+def closing_line(summary: dict, outcome: str, nothing_done: str | None = None, go_on: str = "") -> str:
     """A trainer's last line when its run ends by itself: why it stopped
     (``summary["stopped_by"]``, or ``nothing_done`` when the budget ended
     before any work), what it reached (``outcome``), and where its
-    checkpoint and summary are."""
+    checkpoint and summary are; then, with a checkpoint, the commands that
+    go on from it (``next_commands``)."""
     by = summary.get("stopped_by")
     if nothing_done:
         head = nothing_done
@@ -107,7 +119,10 @@ def closing_line(summary: dict, outcome: str, nothing_done: str | None = None) -
     else:
         head = "done: " + _BUDGETS.get(by, "stopped")
     where = summary.get("checkpoint") or "none (nothing was trained)"
-    return f"\nseedlocal: {head}; {outcome}; checkpoint {where}; summary {Path(summary['run_dir']) / 'summary.json'}"
+    line = f"\nseedlocal: {head}; {outcome}; checkpoint {where}; summary {Path(summary['run_dir']) / 'summary.json'}"
+    if summary.get("checkpoint") and summary.get("algo"):
+        line += "\n" + next_commands(summary["algo"], summary["run_dir"], go_on)
+    return line
 
 
 def _after_older_event_files(run_dir: Path) -> None:

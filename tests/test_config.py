@@ -274,8 +274,9 @@ def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys, monkeypat
     assert cfg.env.id == argv[argv.index("--env.id") + 1]
     assert cfg.algo == expected.algo and cfg.pipeline == expected.pipeline
     said = capsys.readouterr().out
-    chosen = preset != "cartpole" and "--preset" not in argv
-    assert (f"--preset {preset}, made for" in said) == chosen, said
+    chosen = "--preset" not in argv  # a preset picked by itself is named, CartPole's defaults too
+    assert (f"seedlocal: --preset {preset}, {'the plain defaults' if preset == 'cartpole' else 'made for'}"
+            in said) == chosen, said
 
 
 def test_an_unknown_env_without_a_preset_is_still_named_by_validation(tmp_path, capsys, monkeypatch):

@@ -101,3 +101,14 @@ def test_eval_on_cuda_plays_as_on_the_cpu(name):
     cpu, _ = play(policy_of(_state(name), torch.device("cpu"), True, eps), episodes=3, seed=1, max_steps=300)
     gpu, _ = play(policy_of(_state(name), torch.device("cuda"), True, eps), episodes=3, seed=1, max_steps=300)
     np.testing.assert_allclose(gpu, cpu, rtol=1e-3, atol=1e-2)
+
+
+def test_eval_picks_its_device_as_train_does():
+    """eval and train default to the same device rule (auto: CUDA where there is one): a checkpoint trained on
+    a GPU plays there too, without --device."""
+    from seedlocal.config.checks import resolve_device
+    from seedlocal.config.schema import PipelineConfig
+    from seedlocal.evaluate import EvalConfig
+
+    assert EvalConfig(checkpoint="x").device == PipelineConfig().device == "auto"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")

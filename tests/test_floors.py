@@ -20,7 +20,7 @@ FLOORS = [
     ["policies", "video"],  # how the inference loop acts; frames of an episode
     ["trainers"],  # one run's life and each trainer on it
     ["measure", "evaluate", "families"],  # seedlocal bench, seedlocal eval, the table of algorithm families
-    ["cli", "__main__"],  # the commands
+    ["cli", "__main__", "api"],  # the commands, and the same from Python (seedlocal.train)
 ]
 FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}
 

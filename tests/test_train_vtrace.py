@@ -450,6 +450,10 @@ def test_cli_trains_and_ctrl_c_saves_a_checkpoint(tmp_path, sig, code):
     assert "Traceback" not in out, out
     if sig == signal.SIGINT:
         assert f"stopped cleanly (checkpoint and summary in {tmp_path / 'cli'})" in out, out
+        # ... and what to type next (issue 35, item 5).
+        for command in (f"seedlocal eval --checkpoint {tmp_path / 'cli'}",
+                        f"seedlocal train vtrace --resume {tmp_path / 'cli'}", f"tensorboard --logdir {tmp_path}"):
+            assert command in out, out
     state = checkpoint.load(tmp_path / "cli")
     assert state["counters"]["steps"] > 0
     assert not seedlocal_segments(proc.pid)

@@ -7,6 +7,8 @@
   (``validate_pipeline``, ``validate_bridge``, ``resolve_device`` ...), and
   the bridge's address and secret.
 - ``resume.py``: a resumed run's config against the one its checkpoint saved.
+- ``overrides.py``: keyword options (``seedlocal.train(..., network={...})``)
+  checked against the dataclasses and applied to a config.
 
 The schema is re-exported here for the Python API (``from seedlocal.config
 import EnvConfig``); seedlocal's own modules import the submodule they use.

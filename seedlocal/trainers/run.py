@@ -364,8 +364,20 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
                     results=lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),
                                      "checkpoint": checkpoint.newest(run_dir)})
     outcome, nothing = t.outcome(summary)
-    print(closing_line(summary, outcome, nothing), flush=True)
+    print(closing_line(summary, outcome, nothing, go_on=larger_budget(cfg, summary.get("stopped_by"))), flush=True)
     return summary
+
+
+# The budgets a resumed run counts from its start (its checkpoint's counters): to go on, give a larger one. A
+# time budget counts each session's own seconds, so a resume with the same one goes on.
+_TOTALS = {"steps": "total_steps", "frames": "total_frames", "generations": "generations"}
+
+
+def larger_budget(cfg, stopped_by: str | None) -> str:
+    """The option a resume of a run that spent its budget (``stopped_by``) needs to go on: that budget, doubled."""
+    name = _TOTALS.get(stopped_by)
+    value = getattr(cfg, name, 0) if name else 0
+    return f" --{name.replace('_', '-')} {2 * value}" if value else ""
 
 
 def mean_of(recent: deque) -> float | None:

@@ -1,0 +1,157 @@
+"""Training from Python: ``seedlocal.train(family, **overrides) -> Summary``.
+
+    import seedlocal
+
+    summary = seedlocal.train("vtrace", total_steps=30_000, network={"hidden": (32, 32)})
+    steps, returns = summary.scalars("charts/episode_return")
+    seedlocal.evaluate(summary.run_dir, episodes=5)
+
+``family`` is a ``seedlocal train`` command (``families.py``). The overrides
+are its options by name, a sub-config a dict of its own
+(``config/overrides.py``), applied as the command line applies options: over
+the preset (``preset=``, or the one the env's kind picks) sized for this
+machine (``machine_sizing=False`` keeps the preset's sizes), or over a
+resumed run's saved config (``resume=``); ``pipeline_config=`` is
+``--pipeline-config``. The same checks follow, and whatever the command line
+would print as one ``seedlocal: error:`` line is raised with that line as a
+``SeedlocalError`` (``errors.py``; its subclass says which kind). Ctrl-C (a
+notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt (a
+SIGTERM, SystemExit(143)), as any exception does once every process and
+shared-memory segment of the run is gone; the workers' forkserver stays for the next run and ends with the
+interpreter.
+
+``seedlocal.evaluate`` is ``evaluate.evaluate`` (``seedlocal eval``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from seedlocal.errors import ConfigError
+
+# The command line's options that are not the run config's fields, by their keyword here.
+COMMAND_OPTIONS = ("preset", "machine_sizing", "pipeline_config")
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """A run that ended, as its ``summary.json`` holds it (``data``; also ``summary["key"]``), with where it is."""
+
+    run_dir: Path
+    """the run's folder: TensorBoard events, checkpoints/, summary.json"""
+    checkpoint: Path | None
+    """its newest checkpoint (None: nothing was trained)"""
+    status: str
+    """done, interrupted or error"""
+    stopped_by: str | None
+    """the budget or target that ended it: steps, frames, generations, seconds or target"""
+    algo: str
+    env: str
+    steps: int
+    frames: int
+    seconds: float
+    mean_return: float | None
+    """the mean return of the last 20 training episodes (neuroevolution: the best member's, on fresh episodes)"""
+    data: dict
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> Summary:
+        """The summary a run wrote into ``run_dir`` (also of a run stopped by an exception: its
+        ``seedlocal_run_dir``)."""
+        path = Path(run_dir) / "summary.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"run_dir={str(run_dir)!r}: no readable summary.json there ({e})") from None
+        ckpt = data.get("checkpoint")
+        return cls(run_dir=Path(data.get("run_dir", run_dir)), checkpoint=Path(ckpt) if ckpt else None,
+                   status=data.get("status", ""), stopped_by=data.get("stopped_by"), algo=data.get("algo", ""),
+                   env=data.get("env", ""), steps=data.get("steps", 0), frames=data.get("frames", 0),
+                   seconds=data.get("seconds", 0.0),
+                   mean_return=data.get("mean_return_last20", data.get("best_member_return")), data=data)
+
+    def __getitem__(self, key: str):
+        return self.data[key]
+
+    def scalars(self, tag: str = "charts/episode_return") -> tuple[list[int], list[float]]:
+        """One TensorBoard scalar of the run, from its event files: (x axis, values); the x axis is agent steps
+        (neuroevolution: generations). Names: ``seedlocal/monitor.py``."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(self.run_dir), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        if tag not in tags:
+            from seedlocal.config.overrides import unknown
+
+            raise ConfigError(unknown(tag, tags).replace("no such option", f"no such scalar in {self.run_dir}"))
+        points = events.Scalars(tag)
+        return [p.step for p in points], [p.value for p in points]
+
+
+def train(family: str, **overrides) -> Summary:
+    """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
+    options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
+    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line
+
+    cfg = run_config(family, **overrides)
+    fam = _family(family)
+    _start_resource_tracker()
+    try:
+        with _sigterm_unwinds():
+            summary = fam.train(cfg)
+    except (KeyboardInterrupt, Stopped) as e:
+        print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
+        raise
+    return Summary.read(summary["run_dir"])
+
+
+@contextmanager
+def _sigterm_unwinds():
+    """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does:
+    a checkpoint, the summary, its processes and shared memory released, then SystemExit(143). Only where
+    SIGTERM would otherwise kill at once: in the main thread, with no handler of the caller's own."""
+    from seedlocal.cli import _sigterm_as_exit
+
+    own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_exit) if own else None
+    try:
+        yield
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_config(family: str, **overrides):
+    """The run configuration ``seedlocal.train(family, **overrides)`` trains, as the command line builds it from
+    the same options (preset, machine sizing, resume, pipeline file, then the options): for a look before a run."""
+    from seedlocal.cli import check_resume, preset_default
+    from seedlocal.config.overrides import apply, as_options, checked, flatten
+
+    fam = _family(family)
+    command = {k: overrides.pop(k) for k in COMMAND_OPTIONS if k in overrides}
+    values = flatten(fam.run, overrides, also=COMMAND_OPTIONS)
+    args = as_options(values)
+    if command.get("preset") is not None:
+        args += ["--preset", checked("preset", command["preset"], str)]
+    if not checked("machine_sizing", command.get("machine_sizing", True), bool):
+        args.append("--no-machine-sizing")
+    if command.get("pipeline_config"):
+        args += ["--pipeline-config", checked("pipeline_config", command["pipeline_config"], str)]
+    default, _, saved, counters = preset_default(args, fam)
+    return check_resume(apply(default, values), saved, counters)
+
+
+def _family(name: str):
+    from seedlocal.config.overrides import unknown
+    from seedlocal.families import TABLE, family
+
+    if name not in TABLE:
+        raise ConfigError(unknown(str(name), list(TABLE)).replace("no such option", "no such family"))
+    return family(name)

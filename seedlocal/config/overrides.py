@@ -1,0 +1,120 @@
+"""Keyword overrides into the config dataclasses, for the Python API (``seedlocal.train``, ``seedlocal.evaluate``).
+
+An option is named as the command line's, its sub-config a dict of its own
+options: ``--pipeline.num-workers 1 --network.hidden 64 64`` is
+``pipeline={"num_workers": 1}, network={"hidden": (64, 64)}``. The dotted
+name the errors use (``"pipeline.num_workers"``) is taken too. A name that
+is no option, or a value of the wrong type, is refused in one line naming
+it (``ConfigError``), as the command line refuses its options; the values'
+own checks are the trainers', the same for both.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import numbers
+import os
+import typing
+
+from seedlocal.errors import ConfigError
+
+
+def options_of(cls: type, prefix: str = "") -> dict[str, object]:
+    """Every option of the config dataclass ``cls`` by its dotted name (``pipeline.num_workers``), with its type."""
+    out: dict[str, object] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            out.update(options_of(kind, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = kind
+    return out
+
+
+def flatten(cls: type, overrides: dict, also: tuple[str, ...] = ()) -> dict[str, object]:
+    """``overrides`` as {dotted name: value}, each name an option of ``cls`` and each value of its type
+    (ConfigError otherwise). A sub-config is given as a dict of its options, or as an instance (all of its
+    options then count as given). ``also``: names the caller takes itself, offered when a name is mistyped."""
+    options = options_of(cls)
+    groups = {name.rsplit(".", i)[0] for name in options for i in range(1, name.count(".") + 1)}
+    out: dict[str, object] = {}
+
+    def visit(prefix: str, given: dict) -> None:
+        for key, value in given.items():
+            name = prefix + str(key)
+            if name in groups:
+                if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                    value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{name}={value!r}: a group of options; give them as a dict, "
+                                      f"{name}={{'option': value, ...}}")
+                visit(name + ".", value)
+            elif name in options:
+                out[name] = checked(name, value, options[name])
+            else:
+                raise ConfigError(unknown(name, [*options, *groups, *also]))
+
+    visit("", overrides)
+    return out
+
+
+def unknown(name: str, valid: list[str]) -> str:
+    """The one line refusing ``name``, with the nearest of ``valid``."""
+    near = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    if not near:  # a misspelt group with the right option (pipelin.num_workers) still finds it
+        leaf = name.rsplit(".", 1)[-1]
+        near = [v for v in valid if v.rsplit(".", 1)[-1] == leaf][:1]
+    hint = f"did you mean {near[0]}?" if near else "options: " + ", ".join(sorted(v for v in valid if "." not in v))
+    return f"{name}: no such option; {hint}"
+
+
+def checked(name: str, value, kind):
+    """``value`` as option ``name`` of type ``kind`` holds it (an int for a float, a list for a tuple, a path for a
+    str), or ConfigError naming it. A type not known here is left to the trainer's checks."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if kind is bool:
+        ok, value, want = isinstance(value, bool), value, "True or False"
+    elif kind is int:
+        ok, value, want = integral, int(value) if integral else value, "an int"
+    elif kind is float:
+        ok = integral or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+        value, want = float(value) if ok else value, "a number"
+    elif kind is str:
+        ok, want = isinstance(value, str | os.PathLike), "a str"
+        value = os.fspath(value) if ok else value
+    elif origin is typing.Literal:
+        ok, want = value in args, "one of " + ", ".join(map(repr, args))
+    elif origin is tuple:
+        ok = isinstance(value, tuple | list) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                                   for v in value)
+        value, want = tuple(int(v) for v in value) if ok else value, "a tuple of ints, e.g. (64, 64)"
+    else:
+        ok, want = True, ""
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: expected {want}")
+    return value
+
+
+def as_options(values: dict[str, object]) -> list[str]:
+    """``values`` (dotted names) spelt as the command line's options (``--bridge.remote-envs=16``), for the code
+    that reads which options were given and a few of their values."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
+
+
+def apply(cfg, values: dict[str, object]):
+    """A copy of ``cfg`` with ``values`` (dotted names) set; ``cfg`` and its sub-configs are left as they are."""
+    top: dict[str, object] = {}
+    nested: dict[str, dict[str, object]] = {}
+    for name, value in values.items():
+        head, dot, rest = name.partition(".")
+        if dot:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    for head, sub in nested.items():
+        top[head] = apply(getattr(cfg, head), sub)
+    return dataclasses.replace(copy.deepcopy(cfg), **top)
