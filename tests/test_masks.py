@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import leaked_segments
@@ -173,3 +174,26 @@ def test_vtrace_learns_the_masked_game_within_budget(tmp_path):
                     log_dir=str(tmp_path), run_name="m", progress=False)
     summary = train(cfg)
     assert summary["steps_to_target"] is not None and summary["steps_to_target"] <= MASKED_BUDGET, summary
+
+
+def test_the_mask_travels_over_the_bridge(tmp_path, monkeypatch):
+    """Every env behind the bridge: the rows the learner's store receives hold each step's mask (Pick's board
+    shows the legal actions, so the two agree), and the actions chosen on those masks are legal on the host."""
+    from test_bridge import actors, kill_host, learner, serve_until
+
+    log = tmp_path / "remote.illegal"
+    monkeypatch.setenv("MASK_ENVS_ILLEGAL_LOG", str(log))  # the actor host is a new process: it reads this
+    with learner(env=PICK) as pipe:
+        host = actors(pipe.pool.bridge_port, "--allow-module", "mask_envs")
+        try:
+            got = serve_until(pipe, lambda us: len(us) >= 8)
+        finally:
+            kill_host(host)
+    for u in got:
+        mask = u[f"obs.{MASK_KEY}"]
+        assert mask.dtype == bool and mask.any(-1).all()
+        np.testing.assert_array_equal(mask, u["obs.observation"] > 0.5)
+        acted = ~u["ignored"][:-1]  # the last row's action belongs to the next unroll
+        legal = np.take_along_axis(mask[:-1], u["action"][:-1, :, None], -1)[..., 0]
+        assert legal[acted].all()
+    assert illegal_lines(log) == []
