@@ -80,22 +80,22 @@ def test_every_policy_acts_legally():
 
 
 def test_the_learners_see_only_legal_actions():
-    """The actor-critic's unrolled logits put probability 0 and entropy nothing on illegal actions, with finite
+    """The actor-critic's unrolled logits (feed-forward and LSTM) put probability 0 and entropy nothing on illegal actions, with finite
     gradients; R2D2's double-Q bootstrap takes the target's Q at the best legal action."""
     torch.manual_seed(0)
     spec = describe(PICK)
     T, B = 5, 64
     obs = {k: v.reshape(T, B, *v.shape[1:]) for k, v in random_batch(spec, T * B).items()}
     mask = obs[MASK_KEY]
-    model = ActorCritic(spec)
-    logits, _ = model.unroll(obs, None, torch.zeros(T, B, dtype=torch.bool))
-    p = torch.softmax(logits, -1)
-    assert (p[~mask] == 0).all() and torch.allclose(p.sum(-1), torch.ones(T, B))
-    entropy = Categorical.entropy(logits)
-    assert (entropy <= torch.log(mask.sum(-1).float()) + 1e-5).all()
-    legal_actions = mask.float().argmax(-1)
-    (Categorical.log_prob(logits, legal_actions).sum() + entropy.sum()).backward()
-    assert all(torch.isfinite(w.grad).all() for w in model.parameters() if w.grad is not None)
+    for model, core in ((ActorCritic(spec), None), (ActorCritic(spec, lstm_size=16), torch.zeros(B, 2, 16))):
+        logits, _ = model.unroll(obs, core, torch.zeros(T, B, dtype=torch.bool))
+        p = torch.softmax(logits, -1)
+        assert (p[~mask] == 0).all() and torch.allclose(p.sum(-1), torch.ones(T, B))
+        entropy = Categorical.entropy(logits)
+        assert (entropy <= torch.log(mask.sum(-1).float()) + 1e-5).all()
+        legal_actions = mask.float().argmax(-1)
+        (Categorical.log_prob(logits, legal_actions).sum() + entropy.sum()).backward()
+        assert all(torch.isfinite(w.grad).all() for w in model.parameters() if w.grad is not None)
     net = RecurrentQNet(spec, lstm_size=16)
     q, _ = net.unroll(obs, torch.zeros(B, 2, 16), torch.zeros(T, B, dtype=torch.bool))
     assert (q[~mask] == ILLEGAL).all() and (q[mask] > ILLEGAL / 2).all()
