@@ -128,12 +128,17 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
 def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
     """The shape of Gymnasium's ``info["action_mask"]`` where a Discrete env
     without one in its Dict observation gives it, read from one ``reset``; None
-    otherwise. A reset that raises is the worker's to report, not this one's."""
+    otherwise. Only an env whose code names the mask is reset here
+    (``_names_the_mask``): a reset that hangs or crashes natively in this
+    process would take the run with it, where a worker's is reported in one
+    line. A reset that raises is the worker's to report, not this one's."""
     from gymnasium import spaces
 
     if not isinstance(act_space, spaces.Discrete):
         return None
     if isinstance(obs_space, spaces.Dict) and MASK_KEY in obs_space.spaces:
+        return None
+    if not _names_the_mask(env):
         return None
     try:
         out = env.reset(seed=0)
@@ -142,6 +147,21 @@ def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
         return None
     mask = info.get(MASK_KEY) if isinstance(info, dict) else None
     return None if mask is None else tuple(np.shape(mask))
+
+
+def _names_the_mask(env) -> bool:
+    """Whether the module of the env's class, or of one of its wrappers', names
+    ``action_mask`` in its source (Gymnasium's own wrappers do not)."""
+    import inspect
+
+    while env is not None:
+        try:
+            if MASK_KEY in inspect.getsource(inspect.getmodule(type(env))):
+                return True
+        except (TypeError, OSError):  # no source: a compiled module
+            pass
+        env = getattr(env, "env", None)
+    return False
 
 
 def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
