@@ -20,7 +20,7 @@ from torch import nn
 from seedlocal.arithmetic import Tanh, autocast
 from seedlocal.config.schema import NetworkConfig
 from seedlocal.normalize import RunningNorm
-from seedlocal.spec import EnvSpec, TensorSpec
+from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
 
 
 ENCODERS = ("auto", "mlp", "minatar", "nature", "impala")
@@ -205,11 +205,33 @@ def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple
         return encoder, torso
     if any(int(h) < 1 for h in hidden):
         raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive (none at all: a linear policy)")
-    classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in spec.obs}
-    in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(s.shape)) for k, s in spec.obs.items())
+    seen = net_obs(spec)
+    classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in seen}
+    in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(s.shape)) for k, s in seen.items())
     torso = MLPEncoder(in_dim, hidden)
     torso.classes = classes  # Discrete fields enter one-hot (flatten_obs)
     return encoder, torso
+
+
+# The output of an illegal action (its logit, its Q-value): far below any a
+# network gives, and finite, so that softmax, log-probabilities and entropy
+# stay finite (an illegal action's probability is exactly 0) and h^-1 of it
+# times a zero discount is still 0.
+ILLEGAL = -1e9
+
+
+def net_obs(spec: EnvSpec) -> dict[str, TensorSpec]:
+    """The observation fields a network reads: all but the action mask, which
+    says what it may do, not what it sees (``spec.MASK_KEY``)."""
+    return {k: s for k, s in spec.obs.items() if k != MASK_KEY}
+
+
+def legal_only(out: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-action outputs ``out`` [..., A] (logits or Q-values, float32 from
+    here) with ``ILLEGAL`` where ``obs``' action mask [..., A] forbids the
+    action; ``out`` itself where the env has no mask."""
+    mask = obs.get(MASK_KEY)
+    return out if mask is None else torch.where(mask.reshape(out.shape), out.float(), ILLEGAL)
 
 
 def encoder_identity(spec: EnvSpec, encoder: str) -> dict:
@@ -308,14 +330,14 @@ class PolicyNet(nn.Module):
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  obs_norm: bool = False):
         super().__init__()
-        self.obs_keys = list(spec.obs)
+        self.obs_keys = list(net_obs(spec))
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
         self.continuous = spec.num_actions is None
         self.policy = nn.Linear(self.encoder.out_dim, action_size(spec))
         self.obs_norm = _obs_norm(self, obs_norm)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.policy(encode(self, obs))
+        return legal_only(self.policy(encode(self, obs)), obs)
 
     def step(self, obs: dict[str, torch.Tensor], core=None):
         return self.forward(obs), None, None
@@ -365,7 +387,7 @@ class ActorCritic(nn.Module):
                  lstm_size: int = 0, separate_critic: bool = False, init: str = "torch", obs_norm: bool = False,
                  init_std: float = 0.5):
         super().__init__()
-        self.obs_keys = list(spec.obs)
+        self.obs_keys = list(net_obs(spec))
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
         encoder = self.kind
         self.obs_norm = _obs_norm(self, obs_norm)
@@ -396,8 +418,9 @@ class ActorCritic(nn.Module):
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return encode(self, obs)
 
-    def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        params = self.policy(h)
+    def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None,
+               obs: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        params = self.policy(h) if obs is None else legal_only(self.policy(h), obs)
         if self.log_std is not None:  # a Gaussian: [mean, log std], the std at least 1e-3
             log_std = self.log_std.clamp(min=MIN_LOG_STD).to(params.dtype)
             params = torch.cat([params, log_std.expand_as(params)], dim=-1)
@@ -406,17 +429,17 @@ class ActorCritic(nn.Module):
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.critic is not None:
             x = mlp_input(self, obs)
-            return self._heads(self.encoder(x), self.critic(x))
-        return self._heads(self.encode(obs))
+            return self._heads(self.encoder(x), self.critic(x), obs)
+        return self._heads(self.encode(obs), obs=obs)
 
     def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None):
         if self.critic is not None:
             return (*self.forward(obs), None)
         h = self.encode(obs)
         if self.lstm is None:
-            return (*self._heads(h), None)
+            return (*self._heads(h, obs=obs), None)
         hx, cx = self.lstm(h, _state_pair(core))
-        return (*self._heads(hx), torch.stack([hx, cx], dim=1))
+        return (*self._heads(hx, obs=obs), torch.stack([hx, cx], dim=1))
 
     @torch.no_grad()
     def update_obs_norm(self, obs: dict[str, torch.Tensor]) -> None:
@@ -442,7 +465,7 @@ class ActorCritic(nn.Module):
                 hx, cx = hx * keep[t], cx * keep[t]
             hx, cx = self.lstm(h[t], (hx, cx))
             outs.append(hx)
-        logits, values = self._heads(torch.stack(outs))
+        logits, values = self._heads(torch.stack(outs), obs=obs)
         return logits, values
 
 
@@ -483,7 +506,7 @@ class RecurrentQNet(nn.Module):
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  lstm_size: int = 64, head_size: int = 0):
         super().__init__()
-        self.obs_keys = list(spec.obs)
+        self.obs_keys = list(net_obs(spec))
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
         self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
         head = head_size or lstm_size
@@ -503,15 +526,17 @@ class RecurrentQNet(nn.Module):
         with autocast(x.device, self.precision, cache=False):  # each weight is used once; safe to graph
             return encode_obs(self.kind, self.encoder, self.obs_keys, obs).float()
 
-    def _q(self, h: torch.Tensor) -> torch.Tensor:
+    def _q(self, h: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Q [..., A]; an illegal action's is ``ILLEGAL``, so argmax, max and epsilon's greedy choice see only
+        legal ones. The dueling mean is over every action: the mask moves no legal action's value."""
         a = self.advantage(h)
-        return self.value(h) + a - a.mean(-1, keepdim=True)
+        return legal_only(self.value(h) + a - a.mean(-1, keepdim=True), obs)
 
     def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor):
         x = self._encode(obs)
         m = self.lstm
         hx, cx = torch.lstm_cell(x, _state_pair(core), m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
-        return self._q(hx), torch.stack([hx, cx], dim=1)
+        return self._q(hx, obs), torch.stack([hx, cx], dim=1)
 
     def frozen_copy(self) -> RecurrentQNet:
         """A copy without gradients (R2D2's target network). ``deepcopy``
@@ -548,7 +573,7 @@ class RecurrentQNet(nn.Module):
             out, (h1, c1) = self.lstm(x[t0:t1], (hx.unsqueeze(0), cx.unsqueeze(0)))
             hx, cx = h1[0], c1[0]
             outs.append(out)
-        return self._q(torch.cat(outs)), torch.stack([hx, cx], dim=1)
+        return self._q(torch.cat(outs), obs), torch.stack([hx, cx], dim=1)
 
 
 def cut_rows(first) -> list[int]:

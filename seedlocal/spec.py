@@ -1,7 +1,8 @@
 """The words every floor of seedlocal shares: what a tensor is (``TensorSpec``),
 what an environment is to the pipeline (``EnvSpec``), and where an episode
-starts (``starts_episode``, ``episode_starts``). Nothing here imports from
-seedlocal, so algorithms, networks, shared memory and the pipeline all may.
+starts (``starts_episode``, ``episode_starts``), and where an env's action
+mask travels (``MASK_KEY``). Nothing here imports from seedlocal, so
+algorithms, networks, shared memory and the pipeline all may.
 """
 
 from __future__ import annotations
@@ -10,6 +11,15 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+
+
+# An env that says which Discrete actions are legal (Gymnasium's and PettingZoo's
+# ``action_mask``: a key of its Dict observation, or of ``info``) has this field
+# in ``EnvSpec.obs``: a bool per action, [num_actions]. So it is stored in each
+# step row, replayed and shipped over the bridge like any observation field;
+# networks do not read it as input but set the outputs of illegal actions to
+# ``networks.ILLEGAL`` (see ``networks.legal_only``).
+MASK_KEY = "action_mask"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from seedlocal.envs.bounds import action_bounds
 from seedlocal.envs.ids import register_namespace
 from seedlocal.errors import EnvContractError
-from seedlocal.spec import EnvSpec
+from seedlocal.spec import MASK_KEY, EnvSpec
 
 
 def quiet_gymnasium() -> None:
@@ -45,10 +45,15 @@ class GymnasiumGroup:
         self._truncated = np.zeros(envs_per_group, bool)
         self._needs_reset = np.ones(envs_per_group, bool)
         self._first = True
+        self._masked = MASK_KEY in spec.obs
+        self._t = np.zeros(envs_per_group, np.int64)  # steps into each env's episode, for a mask's error
 
-    def _put_obs(self, i: int, obs) -> None:
+    def _put_obs(self, i: int, obs, info) -> None:
         for k in self._keys:
-            v, out = obs[k] if isinstance(obs, dict) else obs, self._obs[k]
+            if k == MASK_KEY and not (isinstance(obs, dict) and k in obs):
+                v, out = self._info_mask(info), self._obs[k]
+            else:
+                v, out = obs[k] if isinstance(obs, dict) else obs, self._obs[k]
             if getattr(v, "shape", None) != out.shape[1:]:  # lists, scalars, other shapes
                 v = np.asarray(v)
                 if v.size != out[i].size:  # numpy would repeat a smaller one silently
@@ -56,6 +61,16 @@ class GymnasiumGroup:
                                            f"{v.shape}, its space says {out.shape[1:]}")
                 v = v.reshape(out.shape[1:])
             out[i] = v
+        if self._masked and not self._terminated[i] and not self._obs[MASK_KEY][i].any():
+            raise EnvContractError(f"{self._id}: env {i} of a group gave an {MASK_KEY} that allows no action at step "
+                                   f"{self._t[i]} of its episode; only an episode's terminal step may")
+
+    def _info_mask(self, info):
+        mask = info.get(MASK_KEY) if isinstance(info, dict) else None
+        if mask is None:
+            raise EnvContractError(f"{self._id}: its info has no {MASK_KEY!r} at this step; it had one at reset, "
+                                   "and every step must give it")
+        return mask
 
     def reset(self) -> None:
         self._needs_reset[:] = True
@@ -71,13 +86,14 @@ class GymnasiumGroup:
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise EnvContractError(f"{self._id}: reset() returned {_what(out)}; Gymnasium envs return "
                                            "(observation, info) (an old Gym env needs porting to that API)")
-                obs = out[0]
+                obs, info = out
                 self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
+                self._t[i] = 0
             else:
                 try:
                     out = None
                     out = env.step(actions[i] + self._start if self._start else actions[i])
-                    obs, r, te, tr, _ = out
+                    obs, r, te, tr, info = out
                 except (TypeError, ValueError) as e:
                     # Unpacked here, or by a Gymnasium wrapper (TimeLimit) inside step().
                     if out is None and "(expected 5, got 4)" not in str(e):
@@ -87,8 +103,9 @@ class GymnasiumGroup:
                         f"{self._id}: step() returned {what}; Gymnasium envs return (observation, reward, "
                         "terminated, truncated, info) (an old Gym env needs porting to that API)") from None
                 self._reward[i], self._terminated[i], self._truncated[i] = _finite_reward(self._id, r), te, tr
+                self._t[i] += 1
             self._needs_reset[i] = self._terminated[i] or self._truncated[i]
-            self._put_obs(i, obs)
+            self._put_obs(i, obs, info)
         self._first = False
 
     def recv(self):

@@ -12,7 +12,7 @@ from seedlocal.envs.envpool_group import stack_kw
 from seedlocal.envs.gymnasium_group import quiet_gymnasium
 from seedlocal.envs.ids import envpool_ids, resolve_backend
 from seedlocal.errors import ConfigError
-from seedlocal.spec import EnvSpec, TensorSpec
+from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
 
 if TYPE_CHECKING:  # a worker imports this module, and no torch: config is only named here
     from seedlocal.config.schema import EnvConfig
@@ -98,6 +98,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
             raise ValueError(f"env.id={env_id!r}: envpool could not make it ({type(e).__name__}: {e})") from None
         obs_space, act_space = env.observation_space, env.action_space
         frames = int(getattr(env.spec.config, "frame_skip", 1))
+        info_mask = None  # envpool's envs have no action masks
         env.close() if hasattr(env, "close") else None
     else:
         import gymnasium
@@ -108,6 +109,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
             raise ValueError(f"env.id={env_id!r}: making the env raised {type(e).__name__}: {e}") from None
         obs_space, act_space = env.observation_space, env.action_space
         frames = 1
+        info_mask = _info_mask(env, obs_space, act_space)
         _close_quietly(env)
     try:
         obs = _space_spec(obs_space)
@@ -116,10 +118,66 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
                          "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
     try:
         action = _action_spec(act_space)
+        obs = _with_mask(obs, action["num_actions"], info_mask)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
     return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack,
                    obs_classes=_obs_classes(obs_space), **action)
+
+
+def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
+    """The shape of Gymnasium's ``info["action_mask"]`` where a Discrete env
+    without one in its Dict observation gives it, read from one ``reset``; None
+    otherwise. Only an env whose code names the mask is reset here
+    (``_names_the_mask``): a reset that hangs or crashes natively in this
+    process would take the run with it, where a worker's is reported in one
+    line. A reset that raises is the worker's to report, not this one's."""
+    from gymnasium import spaces
+
+    if not isinstance(act_space, spaces.Discrete):
+        return None
+    if isinstance(obs_space, spaces.Dict) and MASK_KEY in obs_space.spaces:
+        return None
+    if not _names_the_mask(env):
+        return None
+    try:
+        out = env.reset(seed=0)
+        info = out[1] if isinstance(out, tuple) and len(out) == 2 else {}
+    except Exception:
+        return None
+    mask = info.get(MASK_KEY) if isinstance(info, dict) else None
+    return None if mask is None else tuple(np.shape(mask))
+
+
+def _names_the_mask(env) -> bool:
+    """Whether the module of the env's class, or of one of its wrappers', names
+    ``action_mask`` in its source (Gymnasium's own wrappers do not)."""
+    import inspect
+
+    while env is not None:
+        try:
+            if MASK_KEY in inspect.getsource(inspect.getmodule(type(env))):
+                return True
+        except (TypeError, OSError):  # no source: a compiled module
+            pass
+        env = getattr(env, "env", None)
+    return False
+
+
+def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
+               info_mask: tuple[int, ...] | None) -> dict[str, TensorSpec]:
+    """``obs`` with the action mask as a bool field of one flag per Discrete
+    action (``spec.MASK_KEY``), where the env gives one in its observation or
+    in ``info``."""
+    if MASK_KEY not in obs and info_mask is None:
+        return obs
+    shape = obs[MASK_KEY].shape if MASK_KEY in obs else info_mask
+    if num_actions is None:
+        raise ValueError(f"it gives an {MASK_KEY}, which masks Discrete actions; its action space is a Box")
+    if tuple(shape) != (num_actions,):
+        raise ValueError(f"its {MASK_KEY} has shape {tuple(shape)}; it must hold one flag per action "
+                         f"({num_actions},)")
+    return {**obs, MASK_KEY: TensorSpec((num_actions,), "bool")}
 
 
 def _close_quietly(env, timeout_s: float = 5.0) -> None:

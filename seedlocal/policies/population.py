@@ -39,9 +39,10 @@ from torch.nn import functional as F
 from torch.func import functional_call, vmap
 
 from seedlocal.algos.distributions import Categorical
-from seedlocal.networks import PolicyNet, as_float, flatten_obs
+from seedlocal.networks import PolicyNet, as_float, flatten_obs, legal_only
 from seedlocal.normalize import RunningNorm, merge_moments, normalise
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
+from seedlocal.spec import MASK_KEY
 
 MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its rows instead
 OBS_STATS_EVERY = 4  # with shared observation statistics: every this many batches adds its rows
@@ -549,6 +550,8 @@ class PopulationPolicy(Policy):
         width = (self.forward.template.policy.out_features,) if self.continuous else ()
         actions = torch.zeros((len(envs),) + width, dtype=torch.float32 if self.continuous else torch.long,
                               device=self.device)
+        if MASK_KEY in obs:  # envs without a job step too (their steps are not scored): a legal action each
+            actions = obs[MASK_KEY].to(torch.uint8).argmax(-1)
         if len(active):
             t0 = time.perf_counter()
             if len(active) < len(envs):
@@ -563,7 +566,9 @@ class PopulationPolicy(Policy):
                     self._seen.update(flatten_obs(self.forward.obs_keys, obs, self.forward.obs_classes))
                     if self._seen_written is not None:  # what commit_obs_stats waits for before it reads
                         self._seen_written.record(torch.cuda.current_stream(self.device))
-            chosen = member_actions(self.forward(envs[active], obs), self.continuous, self.greedy, self.action_noise)
+            # legal_only: the plan's and the statistics' forwards write the layers out, not PolicyNet.forward.
+            out = legal_only(self.forward(envs[active], obs), obs)
+            chosen = member_actions(out, self.continuous, self.greedy, self.action_noise)
             if len(active) < len(envs):
                 actions[idx] = chosen
             else:

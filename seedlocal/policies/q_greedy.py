@@ -1,6 +1,8 @@
 """Acting with R2D2's recurrent Q-network: epsilon-greedy on the online
 network's Q-values, one epsilon per env slot (Ape-X's schedule), with each
-env's frame stack kept on the device when the env sends single frames."""
+env's frame stack kept on the device when the env sends single frames. Where
+the env has an action mask, the greedy choice (the network gives illegal
+actions ``ILLEGAL`` Q-values) and the random one are both legal."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from seedlocal.dtypes import torch_dtype
 from seedlocal.networks import RecurrentQNet
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
 from seedlocal.pipeline.policy import Policy
+from seedlocal.spec import MASK_KEY
 
 
 class R2D2Policy(Policy):
@@ -67,23 +70,30 @@ class R2D2Policy(Policy):
         hist[ids] = out
         return out
 
-    def _draws(self, n: int, actions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform [0, 1) numbers and random actions for ``n`` rows, from this policy's generator."""
+    def _draws(self, n: int, actions: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform [0, 1) numbers and random actions for ``n`` rows, from this policy's generator; with an action
+        ``mask`` [n, actions], each row's random action uniform over its legal ones (the largest of a uniform
+        draw per legal action)."""
         on = self.gen.device
         u = torch.rand(n, generator=self.gen, device=on)
-        random = torch.randint(actions, (n,), generator=self.gen, device=on)
-        return u.to(self.device), random.to(self.device)
+        if mask is None:
+            random = torch.randint(actions, (n,), generator=self.gen, device=on).to(self.device)
+        else:
+            w = torch.rand((n, actions), generator=self.gen, device=on).to(self.device)
+            random = torch.where(mask, w, -1.0).argmax(-1)
+        return u.to(self.device), random
 
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
         n = next(iter(obs.values())).shape[0]
         env_ids = env_ids if env_ids is not None else np.arange(n)
         ids = torch.from_numpy(env_ids).to(self.device)
+        mask = obs.get(MASK_KEY)
         if self.stack > 1:
             starts = first if first is not None else np.zeros(n, bool)
             obs = {"": self.stacked(obs[""], ids, torch.from_numpy(starts).to(self.device), int(env_ids.max()) + 1)}
         with self.lock.reading():
             q, core = self._step(obs, core)
-        u, random = self._draws(q.shape[0], q.shape[1])
+        u, random = self._draws(q.shape[0], q.shape[1], mask)
         explore = u < (self.eps[ids] if self.eps.ndim else self.eps)
         return torch.where(explore, random, q.argmax(-1)), {}, core.float()
