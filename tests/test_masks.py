@@ -142,12 +142,17 @@ def test_no_algorithm_takes_an_illegal_action_in_10k_steps(tmp_path):
             "unmasked": (("train", "vtrace", "--env.id", "mask_envs:PickNoMask-v0", "--total-steps", "1000",
                           "--run-name", "u"), {}),
             "empty": (("train", "vtrace", "--env.id", "mask_envs:NoLegal-v0", "--total-steps", "5000",
-                       "--run-name", "e"), {})}
+                       "--run-name", "e"), {}),
+            "hidden": (("train", "vtrace", "--env.id", "hidden_mask_env:Hidden-v0", "--total-steps", "1000",
+                        "--run-name", "h", "--pipeline.num-workers", "1"), {})}
     logs = {name: tmp_path / f"{name}.illegal" for name in runs}
     outs = dict(zip(runs, run_all([((*args, *common), {**extra, "MASK_ENVS_ILLEGAL_LOG": str(logs[name])})
                                    for name, (args, extra) in runs.items()])))
-    for name in ("vtrace", "r2d2", "ga", "unmasked"):
+    for name in ("vtrace", "r2d2", "ga", "unmasked", "hidden"):
         assert outs[name].returncode == 0, (name, outs[name].stderr[-2000:])
+    # A mask in info that describe() did not probe for: the worker says once that actions are not masked.
+    said = [ln for ln in outs["hidden"].stderr.splitlines() if "its info gives 'action_mask'" in ln]
+    assert len(said) == 1 and "not masked" in said[0], outs["hidden"].stderr[-2000:]
     for name in ("vtrace", "r2d2", "ga"):
         assert illegal_lines(logs[name]) == [], (name, illegal_lines(logs[name])[:5])
     assert len(illegal_lines(logs["unmasked"])) > 10

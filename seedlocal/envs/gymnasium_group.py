@@ -6,6 +6,7 @@ observations of another shape than their space's)."""
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from seedlocal.envs.bounds import action_bounds
 from seedlocal.envs.ids import register_namespace
 from seedlocal.errors import EnvContractError
 from seedlocal.spec import MASK_KEY, EnvSpec
+
+
+_unseen_mask_said = False  # whether this process said that an env's info gives a mask describe() did not see
 
 
 def quiet_gymnasium() -> None:
@@ -61,6 +65,14 @@ class GymnasiumGroup:
                                            f"{v.shape}, its space says {out.shape[1:]}")
                 v = v.reshape(out.shape[1:])
             out[i] = v
+        global _unseen_mask_said
+        if not self._masked and not _unseen_mask_said and isinstance(info, dict) and MASK_KEY in info:
+            # describe() resets an env for its info only where its code names the mask; one built elsewhere
+            # would otherwise act unmasked in silence. Said once per worker process.
+            _unseen_mask_said = True
+            print(f"seedlocal: {self._id}: its info gives {MASK_KEY!r}, which was not seen when the run read the "
+                  f"env's spaces (only an env whose own module names {MASK_KEY!r} is reset for that), so actions "
+                  "are not masked: put the mask in a Dict observation under that key", file=sys.stderr, flush=True)
         if self._masked and not self._terminated[i] and not self._obs[MASK_KEY][i].any():
             raise EnvContractError(f"{self._id}: env {i} of a group gave an {MASK_KEY} that allows no action at step "
                                    f"{self._t[i]} of its episode; only an episode's terminal step may")
