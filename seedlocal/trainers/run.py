@@ -318,17 +318,35 @@ def _start_or_resume(trainer_cls: type[Trainer], cfg, spec) -> tuple[Trainer, di
     return t, resumed, run_dir
 
 
+def _open_monitor(t: Trainer, cfg, run_dir: Path, resumed: dict | None) -> RunMonitor:
+    """The run's TensorBoard writer (a resume's purges the points after its checkpoint's) with the config as
+    text, and with ``--track`` its W&B run (``tracking.py``), which gets every scalar the writer gets."""
+    monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
+    config = dataclasses.asdict(cfg)
+    monitor.text("config", "```\n" + json.dumps(config, indent=2) + "\n```", t.counters[t.x_axis])
+    if cfg.track:
+        from seedlocal.tracking import Tracker
+
+        try:
+            monitor.tracker = Tracker(run_dir, config, cfg.wandb_project_name, cfg.wandb_entity, t.x_axis)
+        except BaseException:
+            monitor.close(failed=True)
+            raise
+    return monitor
+
+
 def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
     """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
     returns the summary (also on Ctrl-C, re-raised after saving)."""
     t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec)
     checkpoint.make_run_dir(run_dir)
-    monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
-    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", t.counters[t.x_axis])
+    monitor = _open_monitor(t, cfg, run_dir, resumed)
     print(f"seedlocal: {t.describe()}; TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
+    if monitor.tracker is not None:
+        print(f"seedlocal: {monitor.tracker.where()}", flush=True)
 
     policy = t.policy()
-    summary = {"status": "done", "run_dir": str(run_dir)}
+    summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
                            bridge=cfg.bridge, shape=t.shape) as pipe:
