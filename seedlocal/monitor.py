@@ -63,6 +63,12 @@ With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected,
 bridge/disconnects and per actor host bridge/host<N>/steps_per_s, mb_per_s,
 rtt_ms_p50, rtt_ms_p99.
 
+With ``--video-every-min M`` every trainer adds, every M minutes, one episode of its current policy as an
+animated GIF under Images: videos/episode (also ``<run>/videos/<steps|generation>_<n>.gif``;
+``trainers/videos.py``). With ``--track`` every scalar above goes to Weights & Biases under the same name, with
+the run's x axis as its step metric (``steps``, or ``generation``), and the videos, the config and the summary
+too (``tracking.py``).
+
 Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
 target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
 (``mean_return_last20``; ``best_member_return`` for neuroevolution),
