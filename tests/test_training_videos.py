@@ -84,3 +84,12 @@ def test_every_kind_of_family_makes_videos_of_its_policy(tmp_path, algo, budget,
                  "--run-name", "x", "--no-progress"]) == 0
     gifs = list((tmp_path / "x" / "videos").glob(made + "*.gif"))
     assert gifs and _gif_frames(gifs[0].read_bytes())[0].shape == (400, 600, 3)
+
+
+def test_a_negative_period_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from seedlocal.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "vtrace", "--video-every-min", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "seedlocal: error: video_every_min=-1.0: must be >= 0 (0 = no videos)"
+    assert not list(tmp_path.iterdir())

@@ -353,13 +353,12 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
     returns the summary (also on Ctrl-C, re-raised after saving).
     ``from_checkpoint``: the family's (``Family``), which plays the videos."""
     t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec)
+    policy = t.policy()
     checkpoint.make_run_dir(run_dir)
-    monitor = _open_monitor(t, cfg, run_dir, resumed)
+    monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before the with below closes it
     print(f"seedlocal: {t.describe()}; TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
     if monitor.tracker is not None:
         print(f"seedlocal: {monitor.tracker.where()}", flush=True)
-
-    policy = t.policy()
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
