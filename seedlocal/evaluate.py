@@ -12,7 +12,6 @@ module is that call: ``evaluate`` below) returns an ``Evaluation``.
 
 from __future__ import annotations
 
-import io
 import sys
 import types
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from seedlocal import checkpoint, families, video
 from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.errors import fail
 from seedlocal.envs.make import make_group
-from seedlocal.pipeline.policy import Policy
+from seedlocal.pipeline.policy import Acting, Policy
+from seedlocal.video import encode_gif
 
 
 @dataclass
@@ -59,25 +59,6 @@ def policy_of(state: dict, device: torch.device, greedy: bool | None = None, eps
     return families.of_checkpoint(state).from_checkpoint(state, device, greedy, epsilon)
 
 
-class Acting:
-    """``policy.act`` called as the inference loop calls it, for ``n`` envs that each play from their reset:
-    observations to the policy's device as tensors, each env's slot id, its first step marked (an episode
-    start: frame stacks refill), the recurrent core kept per env from zeros; actions back to the host."""
-
-    def __init__(self, policy: Policy, n: int):
-        self.policy, self.ids = policy, np.arange(n)
-        self.device = policy.device
-        self.first, self._later = np.ones(n, bool), np.zeros(n, bool)  # the first step, then every other
-        spec = policy.core_state
-        self.core = None if spec is None else torch.zeros((n,) + spec.shape, device=self.device)
-
-    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        x = {k: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in obs.items()}
-        actions, _, self.core = self.policy.act(x, self.core, self.ids, self.first)
-        self.first = self._later
-        return actions.cpu().numpy()
-
-
 def play(policy: Policy, episodes: int, seed: int, max_steps: int) -> tuple[np.ndarray, int]:
     """One raw return per episode (each env plays its first episode), and how
     many of them ``max_steps`` cut short."""
@@ -101,21 +82,6 @@ def record(policy: Policy, seed: int, max_steps: int) -> list[np.ndarray]:
     """Frames of one episode as a person sees it, drawn by the env that plays it and timed to play in real
     time (``seedlocal/video.py``), or RenderUnavailable."""
     return video.record(Acting(policy, 1), policy.spec, seed, max_steps)
-
-
-def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
-    """An animated GIF playing ``frames`` at ``fps`` (default: the clip's own real-time rate, ``video.Clip``;
-    else 30); frame delays are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
-    from PIL import Image
-
-    fps = float(fps or getattr(frames, "fps", 30.0))
-    ends = np.maximum(np.round(np.arange(1, len(frames) + 1) * 100.0 / fps), 2 * np.arange(1, len(frames) + 1))
-    durations = (np.diff(ends, prepend=0.0) * 10).astype(int).tolist()  # centiseconds -> ms, each >= 20
-    imgs = (Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames)  # one at a time: frames can be large
-    first = next(imgs)
-    buf = io.BytesIO()
-    first.save(buf, format="GIF", save_all=True, append_images=imgs, duration=durations, loop=0)
-    return buf.getvalue(), first.height, first.width
 
 
 def main(cfg: EvalConfig) -> dict:

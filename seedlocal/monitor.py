@@ -63,6 +63,12 @@ With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected,
 bridge/disconnects and per actor host bridge/host<N>/steps_per_s, mb_per_s,
 rtt_ms_p50, rtt_ms_p99.
 
+With ``--video-every-min M`` every trainer adds, every M minutes, one episode of its current policy as an
+animated GIF under Images: videos/episode (also ``<run>/videos/<steps|generation>_<n>.gif``;
+``trainers/videos.py``). With ``--track`` every scalar above goes to Weights & Biases under the same name, with
+the run's x axis as its step metric (``steps``, or ``generation``), and the videos, the config and the summary
+too (``tracking.py``).
+
 Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
 target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
 (``mean_return_last20``; ``best_member_return`` for neuroevolution),
@@ -144,7 +150,11 @@ def _after_older_event_files(run_dir: Path) -> None:
 class RunMonitor:
     def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
         """``lock``: hold the run folder for this process (a trainer; eval's
-        video only adds an image to a run, maybe one still training)."""
+        video only adds an image to a run, maybe one still training).
+
+        ``tracker`` (a ``tracking.Tracker``, set by the run with ``--track``)
+        gets every scalar written here, and at ``close`` the run's ``summary``
+        (the dict summary.json is written from) and its end."""
         from seedlocal.checkpoint import lock_run
 
         self.run_dir = Path(run_dir)
@@ -156,12 +166,16 @@ class RunMonitor:
         self.progress_enabled = progress
         self._tty = sys.stderr.isatty()
         self._last_line = 0.0
+        self.tracker = None
+        self.summary: dict | None = None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self._wrote_scalars = True
         for tag, v in values.items():
             if v is not None:
                 self.writer.add_scalar(tag, v, step)
+        if self.tracker is not None:
+            self.tracker.scalars(step, values)
 
     def text(self, tag: str, value: str, step: int = 0) -> None:
         self.writer.add_text(tag, value, step)
@@ -185,9 +199,25 @@ class RunMonitor:
             print(line, file=sys.stderr, flush=True)
             self._last_line = now
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.writer is None:
             return
+        try:
+            self._close_tracker(failed)
+        finally:
+            self._close_writer()
+
+    def _close_tracker(self, failed: bool) -> None:
+        tracker, self.tracker = self.tracker, None
+        if tracker is None:
+            return
+        try:
+            if self.summary:
+                tracker.summary(self.summary)
+        finally:
+            tracker.finish(failed or (self.summary or {}).get("status", "done") != "done")
+
+    def _close_writer(self) -> None:
         if self._tty and self.progress_enabled:
             sys.stderr.write("\n")
         try:
@@ -206,7 +236,7 @@ class RunMonitor:
         included, carries the run folder for the CLI's last line."""
         if exc is not None and getattr(exc, "seedlocal_run_dir", None) is None:
             exc.seedlocal_run_dir = self.run_dir
-        self.close()
+        self.close(failed=exc is not None)
         from seedlocal.errors import ConfigError
 
         if isinstance(exc, ConfigError) and self._new_run and not self._wrote_scalars:

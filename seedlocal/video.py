@@ -25,6 +25,7 @@ the software renderer most of its work.
 from __future__ import annotations
 
 import atexit
+import io
 import math
 import os
 
@@ -130,7 +131,7 @@ def _hint(spec: EnvSpec, e: BaseException) -> str:
 
 def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     """Frames of one episode the policy ``act(obs) -> actions`` (keeping its own state, e.g.
-    ``evaluate.Acting``) plays, at most ``max_steps`` steps, drawn every k-th step so that they
+    ``pipeline.policy.Acting``) plays, at most ``max_steps`` steps, drawn every k-th step so that they
     play in real time at no more than ``MAX_FPS``; or ``RenderUnavailable``."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # Gymnasium's MuJoCo envs would try a window (GLFW) otherwise
@@ -202,3 +203,18 @@ def _observed(obs: dict) -> np.ndarray:
     """The newest frame of an image observation (channels first or last), as grey."""
     x = np.asarray(obs[""][0])
     return np.asarray(x[-1] if x.shape[0] <= 16 else x[..., -1], dtype=np.uint8)
+
+
+def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
+    """An animated GIF playing ``frames`` at ``fps`` (default: the clip's own real-time rate, ``video.Clip``;
+    else 30); frame delays are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
+    from PIL import Image
+
+    fps = float(fps or getattr(frames, "fps", 30.0))
+    ends = np.maximum(np.round(np.arange(1, len(frames) + 1) * 100.0 / fps), 2 * np.arange(1, len(frames) + 1))
+    durations = (np.diff(ends, prepend=0.0) * 10).astype(int).tolist()  # centiseconds -> ms, each >= 20
+    imgs = (Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames)  # one at a time: frames can be large
+    first = next(imgs)
+    buf = io.BytesIO()
+    first.save(buf, format="GIF", save_all=True, append_images=imgs, duration=durations, loop=0)
+    return buf.getvalue(), first.height, first.width

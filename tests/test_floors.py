@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).parent.parent / "seedlocal"
 FLOORS = [
     ["spec", "errors", "dtypes", "arithmetic", "normalize"],  # the words and the arithmetic every floor shares
     ["checkpoint", "networks", "shm", "config"],  # files, networks, shared memory, the config's schema and checks
-    ["shape", "monitor", "algos", "envs"],  # the pipeline's sizes, TensorBoard, each algorithm's math, the env backends
+    ["shape", "monitor", "tracking", "algos", "envs"],  # the pipeline's sizes, TensorBoard, W&B, each algorithm's
+    # math, the env backends
     ["pipeline"],  # every process and every wait
     ["policies", "video"],  # how the inference loop acts; frames of an episode
     ["trainers"],  # one run's life and each trainer on it

@@ -59,6 +59,21 @@ def validate_run_options(cfg) -> None:
         check_writable("log_dir", log_dir, folder=True)
     if isinstance(getattr(cfg, "network", None), NetworkConfig):
         validate_network(cfg.network)
+    _validate_tracking(cfg)
+
+
+def _validate_tracking(cfg) -> None:
+    """--video-every-min, and --track's package (an optional extra)."""
+    if getattr(cfg, "video_every_min", 0.0) < 0:
+        fail("video_every_min", cfg.video_every_min, "must be >= 0 (0 = no videos)")
+    if getattr(cfg, "track", False):
+        import importlib
+
+        try:
+            importlib.import_module("wandb")
+        except ImportError:
+            raise ConfigError("track=True: the wandb package is not installed; pip install 'seedlocal[wandb]'") \
+                from None
 
 
 def validate_network(n: NetworkConfig) -> None:

@@ -128,6 +128,16 @@ class RunConfig:
     """run directory or checkpoint to continue; same config, same TensorBoard curve"""
     progress: bool = True
     """live progress on the terminal"""
+    track: bool = False
+    """send the curves, config, videos and summary to Weights & Biases (pip install 'seedlocal[wandb]';
+    WANDB_MODE=offline keeps them under <run>/wandb)"""
+    wandb_project_name: str = "seedlocal"
+    """W&B project (with --track)"""
+    wandb_entity: str = ""
+    """W&B team or user (with --track; empty = your default entity)"""
+    video_every_min: float = 0.0
+    """minutes between videos of the current policy, one episode played on the CPU beside training, not in its
+    envs (TensorBoard's images, W&B with --track; 0 = none)"""
 
     @classmethod
     def migrate(cls, saved: dict) -> dict:

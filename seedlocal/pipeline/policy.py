@@ -102,3 +102,22 @@ class Policy(abc.ABC):
             first: np.ndarray | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
         """(actions [n, ...], ``outputs`` [n, ...] each, new core [n, ...] or None) for a batch of ``n`` rows.
         Called without ``env_ids``/``first``: rows 0..n-1, mid-episode."""
+
+
+class Acting:
+    """``policy.act`` called as the inference loop calls it, for ``n`` envs that each play from their reset:
+    observations to the policy's device as tensors, each env's slot id, its first step marked (an episode
+    start: frame stacks refill), the recurrent core kept per env from zeros; actions back to the host."""
+
+    def __init__(self, policy: Policy, n: int):
+        self.policy, self.ids = policy, np.arange(n)
+        self.device = policy.device
+        self.first, self._later = np.ones(n, bool), np.zeros(n, bool)  # the first step, then every other
+        spec = policy.core_state
+        self.core = None if spec is None else torch.zeros((n,) + spec.shape, device=self.device)
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        x = {k: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in obs.items()}
+        actions, _, self.core = self.policy.act(x, self.core, self.ids, self.first)
+        self.first = self._later
+        return actions.cpu().numpy()

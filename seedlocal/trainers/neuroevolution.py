@@ -344,6 +344,15 @@ class NeuroevoTrainer(Trainer):
             out["obs_norm"] = self._obs_norm.state_dict()
         return out
 
+    def acting_state(self) -> dict | None:
+        """The best member so far (the elite, the ES centre), as a checkpoint holds it."""
+        if self.evolver.best_params is None:
+            return None
+        out = {"best_params": self.evolver.best_params}
+        if self._obs_norm is not None:
+            out["obs_norm"] = self._obs_norm.state_dict()
+        return out
+
     def position(self) -> tuple[int, int]:
         return self.counters["generation"], self.counters["frames"]
 
@@ -520,7 +529,7 @@ class NeuroevoTrainer(Trainer):
 
 
 def train(cfg: NeuroevoRun) -> dict:
-    return run(NeuroevoTrainer, cfg, validate(cfg))
+    return run(NeuroevoTrainer, cfg, validate(cfg), from_checkpoint)
 
 
 def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> MemberPolicy:

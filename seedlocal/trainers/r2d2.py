@@ -314,6 +314,9 @@ class R2D2Trainer(Trainer):
             out["replay"] = replay_to_checkpoint(self.replay.state_dict())
         return out
 
+    def acting_state(self) -> dict:
+        return {"model": self.online.state_dict()}
+
     def describe(self) -> str:
         a, acting = self.a, int((~self.feeder.evaluating).sum())
         return (f"training R2D2 on {self.spec.env_id} ({self.online.kind} torso in {self.online.precision} + LSTM "
@@ -463,7 +466,7 @@ class R2D2Trainer(Trainer):
 
 
 def train(cfg: R2D2Run) -> dict:
-    return run(R2D2Trainer, cfg, validate(cfg))
+    return run(R2D2Trainer, cfg, validate(cfg), from_checkpoint)
 
 
 def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> R2D2Policy:

@@ -42,6 +42,7 @@ from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
 from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
+from seedlocal.trainers.videos import TrainingVideos
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -121,6 +122,12 @@ class Trainer(abc.ABC):
     @abc.abstractmethod
     def policy(self) -> Policy:
         """What the inference loop runs (built once)."""
+
+    def acting_state(self) -> dict | None:
+        """What this family's ``from_checkpoint`` needs besides identity and config to act as the run acts
+        now (the acting network's weights; no optimiser, no replay), for the videos during training
+        (``videos.py``); None: nothing to act with yet, or no videos from this trainer."""
+        return None
 
     def learner_threads(self) -> int:
         return self.cfg.pipeline.learner_threads or 1
@@ -318,20 +325,45 @@ def _start_or_resume(trainer_cls: type[Trainer], cfg, spec) -> tuple[Trainer, di
     return t, resumed, run_dir
 
 
-def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
-    """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
-    returns the summary (also on Ctrl-C, re-raised after saving)."""
-    t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec)
-    checkpoint.make_run_dir(run_dir)
+def _open_monitor(t: Trainer, cfg, run_dir: Path, resumed: dict | None) -> RunMonitor:
+    """The run's TensorBoard writer (a resume's purges the points after its checkpoint's) with the config as
+    text, and with ``--track`` its W&B run (``tracking.py``), which gets every scalar the writer gets."""
     monitor = RunMonitor(run_dir, purge_step=t.counters[t.x_axis] + 1 if resumed else None, progress=cfg.progress)
-    monitor.text("config", "```\n" + json.dumps(dataclasses.asdict(cfg), indent=2) + "\n```", t.counters[t.x_axis])
-    print(f"seedlocal: {t.describe()}; TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
+    config = dataclasses.asdict(cfg)
+    monitor.text("config", "```\n" + json.dumps(config, indent=2) + "\n```", t.counters[t.x_axis])
+    if cfg.track:
+        from seedlocal.tracking import Tracker
 
+        try:
+            monitor.tracker = Tracker(run_dir, config, cfg.wandb_project_name, cfg.wandb_entity, t.x_axis)
+        except BaseException:
+            monitor.close(failed=True)
+            raise
+    return monitor
+
+
+def _videos(t: Trainer, cfg, spec, monitor: RunMonitor, run_dir: Path, from_checkpoint) -> TrainingVideos:
+    """The videos during training (``--video-every-min``; none at 0), played by ``from_checkpoint``."""
+    base = {"identity": t.identity(), "config": dataclasses.asdict(cfg)}
+    return TrainingVideos(cfg.video_every_min, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
+
+
+def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None = None) -> dict:
+    """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
+    returns the summary (also on Ctrl-C, re-raised after saving).
+    ``from_checkpoint``: the family's (``Family``), which plays the videos."""
+    t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec)
     policy = t.policy()
-    summary = {"status": "done", "run_dir": str(run_dir)}
+    checkpoint.make_run_dir(run_dir)
+    monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before the with below closes it
+    print(f"seedlocal: {t.describe()}; TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
+    if monitor.tracker is not None:
+        print(f"seedlocal: {monitor.tracker.where()}", flush=True)
+    summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
-                           bridge=cfg.bridge, shape=t.shape) as pipe:
+                           bridge=cfg.bridge, shape=t.shape) as pipe, \
+            _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(cfg, t, pipe, monitor, run_dir, resumed)
         r.summary = summary
         r.runner.start()
@@ -346,6 +378,7 @@ def run(trainer_cls: type[Trainer], cfg, spec) -> dict:
                     r.logged_at = now
                 if t.save_due(r, now):
                     r.save()
+                videos.maybe(now, t)
             summary["stopped_by"] = stop
         except BaseException as e:
             summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt | SystemExit) else "error"

@@ -337,6 +337,9 @@ class VTraceTrainer(Trainer):
             out["reward_scaler"] = self.scaler.state_dict()
         return out
 
+    def acting_state(self) -> dict:
+        return {"model": self.model.state_dict()}
+
     def describe(self) -> str:
         lstm = f" + LSTM {self.cfg.network.lstm_size}" if self.cfg.network.lstm_size else ""
         rhythm = "actors wait for each update, algo.sync on" if self.sync else "acting overlaps learning, algo.sync off"
@@ -500,7 +503,7 @@ class VTraceTrainer(Trainer):
 
 def train(cfg: VTraceRun) -> dict:
     """Train until a budget ends; returns a summary (also on Ctrl-C, re-raised after saving)."""
-    return run(VTraceTrainer, cfg, validate(cfg))
+    return run(VTraceTrainer, cfg, validate(cfg), from_checkpoint)
 
 
 def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> ModelPolicy:

@@ -1,0 +1,164 @@
+"""Videos while training (``--video-every-min M``): the policy as it improves.
+
+Every M minutes, one episode of the current policy is played in an env of
+its own (not one of the training slots) and drawn with eval's frames
+(``video.record``: Atari's colour screen, MuJoCo's camera, a Gymnasium
+env's ``render()``). It is written as an animated GIF to
+``<run>/videos/<x>_<n>.gif``, to TensorBoard under ``videos/episode``
+(Images; what ``SummaryWriter.add_video`` writes, a GIF in an image
+summary, encoded here by Pillow, which eval uses already, instead of the
+moviepy that ``add_video`` needs) and, with ``--track``, to W&B.
+
+It does not stall the learner. The learner's thread only copies the
+acting network's weights to the CPU (``Trainer.acting_state``: no
+optimiser, no replay) between two updates, which is when they hold still.
+A thread of its own does the rest at the lowest CPU priority (nice 19,
+which envpool's thread inherits, and one torch thread): it rebuilds the
+policy on the CPU through the family's ``from_checkpoint``, the very
+policy ``seedlocal eval`` plays, plays the episode, encodes and writes it.
+A video that falls due while the last is still being made is skipped. An
+env that cannot render is said once, and the run goes on without videos.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from seedlocal import video
+from seedlocal.pipeline.policy import Acting
+
+MAX_STEPS = 2000  # steps a video shows at most (eval's --video-max-steps default)
+EPSILON = 0.001  # R2D2 acts epsilon-greedily with seedlocal eval's default epsilon
+TAG = "videos/episode"
+
+
+class _Stopped(Exception):
+    """The run is ending: the episode being recorded is dropped."""
+
+
+def on_cpu(state):
+    """A copy of ``state`` (nested dicts, lists, tensors) whose tensors are on the CPU and no longer the
+    learner's: it goes on updating its own while the copy is played."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: on_cpu(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(on_cpu(v) for v in state)
+    return state
+
+
+def _lowest_priority() -> None:
+    """This thread (and the threads it starts: envpool's) at nice 19; Linux sets priority per thread."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass  # another kernel: the video still plays, at the learner's priority
+    torch.set_num_threads(1)
+
+
+class TrainingVideos:
+    """The run's videos, for ``run``: ``maybe`` from the learner's thread after each unit of learning;
+    ``close`` (or leaving the ``with`` block) drops an episode being recorded and ends the thread."""
+
+    def __init__(self, every_min: float, run_dir: Path, monitor, spec, from_checkpoint: Callable | None,
+                 seed: int, base: dict):
+        """``base``: what a checkpoint of the run holds besides the trainer's state (identity, config)."""
+        self.base = base
+        self.every_s, self.run_dir, self.monitor, self.spec = every_min * 60.0, Path(run_dir), monitor, spec
+        self.from_checkpoint, self.seed = from_checkpoint, seed
+        self.made = 0
+        self._due = time.monotonic() + self.every_s
+        self._cond = threading.Condition()
+        self._job: tuple | None = None
+        self._busy = self._stop = False
+        self._thread = None
+        if self.every_s > 0 and from_checkpoint is not None:
+            self._thread = threading.Thread(target=self._serve, name="seedlocal-videos", daemon=True)
+            self._thread.start()
+
+    def maybe(self, now: float, trainer) -> None:
+        """Hand the current policy to the video thread if a video is due and the last one is done."""
+        if self._thread is None or now < self._due:
+            return
+        self._due = now + self.every_s
+        with self._cond:
+            if self._busy or self._job is not None:
+                return  # the last video is still being made: this one is skipped
+        state = trainer.acting_state()
+        if state is None:  # nothing to act with yet (a population before its first generation)
+            return
+        x = trainer.counters[trainer.x_axis]
+        job = ({**self.base, **on_cpu(state), "path": f"{self.run_dir} at {trainer.x_axis} {x:,d}"}, trainer.x_axis, x)
+        with self._cond:
+            self._job = job
+            self._cond.notify_all()
+
+    def _serve(self) -> None:
+        _lowest_priority()
+        while True:
+            with self._cond:
+                while self._job is None and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                job, self._job, self._busy = self._job, None, True
+            try:
+                self._record(*job)
+            except _Stopped:
+                return
+            except video.RenderUnavailable as e:
+                print(f"seedlocal: no videos during training: {e}", flush=True)
+                return
+            except Exception as e:  # a video is not worth the run: say it once and go on without
+                print(f"seedlocal: no more videos during training: one failed ({type(e).__name__}: {e})", flush=True)
+                return
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _record(self, state: dict, x_axis: str, x: int) -> None:
+        policy = self.from_checkpoint(state, torch.device("cpu"), None, EPSILON)
+        act = Acting(policy, 1)
+
+        def acting(obs):
+            if self._stop:
+                raise _Stopped
+            return act(obs)
+
+        frames = video.record(acting, self.spec, self.seed + self.made, MAX_STEPS)
+        gif, h, w = video.encode_gif(frames)
+        path = self.run_dir / "videos" / f"{x_axis}_{x:012d}.gif"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(gif)
+        self.monitor.image_summary(TAG, gif, h, w, x)
+        if self.monitor.tracker is not None:
+            self.monitor.tracker.video(TAG, path, x)
+        self.made += 1
+
+    def close(self, finish: bool = False) -> None:
+        """End the thread: at once (the episode being recorded is dropped), or with ``finish`` once the video
+        handed over last is written (a run that ends by its budget keeps the last video it asked for)."""
+        if self._thread is None:
+            return
+        with self._cond:
+            while finish and (self._busy or self._job is not None) and self._thread.is_alive():
+                self._cond.wait(timeout=1.0)
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)  # an env step at most, then the encoding of the frames so far
+        self._thread = None
+
+    def __enter__(self) -> "TrainingVideos":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        """An error or Ctrl-C drops the video being made; a run's normal end finishes it."""
+        self.close(finish=kind is None)

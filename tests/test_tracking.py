@@ -1,0 +1,79 @@
+"""--track: Weights & Biases, run offline against the real wandb package (no server, no mock)."""
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'seedlocal[wandb]')")
+
+from seedlocal.config.schema import EnvConfig  # noqa: E402
+from seedlocal.trainers.vtrace import VTraceRun, train  # noqa: E402
+from test_train_vtrace import scalars  # noqa: E402
+from wandb_files import offline_runs  # noqa: E402
+
+
+def _wandb_processes() -> list[psutil.Process]:
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "wandb" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _cartpole(tmp_path, steps: int, **kw) -> VTraceRun:
+    return VTraceRun(total_steps=steps, log_dir=str(tmp_path), run_name="tracked", progress=False, log_every_s=0.5,
+                     track=True, wandb_project_name="seedlocal-tests", env=EnvConfig(seed=3), **kw)
+
+
+def test_a_tracked_run_sends_every_scalar_its_config_and_summary_and_a_resume_continues_it(tmp_path, monkeypatch,
+                                                                                            capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    summary = train(_cartpole(tmp_path, 15_000))
+    run_dir = tmp_path / "tracked"
+    out = capsys.readouterr().out
+    assert f"offline in {run_dir}/wandb/offline-run-" in out and "wandb sync" in out  # where the files went
+    assert not _wandb_processes(), "W&B's service process outlived the run"
+    (first,) = offline_runs(run_dir)
+    assert first.project == "seedlocal-tests" and first.exit_code == 0
+    assert first.config["total_steps"] == 15_000 and first.config["pipeline"]["num_workers"] == 2  # the full config
+    tb, _ = scalars(run_dir)
+    logged = set().union(*first.history)
+    assert set(tb) <= logged, f"TensorBoard scalars missing in W&B: {sorted(set(tb) - logged)}"
+    steps = [row["steps"] for row in first.history]  # the x axis is the run's step counter
+    assert steps == sorted(steps) and steps[-1] == tb["charts/episodes"][-1][0]
+    last = next(row for row in reversed(first.history) if "charts/episodes" in row)
+    assert last["charts/episodes"] == tb["charts/episodes"][-1][1]
+    assert first.summary["status"] == "done" and first.summary["steps"] == summary["steps"]
+    assert first.summary["mean_return_last20"] == pytest.approx(summary["mean_return_last20"])
+
+    train(_cartpole(tmp_path, 30_000, resume=str(run_dir)))
+    assert "continues W&B run " + first.id in capsys.readouterr().out
+    assert not _wandb_processes()
+    first_again, second = offline_runs(run_dir)
+    assert second.id == first.id  # the same W&B run, continued
+    assert min(row["steps"] for row in second.history) > 0 and second.summary["steps"] > summary["steps"]
+
+
+def test_track_without_wandb_stops_before_the_run_starts_and_names_the_extra(tmp_path):
+    code = ("import sys; sys.modules['wandb'] = None; from seedlocal.cli import main; "
+            f"sys.exit(main(['train', 'vtrace', '--track', '--log-dir', {str(tmp_path)!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line == ("seedlocal: error: track=True: the wandb package is not installed; "
+                    "pip install 'seedlocal[wandb]'")
+    assert not list(tmp_path.iterdir())  # no run folder: nothing started
+
+
+@pytest.mark.parametrize("algo", ["vtrace", "r2d2", "ga", "es", "ars", "random-search"])
+def test_every_family_takes_cleanrls_tracking_flags(algo):
+    from seedlocal.cli import _parse
+
+    _, cfg = _parse(["train", algo, "--track", "--wandb-project-name", "p", "--wandb-entity", "me",
+                     "--video-every-min", "2.5"])
+    assert (cfg.track, cfg.wandb_project_name, cfg.wandb_entity, cfg.video_every_min) == (True, "p", "me", 2.5)
