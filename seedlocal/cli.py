@@ -374,6 +374,11 @@ def _run(argv: list[str]) -> int:
 
     try:
         cmd, cfg = _parse(argv)
+        if cmd == "train" and cfg.learners > 1:
+            from seedlocal.pipeline.ranks import from_environment, launch
+
+            if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
+                return launch(argv, cfg.learners, cfg.dist_timeout_s)
         _start_resource_tracker()
         if cmd == "bench":
             from seedlocal.measure import main as bench

@@ -128,6 +128,11 @@ class RunConfig:
     """run directory or checkpoint to continue; same config, same TensorBoard curve"""
     progress: bool = True
     """live progress on the terminal"""
+    learners: int = 1
+    """data-parallel learner ranks on this box (torch.distributed: NCCL on GPUs, gloo on CPUs), each with its own
+    GPU or share of the cores, workers and envs; gradients averaged (under torchrun: its --nproc-per-node)"""
+    dist_timeout_s: float = 60.0
+    """seconds a learner rank waits for the others in a collective before it stops, naming the one missing"""
 
     @classmethod
     def migrate(cls, saved: dict) -> dict:

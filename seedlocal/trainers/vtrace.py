@@ -315,6 +315,7 @@ class VTraceTrainer(Trainer):
         self.recent: deque[float] = deque(maxlen=20)
         self.lr = a.learning_rate
         self.prefetch = self.iv = None  # once the pipeline runs (start)
+        self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
         self.scaler = None
         if a.reward_scale:
             self.scaler = RewardScaler(self.shape.num_envs, a.discount)
@@ -345,6 +346,15 @@ class VTraceTrainer(Trainer):
         return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}, {self.precision} on "
                 f"{self.device}, {rhythm})")
 
+    def join_ranks(self, ranks) -> None:
+        """Data-parallel: every rank starts from rank 0's parameters and observation statistics (a resumed
+        run's are equal already; the optimiser's state is too, fresh or loaded from the same checkpoint)."""
+        ranks.broadcast_(self.model)
+
+    def _pooled(self):
+        """The ranks to reduce over, or None for one process (which then makes no collective call)."""
+        return self.ranks if self.ranks.world > 1 else None
+
     def policy(self):
         return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
                            cuda_graphs=self.cfg.pipeline.cuda_graphs)
@@ -359,23 +369,44 @@ class VTraceTrainer(Trainer):
         self.prefetch = Prefetcher(run.loop, batcher, release_early=not self.sync)
         if not self.sync:
             self.prefetch.start()
-        self.steps0 = self.counters["steps"]
+        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
         self.iv = _Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
 
     def _steps(self, run: Run) -> int:
-        return self.steps0 + run.loop.stats.env_steps
+        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
 
     def _target_met(self) -> bool:
         return bool(self.cfg.stop_at_return) and len(self.recent) == self.recent.maxlen \
             and np.mean(self.recent) >= self.cfg.stop_at_return
 
     def spent(self, run: Run) -> str | None:
+        if self.ranks.world > 1:
+            return self._spent_together(run)
         self.counters["steps"] = self._steps(run)
         if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
             return "steps"
         if run.out_of_time():
             return "seconds"
         return "target" if self._target_met() else None
+
+    def _spent_together(self, run: Run) -> str | None:
+        """``spent`` for data-parallel ranks, decided by all of them in one all-reduce per update: the step
+        budget counts every rank's steps, the time budget ends for all when it ends for one, and the target is
+        the mean of the ranks' means of their last 20 episodes (once every rank has 20)."""
+        full = len(self.recent) == self.recent.maxlen
+        local = run.loop.stats.env_steps
+        steps, episodes, returns, n_full, late = self.ranks.sum(
+            [local, self.local_episodes, float(np.mean(self.recent)) if full else 0.0, full, run.out_of_time()])
+        self.peer_steps = int(steps) - local
+        self.counters["steps"], self.counters["episodes"] = self._steps(run), self.episodes0 + int(episodes)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if late:
+            return "seconds"
+        target = self.cfg.stop_at_return and n_full == self.ranks.world and returns / n_full >= self.cfg.stop_at_return
+        if target and run.summary.get("steps_to_target") is None:
+            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], returns / n_full
+        return "target" if target else None
 
     def advance(self, run: Run) -> str | None:
         """Wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner), learn from it."""
@@ -404,7 +435,7 @@ class VTraceTrainer(Trainer):
 
         stats = learner_step(self.model, self.optimizer, batch, cfg.algo, step_lock=self.lock,
                              diagnose=iv.diag is None, precision=self.precision, after_update=bump_version,
-                             shuffle=self.shuffle)
+                             shuffle=self.shuffle, ranks=self._pooled())
         self._update_obs_norm(batch)
         if iv.diag is None:  # once per logging interval: it copies the weights
             iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
@@ -416,7 +447,7 @@ class VTraceTrainer(Trainer):
         self.prefetch.done(fetched)
         iv.learn_s += time.monotonic() - t1
         self._take_episodes(run)
-        if self._target_met() and run.summary.get("steps_to_target") is None:
+        if self.ranks.world == 1 and self._target_met() and run.summary.get("steps_to_target") is None:
             # The mean that met the target: episodes that end while the run stops may move the final one below it.
             run.summary["steps_to_target"] = self._steps(run)
             run.summary["return_at_target"] = float(np.mean(self.recent))
@@ -429,7 +460,9 @@ class VTraceTrainer(Trainer):
         if self.model.obs_norm is not None:
             T = self.cfg.pipeline.unroll_length
             with self.lock:
-                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()})
+                pooled = self._pooled()
+                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()},
+                                           pool=None if pooled is None else pooled.pool_moments)
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
@@ -439,13 +472,15 @@ class VTraceTrainer(Trainer):
         host = self.prefetch.batcher.host[fetched.slot]
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
+        pooled = self._pooled()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
-                           ~host["ignored"][:T])
+                           ~host["ignored"][:T], pool=None if pooled is None else pooled.pool_moments)
         return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
         eps = run.loop.stats.episodes.take()
         self.counters["episodes"] += eps.count
+        self.local_episodes += eps.count
         self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
         self.iv.add_episodes(eps)
 
