@@ -109,8 +109,7 @@ def impala_loss(
     clip: float = 0.0,
     normalize_advantages: bool = False,
     dist=Categorical,
-    proximal_log_probs: Tensor | None = None,
-    moments=None,
+    proximal_log_probs: Tensor | None = None, moments=None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
@@ -129,9 +128,7 @@ def impala_loss(
     ``proximal_log_probs`` (the learner's policy at the batch's start) the
     clip is decoupled PPO's (Hilton et al. 2021; ``_clipped_surrogate``).
     ``normalize_advantages`` rescales A to zero mean, unit variance over the
-    valid rows, which makes the policy step independent of the reward scale;
-    ``moments(adv, valid)`` gives that mean and std (data-parallel ranks: over
-    every rank's rows).
+    valid rows (or ``moments``): the policy step is then independent of scale.
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -167,7 +164,8 @@ def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bo
     """The advantages of ``impala_loss``'s policy term: V-trace's rho-weighted
     ones, or with ``clip`` > 0 the plain ones (the surrogate's ratio weights
     them); with ``normalize`` rescaled to zero mean and unit variance over
-    the valid rows (``masked_mean``). Detached."""
+    the valid rows (``masked_mean``; or by ``moments(adv, valid)``, which
+    data-parallel ranks take over every rank's rows). Detached."""
     adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
     if normalize and moments is not None:
         mean, std = moments(adv, valid)
