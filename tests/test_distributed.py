@@ -3,11 +3,22 @@ batch, against one process with the whole of it."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import dist_ranks
+from conftest import seedlocal_segments
+from test_train_vtrace import scalars
+from seedlocal import checkpoint
 from seedlocal.pipeline.ranks import Solo, free_port
 
 
@@ -47,3 +58,85 @@ def test_pooled_statistics_equal_the_whole_batch(two_ranks):
         torch.testing.assert_close(got["obs_var"], whole["obs_var"], rtol=1e-12, atol=1e-12)
         assert got["reward"] == pytest.approx(whole["reward"], rel=1e-12)
         assert two_ranks[r]["adv_moments"] == pytest.approx((float(mean), float(std)), rel=1e-6)
+
+
+# -- whole runs on the command line: 2 ranks of 1 worker each (the CPU machine's test bed) -------------------------
+
+
+def _train(tmp_path, *args: str, timeout: float = 240, launcher=("-m", "seedlocal")):
+    cmd = [sys.executable, *launcher, "train", "vtrace", "--log-dir", str(tmp_path), "--no-progress", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _folders(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+
+
+def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
+    """seedlocal train vtrace --learners 2: both ranks stop together at the target; one run folder, one
+    summary with both ranks' steps and episodes, a checkpoint that loads."""
+    out = _train(tmp_path, "--learners", "2", "--stop-at-return", "475", "--total-steps", "400000",
+                 "--run-name", "dp")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 data-parallel learner ranks" in out.stdout
+    assert out.stdout.count("tensorboard --logdir") == 1 and out.stdout.count("seedlocal: done") == 1
+    assert _folders(tmp_path) == ["dp"]
+    summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert summary["stopped_by"] == "target" and summary["steps_to_target"] is not None, summary
+    state = checkpoint.load(tmp_path / "dp")
+    assert state["counters"]["steps"] == summary["steps"] and state["config"]["learners"] == 2
+    assert state["config"]["pipeline"]["num_workers"] == 2  # the run's config, not one rank's share of it
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_torchrun_starts_the_same_ranks(tmp_path):
+    """Under torchrun --nproc-per-node 2 the ranks come from its environment variables."""
+    out = _train(tmp_path, "--total-steps", "6000", "--run-name", "tr",
+                 launcher=("-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "seedlocal"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("2 data-parallel learner ranks") == 1
+    summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
+    assert summary["steps"] >= 6000 and summary["updates"] > 0
+
+
+def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
+    """SIGKILL to rank 1: rank 0's next collective fails; the run ends within 2 x --dist-timeout-s with a line
+    naming rank 1, no process and no segment left, rank 0's checkpoint saved; a resume with 2 ranks goes on
+    from it on the same curve."""
+    timeout_s = 10
+    cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--dist-timeout-s",
+           str(timeout_s), "--total-steps", "10000000", "--log-dir", str(tmp_path), "--run-name", "k",
+           "--no-progress", "--log-every-s", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = []
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "k").exists() and "charts/steps_per_s" in scalars(tmp_path / "k")[0]:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("training logged nothing within 120 s")
+        ranks = {int(c.environ()["RANK"]): c.pid for c in psutil.Process(proc.pid).children()}
+        os.kill(ranks[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=2 * timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert f"learner rank 1 (pid {ranks[1]}) was killed by SIGKILL" in out, out
+    assert "learner rank 0: rank 1 stopped answering" in out, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in ranks.values())
+    assert not seedlocal_segments(ranks[0]) and not seedlocal_segments(ranks[1])
+    state = checkpoint.load(tmp_path / "k")
+    steps = state["counters"]["steps"]
+    assert steps > 0
+    out = _train(tmp_path, "--resume", str(tmp_path / "k"), "--total-steps", str(steps + 4000))
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["steps"] >= steps + 4000 and summary["status"] == "done"
+    assert checkpoint.load(tmp_path / "k")["counters"]["updates"] > state["counters"]["updates"]

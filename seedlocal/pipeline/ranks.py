@@ -105,7 +105,7 @@ class Ranks(Solo):
         except (RuntimeError, ValueError) as e:  # what gloo and NCCL raise for a closed socket or a timeout
             others = [r for r in range(self.world) if r != self.rank]
             who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
-            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            reason = _first_sentence(str(e)) or type(e).__name__
             raise PeerLost(f"learner rank {self.rank}: {who} stopped answering in {what} (died, hung past "
                            f"--dist-timeout-s {self.timeout_s:g}, or stopped): {reason}") from None
 
@@ -180,6 +180,14 @@ class Ranks(Solo):
             dist.destroy_process_group()
 
 
+def _first_sentence(text: str) -> str:
+    """gloo's message without its source location: "[.../pair.cc:553] Connection closed by peer [addr]:port. ..."."""
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ", 1)[0][:200]
+
+
 def from_environment() -> tuple[int, int, int] | None:
     """(rank, world, local rank) from torchrun's (or ``launch``'s) environment variables, or None for one process."""
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -226,8 +234,11 @@ def launch(argv: list[str], world: int, timeout_s: float) -> int:
     """Run ``seedlocal <argv>`` as ``world`` ranks on this box and wait for them. When one ends with an error
     or a signal, it is named in one line, and the others (whose next collective fails) get 2 x ``timeout_s``
     to end by themselves before they are stopped (SIGTERM, then SIGKILL). Returns the exit status."""
+    # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
+    # the launcher's one line names the rank instead.
+    warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           LAUNCHED: str(os.getpid())}
+           LAUNCHED: str(os.getpid()), "PYTHONWARNINGS": warnings}
     procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *argv],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
     deadline, status = None, 0
@@ -242,9 +253,10 @@ def launch(argv: list[str], world: int, timeout_s: float) -> int:
                     continue
                 if rc != 0 and deadline is None:
                     deadline = time.monotonic() + 2 * timeout_s
-                    print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
-                          file=sys.stderr, flush=True)
                     status = 1 if rc < 0 else rc
+                    if rc < 0:  # a rank that fails names itself; one killed cannot
+                        print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
+                              file=sys.stderr, flush=True)
             if deadline is not None and time.monotonic() > deadline:
                 break
     except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves
