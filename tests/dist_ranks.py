@@ -44,18 +44,23 @@ def model_and_params(normalize: bool):
     return model, p
 
 
-def step(b: dict, normalize: bool, ranks=None):
+def to(b: dict, device: str) -> dict:
+    return {k: ({kk: vv.to(device) for kk, vv in v.items()} if isinstance(v, dict) else
+                None if v is None else v.to(device)) for k, v in b.items()}
+
+
+def step(b: dict, normalize: bool, ranks=None, device: str = "cpu"):
     """One production learner step (algos/vtrace.learner_step) from the same start; the parameters after it."""
     from seedlocal.algos.vtrace import learner_step, make_optimizer
 
     model, p = model_and_params(normalize)
-    model = copy.deepcopy(model)
+    model, b = copy.deepcopy(model).to(device), to(b, device)
     if ranks is not None and ranks.rank:
         torch.nn.init.normal_(next(model.parameters()))  # rank 1 starts elsewhere: the broadcast must fix it
     if ranks is not None:
         ranks.broadcast_(model)
     learner_step(model, make_optimizer(model.parameters(), p), b, p, ranks=ranks)
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
 
 
 def statistics(b: dict, pool=None) -> dict:
@@ -75,22 +80,26 @@ def statistics(b: dict, pool=None) -> dict:
             "reward": (scaler.count, scaler.mean, scaler.var)}
 
 
-def rank_main(rank: int, world: int, port: int, out: str) -> None:
-    """One rank: a data-parallel step on its half of the batch, pooled statistics, written to ``out``."""
+def rank_main(rank: int, world: int, port: int, out: str, device: str = "cpu", backend: str = "gloo") -> None:
+    """One rank: a data-parallel step on its half of the batch, pooled statistics, written to ``out``; on
+    ``device`` (cuda: rank r on GPU r, wrapping round) over ``backend``."""
     import torch.distributed as dist
 
     from seedlocal.pipeline.ranks import Ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    ranks = Ranks(rank, world, rank, 60.0)
+    if device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    ranks = Ranks(rank, world, rank, 60.0, "cuda" if backend == "nccl" else "cpu")
     try:
         b, mine = batch(), half(batch(), rank, world)
         adv = torch.randn(L - 1, B, generator=torch.Generator().manual_seed(1))
         valid = ~b["ignored"][:L - 1]
         mean, std = ranks.masked_moments(half({"a": adv}, rank, world)["a"], half({"v": valid}, rank, world)["v"])
-        result = {"plain": step(mine, False, ranks), "normalized": step(mine, True, ranks),
+        result = {"plain": step(mine, False, ranks, device), "normalized": step(mine, True, ranks, device),
                   "adv_moments": (float(mean), float(std)), "stats": statistics(mine, ranks.pool_moments)}
         torch.save(result, f"{out}/rank{rank}.pt")
     finally:

@@ -43,6 +43,34 @@ def test_a_data_parallel_step_equals_one_process_step_over_the_whole_batch(two_r
     assert torch.equal(two_ranks[0][kind], two_ranks[1][kind])  # the ranks stay identical, bit for bit
 
 
+def _on_gpu(tmp_path, backend: str) -> list[dict]:
+    mp.spawn(dist_ranks.rank_main, args=(2, free_port(), str(tmp_path), "cuda", backend), nprocs=2, join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_two_ranks_sharing_one_gpu_over_gloo_equal_one_process(tmp_path):
+    """Two ranks on one GPU (gloo all-reduces CUDA tensors): the update is one CPU process's over the whole batch
+    (a correctness check, not a speed figure)."""
+    got = _on_gpu(tmp_path, "gloo")
+    for kind in ("plain", "normalized"):
+        whole = dist_ranks.step(dist_ranks.batch(), kind == "normalized")
+        for r in range(2):
+            torch.testing.assert_close(got[r][kind], whole, rtol=1e-4, atol=1e-5)
+        assert torch.equal(got[0][kind], got[1][kind])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL: one GPU per rank, needs 2")
+def test_two_ranks_on_two_gpus_over_nccl_equal_one_process(tmp_path):
+    got = _on_gpu(tmp_path, "nccl")
+    for kind in ("plain", "normalized"):
+        whole = dist_ranks.step(dist_ranks.batch(), kind == "normalized")
+        for r in range(2):
+            torch.testing.assert_close(got[r][kind], whole, rtol=1e-4, atol=1e-5)
+
+
 def test_pooled_statistics_equal_the_whole_batch(two_ranks):
     """Observation normalisation, the reward scaler and advantage normalisation, pooled over the ranks' halves,
     are the whole batch's statistics."""
@@ -140,3 +168,23 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
     summary = json.loads((tmp_path / "k" / "summary.json").read_text())
     assert summary["steps"] >= steps + 4000 and summary["status"] == "done"
     assert checkpoint.load(tmp_path / "k")["counters"]["updates"] > state["counters"]["updates"]
+
+
+def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
+    """A rank's config: workers and cores divided among the ranks, the batch its own, and bridge.listen's port
+    + RANK, so that every rank can serve remote envs; one process's config is left as it is."""
+    from seedlocal.config.schema import BridgeConfig, PipelineConfig
+    from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.trainers.vtrace import VTraceRun
+
+    cfg = VTraceRun(pipeline=PipelineConfig(num_workers=3, envs_per_worker=8, device="cpu"),
+                    bridge=BridgeConfig(listen="127.0.0.1:50051", remote_envs=8))
+    assert Solo().share(cfg) is cfg
+    one = Ranks(1, 2, 1, 60.0).share(cfg)
+    cores = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert one.pipeline.num_workers == 2 and one.pipeline.learner_threads == one.pipeline.env_threads == cores
+    assert one.bridge.listen == "127.0.0.1:50052" and one.bridge.remote_envs == 8
+    assert one.algo == cfg.algo and cfg.pipeline.num_workers == 3  # the run's own config is untouched
+    remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"), bridge=BridgeConfig(listen=":0"))
+    shared = Ranks(0, 2, 0, 60.0).share(remote_only)
+    assert shared.pipeline.num_workers == 0 and shared.bridge.listen == ":0"

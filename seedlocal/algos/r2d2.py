@@ -172,7 +172,7 @@ def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
 
 
 def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D2Params,
-                 step_lock=None) -> tuple[dict[str, float], Tensor]:
+                 step_lock=None, ranks=None) -> tuple[dict[str, float], Tensor]:
     """One update on a batch of sequences; returns (stats, new priorities [B]).
 
     ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the
@@ -181,7 +181,10 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     recurrent state the actor had before row 0; optionally ``ignored_host``,
     a numpy copy of ``ignored``, so that nothing waits for the device. ``online.unroll(obs, core,
     first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the
-    importance weights of the sampled sequences.
+    importance weights of the sampled sequences. With ``ranks`` (data-parallel
+    learners, ``pipeline/ranks.py``; each samples its own replay, with its own
+    priorities) the gradients are averaged over the ranks before clipping: the
+    loss is a mean over sequences, and every rank's batch has as many.
     """
     ignored = batch["ignored"]
     first = episode_starts(ignored)
@@ -219,6 +222,8 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     loss, delta = td_loss(q_taken, targets, valid, weights)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if ranks is not None:
+        ranks.average_gradients(online.parameters(), 1.0)
     max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(online.parameters(), max_norm)
     with step_lock if step_lock is not None else contextlib.nullcontext():

@@ -86,18 +86,25 @@ class Ranks(Solo):
         self.main, self.device = rank == 0, torch.device(device)
 
     def share(self, cfg):
-        """This rank's config: its share of the workers (at least one) and of the CPU's cores (learner and
-        envpool threads left at 0 are cores / G), its own GPU (cuda:LOCAL_RANK, wrapping round the GPUs there
-        are). Batch sizes stay per rank: the update learns from G x algo.batch_size unrolls."""
+        """This rank's config: its share of the workers (at least one, unless there are none) and of the CPU's
+        cores (learner and envpool threads left at 0 are cores / G), its own GPU (cuda:LOCAL_RANK, wrapping
+        round the GPUs there are), its own bridge port (bridge.listen's + RANK: each rank serves
+        bridge.remote_envs envs to the actor hosts that connect to it). Batch sizes stay per rank: the update
+        learns from G x algo.batch_size unrolls."""
         p = cfg.pipeline
         cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
                     // self.world)
         device = p.device
         if device in ("auto", "cuda") and torch.cuda.is_available():
             device = f"cuda:{self.local_rank % torch.cuda.device_count()}"
-        p = dataclasses.replace(p, num_workers=max(1, math.ceil(p.num_workers / self.world)), device=device,
+        p = dataclasses.replace(p, num_workers=math.ceil(p.num_workers / self.world), device=device,
                                 learner_threads=p.learner_threads or cores, env_threads=p.env_threads or cores)
-        return dataclasses.replace(cfg, pipeline=p)
+        bridge = cfg.bridge
+        if bridge.listen:
+            host, _, port = bridge.listen.rpartition(":")
+            if int(port):  # port 0 picks a free one on every rank
+                bridge = dataclasses.replace(bridge, listen=f"{host}:{int(port) + self.rank}")
+        return dataclasses.replace(cfg, pipeline=p, bridge=bridge)
 
     def _call(self, what: str, fn, *args, **kw):
         try:
