@@ -188,3 +188,24 @@ def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
     remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"), bridge=BridgeConfig(listen=":0"))
     shared = Ranks(0, 2, 0, 60.0).share(remote_only)
     assert shared.pipeline.num_workers == 0 and shared.bridge.listen == ":0"
+
+
+def test_r2d2_ranks_learn_together(tmp_path):
+    """R2D2 with 2 ranks: each its own replay; the ranks update together (one all-reduce per update) until the
+    step budget, counted over both, ends."""
+    cmd = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--learners", "2", "--algo.min-replay", "50",
+           "--total-steps", "6000", "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] >= 6000 and summary["updates"] > 0, summary
+    assert _folders(tmp_path) == ["r"]
+
+
+def test_a_family_without_data_parallel_learners_is_refused_before_any_rank_starts(tmp_path):
+    cmd = [sys.executable, "-m", "seedlocal", "train", "ga", "--learners", "2", "--log-dir", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("seedlocal: error: learners=2: ga has no data-parallel learner yet (vtrace and "
+                                  "r2d2 have); give --learners 1")
+    assert not list(tmp_path.iterdir())

@@ -516,4 +516,4 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
                       stack if "" in spec.obs else 1, seed=0, draws_on="cpu")
 
 
-FAMILIES = (Family("r2d2", R2D2Run, PRESETS, train, from_checkpoint),)
+FAMILIES = (Family("r2d2", R2D2Run, PRESETS, train, from_checkpoint, data_parallel=True),)

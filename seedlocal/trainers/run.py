@@ -56,6 +56,8 @@ class Family:
     presets: dict
     train: Callable[..., dict]
     from_checkpoint: Callable[..., Policy]
+    data_parallel: bool = False
+    """whether ``--learners G`` > 1 can train it (its trainer's ``join_ranks``; docs/distributed.md)"""
 
 
 WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)

@@ -552,4 +552,4 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy))
 
 
-FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint),)
+FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint, data_parallel=True),)
