@@ -209,3 +209,41 @@ def test_a_family_without_data_parallel_learners_is_refused_before_any_rank_star
     assert out.stderr.strip() == ("seedlocal: error: learners=2: ga has no data-parallel learner yet (vtrace and "
                                   "r2d2 have); give --learners 1")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_hung_rank_is_named_and_stopped(tmp_path):
+    """SIGSTOP to rank 1 (a hung rank): rank 0's next collective times out after --dist-timeout-s and it stops,
+    naming rank 1, within 2 x --dist-timeout-s; the launcher then stops rank 1 (SIGTERM, which a stopped process
+    takes once continued), and nothing is left behind."""
+    timeout_s = 5
+    cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--dist-timeout-s",
+           str(timeout_s), "--total-steps", "10000000", "--log-dir", str(tmp_path), "--run-name", "h",
+           "--no-progress", "--log-every-s", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = {}
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "h").exists() and "charts/steps_per_s" in scalars(tmp_path / "h")[0]:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("training logged nothing within 120 s")
+        ranks = {int(c.environ()["RANK"]): psutil.Process(c.pid) for c in psutil.Process(proc.pid).children()}
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        gone, alive = psutil.wait_procs([ranks[0]], timeout=2 * timeout_s)
+        assert gone, "rank 0 still running 2 x --dist-timeout-s after rank 1 hung"
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            for p in ranks.values():
+                p.kill()
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert "learner rank 0: rank 1 stopped answering" in out, out
+    assert f"stopping learner rank 1 (pid {ranks[1].pid}), still running" in out, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
+    assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
+    assert checkpoint.load(tmp_path / "h")["counters"]["steps"] > 0

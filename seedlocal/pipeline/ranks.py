@@ -301,6 +301,10 @@ def _stop(procs: list) -> None:
         print(f"seedlocal: stopping learner rank {procs.index(p)} (pid {p.pid}), still running", file=sys.stderr,
               flush=True)
         p.terminate()
+        try:
+            os.kill(p.pid, signal.SIGCONT)  # a stopped rank (SIGSTOP, a debugger) takes its SIGTERM now
+        except ProcessLookupError:
+            pass
     for p in left:
         try:
             p.wait(timeout=10)
