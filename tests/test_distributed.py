@@ -247,3 +247,14 @@ def test_a_hung_rank_is_named_and_stopped(tmp_path):
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
     assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
     assert checkpoint.load(tmp_path / "h")["counters"]["steps"] > 0
+
+
+@pytest.mark.slow
+def test_two_ranks_reach_minatar_breakout_10(tmp_path):
+    """--preset minatar (picked by itself for the id) with 2 ranks: each rank 1 worker of 32 envs and a batch of
+    32 unrolls of its own, to a 20-episode mean of 10 (one process: 1.07-2.08M steps, docs/minatar.md)."""
+    out = _train(tmp_path, "--env.id", "MinAtar/Breakout-v1", "--learners", "2", "--stop-at-return", "10",
+                 "--total-steps", "4000000", "--run-name", "b", timeout=1800)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["stopped_by"] == "target", summary
