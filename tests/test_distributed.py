@@ -114,6 +114,9 @@ def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
     state = checkpoint.load(tmp_path / "dp")
     assert state["counters"]["steps"] == summary["steps"] and state["config"]["learners"] == 2
     assert state["config"]["pipeline"]["num_workers"] == 2  # the run's config, not one rank's share of it
+    curve = scalars(tmp_path / "dp")[0]
+    assert curve["charts/return_mean20"][-1][1] >= 475  # the ranks' mean, as the target compared it
+    assert curve["charts/episodes"][-1][1] == summary["episodes"]
     assert "Traceback" not in out.stderr, out.stderr
 
 

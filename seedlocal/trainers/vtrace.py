@@ -316,6 +316,9 @@ class VTraceTrainer(Trainer):
         self.lr = a.learning_rate
         self.prefetch = self.iv = None  # once the pipeline runs (start)
         self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
+        self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
+        self.all_ranks: dict = {}  # data-parallel ranks: every rank's episodes at the last all-reduce (spent)
+        self.logged_ranks: tuple = (0, 0.0, 0.0)  # ... and at the last log
         self.scaler = None
         if a.reward_scale:
             self.scaler = RewardScaler(self.shape.num_envs, a.discount)
@@ -395,8 +398,11 @@ class VTraceTrainer(Trainer):
         the mean of the ranks' means of their last 20 episodes (once every rank has 20)."""
         full = len(self.recent) == self.recent.maxlen
         local = run.loop.stats.env_steps
-        steps, episodes, returns, n_full, late = self.ranks.sum(
-            [local, self.local_episodes, float(np.mean(self.recent)) if full else 0.0, full, run.out_of_time()])
+        steps, episodes, returns, n_full, late, ret_sum, len_sum = self.ranks.sum(
+            [local, self.local_episodes, float(np.mean(self.recent)) if full else 0.0, full, run.out_of_time(),
+             *self.local_ep_sums])
+        self.all_ranks = {"sums": (episodes, ret_sum, len_sum),
+                          "mean20": returns / n_full if n_full == self.ranks.world else None}
         self.peer_steps = int(steps) - local
         self.counters["steps"], self.counters["episodes"] = self._steps(run), self.episodes0 + int(episodes)
         if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
@@ -481,6 +487,8 @@ class VTraceTrainer(Trainer):
         eps = run.loop.stats.episodes.take()
         self.counters["episodes"] += eps.count
         self.local_episodes += eps.count
+        self.local_ep_sums[0] += eps.return_sum
+        self.local_ep_sums[1] += eps.length_sum
         self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
         self.iv.add_episodes(eps)
 
@@ -494,6 +502,8 @@ class VTraceTrainer(Trainer):
         values.update({"charts/episodes": self.counters["episodes"], "charts/learning_rate": self.lr})
         if run.meter is not None and rates:
             values.update(run.meter.scalars())
+        if self.ranks.world > 1:
+            values.update(self._all_ranks_episodes())
         iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
         run.monitor.scalars(step_now, values)
         if not last:
@@ -502,6 +512,17 @@ class VTraceTrainer(Trainer):
                 f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  return(20) {ret}  "
                 f"updates {self.counters['updates']:,d}  loss {values['losses/total_loss']:.3f}  "
                 f"entropy {values['losses/entropy']:.2f}")
+
+    def _all_ranks_episodes(self) -> dict:
+        """Data-parallel ranks: the episode scalars of every rank's episodes (as of the last all-reduce) since the
+        last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
+        if not self.all_ranks:
+            return {}
+        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks
+        self.logged_ranks = self.all_ranks["sums"]
+        return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
+                "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
+                "charts/return_mean20": self.all_ranks["mean20"]}
 
     def has_last_log(self) -> bool:
         # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
