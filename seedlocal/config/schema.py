@@ -152,6 +152,12 @@ class RunConfig:
         family whose options depend on the group size (V-trace's batch) extends this."""
         return self
 
+    def per_rank(self, ranks: int) -> RunConfig:
+        """One of ``ranks`` data-parallel learners' share of what this config learns from at once (its
+        workers and cores are ``pipeline/ranks.py``'s). Unchanged here: each rank learns from the whole batch;
+        a family that can keep the run's batch whole across the ranks (V-trace) overrides this."""
+        return self
+
     def sized_for(self, machine: Machine) -> RunConfig:
         """This config sized for ``machine`` (its cores, and whether the run's device is a GPU): workers, envs,
         batch. Unchanged here; a family whose presets have something to size on some machine overrides this

@@ -89,8 +89,8 @@ class Ranks(Solo):
         """This rank's config: its share of the workers (at least one, unless there are none) and of the CPU's
         cores (learner and envpool threads left at 0 are cores / G), its own GPU (cuda:LOCAL_RANK, wrapping
         round the GPUs there are), its own bridge port (bridge.listen's + RANK: each rank serves
-        bridge.remote_envs envs to the actor hosts that connect to it). Batch sizes stay per rank: the update
-        learns from G x algo.batch_size unrolls."""
+        bridge.remote_envs envs to the actor hosts that connect to it), and its share of the batch where the
+        family can split it (``per_rank``)."""
         p = cfg.pipeline
         cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
                     // self.world)
@@ -104,7 +104,7 @@ class Ranks(Solo):
             host, _, port = bridge.listen.rpartition(":")
             if int(port):  # port 0 picks a free one on every rank
                 bridge = dataclasses.replace(bridge, listen=f"{host}:{int(port) + self.rank}")
-        return dataclasses.replace(cfg, pipeline=p, bridge=bridge)
+        return dataclasses.replace(cfg, pipeline=p, bridge=bridge).per_rank(self.world)
 
     def _call(self, what: str, fn, *args, **kw):
         try:

@@ -55,6 +55,17 @@ class VTraceRun(StepRunConfig):
         return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=-(-batch // envs_per_group)
                                                                    * envs_per_group))
 
+    def per_rank(self, ranks: int) -> VTraceRun:
+        """A rank's batch (its workers already shared): algo.batch_size / G unrolls where that is a whole number
+        of its groups, so that G ranks' update is the one-process recipe's (the same rows per update and per
+        minibatch); else the whole batch on every rank (G x the unrolls per update)."""
+        batch, group = self.algo.batch_size, pipeline_shape(self.pipeline).envs_per_group
+        # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
+        share = batch // ranks
+        if ranks > 1 and batch % ranks == 0 and share % group == 0 and self.algo.minibatches <= share:
+            return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=share))
+        return self
+
     def sized_for(self, machine: Machine) -> VTraceRun:
         """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of
         every local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
