@@ -193,7 +193,8 @@ def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
     minatar = Ranks(0, 2, 0, 60.0).share(PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
     assert minatar.pipeline.num_workers == 1 and minatar.algo.batch_size == 16  # the run's batch, split
     assert Ranks(0, 2, 0, 60.0).share(PRESETS["cartpole"]).algo.batch_size == 4  # 2 is no whole group of 4
-    remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"), bridge=BridgeConfig(listen=":0"))
+    remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"),
+                            bridge=BridgeConfig(listen=":0", remote_envs=32))
     shared = Ranks(0, 2, 0, 60.0).share(remote_only)
     assert shared.pipeline.num_workers == 0 and shared.bridge.listen == ":0"
 

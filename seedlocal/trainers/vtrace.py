@@ -59,6 +59,8 @@ class VTraceRun(StepRunConfig):
         """A rank's batch (its workers already shared): algo.batch_size / G unrolls where that is a whole number
         of its groups, so that G ranks' update is the one-process recipe's (the same rows per update and per
         minibatch); else the whole batch on every rank (G x the unrolls per update)."""
+        if not self.pipeline.num_workers:  # every env remote: its groups' size is the bridge's
+            return self
         batch, group = self.algo.batch_size, pipeline_shape(self.pipeline).envs_per_group
         # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
         share = batch // ranks
