@@ -439,6 +439,16 @@ def _run(argv: list[str]) -> int:
 
     try:
         cmd, cfg = _parse(argv)
+        if cmd == "train" and cfg.learners > 1:
+            from seedlocal.families import of_config
+            from seedlocal.pipeline.ranks import from_environment, launch
+
+            fam = of_config(cfg)
+            if not fam.data_parallel:
+                raise ConfigError(f"learners={cfg.learners}: {fam.name} has no data-parallel learner yet "
+                                  "(vtrace and r2d2 have); give --learners 1")
+            if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
+                return launch(argv, cfg.learners, cfg.dist_timeout_s)
         _start_resource_tracker()
         if cmd == "bench":
             from seedlocal.measure import main as bench

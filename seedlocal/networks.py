@@ -442,10 +442,11 @@ class ActorCritic(nn.Module):
         return (*self._heads(hx, obs=obs), torch.stack([hx, cx], dim=1))
 
     @torch.no_grad()
-    def update_obs_norm(self, obs: dict[str, torch.Tensor]) -> None:
-        """Fold time-major observations [T, B, ...] into ``obs_norm``'s statistics."""
+    def update_obs_norm(self, obs: dict[str, torch.Tensor], pool=None) -> None:
+        """Fold time-major observations [T, B, ...] into ``obs_norm``'s statistics (with ``pool``, every
+        data-parallel rank's: ``RunningNorm.update``)."""
         flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in obs.items()}
-        self.obs_norm.update(flatten_obs(self.obs_keys, flat, self.encoder.classes))
+        self.obs_norm.update(flatten_obs(self.obs_keys, flat, self.encoder.classes), pool=pool)
 
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None, first: torch.Tensor):
         """obs [L, B, ...] → policy parameters [L, B, P], values [L, B]. ``core``

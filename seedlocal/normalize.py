@@ -42,13 +42,18 @@ class RunningNorm(nn.Module):
         self.register_buffer("var", torch.ones(size, dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, pool=None) -> None:
+        """Fold the rows of ``x`` in; with ``pool`` (data-parallel ranks' ``pool_moments``) every rank's rows."""
         rows = x.reshape(-1, x.shape[-1]).to(torch.float64)
-        if not len(rows):
+        if pool is not None:
+            n, batch_mean, batch_var = pool(*_moments(rows.cpu()))
+            batch_mean, batch_var = batch_mean.to(self.mean.device), batch_var.to(self.mean.device)
+        elif not len(rows):
             return
-        n = float(len(rows))
-        batch_mean = rows.mean(0)
-        batch_var = rows.var(0, unbiased=False)
+        else:
+            n, batch_mean, batch_var = float(len(rows)), rows.mean(0), rows.var(0, unbiased=False)
+        if not n:
+            return
         if float(self.count) == 0:
             self.count.fill_(n)
             self.mean.copy_(batch_mean)
@@ -65,6 +70,13 @@ class RunningNorm(nn.Module):
     def scale(self) -> torch.Tensor:
         """What ``forward`` multiplies by: ``1 / sqrt(var + eps)``."""
         return torch.rsqrt(self.var + self.eps)
+
+
+def _moments(rows: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """(count, mean, population var) of float64 rows [n, size]; zeros for none."""
+    if not len(rows):
+        return 0.0, torch.zeros(rows.shape[-1], dtype=torch.float64), torch.zeros(rows.shape[-1], dtype=torch.float64)
+    return float(len(rows)), rows.mean(0), rows.var(0, unbiased=False)
 
 
 def normalise(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, clip: float) -> torch.Tensor:
@@ -95,7 +107,9 @@ class RewardScaler:
         self.count, self.mean, self.var = 0.0, 0.0, 1.0
 
     def update(self, rewards: np.ndarray, ends: np.ndarray, env_ids: np.ndarray,
-               counted: np.ndarray | None = None) -> None:
+               counted: np.ndarray | None = None, pool=None) -> None:
+        """Fold a batch in (see the class); with ``pool`` (data-parallel ranks' ``pool_moments``) the
+        statistics take every rank's returns, each env's running return staying with its rank."""
         counted = np.ones(rewards.shape, bool) if counted is None else counted
         # The k-th unroll of an env in this batch is chained after its (k-1)-th: one pass per k.
         nth, times = np.empty(len(env_ids), np.int64), {}
@@ -114,14 +128,16 @@ class RewardScaler:
             self.returns[ids] = ret
             seen.append(out[counted[:, cols]])
         seen = np.concatenate(seen) if seen else np.empty(0)
-        if seen.size == 0:
+        n, mean, var = float(seen.size), float(seen.mean()) if seen.size else 0.0, float(seen.var()) if seen.size else 0.0
+        if pool is not None:
+            n, mean_t, var_t = pool(n, torch.tensor([mean], dtype=torch.float64), torch.tensor([var], dtype=torch.float64))
+            mean, var = float(mean_t[0]), float(var_t[0])
+        if n == 0:
             return
-        n = float(seen.size)
         if self.count == 0:
-            self.count, self.mean, self.var = n, float(seen.mean()), float(seen.var())
+            self.count, self.mean, self.var = n, mean, var
         else:
-            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, float(seen.mean()),
-                                                            float(seen.var()))
+            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, mean, var)
 
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.var + self.eps)

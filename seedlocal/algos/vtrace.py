@@ -109,7 +109,7 @@ def impala_loss(
     clip: float = 0.0,
     normalize_advantages: bool = False,
     dist=Categorical,
-    proximal_log_probs: Tensor | None = None,
+    proximal_log_probs: Tensor | None = None, moments=None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
@@ -128,7 +128,7 @@ def impala_loss(
     ``proximal_log_probs`` (the learner's policy at the batch's start) the
     clip is decoupled PPO's (Hilton et al. 2021; ``_clipped_surrogate``).
     ``normalize_advantages`` rescales A to zero mean, unit variance over the
-    valid rows, which makes the policy step independent of the reward scale.
+    valid rows (or ``moments``): the policy step is then independent of scale.
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -137,7 +137,7 @@ def impala_loss(
         return masked(x, valid).sum() / n_valid
 
     action_log_probs = dist.log_prob(target_params, actions)
-    adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean)
+    adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean, moments, valid)
     stats = {}
     if clip > 0:
         policy_loss, stats["clip_fraction"] = _clipped_surrogate(
@@ -159,13 +159,18 @@ def impala_loss(
     return total_loss, stats
 
 
-def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bool, masked_mean) -> Tensor:
+def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bool, masked_mean, moments=None,
+                       valid: Tensor | None = None) -> Tensor:
     """The advantages of ``impala_loss``'s policy term: V-trace's rho-weighted
     ones, or with ``clip`` > 0 the plain ones (the surrogate's ratio weights
     them); with ``normalize`` rescaled to zero mean and unit variance over
-    the valid rows (``masked_mean``). Detached."""
+    the valid rows (``masked_mean``; or by ``moments(adv, valid)``, which
+    data-parallel ranks take over every rank's rows). Detached."""
     adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
-    if normalize:
+    if normalize and moments is not None:
+        mean, std = moments(adv, valid)
+        adv = (adv - mean) / (std + 1e-8)
+    elif normalize:
         mean = masked_mean(adv)
         std = masked_mean((adv - mean) ** 2).sqrt()
         adv = (adv - mean) / (std + 1e-8)
@@ -317,7 +322,7 @@ def _targets(p: VTraceParams, batch: dict, params: Tensor, values: Tensor) -> _T
 
 def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
                  diagnose: bool = False, precision: str = "fp32", after_update=None,
-                 shuffle: torch.Generator | None = None) -> dict[str, float]:
+                 shuffle: torch.Generator | None = None, ranks=None) -> dict[str, float]:
     """Learn from one batch of unrolls: ``p.echo`` passes of ``p.minibatches`` updates.
 
     ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
@@ -345,11 +350,16 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     targets' variance the value head explains. ``precision`` ``bf16`` runs
     the network under autocast; V-trace and the loss stay fp32.
 
+    With ``ranks`` (data-parallel learners, ``pipeline/ranks.py``) each
+    update's gradients are averaged over every rank's valid rows before they
+    are clipped, and normalised advantages take every rank's mean and std:
+    G ranks' halves of a batch make the update one process makes of it all.
+
     Returns 0-dim device tensors (the diagnostics excepted, which are floats)
     and ``updates``: nothing in an update waits for the device.
     """
     first = episode_starts(batch["ignored"])
-    update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose)
+    update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose, ranks)
     if p.echo == 1 and p.minibatches == 1:
         T = batch["ignored"].shape[0] - 1
         logits, values = _unroll(model, batch, first, precision)
@@ -377,11 +387,14 @@ class _Updater:
     ``diagnose``, measures the first update into ``diag`` (see
     ``learner_step``)."""
 
-    def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool):
+    def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool,
+                 ranks=None):
         self.model, self.optimizer, self.p = model, optimizer, p
         self.step_lock, self.after_update, self.diagnose = step_lock, after_update, diagnose
+        self.ranks = ranks
         self.loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip, dist=dist,
-                            normalize_advantages=p.normalize_advantages)
+                            normalize_advantages=p.normalize_advantages,
+                            moments=None if ranks is None else ranks.masked_moments)
         self.totals: dict[str, Tensor] = {}
         self.diag: dict[str, float] | None = None
 
@@ -393,6 +406,8 @@ class _Updater:
                                   **self.loss_kw)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.ranks is not None:  # the masked means' gradients, each rank weighted by its valid rows
+            self.ranks.average_gradients(model.parameters(), t.valid.sum())
         max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         before = None

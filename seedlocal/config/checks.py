@@ -54,6 +54,10 @@ def validate_run_options(cfg) -> None:
         fail("log_dir", "", "must name a folder (e.g. runs)")
     if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
+    if getattr(cfg, "learners", 1) < 1:
+        fail("learners", cfg.learners, "must be >= 1 (data-parallel learner ranks)")
+    if getattr(cfg, "dist_timeout_s", 1.0) <= 0:
+        fail("dist_timeout_s", cfg.dist_timeout_s, "must be positive")
     log_dir = getattr(cfg, "log_dir", None)
     if log_dir is not None and not getattr(cfg, "resume", ""):
         check_writable("log_dir", log_dir, folder=True)

@@ -138,6 +138,11 @@ class RunConfig:
     video_every_min: float = 0.0
     """minutes between videos of the current policy, one episode played on the CPU beside training, not in its
     envs (TensorBoard's images, W&B with --track; 0 = none)"""
+    learners: int = 1
+    """data-parallel learner ranks on this box (torch.distributed: NCCL on GPUs, gloo on CPUs), each with its own
+    GPU or share of the cores, workers and envs; gradients averaged (under torchrun: its --nproc-per-node)"""
+    dist_timeout_s: float = 60.0
+    """seconds a learner rank waits for the others in a collective before it stops, naming the one missing"""
 
     @classmethod
     def migrate(cls, saved: dict) -> dict:
@@ -155,6 +160,12 @@ class RunConfig:
     def fit_to_groups(self, envs_per_group: int) -> RunConfig:
         """This config made to fit a pipeline of groups of ``envs_per_group`` envs (``--pipeline-config``); a
         family whose options depend on the group size (V-trace's batch) extends this."""
+        return self
+
+    def per_rank(self, ranks: int) -> RunConfig:
+        """One of ``ranks`` data-parallel learners' share of what this config learns from at once (its
+        workers and cores are ``pipeline/ranks.py``'s). Unchanged here: each rank learns from the whole batch;
+        a family that can keep the run's batch whole across the ranks (V-trace) overrides this."""
         return self
 
     def sized_for(self, machine: Machine) -> RunConfig:

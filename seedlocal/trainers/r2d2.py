@@ -291,6 +291,8 @@ class R2D2Trainer(Trainer):
         self.sampled_p: list[float] = []
         self.dropped = 0
         self._waiting = None  # when this wait for data began (None: learning)
+        self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
+        self._all_behind = False  # data-parallel ranks: every rank owes the replay ratio an update (spent)
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -323,6 +325,11 @@ class R2D2Trainer(Trainer):
                 f"{self.cfg.network.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
                 f"{', lz4' if self.cfg.compress else ''})")
 
+    def join_ranks(self, ranks) -> None:
+        """Data-parallel: every rank starts from rank 0's online and target networks; each keeps its own replay."""
+        ranks.broadcast_(self.online)
+        ranks.broadcast_(self.target)
+
     def policy(self):
         stack = self.cfg.frame_stack if self.cfg.frame_stack > 1 and "" in self.spec.obs else 1
         return R2D2Policy(self.online, self.spec, self.eps, self.lock, self.device, stack, self.cfg.env.seed,
@@ -335,18 +342,20 @@ class R2D2Trainer(Trainer):
         return self.cfg.pipeline.learner_threads or ((os.cpu_count() or 1) if big else 1)
 
     def start(self, run: Run) -> None:
-        self.steps0 = self.counters["steps"]
+        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
         self.t_log, self.log_steps = run.t_start, self.steps0
         self.inserted0, self.log_updates = self.replay.added, self.counters["updates"]
         self.logged_episodes = self.counters["episodes"]
 
     def _steps(self, run: Run) -> int:
-        return self.steps0 + run.loop.stats.env_steps
+        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
 
     def _stop_on(self):
         return self.feeder.recent_eval if self.a.eval_envs else self.feeder.recent_train
 
     def spent(self, run: Run) -> str | None:
+        if self.ranks.world > 1:
+            return self._spent_together(run)
         self.counters["steps"] = self._steps(run)
         if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
             return "steps"
@@ -359,16 +368,38 @@ class R2D2Trainer(Trainer):
             return "target"
         return None
 
+    def _spent_together(self, run: Run) -> str | None:
+        """``spent`` for data-parallel ranks, in one all-reduce per update: the step budget counts every rank's
+        steps, the time budget ends for all when it ends for one, the target is the mean of the ranks' means
+        (once each has its 20 episodes); and the ranks learn (``advance``) only when all of them owe the replay
+        ratio an update, so that their gradients' all-reduces meet."""
+        on = self._stop_on()
+        full, local = len(on) == on.maxlen, run.loop.stats.env_steps
+        steps, episodes, returns, n_full, late, behind = self.ranks.sum(
+            [local, self.local_episodes, float(np.mean(on)) if full else 0.0, full, run.out_of_time(),
+             self.feeder.behind()])
+        self.peer_steps, self._all_behind = int(steps) - local, behind == self.ranks.world
+        self.counters["steps"], self.counters["episodes"] = self._steps(run), self.episodes0 + int(episodes)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if late:
+            return "seconds"
+        if self.cfg.stop_at_return and n_full == self.ranks.world and returns / n_full >= self.cfg.stop_at_return:
+            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], returns / n_full
+            return "target"
+        return None
+
     def advance(self, run: Run) -> str | None:
         """Learn while the learner owes the replay ratio, else take unrolls (waiting briefly for them)."""
         run.runner.check()
-        if self.feeder.behind():
+        if self._all_behind if self.ranks.world > 1 else self.feeder.behind():
             self._learn()
             return None
         now, first = time.monotonic(), self.feeder.added_steps == 0
         if self.feeder.take(run.loop, WAIT_S):
             self._waiting = None
             self.counters["episodes"] += self.feeder.episodes
+            self.local_episodes += self.feeder.episodes
             self.feeder.episodes = 0
             if first:  # rates from the first unroll on: the workers' start-up is no slow first point
                 self.t_log, self.log_steps = time.monotonic(), self._steps(run)
@@ -384,7 +415,8 @@ class R2D2Trainer(Trainer):
         a, r, stager = self.a, self.replay, self.stager
         batch, slots, gens, weights = self.staged.pop() if self.staged else stager.stage(
             r.sample(a.batch_size, a.importance_exponent))
-        stats, prio = learner_step(self.online, self.target, self.optimizer, batch, weights, a, step_lock=self.lock)
+        stats, prio = learner_step(self.online, self.target, self.optimizer, batch, weights, a, step_lock=self.lock,
+                                   ranks=self.ranks if self.ranks.world > 1 else None)
         prio = stager.priorities_to_host(prio)
         if stager.ahead:  # the next batch, sampled and copied while this update runs on the device
             self.staged.append(stager.stage(r.sample(a.batch_size, a.importance_exponent)))
@@ -487,4 +519,4 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
                       stack if "" in spec.obs else 1, seed=0, draws_on="cpu")
 
 
-FAMILIES = (Family("r2d2", R2D2Run, PRESETS, train, from_checkpoint),)
+FAMILIES = (Family("r2d2", R2D2Run, PRESETS, train, from_checkpoint, data_parallel=True),)

@@ -41,6 +41,7 @@ from seedlocal.envs.spaces import describe
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
+from seedlocal.pipeline.ranks import Solo, join
 from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
 from seedlocal.trainers.videos import TrainingVideos
 
@@ -56,6 +57,8 @@ class Family:
     presets: dict
     train: Callable[..., dict]
     from_checkpoint: Callable[..., Policy]
+    data_parallel: bool = False
+    """whether ``--learners G`` > 1 can train it (its trainer's ``join_ranks``; docs/distributed.md)"""
 
 
 WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)
@@ -72,6 +75,8 @@ class Trainer(abc.ABC):
     """what a checkpoint must hold for this trainer to resume it"""
     consume: bool = True
     """whether the learner takes full unrolls (False: they are free again at once)"""
+    ranks: Solo = Solo()
+    """the data-parallel learner ranks this trainer is one of (``join_ranks``)"""
 
     @classmethod
     def algo_name(cls, cfg) -> str:
@@ -132,6 +137,15 @@ class Trainer(abc.ABC):
     def learner_threads(self) -> int:
         return self.cfg.pipeline.learner_threads or 1
 
+    def join_ranks(self, ranks: Solo) -> None:
+        """Be one of ``ranks``' learners (data-parallel, ``pipeline/ranks.py``): a trainer that can makes its
+        parameters equal here; one that cannot refuses more than one."""
+        if ranks.world > 1:
+            from seedlocal.errors import ConfigError
+
+            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner yet "
+                              "(vtrace and r2d2 have)")
+
     def start(self, run: "Run") -> None:
         """The pipeline and its inference thread are up."""
 
@@ -177,9 +191,11 @@ class Trainer(abc.ABC):
 class Run:
     """What a trainer sees of the run while it goes."""
 
-    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, resumed: dict | None):
+    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, resumed: dict | None,
+                 saved_cfg=None):
+        """``saved_cfg``: the config checkpoints hold, when ``cfg`` is one data-parallel rank's share of it."""
         self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = cfg, trainer, pipe, monitor, run_dir
-        self.resumed = resumed
+        self.resumed, self.saved_cfg = resumed, saved_cfg or cfg
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
@@ -207,12 +223,14 @@ class Run:
             if line:
                 print(line, flush=True)
         self.watch.poll()
-        return self.out_of_time()
+        # Data-parallel ranks decide the time budget together (in the trainer's ``spent``): one that stopped
+        # waiting alone would leave the others in the gradient's all-reduce.
+        return self.out_of_time() and self.trainer.ranks.world == 1
 
     def save(self) -> None:
         t = self.trainer
         x, frames = t.position()
-        checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.cfg), **t.state(),
+        checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.saved_cfg), **t.state(),
                                        "counters": dict(t.counters), "rng": rng_state()},
                         x, frames, keep=self.cfg.keep_checkpoints)
         self.saved_at = time.monotonic()
@@ -297,11 +315,12 @@ def default_run_name(spec, algo: str, seed: int) -> str:
     return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _start_or_resume(trainer_cls: type[Trainer], cfg, spec) -> tuple[Trainer, dict | None, Path]:
-    """The trainer, seeded from the run's seed or, with ``cfg.resume``,
+def _start_or_resume(trainer_cls: type[Trainer], cfg, spec, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
+    """The trainer (on ``ranks``' share of ``cfg``), seeded from the run's seed or, with ``cfg.resume``,
     restored from its checkpoint (counters, state, generators); the
     checkpoint (None for a new run) and the run folder it writes to."""
-    device = resolve_device(cfg.pipeline.device)
+    share = ranks.share(cfg)
+    device = resolve_device(share.pipeline.device)
     seed_generators(cfg.env.seed)  # the trainer's networks start from it; a resume restores them
     resumed = checkpoint.load(cfg.resume) if cfg.resume else None
     if resumed is not None:
@@ -309,9 +328,10 @@ def _start_or_resume(trainer_cls: type[Trainer], cfg, spec) -> tuple[Trainer, di
     else:
         name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
-    t = trainer_cls(cfg, spec, device)
+    t = trainer_cls(share, spec, device)
     if resumed is not None:
-        print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
+        if ranks.main:
+            print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
         checkpoint.check_compatible(resumed, t.identity(), needs=t.checkpoint_parts)
         t.counters.update(resumed["counters"])
         try:
@@ -345,26 +365,86 @@ def _open_monitor(t: Trainer, cfg, run_dir: Path, resumed: dict | None) -> RunMo
 def _videos(t: Trainer, cfg, spec, monitor: RunMonitor, run_dir: Path, from_checkpoint) -> TrainingVideos:
     """The videos during training (``--video-every-min``; none at 0), played by ``from_checkpoint``."""
     base = {"identity": t.identity(), "config": dataclasses.asdict(cfg)}
-    return TrainingVideos(cfg.video_every_min, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
+    every = cfg.video_every_min if t.ranks.main else 0.0  # rank 0's videos only
+    return TrainingVideos(every, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
+
+
+class _Quiet:
+    """A data-parallel rank other than 0: it writes no TensorBoard scalars (rank 0 writes the run's, with every
+    rank's counts reduced into them) and shows no progress line."""
+
+    def scalars(self, step: int, values: dict) -> None:
+        pass
+
+    def text(self, tag: str, value: str, step: int = 0) -> None:
+        pass
+
+    def progress(self, line: str) -> None:
+        pass
+
+    def __enter__(self) -> "_Quiet":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        pass
+
+
+def _join(trainer_cls: type[Trainer], cfg, spec):
+    """This process's ranks (``Solo`` for one process: no torch.distributed call), its trainer on its share of
+    ``cfg``, started or resumed with parameters equal on every rank; the checkpoint and the run folder."""
+    ranks = join(cfg, resolve_device(cfg.pipeline.device).type)
+    try:
+        t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec, ranks)
+        if ranks.rank:  # each rank samples its own actions (rank 0's parameters come by broadcast)
+            seed_generators(cfg.env.seed + 1_000_003 * ranks.rank + t.counters[t.x_axis])
+        t.join_ranks(ranks)
+        t.ranks = ranks
+    except BaseException:
+        ranks.close()
+        raise
+    return ranks, t, resumed, run_dir
 
 
 def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None = None) -> dict:
     """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
     returns the summary (also on Ctrl-C, re-raised after saving).
     ``from_checkpoint``: the family's (``Family``), which plays the videos."""
-    t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec)
-    policy = t.policy()
-    checkpoint.make_run_dir(run_dir)
-    monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before the with below closes it
-    print(f"seedlocal: {t.describe()}; TensorBoard: tensorboard --logdir {cfg.log_dir} (run {run_dir})", flush=True)
-    if monitor.tracker is not None:
-        print(f"seedlocal: {monitor.tracker.where()}", flush=True)
+    ranks, t, resumed, run_dir = _join(trainer_cls, cfg, spec)
+    try:
+        policy = t.policy()
+        if ranks.main:
+            checkpoint.make_run_dir(run_dir)
+            monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before _loop's with closes it
+            print(f"seedlocal: {t.describe()}{ranks_line(ranks)}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
+                  f"(run {run_dir})", flush=True)
+            if monitor.tracker is not None:
+                print(f"seedlocal: {monitor.tracker.where()}", flush=True)
+        else:
+            monitor = _Quiet()
+        summary = _loop(t, cfg, spec, policy, monitor, run_dir, resumed, from_checkpoint)
+    finally:
+        ranks.close()
+    if ranks.main:
+        outcome, nothing = t.outcome(summary)
+        print(closing_line(summary, outcome, nothing, go_on=larger_budget(cfg, summary.get("stopped_by"))), flush=True)
+    return summary
+
+
+def ranks_line(ranks: Solo) -> str:
+    return f", {ranks.world} data-parallel learner ranks" if ranks.world > 1 else ""
+
+
+def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict | None,
+          from_checkpoint: Callable | None) -> dict:
+    """The pipeline, the trainer's updates until a budget ends, and whatever way it ends, the last writes
+    (rank 0's only)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
-    with monitor, Pipeline(cfg.env, cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
-                           bridge=cfg.bridge, shape=t.shape) as pipe, \
+    env = dataclasses.replace(t.cfg.env, seed=t.cfg.env.seed + t.ranks.rank * t.shape.num_envs)  # a rank's own
+    with monitor, Pipeline(env, t.cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
+                           bridge=t.cfg.bridge, shape=t.shape) as pipe, \
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
-        r = Run(cfg, t, pipe, monitor, run_dir, resumed)
+        r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)
         r.summary = summary
         r.runner.start()
         failure = None
@@ -376,7 +456,7 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
                     r.watch.poll()  # names a worker stuck while the others keep the run going
                     t.log(r, now)
                     r.logged_at = now
-                if t.save_due(r, now):
+                if t.save_due(r, now) and t.ranks.main:
                     r.save()
                 videos.maybe(now, t)
             summary["stopped_by"] = stop
@@ -390,15 +470,21 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
             finally:
                 r.runner.stop()
                 t.settle(r)
-                checkpoint.finish_run(
-                    run_dir, summary, failure,
-                    last_log=(lambda: t.log(r, time.monotonic(), last=True)) if t.has_last_log() else None,
-                    save=r.save if t.worth_saving(resumed is not None) else None,
-                    results=lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),
-                                     "checkpoint": checkpoint.newest(run_dir)})
-    outcome, nothing = t.outcome(summary)
-    print(closing_line(summary, outcome, nothing, go_on=larger_budget(cfg, summary.get("stopped_by"))), flush=True)
+                _finish(t, r, run_dir, summary, failure, resumed)
     return summary
+
+
+def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) -> None:
+    """The last scalars, checkpoint and summary.json: rank 0's; another rank only fills its summary."""
+    results = lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),  # noqa: E731
+                       "checkpoint": checkpoint.newest(run_dir) if t.ranks.main else None}
+    if not t.ranks.main:
+        summary.update(results())
+        return
+    checkpoint.finish_run(
+        run_dir, summary, failure,
+        last_log=(lambda: t.log(r, time.monotonic(), last=True)) if t.has_last_log() else None,
+        save=r.save if t.worth_saving(resumed is not None) else None, results=results)
 
 
 # The budgets a resumed run counts from its start (its checkpoint's counters): to go on, give a larger one. A

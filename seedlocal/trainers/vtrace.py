@@ -55,6 +55,19 @@ class VTraceRun(StepRunConfig):
         return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=-(-batch // envs_per_group)
                                                                    * envs_per_group))
 
+    def per_rank(self, ranks: int) -> VTraceRun:
+        """A rank's batch (its workers already shared): algo.batch_size / G unrolls where that is a whole number
+        of its groups, so that G ranks' update is the one-process recipe's (the same rows per update and per
+        minibatch); else the whole batch on every rank (G x the unrolls per update)."""
+        if not self.pipeline.num_workers:  # every env remote: its groups' size is the bridge's
+            return self
+        batch, group = self.algo.batch_size, pipeline_shape(self.pipeline).envs_per_group
+        # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
+        share = batch // ranks
+        if ranks > 1 and batch % ranks == 0 and share % group == 0 and self.algo.minibatches <= share:
+            return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=share))
+        return self
+
     def sized_for(self, machine: Machine) -> VTraceRun:
         """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of
         every local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
@@ -315,6 +328,10 @@ class VTraceTrainer(Trainer):
         self.recent: deque[float] = deque(maxlen=20)
         self.lr = a.learning_rate
         self.prefetch = self.iv = None  # once the pipeline runs (start)
+        self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
+        self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
+        self.all_ranks: dict = {}  # data-parallel ranks: every rank's episodes at the last all-reduce (spent)
+        self.logged_ranks: tuple = (0, 0.0, 0.0)  # ... and at the last log
         self.scaler = None
         if a.reward_scale:
             self.scaler = RewardScaler(self.shape.num_envs, a.discount)
@@ -348,6 +365,15 @@ class VTraceTrainer(Trainer):
         return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}, {self.precision} on "
                 f"{self.device}, {rhythm})")
 
+    def join_ranks(self, ranks) -> None:
+        """Data-parallel: every rank starts from rank 0's parameters and observation statistics (a resumed
+        run's are equal already; the optimiser's state is too, fresh or loaded from the same checkpoint)."""
+        ranks.broadcast_(self.model)
+
+    def _pooled(self):
+        """The ranks to reduce over, or None for one process (which then makes no collective call)."""
+        return self.ranks if self.ranks.world > 1 else None
+
     def policy(self):
         return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
                            cuda_graphs=self.cfg.pipeline.cuda_graphs)
@@ -362,23 +388,47 @@ class VTraceTrainer(Trainer):
         self.prefetch = Prefetcher(run.loop, batcher, release_early=not self.sync)
         if not self.sync:
             self.prefetch.start()
-        self.steps0 = self.counters["steps"]
+        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
         self.iv = _Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
 
     def _steps(self, run: Run) -> int:
-        return self.steps0 + run.loop.stats.env_steps
+        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
 
     def _target_met(self) -> bool:
         return bool(self.cfg.stop_at_return) and len(self.recent) == self.recent.maxlen \
             and np.mean(self.recent) >= self.cfg.stop_at_return
 
     def spent(self, run: Run) -> str | None:
+        if self.ranks.world > 1:
+            return self._spent_together(run)
         self.counters["steps"] = self._steps(run)
         if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
             return "steps"
         if run.out_of_time():
             return "seconds"
         return "target" if self._target_met() else None
+
+    def _spent_together(self, run: Run) -> str | None:
+        """``spent`` for data-parallel ranks, decided by all of them in one all-reduce per update: the step
+        budget counts every rank's steps, the time budget ends for all when it ends for one, and the target is
+        the mean of the ranks' means of their last 20 episodes (once every rank has 20)."""
+        full = len(self.recent) == self.recent.maxlen
+        local = run.loop.stats.env_steps
+        steps, episodes, returns, n_full, late, ret_sum, len_sum = self.ranks.sum(
+            [local, self.local_episodes, float(np.mean(self.recent)) if full else 0.0, full, run.out_of_time(),
+             *self.local_ep_sums])
+        self.all_ranks = {"sums": (episodes, ret_sum, len_sum),
+                          "mean20": returns / n_full if n_full == self.ranks.world else None}
+        self.peer_steps = int(steps) - local
+        self.counters["steps"], self.counters["episodes"] = self._steps(run), self.episodes0 + int(episodes)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if late:
+            return "seconds"
+        target = self.cfg.stop_at_return and n_full == self.ranks.world and returns / n_full >= self.cfg.stop_at_return
+        if target and run.summary.get("steps_to_target") is None:
+            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], returns / n_full
+        return "target" if target else None
 
     def advance(self, run: Run) -> str | None:
         """Wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner), learn from it."""
@@ -407,7 +457,7 @@ class VTraceTrainer(Trainer):
 
         stats = learner_step(self.model, self.optimizer, batch, cfg.algo, step_lock=self.lock,
                              diagnose=iv.diag is None, precision=self.precision, after_update=bump_version,
-                             shuffle=self.shuffle)
+                             shuffle=self.shuffle, ranks=self._pooled())
         self._update_obs_norm(batch)
         if iv.diag is None:  # once per logging interval: it copies the weights
             iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
@@ -419,7 +469,7 @@ class VTraceTrainer(Trainer):
         self.prefetch.done(fetched)
         iv.learn_s += time.monotonic() - t1
         self._take_episodes(run)
-        if self._target_met() and run.summary.get("steps_to_target") is None:
+        if self.ranks.world == 1 and self._target_met() and run.summary.get("steps_to_target") is None:
             # The mean that met the target: episodes that end while the run stops may move the final one below it.
             run.summary["steps_to_target"] = self._steps(run)
             run.summary["return_at_target"] = float(np.mean(self.recent))
@@ -432,7 +482,9 @@ class VTraceTrainer(Trainer):
         if self.model.obs_norm is not None:
             T = self.cfg.pipeline.unroll_length
             with self.lock:
-                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()})
+                pooled = self._pooled()
+                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()},
+                                           pool=None if pooled is None else pooled.pool_moments)
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
@@ -442,13 +494,17 @@ class VTraceTrainer(Trainer):
         host = self.prefetch.batcher.host[fetched.slot]
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
+        pooled = self._pooled()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
-                           ~host["ignored"][:T])
+                           ~host["ignored"][:T], pool=None if pooled is None else pooled.pool_moments)
         return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
         eps = run.loop.stats.episodes.take()
         self.counters["episodes"] += eps.count
+        self.local_episodes += eps.count
+        self.local_ep_sums[0] += eps.return_sum
+        self.local_ep_sums[1] += eps.length_sum
         self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
         self.iv.add_episodes(eps)
 
@@ -462,6 +518,8 @@ class VTraceTrainer(Trainer):
         values.update({"charts/episodes": self.counters["episodes"], "charts/learning_rate": self.lr})
         if run.meter is not None and rates:
             values.update(run.meter.scalars())
+        if self.ranks.world > 1:
+            values.update(self._all_ranks_episodes())
         iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
         run.monitor.scalars(step_now, values)
         if not last:
@@ -470,6 +528,17 @@ class VTraceTrainer(Trainer):
                 f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  return(20) {ret}  "
                 f"updates {self.counters['updates']:,d}  loss {values['losses/total_loss']:.3f}  "
                 f"entropy {values['losses/entropy']:.2f}")
+
+    def _all_ranks_episodes(self) -> dict:
+        """Data-parallel ranks: the episode scalars of every rank's episodes (as of the last all-reduce) since the
+        last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
+        if not self.all_ranks:
+            return {}
+        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks
+        self.logged_ranks = self.all_ranks["sums"]
+        return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
+                "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
+                "charts/return_mean20": self.all_ranks["mean20"]}
 
     def has_last_log(self) -> bool:
         # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
@@ -520,4 +589,4 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy))
 
 
-FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint),)
+FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint, data_parallel=True),)

@@ -1,0 +1,313 @@
+"""Data-parallel learner ranks on one box, on torch.distributed (docs/distributed.md).
+
+A run of G ranks is G copies of the single-process run: each rank has its own
+env workers, inference loop, learner and share of the envs (its own env
+seeds), and they meet in collectives only where the update must be the
+same everywhere:
+
+* the parameters start equal (``broadcast_``, from rank 0);
+* each update's gradients are averaged, weighted by each rank's valid rows
+  (``average_gradients``), so that G half-batches give the whole batch's
+  gradient, before clipping;
+* statistics that shape the update are pooled: observation normalisation and
+  the reward scaler (``pool_moments``), advantage normalisation
+  (``masked_moments``);
+* whether to stop is decided together once per update (``sum``), so that no
+  rank stops alone and leaves the others waiting in a collective.
+
+``Solo`` is the single-process run: every method returns its input and no
+torch.distributed call is made. A peer that dies or hangs makes the next
+collective fail (at once for a closed socket, after ``--dist-timeout-s`` for a
+silent peer): it becomes ``PeerLost``, one line naming the rank.
+
+``launch`` is ``--learners G`` without torchrun: G copies of this command
+line, each told its rank in torchrun's environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import torch
+
+from seedlocal.errors import ConfigError, WorkerDied
+from seedlocal.normalize import merge_moments
+
+LAUNCHED = "SEEDLOCAL_RANK_OF"  # set by ``launch`` in each rank's environment: the launcher's pid
+
+
+class PeerLost(WorkerDied):
+    """A collective failed: another rank died, hung past the timeout, or stopped."""
+
+
+class Solo:
+    """One learner: every collective is the identity."""
+
+    rank, world, main = 0, 1, True
+
+    def share(self, cfg):
+        return cfg
+
+    def broadcast_(self, module: torch.nn.Module) -> None:
+        pass
+
+    def average_gradients(self, params, weight) -> None:
+        pass
+
+    def masked_moments(self, x: torch.Tensor, valid: torch.Tensor):
+        n = valid.sum().clamp(min=1)
+        mean = torch.where(valid, x, 0.0).sum() / n
+        return mean, (torch.where(valid, (x - mean) ** 2, 0.0).sum() / n).sqrt()
+
+    def pool_moments(self, n: float, mean, var):
+        return n, mean, var
+
+    def sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def close(self) -> None:
+        pass
+
+
+class Ranks(Solo):
+    """This process's rank in a group of ``world`` (torch.distributed already initialised)."""
+
+    def __init__(self, rank: int, world: int, local_rank: int, timeout_s: float, device: str = "cpu"):
+        """``device``: where the small tensors of the statistics and the stop decision go (NCCL's: cuda)."""
+        self.rank, self.world, self.local_rank, self.timeout_s = rank, world, local_rank, timeout_s
+        self.main, self.device = rank == 0, torch.device(device)
+
+    def share(self, cfg):
+        """This rank's config: its share of the workers (at least one, unless there are none) and of the CPU's
+        cores (learner and envpool threads left at 0 are cores / G), its own GPU (cuda:LOCAL_RANK, wrapping
+        round the GPUs there are), its own bridge port (bridge.listen's + RANK: each rank serves
+        bridge.remote_envs envs to the actor hosts that connect to it), and its share of the batch where the
+        family can split it (``per_rank``)."""
+        p = cfg.pipeline
+        cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+                    // self.world)
+        device = p.device
+        if device in ("auto", "cuda") and torch.cuda.is_available():
+            device = f"cuda:{self.local_rank % torch.cuda.device_count()}"
+        p = dataclasses.replace(p, num_workers=math.ceil(p.num_workers / self.world), device=device,
+                                learner_threads=p.learner_threads or cores, env_threads=p.env_threads or cores)
+        bridge = cfg.bridge
+        if bridge.listen:
+            host, _, port = bridge.listen.rpartition(":")
+            if int(port):  # port 0 picks a free one on every rank
+                bridge = dataclasses.replace(bridge, listen=f"{host}:{int(port) + self.rank}")
+        return dataclasses.replace(cfg, pipeline=p, bridge=bridge).per_rank(self.world)
+
+    def _call(self, what: str, fn, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except (RuntimeError, ValueError) as e:  # what gloo and NCCL raise for a closed socket or a timeout
+            others = [r for r in range(self.world) if r != self.rank]
+            who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
+            reason = _first_sentence(str(e)) or type(e).__name__
+            raise PeerLost(f"learner rank {self.rank}: {who} stopped answering in {what} (died, hung past "
+                           f"--dist-timeout-s {self.timeout_s:g}, or stopped): {reason}") from None
+
+    def broadcast_(self, module: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers (observation statistics) on every rank."""
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                self._call("the start (broadcast of the parameters)", dist.broadcast, t.data, 0)
+
+    def average_gradients(self, params, weight) -> None:
+        """Every rank's gradients, each weighted by ``weight`` (its valid rows), averaged: one all-reduce of
+        one flat tensor. ``weight`` of 0 (no valid row) contributes nothing; with no valid row on any rank the
+        gradients are zero, as one process's would be."""
+        import torch.distributed as dist
+
+        params = [p for p in params if p.grad is not None]
+        w = torch.as_tensor(weight, dtype=torch.float32, device=params[0].grad.device).reshape(1)
+        flat = torch.cat([p.grad.reshape(-1) * w for p in params] + [w])
+        self._call("the gradient all-reduce", dist.all_reduce, flat)
+        flat = flat[:-1] / flat[-1].clamp(min=1)
+        i = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[i:i + n].view_as(p.grad))
+            i += n
+
+    def masked_moments(self, x: torch.Tensor, valid: torch.Tensor):
+        """Mean and (population) standard deviation of ``x`` over every rank's valid rows."""
+        import torch.distributed as dist
+
+        first = torch.stack([torch.where(valid, x, 0.0).sum(), valid.sum().to(x.dtype)])
+        self._call("advantage normalisation", dist.all_reduce, first)
+        n = first[1].clamp(min=1)
+        mean = first[0] / n
+        sq = torch.where(valid, (x - mean) ** 2, 0.0).sum()
+        self._call("advantage normalisation", dist.all_reduce, sq)
+        return mean, (sq / n).sqrt()
+
+    def pool_moments(self, n: float, mean: torch.Tensor, var: torch.Tensor):
+        """(count, mean, var) of every rank's rows, from each rank's (float64 vectors on the CPU): gathered
+        and merged in rank order, so that every rank computes the same numbers."""
+        import torch.distributed as dist
+
+        k = len(mean)
+        mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean, var]).to(self.device)
+        got = [torch.empty_like(mine) for _ in range(self.world)]
+        self._call("the running statistics", dist.all_gather, got, mine)
+        total, m, v = 0.0, mean, var
+        for row in (g.cpu() for g in got):
+            c = float(row[0])
+            if c == 0:
+                continue
+            if total == 0:
+                total, m, v = c, row[1:1 + k], row[1 + k:]
+            else:
+                total, m, v = merge_moments(total, m, v, c, row[1:1 + k], row[1 + k:])
+        return total, m, v
+
+    def sum(self, values: list[float]) -> list[float]:
+        import torch.distributed as dist
+
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        self._call("the stop decision", dist.all_reduce, t)
+        return t.cpu().tolist()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _first_sentence(text: str) -> str:
+    """gloo's message without its source location: "[.../pair.cc:553] Connection closed by peer [addr]:port. ..."."""
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ", 1)[0][:200]
+
+
+def from_environment() -> tuple[int, int, int] | None:
+    """(rank, world, local rank) from torchrun's (or ``launch``'s) environment variables, or None for one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return None
+    rank = int(os.environ["RANK"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def join(cfg, device_kind: str = "cpu") -> Solo:
+    """This process's place among the learner ranks: ``Solo()`` for one process (no torch.distributed call),
+    else a ``Ranks`` joined to the group, gloo on CPUs and NCCL on GPUs (gloo when there are fewer GPUs than
+    ranks: NCCL takes one GPU per rank)."""
+    found = from_environment()
+    if found is None:
+        if cfg.learners > 1:
+            raise ConfigError(f"learners={cfg.learners}: this process was not started as a rank (by seedlocal "
+                              "itself or torchrun)")
+        return Solo()
+    rank, world, local_rank = found
+    if cfg.learners > 1 and cfg.learners != world:
+        raise ConfigError(f"learners={cfg.learners}: torchrun started {world} ranks (WORLD_SIZE); give "
+                          f"--learners {world} or leave it out")
+    import torch.distributed as dist
+
+    cuda = device_kind == "cuda"
+    backend = "nccl" if cuda and torch.cuda.device_count() >= world else "gloo"
+    if cuda:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=cfg.dist_timeout_s))
+    return Ranks(rank, world, local_rank, cfg.dist_timeout_s, "cuda" if backend == "nccl" else "cpu")
+
+
+# -- launching ranks without torchrun ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(argv: list[str], world: int, timeout_s: float) -> int:
+    """Run ``seedlocal <argv>`` as ``world`` ranks on this box and wait for them. When one ends with an error
+    or a signal, it is named in one line, and the others (whose next collective fails) get 2 x ``timeout_s``
+    to end by themselves before they are stopped (SIGTERM, then SIGKILL). Returns the exit status."""
+    # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
+    # the launcher's one line names the rank instead.
+    warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))
+    env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           LAUNCHED: str(os.getpid()), "PYTHONWARNINGS": warnings}
+    procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *argv],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
+    deadline, status = None, 0
+    try:
+        while any(p.returncode is None for p in procs):
+            for r, p in enumerate(procs):
+                if p.returncode is not None:
+                    continue
+                try:
+                    rc = p.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    continue
+                if rc != 0 and deadline is None:
+                    deadline = time.monotonic() + 2 * timeout_s
+                    status = 1 if rc < 0 else rc
+                    if rc < 0:  # a rank that fails names itself; one killed cannot
+                        print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
+                              file=sys.stderr, flush=True)
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves
+        status = 130
+        _wait_all(procs, 2 * timeout_s)
+    finally:
+        _stop(procs)
+    return status
+
+
+def _ended(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def _wait_all(procs: list, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        except KeyboardInterrupt:
+            return
+
+
+def _stop(procs: list) -> None:
+    """Ranks still running after their time: SIGTERM (a clean stop: checkpoint, segments unlinked), then SIGKILL."""
+    left = [p for p in procs if p.poll() is None]
+    for p in left:
+        print(f"seedlocal: stopping learner rank {procs.index(p)} (pid {p.pid}), still running", file=sys.stderr,
+              flush=True)
+        p.terminate()
+        try:
+            os.kill(p.pid, signal.SIGCONT)  # a stopped rank (SIGSTOP, a debugger) takes its SIGTERM now
+        except ProcessLookupError:
+            pass
+    for p in left:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,269 @@
+"""Data-parallel learners (issue 34, pipeline/ranks.py): two gloo ranks in separate processes, each with half a
+batch, against one process with the whole of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import dist_ranks
+from conftest import seedlocal_segments
+from test_train_vtrace import scalars
+from seedlocal import checkpoint
+from seedlocal.pipeline.ranks import Solo, free_port
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """What each of 2 gloo ranks computed from its half of ``dist_ranks.batch()`` (one group for both tests)."""
+    out = tmp_path_factory.mktemp("ranks")
+    mp.spawn(dist_ranks.rank_main, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.parametrize("kind", ["plain", "normalized"])
+def test_a_data_parallel_step_equals_one_process_step_over_the_whole_batch(two_ranks, kind):
+    """echo 1, minibatches 1: two ranks' update from half a batch each (different numbers of valid rows; rank 1
+    starting from other weights, which the broadcast replaces) is one process's update from the whole batch,
+    gradient clipping included; with advantage normalisation too, its moments taken over both halves."""
+    whole = dist_ranks.step(dist_ranks.batch(), kind == "normalized")
+    start = torch.nn.utils.parameters_to_vector(dist_ranks.model_and_params(False)[0].parameters()).detach()
+    assert not torch.allclose(whole, start)  # the step moved the weights
+    for r in range(2):
+        torch.testing.assert_close(two_ranks[r][kind], whole, rtol=1e-5, atol=1e-6)
+    assert torch.equal(two_ranks[0][kind], two_ranks[1][kind])  # the ranks stay identical, bit for bit
+
+
+def _on_gpu(tmp_path, backend: str) -> list[dict]:
+    mp.spawn(dist_ranks.rank_main, args=(2, free_port(), str(tmp_path), "cuda", backend), nprocs=2, join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_two_ranks_sharing_one_gpu_over_gloo_equal_one_process(tmp_path):
+    """Two ranks on one GPU (gloo all-reduces CUDA tensors): the update is one CPU process's over the whole batch
+    (a correctness check, not a speed figure)."""
+    got = _on_gpu(tmp_path, "gloo")
+    for kind in ("plain", "normalized"):
+        whole = dist_ranks.step(dist_ranks.batch(), kind == "normalized")
+        for r in range(2):
+            torch.testing.assert_close(got[r][kind], whole, rtol=1e-4, atol=1e-5)
+        assert torch.equal(got[0][kind], got[1][kind])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL: one GPU per rank, needs 2")
+def test_two_ranks_on_two_gpus_over_nccl_equal_one_process(tmp_path):
+    got = _on_gpu(tmp_path, "nccl")
+    for kind in ("plain", "normalized"):
+        whole = dist_ranks.step(dist_ranks.batch(), kind == "normalized")
+        for r in range(2):
+            torch.testing.assert_close(got[r][kind], whole, rtol=1e-4, atol=1e-5)
+
+
+def test_pooled_statistics_equal_the_whole_batch(two_ranks):
+    """Observation normalisation, the reward scaler and advantage normalisation, pooled over the ranks' halves,
+    are the whole batch's statistics."""
+    b = dist_ranks.batch()
+    whole = dist_ranks.statistics(b)
+    L, B = dist_ranks.L, dist_ranks.B
+    adv = torch.randn(L - 1, B, generator=torch.Generator().manual_seed(1))
+    mean, std = Solo().masked_moments(adv, ~b["ignored"][:L - 1])
+    for r in range(2):
+        got = two_ranks[r]["stats"]
+        assert got["obs_count"] == whole["obs_count"] == L * B
+        torch.testing.assert_close(got["obs_mean"], whole["obs_mean"], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got["obs_var"], whole["obs_var"], rtol=1e-12, atol=1e-12)
+        assert got["reward"] == pytest.approx(whole["reward"], rel=1e-12)
+        assert two_ranks[r]["adv_moments"] == pytest.approx((float(mean), float(std)), rel=1e-6)
+
+
+# -- whole runs on the command line: 2 ranks of 1 worker each (the CPU machine's test bed) -------------------------
+
+
+def _train(tmp_path, *args: str, timeout: float = 240, launcher=("-m", "seedlocal")):
+    cmd = [sys.executable, *launcher, "train", "vtrace", "--log-dir", str(tmp_path), "--no-progress", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _folders(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+
+
+def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
+    """seedlocal train vtrace --learners 2: both ranks stop together at the target; one run folder, one
+    summary with both ranks' steps and episodes, a checkpoint that loads."""
+    out = _train(tmp_path, "--learners", "2", "--stop-at-return", "475", "--total-steps", "400000",
+                 "--run-name", "dp")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 data-parallel learner ranks" in out.stdout
+    assert out.stdout.count("tensorboard --logdir") == 1 and out.stdout.count("seedlocal: done") == 1
+    assert _folders(tmp_path) == ["dp"]
+    summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert summary["stopped_by"] == "target" and summary["steps_to_target"] is not None, summary
+    state = checkpoint.load(tmp_path / "dp")
+    assert state["counters"]["steps"] == summary["steps"] and state["config"]["learners"] == 2
+    assert state["config"]["pipeline"]["num_workers"] == 2  # the run's config, not one rank's share of it
+    curve = scalars(tmp_path / "dp")[0]
+    assert curve["charts/return_mean20"][-1][1] >= 475  # the ranks' mean, as the target compared it
+    assert curve["charts/episodes"][-1][1] == summary["episodes"]
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_torchrun_starts_the_same_ranks(tmp_path):
+    """Under torchrun --nproc-per-node 2 the ranks come from its environment variables."""
+    out = _train(tmp_path, "--total-steps", "6000", "--run-name", "tr",
+                 launcher=("-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "seedlocal"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("2 data-parallel learner ranks") == 1
+    summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
+    assert summary["steps"] >= 6000 and summary["updates"] > 0
+
+
+def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
+    """SIGKILL to rank 1: rank 0's next collective fails; the run ends within 2 x --dist-timeout-s with a line
+    naming rank 1, no process and no segment left, rank 0's checkpoint saved; a resume with 2 ranks goes on
+    from it on the same curve."""
+    timeout_s = 10
+    cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--dist-timeout-s",
+           str(timeout_s), "--total-steps", "10000000", "--log-dir", str(tmp_path), "--run-name", "k",
+           "--no-progress", "--log-every-s", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = []
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "k").exists() and "charts/steps_per_s" in scalars(tmp_path / "k")[0]:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("training logged nothing within 120 s")
+        ranks = {int(c.environ()["RANK"]): c.pid for c in psutil.Process(proc.pid).children()}
+        os.kill(ranks[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=2 * timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert f"learner rank 1 (pid {ranks[1]}) was killed by SIGKILL" in out, out
+    assert "learner rank 0: rank 1 stopped answering" in out, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in ranks.values())
+    assert not seedlocal_segments(ranks[0]) and not seedlocal_segments(ranks[1])
+    state = checkpoint.load(tmp_path / "k")
+    steps = state["counters"]["steps"]
+    assert steps > 0
+    out = _train(tmp_path, "--resume", str(tmp_path / "k"), "--total-steps", str(steps + 4000))
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["steps"] >= steps + 4000 and summary["status"] == "done"
+    assert checkpoint.load(tmp_path / "k")["counters"]["updates"] > state["counters"]["updates"]
+
+
+def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
+    """A rank's config: workers and cores divided among the ranks, the batch its own, and bridge.listen's port
+    + RANK, so that every rank can serve remote envs; one process's config is left as it is."""
+    from seedlocal.config.schema import BridgeConfig, PipelineConfig
+    from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.trainers.vtrace import VTraceRun
+
+    cfg = VTraceRun(pipeline=PipelineConfig(num_workers=3, envs_per_worker=8, device="cpu"),
+                    bridge=BridgeConfig(listen="127.0.0.1:50051", remote_envs=8))
+    assert Solo().share(cfg) is cfg
+    one = Ranks(1, 2, 1, 60.0).share(cfg)
+    cores = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert one.pipeline.num_workers == 2 and one.pipeline.learner_threads == one.pipeline.env_threads == cores
+    assert one.bridge.listen == "127.0.0.1:50052" and one.bridge.remote_envs == 8
+    assert one.algo == cfg.algo and cfg.pipeline.num_workers == 3  # the run's own config is untouched
+    from seedlocal.trainers.vtrace import PRESETS
+
+    minatar = Ranks(0, 2, 0, 60.0).share(PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
+    assert minatar.pipeline.num_workers == 1 and minatar.algo.batch_size == 16  # the run's batch, split
+    assert Ranks(0, 2, 0, 60.0).share(PRESETS["cartpole"]).algo.batch_size == 4  # 2 is no whole group of 4
+    remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"),
+                            bridge=BridgeConfig(listen=":0", remote_envs=32))
+    shared = Ranks(0, 2, 0, 60.0).share(remote_only)
+    assert shared.pipeline.num_workers == 0 and shared.bridge.listen == ":0"
+
+
+def test_r2d2_ranks_learn_together(tmp_path):
+    """R2D2 with 2 ranks: each its own replay; the ranks update together (one all-reduce per update) until the
+    step budget, counted over both, ends."""
+    cmd = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--learners", "2", "--algo.min-replay", "50",
+           "--total-steps", "6000", "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] >= 6000 and summary["updates"] > 0, summary
+    assert _folders(tmp_path) == ["r"]
+
+
+def test_a_family_without_data_parallel_learners_is_refused_before_any_rank_starts(tmp_path):
+    cmd = [sys.executable, "-m", "seedlocal", "train", "ga", "--learners", "2", "--log-dir", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("seedlocal: error: learners=2: ga has no data-parallel learner yet (vtrace and "
+                                  "r2d2 have); give --learners 1")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_hung_rank_is_named_and_stopped(tmp_path):
+    """SIGSTOP to rank 1 (a hung rank): rank 0's next collective times out after --dist-timeout-s and it stops,
+    naming rank 1, within 2 x --dist-timeout-s; the launcher then stops rank 1 (SIGTERM, which a stopped process
+    takes once continued), and nothing is left behind."""
+    timeout_s = 5
+    cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--dist-timeout-s",
+           str(timeout_s), "--total-steps", "10000000", "--log-dir", str(tmp_path), "--run-name", "h",
+           "--no-progress", "--log-every-s", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = {}
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "h").exists() and "charts/steps_per_s" in scalars(tmp_path / "h")[0]:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("training logged nothing within 120 s")
+        ranks = {int(c.environ()["RANK"]): psutil.Process(c.pid) for c in psutil.Process(proc.pid).children()}
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        gone, alive = psutil.wait_procs([ranks[0]], timeout=2 * timeout_s)
+        assert gone, "rank 0 still running 2 x --dist-timeout-s after rank 1 hung"
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            for p in ranks.values():
+                p.kill()
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert "learner rank 0: rank 1 stopped answering" in out, out
+    assert f"stopping learner rank 1 (pid {ranks[1].pid}), still running" in out, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
+    assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
+    assert checkpoint.load(tmp_path / "h")["counters"]["steps"] > 0
+
+
+@pytest.mark.slow
+def test_two_ranks_reach_minatar_breakout_10(tmp_path):
+    """--preset minatar (picked by itself for the id) with 2 ranks: each rank 1 worker of 32 envs and a batch of
+    32 unrolls of its own, to a 20-episode mean of 10 (one process: 1.07-2.08M steps, docs/minatar.md)."""
+    out = _train(tmp_path, "--env.id", "MinAtar/Breakout-v1", "--learners", "2", "--stop-at-return", "10",
+                 "--total-steps", "4000000", "--run-name", "b", timeout=1800)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["stopped_by"] == "target", summary
