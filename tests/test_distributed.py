@@ -107,7 +107,7 @@ def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
                  "--run-name", "dp")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 data-parallel learner ranks" in out.stdout
-    assert out.stdout.count("tensorboard --logdir") == 1 and out.stdout.count("seedlocal: done") == 1
+    assert out.stdout.count("TensorBoard: tensorboard --logdir") == 1 and out.stdout.count("seedlocal: done") == 1
     assert _folders(tmp_path) == ["dp"]
     summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
     assert summary["stopped_by"] == "target" and summary["steps_to_target"] is not None, summary
@@ -118,6 +118,16 @@ def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
     assert curve["charts/return_mean20"][-1][1] >= 475  # the ranks' mean, as the target compared it
     assert curve["charts/episodes"][-1][1] == summary["episodes"]
     assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_two_ranks_end_their_step_budget_together(tmp_path):
+    """The step budget is judged on the all-reduced count: a rank that re-read its own counter (which its
+    inference thread moves on meanwhile) once stopped alone, and the other failed in its next all-reduce."""
+    for i in range(3):
+        out = _train(tmp_path, "--learners", "2", "--total-steps", "12000", "--run-name", f"b{i}")
+        assert out.returncode == 0 and "step budget spent" in out.stdout, out.stdout + out.stderr
+        summary = json.loads((tmp_path / f"b{i}" / "summary.json").read_text())
+        assert summary["stopped_by"] == "steps" and summary["steps"] >= 12000, summary
 
 
 def test_torchrun_starts_the_same_ranks(tmp_path):

@@ -379,7 +379,9 @@ class R2D2Trainer(Trainer):
             [local, self.local_episodes, float(np.mean(on)) if full else 0.0, full, run.out_of_time(),
              self.feeder.behind()])
         self.peer_steps, self._all_behind = int(steps) - local, behind == self.ranks.world
-        self.counters["steps"], self.counters["episodes"] = self._steps(run), self.episodes0 + int(episodes)
+        # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
+        # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
+        self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
         if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
             return "steps"
         if late:

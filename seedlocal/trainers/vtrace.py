@@ -420,7 +420,9 @@ class VTraceTrainer(Trainer):
         self.all_ranks = {"sums": (episodes, ret_sum, len_sum),
                           "mean20": returns / n_full if n_full == self.ranks.world else None}
         self.peer_steps = int(steps) - local
-        self.counters["steps"], self.counters["episodes"] = self._steps(run), self.episodes0 + int(episodes)
+        # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
+        # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
+        self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
         if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
             return "steps"
         if late:
