@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -85,3 +89,27 @@ def terminal_like() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)  # nohup ignores it; a terminal's child does not
+
+
+TESTS = Path(__file__).parent
+
+
+def seedlocal_runs(runs: list[tuple[tuple[str, ...], dict]], timeout: int = 240) -> list[subprocess.CompletedProcess]:
+    """Independent ``python -m seedlocal ARGS`` runs at the same time, each ``(args, extra environment)``, with
+    tests/ on PYTHONPATH (the envs registered there): each mostly waits on its start-up and its env, so
+    together they take about as long as one. None is left running, whatever happens."""
+    base = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**base, **extra}, cwd=TESTS.parent)
+             for args, extra in runs]
+    done = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return done

@@ -3,11 +3,11 @@ train (worker processes import the module), eval, and clear errors."""
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import leaked_segments
+from helpers import seedlocal_runs
 
 TESTS = Path(__file__).parent
 
@@ -17,24 +17,8 @@ def seedlocal(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
 
 
 def seedlocal_all(runs: list[tuple[str, ...]], timeout: int = 240) -> list[subprocess.CompletedProcess]:
-    """Independent CLI runs at the same time: each mostly waits on its start-up
-    and its env's failure, so together they take about as long as one."""
-    import os
-
-    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS.parent) for args in runs]
-    done = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return done
+    """Independent CLI runs at the same time (``helpers.seedlocal_runs``)."""
+    return seedlocal_runs([(args, {}) for args in runs], timeout=timeout)
 
 
 def test_readme_example_is_this_env():

@@ -5,15 +5,13 @@ that allows nothing stops the run in one line. The envs: tests/mask_envs.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import leaked_segments
+from helpers import seedlocal_runs
 
 from seedlocal.algos.distributions import Categorical
 from seedlocal.algos.r2d2 import double_q_bootstrap, inverse_value_rescale
@@ -106,25 +104,6 @@ def test_the_learners_see_only_legal_actions():
     assert torch.equal(boot, inverse_value_rescale(target.gather(-1, best).squeeze(-1)))
 
 
-def run_all(runs: list[tuple[tuple[str, ...], dict]], timeout: int = 300) -> list[subprocess.CompletedProcess]:
-    """CLI runs at the same time, each with its own extra environment variables."""
-    base = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**base, **extra}, cwd=TESTS.parent)
-             for args, extra in runs]
-    done = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return done
-
-
 def illegal_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -146,7 +125,7 @@ def test_no_algorithm_takes_an_illegal_action_in_10k_steps(tmp_path):
             "hidden": (("train", "vtrace", "--env.id", "hidden_mask_env:Hidden-v0", "--total-steps", "1000",
                         "--run-name", "h", "--pipeline.num-workers", "1"), {})}
     logs = {name: tmp_path / f"{name}.illegal" for name in runs}
-    outs = dict(zip(runs, run_all([((*args, *common), {**extra, "MASK_ENVS_ILLEGAL_LOG": str(logs[name])})
+    outs = dict(zip(runs, seedlocal_runs([((*args, *common), {**extra, "MASK_ENVS_ILLEGAL_LOG": str(logs[name])})
                                    for name, (args, extra) in runs.items()])))
     for name in ("vtrace", "r2d2", "ga", "unmasked", "hidden"):
         assert outs[name].returncode == 0, (name, outs[name].stderr[-2000:])
@@ -160,7 +139,7 @@ def test_no_algorithm_takes_an_illegal_action_in_10k_steps(tmp_path):
     assert outs["empty"].returncode == 1 and "Traceback" not in outs["empty"].stderr, outs["empty"].stderr[-2000:]
     assert ("mask_envs:NoLegal-v0: env 0 of a group gave an action_mask that allows no action at step 3 of its "
             "episode") in last, last
-    ev, = run_all([(("eval", "--checkpoint", str(tmp_path / "v"), "--episodes", "20", "--video",
+    ev, = seedlocal_runs([(("eval", "--checkpoint", str(tmp_path / "v"), "--episodes", "20", "--video",
                      str(tmp_path / "v.gif")), {"MASK_ENVS_ILLEGAL_LOG": str(logs["vtrace"])})])
     assert ev.returncode == 0 and (tmp_path / "v.gif").exists(), ev.stderr[-2000:]
     assert illegal_lines(logs["vtrace"]) == []
