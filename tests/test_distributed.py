@@ -123,7 +123,7 @@ def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
 def test_two_ranks_end_their_step_budget_together(tmp_path):
     """The step budget is judged on the all-reduced count: a rank that re-read its own counter (which its
     inference thread moves on meanwhile) once stopped alone, and the other failed in its next all-reduce."""
-    for i in range(3):
+    for i in range(2):  # the unfixed code failed the first of them in the run that found it
         out = _train(tmp_path, "--learners", "2", "--total-steps", "12000", "--run-name", f"b{i}")
         assert out.returncode == 0 and "step budget spent" in out.stdout, out.stdout + out.stderr
         summary = json.loads((tmp_path / f"b{i}" / "summary.json").read_text())
