@@ -65,6 +65,18 @@ def _sigterm_as_exit(signum, frame):
     raise Stopped(signum)
 
 
+# pipeline/ranks.py's LAUNCHED, not imported from there: that module loads torch, and the first line must not wait.
+RANK_OF = "SEEDLOCAL_RANK_OF"
+
+
+def _say(*args, **kwargs) -> None:
+    """``print``, but once per run of data-parallel ranks: the launcher of ``--learners G`` says it, its ranks
+    do not (they parse the same command line again); under torchrun, rank 0. Errors are not said this way:
+    every rank's own failure is its own line."""
+    if not os.environ.get(RANK_OF) and os.environ.get("RANK", "0") in ("", "0"):
+        print(*args, **kwargs)
+
+
 def _first_line(argv: list[str]) -> str | None:
     """A train command's first line, said before torch loads (seconds on a busy machine): the command and its
     preset where the command line alone tells it (given, or CartPole's defaults without --env.id); else the
@@ -152,7 +164,7 @@ def _renamed(args: list[str]) -> list[str]:
     for a in args:
         name, eq, value = a.partition("=")
         if name in RENAMED:
-            print(f"seedlocal: {name} is now {RENAMED[name]} (the old spelling will go)", file=sys.stderr,
+            _say(f"seedlocal: {name} is now {RENAMED[name]} (the old spelling will go)", file=sys.stderr,
                   flush=True)
             a = RENAMED[name] + eq + value
         out.append(a)
@@ -206,13 +218,13 @@ def _preset_for_env(args: list[str], presets: dict) -> str:
         kind = "cartpole"
     if kind == "cartpole":
         if not quiet:
-            print(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
+            _say(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
                   f"{env_id}'s kind", flush=True)
         return kind
     if not quiet:
         what = {"atari": "image frames", "minatar": "small image grids", "football": "Google Research Football's "
                 "minimap frames"}.get(kind, "a Box action space")
-        print(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
+        _say(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
               "plain defaults)", flush=True)
     return kind
 
@@ -238,7 +250,7 @@ def _machine_sized(args: list[str], preset):
         unlike = [c.replace(":", "", 1) for c in config_changes(sized.pipeline, free, "pipeline.")]
         note = (f" (workers of the preset's size, so that --bridge.remote-envs {remote} makes whole ones; without it"
                 f" {', '.join(unlike)})" if unlike else "")
-        print(f"seedlocal: sized for this machine ({machine}): {', '.join(changes)}{note}; --no-machine-sizing "
+        _say(f"seedlocal: sized for this machine ({machine}): {', '.join(changes)}{note}; --no-machine-sizing "
               "keeps the preset's", flush=True)
     return sized
 
@@ -329,7 +341,7 @@ def _pop_pipeline_config(args: list[str], default):
     group = _envs_per_group(tuned.pipeline)
     fitted = tuned.fit_to_groups(group)  # e.g. V-trace's batch, whole groups (an explicit option still wins)
     for change in config_changes(tuned, fitted):
-        print(f"seedlocal: {path}: {change.replace(':', '', 1)}, to fit its {group} envs per group", flush=True)
+        _say(f"seedlocal: {path}: {change.replace(':', '', 1)}, to fit its {group} envs per group", flush=True)
     return fitted, rest
 
 
@@ -418,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     first = _first_line(argv)
     if first:
-        print(first, flush=True)
+        _say(first, flush=True)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     # A closed terminal (SIGHUP) ends a run as SIGTERM does: checkpoint, clean
     # exit. Unless it is ignored already: under nohup a run must outlive it.
