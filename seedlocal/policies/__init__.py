@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from seedlocal.algos.distributions import for_actions
-from seedlocal.networks import action_size
+from seedlocal.algos.distributions import Categorical, for_actions
+from seedlocal.networks import action_size, legal_only
 from seedlocal.pipeline.policy import Policy
 from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
 
@@ -43,10 +43,10 @@ class RandomPolicy(Policy):
             params = torch.zeros((n,) + self.outputs["gaussian"].shape, device=self.device)
             return self._low + u * (self._high - self._low), {"gaussian": params,
                                                               "value": torch.zeros(n, device=self.device)}, None
-        if MASK_KEY in obs:  # uniform over the legal actions: the largest of a uniform draw per legal one
-            draws = torch.rand(n, self.spec.num_actions, device=self.device)
-            actions = torch.where(obs[MASK_KEY], draws, -1.0).argmax(-1)
+        logits = torch.zeros(n, self.spec.num_actions, device=self.device)
+        if MASK_KEY in obs:  # uniform over the legal actions, by the sampling every policy uses; logits to match
+            logits = legal_only(logits, obs)
+            actions = Categorical.sample(logits)
         else:
             actions = torch.randint(self.spec.num_actions, (n,), device=self.device)
-        logits = torch.zeros(n, self.spec.num_actions, device=self.device)
         return actions, {"logits": logits, "value": torch.zeros(n, device=self.device)}, None
