@@ -126,6 +126,27 @@ def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
     assert "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_target_met_by_an_all_reduce_after_the_last_log_gets_its_last_point():
+    """CI once saw a run stop at its target with its curve's last return_mean20 at 473.8: the loop logs, then
+    spent() all-reduces the ranks' means and meets 475 with no update or episode of rank 0's since that log.
+    The final log must still be written, or the curve ends below the value that stopped the run."""
+    from types import SimpleNamespace
+
+    from seedlocal.envs.spaces import describe
+    from seedlocal.trainers import vtrace
+
+    t = vtrace.VTraceTrainer(vtrace.PRESETS["cartpole"], describe("CartPole-v1"), torch.device("cpu"))
+    stats = SimpleNamespace(forward_s=0.0, batches=0, batch_envs=0)
+    t.iv = vtrace._Interval(0, stats, {"threads": 1, "wait_s": 0.0, "env_s": 0.0})
+    assert not t.has_last_log()  # nothing since the last log: no final point
+    t.all_ranks = {"sums": (40, 19000.0, 19000.0), "mean20": 473.8}
+    assert t._all_ranks_episodes()["charts/return_mean20"] == 473.8  # the periodic log
+    assert not t.has_last_log()
+    t.all_ranks = {"sums": (41, 19500.0, 19500.0), "mean20": 475.2}  # spent()'s all-reduce after that log
+    assert t.has_last_log()
+    assert t._all_ranks_episodes()["charts/return_mean20"] == 475.2
+
+
 def test_two_ranks_end_their_step_budget_together(tmp_path):
     """The step budget is judged on the all-reduced count: a rank that re-read its own counter (which its
     inference thread moves on meanwhile) once stopped alone, and the other failed in its next all-reduce."""

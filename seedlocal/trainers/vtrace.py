@@ -332,6 +332,7 @@ class VTraceTrainer(Trainer):
         self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
         self.all_ranks: dict = {}  # data-parallel ranks: every rank's episodes at the last all-reduce (spent)
         self.logged_ranks: tuple = (0, 0.0, 0.0)  # ... and at the last log
+        self.logged_mean20 = None  # the ranks' mean of means at the last log
         self.scaler = None
         if a.reward_scale:
             self.scaler = RewardScaler(self.shape.num_envs, a.discount)
@@ -537,15 +538,18 @@ class VTraceTrainer(Trainer):
         if not self.all_ranks:
             return {}
         (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks
-        self.logged_ranks = self.all_ranks["sums"]
+        self.logged_ranks, self.logged_mean20 = self.all_ranks["sums"], self.all_ranks["mean20"]
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
                 "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
                 "charts/return_mean20": self.all_ranks["mean20"]}
 
     def has_last_log(self) -> bool:
         # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
-        # curve too.
-        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
+        # curve too; and with ranks, an all-reduce after the last log (spent() runs after log()) that moved the
+        # ranks' mean of means, which is what stopped a run at its target.
+        moved = bool(self.all_ranks) and (self.all_ranks["sums"] != self.logged_ranks
+                                           or self.all_ranks["mean20"] != self.logged_mean20)
+        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0 or moved)
 
     def stop(self, run: Run) -> None:
         if self.prefetch is not None:
