@@ -184,49 +184,71 @@ def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
         else:
             rest.append(a)
     if name is None:
-        name = _preset_for_env(rest, presets)
+        return _preset_for_env(rest, presets)[1], rest
     if name not in presets:
         raise ConfigError(f"preset={name!r}: expected one of {', '.join(presets)}")
     return presets[name], rest
 
 
-def _preset_for_env(args: list[str], presets: dict) -> str:
+def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
     """With no --preset, the preset made for the kind of env given by --env.id
     (``config.checks.task_kind``: Atari's for image frames, Football's for gfootball
     minimaps, MinAtar's for small grids, MuJoCo's for Box actions), so that a new task of
     a kind seedlocal supports starts from settings that learn it, not
     CartPole's. Said in one line; an env that cannot be described is left to
-    the trainer's validation, which names the problem."""
+    the trainer's validation, which names the problem. Returns its name and the preset fitted to the env's
+    frames: an env that cannot send single frames as envpool's Atari does (a Gymnasium env) sends its own,
+    stacked beside the network only if they are single-channel ones."""
     env_id = _option(args, "--env.id")
     if env_id is None or _option(args, "--resume") is not None:
-        return "cartpole"
+        return "cartpole", presets["cartpole"]
     from seedlocal.config.checks import task_kind
     from seedlocal.envs.spaces import describe
 
+    backend = _option(args, "--env.backend") or "auto"
     try:
         # Arguments as validation passes them (id, backend, frame_stack), so its describe() is this cached one.
-        kind = task_kind(describe(env_id, _option(args, "--env.backend") or "auto", 0))
+        spec = describe(env_id, backend, 0)
+        kind = task_kind(spec)
     except Exception:
-        return "cartpole"
+        return "cartpole", presets["cartpole"]
     quiet = bool({"-h", "--help"} & set(args))
-    try:  # the preset's env settings must fit this env (R2D2's Atari preset has envpool stack single frames)
-        if kind != "cartpole" and kind in presets:
-            describe(env_id, _option(args, "--env.backend") or "auto", presets[kind].env.frame_stack)
-        else:
-            kind = "cartpole"
-    except Exception:
-        kind = "cartpole"
-    if kind == "cartpole":
+    if kind == "cartpole" or kind not in presets:
         if not quiet:
             _say(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
                   f"{env_id}'s kind", flush=True)
-        return kind
+        return "cartpole", presets["cartpole"]
+    preset = presets[kind]
+    fitted = _fit_frames(preset, spec, lambda: describe(env_id, backend, preset.env.frame_stack))
     if not quiet:
         what = {"atari": "image frames", "minatar": "small image grids", "football": "Google Research Football's "
                 "minimap frames"}.get(kind, "a Box action space")
-        _say(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s (--preset cartpole for the "
+        frames = ("" if fitted is preset else f", its frames as the env sends them, stacked "
+                  f"{fitted.frame_stack} deep beside the network" if getattr(fitted, "frame_stack", 0) > 1
+                  else ", its frames as the env sends them")
+        _say(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s{frames} (--preset cartpole for the "
               "plain defaults)", flush=True)
-    return kind
+    return kind, fitted
+
+
+def _fit_frames(preset, spec, as_preset_sends):
+    """``preset``, or where its env settings do not fit the env (``as_preset_sends`` raises: envpool's
+    --env.frame-stack on a Gymnasium env), the preset with the env's own frames (``spec``), stacked beside the
+    network only where they are single-channel."""
+    import dataclasses
+
+    from seedlocal.algos.frames import stack_problem
+
+    stack = getattr(preset, "frame_stack", 0)
+    try:
+        if stack_problem(as_preset_sends(), stack) is None:
+            return preset
+    except Exception:
+        pass
+    env = dataclasses.replace(preset.env, frame_stack=0)
+    if not hasattr(preset, "frame_stack"):
+        return dataclasses.replace(preset, env=env)
+    return dataclasses.replace(preset, env=env, frame_stack=stack if stack_problem(spec, stack) is None else 0)
 
 
 def _machine_sized(args: list[str], preset):

@@ -3,7 +3,9 @@
 A ball falls one cell per step down a 7x7 grid from a random column; the
 agent moves a paddle on the bottom row and scores +1 for a catch, -1 for a
 miss. Observations are the last 4 frames, uint8 (4, 84, 84), as envpool's
-Atari v5 envs give them, and there are 6 actions as in Pong (0 and 1 stay,
+Atari v5 envs give them (``ImageCatch1-v0``: the last frame alone, (1, 84, 84),
+as envpool's with ``stack_num=1``, for the frames stacked beside the network),
+and there are 6 actions as in Pong (0 and 1 stay,
 2 and 4 move right, 3 and 5 move left). One episode is ``drops`` balls.
 
 The reward comes 6 steps after the decision that earns it, so a learner must
@@ -29,11 +31,11 @@ MOVES = np.array([0, 0, 1, -1, 1, -1])
 class ImageCatch(gymnasium.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, drops: int = 5):
+    def __init__(self, drops: int = 5, stack: int = 4):
         self.drops = drops
-        self.observation_space = spaces.Box(0, 255, (4, GRID * CELL, GRID * CELL), np.uint8)
+        self.observation_space = spaces.Box(0, 255, (stack, GRID * CELL, GRID * CELL), np.uint8)
         self.action_space = spaces.Discrete(len(MOVES))
-        self._frames = np.zeros((4, GRID * CELL, GRID * CELL), np.uint8)
+        self._frames = np.zeros((stack, GRID * CELL, GRID * CELL), np.uint8)
 
     def _new_ball(self) -> None:
         self._ball_col = int(self.np_random.integers(GRID))
@@ -72,3 +74,4 @@ class ImageCatch(gymnasium.Env):
 
 if "ImageCatch-v0" not in gymnasium.registry:
     gymnasium.register("ImageCatch-v0", entry_point=ImageCatch)
+    gymnasium.register("ImageCatch1-v0", entry_point=ImageCatch, kwargs={"stack": 1})

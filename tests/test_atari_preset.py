@@ -19,7 +19,7 @@ from seedlocal.config.schema import EnvConfig
 from seedlocal.envs.spaces import describe
 from seedlocal.trainers.vtrace import PRESETS, build_model, train
 
-CATCH = "image_catch:ImageCatch-v0"
+CATCH = "image_catch:ImageCatch1-v0"  # single frames, stacked 4 beside the network as the preset does
 CATCH_BUDGET = 150_000  # agent steps for the preset to reach a mean return of 3 (of 5) on Catch
 # The preset as it was before issue 7: it never left the uniform policy on Pong.
 OLD_ATARI = VTraceParams(batch_size=32, learning_rate=6e-4, optimizer="rmsprop", optimizer_eps=0.01,

@@ -174,7 +174,7 @@ def test_graphed_inference_matches_eager_and_follows_weight_updates(precision, l
 def test_graphed_r2d2_acting_matches_eager():
     from seedlocal.networks import RecurrentQNet
     from seedlocal.policies.q_greedy import R2D2Policy
-    from seedlocal.trainers.r2d2 import net_spec
+    from seedlocal.algos.frames import net_spec
 
     spec = validate_env(EnvConfig(id="Pong-v5", frame_stack=1))
     torch.manual_seed(0)

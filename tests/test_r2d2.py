@@ -111,15 +111,15 @@ def test_per_env_epsilons_follow_ape_x():
 
 def test_acting_and_replay_stack_frames_the_same_way():
     """R2D2 stacks Atari frames on the learner side twice: per env while acting
-    (R2D2Policy) and per sampled row in replay. Both must give the network the
+    (R2D2Policy's FrameHistory) and per sampled row in replay. Both must give the network the
     same input for the same step, episode starts included."""
     import numpy as np
 
+    from seedlocal.algos.frames import FrameHistory
+    from seedlocal.spec import TensorSpec
     from seedlocal.trainers.replay import SequenceReplay
-    from seedlocal.policies.q_greedy import R2D2Policy
 
-    policy = R2D2Policy.__new__(R2D2Policy)
-    policy.stack, policy.hist = 4, torch.zeros((1, 4, 2, 2), dtype=torch.uint8)
+    history = FrameHistory(TensorSpec((1, 2, 2), "uint8"), 4, "cpu", slots=1)
     n = 24
     ignored = np.zeros(n, bool)
     ignored[[9, 17]] = True  # auto-reset rows: steps 10 and 18 start episodes
@@ -127,7 +127,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
     acted = []
     for t in range(n):
         first = t == 0 or ignored[t - 1]
-        out = policy.stacked(torch.from_numpy(frames[t:t + 1]), torch.tensor([0]), torch.tensor([first]))
+        out = history(torch.from_numpy(frames[t:t + 1]), torch.tensor([0]), torch.tensor([first]), 1)
         acted.append(out[0, :, 0, 0].tolist())
     fields = {"obs": ((1, 2, 2), "uint8"), "ignored": ((), "bool")}
     r = SequenceReplay(1, 4, length=n, stride=n - 1, fields=fields, core_shape=None, frame="obs", stack=4)

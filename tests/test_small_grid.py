@@ -202,14 +202,14 @@ def test_r2d2_stacks_single_channel_bool_frames_as_bool():
     uint8, a 0/1 grid would be read as pixels and scaled by 1/255."""
     from seedlocal.pipeline.cuda import WeightLock
     from seedlocal.policies.q_greedy import R2D2Policy
-    from seedlocal.trainers.r2d2 import net_spec
+    from seedlocal.algos.frames import net_spec
 
     spec = grid_spec((1, 10, 10))
     net = RecurrentQNet(net_spec(spec, 4), lstm_size=8)
     assert net.kind == "minatar" and net.encoder.conv[0].in_channels == 4
     policy = R2D2Policy(net, spec, torch.zeros(2), WeightLock(torch.device("cpu")), "cpu", stack=4, seed=0)
     frames = torch.ones(2, 1, 10, 10, dtype=torch.bool)
-    stacked = policy.stacked(frames, torch.arange(2), torch.ones(2, dtype=torch.bool))
+    stacked = policy.frames(frames, torch.arange(2), torch.ones(2, dtype=torch.bool), 2)
     assert stacked.dtype == torch.bool and bool(stacked.all())
     actions, _, core = policy.act({"": frames}, torch.zeros(2, 2, 8), np.arange(2), np.ones(2, bool))
     assert actions.shape == (2,) and core.shape == (2, 2, 8)

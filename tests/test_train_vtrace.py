@@ -399,7 +399,8 @@ def test_bad_training_config_is_refused_before_start(tmp_path):
 
 def test_atari_preset_trains_and_records_a_video(tmp_path):
     cfg = PRESETS["atari"]
-    cfg = VTraceRun(env=cfg.env, algo=cfg.algo, total_steps=400, log_dir=str(tmp_path), run_name="pong",
+    cfg = VTraceRun(env=cfg.env, frame_stack=cfg.frame_stack, algo=cfg.algo, total_steps=400, log_dir=str(tmp_path),
+                    run_name="pong",
                     progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=5))
     cfg.algo.batch_size = 8
     summary = train(cfg)

@@ -190,6 +190,8 @@ class StepRunConfig(RunConfig):
     """seconds between TensorBoard points"""
     checkpoint_every_min: float = 5.0
     """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
+    frame_stack: int = 0
+    """frames stacked beside the network for single-channel image frames (Atari presets: 4 over env.frame_stack 1)"""
 
     def budget_spent(self, counters: dict) -> None:
         from seedlocal.config.resume import budget_left

@@ -37,6 +37,7 @@ class Batch:
     ready: object = None  # CUDA event: the batch's copy to the device has finished
     groups: list[int] | None = None  # the group that filled each unroll (read when copied: an unroll
     # released early may be rebound to another group before the learner is done)
+    epochs: list[int] | None = None  # how often that group had restarted when it filled it (its envs reset)
 
 
 class Batcher:
@@ -103,7 +104,8 @@ class Batcher:
                 **{key: tensors[name] for name, key in self.fields.items()},
                 "core_state": tensors.get("core_state"),
                 "policy_version": self.store["policy_version"][bufs][:, :-1].copy()}
-        return Batch(data, list(bufs), slot, ready, groups=self.store["unroll_group"][bufs].tolist())
+        return Batch(data, list(bufs), slot, ready, groups=self.store["unroll_group"][bufs].tolist(),
+                     epochs=self.store["unroll_epoch"][bufs].tolist())
 
     def use(self, batch: Batch) -> dict:
         """The learner's side: make its stream wait for the batch's copy."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from seedlocal.dtypes import torch_dtype
+from seedlocal.algos.frames import FrameHistory
 from seedlocal.networks import RecurrentQNet
 from seedlocal.pipeline.cuda import GraphedStep, WeightLock
 from seedlocal.pipeline.policy import Policy
@@ -35,21 +35,9 @@ class R2D2Policy(Policy):
                        f"epsilon-greedy, epsilon {float(eps):g}" if float(eps) else "argmax")
         self.eps = eps.to(device)
         self.stack = stack
-        self.hist = None  # [env slots, stack, H, W]: each env's last frames
-        if stack > 1 and self.eps.ndim:
-            self._history(len(self.eps))
+        self.frames = FrameHistory(spec.obs[""], stack, device, len(self.eps) if self.eps.ndim else 0) \
+            if stack > 1 else None
         self.gen = torch.Generator(device=draws_on or device).manual_seed(seed)
-
-    def _history(self, rows: int) -> torch.Tensor:
-        """The frame history, grown to ``rows`` env slots (eval learns its count from its first batch)."""
-        if self.hist is None or len(self.hist) < rows:
-            single = self.spec.obs[""]  # the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255
-            grown = torch.zeros((rows, self.stack) + tuple(single.shape[1:]), dtype=torch_dtype(single.dtype),
-                                device=self.device)
-            if self.hist is not None:
-                grown[:len(self.hist)] = self.hist
-            self.hist = grown
-        return self.hist
 
     def prepare(self, sizes, obs):
         if isinstance(self._step, GraphedStep):
@@ -57,18 +45,6 @@ class R2D2Policy(Policy):
                 obs = {"": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
                                        device=self.device)}
             self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
-
-    def stacked(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor,
-                slots: int | None = None) -> torch.Tensor:
-        """[n, 1, H, W] new frames -> [n, stack, H, W], an episode's first frame repeated at its start. ``slots``:
-        one more than the largest of ``ids`` where the host knows it (``act``: reading it from ``ids`` on a GPU
-        would wait for the device every batch)."""
-        hist = self._history(slots if slots is not None else int(ids.max()) + 1)
-        rolled = torch.cat([hist[ids][:, 1:], frames], dim=1)
-        fresh = frames.expand(-1, self.stack, -1, -1)
-        out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
-        hist[ids] = out
-        return out
 
     def _draws(self, n: int, actions: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform [0, 1) numbers and random actions for ``n`` rows, from this policy's generator; with an action
@@ -91,7 +67,7 @@ class R2D2Policy(Policy):
         mask = obs.get(MASK_KEY)
         if self.stack > 1:
             starts = first if first is not None else np.zeros(n, bool)
-            obs = {"": self.stacked(obs[""], ids, torch.from_numpy(starts).to(self.device), int(env_ids.max()) + 1)}
+            obs = {"": self.frames(obs[""], ids, torch.from_numpy(starts).to(self.device), int(env_ids.max()) + 1)}
         with self.lock.reading():
             q, core = self._step(obs, core)
         u, random = self._draws(q.shape[0], q.shape[1], mask)

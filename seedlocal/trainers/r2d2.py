@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from seedlocal.algos.frames import net_spec, stack_problem, stacking
 from seedlocal.algos.r2d2 import R2D2Params, learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config.machine import Machine
@@ -44,7 +45,7 @@ from seedlocal.config.checks import (check_network_fits, network_error, resolve_
 from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import RecurrentQNet, checkpoint_network, encoder_identity, image_layout, obs_identity
+from seedlocal.networks import RecurrentQNet, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
@@ -61,8 +62,6 @@ class R2D2Run(StepRunConfig):
         num_workers=2, envs_per_worker=8, min_batch_envs=4, unroll_length=0))
     network: NetworkConfig = field(default_factory=lambda: NetworkConfig(lstm_size=64))
     algo: R2D2Params = field(default_factory=R2D2Params)
-    frame_stack: int = 0
-    """frames stacked on the learner side for image observations (Atari preset: 4 over env.frame_stack 1)"""
     compress: bool = False
     """lz4-compress stored frames in replay"""
     checkpoint_replay: bool = False
@@ -130,15 +129,6 @@ def identity(cfg: R2D2Run, spec) -> dict:
             "lstm_size": n.lstm_size}
 
 
-def net_spec(spec, frame_stack: int):
-    """The spec the network sees: image observations stacked ``frame_stack`` deep."""
-    single = spec.obs.get("")
-    if frame_stack <= 1 or single is None:
-        return spec
-    shape = (frame_stack * single.shape[0],) + single.shape[1:]
-    return dataclasses.replace(spec, obs={"": dataclasses.replace(single, shape=shape)})
-
-
 def build_net(cfg: R2D2Run, spec, device: torch.device | None = None) -> RecurrentQNet:
     """The Q-network, its torso's precision that of ``device`` (default: the pipeline's)."""
     a, n = cfg.algo, cfg.network
@@ -162,7 +152,7 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay
     fields = {obs_key(k): (s.shape, s.dtype) for k, s in spec.obs.items()}
     fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
                    "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")})
-    stack = cfg.frame_stack if "" in spec.obs and cfg.frame_stack > 1 else 1
+    stack = stacking(spec, cfg.frame_stack)
     replay = SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
                             stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs", stack=stack,
                             alpha=a.priority_exponent, compress=cfg.compress, seed=cfg.env.seed)
@@ -240,13 +230,8 @@ def validate(cfg: R2D2Run):
     per_env = -(-a.replay_size // max(1, envs - a.eval_envs))
     if per_env * a.unroll_length < a.burn_in + a.unroll_length + 1:
         fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
-    if cfg.frame_stack < 0:
-        fail("frame_stack", cfg.frame_stack, "must be >= 0")
-    single = spec.obs.get("")
-    if cfg.frame_stack > 1 and (single is None or image_layout(single) != "chw" or single.shape[0] != 1):
-        seen = tuple(single.shape) if single is not None else dict(spec.obs)
-        fail("frame_stack", cfg.frame_stack, "stacks single-channel (1, H, W) image frames, as envpool's Atari "
-             f"sends with --env.frame-stack 1; {spec.env_id} observes {seen}")
+    if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
+        fail("frame_stack", cfg.frame_stack, problem)
     if cfg.total_steps < 0 or cfg.seconds < 0 or (cfg.total_steps == 0 and cfg.seconds == 0):
         fail("total_steps", cfg.total_steps, "set a step or time budget (both >= 0, not both 0)")
     try:
@@ -331,7 +316,7 @@ class R2D2Trainer(Trainer):
         ranks.broadcast_(self.target)
 
     def policy(self):
-        stack = self.cfg.frame_stack if self.cfg.frame_stack > 1 and "" in self.spec.obs else 1
+        stack = stacking(self.spec, self.cfg.frame_stack)
         return R2D2Policy(self.online, self.spec, self.eps, self.lock, self.device, stack, self.cfg.env.seed,
                           cuda_graphs=self.cfg.pipeline.cuda_graphs)
 

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from seedlocal.algos.frames import UnrollStacks, net_spec, stack_problem, stacking
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
+from seedlocal.dtypes import torch_dtype
 from seedlocal.config.checks import (check_network_fits, network_error, validate_bridge, validate_pipeline,
                                      validate_run_options)
 from seedlocal.envs.spaces import validate_env
@@ -95,9 +97,10 @@ PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
     # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
     # small batches and many updates, a mean loss with Adam, orthogonal init,
-    # on envpool's v5 preprocessing (84x84 gray, 4-frame stack).
+    # on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
+    # beside the network from single frames (algos/frames.py, docs/atari.md).
     "atari": VTraceRun(
-        env=EnvConfig(id="Pong-v5"),
+        env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
         algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
                           learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
@@ -165,17 +168,20 @@ def actors_wait(a: VTraceParams) -> bool:
 
 def identity(cfg: VTraceRun, spec) -> dict:
     """What a checkpoint must match to be resumed or evaluated with this config."""
-    a, n = cfg.algo, cfg.network
+    a, n, stack = cfg.algo, cfg.network, stacking(spec, cfg.frame_stack)
+    # The frame stacks only where set: checkpoints from before them keep the identity they were saved with.
+    stacks = {**({"env_frame_stack": spec.frame_stack} if spec.frame_stack else {}),
+              **({"frame_stack": stack} if stack > 1 else {})}
     return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
-            **obs_identity(spec), **action_identity(spec),
-            **encoder_identity(spec, n.encoder), "hidden": list(n.hidden), "lstm_size": n.lstm_size,
+            **obs_identity(spec), **action_identity(spec), **stacks,
+            **encoder_identity(net_spec(spec, stack), n.encoder), "hidden": list(n.hidden), "lstm_size": n.lstm_size,
             "separate_critic": a.separate_critic, **({"obs_norm": True} if n.obs_norm else {}),
             "optimizer": a.optimizer}
 
 
 def build_model(cfg: VTraceRun, spec) -> ActorCritic:
     a, n = cfg.algo, cfg.network
-    return ActorCritic(spec, encoder=n.encoder, hidden=tuple(n.hidden), lstm_size=n.lstm_size,
+    return ActorCritic(net_spec(spec, stacking(spec, cfg.frame_stack)), encoder=n.encoder, hidden=tuple(n.hidden), lstm_size=n.lstm_size,
                        separate_critic=a.separate_critic, init=a.init, obs_norm=n.obs_norm, init_std=a.init_std)
 
 
@@ -193,6 +199,8 @@ def validate(cfg: VTraceRun):
     validate_bridge(cfg.bridge, cfg.pipeline)
     spec = validate_env(cfg.env)
     a, p = cfg.algo, cfg.pipeline
+    if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
+        fail("frame_stack", cfg.frame_stack, problem)
     if not a.init_std > 0:
         fail("algo.init_std", a.init_std, "must be > 0")
     if a.precision not in ("auto", "fp32", "tf32", "bf16"):
@@ -325,6 +333,8 @@ class VTraceTrainer(Trainer):
         self.lock = WeightLock(device)
         self.k = self.shape.unrolls_per_batch  # unrolls per batch
         self.rows_per_batch = a.batch_size * cfg.pipeline.unroll_length
+        self.stack = stacking(spec, cfg.frame_stack)
+        self.stacks = None  # the learner's frame stacks (start), where the env sends single frames
         self.recent: deque[float] = deque(maxlen=20)
         self.lr = a.learning_rate
         self.prefetch = self.iv = None  # once the pipeline runs (start)
@@ -363,8 +373,9 @@ class VTraceTrainer(Trainer):
         rhythm = "actors wait for each update, algo.sync on" if self.sync else "acting overlaps learning, algo.sync off"
         if self.cfg.algo.proximal == "batch":
             rhythm += "; the clip against the learner's policy at each batch's start, algo.proximal batch"
-        return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}, {self.precision} on "
-                f"{self.device}, {rhythm})")
+        stacked = f", {self.stack} frames stacked beside the network" if self.stack > 1 else ""
+        return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}{stacked}, {self.precision} "
+                f"on {self.device}, {rhythm})")
 
     def join_ranks(self, ranks) -> None:
         """Data-parallel: every rank starts from rank 0's parameters and observation statistics (a resumed
@@ -377,7 +388,7 @@ class VTraceTrainer(Trainer):
 
     def policy(self):
         return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
-                           cuda_graphs=self.cfg.pipeline.cuda_graphs)
+                           cuda_graphs=self.cfg.pipeline.cuda_graphs, stack=self.stack)
 
     def learner_threads(self) -> int:
         return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
@@ -387,6 +398,10 @@ class VTraceTrainer(Trainer):
         # a synchronous learner holds one batch at a time: one set is enough.
         batcher = Batcher(run.pipe.store, run.pipe.layout.obs_keys(), self.k, self.device, sets=1 if self.sync else 2)
         self.prefetch = Prefetcher(run.loop, batcher, release_early=not self.sync)
+        if self.stack > 1:
+            frame = self.spec.obs[""]
+            self.stacks = UnrollStacks(self.stack, self.shape.num_envs, self.shape.envs_per_group, frame.shape[1:],
+                                       torch_dtype(frame.dtype), self.device)
         if not self.sync:
             self.prefetch.start()
         self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
@@ -447,6 +462,9 @@ class VTraceTrainer(Trainer):
         else:
             iv.wait_s += t1 - t0
         batch = self.prefetch.batcher.use(fetched)
+        if self.stacks is not None:
+            frames = self.stacks(batch["obs"][""], batch["ignored"], fetched.groups, fetched.epochs)
+            batch = {**batch, "obs": {**batch["obs"], "": frames}}
         self.lr = cfg.algo.learning_rate
         if cfg.algo.lr_decay and cfg.total_steps:
             self.lr *= max(0.0, 1.0 - self.counters["steps"] / cfg.total_steps)
@@ -587,12 +605,13 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     is sized by the checkpoint's identity, as it was saved."""
     ident = state.get("identity", {})
     spec = checkpoint_env(state)
+    stack = int(ident.get("frame_stack", 1))
     with rebuilding(state):
-        cfg = VTraceRun(network=checkpoint_network(ident, spec),
+        cfg = VTraceRun(network=checkpoint_network(ident, net_spec(spec, stack)), frame_stack=stack,
                         algo=VTraceParams(separate_critic=ident.get("separate_critic", False)))
         model = build_model(cfg, spec)
         model.load_state_dict(state["model"])
-    return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy))
+    return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy), stack=stack)
 
 
 FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint, data_parallel=True),)
