@@ -218,8 +218,10 @@ def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
             _say(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
                   f"{env_id}'s kind", flush=True)
         return "cartpole", presets["cartpole"]
+    from seedlocal.algos.frames import fit_frames
+
     preset = presets[kind]
-    fitted = _fit_frames(preset, spec, lambda: describe(env_id, backend, preset.env.frame_stack))
+    fitted = fit_frames(preset, spec, lambda: describe(env_id, backend, preset.env.frame_stack))
     if not quiet:
         what = {"atari": "image frames", "minatar": "small image grids", "football": "Google Research Football's "
                 "minimap frames"}.get(kind, "a Box action space")
@@ -229,26 +231,6 @@ def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
         _say(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s{frames} (--preset cartpole for the "
               "plain defaults)", flush=True)
     return kind, fitted
-
-
-def _fit_frames(preset, spec, as_preset_sends):
-    """``preset``, or where its env settings do not fit the env (``as_preset_sends`` raises: envpool's
-    --env.frame-stack on a Gymnasium env), the preset with the env's own frames (``spec``), stacked beside the
-    network only where they are single-channel."""
-    import dataclasses
-
-    from seedlocal.algos.frames import stack_problem
-
-    stack = getattr(preset, "frame_stack", 0)
-    try:
-        if stack_problem(as_preset_sends(), stack) is None:
-            return preset
-    except Exception:
-        pass
-    env = dataclasses.replace(preset.env, frame_stack=0)
-    if not hasattr(preset, "frame_stack"):
-        return dataclasses.replace(preset, env=env)
-    return dataclasses.replace(preset, env=env, frame_stack=stack if stack_problem(spec, stack) is None else 0)
 
 
 def _machine_sized(args: list[str], preset):

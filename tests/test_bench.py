@@ -110,8 +110,8 @@ def test_raw_ceiling_refuses_the_modes_that_measure_the_pipeline(capsys):
 
 def test_frame_stack_sets_what_raw_envpool_and_the_transport_carry():
     """Issue 33, item 3: the transport's cost per batch with single Atari frames against envpool's stack of 4."""
-    one, text = bench("--env", "Pong-v5", "--transport-only", "--frame-stack", "1", "--envs-per-worker", "4", *FAST)
-    four, _ = bench("--env", "Pong-v5", "--transport-only", "--envs-per-worker", "4", *FAST)
+    one, text = bench("--env", "Pong-v5", "--transport-only", "--envs-per-worker", "4", *FAST)  # as training
+    four, _ = bench("--env", "Pong-v5", "--transport-only", "--frame-stack", "4", "--envs-per-worker", "4", *FAST)
     assert one["frame_stack"] == 1 and one["obs_bytes_per_env"] * 4 == four["obs_bytes_per_env"] == 4 * 84 * 84
     assert one["transport_steps_per_s"] > 0
     raw, _ = bench("--env", "Pong-v5", "--raw-ceiling", "--frame-stack", "1", "--env-threads", "1",
@@ -120,5 +120,14 @@ def test_frame_stack_sets_what_raw_envpool_and_the_transport_carry():
 
 
 def test_frame_stack_is_refused_where_the_env_must_be_trainings(capsys):
-    assert main(["bench", "--env", "Pong-v5", "--learning", "--frame-stack", "1"]) == 2
-    assert "bench.frame_stack=1" in capsys.readouterr().err
+    assert main(["bench", "--env", "Pong-v5", "--learning", "--frame-stack", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "bench.frame_stack=4" in err and "as training does: 1" in err
+
+
+def test_the_training_network_row_stacks_single_atari_frames_as_training_does():
+    """The model row acts with training's network on training's frames: single Pong frames, stacked 4 deep
+    beside the Nature CNN (a network built for 4 channels fed 1 would fail at its first batch)."""
+    r, text = bench("--env", "Pong-v5", "--envs-per-worker", "2", "--num-workers", "1", "--env-threads", "1",
+                    "--rounds", "1", "--seconds", "0.3", "--warmup", "0.2")
+    assert r["frame_stack"] == 1 and r["ratio_model"] is not None and r["ratio_model"] > 0, text

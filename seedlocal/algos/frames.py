@@ -54,6 +54,23 @@ def stacking(spec, frame_stack: int) -> int:
     return frame_stack if frame_stack > 1 and stack_problem(spec, frame_stack) is None else 1
 
 
+def fit_frames(preset, spec, as_preset_sends):
+    """A run config (``preset``) fitted to an env's frames: itself, or where its env settings do not fit the
+    env (``as_preset_sends()``, the env described with them, raises: envpool's --env.frame-stack on a Gymnasium
+    env) the preset with the env's own frames (``spec``), stacked beside the network only where they are
+    single-channel."""
+    stack = getattr(preset, "frame_stack", 0)
+    try:
+        if stack_problem(as_preset_sends(), stack) is None:
+            return preset
+    except Exception:
+        pass
+    env = dataclasses.replace(preset.env, frame_stack=0)
+    if not hasattr(preset, "frame_stack"):
+        return dataclasses.replace(preset, env=env)
+    return dataclasses.replace(preset, env=env, frame_stack=stack if stack_problem(spec, stack) is None else 0)
+
+
 class FrameHistory:
     """Each env slot's last ``stack`` frames (of ``frame``, a (1, H, W) ``TensorSpec``) on ``device``, grown to
     the slots it is asked about (eval learns its count from its first batch)."""

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device, validate_pipeline
 from seedlocal.envs.spaces import validate_env
@@ -71,8 +72,8 @@ class BenchConfig:
     transport_only: bool = False
     """skip environments entirely: measure the slot transport ceiling"""
     frame_stack: int = 0
-    """envpool's frames per Atari observation, for raw envpool and the pipeline alike (0 = the env's own, 4;
-    1 = single frames, as R2D2's Atari preset stores them and stacks them beside the network)"""
+    """envpool's frames per Atari observation, for raw envpool and the pipeline alike: 0 = as training sends
+    them (Atari: 1, single frames, stacked beside the network); 4 = envpool's own stack of 4"""
     min_batch_envs: int = 0
     """see pipeline.min_batch_envs (0 = half of all envs)"""
     batch_timeout_ms: float = 2.0
@@ -95,6 +96,18 @@ class BenchConfig:
     raw_ceiling: bool = False
     """raw envpool only: envpool's own best settings (async, batch_size ~ threads, num_envs 2-3 x batch,
     pinned or not) at 1, 2, 4 ... --env-threads threads, against the three kinds every ratio divides by"""
+
+
+def training_frames(env_id: str) -> int:
+    """envpool's frames per observation as ``seedlocal train vtrace --env.id ENV`` runs it (its preset,
+    ``vtrace.preset_for``, fitted to the env: Atari's single frames, 0 where they do not fit)."""
+    from seedlocal.algos.frames import fit_frames
+    from seedlocal.envs.spaces import describe
+    from seedlocal.trainers.vtrace import preset_for
+
+    spec = validate_env(EnvConfig(id=env_id), id_field="bench.env")
+    preset = preset_for(spec)
+    return fit_frames(preset, spec, lambda: describe(env_id, "auto", preset.env.frame_stack)).env.frame_stack
 
 
 def training_model(spec, device: torch.device):
@@ -120,7 +133,8 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         preset, net = training_model(spec, device)
         precision = resolve_precision(preset.algo.precision, net.kind, device)
         apply_precision(precision, device)
-        return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs)
+        return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs,
+                           stack=stacking(spec, getattr(preset, "frame_stack", 0)))
 
     with Pipeline(EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack), pipe_cfg, make_policy) as pipe:
         pipe.loop.run(cfg.warmup)
@@ -189,12 +203,14 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
 
     from seedlocal.trainers.vtrace import train
 
-    spec = validate_env(EnvConfig(id=cfg.env), id_field="bench.env")
+    spec = validate_env(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), id_field="bench.env")
     preset, _ = training_model(spec, torch.device("cpu"))
     batch, why = learning_batch(preset.algo, pipe_cfg, preset.network.lstm_size)
     with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
         run_cfg = dataclasses.replace(
-            preset, env=EnvConfig(id=cfg.env), pipeline=pipe_cfg, algo=dataclasses.replace(preset.algo, batch_size=batch),
+            preset, env=EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack),
+            frame_stack=stacking(spec, getattr(preset, "frame_stack", 0)), pipeline=pipe_cfg,
+            algo=dataclasses.replace(preset.algo, batch_size=batch),
             total_steps=0, seconds=cfg.warmup + 1.0 + cfg.seconds, log_dir=tmp, run_name="bench",
             log_every_s=0.5, progress=False, checkpoint_every_min=1e6)
         t0 = time.time()
@@ -275,9 +291,11 @@ def check(cfg: BenchConfig):
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")
-    if cfg.frame_stack and (cfg.learning or cfg.bridge or cfg.autotune):
+    training = training_frames(cfg.env)
+    if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
         raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: the raw, transport and policy rows only (the "
-                          "learner, the bridge and --autotune run the env as training does)")
+                          f"learner, the bridge and --autotune run the env as training does: {training})")
+    cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
     spec = validate_env(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), id_field="bench.env")
     workers, envs, unroll = _sizes(cfg, spec)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,

@@ -46,7 +46,7 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
     from seedlocal.pipeline.pipeline import Pipeline
 
     backend = "null" if cfg.transport_only else "auto"
-    env = EnvConfig(id=cfg.env, backend=backend)
+    env = EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
                               device=cfg.device, min_batch_envs=cfg.min_batch_envs,
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=32)
