@@ -105,7 +105,6 @@ def test_a_sync_run_learns_from_the_stacks_its_actors_acted_on(tmp_path):
     recomputes exactly the policy the actors sampled from (pi/mu = 1) only if its stacks are theirs."""
     import dataclasses
 
-    import image_catch  # noqa: F401  (registers ImageCatch1-v0)
     from seedlocal.algos.vtrace import VTraceParams
     from seedlocal.config.schema import EnvConfig, PipelineConfig
     from seedlocal.trainers.vtrace import VTraceRun, train
@@ -119,3 +118,28 @@ def test_a_sync_run_learns_from_the_stacks_its_actors_acted_on(tmp_path):
     assert summary["updates"] >= 10, summary
     rho = [v for _, v in scalars(tmp_path / "s")[0]["losses/mean_rho"]]
     assert rho and min(rho) > 0.99999, rho
+
+
+def test_a_checkpoint_from_before_the_stacks_still_plays_and_resumes(tmp_path):
+    """Atari runs before the stacks beside the network had envpool stack 4 frames and saved no frame_stack in
+    their identity: such a run (env.frame_stack 0, frame_stack 0) still plays with eval's policy and resumes."""
+    import dataclasses
+
+    from seedlocal import checkpoint
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
+    from seedlocal.trainers.vtrace import PRESETS, from_checkpoint, train
+
+    preset = PRESETS["atari"]
+    old = dataclasses.replace(preset, env=EnvConfig(id="Pong-v5"), frame_stack=0, total_steps=300,
+                              algo=dataclasses.replace(preset.algo, batch_size=4),
+                              pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=8),
+                              log_dir=str(tmp_path), run_name="old", progress=False)
+    train(old)
+    state = checkpoint.load(tmp_path / "old")
+    assert "frame_stack" not in state["identity"] and "env_frame_stack" not in state["identity"]
+    policy = from_checkpoint(state, torch.device("cpu"))
+    assert policy.frames is None and policy.model.encoder.conv[0].in_channels == 4
+    actions, _, _ = policy.act({"": torch.zeros(2, 4, 84, 84, dtype=torch.uint8)}, None, np.arange(2), np.ones(2, bool))
+    assert actions.shape == (2,)
+    again = train(dataclasses.replace(old, total_steps=600, resume=str(tmp_path / "old")))
+    assert again["steps"] >= 600

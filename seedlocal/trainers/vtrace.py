@@ -25,9 +25,9 @@ from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
 from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
-from seedlocal.dtypes import torch_dtype
 from seedlocal.config.checks import (check_network_fits, network_error, validate_bridge, validate_pipeline,
                                      validate_run_options)
+from seedlocal.dtypes import torch_dtype
 from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
@@ -98,7 +98,7 @@ PRESETS: dict[str, VTraceRun] = {
     # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
     # small batches and many updates, a mean loss with Adam, orthogonal init,
     # on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
-    # beside the network from single frames (algos/frames.py, docs/atari.md).
+    # beside the network from single frames (algos/frames.py, docs/pipeline.md).
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
@@ -181,8 +181,9 @@ def identity(cfg: VTraceRun, spec) -> dict:
 
 def build_model(cfg: VTraceRun, spec) -> ActorCritic:
     a, n = cfg.algo, cfg.network
-    return ActorCritic(net_spec(spec, stacking(spec, cfg.frame_stack)), encoder=n.encoder, hidden=tuple(n.hidden), lstm_size=n.lstm_size,
-                       separate_critic=a.separate_critic, init=a.init, obs_norm=n.obs_norm, init_std=a.init_std)
+    return ActorCritic(net_spec(spec, stacking(spec, cfg.frame_stack)), encoder=n.encoder, hidden=tuple(n.hidden),
+                       lstm_size=n.lstm_size, separate_critic=a.separate_critic, init=a.init, obs_norm=n.obs_norm,
+                       init_std=a.init_std)
 
 
 def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
