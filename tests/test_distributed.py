@@ -147,6 +147,26 @@ def test_a_target_met_by_an_all_reduce_after_the_last_log_gets_its_last_point():
     assert t._all_ranks_episodes()["charts/return_mean20"] == 475.2
 
 
+def test_r2d2_ranks_write_the_mean_over_ranks_of_their_returns():
+    """R2D2 with ranks: rank 0's curve and summary carry the mean over the ranks of their last 20 training and
+    evaluation returns (as the target judges them), not rank 0's own; and a mean moved by the all-reduce after
+    the last log gets a last point."""
+    from types import SimpleNamespace
+
+    from seedlocal.envs.spaces import describe
+    from seedlocal.trainers import r2d2
+
+    t = r2d2.R2D2Trainer(r2d2.PRESETS["cartpole"], describe("CartPole-v1"), torch.device("cpu"))
+    t.feeder.recent_train.extend([10.0, 20.0])
+    assert t._returns() == (15.0, None)  # one process: its own
+    t.ranks = SimpleNamespace(world=2)
+    t.all_ranks = {"train": 40.0, "eval": 55.0}  # what spent()'s all-reduce found
+    assert t.has_last_log()
+    assert t._returns() == (40.0, 55.0)
+    t.logged_ranks = dict(t.all_ranks)
+    assert not t.has_last_log()
+
+
 def test_two_ranks_end_their_step_budget_together(tmp_path):
     """The step budget is judged on the all-reduced count: a rank that re-read its own counter (which its
     inference thread moves on meanwhile) once stopped alone, and the other failed in its next all-reduce."""
@@ -293,6 +313,48 @@ def test_a_hung_rank_is_named_and_stopped(tmp_path):
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
     assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
     assert checkpoint.load(tmp_path / "h")["counters"]["steps"] > 0
+
+
+def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
+    """Ctrl-C in the terminal reaches the launcher and every rank (one process group): the ranks stop together,
+    rank 0 writes the checkpoint and an interrupted summary, the command exits 130 with the lines a user types
+    next, nothing is left behind, and a resume goes on from that checkpoint."""
+    from helpers import terminal_like
+
+    cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--total-steps", "10000000",
+           "--log-dir", str(tmp_path), "--run-name", "c", "--no-progress", "--log-every-s", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=terminal_like)
+    ranks = {}
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "c").exists() and "charts/steps_per_s" in scalars(tmp_path / "c")[0]:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("training logged nothing within 120 s")
+        ranks = {int(c.environ()["RANK"]): psutil.Process(c.pid) for c in psutil.Process(proc.pid).children()}
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert out.count(f"stopped cleanly (checkpoint and summary in {tmp_path / 'c'})") == 1, out
+    assert f"seedlocal train vtrace --resume {tmp_path / 'c'}" in out, out
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
+    assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
+    state = checkpoint.load(tmp_path / "c")
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == state["counters"]["steps"] > 0, summary
+    again = _train(tmp_path, "--learners", "2", "--resume", str(tmp_path / "c"), "--total-steps",
+                   str(summary["steps"] + 4000))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["steps"] >= summary["steps"] + 4000
 
 
 @pytest.mark.slow

@@ -278,6 +278,10 @@ class R2D2Trainer(Trainer):
         self._waiting = None  # when this wait for data began (None: learning)
         self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
         self._all_behind = False  # data-parallel ranks: every rank owes the replay ratio an update (spent)
+        # Data-parallel ranks: the mean over ranks of their last 20 training and evaluation returns, at the last
+        # all-reduce (spent), and at the last log.
+        self.all_ranks: dict = {}
+        self.logged_ranks: dict = {}
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -358,12 +362,14 @@ class R2D2Trainer(Trainer):
         steps, the time budget ends for all when it ends for one, the target is the mean of the ranks' means
         (once each has its 20 episodes); and the ranks learn (``advance``) only when all of them owe the replay
         ratio an update, so that their gradients' all-reduces meet."""
-        on = self._stop_on()
+        on, f = self._stop_on(), self.feeder
         full, local = len(on) == on.maxlen, run.loop.stats.env_steps
-        steps, episodes, returns, n_full, late, behind = self.ranks.sum(
+        steps, episodes, returns, n_full, late, behind, train, n_train, ev, n_ev = self.ranks.sum(
             [local, self.local_episodes, float(np.mean(on)) if full else 0.0, full, run.out_of_time(),
-             self.feeder.behind()])
+             f.behind(), mean_of(f.recent_train) or 0.0, bool(f.recent_train), mean_of(f.recent_eval) or 0.0,
+             bool(f.recent_eval)])
         self.peer_steps, self._all_behind = int(steps) - local, behind == self.ranks.world
+        self.all_ranks = {"train": train / n_train if n_train else None, "eval": ev / n_ev if n_ev else None}
         # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
         # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
         self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
@@ -426,9 +432,10 @@ class R2D2Trainer(Trainer):
         step_now, dt = self._steps(run), max(1e-9, now - self.t_log)
         n = max(1, self.acc.pop("n", 0))
         values = {f"losses/{k}": float(v) / n for k, v in self.acc.items()}  # device sums, read once
+        train, ev = self._returns()
+        self.logged_ranks = dict(self.all_ranks)
         values.update({
-            "charts/episode_return": mean_of(f.recent_train), "charts/eval_return": mean_of(f.recent_eval),
-            "charts/episodes": c["episodes"], "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
+            "charts/episode_return": train, "charts/eval_return": ev, "charts/episodes": c["episodes"], "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
             "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
             "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
             "replay/stale_updates_dropped": self.dropped,
@@ -448,20 +455,30 @@ class R2D2Trainer(Trainer):
         run.monitor.scalars(step_now, values)
         if last:
             return
-        ev = f"{np.mean(f.recent_eval):7.1f}" if f.recent_eval else "      -"
+        shown = f"{ev:7.1f}" if ev is not None else "      -"
         # After the warm-up (algo.min_replay) the learner first catches up
         # on the replay ratio over every step so far, actors parked: say so.
         owed = f.owed_updates()
         run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values.get('charts/frames_per_s', 0):>8,.0f}  "
-                             f"eval return(20) {ev}  updates {c['updates']:,d}  "
+                             f"eval return(20) {shown}  updates {c['updates']:,d}  "
                              f"replay {r.size:,d}  td {values.get('losses/td_abs', 0):.3f}"
                              + (f"  (actors wait: {owed:,d} updates to replay ratio {a.replay_ratio:g})"
                                 if owed > 1 else ""))
 
+    def _returns(self) -> tuple[float | None, float | None]:
+        """The mean training and evaluation returns of the last 20 episodes: this process's, or with
+        data-parallel ranks the mean over the ranks of theirs (as of the last all-reduce)."""
+        f = self.feeder
+        if self.ranks.world > 1 and self.all_ranks:
+            return self.all_ranks["train"], self.all_ranks["eval"]
+        return mean_of(f.recent_train), mean_of(f.recent_eval)
+
     def has_last_log(self) -> bool:
-        # Episodes that end after the last update belong on the curve too (start() sets the count they add to).
+        # Episodes that end after the last update belong on the curve too (start() sets the count they add to);
+        # and with ranks, an all-reduce after the last log (spent() runs after log()) that moved the means.
         started = hasattr(self, "steps0")
-        return bool(self.acc) or (started and self.counters["episodes"] != self.logged_episodes)
+        return bool(self.acc) or (started and self.counters["episodes"] != self.logged_episodes) \
+            or self.all_ranks != self.logged_ranks
 
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):
@@ -470,10 +487,10 @@ class R2D2Trainer(Trainer):
         self.feeder.episodes = 0
 
     def results(self, run: Run) -> dict:
-        c, f, to_target = self.counters, self.feeder, run.summary.get("steps_to_target")
+        (c, to_target), (train, ev) = (self.counters, run.summary.get("steps_to_target")), self._returns()
         return {"algo": "r2d2", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
                 "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
-                "mean_return_last20": mean_of(f.recent_train), "eval_return_last20": mean_of(f.recent_eval),
+                "mean_return_last20": train, "eval_return_last20": ev,
                 "return_at_target": run.summary.get("return_at_target"),
                 "frames_to_target": to_target * self.frames_per_step if to_target is not None else None,
                 "target_return_source": "eval" if self.a.eval_envs else "train"}
