@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -355,6 +356,35 @@ def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
                    str(summary["steps"] + 4000))
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((tmp_path / "c" / "summary.json").read_text())["steps"] >= summary["steps"] + 4000
+
+
+def test_every_rank_serves_an_actor_host_of_its_own(tmp_path):
+    """Ranks and the bridge together (docs/multihost.md): 2 ranks at --bridge.listen's port and the next, one
+    actor host on each; both hosts are served envs of the run's own env, rank 0's curve shows its host, and
+    both hosts exit on their own when the run ends."""
+    from test_bridge import actors, finish
+
+    while True:  # two free ports in a row: rank r listens at the given one + r
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                continue
+    hosts = [actors(port + r, "--retry-s", "60") for r in range(2)]
+    try:
+        out = _train(tmp_path, "--learners", "2", "--pipeline.num-workers", "2", "--bridge.listen",
+                     f"127.0.0.1:{port}", "--bridge.remote-envs", "8", "--total-steps", "0", "--seconds", "30",
+                     "--run-name", "b")
+    finally:
+        said = [finish(h, timeout=30) for h in hosts]
+    assert out.returncode == 0, out.stdout + out.stderr
+    for r, text in enumerate(said):
+        assert f"connected to 127.0.0.1:{port + r}: 8 envs of CartPole-v1" in text, text
+        assert f"the learner at 127.0.0.1:{port + r} stopped; exiting" in text, text
+    assert [h.returncode for h in hosts] == [0, 0]
+    assert "bridge/host0/steps_per_s" in scalars(tmp_path / "b")[0]
 
 
 @pytest.mark.slow
