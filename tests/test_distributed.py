@@ -101,6 +101,22 @@ def _folders(tmp_path) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
 
 
+def _training(proc: subprocess.Popen, run_dir) -> None:
+    """Wait until the run has provably trained (a logged rate), however slowly this machine starts it."""
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if run_dir.exists() and "charts/steps_per_s" in scalars(run_dir)[0]:
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    raise AssertionError("training logged nothing within 120 s")
+
+
+def _ranks(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
+    """The launcher's rank processes, by rank."""
+    return {int(c.environ()["RANK"]): psutil.Process(c.pid) for c in psutil.Process(launcher.pid).children()}
+
+
 def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
     """seedlocal train vtrace --learners 2: both ranks stop together at the target; one run folder, one
     summary with both ranks' steps and episodes, a checkpoint that loads."""
@@ -199,15 +215,8 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ranks = []
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if (tmp_path / "k").exists() and "charts/steps_per_s" in scalars(tmp_path / "k")[0]:
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.5)
-        else:
-            raise AssertionError("training logged nothing within 120 s")
-        ranks = {int(c.environ()["RANK"]): c.pid for c in psutil.Process(proc.pid).children()}
+        _training(proc, tmp_path / "k")
+        ranks = {r: p.pid for r, p in _ranks(proc).items()}
         os.kill(ranks[1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=2 * timeout_s)
     finally:
@@ -289,15 +298,8 @@ def test_a_hung_rank_is_named_and_stopped(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ranks = {}
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if (tmp_path / "h").exists() and "charts/steps_per_s" in scalars(tmp_path / "h")[0]:
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.5)
-        else:
-            raise AssertionError("training logged nothing within 120 s")
-        ranks = {int(c.environ()["RANK"]): psutil.Process(c.pid) for c in psutil.Process(proc.pid).children()}
+        _training(proc, tmp_path / "h")
+        ranks = _ranks(proc)
         os.kill(ranks[1].pid, signal.SIGSTOP)
         gone, alive = psutil.wait_procs([ranks[0]], timeout=2 * timeout_s)
         assert gone, "rank 0 still running 2 x --dist-timeout-s after rank 1 hung"
@@ -328,15 +330,8 @@ def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
                             preexec_fn=terminal_like)
     ranks = {}
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if (tmp_path / "c").exists() and "charts/steps_per_s" in scalars(tmp_path / "c")[0]:
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.5)
-        else:
-            raise AssertionError("training logged nothing within 120 s")
-        ranks = {int(c.environ()["RANK"]): psutil.Process(c.pid) for c in psutil.Process(proc.pid).children()}
+        _training(proc, tmp_path / "c")
+        ranks = _ranks(proc)
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
