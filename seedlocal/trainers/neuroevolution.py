@@ -97,6 +97,14 @@ class NeuroevoRun(RunConfig):
         budget_left("generations", self.generations, counters.get("generation", 0), "generations")
         budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
 
+    def per_rank(self, ranks: int) -> NeuroevoRun:
+        """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``).
+        More ranks than members are refused (the command line asks before it starts any rank)."""
+        if ranks > self.algo.population_size:
+            fail("learners", ranks, f"each rank evaluates a part of the population of {self.algo.population_size}: "
+                 "give at most that many ranks")
+        return self
+
     def sized_for(self, machine: Machine) -> NeuroevoRun:
         """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 32 and a population of at least 256
         (issue 33's GA target: P >= 256 Nature CNNs in one batched forward) and at least one member per env;
@@ -222,9 +230,6 @@ def validate(cfg: NeuroevoRun):
             fail(name, getattr(cfg, name), "must be >= 0")
     if cfg.seconds < 0:
         fail("seconds", cfg.seconds, "must be >= 0")
-    if cfg.learners > cfg.algo.population_size:
-        fail("learners", cfg.learners, f"each rank evaluates a part of the population of "
-             f"{cfg.algo.population_size}: give at most that many ranks")
     if not (cfg.generations or cfg.total_frames or cfg.seconds):
         fail("generations", 0, "with no frame or time budget the run would never end")
     for name in ("episodes_per_member", "best_episodes"):
