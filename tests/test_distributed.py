@@ -444,3 +444,48 @@ def test_a_killed_rank_ends_a_split_population_and_its_checkpoint_resumes_on_one
     after = checkpoint.load(tmp_path / "k")["algo_state"]["genomes"]
     parents = {tuple(g) for g in state["algo_state"]["genomes"]}
     assert all(tuple(g)[:-2] in parents or tuple(g)[:-1] in parents or tuple(g) in parents for g in after)
+
+
+# -- a resume with another rank count (issue 34, item 4) -----------------------------------------------------------
+
+
+def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
+    """V-trace's checkpoint holds the run's config, parameters and optimiser, the same on every rank: one
+    process's run resumed with 2 ranks goes on (rank 0's parameters broadcast, the batch per rank split where it
+    can be) on the same curve."""
+    out = _train(tmp_path, "--total-steps", "4000", "--run-name", "v")
+    assert out.returncode == 0, out.stdout + out.stderr
+    steps = checkpoint.load(tmp_path / "v")["counters"]["steps"]
+    out = _train(tmp_path, "--resume", str(tmp_path / "v"), "--learners", "2", "--total-steps", str(steps + 4000))
+    assert out.returncode == 0 and "learners: 1 -> 2" in out.stdout, out.stdout + out.stderr
+    assert "2 data-parallel learner ranks" in out.stdout
+    summary = json.loads((tmp_path / "v" / "summary.json").read_text())
+    assert summary["steps"] >= steps + 4000 and summary["status"] == "done", summary
+    state = checkpoint.load(tmp_path / "v")
+    assert state["config"]["learners"] == 2 and state["counters"]["steps"] == summary["steps"]
+    curve = [s for s, _ in scalars(tmp_path / "v")[0]["charts/steps_per_s"]]
+    assert curve == sorted(curve) and curve[-1] > steps  # one curve, going on past the checkpoint
+
+
+def test_r2d2_with_its_replay_in_checkpoints_is_refused_on_ranks_before_any_starts(tmp_path):
+    """A checkpoint holds one replay; ranks keep one each. --checkpoint-replay with 2 ranks (here: from a resumed
+    run's saved config) is refused in one line before any rank starts; with --no-checkpoint-replay the ranks
+    resume the checkpoint with empty replays, and say so once."""
+    base = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--log-dir", str(tmp_path), "--no-progress"]
+    out = subprocess.run(base + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
+                                 "--run-name", "r"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "replay" in checkpoint.load(tmp_path / "r")
+    resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "4000"]
+    out = subprocess.run(base + resume, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
+                                  "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
+                                  "resumed run's ranks start with empty replays)")
+    assert "ranks" not in out.stdout  # no rank started
+    out = subprocess.run(base + resume + ["--no-checkpoint-replay"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("the checkpoint's replay is one process's: each learner rank starts with an empty "
+                            "replay") == 1, out.stdout
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] >= 4000 and summary["status"] == "done", summary
