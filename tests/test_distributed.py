@@ -72,6 +72,17 @@ def test_two_ranks_on_two_gpus_over_nccl_equal_one_process(tmp_path):
             torch.testing.assert_close(got[r][kind], whole, rtol=1e-4, atol=1e-5)
 
 
+def test_ranks_gather_any_number_of_values_and_split_any_count(two_ranks):
+    """Ranks.gather (a split population's scores): every rank's values in rank order, whatever their numbers,
+    none included; Ranks.part: contiguous shares in rank order that cover the count once."""
+    for r in range(2):
+        assert two_ranks[r]["gather"] == [[], [1.5]] and two_ranks[r]["gather_none"] == [[], []]
+    for i, n in enumerate((1, 5, 64)):
+        assert two_ranks[0]["part"][i] + two_ranks[1]["part"][i] == list(range(n))
+    assert [len(two_ranks[r]["part"][1]) for r in range(2)] == [2, 3]
+    assert Solo().gather([1.0, 2.0]) == [[1.0, 2.0]] and Solo().part(5) == range(5)
+
+
 def test_pooled_statistics_equal_the_whole_batch(two_ranks):
     """Observation normalisation, the reward scaler and advantage normalisation, pooled over the ranks' halves,
     are the whole batch's statistics."""

@@ -198,7 +198,7 @@ class Ranks(Solo):
         sizes = [torch.empty_like(n) for _ in range(self.world)]
         self._call("the population's fitness", dist.all_gather, sizes, n)
         sizes = [int(s) for s in sizes]
-        mine = torch.zeros(max(sizes), dtype=torch.float64, device=self.device)
+        mine = torch.zeros(max(1, *sizes), dtype=torch.float64, device=self.device)  # no empty all-gather
         mine[:len(values)] = torch.tensor([float(v) for v in values], dtype=torch.float64)
         got = [torch.empty_like(mine) for _ in range(self.world)]
         self._call("the population's fitness", dist.all_gather, got, mine)
