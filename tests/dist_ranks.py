@@ -100,7 +100,10 @@ def rank_main(rank: int, world: int, port: int, out: str, device: str = "cpu", b
         valid = ~b["ignored"][:L - 1]
         mean, std = ranks.masked_moments(half({"a": adv}, rank, world)["a"], half({"v": valid}, rank, world)["v"])
         result = {"plain": step(mine, False, ranks, device), "normalized": step(mine, True, ranks, device),
-                  "adv_moments": (float(mean), float(std)), "stats": statistics(mine, ranks.pool_moments)}
+                  "adv_moments": (float(mean), float(std)), "stats": statistics(mine, ranks.pool_moments),
+                  # a split population's scores: rank r sends r values (rank 0 none), then none at all
+                  "gather": ranks.gather([rank + 0.5] * rank), "gather_none": ranks.gather([]),
+                  "part": [list(ranks.part(n)) for n in (1, 5, 64)]}
         torch.save(result, f"{out}/rank{rank}.pt")
     finally:
         ranks.close()

@@ -3,6 +3,7 @@ batch, against one process with the whole of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -70,6 +71,17 @@ def test_two_ranks_on_two_gpus_over_nccl_equal_one_process(tmp_path):
         whole = dist_ranks.step(dist_ranks.batch(), kind == "normalized")
         for r in range(2):
             torch.testing.assert_close(got[r][kind], whole, rtol=1e-4, atol=1e-5)
+
+
+def test_ranks_gather_any_number_of_values_and_split_any_count(two_ranks):
+    """Ranks.gather (a split population's scores): every rank's values in rank order, whatever their numbers,
+    none included; Ranks.part: contiguous shares in rank order that cover the count once."""
+    for r in range(2):
+        assert two_ranks[r]["gather"] == [[], [1.5]] and two_ranks[r]["gather_none"] == [[], []]
+    for i, n in enumerate((1, 5, 64)):
+        assert two_ranks[0]["part"][i] + two_ranks[1]["part"][i] == list(range(n))
+    assert [len(two_ranks[r]["part"][1]) for r in range(2)] == [2, 3]
+    assert Solo().gather([1.0, 2.0]) == [[1.0, 2.0]] and Solo().part(5) == range(5)
 
 
 def test_pooled_statistics_equal_the_whole_batch(two_ranks):
@@ -278,15 +290,6 @@ def test_r2d2_ranks_learn_together(tmp_path):
     assert _folders(tmp_path) == ["r"]
 
 
-def test_a_family_without_data_parallel_learners_is_refused_before_any_rank_starts(tmp_path):
-    cmd = [sys.executable, "-m", "seedlocal", "train", "ga", "--learners", "2", "--log-dir", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == ("seedlocal: error: learners=2: ga has no data-parallel learner yet (vtrace and "
-                                  "r2d2 have); give --learners 1")
-    assert not list(tmp_path.iterdir())
-
-
 def test_a_hung_rank_is_named_and_stopped(tmp_path):
     """SIGSTOP to rank 1 (a hung rank): rank 0's next collective times out after --dist-timeout-s and it stops,
     naming rank 1, within 2 x --dist-timeout-s; the launcher then stops rank 1 (SIGTERM, which a stopped process
@@ -391,3 +394,196 @@ def test_two_ranks_reach_minatar_breakout_10(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["stopped_by"] == "target", summary
+
+
+# -- split populations: GA, ES, ARS and random search over ranks ------------------------------------------------
+
+
+def _evolve(tmp_path, algo: str, name: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "seedlocal", "train", algo, "--log-dir", str(tmp_path), "--run-name", name,
+            "--no-progress", *args]
+
+
+@pytest.mark.parametrize("algo", ["ga", "es", "ars", "random-search"])
+def test_a_split_population_equals_one_process(tmp_path, algo):
+    """--learners 2: each rank evaluates half of every population and the fitness is all-gathered, so the two
+    ranks tell the algorithm what one process does. On an env whose episodes depend on the actions alone
+    (steady_envs.Slope: CartPole's resets follow each env's seed, which follows the rank and the slot a member
+    gets, so its members' scores would not), with the forward fixed (auto would time the strategies), 4
+    generations of one process and of 2 ranks have the same fitness curves, the same final state and the same
+    best member. (The ranks also compare a checksum of their states every generation: a run whose ranks
+    differed would have stopped with an error.)"""
+    from helpers import seedlocal_runs
+    from test_train_vtrace import assert_same_state
+
+    common = ("train", algo, "--env.id", "steady_envs:Slope-v0", "--forward", "bmm", "--generations", "4",
+              "--log-dir", str(tmp_path), "--no-progress")
+    one, two = seedlocal_runs([((*common, "--run-name", "one"), {}),
+                               ((*common, "--run-name", "two", "--learners", "2"), {})])
+    for out in (one, two):
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    assert "2 data-parallel learner ranks" in two.stdout and two.stdout.count("seedlocal: done") == 1
+    assert _folders(tmp_path) == ["one", "two"]
+    curves = [scalars(tmp_path / name)[0] for name in ("one", "two")]
+    for tag in ("charts/best_fitness", "charts/mean_fitness", "charts/median_fitness", "charts/best_member_return"):
+        assert [s for s, _ in curves[0][tag]] == [1, 2, 3, 4], tag
+        assert [v for _, v in curves[1][tag]] == pytest.approx([v for _, v in curves[0][tag]], rel=1e-6), tag
+    assert len({v for _, v in curves[0]["charts/mean_fitness"]}) > 1  # the population changed: a real test
+    saved = [checkpoint.load(tmp_path / name) for name in ("one", "two")]
+    assert saved[1]["config"]["learners"] == 2 and saved[1]["counters"]["generation"] == 4
+    state = [{k: v for k, v in s["algo_state"].items() if not torch.is_tensor(v)} for s in saved]
+    assert_same_state(state[0], state[1], "algo_state")  # GA's genomes, random search's best seed, counters
+    for key, value in saved[0]["algo_state"].items():
+        if torch.is_tensor(value):  # the ES and ARS centre, Adam's moments
+            torch.testing.assert_close(saved[1]["algo_state"][key], value, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(saved[1]["best_params"], saved[0]["best_params"], rtol=1e-6, atol=1e-7)
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("one", "two")]
+    # Rank 0's summary counts both ranks' evaluation episodes: at least every member's, in every generation.
+    members = 4 * (16 if algo == "ars" else 64)
+    assert summaries[1]["episodes"] >= members and summaries[1]["frames"] >= 20 * members, summaries[1]
+
+
+def test_two_ranks_learn_cartpole_with_es(tmp_path):
+    """ES with its population split over 2 ranks reaches the CartPole target within the frame budget of the
+    one-process test (test_neuroevolution_train.py: ES_FRAME_BUDGET); the ranks stop together at it."""
+    from test_neuroevolution_train import ES_FRAME_BUDGET
+
+    out = subprocess.run(_evolve(tmp_path, "es", "l", "--learners", "2", "--generations", "0", "--total-frames",
+                                 str(ES_FRAME_BUDGET), "--stop-at-return", "475"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "l" / "summary.json").read_text())
+    assert summary["stopped_by"] == "target" and summary["best_member_return"] >= 475, summary
+    assert summary["frames_to_target"] <= ES_FRAME_BUDGET
+    assert scalars(tmp_path / "l")[0]["charts/best_member_return"][-1][1] >= 475
+
+
+def test_a_rank_count_a_population_cannot_be_split_into_is_refused_before_any_rank_starts(tmp_path):
+    out = subprocess.run(_evolve(tmp_path, "ars", "x", "--learners", "17"), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("seedlocal: error: learners=17: each rank evaluates a part of the population of "
+                                  "16: give at most that many ranks")
+    assert not list(tmp_path.iterdir())
+
+
+def test_ranks_whose_states_differ_stop_the_run():
+    """The checksum the ranks compare after every generation: equal states pass, a difference is one line."""
+    from seedlocal.algos.neuroevo import ParamSpace
+    from seedlocal.envs.spaces import describe
+    from seedlocal.networks import PolicyNet
+    from seedlocal.trainers.evolvers import ESEvolver, RanksDiverged
+    from seedlocal.trainers.neuroevolution import ESRun
+
+    evolver = ESEvolver(ESRun(), ParamSpace(PolicyNet(describe("CartPole-v1"))))
+    twin = ESEvolver(ESRun(), ParamSpace(PolicyNet(describe("CartPole-v1"))))
+    assert evolver.checksum() == twin.checksum()  # the same seed: the same state on every rank
+
+    class Ranks(Solo):
+        rank, world = 0, 2
+
+        def __init__(self, other: int):
+            self.other = other
+
+        def gather(self, values):
+            return [list(values), [float(self.other)]]
+
+    evolver.ranks = Ranks(twin.checksum())
+    evolver._same_everywhere()
+    twin.state = dataclasses.replace(twin.state, theta=twin.state.theta + 1e-7)
+    evolver.ranks = Ranks(twin.checksum())
+    with pytest.raises(RanksDiverged, match="learner rank 0: the ranks' ES states differ after the same generation"):
+        evolver._same_everywhere()
+
+
+def test_a_killed_rank_ends_a_split_population_and_its_checkpoint_resumes_on_one(tmp_path):
+    """SIGKILL to rank 1 of a GA run: rank 0's next all-gather fails at once; the run ends naming rank 1, with
+    nothing left behind and rank 0's checkpoint saved. A resume with another rank count (1) continues the curve:
+    the state is the whole population's, the same on every rank."""
+    timeout_s = 10
+    cmd = _evolve(tmp_path, "ga", "k", "--learners", "2", "--dist-timeout-s", str(timeout_s), "--generations", "0",
+                  "--seconds", "600")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = {}
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if (tmp_path / "k").exists() and checkpoint.newest(tmp_path / "k"):
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("no generation saved within 120 s")
+        ranks = {int(c.environ()["RANK"]): c.pid for c in psutil.Process(proc.pid).children()}
+        os.kill(ranks[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=2 * timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert f"learner rank 1 (pid {ranks[1]}) was killed by SIGKILL" in out, out
+    assert "learner rank 0: rank 1 stopped answering" in out, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in ranks.values())
+    assert not seedlocal_segments(ranks[0]) and not seedlocal_segments(ranks[1])
+    state = checkpoint.load(tmp_path / "k")
+    done = state["counters"]["generation"]
+    assert done > 0 and state["config"]["learners"] == 2
+    out = subprocess.run([sys.executable, "-m", "seedlocal", "train", "ga", "--resume", str(tmp_path / "k"),
+                          "--learners", "1", "--generations", str(done + 2), "--seconds", "0", "--no-progress"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["generations"] == done + 2 and summary["status"] == "done", summary
+    steps = [s for s, _ in scalars(tmp_path / "k")[0]["charts/best_fitness"]]
+    assert steps == list(range(1, done + 3)), steps  # one curve: the resume's points follow the checkpoint's
+    after = checkpoint.load(tmp_path / "k")["algo_state"]["genomes"]
+    parents = {tuple(g) for g in state["algo_state"]["genomes"]}
+    assert all(tuple(g)[:-2] in parents or tuple(g)[:-1] in parents or tuple(g) in parents for g in after)
+
+
+# -- a resume with another rank count (issue 34, item 4) -----------------------------------------------------------
+
+
+def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
+    """V-trace's checkpoint holds the run's config, parameters and optimiser, the same on every rank: one
+    process's run resumed with 2 ranks goes on (rank 0's parameters broadcast, the batch per rank split where it
+    can be) on the same curve."""
+    out = _train(tmp_path, "--total-steps", "4000", "--run-name", "v")
+    assert out.returncode == 0, out.stdout + out.stderr
+    steps = checkpoint.load(tmp_path / "v")["counters"]["steps"]
+    out = _train(tmp_path, "--resume", str(tmp_path / "v"), "--learners", "2", "--total-steps", str(steps + 4000))
+    assert out.returncode == 0 and "learners: 1 -> 2" in out.stdout, out.stdout + out.stderr
+    assert "2 data-parallel learner ranks" in out.stdout
+    summary = json.loads((tmp_path / "v" / "summary.json").read_text())
+    assert summary["steps"] >= steps + 4000 and summary["status"] == "done", summary
+    state = checkpoint.load(tmp_path / "v")
+    assert state["config"]["learners"] == 2 and state["counters"]["steps"] == summary["steps"]
+    curve = [s for s, _ in scalars(tmp_path / "v")[0]["charts/steps_per_s"]]
+    assert curve == sorted(curve) and curve[-1] > steps  # one curve, going on past the checkpoint
+
+
+def test_r2d2_with_its_replay_in_checkpoints_is_refused_on_ranks_before_any_starts(tmp_path):
+    """A checkpoint holds one replay; ranks keep one each. --checkpoint-replay with 2 ranks (here: from a resumed
+    run's saved config) is refused in one line before any rank starts; with --no-checkpoint-replay the ranks
+    resume the checkpoint with empty replays, and say so once."""
+    base = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--log-dir", str(tmp_path), "--no-progress"]
+    out = subprocess.run(base + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
+                                 "--run-name", "r"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "replay" in checkpoint.load(tmp_path / "r")
+    resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "4000"]
+    out = subprocess.run(base + resume, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
+                                  "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
+                                  "resumed run's ranks start with empty replays)")
+    assert "ranks" not in out.stdout  # no rank started
+    out = subprocess.run(base + resume + ["--no-checkpoint-replay"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("the checkpoint's replay is one process's: each learner rank starts with an empty "
+                            "replay") == 1, out.stdout
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] >= 4000 and summary["status"] == "done", summary

@@ -73,6 +73,15 @@ class Solo:
     def sum(self, values: list[float]) -> list[float]:
         return list(values)
 
+    def part(self, n: int) -> range:
+        """This rank's share of ``n`` things (a population's members, a member's episodes): contiguous, in rank
+        order, sizes differing by one at most; some ranks get none when ``n`` < G."""
+        return range(n * self.rank // self.world, n * (self.rank + 1) // self.world)
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """Every rank's ``values`` (any number each), in rank order."""
+        return [list(values)]
+
     def close(self) -> None:
         pass
 
@@ -179,6 +188,21 @@ class Ranks(Solo):
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         self._call("the stop decision", dist.all_reduce, t)
         return t.cpu().tolist()
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """Every rank's ``values`` (float64, any number each), in rank order: their lengths all-gathered, then
+        the values padded to the longest."""
+        import torch.distributed as dist
+
+        n = torch.tensor([len(values)], dtype=torch.int64, device=self.device)
+        sizes = [torch.empty_like(n) for _ in range(self.world)]
+        self._call("the population's fitness", dist.all_gather, sizes, n)
+        sizes = [int(s) for s in sizes]
+        mine = torch.zeros(max(1, *sizes), dtype=torch.float64, device=self.device)  # no empty all-gather
+        mine[:len(values)] = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        got = [torch.empty_like(mine) for _ in range(self.world)]
+        self._call("the population's fitness", dist.all_gather, got, mine)
+        return [g[:k].cpu().tolist() for g, k in zip(got, sizes)]
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 import torch
@@ -408,6 +409,9 @@ class PopulationPolicy(Policy):
         self._seen_written = None
         self._stats_lock = threading.Lock()
         self._batches = 0
+        # Data-parallel ranks (split populations): pools every rank's observations into each commit (``Ranks.
+        # pool_moments``), so that every rank's jobs normalise by the same statistics; None for one process.
+        self.pool_stats: Callable | None = None
         self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
         self.steps = np.zeros(n, np.int64)  # steps each slot's job episode has played (0 idle), for progress
         self._env_job: list[Job | None] = [None] * n
@@ -465,9 +469,7 @@ class PopulationPolicy(Policy):
         with self._stats_lock:
             seen, written = self._seen, self._seen_written
             self._seen = self._seen_written = None
-        if seen is None:
-            return
-        if written is not None:
+        if seen is not None and written is not None:
             # The inference stream wrote ``seen``; this (the learner's) stream
             # reads it only after that write, and the allocator reuses its
             # memory only after these reads.
@@ -475,7 +477,9 @@ class PopulationPolicy(Policy):
             stream.wait_event(written)
             for t in seen.buffers():
                 t.record_stream(stream)
-        if float(seen.count) == 0:
+        if self.pool_stats is not None and self.forward.norm_size:
+            seen = self._pooled(seen)  # on every rank at every commit, with or without rows of its own
+        if seen is None or float(seen.count) == 0:
             return
         current = self.forward.template.obs_norm
         merged = RunningNorm(current.mean.numel(), current.clip, current.eps).to(self.device)
@@ -489,6 +493,22 @@ class PopulationPolicy(Policy):
             merged.mean.copy_(mean)
             merged.var.copy_(var)
         self.forward.template.obs_norm = merged
+
+    def _pooled(self, seen: RunningNorm | None) -> RunningNorm | None:
+        """Every rank's observations since the last commit (``pool_stats``), merged in rank order."""
+        size = self.forward.norm_size
+        if seen is None:
+            n, mean, var = 0.0, torch.zeros(size, dtype=torch.float64), torch.ones(size, dtype=torch.float64)
+        else:
+            n, mean, var = float(seen.count), seen.mean.cpu(), seen.var.cpu()
+        n, mean, var = self.pool_stats(n, mean, var)
+        if not n:
+            return None
+        pooled = RunningNorm(size).to(self.device)
+        pooled.count.fill_(n)
+        pooled.mean.copy_(mean)
+        pooled.var.copy_(var)
+        return pooled
 
     # -- inference thread -------------------------------------------------------
 

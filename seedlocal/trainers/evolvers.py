@@ -20,12 +20,22 @@ submission, and a job normalises by those committed when it was submitted:
 whatever selection compares was scored under one set (GA's elite beside the
 children, ES's centre beside its population, an ARS pair), and the next
 population sees this one's observations.
+
+Split populations (``--learners G``, docs/distributed.md): every rank holds
+the same state and asks the same population; it evaluates its own contiguous
+part of the members (``Solo.part``) and of the extra episodes (GA's elite
+candidates, the ES or ARS centre's, random search's winner's), and every
+member's scores are all-gathered in rank order (``Solo.gather``), so every
+rank tells the algorithm the same fitness and takes the same step. No
+parameters travel: each generation the ranks compare a checksum of their
+states, and a difference stops the run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from abc import ABC, abstractmethod
 from types import ModuleType
 from typing import ClassVar
@@ -35,6 +45,12 @@ import torch
 
 from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import ParamSpace
+from seedlocal.errors import WorkerDied
+from seedlocal.pipeline.ranks import Solo
+
+
+class RanksDiverged(WorkerDied):
+    """Data-parallel ranks hold different states after the same generation."""
 
 
 class Evolver(ABC):
@@ -43,6 +59,8 @@ class Evolver(ABC):
 
     state_class: ClassVar[type]
     """the algorithm's state, rebuilt from a checkpoint's dict"""
+    ranks: Solo = Solo()
+    """the data-parallel ranks the population is split among (set by the trainer's ``join_ranks``)"""
 
     def __init__(self, cfg, space: ParamSpace):
         self.cfg, self.space = cfg, space
@@ -70,15 +88,59 @@ class Evolver(ABC):
     def generation(self, pool, check=None) -> dict:
         """One generation (``step``) and its statistics."""
         fitness, best = self.step(pool, check)
+        if self.ranks.world > 1:
+            self._same_everywhere()
         f = np.array(fitness)
         return {"best_fitness": float(f.max()), "mean_fitness": float(f.mean()),
                 "median_fitness": float(np.median(f)), "best_member_return": best}
 
-    @staticmethod
-    def _means(job, check) -> list[float]:
-        """Each member's mean fitness (its return, less any reward shift)."""
-        job.wait(check)
-        return [float(np.mean(f)) for f in job.fitness]
+    def _same_everywhere(self) -> None:
+        """Every rank's state is this one's (a checksum of it, all-gathered), or the run stops."""
+        sums = [row[0] for row in self.ranks.gather([float(self.checksum())])]
+        if len(set(sums)) > 1:
+            raise RanksDiverged(f"learner rank {self.ranks.rank}: the ranks' {type(self).__name__[:-7]} states "
+                                f"differ after the same generation (checksums "
+                                f"{', '.join(f'{int(c):#010x}' for c in sums)})")
+
+    def checksum(self) -> int:
+        """CRC-32 of the state's tensors and numbers, in ``state_dict`` order."""
+        crc = 0
+        for k, v in sorted(self.state_dict().items()):
+            data = v.detach().cpu().contiguous().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode()
+            crc = zlib.crc32(k.encode() + data, crc)
+        return crc
+
+    def _mine(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a population's rows (all of them for one process)."""
+        part = self.ranks.part(rows.shape[0])
+        return rows[part.start:part.stop]
+
+    def _rows(self, vecs: list) -> torch.Tensor:
+        return self.space.stack(vecs) if vecs else torch.empty(0, self.space.size)
+
+    def _everyone(self, jobs: list, check, episodes: int) -> tuple[list[list[float]], list[list[float]]]:
+        """(fitness, returns) of every rank's members in rank order, ``episodes`` values each: this rank's
+        ``jobs`` (its part, in population order) all-gathered with the other ranks'. A job whose members are
+        one member's share of its episodes gives them as ``episodes`` = 1, one value per "member"."""
+        for job in jobs:
+            job.wait(check)
+        fitness = [x for job in jobs for member in job.fitness for x in member]
+        returns = [x for job in jobs for member in job.returns for x in member]
+        flat_f, flat_r = [], []
+        for row in self.ranks.gather(fitness + returns):
+            half = len(row) // 2
+            flat_f += row[:half]
+            flat_r += row[half:]
+        return ([flat_f[i:i + episodes] for i in range(0, len(flat_f), episodes)],
+                [flat_r[i:i + episodes] for i in range(0, len(flat_r), episodes)])
+
+    def _means(self, jobs: list, check) -> list[float]:
+        """Each member's mean fitness (its return, less any reward shift), every rank's members."""
+        return [float(np.mean(f)) for f in self._everyone(jobs, check, self.cfg.episodes_per_member)[0]]
+
+    def _one_members_return(self, job, check) -> float:
+        """The mean return of one member's episodes, which the ranks shared (``job``: this rank's share)."""
+        return float(np.mean([r for r, in self._everyone([job], check, 1)[1]]))
 
     def _set_best(self, vec: torch.Tensor, score: float, always: bool) -> None:
         # GA's elite and ES's centre are *the* current solution; random search
@@ -107,35 +169,43 @@ class GAEvolver(Evolver):
     def _genome_vec(self, g: tuple) -> torch.Tensor:
         # Children are one mutation from a cached parent: rebuilding a genome
         # from all its seeds every generation would cost a noise slice per seed.
+        # A split population's rank did not build every parent: it mutates on
+        # from the longest cached ancestor (the same additions as ga.rebuild's).
         if g not in self._cache:
-            parent = self._cache.get(g[:-1])
-            self._cache[g] = (ga.mutate(parent, g[-1], self.cfg.algo.sigma) if parent is not None
-                              else ga.rebuild(g, self.space, self.cfg.algo.sigma))
+            k = next((k for k in range(len(g) - 1, 0, -1) if g[:k] in self._cache), 0)
+            vec = self._cache[g[:k]] if k else self.space.init(g[0])
+            for s in g[max(k, 1):]:
+                vec = ga.mutate(vec, s, self.cfg.algo.sigma)
+            self._cache[g] = vec
         return self._cache[g]
 
     def _vecs(self, genomes) -> torch.Tensor:
-        return self.space.stack([self._genome_vec(g) for g in genomes])
+        return self._rows([self._genome_vec(g) for g in genomes])
 
     def step(self, pool, check) -> tuple[list[float], float]:
         """(fitness, the elite's return)."""
-        cfg, n_eps, means = self.cfg, self.cfg.episodes_per_member, self._means
+        cfg, n_eps, genomes = self.cfg, self.cfg.episodes_per_member, self.state.genomes
+        mine = self.ranks.part(len(genomes))  # of the elite (member 0) and the children (1..P-1)
         if self._next is None:
-            self.evaluating = [pool.submit(self._vecs(self.state.genomes), n_eps)]
-            fitness = means(self.evaluating[0], check)
+            self.evaluating = [pool.submit(self._vecs(genomes[mine.start:mine.stop]), n_eps)]
         else:  # children already playing; the elite joins at the front of the queue
-            elite = pool.submit(self._vecs(self.state.genomes[:1]), n_eps, front=True)
-            self.evaluating = [elite, self._next]
-            fitness = means(elite, check) + means(self._next, check)
+            elite = [pool.submit(self._vecs(genomes[:1]), n_eps, front=True)] if 0 in mine else []
+            self.evaluating = elite + [self._next]
+        fitness = self._means(self.evaluating, check)
         candidates = ga.tell(self.state, cfg.algo, fitness)
         pool.commit_obs_stats()
-        scored = pool.submit(self._vecs(candidates), cfg.algo.elite_episodes, front=True)
-        self._next = pool.submit(self._vecs(ga.children(self.state, cfg.algo, fitness)), n_eps)
-        scored.wait(check)
-        self.state = ga.advance(self.state, cfg.algo, fitness, scored.fitness)
-        best = float(np.mean(scored.returns[candidates.index(self.state.elite)]))
+        part = self.ranks.part(len(candidates))
+        scored = pool.submit(self._vecs(candidates[part.start:part.stop]), cfg.algo.elite_episodes, front=True)
+        children = ga.children(self.state, cfg.algo, fitness)
+        self._next = pool.submit(self._vecs(children[max(mine.start, 1) - 1:max(mine.stop, 1) - 1]), n_eps)
+        scores, returns = self._everyone([scored], check, cfg.algo.elite_episodes)
+        self.state = ga.advance(self.state, cfg.algo, fitness, scores)
+        best = float(np.mean(returns[candidates.index(self.state.elite)]))
         # Keep exactly the vectors of the next population: its children's
-        # parents come from it.
-        self._cache = {g: self._cache[g] for g in self.state.genomes}
+        # parents come from it (a split population's rank keeps their parents
+        # too, for the members another rank built).
+        keep = set(self.state.genomes) | ({g[:-1] for g in self.state.genomes} if self.ranks.world > 1 else set())
+        self._cache = {g: v for g, v in self._cache.items() if g in keep}
         self._set_best(self._genome_vec(self.state.elite), best, always=True)
         return fitness, best
 
@@ -154,7 +224,7 @@ class CentreEvolver(Evolver):
         cfg, n_eps, alg = self.cfg, self.cfg.episodes_per_member, self.algo
         if self._next is None:
             seeds, params = alg.ask(self.state, cfg.algo)
-            self._next = (seeds, pool.submit(params, n_eps))
+            self._next = (seeds, pool.submit(self._mine(params), n_eps))
         seeds, job = self._next
         self.evaluating = [job]
         centre = self.state.theta.clone()  # the population's centre: the state it was asked from
@@ -162,13 +232,13 @@ class CentreEvolver(Evolver):
         # and nothing waits for them until the next population plays: with
         # as many slots as members, scoring it first would add a wave of
         # a few episodes to every generation.
-        scored = pool.submit(centre[None], cfg.best_episodes, spare=True)
-        fitness = self._means(job, check)
+        scored = pool.submit(centre[None], len(self.ranks.part(cfg.best_episodes)), spare=True)
+        fitness = self._means([job], check)
         state = alg.tell(self.state, cfg.algo, seeds, fitness)
         following, params = alg.ask(state, cfg.algo)
         pool.commit_obs_stats()
-        self._next = (following, pool.submit(params, n_eps))
-        best = float(np.mean(scored.wait(check)[0]))
+        self._next = (following, pool.submit(self._mine(params), n_eps))
+        best = self._one_members_return(scored, check)
         # Only now: a run stopped while waiting saves this generation's
         # state, matching its counters, and re-evaluates it on resume.
         self.state = state
@@ -205,25 +275,29 @@ class RandomSearchEvolver(Evolver):
     def init_state(self, seed: int) -> random_search.RSState:
         return random_search.init(seed)
 
-    def _population(self, state: random_search.RSState) -> torch.Tensor:
-        return self.space.stack([self.space.init(s) for s in random_search.ask(state, self.cfg.algo)])
+    def _population(self, state: random_search.RSState) -> tuple[list[int], torch.Tensor]:
+        """The population's seeds, and this rank's part of its vectors."""
+        seeds = random_search.ask(state, self.cfg.algo)
+        mine = self.ranks.part(len(seeds))
+        return seeds, self._rows([self.space.init(s) for s in seeds[mine.start:mine.stop]])
 
     def step(self, pool, check) -> tuple[list[float], float]:
         """(fitness, the winner's return)."""
         cfg, n_eps = self.cfg, self.cfg.episodes_per_member
         if self._next is None:
-            params = self._population(self.state)
-            self._next = (params, pool.submit(params, n_eps))
-        params, job = self._next
+            seeds, params = self._population(self.state)
+            self._next = (seeds, params, pool.submit(params, n_eps))
+        seeds, params, job = self._next
         self.evaluating = [job]
-        fitness = self._means(job, check)
+        fitness = self._means([job], check)
         state = random_search.tell(self.state, fitness)
-        top = params[int(np.argmax(fitness))]
+        i, mine = int(np.argmax(fitness)), self.ranks.part(len(seeds))
+        top = params[i - mine.start] if i in mine else self.space.init(seeds[i])  # built by another rank
         pool.commit_obs_stats()
-        scored = pool.submit(top[None], cfg.best_episodes, front=True)
-        following = self._population(state)
-        self._next = (following, pool.submit(following, n_eps))
-        best = float(np.mean(scored.wait(check)[0]))
+        scored = pool.submit(top[None], len(self.ranks.part(cfg.best_episodes)), front=True)
+        following, params = self._population(state)
+        self._next = (following, params, pool.submit(params, n_eps))
+        best = self._one_members_return(scored, check)
         self.state = state  # only now, as ES: a run stopped while waiting saves the state its counters match
         self._set_best(top, best, always=False)
         return fitness, best

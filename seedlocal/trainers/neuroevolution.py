@@ -18,6 +18,11 @@ inside it (budget, Ctrl-C) reports them in summary.json. Its checkpoint
 still holds the last whole generation, so a resumed run evaluates the
 abandoned one again and counts its frames anew: summary.json's ``frames``
 are the checkpoint's plus those of the generation the run stopped inside.
+
+With ``--learners G`` each rank evaluates its part of every population
+(``trainers/evolvers.py``, docs/distributed.md); the counters advance by
+every rank's frames and episodes, and the budgets are judged between
+generations, together.
 """
 
 from __future__ import annotations
@@ -91,6 +96,14 @@ class NeuroevoRun(RunConfig):
     def budget_spent(self, counters: dict) -> None:
         budget_left("generations", self.generations, counters.get("generation", 0), "generations")
         budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
+
+    def per_rank(self, ranks: int) -> NeuroevoRun:
+        """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``).
+        More ranks than members are refused (the command line asks before it starts any rank)."""
+        if ranks > self.algo.population_size:
+            fail("learners", ranks, f"each rank evaluates a part of the population of {self.algo.population_size}: "
+                 "give at most that many ranks")
+        return self
 
     def sized_for(self, machine: Machine) -> NeuroevoRun:
         """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 32 and a population of at least 256
@@ -356,6 +369,11 @@ class NeuroevoTrainer(Trainer):
     def position(self) -> tuple[int, int]:
         return self.counters["generation"], self.counters["frames"]
 
+    def join_ranks(self, ranks) -> None:
+        """Split populations: every rank holds the same state already (from the run's seed, or from the same
+        checkpoint); each evaluates its part of every population (``Evolver.ranks``)."""
+        self.evolver.ranks = ranks
+
     def describe(self) -> str:
         cap = episode_frame_cap(self.cfg, self.spec)
         return (f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
@@ -368,6 +386,8 @@ class NeuroevoTrainer(Trainer):
                                            strategy=cfg.forward, action_noise=cfg.action_noise,
                                            reward_shift=fitness_shift(cfg, self.spec),
                                            max_episode_steps=episode_step_cap(cfg, self.spec))
+        if self.ranks.world > 1:
+            self.population.pool_stats = self.ranks.pool_moments
         return self.population
 
     def learner_threads(self) -> int:
@@ -383,7 +403,14 @@ class NeuroevoTrainer(Trainer):
         return next((budget for budget, over in (
             ("generations", cfg.generations and c["generation"] >= cfg.generations),
             ("frames", cfg.total_frames and c["frames"] >= cfg.total_frames),
-            ("seconds", run.out_of_time())) if over), None)
+            ("seconds", self._out_of_time(run))) if over), None)
+
+    def _out_of_time(self, run: Run) -> bool:
+        """Whether the time budget has ended: for one rank, for all (a rank that stopped alone would leave the
+        others waiting in the next fitness all-gather)."""
+        if self.ranks.world == 1:
+            return run.out_of_time()
+        return bool(self.ranks.sum([float(run.out_of_time())])[0])
 
     def _totals(self, loop) -> tuple[int, int, int, int]:
         """Running totals the counters advance by: rows served to members
@@ -436,7 +463,9 @@ class NeuroevoTrainer(Trainer):
                 run.watch.start()
             if run.waiting(t0):
                 raise _BudgetSpent("seconds")
-            if self.cfg.total_frames and c["frames"] + self._uncounted()[0] >= self.cfg.total_frames:
+            # Data-parallel ranks judge budgets between generations only, together (``spent``).
+            if (self.cfg.total_frames and self.ranks.world == 1
+                    and c["frames"] + self._uncounted()[0] >= self.cfg.total_frames):
                 raise _BudgetSpent("frames")
             self._progress_inside(run, t0)
             if time.monotonic() - t0 >= LONG_GENERATION_S and not told[0]:
@@ -458,7 +487,10 @@ class NeuroevoTrainer(Trainer):
         # Read once: the inference thread goes on serving the next population,
         # whose rows count towards the next generation.
         counted = self._totals(loop)
-        served, stepped, scored, capped = (now - then for now, then in zip(counted, self._counted))
+        moved = [now - then for now, then in zip(counted, self._counted)]
+        if self.ranks.world > 1:  # every rank's: the counters and rank 0's scalars are the run's
+            moved = [int(v) for v in self.ranks.sum(moved)]
+        served, stepped, scored, capped = moved
         self._counted, self._inside = counted, None
         frames, w1 = served * self.frames_per_step, run.pipe.pool.worker_stats()
         c["generation"] += 1
@@ -548,5 +580,5 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     return MemberPolicy(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
 
 
-FAMILIES = tuple(Family(cls.name, cls, presets, train, from_checkpoint) for cls, presets in (
+FAMILIES = tuple(Family(cls.name, cls, presets, train, from_checkpoint, data_parallel=True) for cls, presets in (
     (GARun, GA_PRESETS), (ESRun, ES_PRESETS), (ARSRun, ARS_PRESETS), (RandomSearchRun, RANDOM_SEARCH_PRESETS)))

@@ -77,6 +77,15 @@ class R2D2Run(StepRunConfig):
             saved = {**saved, "pipeline": {**pipe, "unroll_length": 0}}
         return saved
 
+    def per_rank(self, ranks: int) -> R2D2Run:
+        """Unchanged (each rank learns from its own replay), but a replay in checkpoints is one process's only:
+        a checkpoint would hold rank 0's, and a resume would give it to every rank (the command line asks
+        before it starts any rank)."""
+        if ranks > 1 and self.checkpoint_replay:
+            fail("checkpoint_replay", True, f"with {ranks} learner ranks each rank keeps its own replay and a "
+                 "checkpoint holds one: give --no-checkpoint-replay (a resumed run's ranks start with empty replays)")
+        return self
+
     def sized_for(self, machine: Machine) -> R2D2Run:
         """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 16 (min_batch_envs scaled with them)
         and batches of at least 64 sequences, SEED's published batch (the Atari preset's 16 was cut for a CPU
@@ -290,7 +299,11 @@ class R2D2Trainer(Trainer):
         self.online.load_state_dict(saved["model"])
         self.target.load_state_dict(saved["target"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        if "replay" in saved:
+        if "replay" in saved and self.ranks.world > 1:
+            if self.ranks.main:
+                print("seedlocal: the checkpoint's replay is one process's: each learner rank starts with an empty "
+                      "replay", flush=True)
+        elif "replay" in saved:
             try:
                 self.replay.load_state_dict(replay_from_checkpoint(saved["replay"]))
             except ValueError as e:

@@ -329,6 +329,7 @@ def _start_or_resume(trainer_cls: type[Trainer], cfg, spec, ranks: Solo = Solo()
         name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
     t = trainer_cls(share, spec, device)
+    t.ranks = ranks  # what it restores may depend on it (R2D2's replay)
     if resumed is not None:
         if ranks.main:
             print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
