@@ -461,8 +461,8 @@ def _run(argv: list[str]) -> int:
 
             fam = of_config(cfg)
             if not fam.data_parallel:
-                raise ConfigError(f"learners={cfg.learners}: {fam.name} has no data-parallel learner yet "
-                                  "(vtrace and r2d2 have); give --learners 1")
+                raise ConfigError(f"learners={cfg.learners}: {fam.name} has no data-parallel learner; "
+                                  "give --learners 1")
             cfg.per_rank(cfg.learners)  # a rank count the config cannot be split into, refused before any rank starts
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
                 return launch(argv, cfg.learners, cfg.dist_timeout_s)

@@ -113,15 +113,41 @@ def _folders(tmp_path) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
 
 
-def _training(proc: subprocess.Popen, run_dir) -> None:
-    """Wait until the run has provably trained (a logged rate), however slowly this machine starts it."""
+def _training(proc: subprocess.Popen, run_dir, ready=None, what: str = "training logged nothing") -> None:
+    """Wait until the run has provably trained (a logged rate; or ``ready()``), however slowly this machine
+    starts it."""
+    ready = ready or (lambda: run_dir.exists() and "charts/steps_per_s" in scalars(run_dir)[0])
     end = time.monotonic() + 120
     while time.monotonic() < end:
-        if run_dir.exists() and "charts/steps_per_s" in scalars(run_dir)[0]:
+        if ready():
             return
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.5)
-    raise AssertionError("training logged nothing within 120 s")
+    raise AssertionError(f"{what} within 120 s")
+
+
+def _kill_rank_1(cmd: list[str], run_dir, timeout_s: float, ready=None, what: str = "training logged nothing"):
+    """Start ``cmd`` (2 ranks), SIGKILL rank 1 once it has trained, and check that the run ends within
+    2 x ``timeout_s`` naming rank 1, with no process and no segment left. Returns its output."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = {}
+    try:
+        _training(proc, run_dir, ready, what)
+        ranks = {r: p.pid for r, p in _ranks(proc).items()}
+        os.kill(ranks[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=2 * timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert f"learner rank 1 (pid {ranks[1]}) was killed by SIGKILL" in out, out
+    assert "learner rank 0: rank 1 stopped answering" in out, out
+    assert "Traceback" not in out and "leaked" not in out, out
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in ranks.values())
+    assert not seedlocal_segments(ranks[0]) and not seedlocal_segments(ranks[1])
+    return out
 
 
 def _ranks(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
@@ -224,24 +250,7 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
     cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--dist-timeout-s",
            str(timeout_s), "--total-steps", "10000000", "--log-dir", str(tmp_path), "--run-name", "k",
            "--no-progress", "--log-every-s", "0.5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ranks = []
-    try:
-        _training(proc, tmp_path / "k")
-        ranks = {r: p.pid for r, p in _ranks(proc).items()}
-        os.kill(ranks[1], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=2 * timeout_s)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.communicate(timeout=30)
-    assert proc.returncode != 0
-    assert f"learner rank 1 (pid {ranks[1]}) was killed by SIGKILL" in out, out
-    assert "learner rank 0: rank 1 stopped answering" in out, out
-    assert "Traceback" not in out and "leaked" not in out, out
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in ranks.values())
-    assert not seedlocal_segments(ranks[0]) and not seedlocal_segments(ranks[1])
+    _kill_rank_1(cmd, tmp_path / "k", timeout_s)
     state = checkpoint.load(tmp_path / "k")
     steps = state["counters"]["steps"]
     assert steps > 0
@@ -503,31 +512,8 @@ def test_a_killed_rank_ends_a_split_population_and_its_checkpoint_resumes_on_one
     timeout_s = 10
     cmd = _evolve(tmp_path, "ga", "k", "--learners", "2", "--dist-timeout-s", str(timeout_s), "--generations", "0",
                   "--seconds", "600")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ranks = {}
-    try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if (tmp_path / "k").exists() and checkpoint.newest(tmp_path / "k"):
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.5)
-        else:
-            raise AssertionError("no generation saved within 120 s")
-        ranks = {int(c.environ()["RANK"]): c.pid for c in psutil.Process(proc.pid).children()}
-        os.kill(ranks[1], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=2 * timeout_s)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.communicate(timeout=30)
-    assert proc.returncode != 0
-    assert f"learner rank 1 (pid {ranks[1]}) was killed by SIGKILL" in out, out
-    assert "learner rank 0: rank 1 stopped answering" in out, out
-    assert "Traceback" not in out and "leaked" not in out, out
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in ranks.values())
-    assert not seedlocal_segments(ranks[0]) and not seedlocal_segments(ranks[1])
+    _kill_rank_1(cmd, tmp_path / "k", timeout_s, ready=lambda: (tmp_path / "k").exists() and checkpoint.newest(
+        tmp_path / "k"), what="no generation saved")
     state = checkpoint.load(tmp_path / "k")
     done = state["counters"]["generation"]
     assert done > 0 and state["config"]["learners"] == 2

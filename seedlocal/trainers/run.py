@@ -143,8 +143,8 @@ class Trainer(abc.ABC):
         if ranks.world > 1:
             from seedlocal.errors import ConfigError
 
-            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner yet "
-                              "(vtrace and r2d2 have)")
+            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; "
+                              "give --learners 1")
 
     def start(self, run: "Run") -> None:
         """The pipeline and its inference thread are up."""
