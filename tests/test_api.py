@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import json
 import math
+import signal
 import subprocess
 import sys
 import threading
@@ -176,6 +177,16 @@ def test_an_env_failing_mid_run_raises_and_leaves_nothing(tmp_path):
 def test_an_interrupt_mid_run_saves_and_leaves_nothing(tmp_path, capsys):
     """A notebook's interrupt button (KeyboardInterrupt in the main thread, once training has stepped): a
     checkpoint, an interrupted summary, the next commands said; no process and no segment left."""
+    # Python's own SIGINT handler, as a notebook's kernel has: a pytest started in the background (nohup,
+    # cmd &) ignores SIGINT, and interrupt_main() then does nothing (the run went on to the test's timeout).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_mid_run(tmp_path, capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_mid_run(tmp_path, capsys):
     stop = threading.Event()
 
     def interrupt_once_stepping():

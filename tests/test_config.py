@@ -244,8 +244,9 @@ def test_precision_means_one_arithmetic_per_device():
     (["train", "r2d2", "--env.id", "gfootball/academy_corner-v1"], "cartpole"),  # R2D2 has no football preset
     (["train", "vtrace", "--env.id", "Hopper-v5", "--preset", "cartpole"], "cartpole"),
     (["train", "r2d2", "--env.id", "Breakout-v5"], "atari"),
-    # R2D2's Atari preset has envpool stack single frames, which a Gymnasium image env cannot.
-    (["train", "r2d2", "--env.id", "image_catch:ImageCatch-v0"], "cartpole"),
+    # The Atari presets' envpool single frames do not fit a Gymnasium image env: it keeps its own frames.
+    (["train", "r2d2", "--env.id", "image_catch:ImageCatch-v0"], "atari"),
+    (["train", "vtrace", "--env.id", "image_catch:ImageCatch1-v0"], "atari"),
     (["train", "es", "--env.id", "Hopper-v5"], "mujoco"),
     (["train", "ars", "--env.id", "InvertedPendulum-v5"], "mujoco"),
     (["train", "ga", "--env.id", "image_catch:ImageCatch-v0"], "atari"),  # Uber's Atari settings, any image env
@@ -271,8 +272,12 @@ def test_without_a_preset_the_env_kind_picks_one(argv, preset, capsys, monkeypat
     presets = {"vtrace": VTRACE, "r2d2": R2D2, "ga": ne.GA_PRESETS, "es": ne.ES_PRESETS, "ars": ne.ARS_PRESETS,
                "random-search": ne.RANDOM_SEARCH_PRESETS}[argv[1]]
     expected = presets[preset]
-    assert cfg.env.id == argv[argv.index("--env.id") + 1]
+    env_id = argv[argv.index("--env.id") + 1]
+    assert cfg.env.id == env_id
     assert cfg.algo == expected.algo and cfg.pipeline == expected.pipeline
+    if env_id.startswith("image_catch:"):  # envpool's --env.frame-stack is not for a Gymnasium env
+        single = env_id.endswith("ImageCatch1-v0")  # (1, 84, 84) frames: stacked beside the network
+        assert cfg.env.frame_stack == 0 and getattr(cfg, "frame_stack", 0) == (4 if single else 0), cfg
     said = capsys.readouterr().out
     chosen = "--preset" not in argv  # a preset picked by itself is named, CartPole's defaults too
     assert (f"seedlocal: --preset {preset}, {'the plain defaults' if preset == 'cartpole' else 'made for'}"

@@ -134,6 +134,7 @@ WORKERS = re.compile(r"num_workers|\bworkers\b")
 OTHER_HALVES = {
     ("algos/es.py", "p.population_size // 2"),  # antithetic pairs
     ("arithmetic.py", "len(times) // 2"),  # a median
+    ("trainers/evolvers.py", "len(row) // 2"),  # a rank's gathered fitness, then its returns
     ("measure/raw.py", "n // 2"),  # raw envpool's half pools: the baseline, not the pipeline
     ("measure/raw.py", "threads // 2"),
 }
