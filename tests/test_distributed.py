@@ -225,11 +225,10 @@ def test_r2d2_ranks_write_the_mean_over_ranks_of_their_returns():
 def test_two_ranks_end_their_step_budget_together(tmp_path):
     """The step budget is judged on the all-reduced count: a rank that re-read its own counter (which its
     inference thread moves on meanwhile) once stopped alone, and the other failed in its next all-reduce."""
-    for i in range(2):  # the unfixed code failed the first of them in the run that found it
-        out = _train(tmp_path, "--learners", "2", "--total-steps", "12000", "--run-name", f"b{i}")
-        assert out.returncode == 0 and "step budget spent" in out.stdout, out.stdout + out.stderr
-        summary = json.loads((tmp_path / f"b{i}" / "summary.json").read_text())
-        assert summary["stopped_by"] == "steps" and summary["steps"] >= 12000, summary
+    out = _train(tmp_path, "--learners", "2", "--total-steps", "12000", "--run-name", "b")
+    assert out.returncode == 0 and "step budget spent" in out.stdout, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["stopped_by"] == "steps" and summary["steps"] >= 12000, summary
 
 
 def test_torchrun_starts_the_same_ranks(tmp_path):
@@ -333,7 +332,7 @@ def test_a_hung_rank_is_named_and_stopped(tmp_path):
 def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
     """Ctrl-C in the terminal reaches the launcher and every rank (one process group): the ranks stop together,
     rank 0 writes the checkpoint and an interrupted summary, the command exits 130 with the lines a user types
-    next, nothing is left behind, and a resume goes on from that checkpoint."""
+    next, and nothing is left behind."""
     from helpers import terminal_like
 
     cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--total-steps", "10000000",
@@ -359,12 +358,11 @@ def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
     state = checkpoint.load(tmp_path / "c")
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] == state["counters"]["steps"] > 0, summary
-    again = _train(tmp_path, "--learners", "2", "--resume", str(tmp_path / "c"), "--total-steps",
-                   str(summary["steps"] + 4000))
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert json.loads((tmp_path / "c" / "summary.json").read_text())["steps"] >= summary["steps"] + 4000
+    assert checkpoint.load(tmp_path / "c")["counters"]["steps"] == summary["steps"]  # (resumes: the killed test)
 
 
+# ~40 s on 2 cores (2 ranks and 2 actor hosts): -m slow. The default run checks each rank's port.
+@pytest.mark.slow
 def test_every_rank_serves_an_actor_host_of_its_own(tmp_path):
     """Ranks and the bridge together (docs/multihost.md): 2 ranks at --bridge.listen's port and the next, one
     actor host on each; both hosts are served envs of the run's own env, rank 0's curve shows its host, and
@@ -452,6 +450,8 @@ def test_a_split_population_equals_one_process(tmp_path, algo):
     assert summaries[1]["episodes"] >= members and summaries[1]["frames"] >= 20 * members, summaries[1]
 
 
+# A learning run (~15 s): -m slow; the default run has the split populations' equality with one process.
+@pytest.mark.slow
 def test_two_ranks_learn_cartpole_with_es(tmp_path):
     """ES with its population split over 2 ranks reaches the CartPole target within the frame budget of the
     one-process test (test_neuroevolution_train.py: ES_FRAME_BUDGET); the ranks stop together at it."""
@@ -505,6 +505,8 @@ def test_ranks_whose_states_differ_stop_the_run():
         evolver._same_everywhere()
 
 
+# V-trace's killed rank is the default run's; this one (~15 s) is -m slow.
+@pytest.mark.slow
 def test_a_killed_rank_ends_a_split_population_and_its_checkpoint_resumes_on_one(tmp_path):
     """SIGKILL to rank 1 of a GA run: rank 0's next all-gather fails at once; the run ends naming rank 1, with
     nothing left behind and rank 0's checkpoint saved. A resume with another rank count (1) continues the curve:
