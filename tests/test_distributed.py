@@ -158,7 +158,7 @@ def _ranks(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
 def test_two_ranks_reach_cartpole_475_and_rank_0_alone_writes(tmp_path):
     """seedlocal train vtrace --learners 2: both ranks stop together at the target; one run folder, one
     summary with both ranks' steps and episodes, a checkpoint that loads."""
-    out = _train(tmp_path, "--learners", "2", "--stop-at-return", "475", "--total-steps", "400000",
+    out = _train(tmp_path, "--learners", "2", "--stop-at-return", "475", "--total-steps", "1000000",
                  "--run-name", "dp")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 data-parallel learner ranks" in out.stdout
