@@ -539,10 +539,13 @@ def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
     """V-trace's checkpoint holds the run's config, parameters and optimiser, the same on every rank: one
     process's run resumed with 2 ranks goes on (rank 0's parameters broadcast, the batch per rank split where it
     can be) on the same curve."""
-    out = _train(tmp_path, "--total-steps", "4000", "--run-name", "v")
+    # Rates every 0.2 s: a resumed run of 4,000 steps on 2 ranks may end inside one 2 s interval (CI saw its
+    # curve without a point past the checkpoint).
+    out = _train(tmp_path, "--total-steps", "4000", "--run-name", "v", "--log-every-s", "0.2")
     assert out.returncode == 0, out.stdout + out.stderr
     steps = checkpoint.load(tmp_path / "v")["counters"]["steps"]
-    out = _train(tmp_path, "--resume", str(tmp_path / "v"), "--learners", "2", "--total-steps", str(steps + 4000))
+    out = _train(tmp_path, "--resume", str(tmp_path / "v"), "--learners", "2", "--total-steps", str(steps + 4000),
+                 "--log-every-s", "0.2")
     assert out.returncode == 0 and "learners: 1 -> 2" in out.stdout, out.stdout + out.stderr
     assert "2 data-parallel learner ranks" in out.stdout
     summary = json.loads((tmp_path / "v" / "summary.json").read_text())
