@@ -1,9 +1,17 @@
-"""What each rank of tests/test_distributed.py's gloo groups runs (a module, so spawned ranks can import it)."""
+"""What each rank of tests/test_distributed.py's gloo groups runs: ``python tests/dist_ranks.py RANK WORLD PORT OUT
+[DEVICE BACKEND]``, one interpreter a rank, as seedlocal's launcher and torchrun start them (``ranks()`` below).
+
+Not torch.multiprocessing.spawn: about one spawned pair in 30 here ended with SIGABRT ("terminate called without
+an active exception") after the rank had written its results, destroyed its group and run its atexit handlers, in
+the interpreter's teardown; 80 rank exits started as commands (seedlocal's own, and these under gdb) ended
+cleanly."""
 
 from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import numpy as np
@@ -107,3 +115,23 @@ def rank_main(rank: int, world: int, port: int, out: str, device: str = "cpu", b
         torch.save(result, f"{out}/rank{rank}.pt")
     finally:
         ranks.close()
+
+
+def ranks(world: int, port: int, out: str, device: str = "cpu", backend: str = "gloo", timeout: float = 180) -> list:
+    """Run ``world`` ranks of ``rank_main`` as processes of their own; what each wrote to ``out``."""
+    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port), out, device, backend],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, text) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{text[-3000:]}"
+    return [torch.load(f"{out}/rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+if __name__ == "__main__":
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])
