@@ -1,5 +1,3 @@
-import sys
+from seedlocal.cli import run
 
-from seedlocal.cli import main
-
-sys.exit(main())
+run()

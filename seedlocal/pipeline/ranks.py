@@ -282,12 +282,12 @@ def launch(argv: list[str], world: int, timeout_s: float) -> int:
                     rc = p.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     continue
+                if rc < 0:  # a rank that fails names itself; one killed cannot (whichever of them ended first)
+                    print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
+                          file=sys.stderr, flush=True)
                 if rc != 0 and deadline is None:
                     deadline = time.monotonic() + 2 * timeout_s
                     status = 1 if rc < 0 else rc
-                    if rc < 0:  # a rank that fails names itself; one killed cannot
-                        print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
-                              file=sys.stderr, flush=True)
             if deadline is not None and time.monotonic() > deadline:
                 break
     except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves
