@@ -47,6 +47,17 @@ def worker_context():
     return ctx
 
 
+def start_server() -> None:
+    """Start the workers' forkserver now rather than with the first worker. Its imports (about 1 s of one core
+    here: envpool's registry, numpy, the worker module) then run on another core while the learner builds its
+    trainer (torch's optimiser brings in torch._dynamo: another second), instead of delaying the first step.
+    Nothing waits for it: the first worker's start does."""
+    from multiprocessing import forkserver
+
+    worker_context()
+    forkserver.ensure_running()
+
+
 def local_seed(base: int, worker: int, restarts: int, num_groups: int, group_envs: int) -> int:
     """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j).
     Each restart takes the next block of all the groups' seeds, so its fresh episodes differ; the blocks

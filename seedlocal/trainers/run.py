@@ -36,6 +36,7 @@ from seedlocal.config.checks import resolve_device
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.networks import action_identity, obs_identity
+from seedlocal.pipeline.actors import start_server
 from seedlocal.pipeline.bridge.server import BridgeMeter
 from seedlocal.envs.spaces import describe
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
@@ -410,6 +411,8 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
     """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
     returns the summary (also on Ctrl-C, re-raised after saving).
     ``from_checkpoint``: the family's (``Family``), which plays the videos."""
+    if cfg.pipeline.num_workers > 0:
+        start_server()  # the config and env are valid: a process may start, and it starts beside the learner's
     ranks, t, resumed, run_dir = _join(trainer_cls, cfg, spec)
     try:
         policy = t.policy()
