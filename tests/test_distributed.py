@@ -15,7 +15,6 @@ import time
 import psutil
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import dist_ranks
 from conftest import seedlocal_segments
@@ -28,8 +27,7 @@ from seedlocal.pipeline.ranks import Solo, free_port
 def two_ranks(tmp_path_factory):
     """What each of 2 gloo ranks computed from its half of ``dist_ranks.batch()`` (one group for both tests)."""
     out = tmp_path_factory.mktemp("ranks")
-    mp.spawn(dist_ranks.rank_main, args=(2, free_port(), str(out)), nprocs=2, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return dist_ranks.ranks(2, free_port(), str(out))
 
 
 @pytest.mark.parametrize("kind", ["plain", "normalized"])
@@ -46,8 +44,7 @@ def test_a_data_parallel_step_equals_one_process_step_over_the_whole_batch(two_r
 
 
 def _on_gpu(tmp_path, backend: str) -> list[dict]:
-    mp.spawn(dist_ranks.rank_main, args=(2, free_port(), str(tmp_path), "cuda", backend), nprocs=2, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return dist_ranks.ranks(2, free_port(), str(tmp_path), "cuda", backend)
 
 
 @pytest.mark.cuda
@@ -222,23 +219,16 @@ def test_r2d2_ranks_write_the_mean_over_ranks_of_their_returns():
     assert not t.has_last_log()
 
 
-def test_two_ranks_end_their_step_budget_together(tmp_path):
-    """The step budget is judged on the all-reduced count: a rank that re-read its own counter (which its
-    inference thread moves on meanwhile) once stopped alone, and the other failed in its next all-reduce."""
-    out = _train(tmp_path, "--learners", "2", "--total-steps", "12000", "--run-name", "b")
-    assert out.returncode == 0 and "step budget spent" in out.stdout, out.stdout + out.stderr
-    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
-    assert summary["stopped_by"] == "steps" and summary["steps"] >= 12000, summary
-
-
-def test_torchrun_starts_the_same_ranks(tmp_path):
-    """Under torchrun --nproc-per-node 2 the ranks come from its environment variables."""
-    out = _train(tmp_path, "--total-steps", "6000", "--run-name", "tr",
+def test_torchrun_starts_the_same_ranks_and_they_end_their_step_budget_together(tmp_path):
+    """Under torchrun --nproc-per-node 2 the ranks come from its environment variables. The step budget is judged
+    on the all-reduced count: a rank that re-read its own counter (which its inference thread moves on meanwhile)
+    once stopped alone, and the other failed in its next all-reduce."""
+    out = _train(tmp_path, "--total-steps", "12000", "--run-name", "tr",
                  launcher=("-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "seedlocal"))
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 0 and "step budget spent" in out.stdout, out.stdout + out.stderr
     assert out.stdout.count("2 data-parallel learner ranks") == 1
     summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
-    assert summary["steps"] >= 6000 and summary["updates"] > 0
+    assert summary["stopped_by"] == "steps" and summary["steps"] >= 12000 and summary["updates"] > 0, summary
 
 
 def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
@@ -284,18 +274,6 @@ def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
                             bridge=BridgeConfig(listen=":0", remote_envs=32))
     shared = Ranks(0, 2, 0, 60.0).share(remote_only)
     assert shared.pipeline.num_workers == 0 and shared.bridge.listen == ":0"
-
-
-def test_r2d2_ranks_learn_together(tmp_path):
-    """R2D2 with 2 ranks: each its own replay; the ranks update together (one all-reduce per update) until the
-    step budget, counted over both, ends."""
-    cmd = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--learners", "2", "--algo.min-replay", "50",
-           "--total-steps", "6000", "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["steps"] >= 6000 and summary["updates"] > 0, summary
-    assert _folders(tmp_path) == ["r"]
 
 
 def test_a_hung_rank_is_named_and_stopped(tmp_path):
@@ -556,25 +534,31 @@ def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
     assert curve == sorted(curve) and curve[-1] > steps  # one curve, going on past the checkpoint
 
 
-def test_r2d2_with_its_replay_in_checkpoints_is_refused_on_ranks_before_any_starts(tmp_path):
+def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty_ones(tmp_path):
     """A checkpoint holds one replay; ranks keep one each. --checkpoint-replay with 2 ranks (here: from a resumed
     run's saved config) is refused in one line before any rank starts; with --no-checkpoint-replay the ranks
-    resume the checkpoint with empty replays, and say so once."""
+    resume the checkpoint with empty replays, say so once, and learn together."""
     base = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--log-dir", str(tmp_path), "--no-progress"]
     out = subprocess.run(base + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
                                  "--run-name", "r"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "replay" in checkpoint.load(tmp_path / "r")
-    resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "4000"]
+    state = checkpoint.load(tmp_path / "r")
+    assert "replay" in state
+    updates = state["counters"]["updates"]
+    resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "8000"]
     out = subprocess.run(base + resume, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
                                   "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
                                   "resumed run's ranks start with empty replays)")
-    assert "ranks" not in out.stdout  # no rank started
+    assert "data-parallel learner ranks" not in out.stdout  # no rank started
     out = subprocess.run(base + resume + ["--no-checkpoint-replay"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("the checkpoint's replay is one process's: each learner rank starts with an empty "
                             "replay") == 1, out.stdout
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["steps"] >= 4000 and summary["status"] == "done", summary
+    assert summary["steps"] >= 8000 and summary["status"] == "done", summary
+    # Each rank refilled its own replay and the ranks updated together (one all-reduce per update) until the
+    # step budget, counted over both, ended; rank 0 alone wrote.
+    assert checkpoint.load(tmp_path / "r")["counters"]["updates"] > updates, summary
+    assert _folders(tmp_path) == ["r"]
