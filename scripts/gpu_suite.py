@@ -321,7 +321,7 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         b_trans = ["--envs-per-worker", "64", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
         b_ceiling = ["--env-threads", "2", "--envs-per-worker", "16", "--seconds", "0.05", "--warmup", "0.02"]
         graphs: list[str] = []  # --cuda-graphs needs a CUDA device: the dry run runs these steps without it
-        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "-q",
+        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "--collect-only", "-q",
                   "tests/test_cuda.py"]
         pop_fwd = ["--network", "mlp", "--part", "forward", "--population", "16", "--active", "1.0", "0.5",
                    "--repeats", "2"]
@@ -341,7 +341,7 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         # --timeout: a hung test fails alone instead of eating the step (and every count) at pyproject's 600 s.
         # -v: each test's name and outcome as it ends, so a step cut off by the budget still says which failed
         # (the H200's first run lost that); --tb=short keeps the tracebacks that follow inside the log.
-        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-v", "--tb=short", "-rfEs",
+        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "-v", "--tb=short", "-rfEs",
                   "--timeout", "90", "--durations", "5", "tests/test_cuda.py"]
         pop_fwd = ["--network", "nature", "--part", "forward", "--population", "256"]
         pop_train = ["--part", "train", "--algos", "ga", "--population", "256", "--seconds", "8"]

@@ -120,6 +120,7 @@ def test_cpu_dry_run_writes_one_json_line_per_step_within_its_budget(tmp_path):
     assert "==== summary" in r.stdout
 
 
+@pytest.mark.slow  # ~22 s of six commands; run it (-m slow) before a GPU session: it checks the parsers a device call needs
 def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
     r = _run("--cpu-dry-run", "--budget", "100", "--only",
              "learner_precision,bench_transport,raw_ceiling,population_forward,train_ga",
