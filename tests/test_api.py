@@ -250,3 +250,16 @@ def test_a_script_stopped_by_sigterm_saves_and_releases_its_memory(tmp_path):
     summary = seedlocal.Summary.read(tmp_path / "t")
     assert summary.status == "interrupted" and summary.steps > 0 and summary.checkpoint.exists()
     assert not seedlocal_segments(proc.pid)
+
+
+def test_training_from_standard_input_starts_its_workers(tmp_path):
+    """`python -` (a notebook kernel's or a pipe's code): multiprocessing had every worker run the parent's
+    __main__ file again, "<stdin>", which none could open, and the run stopped with WorkerDied."""
+    code = ("import sys, seedlocal\n"
+            "s = seedlocal.train('vtrace', total_steps=2000, log_dir=sys.argv[1], run_name='s', progress=False)\n"
+            "print('steps', s.steps)\n")
+    out = subprocess.run([sys.executable, "-", str(tmp_path)], input=code, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "No such file or directory" not in out.stderr, out.stderr[-2000:]
+    assert int(out.stdout.split("steps ")[-1]) >= 2000

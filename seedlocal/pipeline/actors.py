@@ -12,7 +12,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
+from contextlib import contextmanager
 
 from seedlocal.errors import WorkerDied
 from seedlocal.pipeline.bridge.server import GOODBYE_S
@@ -56,6 +58,24 @@ def start_server() -> None:
 
     worker_context()
     forkserver.ensure_running()
+
+
+@contextmanager
+def main_file_hidden_if_missing():
+    """Starting a process, multiprocessing has it run the parent's ``__main__`` file again (which is why a script
+    that trains needs its ``if __name__ == "__main__":`` guard). Read from standard input (``python -``), that
+    file is "<stdin>", which no child can open: every worker died before its first step. Such a ``__main__`` is
+    hidden while a process starts, as ``python -c``'s, which has no file, always is."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def local_seed(base: int, worker: int, restarts: int, num_groups: int, group_envs: int) -> int:
@@ -159,7 +179,8 @@ class ActorPool:
         # Spawned, not forked from the workers' server: it imports grpc, which the workers never need.
         self.server = mp.get_context("spawn").Process(target=run_bridge_server, args=(args,), name="seedlocal-bridge",
                                                       daemon=True)
-        self.server.start()
+        with main_file_hidden_if_missing():
+            self.server.start()
         send.close()
         if not recv.poll(30.0):
             raise ConfigError(f"bridge.listen={b.listen!r}: the bridge server did not start within 30 s")
@@ -197,7 +218,8 @@ class ActorPool:
             self.control["group_error"][g] = 0
         self._steps_at_spawn[w] = self._group_steps(w)
         proc = self._ctx.Process(target=run_worker, args=(args,), name=f"seedlocal-env-{w}", daemon=True)
-        proc.start()
+        with main_file_hidden_if_missing():
+            proc.start()
         self.procs[w] = proc
 
     def _group_steps(self, w: int) -> int:
