@@ -54,10 +54,7 @@ def start_server() -> None:
     here: envpool's registry, numpy, the worker module) then run on another core while the learner builds its
     trainer (torch's optimiser brings in torch._dynamo: another second), instead of delaying the first step.
     Nothing waits for it: the first worker's start does."""
-    from multiprocessing import forkserver
-
-    worker_context()
-    forkserver.ensure_running()
+    forkserver_pid()
 
 
 @contextmanager
@@ -91,6 +88,7 @@ def forkserver_pid() -> int:
     multiprocessing does not say), which a worker checks is still its parent once it is set to die with it."""
     from multiprocessing import forkserver
 
+    worker_context()  # the server, if this starts it, preloads what the workers import
     forkserver.ensure_running()
     return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
 
