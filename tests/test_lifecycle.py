@@ -236,7 +236,7 @@ def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
     Python's resource tracker along, so nothing unlinks the segments; the next
     pipeline to start sweeps them. A segment whose owner lives is never touched,
     whatever its age."""
-    from seedlocal.shm.arrays import ArraySpec, SharedArrays, sweep_stale_segments
+    from seedlocal.shm.arrays import ArraySpec, SharedArrays, _creation_lock, sweep_stale_segments
 
     code = ("import sys, time, multiprocessing as mp; from seedlocal.shm.arrays import ArraySpec, SharedArrays, "
             "record_semaphores; from seedlocal.shm.slots import Signal; "
@@ -248,13 +248,16 @@ def test_segments_of_a_group_killed_with_its_tracker_are_swept_live_ones_kept():
     sem_files = {"sem." + n[1:] for n in sems}
     live = SharedArrays.create([ArraySpec("x", (8,), "int64")], "live")
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        time.sleep(0.2)
-        assert orphan in os.listdir("/dev/shm")  # nothing cleaned it up
-        assert sem_files <= set(os.listdir("/dev/shm"))  # multiprocessing's semaphores neither
+        # Held as a creator holds it, the creation lock keeps another seedlocal start's sweep (the other pytest
+        # process's) from taking the orphan before it is seen; such a sweep may take it once the lock is let go.
+        with _creation_lock(exclusive=False):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            time.sleep(0.2)
+            assert orphan in os.listdir("/dev/shm")  # nothing cleaned it up
+            assert sem_files <= set(os.listdir("/dev/shm"))  # multiprocessing's semaphores neither
         removed = sweep_stale_segments()
-        assert orphan in removed and orphan not in os.listdir("/dev/shm")
+        assert orphan not in os.listdir("/dev/shm")
         assert not sem_files & set(os.listdir("/dev/shm")), "the recorded semaphores were left"
         assert live.name not in removed and live.name in os.listdir("/dev/shm")
     finally:
