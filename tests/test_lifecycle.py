@@ -360,6 +360,26 @@ def test_the_forkserver_preloads_every_env_module_a_worker_steps_with_and_no_tor
             "seedlocal.envs.null_group", "seedlocal.envs.bounds", "seedlocal.envs.ids"} <= set(loaded), loaded
 
 
+def test_the_forkserver_ignores_ctrl_c_while_it_imports_its_preloads(tmp_path):
+    """multiprocessing's forkserver ignores SIGINT only once its preloads are imported, so a Ctrl-C in a run's
+    first second printed a KeyboardInterrupt traceback from inside envpool's import. The first preload
+    (forkserver_exit) now ignores it from there on; a later preload (tests/sigint_probe.py) records what it finds."""
+    from seedlocal.pipeline.actors import WORKER_PRELOAD
+
+    probe = tmp_path / "sigint"
+    code = ("import multiprocessing as mp\nfrom multiprocessing import forkserver\n"
+            f"mp.get_context('forkserver').set_forkserver_preload([{WORKER_PRELOAD[0]!r}, 'sigint_probe'])\n"
+            "forkserver.ensure_running()\n")
+    env = {**os.environ, "SIGINT_PROBE_FILE": str(probe),
+           "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-1500:]
+    deadline = time.monotonic() + 60  # the server imports its preloads after ensure_running returns
+    while not (probe.exists() and probe.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert probe.read_text() == "ignored"
+
+
 def test_restarted_workers_seeds_differ_and_stay_in_int32_over_many_restarts():
     from seedlocal.pipeline.actors import local_seed
 

@@ -6,6 +6,10 @@ the worker), about 0.35 s of CPU here and seconds on a loaded machine, and only 
 Linux send its workers their PR_SET_PDEATHSIG. The server holds nothing that needs that teardown (it owns no
 segments and flushes nothing), so it ends with os._exit at the start of its exit instead: 0.02 s.
 
+It also ignores SIGINT from its import on. The server ignores it itself only once its preloads are imported, so a
+Ctrl-C in the first second of a run printed a KeyboardInterrupt traceback from envpool's import. Its workers (its
+only children, which inherit this) ignore SIGINT anyway: the learner stops them.
+
 Anywhere else, importing this module does nothing.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 
 
@@ -31,3 +36,4 @@ def _in_forkserver() -> bool:
 if _in_forkserver():
     # Registered after multiprocessing's own exit handler, so it runs first (atexit runs newest first).
     atexit.register(os._exit, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
