@@ -217,7 +217,7 @@ def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
     if kind == "cartpole" or kind not in presets:
         if not quiet:
             _say(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
-                  f"{env_id}'s kind", flush=True)
+                  f"{env_id}'s kind{_flattened_images(spec)}", flush=True)
         return "cartpole", presets["cartpole"]
     from seedlocal.algos.frames import fit_frames
 
@@ -232,6 +232,19 @@ def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
         _say(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s{frames} (--preset cartpole for the "
               "plain defaults)", flush=True)
     return kind, fitted
+
+
+def _flattened_images(spec) -> str:
+    """Words for a Dict observation's image fields, which the MLP takes flattened (a CNN takes only an
+    observation that is one image), or ""."""
+    from seedlocal.networks import image_shape
+
+    images = [k for k, s in spec.obs.items() if k and image_shape(s) is not None]
+    if not images:
+        return ""
+    many = len(images) > 1
+    return (f" (the Dict's image field{'s' * many} {', '.join(map(repr, images))} ente{'r' if many else 'rs'} the "
+            "MLP flattened: only an observation that is one image gets a CNN)")
 
 
 def _machine_sized(args: list[str], preset):

@@ -29,7 +29,8 @@ TABLE: dict[str, tuple[str, str]] = {
     "ga": ("seedlocal.trainers.neuroevolution", "deep GA: a population evaluated in batched forward passes"),
     "es": ("seedlocal.trainers.neuroevolution", "evolution strategies (antithetic, centred ranks, Adam)"),
     "ars": ("seedlocal.trainers.neuroevolution",
-            "Augmented Random Search: linear policies on normalised states (Mania et al. 2018)"),
+            "Augmented Random Search (Mania et al. 2018): steps along the best random directions; "
+            "linear policies on normalised states in --preset mujoco"),
     "random-search": ("seedlocal.trainers.neuroevolution", "random search: the deep-GA paper's baseline"),
 }
 

@@ -51,6 +51,8 @@ class EnvSpec:
     action_start: int = 0
     # A Box action space's own shape (``(2, 3)``, ``()``): what the env receives.
     box_shape: tuple[int, ...] | None = None
+    # Its dtype: an integer or bool Box gets its actions rounded and cast to it.
+    box_dtype: str = "float32"
 
 
 def starts_episode(prev_ignored):

@@ -168,3 +168,68 @@ class BoxScalar(BoxShaped):
 
 gym.register("BoxShaped-v0", entry_point=BoxShaped)
 gym.register("BoxScalar-v0", entry_point=BoxScalar)
+
+
+class IntBoxAction(_Short):
+    """An integer Box action space, whose env checks every action is in it (dtype included)."""
+
+    action_space = gym.spaces.Box(0, 10, (2,), np.int64)
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action)):
+            raise AssertionError(f"action {action!r} is not in {self.action_space}")
+        self.last_action = np.asarray(action)
+        return super().step(1)
+
+
+class LaterBareArray(_Short):
+    """A Dict space whose env returns a bare array from its second step on, past Gymnasium's first-step check."""
+
+    observation_space = gym.spaces.Dict(a=gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+                                        b=gym.spaces.Box(-1.0, 1.0, (3,), np.float32))
+
+    def _obs(self):
+        v = np.full(3, self.t / 20, np.float32)
+        return v if self.t >= 2 else {"a": v, "b": v}
+
+
+class DiscreteObsOutOfRange(_Short):
+    """A Discrete(4) observation that is 7 from the second step on."""
+
+    observation_space = gym.spaces.Discrete(4)
+
+    def _obs(self):
+        return 7 if self.t >= 2 else self.t
+
+
+class HugeReward(_Short):
+    """A finite float64 reward beyond float32's range."""
+
+    def step(self, action):
+        obs, _, te, tr, info = super().step(action)
+        return obs, 1e39 if self.t == 2 else 0.0, te, tr, info
+
+
+class CloseRaises(_Short):
+    closed = 0
+
+    def close(self):
+        CloseRaises.closed += 1
+        raise RuntimeError("close failed")
+
+
+class EmptyField(_Short):
+    observation_space = gym.spaces.Dict(pos=gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+                                        empty=gym.spaces.Box(-1.0, 1.0, (0,), np.float32))
+
+
+class ImageInDict(_Short):
+    observation_space = gym.spaces.Dict(img=gym.spaces.Box(0, 255, (40, 40, 3), np.uint8),
+                                        vec=gym.spaces.Box(-1.0, 1.0, (3,), np.float32))
+
+    def _obs(self):
+        return {"img": np.zeros((40, 40, 3), np.uint8), "vec": np.full(3, self.t / 20, np.float32)}
+
+
+for _env in (IntBoxAction, LaterBareArray, DiscreteObsOutOfRange, HugeReward, CloseRaises, EmptyField, ImageInDict):
+    gym.register(f"{_env.__name__}-v0", entry_point=_env)

@@ -3,8 +3,10 @@ train (worker processes import the module), eval, and clear errors."""
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import leaked_segments
 from helpers import seedlocal_runs
@@ -150,3 +152,123 @@ def test_channels_last_images_get_the_cnn_torso(tmp_path):
     assert out.returncode == 2
     assert "frame_stack=4: stacks single-channel (1, H, W) image frames" in out.stderr
     assert "observes (48, 48, 3)" in out.stderr
+
+
+def _group(env_id: str, n: int = 2):
+    """The Gymnasium fallback worker's own group of ``n`` envs (what a worker steps), with the run's spec."""
+    from seedlocal.envs.gymnasium_group import GymnasiumGroup
+    from seedlocal.envs.spaces import describe
+
+    spec = describe(f"faulty_envs:{env_id}")  # imports the module, which registers the ids
+    return GymnasiumGroup(env_id, n, 1, 0, spec), spec
+
+
+@pytest.mark.parametrize("env_id, message", [
+    ("LaterBareArray-v0", "LaterBareArray-v0: observation is of type ndarray; its space is a Dict with keys 'a', 'b'"),
+    ("DiscreteObsOutOfRange-v0", "DiscreteObsOutOfRange-v0: observation is 7, outside its Discrete space's 0..3"),
+    ("HugeReward-v0", "HugeReward-v0: step() returned the reward 1e+39, beyond float32's range"),
+])
+def test_contract_breaks_after_the_first_step_are_named(env_id, message):
+    """Gymnasium's passive checker sees an env's first reset and step only. Later, a bare array under a Dict
+    space was copied into every field, a Discrete observation out of range became an all-zero one-hot, and a
+    float64 reward beyond float32 became inf in storage: each now stops the worker with one line."""
+    from seedlocal.errors import EnvContractError
+
+    group, spec = _group(env_id)
+    group.reset()
+    actions = np.zeros((2,) + spec.action.shape, spec.action.dtype)
+    with pytest.raises(EnvContractError) as e:
+        for _ in range(5):
+            group.send(actions)
+            group.recv()
+    assert str(e.value).startswith(message), e.value
+
+
+def test_integer_box_actions_reach_the_env_rounded_in_its_dtype():
+    """The policy's actions are float32 vectors; an env with Box(0, 10, (2,), int64) checks each action is in
+    its space, dtype included, and got fractions (0.226) until actions were rounded and cast."""
+    group, spec = _group("IntBoxAction-v0")
+    assert spec.box_dtype == "int64"
+    group.reset()
+    group.send(np.array([[3.7, 12.4], [-1.0, 0.49]], np.float32))
+    sent = [env.unwrapped.last_action for env in group._envs]
+    assert [a.tolist() for a in sent] == [[4, 10], [0, 0]] and all(a.dtype == np.int64 for a in sent), sent
+    group.close()
+
+
+def test_a_float32_box_action_is_sent_as_before():
+    from seedlocal.envs.bounds import ActionBounds
+    from seedlocal.envs.spaces import describe
+
+    bounds = ActionBounds(describe("faulty_envs:BoxShaped-v0"))
+    out = bounds(np.full((2, 6), 0.25, np.float32))
+    assert out.dtype == np.float32 and out.shape == (2, 2, 3) and np.all(out == 0.25)
+
+
+def test_an_env_whose_close_raises_is_named_once_and_the_others_are_closed(capsys):
+    import faulty_envs
+
+    group, _ = _group("CloseRaises-v0", n=3)
+    faulty_envs.CloseRaises.closed = 0
+    group.close()
+    assert faulty_envs.CloseRaises.closed == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["seedlocal: CloseRaises-v0: close() raised in 3 of 3 envs (RuntimeError: close failed); "
+                   "ignored"], err
+
+
+def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
+    """A zero-size Box inside a Dict failed with a reshape traceback after training began; an image inside
+    a Dict enters the MLP flattened, which the first lines now say."""
+    from seedlocal.envs.spaces import describe
+
+    with pytest.raises(ValueError, match=r"a Box of shape \(0,\), which holds nothing"):
+        describe("faulty_envs:EmptyField-v0")
+    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
+                    "--log-dir", str(tmp_path), "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the Dict's image field 'img' enters the MLP flattened" in out.stderr + out.stdout, out.stderr
+
+
+_MAIN_ENV = """
+import sys
+import gymnasium as gym
+import numpy as np
+import seedlocal
+
+
+class Mine(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 1.0, True, False, {}
+
+"""
+
+
+def test_an_env_registered_where_workers_cannot_see_it_is_named(tmp_path):
+    """An env class registered by a notebook's or `python -`'s code lives in __main__, which the env workers
+    cannot run: every worker died with Gymnasium's NameNotFound. It is now refused before any worker starts.
+    One registered under a script's __main__ guard is named when the workers cannot make it."""
+    train = ("seedlocal.train('vtrace', env={'id': 'Mine-v0'}, total_steps=2000, log_dir=sys.argv[1], "
+             "run_name='m', progress=False)\n")
+    stdin = subprocess.run([sys.executable, "-", str(tmp_path)], input=_MAIN_ENV + "gym.register('Mine-v0', "
+                           "entry_point=Mine)\n" + train, capture_output=True, text=True, timeout=240)
+    assert stdin.returncode == 1, stdin.stdout[-2000:] + stdin.stderr[-2000:]
+    assert ("ConfigError: env.id='Mine-v0' is registered by code in __main__ (a notebook, `python -c` or standard "
+            "input), which the env worker processes cannot run") in stdin.stderr, stdin.stderr[-2000:]
+    assert "env.id='<module>:Mine-v0'" in stdin.stderr and "WorkerDied" not in stdin.stderr
+    script = tmp_path / "guarded.py"
+    script.write_text(_MAIN_ENV + "if __name__ == '__main__':\n    gym.register('Mine-v0', entry_point=Mine)\n"
+                      "    " + train)
+    guarded = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                             timeout=240)
+    assert guarded.returncode == 1, guarded.stdout[-2000:] + guarded.stderr[-2000:]
+    assert "WorkerDied" in guarded.stderr and ("'Mine-v0' is registered in __main__; a worker runs that file again "
+                                               "without its `if __name__ == \"__main__\":` block") in guarded.stderr
+    assert not leaked_segments()

@@ -42,6 +42,8 @@ class GymnasiumGroup:
         self._id, self._seed, self._start = env_id, seed, spec.action_start
         self._bounds = action_bounds(spec)
         self._keys = list(spec.obs)
+        self._plain = "" in spec.obs  # not a Dict space (an info mask may sit beside it)
+        self._classes = {k: (start, start + n) for k, (n, start) in spec.obs_classes.items()}  # [low, high)
         self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
         self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
         self._reward = np.zeros(envs_per_group, np.float32)
@@ -56,8 +58,10 @@ class GymnasiumGroup:
         for k in self._keys:
             if k == MASK_KEY and not (isinstance(obs, dict) and k in obs):
                 v, out = self._info_mask(info), self._obs[k]
-            else:
+            elif isinstance(obs, dict) != self._plain and (self._plain or k in obs):
                 v, out = obs[k] if isinstance(obs, dict) else obs, self._obs[k]
+            else:  # Gymnasium's passive checker looks at the first reset and step only
+                raise EnvContractError(self._not_its_space(obs))
             if getattr(v, "shape", None) != out.shape[1:]:  # lists, scalars, other shapes
                 v = np.asarray(v)
                 if v.size != out[i].size:  # numpy would repeat a smaller one silently
@@ -65,6 +69,9 @@ class GymnasiumGroup:
                                            f"{v.shape}, its space says {out.shape[1:]}")
                 v = v.reshape(out.shape[1:])
             out[i] = v
+            if k in self._classes and not self._classes[k][0] <= out[i] < self._classes[k][1]:
+                raise EnvContractError(f"{self._id}: observation{f' {k!r}' if k else ''} is {out[i]}, outside its "
+                                       f"Discrete space's {self._classes[k][0]}..{self._classes[k][1] - 1}")
         global _unseen_mask_said
         if not self._masked and not _unseen_mask_said and isinstance(info, dict) and MASK_KEY in info:
             # describe() resets an env for its info only where its code names the mask; one built elsewhere
@@ -76,6 +83,13 @@ class GymnasiumGroup:
         if self._masked and not self._terminated[i] and not self._obs[MASK_KEY][i].any():
             raise EnvContractError(f"{self._id}: env {i} of a group gave an {MASK_KEY} that allows no action at step "
                                    f"{self._t[i]} of its episode; only an episode's terminal step may")
+
+    def _not_its_space(self, obs) -> str:
+        keys = [k for k in self._keys if k != MASK_KEY]
+        space = "a Dict with keys " + ", ".join(map(repr, keys)) if not self._plain else "not a Dict"
+        what = (f"a dict with keys {', '.join(map(repr, obs))}" if isinstance(obs, dict)
+                else f"of type {type(obs).__name__}")
+        return f"{self._id}: observation is {what}; its space is {space}"
 
     def _info_mask(self, info):
         mask = info.get(MASK_KEY) if isinstance(info, dict) else None
@@ -132,8 +146,16 @@ class GymnasiumGroup:
         return np.asarray(self._envs[0].render())
 
     def close(self) -> None:
+        """Close every env; one whose close() raises is named in one line, and the others are still closed."""
+        errors = []
         for env in self._envs:
-            env.close()
+            try:
+                env.close()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            print(f"seedlocal: {self._id}: close() raised in {len(errors)} of {len(self._envs)} envs "
+                  f"({type(errors[0]).__name__}: {errors[0]}); ignored", file=sys.stderr, flush=True)
 
 
 def _what(out) -> str:
@@ -150,4 +172,10 @@ def _finite_reward(env_id: str, r) -> float:
             value = math.nan
     if not math.isfinite(value):
         raise EnvContractError(f"{env_id}: step() returned the reward {r!r}; rewards must be finite numbers")
+    if abs(value) > _FLOAT32_MAX:  # finite here, inf once stored
+        raise EnvContractError(f"{env_id}: step() returned the reward {r!r}, beyond float32's range (about "
+                               "3.4e38), in which rewards are stored; scale it down")
     return value
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)

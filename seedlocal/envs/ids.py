@@ -123,3 +123,30 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     if backend == "null" and not (in_envpool or env_id in _gymnasium_ids()):
         raise ValueError(f"env.id={env_id!r}: the null backend copies a real env's spaces; unknown id")
     return backend
+
+
+def registered_in_main(env_id: str) -> bool:
+    """Whether the Gymnasium id's entry point lives in ``__main__`` (a script, notebook or ``python -``'s own
+    code), which an env worker process sees only if that code has a file it runs again, and then only the part
+    outside its ``if __name__ == "__main__":`` block."""
+    import sys
+
+    gymnasium = sys.modules.get("gymnasium")
+    if gymnasium is None:  # never imported here: nothing registered in this process
+        return False
+    try:
+        entry = gymnasium.spec(env_id.rpartition(":")[2]).entry_point
+    except Exception:
+        return False
+    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    return module == "__main__"
+
+
+def main_registration_problem(env_id: str, main_has_file: bool) -> str:
+    """Why an env worker could not make ``env_id``, registered in ``__main__``: the words to end its error with."""
+    if not main_has_file:
+        return (f"{env_id!r} is registered by code in __main__ (a notebook, `python -c` or standard input), which "
+                "the env worker processes cannot run: put the env class and its gymnasium.register(...) in a module "
+                f"file and pass env.id='<module>:{env_id.rpartition(':')[2]}'")
+    return (f"{env_id!r} is registered in __main__; a worker runs that file again without its "
+            "`if __name__ == \"__main__\":` block, so register the env at the file's top level or in a module")

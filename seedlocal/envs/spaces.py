@@ -33,6 +33,8 @@ def _leaf_spec(space) -> TensorSpec:
     from gymnasium import spaces
 
     if isinstance(space, spaces.Box):
+        if 0 in space.shape:
+            raise ValueError(f"a Box of shape {space.shape}, which holds nothing")
         dtype = np.dtype(space.dtype).name
         # A uint8 Box of 0s and 1s (MinAtar's grids as its master declares them; 1.0.15 says bool) is a 0/1
         # grid: stored and read as bool, not as pixels the network divides by 255.
@@ -72,9 +74,9 @@ def _action_spec(space) -> dict:
         low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
         high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
         return dict(action=TensorSpec((len(low),), "float32"), num_actions=None, action_low=low, action_high=high,
-                    box_shape=tuple(int(n) for n in space.shape))
-    raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete space "
-                     "(the pipeline also steps Box actions, for benchmarks)")
+                    box_shape=tuple(int(n) for n in space.shape), box_dtype=np.dtype(space.dtype).name)
+    raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete or a Box "
+                     "space (R2D2 in a Discrete one only)")
 
 
 @functools.lru_cache(maxsize=32)

@@ -16,9 +16,10 @@ import sys
 import time
 from contextlib import contextmanager
 
-from seedlocal.errors import WorkerDied
+from seedlocal.errors import ConfigError, WorkerDied
 from seedlocal.pipeline.bridge.server import GOODBYE_S
 from seedlocal.spec import EnvSpec
+from seedlocal.envs.ids import main_registration_problem, registered_in_main
 from seedlocal.envs.make import wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import GROUPS_PER_WORKER, PipelineShape
@@ -57,6 +58,12 @@ def start_server() -> None:
     forkserver_pid()
 
 
+def _main_has_file() -> bool:
+    """Whether ``__main__`` is a file a new process can run again (not a notebook, ``python -c`` or stdin)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return path is not None and os.path.isfile(path)
+
+
 @contextmanager
 def main_file_hidden_if_missing():
     """Starting a process, multiprocessing has it run the parent's ``__main__`` file again (which is why a script
@@ -65,7 +72,7 @@ def main_file_hidden_if_missing():
     hidden while a process starts, as ``python -c``'s, which has no file, always is."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if path is None or os.path.isfile(path):
+    if path is None or _main_has_file():
         yield
         return
     del main.__file__
@@ -148,6 +155,8 @@ class ActorPool:
         return int(self.control["group_lost"][group])
 
     def start(self) -> None:
+        if self.num_workers and registered_in_main(self.spec.env_id) and not _main_has_file():
+            raise ConfigError("env.id=" + main_registration_problem(self.spec.env_id, False))
         for w in range(self.num_workers):
             self._spawn(w)
         if self.bridge is not None:
@@ -157,7 +166,6 @@ class ActorPool:
         return range(self.num_local_groups, self.num_groups)
 
     def _start_server(self) -> None:
-        from seedlocal.errors import ConfigError
         from seedlocal.config.checks import bridge_token, split_address
         from seedlocal.pipeline.bridge import wire
         from seedlocal.pipeline.bridge.server import ServerArgs, run_bridge_server
@@ -248,8 +256,10 @@ class ActorPool:
             # resetting them; an exception, or native code aborting or
             # crashing): a restart would fail the same way. A kill from
             # outside (SIGKILL, SIGTERM) says nothing about the env.
+            hint = (f"; {main_registration_problem(self.spec.env_id, _main_has_file())}"
+                    if registered_in_main(self.spec.env_id) else "")
             raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "
-                             "not restarting it: the env cannot start")
+                             f"not restarting it: the env cannot start{hint}")
         if code == CONTRACT_EXIT:
             raise WorkerDied(f"{self.describe_exit(w)}; not restarting it: its env would do the same again")
         now, recent = time.monotonic(), self._restarted_at[w]
