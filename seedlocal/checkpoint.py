@@ -169,6 +169,35 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
     return path
 
 
+def set_aside_later(run_dir: Path, resumed_from: str | Path) -> str | None:
+    """A resume from a checkpoint older than its run's newest (the newest was corrupt, or the user went back)
+    would have the run's newest stay the abandoned later one: the summary, ``eval`` and the next ``--resume``
+    would take it, and rotation would delete this run's own first saves. The later checkpoints move to
+    ``checkpoints/abandoned_after_<step>_<time>/`` (nothing is deleted). Returns the line that says so, or None
+    where nothing is later. Called with the run folder locked."""
+    import time
+
+    folder = Path(run_dir) / "checkpoints"
+    match = _NAME.search(Path(resumed_from).name)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    later = [c for c in all_checkpoints(folder) if int(_NAME.search(c.name).group(1)) > step]
+    if not later:
+        return None
+    aside = folder / f"abandoned_after_{step:012d}_{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        aside.mkdir(exist_ok=True)
+        for c in later:
+            c.rename(aside / c.name)
+    except OSError as e:  # never a reason to stop a run that has resumed
+        return (f"seedlocal: warning: resumed from step {step:,d}, older than the run's newest checkpoint, whose "
+                f"later checkpoints could not be moved aside ({e}): they stay the run's newest")
+    return (f"seedlocal: resumed from step {step:,d}, older than the run's newest checkpoint: its {len(later)} later "
+            f"checkpoint{'s' if len(later) > 1 else ''} moved to {aside} (nothing deleted), so this run's own "
+            "checkpoints are the run's newest")
+
+
 def newest(run_dir: Path) -> str | None:
     """The run's newest checkpoint file, if it has one (what its summary names)."""
     found = all_checkpoints(Path(run_dir) / "checkpoints")

@@ -49,3 +49,26 @@ def test_the_old_spellings_still_work_with_a_note(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--hidden is now --network.hidden" in err and "--no-obs-norm is now --network.no-obs-norm" in err
     assert checkpoint.load(run)["config"]["network"]["hidden"] == (8, 4)
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, capsys):
+    """Resuming a checkpoint older than the run's newest (the newest was corrupt, or the user went back) kept the
+    abandoned later one as the run's newest: the summary, eval and the printed --resume named it, and rotation
+    deleted the resumed run's own first save at once. The later ones now move aside, and nothing is deleted."""
+    import json
+
+    run = _copy("vtrace", tmp_path)
+    older = run / "checkpoints" / "ckpt_000000003008_3008.pt"
+    later = run / "checkpoints" / "ckpt_000000900000_900000.pt"  # an abandoned branch's save
+    shutil.copy(older, later)
+    assert main(["train", "vtrace", "--resume", str(older), "--no-progress", "--total-steps", "4000",
+                 "--keep-checkpoints", "1"]) == 0
+    out = capsys.readouterr().out
+    aside = list((run / "checkpoints").glob("abandoned_after_000000003008_*"))
+    assert len(aside) == 1 and [p.name for p in aside[0].iterdir()] == [later.name], out
+    assert f"resumed from step 3,008, older than the run's newest checkpoint: its 1 later checkpoint moved to " \
+           f"{aside[0]} (nothing deleted)" in out
+    summary = json.loads((run / "summary.json").read_text())
+    own = checkpoint.all_checkpoints(run / "checkpoints")
+    assert len(own) == 1 and summary["checkpoint"] == str(own[0]) == checkpoint.newest(run)
+    assert checkpoint.load(run)["counters"]["steps"] == summary["steps"] >= 4000

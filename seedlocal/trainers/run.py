@@ -419,6 +419,8 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
         if ranks.main:
             checkpoint.make_run_dir(run_dir)
             monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before _loop's with closes it
+            if resumed is not None and (aside := checkpoint.set_aside_later(run_dir, resumed["path"])):
+                print(aside, flush=True)
             print(f"seedlocal: {t.describe()}{ranks_line(ranks)}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
                   f"(run {run_dir})", flush=True)
             if monitor.tracker is not None:
