@@ -1,7 +1,8 @@
 """Preloaded by a forkserver in tests/test_lifecycle.py: writes how this process handles SIGINT while the
-server is still importing its preloads, to the file $SIGINT_PROBE_FILE."""
+server is still importing its preloads (and SIGHUP), to the file $SIGINT_PROBE_FILE."""
 import os
 import signal
 
 with open(os.environ["SIGINT_PROBE_FILE"], "w") as f:
-    f.write("ignored" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "raises")
+    f.write(" ".join("ignored" if signal.getsignal(s) is signal.SIG_IGN else "handled" for s in (signal.SIGINT,
+                                                                                              signal.SIGHUP)))

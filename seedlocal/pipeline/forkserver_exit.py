@@ -6,9 +6,11 @@ the worker), about 0.35 s of CPU here and seconds on a loaded machine, and only 
 Linux send its workers their PR_SET_PDEATHSIG. The server holds nothing that needs that teardown (it owns no
 segments and flushes nothing), so it ends with os._exit at the start of its exit instead: 0.02 s.
 
-It also ignores SIGINT from its import on. The server ignores it itself only once its preloads are imported, so a
-Ctrl-C in the first second of a run printed a KeyboardInterrupt traceback from envpool's import. Its workers (its
-only children, which inherit this) ignore SIGINT anyway: the learner stops them.
+It also ignores SIGINT and SIGHUP from its import on. The server ignores SIGINT itself only once its preloads are
+imported, so a Ctrl-C in the first second of a run printed a KeyboardInterrupt traceback from envpool's import; and
+a SIGHUP to the process group (a closed terminal) killed the server, whose workers then died of their
+PR_SET_PDEATHSIG and were restarted while the learner was saving and stopping. Its workers (its only children,
+which inherit this) ignore both anyway: the learner stops them, and the server still exits with the learner.
 
 Anywhere else, importing this module does nothing.
 """
@@ -37,3 +39,4 @@ if _in_forkserver():
     # Registered after multiprocessing's own exit handler, so it runs first (atexit runs newest first).
     atexit.register(os._exit, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
