@@ -17,11 +17,12 @@ FIELDS = ("obs", "action", "reward", "terminated", "truncated", "ignored", "ep_r
           "out.logits", "out.gaussian", "out.value", "policy_version")
 
 
-def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, **pipe) -> Pipeline:
+def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, bridge=None, **pipe) -> Pipeline:
     """consume=True: the test must take and release completed unrolls (take_unrolls does)."""
     cfg = dict(num_workers=1, envs_per_worker=4, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
     cfg.update(pipe)
-    return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=consume)
+    return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=consume,
+                    bridge=bridge)
 
 
 def collect_unrolls(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:

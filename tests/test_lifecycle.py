@@ -301,14 +301,18 @@ def test_a_process_stopped_holding_the_creation_lock_stalls_nobody(held, tmp_pat
         assert arrays.sweep_stale_segments() == ["seedlocal_1_0_orphan"]
 
 
-def test_a_worker_stuck_while_the_others_run_is_named(capsys):
+@pytest.mark.parametrize("remote_envs", [0, 2])
+def test_a_worker_stuck_while_the_others_run_is_named(remote_envs, capsys):
     """One hung env holds up only its own worker: the run goes on with the
     others, and the stall watch names the stuck worker (thresholds shortened
-    here from 10 s / 30 s)."""
+    here from 10 s / 30 s). With remote envs behind a bridge (no actor host
+    here) it did not watch the local workers at all."""
+    from seedlocal.config.schema import BridgeConfig
     from seedlocal.pipeline.inference import InferenceThread, StallWatch
 
+    bridge = BridgeConfig(listen="127.0.0.1:0", remote_envs=remote_envs) if remote_envs else None
     with tiny_pipeline(RandomPolicy, env="faulty_envs:OneHangs-v0", consume=False, num_workers=2,
-                       envs_per_worker=2, unroll_length=4) as pipe:
+                       envs_per_worker=2, unroll_length=4, bridge=bridge) as pipe:
         runner = InferenceThread(pipe.loop)
         runner.start()
         watch = StallWatch(pipe.loop, after=0.5, every=100.0)

@@ -572,14 +572,16 @@ class StallWatch:
     still inside their envs' step or reset, and returns True, so a run loop
     can stop at its time budget instead of waiting for ever. A single worker
     stuck while the others keep the run going is named too (after
-    ``3 x after`` seconds), though the run goes on. With a bridge it stays
-    silent: there, waiting for actor hosts is expected (the bridge meter
-    reports it).
+    ``3 x after`` seconds), though the run goes on. With a bridge it watches
+    the local workers only: a whole-run stall is said only where a local
+    worker is stuck, since waiting for actor hosts is expected there (the
+    bridge meter reports it).
     """
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
-        self.enabled = not loop.pool.num_remote_groups
+        self.enabled = loop.pool.num_local_groups > 0
+        self._hosts_too = loop.pool.num_remote_groups > 0
         self._said = self._said_one = -float("inf")
         n = loop.pool.num_local_groups
         self._group_steps, self._group_t = np.zeros(n, np.int64), np.zeros(n)
@@ -619,9 +621,9 @@ class StallWatch:
         stalled = now - self._t
         if stalled < self.after:
             return False
-        if now - self._said >= self.every:
+        names = self._stuck_workers(now, 0.0)
+        if now - self._said >= self.every and (names or not self._hosts_too):
             self._said = now
-            names = self._stuck_workers(now, 0.0)
             where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
                      "an env's step or reset, or not taking their actions" if names
                      else "no local env group is stepping")
