@@ -198,6 +198,29 @@ def test_remote_envs_fill_unrolls_like_local_ones_and_a_killed_host_is_replaced(
         check_autoreset_rows(u)
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_a_bracketed_ipv6_address_works_on_both_ends():
+    """``[v6]:PORT``, the form the docs give: both ends kept the brackets and added their own
+    ("Unparsable name: [[::1]]:50075"), so the learner could not listen and the host could not connect."""
+    with learner(remote_envs=8, address="[::1]") as pipe:
+        host = actors(pipe.pool.bridge_port, address="[::1]")
+        try:
+            got = serve_until(pipe, lambda us: len(us) >= 4)
+            remote = set(pipe.pool.remote_groups())
+        finally:
+            kill_host(host)
+    assert len(got) >= 4 and {u["group"] for u in got} <= remote == {0, 1}  # every group is remote here
+
+
 def test_wrong_token_and_unservable_env_are_refused_on_both_ends(capfd):
     with learner(token_file=_token_file("s3cret")) as pipe:
         wrong = actors(pipe.pool.bridge_port, token="guess")

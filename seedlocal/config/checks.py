@@ -229,6 +229,8 @@ def split_address(field: str, address: str, listen: bool = False) -> tuple[str, 
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not (0 if listen else 1) <= int(port) < 65536:
         fail(field, address, "expected HOST:PORT, e.g. 127.0.0.1:50051 or :50051")
+    if host.startswith("[") and host.endswith("]"):  # the brackets are the address's syntax, not the host's
+        host = host[1:-1]
     return (host or "127.0.0.1"), int(port)
 
 
