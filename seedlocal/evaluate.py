@@ -12,6 +12,7 @@ module is that call: ``evaluate`` below) returns an ``Evaluation``.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from dataclasses import dataclass
@@ -127,14 +128,22 @@ def main(cfg: EvalConfig) -> dict:
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.video).write_bytes(gif)
         run_dir = checkpoint.run_dir_of(state["path"])
-        from seedlocal.monitor import RunMonitor
-
-        mon = RunMonitor(run_dir, progress=False, lock=False)
-        mon.image_summary("eval/episode", gif, h, w, steps)
-        mon.close()
-        print(f"video: {cfg.video} ({len(frames)} frames); also in TensorBoard under eval/episode of {run_dir}")
+        print(f"video: {cfg.video} ({len(frames)} frames); {_to_tensorboard(run_dir, gif, h, w, steps)}")
         out["video"] = cfg.video
     return out
+
+
+def _to_tensorboard(run_dir: Path, gif: bytes, h: int, w: int, steps: int) -> str:
+    """Add the video to the run's TensorBoard, where its folder can be written (an archived run, or someone
+    else's, may be read-only: its writer failed in a thread, after the GIF was written); says which."""
+    from seedlocal.monitor import RunMonitor
+
+    if not os.access(run_dir, os.W_OK):
+        return f"not added to the run's TensorBoard: {run_dir} cannot be written here"
+    mon = RunMonitor(run_dir, progress=False, lock=False)
+    mon.image_summary("eval/episode", gif, h, w, steps)
+    mon.close()
+    return f"also in TensorBoard under eval/episode of {run_dir}"
 
 
 @dataclass(frozen=True)

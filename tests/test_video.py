@@ -170,3 +170,24 @@ def test_an_env_that_cannot_render_still_reports_its_returns(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "no video: cannot render faulty_envs:ActionStart-v0 (RuntimeError: no renderer here)" in text
     assert len(out["returns"]) == 2 and not (tmp_path / "v.gif").exists()
+
+
+def test_a_video_of_a_run_on_a_read_only_file_system_is_written_and_said_so(tmp_path):
+    """An archived run, or someone else's, may sit on a read-only file system: eval --video wrote the GIF, then
+    its TensorBoard writer failed in a thread and eval exited 1. It now says the video stays out of TensorBoard."""
+    import shutil
+    import subprocess
+    import sys
+
+    from seedlocal.trainers.vtrace import VTraceRun, train
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+        pytest.skip("no mount namespace here to make a read-only run folder in")
+    train(VTraceRun(total_steps=600, log_dir=str(tmp_path), run_name="r", progress=False))
+    run, gif = tmp_path / "r", tmp_path / "out" / "v.gif"
+    script = (f"mount --bind {run} {run} && mount -o remount,bind,ro {run} && exec {sys.executable} -m seedlocal "
+              f"eval --checkpoint {run} --episodes 2 --max-steps 50 --video {gif}")
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"not added to the run's TensorBoard: {run} cannot be written here" in out.stdout, out.stdout
+    assert "Traceback" not in out.stderr and gif.stat().st_size > 0, out.stderr[-2000:]
