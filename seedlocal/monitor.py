@@ -159,9 +159,16 @@ class RunMonitor:
 
         self.run_dir = Path(run_dir)
         self._lock = lock_run(self.run_dir) if lock else None
+        self._new_run = lock and purge_step is None  # a trainer's new run, not a resume or a video
+        self._older = set(self.run_dir.glob("events.out.tfevents.*"))
+        if self._new_run and self._older:
+            # A run of this name died before its first checkpoint (a new run is refused where one exists): its
+            # points would mix with this run's curve. Purged from step 0 on, TensorBoard shows this run's only.
+            purge_step = 0
+            print(f"seedlocal: {self.run_dir} holds the TensorBoard files of a run that saved no checkpoint; this "
+                  "run's curve replaces its points (its files are kept)", flush=True)
         _after_older_event_files(self.run_dir)
         self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
-        self._new_run = lock and purge_step is None  # a trainer's new run, not a resume or a video
         self._wrote_scalars = False
         self.progress_enabled = progress
         self._tty = sys.stderr.isatty()
@@ -246,7 +253,7 @@ class RunMonitor:
         """A new run refused before it began (e.g. sizes that do not fit in
         memory) leaves no folder: it would hold only its lock and an events
         file with the config text, and show in TensorBoard as a run."""
-        files = list(self.run_dir.iterdir())
+        files = [f for f in self.run_dir.iterdir() if f not in self._older]  # an earlier dead run's are kept
         if all(f.is_file() and (f.name == ".lock" or f.name.startswith("events.out.tfevents")) for f in files):
             for f in files:
                 f.unlink(missing_ok=True)

@@ -126,6 +126,24 @@ def test_resume_continues_the_same_curve(tmp_path):
     assert len(checkpoint.all_checkpoints(tmp_path / "tiny" / "checkpoints")) == 2
 
 
+def test_a_new_run_in_the_folder_of_one_that_saved_nothing_replaces_its_curve(tmp_path, capsys):
+    """A run that died before its first checkpoint leaves its TensorBoard file; a new run of the same name was
+    let in (only checkpoints refuse a name) and both curves showed as one. The new run's curve now replaces the
+    dead one's points, whose file is kept."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    dead = SummaryWriter(str(tmp_path / "tiny"))
+    for step in (0, 1000, 2000, 3000):
+        dead.add_scalar("charts/steps_per_s", -1.0, step)
+    dead.close()
+    older = set((tmp_path / "tiny").glob("events.out.tfevents.*"))
+    train(_tiny(tmp_path))
+    assert "holds the TensorBoard files of a run that saved no checkpoint" in capsys.readouterr().out
+    assert older <= set((tmp_path / "tiny").glob("events.out.tfevents.*"))  # kept
+    found, _ = scalars(tmp_path / "tiny")
+    assert found["charts/steps_per_s"] and all(v > 0 for _, v in found["charts/steps_per_s"])
+
+
 def assert_same_state(a, b, path=""):
     """Bitwise equality of nested checkpoint contents (tensors, dicts, lists, numbers)."""
     import torch
