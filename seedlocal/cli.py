@@ -390,8 +390,11 @@ def _parse(argv: list[str]):
             print(_usage())
             raise SystemExit(0)
         if rest[0] not in TABLE:
-            print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}\n\n{_usage()}",
-                  file=sys.stderr)
+            import difflib
+
+            near = difflib.get_close_matches(rest[0], list(TABLE), n=1, cutoff=0.6)
+            print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}"
+                  f"{f' (did you mean {near[0]}?)' if near else ''}\n\n{_usage()}", file=sys.stderr)
             raise SystemExit(2)
         return "train", _preset_cli(rest[1:], family(rest[0]))
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)

@@ -129,6 +129,8 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     (["train", "es", "--algo.sigma", "0"], "algo.sigma=0.0"),
     (["train", "ga", "--algo.sigma", "-1"], "algo.sigma=-1.0"),
     (["train", "es", "--forward", "loop"], "forward='loop': expected one of auto, bmm, mulsum, vmap for a mlp network"),
+    (["train", "vtrace", "--env.seed", "-1"], "env.seed=-1: must be >= 0"),  # was said after the run's first line
+    (["train", "ga", "--env.seed", "-1"], "env.seed=-1: must be >= 0"),
 ])
 def test_values_that_would_fail_mid_run_are_refused_first(argv, message, tmp_path, capsys, monkeypatch):
     """Values that used to crash a run (NaN, inf, empty or negative layer
@@ -143,6 +145,17 @@ def test_values_that_would_fail_mid_run_are_refused_first(argv, message, tmp_pat
     assert err and err[-1].startswith("seedlocal: error:") and message in err[-1], err
     assert [line for line in err if line.startswith("seedlocal: error:")] == [err[-1]] and "Traceback" not in text
     assert not list(tmp_path.iterdir())  # no runs/ folder for a refused config
+
+
+def test_a_misspelled_algorithm_gets_the_one_meant(capsys):
+    from seedlocal.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "vtrase"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "seedlocal: error: train needs an algorithm (vtrace, r2d2, ga, es, ars, random-search), got vtrase "
+        "(did you mean vtrace?)")
 
 
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, capsys):

@@ -42,6 +42,9 @@ def validate_run_options(cfg) -> None:
             fail(name, value, "must be a finite number")
     if getattr(cfg, "log_every_s", 1.0) <= 0:
         fail("log_every_s", cfg.log_every_s, "must be positive")
+    env = getattr(cfg, "env", None)
+    if env is not None and env.seed < 0:  # before the run's first line, as every other field
+        fail("env.seed", env.seed, "must be >= 0")
     if getattr(cfg, "keep_checkpoints", 0) < 0:
         fail("keep_checkpoints", cfg.keep_checkpoints, "must be >= 0 (0 keeps every checkpoint)")
     name = getattr(cfg, "run_name", "")
