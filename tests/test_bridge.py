@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -906,3 +907,19 @@ def test_a_learner_killed_leaves_its_hosts_waiting_for_a_resume(tmp_path):
         _end(train, host)
     assert host.returncode == 1 and "retrying in" in said, said
     assert said.strip().splitlines()[-1].startswith(f"seedlocal actors: no learner at 127.0.0.1:{port} for 1 s"), said
+
+
+def test_a_learner_says_where_its_bridge_listens_and_that_no_host_came(tmp_path, capsys):
+    """Listening on port 0, the learner never said which port the system gave it, so no host could be pointed
+    at it; and with local envs running, remote envs that no host took went unmentioned for the whole run."""
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--pipeline.num-workers", "1", "--bridge.listen", "127.0.0.1:0",
+                 "--bridge.remote-envs", "16", "--pipeline.stall-s", "1", "--seconds", "8", "--total-steps", "0",
+                 "--log-dir", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    port = re.search(r"bridge listening on 127\.0\.0\.1:(\d+) for 16 remote envs \(\d+ groups\); an actor host "
+                     r"joins with: seedlocal actors --connect 127\.0\.0\.1:(\d+)", out)
+    assert port and port.group(1) == port.group(2) and int(port.group(1)) > 0, out
+    assert "seedlocal: waiting for actor hosts:" in out and "training goes on with the local envs" in out, out
+    assert out.count("training goes on with the local envs") == 1

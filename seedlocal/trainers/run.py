@@ -203,10 +203,21 @@ class Run:
         self.watch = StallWatch(pipe.loop, after=cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting = 0.0
+        self._said_no_host = False
         self.summary: dict = {}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
+
+    def no_host_yet(self, now: float) -> None:
+        """Once, 3 x ``pipeline.stall_s`` in (30 s): remote groups that no actor host has taken while the local
+        envs keep the run going (where the trainer waits for data, ``waiting`` says so every 10 s)."""
+        if self.meter is None or self._said_no_host or now - self.t_start < 3 * self.cfg.pipeline.stall_s:
+            return
+        self._said_no_host = True
+        line = self.meter.waiting_line(self.pipe.pool.num_remote_groups)
+        if line:
+            print(f"{line} after {now - self.t_start:.0f} s; training goes on with the local envs", flush=True)
 
     def out_of_time(self) -> bool:
         return bool(self.cfg.seconds) and self.elapsed() >= self.cfg.seconds
@@ -452,6 +463,9 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)
         r.summary = summary
+        if pipe.pool.bridge_port is not None:
+            print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
+                              pipe.pool.envs_per_group), flush=True)
         r.runner.start()
         failure = None
         try:
@@ -460,6 +474,7 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
                 now = time.monotonic()
                 if t.log_due(r, now):
                     r.watch.poll()  # names a worker stuck while the others keep the run going
+                    r.no_host_yet(now)
                     t.log(r, now)
                     r.logged_at = now
                 if t.save_due(r, now) and t.ranks.main:
@@ -478,6 +493,15 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
                 t.settle(r)
                 _finish(t, r, run_dir, summary, failure, resumed)
     return summary
+
+
+def bridge_line(listen: str, port: int, groups: int, envs_per_group: int) -> str:
+    """Where the bridge listens (its port, which ``:0`` leaves to the system) and how an actor host joins."""
+    host = listen.rpartition(":")[0] or "127.0.0.1"
+    wildcard = host.strip("[]") in ("0.0.0.0", "::")
+    return (f"seedlocal: bridge listening on {host}:{port} for {groups * envs_per_group} remote envs ({groups} "
+            f"groups); an actor host joins with: seedlocal actors --connect "
+            f"{'<this machine' + chr(39) + 's address>' if wildcard else host}:{port}")
 
 
 def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) -> None:
