@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import leaked_segments
 from helpers import collect_unrolls
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
@@ -923,3 +924,19 @@ def test_a_learner_says_where_its_bridge_listens_and_that_no_host_came(tmp_path,
     assert port and port.group(1) == port.group(2) and int(port.group(1)) > 0, out
     assert "seedlocal: waiting for actor hosts:" in out and "training goes on with the local envs" in out, out
     assert out.count("training goes on with the local envs") == 1
+
+
+def test_a_port_in_use_is_refused_with_the_systems_reason():
+    """gRPC says only "Failed to bind" (its reason goes to its own log): the line now gives the system's."""
+    from seedlocal.errors import ConfigError
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"bridge.listen='127.0.0.1:{port}': cannot listen on "
+                                              rf"127.0.0.1:{port}: Address already in use"):
+            with Pipeline(EnvConfig(id="CartPole-v1"), PipelineConfig(num_workers=0, envs_per_worker=8),
+                          RandomPolicy, bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=8)):
+                pass
+    assert not leaked_segments()

@@ -453,6 +453,19 @@ def _on_sigterm(a: ServerArgs, control: list):
     return handler
 
 
+def _bind_error(host: str, port: int) -> str:
+    """The system's reason a listening address cannot be bound (gRPC's own error says only "Failed to bind",
+    its reason going to its log), or "" where a plain socket binds it."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, port))
+    except OSError as e:
+        return e.strerror or str(e)
+    return ""
+
+
 def run_bridge_server(a: ServerArgs) -> None:
     """Entry point of the bridge server process (started by ActorPool)."""
     control: list = []  # the control block once attached, for the SIGTERM handler
@@ -484,7 +497,8 @@ def run_bridge_server(a: ServerArgs) -> None:
         else:
             err = ""
         if not port:
-            a.started.send(("error", f"cannot listen on {address}: {err or 'address in use or not local'}"))
+            why = _bind_error(a.host, a.port) or err or "address in use or not local"
+            a.started.send(("error", f"cannot listen on {address}: {why}"))
             return
         server.start()
         for g in srv.groups.values():
