@@ -459,8 +459,9 @@ def run(cfg: ActorsConfig) -> int:
             lost_since, backoff = None, 0.5
         lost_since = lost_since or now
         if now - lost_since >= cfg.retry_s:
-            print(f"seedlocal actors: no learner at {cfg.connect} for {cfg.retry_s:g} s ({why}); giving up",
-                  file=sys.stderr, flush=True)
+            # The time it took, not the budget: one attempt at a silent listener takes gRPC's ~20 s handshake.
+            print(f"seedlocal actors: no learner at {cfg.connect} for {now - lost_since:.0f} s (--retry-s "
+                  f"{cfg.retry_s:g}; {why}); giving up", file=sys.stderr, flush=True)
             return 1
         # The last wait ends at the budget, not a doubled backoff past it (--retry-s 2 gave up after 3.5 s).
         wait = max(0.05, min(backoff, cfg.retry_s - (now - lost_since)))
