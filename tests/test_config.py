@@ -110,6 +110,9 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     (["train", "vtrace", "--bridge.listen", ":50071", "--bridge.remote-envs", "8",
       "--bridge.token-file", "/nonexistent"], "bridge.token_file='/nonexistent': cannot read it"),
     (["bench", "--bridge-delay-ms", "5"], "bench.bridge_delay_ms=5.0: only with --bridge"),
+    (["bench", "--transport-only", "--learning"], "bench.transport_only measures the pipeline without envs or "
+                                                  "model: drop --learning"),  # dropped --learning in silence
+    (["bench", "--frame-stack", "-1"], "bench.frame_stack=-1: must be >= 0"),  # was named env.frame_stack
     (["actors", "--connect", "127.0.0.1:50999", "--retry-s", "nan"], "retry_s=nan: must be >= 0 and finite"),
     (["train", "vtrace", "--bridge.listen", "0.0.0.0:50071", "--bridge.remote-envs", "8"],
      "bridge.listen='0.0.0.0:50071': beyond loopback without TLS the bridge can be read and altered on the way: "

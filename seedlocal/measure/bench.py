@@ -284,6 +284,13 @@ def check(cfg: BenchConfig):
                   if getattr(cfg, n)]
         if others:
             raise ConfigError(f"bench.raw_ceiling measures raw envpool alone: drop {', '.join(others)}")
+    if cfg.transport_only:  # without --bridge it returns before every other row
+        others = [f"--{n.replace('_', '-')}" for n in ("learning", "autotune") if getattr(cfg, n)]
+        if others:
+            raise ConfigError(f"bench.transport_only measures the pipeline without envs or model: drop "
+                              f"{', '.join(others)}")
+    if cfg.frame_stack < 0:
+        raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: must be >= 0")
     if cfg.bridge_delay_ms and not cfg.bridge:
         raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: only with --bridge")
     if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
