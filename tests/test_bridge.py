@@ -758,18 +758,36 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
 def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
     from seedlocal.trainers.neuroevolution import GARun, train
 
+    import threading
+
     port = free_port()
-    host = actors(port, "--retry-s", "60")
+    hosts = []
+
+    def host_once_listening():  # a host started with the learner retried at up to 8 s intervals, and under
+        deadline = time.monotonic() + 120  # load the GA could reach 475 on its local half before it joined
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    hosts.append(actors(port, "--retry-s", "60"))
+                    return
+            time.sleep(0.05)
+
+    starter = threading.Thread(target=host_once_listening, daemon=True)
+    starter.start()
     try:
+        # A fixed number of generations (not a stop at 475, reached in 3 on the local half alone), so the run
+        # lasts past the host's start and ends with its goodbye.
         cfg = GARun(pipeline=PipelineConfig(num_workers=1, envs_per_worker=32, unroll_length=8),
                     bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=32),
-                    total_frames=1_000_000, stop_at_return=475, log_dir=str(tmp_path), run_name="ga",
-                    progress=False)
+                    generations=10, log_dir=str(tmp_path), run_name="ga", progress=False)
         summary = train(cfg)
     finally:
-        finish(host)
+        starter.join(130)
+        out = finish(hosts[0]) if hosts else "no host was started"
     print("bridge ga summary:", summary)
     assert summary["best_member_return"] >= 475, summary
+    # The host served to the end: the learner's goodbye, not a retry budget, ended it.
+    assert hosts and hosts[0].returncode == 0 and f"the learner at 127.0.0.1:{port} stopped; exiting" in out, out
 
 
 def test_emulated_delay_shows_in_the_round_trip():
