@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint
-from seedlocal.config.checks import resolve_device
+from seedlocal.config.checks import resolve_device, split_address
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.networks import action_identity, obs_identity
@@ -497,8 +497,9 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
 
 def bridge_line(listen: str, port: int, groups: int, envs_per_group: int) -> str:
     """Where the bridge listens (its port, which ``:0`` leaves to the system) and how an actor host joins."""
-    host = listen.rpartition(":")[0] or "127.0.0.1"
-    wildcard = host.strip("[]") in ("0.0.0.0", "::")
+    host, _ = split_address("bridge.listen", listen, listen=True)
+    wildcard = host in ("0.0.0.0", "::")
+    host = f"[{host}]" if ":" in host else host
     return (f"seedlocal: bridge listening on {host}:{port} for {groups * envs_per_group} remote envs ({groups} "
             f"groups); an actor host joins with: seedlocal actors --connect "
             f"{'<this machine' + chr(39) + 's address>' if wildcard else host}:{port}")
