@@ -886,6 +886,21 @@ def _end(*procs: subprocess.Popen) -> None:
             p.wait()
 
 
+def _wait_for_stop(pid: int, num_groups: int, seconds: float = 30) -> None:
+    """Until the learner ``pid`` has set its control block's ``stop`` (read from the segment's file: mapping it
+    here would register it with this process's resource tracker)."""
+    from seedlocal.shm.arrays import _layout
+    from seedlocal.shm.slots import control_specs
+
+    at = _layout(control_specs(num_groups))[0]["stop"]
+    name = next(n for n in os.listdir("/dev/shm") if n.startswith(f"seedlocal_{pid}_") and n.endswith("_control"))
+    deadline = time.monotonic() + seconds
+    with open(f"/dev/shm/{name}", "rb") as f:
+        while not np.frombuffer(os.pread(f.fileno(), 4, at), np.int32)[0]:
+            assert time.monotonic() < deadline, f"the learner did not set stop within {seconds} s"
+            time.sleep(0.02)
+
+
 # SIGINT's own path (KeyboardInterrupt, the process group) is in the default run through test_lifecycle.py
 # and test_train_vtrace.py's Ctrl-C tests; here the bridge's goodbye is the same for both signals.
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])
@@ -896,7 +911,15 @@ def test_a_learner_stopped_by_signal_ends_its_hosts_with_one_line(sig, tmp_path)
     exits 0 with one line saying the learner stopped, instead of retrying."""
     train, lines, host, port = _training_learner_with_a_host(tmp_path)
     try:
-        os.killpg(train.pid, sig)
+        # The signal reaches the group's processes in no set order. The worst one for the goodbye: the bridge
+        # server handles it only after the learner has set ``stop`` (a CI failure once). Hold the server until then.
+        server = next(p for p in psutil.Process(train.pid).children() if "spawn_main" in " ".join(p.cmdline()))
+        server.suspend()
+        try:
+            os.killpg(train.pid, sig)
+            _wait_for_stop(train.pid, num_groups=4)
+        finally:
+            server.resume()
         train.wait(timeout=60)
         time.sleep(0.5)  # the rest of its output
         out = "".join(lines)

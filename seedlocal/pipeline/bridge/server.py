@@ -432,21 +432,21 @@ def _credentials(a: ServerArgs):
     return grpc.ssl_server_credentials([(key, cert)])
 
 
-def _stop_requested(control: list) -> bool:
-    return bool(control) and bool(control[0]["stop"][0])
-
-
-def _on_sigterm(a: ServerArgs, control: list):
-    """SIGTERM ends this process at once only when there is no run to say
-    goodbye for: the learner died (PR_SET_PDEATHSIG: a crash, so the hosts
-    wait for a resume) or ActorPool.close() escalates after the goodbye. A
-    SIGTERM while the learner lives is one sent to its whole process group
-    (``kill -TERM -PGID``, a scheduler, systemd): the learner got it too and
-    ends its run cleanly, and this process must live until then to tell the
-    hosts (dying here left them retrying an address nobody listens on)."""
+def _on_sigterm(a: ServerArgs, made: list):
+    """SIGTERM ends this process at once only when there is no goodbye left
+    to say: the learner died (PR_SET_PDEATHSIG: a crash, so the hosts wait
+    for a resume), or the goodbye is out and ActorPool.close() escalates.
+    Before the goodbye, while the learner lives, it is a SIGTERM sent to the
+    learner's whole process group (``kill -TERM -PGID``, a scheduler,
+    systemd): the learner got it too and ends its run cleanly, and this
+    process must live to tell the hosts (dying here left them retrying an
+    address nobody listens on). That holds even where the learner has set
+    ``stop`` before this handler runs (the signal reaches the processes of
+    a group in no set order): the main loop says the goodbye at its next
+    poll, and only then may a SIGTERM end it."""
 
     def handler(signum, frame):
-        if os.getppid() != a.parent_pid or _stop_requested(control):
+        if os.getppid() != a.parent_pid or (made and made[0].said_goodbye.is_set()):
             sys.stderr.flush()
             os._exit(128 + signum)
 
@@ -468,10 +468,10 @@ def _bind_error(host: str, port: int) -> str:
 
 def run_bridge_server(a: ServerArgs) -> None:
     """Entry point of the bridge server process (started by ActorPool)."""
-    control: list = []  # the control block once attached, for the SIGTERM handler
+    made: list = []  # the BridgeServer once made, for the SIGTERM handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides how to stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (a closed terminal, too)
-    signal.signal(signal.SIGTERM, _on_sigterm(a, control))
+    signal.signal(signal.SIGTERM, _on_sigterm(a, made))
     from seedlocal.pipeline.worker import _die_with_parent
 
     _die_with_parent()
@@ -483,7 +483,7 @@ def run_bridge_server(a: ServerArgs) -> None:
         import grpc
 
         srv = BridgeServer(a)
-        control.append(srv.control)
+        made.append(srv)
         handler = grpc.stream_stream_rpc_method_handler(srv.stream)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(a.groups) + 4),
                              handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
