@@ -47,7 +47,11 @@ def collect_unrolls(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:
             pipe.loop.release(b)
         if done(out):
             return out
-    raise AssertionError(f"gave up after {seconds} s with {len(out)} unrolls")
+    per_group = np.bincount([u["group"] for u in out], minlength=pipe.loop.G).tolist()
+    c = pipe.pool.control
+    raise AssertionError(f"gave up after {seconds} s with {len(out)} unrolls (per group {per_group}); "
+                         f"slot states {c['state'].tolist()}, unroll states {pipe.loop.unrolls.state.tolist()}, "
+                         f"steps {c['group_steps'].tolist()}, connected {c['group_connected'].tolist()}")
 
 
 def take_unrolls(pipe: Pipeline, n: int, seconds: float = 120.0) -> list[dict]:
