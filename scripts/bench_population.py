@@ -54,7 +54,9 @@ class Args:
     algos: tuple[str, ...] = ("ga", "es")
     """train: algorithms to run"""
     seconds: float = 20.0
-    """train: seconds per algorithm (raw envpool: 3 s before and after each)"""
+    """train: seconds per algorithm"""
+    raw_seconds: float = 3.0
+    """train: raw envpool's timing per kind of stepping, before and after each algorithm (warm-up a sixth of it)"""
     num_workers: int = 0
     """train: env workers (0 = the trainer's default)"""
     envs_per_worker: int = 0
@@ -134,7 +136,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
         n = pipe.num_workers * pipe.envs_per_worker
         threads = pipe.env_threads or os.cpu_count() or 1
         with RawEnvpool(env.id, spec, n, threads) as raw:
-            before = max(raw.measure(0.5, 3.0).values())
+            before = max(raw.measure(a.raw_seconds / 6, a.raw_seconds).values())
             with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
                 cfg = dataclasses.replace(cfg, pipeline=pipe, log_dir=tmp,
                                           algo=dataclasses.replace(cfg.algo, population_size=a.population))
@@ -149,7 +151,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
                 frames = [e.value for e in series("perf/frames_per_generation")]
                 secs = [e.value for e in series("perf/generation_s")]
                 idle = series("perf/idle_share")
-            after = max(raw.measure(0.5, 3.0).values())
+            after = max(raw.measure(a.raw_seconds / 6, a.raw_seconds).values())
         if not frames:
             print(f"{algo}: no generation finished within --seconds {a.seconds:g}: nothing to measure", flush=True)
         # Generation 1 also waits for the env workers to start: left out when there are others.

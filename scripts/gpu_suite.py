@@ -320,14 +320,13 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
         b_learn = ["--learning", "--skip-model", "--seconds", "0.5", "--warmup", "0.5", "--rounds", "1"]
         b_trans = ["--envs-per-worker", "64", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
         b_ceiling = ["--env-threads", "2", "--envs-per-worker", "16", "--seconds", "0.05", "--warmup", "0.02"]
-        graphs: list[str] = []  # --cuda-graphs needs a CUDA device: the dry run runs these steps without it
         pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "--collect-only", "-q",
                   "tests/test_cuda.py"]
         pop_fwd = ["--network", "mlp", "--part", "forward", "--population", "16", "--active", "1.0", "0.5",
                    "--repeats", "2"]
-        pop_train = ["--part", "train", "--algos", "ga", "--population", "16", "--seconds", "3",
-                     "--num-workers", "1", "--envs-per-worker", "16"]
-        train_s, overhead = 3.0, 6.0
+        pop_train = ["--part", "train", "--algos", "ga", "--population", "16", "--seconds", "2",
+                     "--raw-seconds", "0.3", "--num-workers", "1", "--envs-per-worker", "16"]
+        train_s, overhead = 2.0, 6.0
         trains = {"vtrace": ["train", "vtrace"], "r2d2": ["train", "r2d2"], "ga": ["train", "ga"]}
         t_bench, t_small, t_train, m_bench, m_train = 60, 60, 40, 5, overhead + 1
         precisions = ["--preset", "cartpole", "--precisions", "fp32", "bf16", "--repeats", "1"]
@@ -360,7 +359,6 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
                   "env_threads", "cuda_graphs", "device")
     trans_keys = ("transport_steps_per_s", "transport_batches_per_s", "collect_ms_p50", "collect_ms_p99",
                   "envs_per_worker", "device")
-    note = "--cuda-graphs left out: the dry run is on the CPU" if dry else ""
     steps = [probe,
              Step("pytest_cuda", lambda t: pytest, timeout=60 if dry else 150, min_s=5 if dry else 30,
                   figures=pytest_figures, targets=[] if dry else [("failed", "==", 0), ("errors", "==", 0)],
@@ -375,9 +373,10 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
     # 16 cores that left ratio_model at 0.363 with batches of 16 (docs/gpu.md). The same bench with a worker per
     # 8 cores and 64 envs each is the figure a GPU-sized preset would start from.
     wide = ["--num-workers", str(max(1, (os.cpu_count() or 1) // 8)), "--envs-per-worker", "64"]
-    model_variants = [("", [], ""), ("_graphs", graphs, note)]
-    if not dry:
-        model_variants.append(("_wide", wide, "a worker per 8 cores, 64 envs each: sizes for a many-core machine"))
+    # Without CUDA the _graphs variants would run the very commands of the plain ones: the dry run leaves them out.
+    model_variants = [("", [], "")] if dry else [
+        ("", [], ""), ("_graphs", graphs, ""),
+        ("_wide", wide, "a worker per 8 cores, 64 envs each: sizes for a many-core machine")]
     for suffix, extra, why in model_variants:
         steps.append(Step(f"bench_model{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_model, *extra, *more],
                           timeout=t_bench, min_s=m_bench, figures=bench_figures(model_keys, "model_detail", (
@@ -385,13 +384,13 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
                           targets=[("ratio_model", ">=", 0.9)],
                           show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random", "num_workers",
                                 "envs_per_worker", "model_forward_ms_per_batch"), note=why))
-    for suffix, extra in (("", []), ("_graphs", graphs)):
+    for suffix, extra in (("", []),) if dry else (("", []), ("_graphs", graphs)):
         steps.append(Step(f"bench_learning{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_learn, *extra, *more],
                           timeout=t_bench, min_s=m_bench, figures=bench_figures(learn_keys, "learning_detail", (
                               "updates_per_s", "learner_wait_share", "worker_wait_share")),
                           targets=[("ratio_learning", ">=", 0.8)],
                           show=("learning_steps_per_s", "raw_best_steps_per_s", "learning_updates_per_s",
-                                "learning_learner_wait_share"), note=note if suffix else ""))
+                                "learning_learner_wait_share")))
     steps.append(Step("bench_transport", lambda t: [*bench, "--env", "CartPole-v1", "--transport-only", *b_trans, *more],
                       timeout=t_small, min_s=m_bench, figures=bench_figures(trans_keys),
                       targets=[("transport_steps_per_s", ">=", 1e6)],

@@ -95,56 +95,42 @@ def test_runner_records_each_outcome_as_one_json_line(tmp_path):
     assert "boom" in log and "==== hangs: timeout" in log
 
 
-@pytest.mark.slow  # ~25 s; the runner's budget and skips are covered above, the steps' output below
-def test_cpu_dry_run_writes_one_json_line_per_step_within_its_budget(tmp_path):
+# Issue 33: with no GPU lent, the suite's steps are dry-run in CI, every one of them (about a minute on 2 cores).
+def test_cpu_dry_run_runs_every_step_and_parses_what_it_prints(tmp_path):
     listed = _run("--cpu-dry-run", "--print-steps", str(tmp_path / "unused"))
     names = [json.loads(line)["name"] for line in listed.stdout.splitlines()]
     assert names[:2] == ["env", "pytest_cuda"] and "train_ga" in names, listed.stdout
-    budget = 35
-    t0 = time.monotonic()
-    r = _run("--cpu-dry-run", "--budget", str(budget), str(tmp_path))
-    wall = time.monotonic() - t0
-    assert r.returncode in (0, 1), r.stdout + r.stderr
-    assert wall < budget + 10, wall
+    budget = 400  # room for a loaded CI box: no step may be skipped here
+    r = _run("--cpu-dry-run", "--budget", str(budget), str(tmp_path), timeout=budget + 60)
+    assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: CPU figures miss the GPU targets
     records = _records(tmp_path)
-    assert [rec["name"] for rec in records] == names  # one line per step, skipped ones included
-    assert records[0]["status"] == "ok" and records[0]["figures"]["missing"] == []
-    assert records[1]["status"] == "ok" and records[1]["figures"]["collected"] > 0
+    assert [rec["name"] for rec in records] == names  # one line per step
+    assert [rec["name"] for rec in records if rec["status"] != "ok"] == [], r.stdout
     assert records[-1]["suite_elapsed_s"] <= budget
+    recs = {rec["name"]: rec for rec in records}
+    assert recs["env"]["figures"]["missing"] == [] and recs["pytest_cuda"]["figures"]["collected"] > 0
     for rec in records:
-        if rec["status"] == "skipped":
-            assert rec["rc"] is None and "budget" in rec["reason"]
-        elif rec["status"] == "ok" and rec["name"].startswith("bench_"):
-            assert rec["json"] and rec["targets"][0]["value"] is not None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "suite.log"]  # run folders pruned
-    assert "==== summary" in r.stdout
-
-
-@pytest.mark.slow  # ~22 s of six commands; run it (-m slow) before a GPU session: it checks the parsers a device call needs
-def test_cpu_dry_run_parses_what_the_steps_print(tmp_path):
-    r = _run("--cpu-dry-run", "--budget", "100", "--only",
-             "learner_precision,bench_transport,raw_ceiling,population_forward,train_ga",
-             str(tmp_path))
-    assert r.returncode == 0, r.stdout + r.stderr
-    recs = {rec["name"]: rec for rec in _records(tmp_path)}
-    assert list(recs) == ["env", "learner_precision", "bench_transport", "raw_ceiling", "population_forward",
-                          "train_ga"]
+        if rec["name"].startswith("bench_"):
+            assert rec["json"] and rec["targets"][0]["value"] is not None, rec
+            assert rec["targets"][0]["met"] in (True, False)
     ceiling = recs["raw_ceiling"]["figures"]  # issue 33, item 4: envpool's own best against the bench's limit
     assert ceiling["ceiling_steps_per_s"] > 0 and ceiling["bench_best_over_ceiling"] > 0
     assert {"best_steps_per_s_1t", "best_steps_per_s_2t"} <= set(ceiling)
     precision = recs["learner_precision"]["figures"]  # what decides --algo.precision auto on a GPU
     assert set(precision["learn_s"]) == {"fp32", "bf16"} and precision["fastest"] in precision["learn_s"]
     assert all(v > 0 for v in precision["learn_s"].values())
-    assert all(rec["status"] == "ok" for rec in recs.values())
-    t = recs["bench_transport"]
-    assert t["targets"][0]["figure"] == "transport_steps_per_s" and t["targets"][0]["value"] > 0
-    assert t["targets"][0]["met"] in (True, False)
+    assert recs["bench_transport"]["targets"][0]["figure"] == "transport_steps_per_s"
     assert recs["population_forward"]["figures"]["forward_steps_per_s"] > 0
+    assert recs["population_train"]["figures"]["ga_generations"] >= 1
+    for algo in ("vtrace", "r2d2", "ga"):
+        t = recs[f"train_{algo}"]
+        assert t["summary"]["status"] == "done" and t["summary"]["algo"] == algo, t
+        assert t["figures"]["frames_per_s"] > 0 and t["figures"]["over_raw"] > 0, t["figures"]
     ga = recs["train_ga"]
-    assert ga["summary"]["status"] == "done" and ga["summary"]["algo"] == "ga"
     assert ga["progress"].startswith("gen") and ga["figures"]["generations"] >= 1
     assert ga["figures"]["population"] == ga["summary"]["population"] >= 2
-    assert not (tmp_path / "runs").exists()  # read into results.jsonl, then pruned
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "suite.log"]  # run folders pruned
+    assert "==== summary" in r.stdout
 
 
 def test_the_gpu_curve_is_the_command_a_user_types(tmp_path):
