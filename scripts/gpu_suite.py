@@ -317,7 +317,7 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
 
     if dry:  # tiny sizes: the mechanics, not the figures
         b_model = ["--envs-per-worker", "16", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
-        b_learn = ["--learning", "--skip-model", "--seconds", "0.5", "--warmup", "0.5", "--rounds", "1"]
+        b_learn = ["--learning", "--skip-model", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
         b_trans = ["--envs-per-worker", "64", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
         b_ceiling = ["--env-threads", "2", "--envs-per-worker", "16", "--seconds", "0.05", "--warmup", "0.02"]
         pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "--collect-only", "-q",

@@ -35,8 +35,7 @@ def test_ratios_divide_by_the_best_raw_configuration():
 
 
 def test_learning_mode_runs_the_vtrace_learner():
-    r, text = bench("--env", "CartPole-v1", "--learning", "--seconds", "1", "--warmup", "0.5", "--rounds", "1",
-                    "--skip-model")
+    r, text = bench("--env", "CartPole-v1", "--learning", "--skip-model", *FAST)
     assert r["num_workers"] == 2 and r["envs_per_worker"] == 8  # the CartPole training preset's sizes
     assert r["learning_steps_per_s"] > 0 and r["learning_detail"]["updates_per_s"] > 0
     assert abs(r["ratio_learning"] - r["learning_steps_per_s"] / r["raw_best_steps_per_s"]) < 1e-6
@@ -49,7 +48,7 @@ def test_learning_mode_sizes_its_batch_from_the_envs_it_is_given():
     """CartPole's preset learns from batches of 4 envs; 64 envs a worker make groups of 32, which the
     learner's batch must be whole groups of (it refused with algo.batch_size, which bench has no flag for)."""
     r, text = bench("--env", "CartPole-v1", "--num-workers", "1", "--envs-per-worker", "64", "--learning",
-                    "--seconds", "1", "--warmup", "0.5", "--rounds", "1", "--skip-model")
+                    "--skip-model", *FAST)
     detail = r["learning_detail"]
     assert detail["batch_size"] == 32 and r["learning_steps_per_s"] > 0, detail
     assert "1 whole group(s) of 32 envs" in detail["batch_size_why"] and detail["batch_size_why"] in text

@@ -957,7 +957,7 @@ def test_a_learner_says_where_its_bridge_listens_and_that_no_host_came(tmp_path,
     from seedlocal.cli import main
 
     assert main(["train", "vtrace", "--pipeline.num-workers", "1", "--bridge.listen", "127.0.0.1:0",
-                 "--bridge.remote-envs", "16", "--pipeline.stall-s", "1", "--seconds", "8", "--total-steps", "0",
+                 "--bridge.remote-envs", "16", "--pipeline.stall-s", "0.5", "--seconds", "4", "--total-steps", "0",
                  "--log-dir", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     port = re.search(r"bridge listening on 127\.0\.0\.1:(\d+) for 16 remote envs \(\d+ groups\); an actor host "

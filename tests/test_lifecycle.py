@@ -160,7 +160,7 @@ def test_killed_learner_takes_its_workers_and_memory_along():
 
 def test_normal_end_leaves_nothing():
     proc = _launch("bench", "--env", "CartPole-v1", "--envs-per-worker", "8", "--seconds", "0.3",
-                   "--warmup", "0.1", "--skip-model")
+                   "--warmup", "0.1", "--rounds", "1", "--skip-model")
     kids = _workers_of(proc, 1)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
