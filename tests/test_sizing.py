@@ -47,8 +47,10 @@ EXPECTED = {
     ("ga", "atari"): {GPU8: {"algo.population_size": "256"},
                       GPU16: {"pipeline.num_workers": "4", "algo.population_size": "256"},
                       GPU64: {"pipeline.num_workers": "16", "algo.population_size": "512"}},
+    # actors run ahead on a GPU (issue 33's rule, met by the 2-core MinAtar curves); sizes unchanged
+    ("vtrace", "minatar"): {m: {"algo.sync": "'off'"} for m in (GPU8, GPU16, GPU64)},
     # never run on a GPU: unchanged
-    ("vtrace", "minatar"): {}, ("vtrace", "mujoco"): {}, ("vtrace", "cartpole"): {},
+    ("vtrace", "mujoco"): {}, ("vtrace", "cartpole"): {},
 }
 
 

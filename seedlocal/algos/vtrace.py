@@ -259,8 +259,9 @@ class VTraceParams:
     """rescale the policy-gradient advantages of each batch to zero mean and unit variance"""
     sync: Literal["on", "off", "auto"] = "on"
     """on: actors pause while the learner works on a batch (PPO's rhythm: no policy lag at a batch's first pass;
-    every preset was tuned in it, on every device); off: they fill the next batch meanwhile (more throughput on a
-    GPU, ~23 updates of policy lag, untuned); auto: the same as on (the name older runs saved)"""
+    the presets' rhythm, but MinAtar's on a GPU); off: they fill the next batch meanwhile (more throughput on a
+    GPU, ~23 updates of policy lag; learned faster per frame on MinAtar, docs/tuning.md); auto: the same as on
+    (the name older runs saved)"""
     precision: Literal["auto", "fp32", "tf32", "bf16"] = "auto"
     """network arithmetic: auto = tf32 on CUDA; on a CPU bf16 for CNN torsos where it has native bf16
     (AMX/AVX512-BF16), else fp32"""
