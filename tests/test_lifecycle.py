@@ -168,6 +168,22 @@ def test_normal_end_leaves_nothing():
     _assert_gone(proc, kids)
 
 
+def test_a_closed_pipeline_unlinks_its_semaphores_before_its_process_ends():
+    """multiprocessing unlinks a semaphore's name when the object is collected or the process exits; the pool
+    kept its Signals after close(), and it unlinks the segment that records their names. An actor host that
+    lost its learner closes its pool and retries: SIGKILLed then (with its group, so its resource tracker too),
+    it left five ``sem.mp-*`` in /dev/shm that no later sweep could name."""
+    with tiny_pipeline(RandomPolicy) as pipe:
+        take_unrolls(pipe, 2)
+        pool = pipe.pool
+        names = [s.name for s in (pool.obs_ready, *pool.ready, *pool.wake)]
+        assert len(names) == 5 and all(os.path.exists(f"/dev/shm/sem.{n[1:]}") for n in names), names
+    left = [n for n in names if os.path.exists(f"/dev/shm/sem.{n[1:]}")]
+    assert not left, f"semaphores still named after close: {left}"
+    pool.wake[0].post()  # a late post (a learner releasing an unroll at teardown) does nothing
+    assert not pool.obs_ready.wait(0.01)
+
+
 def test_rows_are_read_only_after_the_acquiring_token():
     """Publication order for weakly ordered CPUs (shm/slots.py): a state store
     alone may become visible before the rows it guards, so neither side acts

@@ -330,6 +330,8 @@ class ActorPool:
                 p.join(1.0)
         self.procs = [None] * self.num_workers
         self.server = None
+        for sig in (self.obs_ready, *self.ready, *self.wake):  # before the segment that records their names
+            sig.close()
         for seg in (self.store, self.control, self.semaphores):
             if seg is not None:
                 seg.close()

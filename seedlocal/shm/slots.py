@@ -132,3 +132,22 @@ class Signal:
     def drain(self) -> None:
         while self._sem.acquire(False):
             pass
+
+    def close(self) -> None:
+        """Unlink the semaphore's name now, not at this process's exit: multiprocessing does that when its
+        semaphore object is collected, and this is its only reference (a child's pickled copy is its own). A
+        process SIGKILLed in between (an actor host retrying a learner) left ``sem.mp-*`` in /dev/shm that no
+        sweep could name any more (the segment recording them is unlinked at close). Afterwards the Signal is
+        inert: a late ``post`` does nothing, a ``wait`` finds no token."""
+        self._sem = _CLOSED
+
+
+class _Closed:
+    def release(self) -> None:
+        pass
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return False
+
+
+_CLOSED = _Closed()
