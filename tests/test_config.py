@@ -64,6 +64,22 @@ def test_cli_module_loads_nothing_heavy():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_whole_numbers_in_e_notation_are_taken_for_integer_options(capsys):
+    """`--total-steps 1e6`, as CleanRL's and SB3's users write step counts, was refused with tyro's box about
+    int(): a whole number in e-notation is now read as one, for every integer option, nested ones included."""
+    from seedlocal.cli import _parse
+
+    _, v = _parse(["train", "vtrace", "--total-steps", "1e6", "--pipeline.num-workers=2E0", "--run-name", "1e6"])
+    assert (v.total_steps, v.pipeline.num_workers, v.run_name) == (1_000_000, 2, "1e6")  # a name stays a name
+    _, ga = _parse(["train", "ga", "--total-frames", "2.5e7", "--algo.population-size", "6.4e1"])
+    assert (ga.total_frames, ga.algo.population_size) == (25_000_000, 64)
+    _, b = _parse(["bench", "--envs-per-worker", "6.4e1", "--seconds", "1e0"])
+    assert (b.envs_per_worker, b.seconds) == (64, 1.0)
+    with pytest.raises(SystemExit) as e:  # not a whole number: tyro's own refusal, as before
+        _parse(["train", "vtrace", "--env.seed", "1.5e0"])
+    assert e.value.code == 2 and "--env.seed" in capsys.readouterr().err
+
+
 def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     """A short run prints no Gymnasium float32 warnings (one per worker start
     before), and a corrupt checkpoint's error is one line with no torch advice."""
