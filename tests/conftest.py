@@ -2,10 +2,18 @@
 
 import os
 
-import psutil
-import pytest
+# Before torch loads (here and in every process a test starts, which inherit it): the suite runs two test
+# processes (pyproject's -n 2), each starting learners and env workers, on 2-core machines. OpenMP's threads spin
+# after each parallel region by default, and with every core oversubscribed that spinning took the cores the
+# other processes needed: tests/test_continuous.py, test_minatar.py, test_masks.py and test_frames.py took
+# 110-129 s spinning and 56 s passive. A run alone keeps the default: MinAtar's preset stepped 11.2K steps/s
+# with it, 10.2K passive (docs/tuning.md, "Two runs on the same cores").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from seedlocal.shm.arrays import SEGMENT_PREFIX
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+from seedlocal.shm.arrays import SEGMENT_PREFIX  # noqa: E402
 
 
 def seedlocal_segments(pid: int | None = None) -> set[str]:
