@@ -131,7 +131,7 @@ def test_a_checkpoint_from_before_the_stacks_still_plays_and_resumes(tmp_path):
 
     preset = PRESETS["atari"]
     old = dataclasses.replace(preset, env=EnvConfig(id="Pong-v5"), frame_stack=0, total_steps=300,
-                              algo=dataclasses.replace(preset.algo, batch_size=4),
+                              algo=dataclasses.replace(preset.algo, batch_size=4, echo=1, minibatches=1),
                               pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=8),
                               log_dir=str(tmp_path), run_name="old", progress=False)
     train(old)

@@ -1,5 +1,6 @@
 """V-trace end to end: it learns, it logs, it checkpoints, it resumes, it evaluates."""
 
+import dataclasses
 import json
 import math
 import os
@@ -417,10 +418,12 @@ def test_bad_training_config_is_refused_before_start(tmp_path):
 
 def test_atari_preset_trains_and_records_a_video(tmp_path):
     cfg = PRESETS["atari"]
-    cfg = VTraceRun(env=cfg.env, frame_stack=cfg.frame_stack, algo=cfg.algo, total_steps=400, log_dir=str(tmp_path),
+    # One pass of one minibatch per batch: the point is the checkpoint and its video, not the 16 updates a batch
+    # the preset makes (a copy: the batch size was once set on the preset's own algo, for every later test).
+    algo = dataclasses.replace(cfg.algo, batch_size=8, echo=1, minibatches=1)
+    cfg = VTraceRun(env=cfg.env, frame_stack=cfg.frame_stack, algo=algo, total_steps=400, log_dir=str(tmp_path),
                     run_name="pong",
                     progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=5))
-    cfg.algo.batch_size = 8
     summary = train(cfg)
     assert summary["updates"] >= 1 and summary["frames"] == 4 * summary["steps"]
     gif = tmp_path / "pong.gif"
@@ -579,8 +582,6 @@ def test_a_sync_learner_recomputes_the_policy_the_actors_acted_with(tmp_path):
     learner's first pass over a batch sees pi = mu: the statistics take the
     batch in after its updates, not before (then mean_rho, the rho-clipped
     pi/mu of that pass, sat at 0.989-0.994 on HalfCheetah; docs/mujoco.md)."""
-    import dataclasses
-
     from seedlocal.algos.vtrace import VTraceParams
 
     # A batch of every env: no group acts on while the learner works (that would be ordinary policy lag).
