@@ -142,8 +142,8 @@ def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo)
 def test_channels_last_images_get_the_cnn_torso(tmp_path):
     """Gymnasium's (H, W, C) images train with the Nature CNN, as (C, H, W) ones do."""
     out, refused = seedlocal_all([
-        ("train", "vtrace", "--env.id", "faulty_envs:ImageHWC-v0", "--total-steps", "300",
-         "--log-dir", str(tmp_path), "--run-name", "img", "--no-progress"),
+        ("train", "vtrace", "--env.id", "faulty_envs:ImageHWC-v0", "--total-steps", "300", "--algo.echo", "1",
+         "--algo.minibatches", "1", "--log-dir", str(tmp_path), "--run-name", "img", "--no-progress"),
         ("train", "r2d2", "--env.id", "faulty_envs:ImageHWC-v0", "--frame-stack", "4", "--log-dir", str(tmp_path))])
     assert out.returncode == 0, out.stderr[-2000:]
     assert "(nature torso" in out.stdout, out.stdout[:500]
