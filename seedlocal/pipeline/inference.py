@@ -621,8 +621,10 @@ class StallWatch:
         stalled = now - self._t
         if stalled < self.after:
             return False
+        if now - self._said < self.every:
+            return True
         names = self._stuck_workers(now, 0.0)
-        if now - self._said >= self.every and (names or not self._hosts_too):
+        if names or not self._hosts_too:
             self._said = now
             where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
                      "an env's step or reset, or not taking their actions" if names

@@ -312,15 +312,20 @@ def rebuilding(state: dict):
         raise checkpoint.CheckpointError(f"{state.get('path')}: cannot rebuild its network ({e})") from None
 
 
-def image_frames(env) -> bool:
-    """Whether ``env`` (an ``EnvConfig``) steps image frames (``config.checks.task_kind``: Atari's, Football's
-    minimaps), the runs a GPU machine sizes up; False for one that cannot be described (validation names it)."""
+def env_kind(env) -> str:
+    """The kind of task ``env`` (an ``EnvConfig``) is (``config.checks.task_kind``: the names the presets go by),
+    what a family's ``sized_for`` decides by; "" for one that cannot be described (validation names it)."""
     from seedlocal.config.checks import task_kind
 
     try:
-        return task_kind(describe(env.id, env.backend, env.frame_stack)) in ("atari", "football")
+        return task_kind(describe(env.id, env.backend, env.frame_stack))
     except Exception:
-        return False
+        return ""
+
+
+def image_frames(env) -> bool:
+    """Whether ``env`` steps image frames (Atari's, Football's minimaps): the runs a GPU machine sizes up."""
+    return env_kind(env) in ("atari", "football")
 
 
 def default_run_name(spec, algo: str, seed: int) -> str:

@@ -37,7 +37,8 @@ from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
-from seedlocal.trainers.run import WAIT_S, Family, Run, Trainer, checkpoint_env, image_frames, rebuilding, run
+from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, checkpoint_env, env_kind, image_frames, rebuilding,
+                                    run)
 
 # Learner statistics measured once per logging interval (see learner_step).
 DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
@@ -77,7 +78,7 @@ class VTraceRun(StepRunConfig):
         +18.1 on Pong at 12.3M frames, past the preset's 10M, where its rate has decayed to 0. MinAtar's
         preset on a GPU lets the actors run ahead (algo.sync off). Everything else, and every CPU run, keeps the
         preset (docs/tuning.md, "Sized to the machine")."""
-        if machine.accelerator and self.network.encoder == "minatar" and self.algo.sync != "off":
+        if machine.accelerator and self.algo.sync != "off" and env_kind(self.env) == "minatar":
             # Issue 33's rule: actors run ahead on a GPU where that reaches the target in no more frames than
             # sync on (within 10%, mean of 3 seeds). MinAtar Breakout with this preset, 2-core CPU: >= 10 at
             # 0.62 / 0.95 / 0.59M steps against 1.07M / not by 1.9M / 1.30M (docs/tuning.md). Its sizes stay
