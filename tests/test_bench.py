@@ -101,6 +101,18 @@ def test_raw_ceiling_sweeps_envpools_own_settings_at_each_thread_count():
     assert "scaling from 1 to 2 threads" in text
 
 
+def test_raw_ceiling_measures_only_the_thread_counts_asked(capsys):
+    r, text = bench("--env", "CartPole-v1", "--raw-ceiling", "--ceiling-threads", "2", "--env-threads", "2",
+                    "--envs-per-worker", "8", "--seconds", "0.05", "--warmup", "0.02")
+    assert [p["threads"] for p in r["per_threads"]] == [2]
+    assert r["ceiling_steps_per_s"] == r["per_threads"][0]["best"]["steps_per_s"] > 0
+    assert r["scaling_efficiency"] is None and "scaling from" not in text  # one count: nothing to scale from
+    assert main(["bench", "--env", "CartPole-v1", "--ceiling-threads", "2"]) == 2
+    assert "bench.ceiling_threads=(2,): only with --raw-ceiling" in capsys.readouterr().err
+    assert main(["bench", "--env", "CartPole-v1", "--raw-ceiling", "--ceiling-threads", "0"]) == 2
+    assert "every thread count must be positive" in capsys.readouterr().err
+
+
 def test_raw_ceiling_refuses_the_modes_that_measure_the_pipeline(capsys):
     code = main(["bench", "--env", "CartPole-v1", "--raw-ceiling", "--transport-only"])
     assert code == 2

@@ -96,6 +96,9 @@ class BenchConfig:
     raw_ceiling: bool = False
     """raw envpool only: envpool's own best settings (async, batch_size ~ threads, num_envs 2-3 x batch,
     pinned or not) at 1, 2, 4 ... --env-threads threads, against the three kinds every ratio divides by"""
+    ceiling_threads: tuple[int, ...] = ()
+    """with --raw-ceiling: the thread counts to measure (e.g. 16 alone: the trainers' threads, a fifth of the
+    time); empty = 1, 2, 4 ... --env-threads"""
 
 
 def training_frames(env_id: str) -> int:
@@ -284,6 +287,12 @@ def check(cfg: BenchConfig):
                   if getattr(cfg, n)]
         if others:
             raise ConfigError(f"bench.raw_ceiling measures raw envpool alone: drop {', '.join(others)}")
+    if cfg.ceiling_threads and not cfg.raw_ceiling:
+        raise ConfigError(f"bench.ceiling_threads={cfg.ceiling_threads}: only with --raw-ceiling")
+    bad = [t for t in cfg.ceiling_threads if t < 1]
+    if bad:
+        raise ConfigError(f"bench.ceiling_threads={cfg.ceiling_threads}: every thread count must be positive "
+                          f"({bad[0]} is not)")
     if cfg.transport_only:  # without --bridge it returns before every other row
         others = [f"--{n.replace('_', '-')}" for n in ("learning", "autotune") if getattr(cfg, n)]
         if others:
@@ -408,7 +417,7 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     n = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
     most = cfg.env_threads or os.cpu_count() or 1
     per_threads = []
-    for t in thread_counts(most):
+    for t in sorted(set(cfg.ceiling_threads)) or thread_counts(most):
         rows = ceiling(cfg.env, spec, t, min(0.5, cfg.warmup), cfg.seconds)
         with RawEnvpool(cfg.env, spec, n, t) as raw:
             kinds = raw.measure(min(0.5, cfg.warmup), cfg.seconds)
@@ -416,15 +425,17 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
             kinds.pop("two_groups")
         per_threads.append({"threads": t, "best": rows[0], "rows": rows, "bench_kinds": kinds,
                             "bench_best_over_ceiling": max(kinds.values()) / rows[0]["steps_per_s"]})
-    one = per_threads[0]["best"]["steps_per_s"]
+    first = per_threads[0]
+    one = first["best"]["steps_per_s"]
     top = per_threads[-1]
     result = {"env": cfg.env, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count(), "envs": n,
               "per_threads": per_threads,
               "ceiling_steps_per_s": top["best"]["steps_per_s"],
               "bench_raw_best_steps_per_s": max(top["bench_kinds"].values()),
               "bench_best_over_ceiling": top["bench_best_over_ceiling"],
-              # Scaling from one thread to all of them: 1.0 is linear.
-              "scaling_efficiency": top["best"]["steps_per_s"] / (one * top["threads"])}
+              # Scaling from the fewest threads measured to the most: 1.0 is linear (None: one count measured).
+              "scaling_efficiency": top["best"]["steps_per_s"] / (one * top["threads"] / first["threads"])
+              if len(per_threads) > 1 else None}
     print(f"\n{cfg.env}: raw envpool, envpool's own settings against the bench's kinds at {n} envs, "
           f"{cfg.seconds:g}s each")
     print(f"{'threads':>7s} {'best steps/s':>13s} {'num_envs':>8s} {'batch':>5s} {'pinned':>6s} "
@@ -434,6 +445,8 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
         print(f"{r['threads']:7d} {b['steps_per_s']:13,.0f} {b['num_envs']:8d} {b['batch_size']:5d} "
               f"{'yes' if b['thread_affinity_offset'] >= 0 else 'no':>6s} {max(r['bench_kinds'].values()):16,.0f} "
               f"{r['bench_best_over_ceiling']:10.3f}")
-    print(f"scaling from 1 to {top['threads']} threads: {result['scaling_efficiency']:.2f} of linear")
+    if result["scaling_efficiency"] is not None:
+        print(f"scaling from {first['threads']} to {top['threads']} threads: {result['scaling_efficiency']:.2f} "
+              f"of linear")
     print(json.dumps(result, default=float))
     return result
