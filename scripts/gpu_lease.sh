@@ -7,7 +7,8 @@
 #            picked by themselves), for at most CURVE_S seconds start-up included, stopped at a 20-episode mean of
 #            +18 (--stop-at-return 18 changes no learning); curve.log (its first lines say what was sized, its
 #            summary.json is appended), curve.csv / curve.png (minutes from the process's start), curve.tfevents,
-#            curve_gpu.log (nvidia-smi every 5 s)
+#            curve_gpu.log (nvidia-smi every 5 s). CURVE_SEED (default 1) and CURVE_ARGS (a candidate default's
+#            options, e.g. "--pipeline.cuda-graphs" or "--algo.sync off") make the tuning curves of later leases
 #   ceiling1 raw envpool's best at all of the box's threads (seedlocal bench --raw-ceiling --ceiling-threads N) on
 #            single frames, what V-trace and R2D2 step: ceiling1.log
 #   ceiling4 the same on envpool's stack of 4, what the GA steps: ceiling4.log
@@ -61,7 +62,9 @@ part_curve() {
       -l 5 > "$out/curve_gpu.log" 2>&1 & smi=$!
   fi
   local t0; t0=$(date +%s.%N)
-  train curve "$curve_s" train vtrace --env.id "${CURVE_ENV:-Pong-v5}" --stop-at-return 18
+  # shellcheck disable=SC2086  # CURVE_ARGS: a candidate default's options, word-split on purpose
+  train curve "$curve_s" train vtrace --env.id "${CURVE_ENV:-Pong-v5}" --env.seed "${CURVE_SEED:-1}" \
+    --stop-at-return 18 ${CURVE_ARGS:-}
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
   "$py" scripts/gpu_suite.py --curve-post "$runs/curve" "$out" 18 >> "$out/curve.log" 2>&1
   "$py" - "$runs/curve" "$out" "$t0" >> "$out/curve.log" 2>&1 <<'EOF'
