@@ -15,22 +15,19 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pytest
 import torch
 
-pytest.importorskip("envpool")
-
-from seedlocal.envs.envpool_group import EnvpoolGroup  # noqa: E402
-from seedlocal.envs.spaces import describe  # noqa: E402
-from seedlocal.pipeline.batches import Batcher  # noqa: E402
-from seedlocal.pipeline.cuda import WeightLock  # noqa: E402
-from seedlocal.pipeline.worker import _GroupWriter  # noqa: E402
-from seedlocal.policies.actor_critic import ModelPolicy  # noqa: E402
-from seedlocal.policies.q_greedy import R2D2Policy  # noqa: E402
-from seedlocal.shm.rollout import RolloutLayout  # noqa: E402
-from seedlocal.spec import TensorSpec, starts_episode  # noqa: E402
-from seedlocal.trainers import r2d2, vtrace  # noqa: E402
-from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder  # noqa: E402
+from seedlocal.envs.envpool_group import EnvpoolGroup
+from seedlocal.envs.spaces import describe
+from seedlocal.pipeline.batches import Batcher
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.worker import _GroupWriter
+from seedlocal.policies.actor_critic import ModelPolicy
+from seedlocal.policies.q_greedy import R2D2Policy
+from seedlocal.shm.rollout import RolloutLayout
+from seedlocal.spec import TensorSpec, starts_episode
+from seedlocal.trainers import r2d2, vtrace
+from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder
 
 CPU = torch.device("cpu")
 CORE = TensorSpec((2, 4), "float32")  # R2D2's recurrent state per env (its size does not matter here)
@@ -168,9 +165,10 @@ def _handed_on(order: list[list[int]], rng) -> list[int]:
     return out
 
 
-def _check_vtrace_learner(segments: list[Segment], groups: int, T: int, rng) -> None:
+def _check_vtrace_learner(segments: list[Segment], groups: int, T: int, rng) -> int:
     """V-trace's learner: batches of k = groups + 1 unrolls (so one group is in each twice), stacked by
-    ``UnrollStacks`` as ``VTraceLearner`` does."""
+    ``UnrollStacks`` as ``VTraceLearner`` does. Returns how many episodes began on an unroll's row 0 (its
+    first frame the previous unroll's bootstrap row)."""
     from seedlocal.algos.frames import UnrollStacks
 
     store, order, want = _unroll_store(segments, groups, T, rng)
@@ -185,6 +183,7 @@ def _check_vtrace_learner(segments: list[Segment], groups: int, T: int, rng) -> 
         expect = np.concatenate([want[b] for b in bufs[i:i + k]], axis=1)
         assert got.dtype == torch.uint8 and got.shape == expect.shape
         assert torch.equal(got, torch.from_numpy(expect)), f"batch {i // k}: unrolls {bufs[i:i + k]}"
+    return int(store["ignored"][:, T - 1].sum())
 
 
 def _check_r2d2_replay(segments: list[Segment], groups: int, T: int, rng) -> None:
@@ -228,16 +227,18 @@ def _check_all(env_id: str, segments: list[Segment], groups: int) -> None:
     rng = np.random.default_rng(0)
     for policy in _policies(describe(env_id, "envpool", 1), segments[0].frames.shape[1]):
         _check_acting(policy, segments, groups, rng)
-    for T in (5, 16):  # unroll boundaries at different steps of the same episodes
-        _check_vtrace_learner(segments, groups, T, rng)
+    at_row_0 = 0
+    for T in (12, 17):  # unroll boundaries at different steps; in both games an episode begins on a row 0
+        at_row_0 += _check_vtrace_learner(segments, groups, T, rng)
         _check_r2d2_replay(segments, groups, T, rng)
+    assert at_row_0, "no episode began on an unroll's first row"
 
 
 def test_pong_stacks_are_envpools():
-    """Pong: four episodes end (random play loses 21-0 in 800 to 1,100 steps); each episode, the run's first
-    and the restart's, begins with envpool's noop start (up to 30 noops before its first frame)."""
-    segments = _episodes("Pong-v5", 4, (940, 60), seed=2)
-    assert sum(s.ends for s in segments) == 4
+    """Pong: two episodes end (random play's last 750 to 1,200 steps), two begin after them, two at the
+    start and two at the restart, each with envpool's noop start (noop_max 30)."""
+    segments = _episodes("Pong-v5", 2, (800, 60), seed=11)
+    assert sum(s.ends for s in segments) == 2
     _check_all("Pong-v5", segments, groups=2)
 
 
@@ -250,10 +251,11 @@ def test_breakout_stacks_are_envpools_through_lost_lives():
 
 
 def test_envpool_keeps_its_stack_through_a_lost_life_only_under_episodic_life():
-    """Why seedlocal leaves ``episodic_life`` off (``_lockstep`` asserts it is): with it on, a lost life ends
-    envpool's episode but not its game, and envpool's stack rolls on through it (the three frames before
-    stay), where a game's end refills it. seedlocal's stacks refill at every episode start, so with it on
-    they would differ after each lost life."""
+    """What turning envpool's ``episodic_life`` on would change (seedlocal leaves it off, envpool's default;
+    ``_episodes`` asserts it is off): a lost life would end envpool's episode but not its game, and envpool's
+    stack rolls on through the reset after it (the three frames before stay), where a game's end refills it
+    (the tests above). seedlocal's stacks refill at every episode start: they would differ after each lost
+    life."""
     import envpool
 
     env = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=1, num_threads=1, seed=2, episodic_life=True)
