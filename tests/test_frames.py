@@ -68,7 +68,8 @@ def test_the_learners_stacks_are_the_ones_the_policy_acted_on():
 
 
 def test_an_episode_start_inside_an_unroll_repeats_its_first_frame():
-    """envpool's own stacks at an episode's start: its first frame in every slot, then rolled on."""
+    """An episode's first frame in every slot, then rolled on (envpool's rule; test_frames_envpool.py checks the
+    stackers against envpool itself)."""
     stacks = UnrollStacks(S, 1, 1, (1, 1), torch.uint8, "cpu")
     frames = torch.arange(1, 8, dtype=torch.uint8).view(7, 1, 1, 1, 1)
     ignored = torch.zeros(7, 1, dtype=torch.bool)
