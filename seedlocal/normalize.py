@@ -93,10 +93,13 @@ def occurrence(ids: np.ndarray) -> np.ndarray:
     if not n:
         return np.empty(0, np.int64)
     order = np.argsort(ids, kind="stable")  # stable: each id's entries stay in their order
+    sorted_ids = ids[order]
+    starts = np.empty(n, bool)
+    starts[0] = True
+    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=starts[1:])
     ranks = np.arange(n)
-    run_starts = np.where(np.r_[True, ids[order][1:] != ids[order][:-1]], ranks, 0)
     out = np.empty(n, np.int64)
-    out[order] = ranks - np.maximum.accumulate(run_starts)
+    out[order] = ranks - np.maximum.accumulate(np.where(starts, ranks, 0))
     return out
 
 
