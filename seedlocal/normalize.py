@@ -54,15 +54,16 @@ class RunningNorm(nn.Module):
             n, batch_mean, batch_var = float(len(rows)), rows.mean(0), rows.var(0, unbiased=False)
         if not n:
             return
-        if float(self.count) == 0:
-            self.count.fill_(n)
-            self.mean.copy_(batch_mean)
-            self.var.copy_(batch_var)
-            return
-        count, mean, var = merge_moments(float(self.count), self.mean, self.var, n, batch_mean, batch_var)
-        self.count.fill_(count)
-        self.mean.copy_(mean)
-        self.var.copy_(var)
+        # All on the statistics' device, the count included: reading it on the host (is this the first batch?)
+        # made the learner wait for every update queued before it, on a GPU at every batch. The first batch
+        # takes its own moments, chosen on the device. The batch's count is made there too (a fill, no copy):
+        # torch divides a number by a tensor through a reciprocal, one rounding more than the host's n / total.
+        n = self.count.new_full((), n)
+        count, mean, var = merge_moments(self.count, self.mean, self.var, n, batch_mean, batch_var)
+        first = self.count == 0
+        self.mean.copy_(torch.where(first, batch_mean, mean))
+        self.var.copy_(torch.where(first, batch_var, var))
+        self.count.copy_(count)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return normalise(x, self.mean, self.scale(), self.clip)
@@ -84,6 +85,22 @@ def normalise(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, clip: fl
     population's forward applies with each slot's own copy of them (rows
     [n, size], float32, so that no step converts or takes a root)."""
     return ((x - mean.to(x.dtype)) * scale.to(x.dtype)).clamp(-clip, clip)
+
+
+def occurrence(ids: np.ndarray) -> np.ndarray:
+    """For each entry of ``ids``, how many entries before it hold the same id (0 at an id's first)."""
+    n = len(ids)
+    if not n:
+        return np.empty(0, np.int64)
+    order = np.argsort(ids, kind="stable")  # stable: each id's entries stay in their order
+    sorted_ids = ids[order]
+    starts = np.empty(n, bool)
+    starts[0] = True
+    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=starts[1:])
+    ranks = np.arange(n)
+    out = np.empty(n, np.int64)
+    out[order] = ranks - np.maximum.accumulate(np.where(starts, ranks, 0))
+    return out
 
 
 class RewardScaler:
@@ -112,9 +129,7 @@ class RewardScaler:
         statistics take every rank's returns, each env's running return staying with its rank."""
         counted = np.ones(rewards.shape, bool) if counted is None else counted
         # The k-th unroll of an env in this batch is chained after its (k-1)-th: one pass per k.
-        nth, times = np.empty(len(env_ids), np.int64), {}
-        for j, e in enumerate(env_ids.tolist()):
-            nth[j] = times[e] = times.get(e, -1) + 1
+        nth = occurrence(env_ids)
         seen = []
         for k in range(int(nth.max(initial=-1)) + 1):
             cols = np.flatnonzero(nth == k)

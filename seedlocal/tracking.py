@@ -50,7 +50,7 @@ def run_id(run_dir: Path) -> tuple[str, bool]:
 
 class Tracker:
     """One W&B run, fed by ``RunMonitor`` (scalars), the training videos (from their own thread: every call
-    holds one lock) and the run's end (``finish``)."""
+    into the run holds one lock, only while it hands its data over) and the run's end (``finish``)."""
 
     def __init__(self, run_dir: Path, config: dict, project: str, entity: str, x_axis: str):
         import wandb
@@ -77,8 +77,11 @@ class Tracker:
             self.run.log({**{k: v for k, v in values.items() if v is not None}, self.x_axis: step})
 
     def video(self, tag: str, gif_path: Path, step: int) -> None:
+        # Made before the lock: W&B's media object reads and hashes the whole file, here on the video thread at
+        # nice 19, which a loaded machine may not schedule for a while, with the learner's next log waiting.
+        media = self._wandb.Video(str(gif_path), format="gif")
         with self._lock:
-            self.run.log({tag: self._wandb.Video(str(gif_path), format="gif"), self.x_axis: step})
+            self.run.log({tag: media, self.x_axis: step})
 
     def summary(self, summary: dict) -> None:
         with self._lock:

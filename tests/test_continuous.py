@@ -13,7 +13,7 @@ import torch
 from helpers import tiny_pipeline
 from seedlocal.algos.distributions import DiagGaussian
 from seedlocal.algos.vtrace import vtrace
-from seedlocal.normalize import RewardScaler, RunningNorm
+from seedlocal.normalize import RewardScaler, RunningNorm, merge_moments
 
 
 def test_gaussian_log_prob_and_entropy_match_a_per_dimension_loop():
@@ -124,6 +124,90 @@ def test_reward_scaler_chains_two_unrolls_of_one_env_in_a_batch_and_skips_auto_r
         ret[env] = r
     assert together.returns.tolist() == pytest.approx([ret[e] for e in range(4)], rel=1e-12)
     assert together.var == pytest.approx(np.var(seen), rel=1e-10) and together.mean == pytest.approx(np.mean(seen))
+
+
+def test_the_observation_statistics_update_reads_nothing_back_to_the_host():
+    """The learner folds every batch into its network's statistics (``update_obs_norm``, as the V-trace trainer
+    calls it). On a GPU any read of a value on the host (``float()``, ``.item()``, ``if t:``, ``.cpu()``) waits
+    for every update queued before it; the update made one per batch (is the count still 0?). Tensors on the meta
+    device have no values, so every such read raises: the update runs there only if it reads none, and the
+    statistics stay on the network's device."""
+    from seedlocal.config.schema import EnvConfig
+    from seedlocal.envs.spaces import validate_env
+    from seedlocal.networks import ActorCritic
+
+    spec = validate_env(EnvConfig(id="box_envs:EchoAction-v0"))
+    with torch.device("meta"):
+        model = ActorCritic(spec, obs_norm=True)
+    for _ in range(2):  # the first batch, then a merge
+        model.update_obs_norm({"": torch.empty((8, 4, 2), device="meta")})
+    assert all(t.device.type == "meta" for t in model.obs_norm.buffers())
+
+
+def _running_norm_before(updates):
+    """RunningNorm's statistics as the update made them when it read the count on the host (the old rule)."""
+    count, mean, var = 0.0, torch.zeros(updates[0].shape[-1], dtype=torch.float64), None
+    for x in updates:
+        rows = x.to(torch.float64)
+        n, bm, bv = float(len(rows)), rows.mean(0), rows.var(0, unbiased=False)
+        if count == 0:
+            count, mean, var = n, bm, bv
+        else:
+            count, mean, var = merge_moments(count, mean, var, n, bm, bv)
+    return count, mean, var
+
+
+def _reward_scaler_before(scaler: RewardScaler, rewards, ends, env_ids, counted) -> np.ndarray:
+    """The returns ``RewardScaler.update`` sees, with each column's place among its env's columns counted by a
+    loop over the env ids (the old rule)."""
+    nth, times = np.empty(len(env_ids), np.int64), {}
+    for j, e in enumerate(env_ids.tolist()):
+        nth[j] = times[e] = times.get(e, -1) + 1
+    seen = []
+    for k in range(int(nth.max(initial=-1)) + 1):
+        cols = np.flatnonzero(nth == k)
+        ret = scaler.returns[env_ids[cols]]
+        for t in range(rewards.shape[0]):
+            ret = ret * scaler.discount + rewards[t, cols]
+            seen.append(ret[counted[t, cols]])
+            ret = np.where(ends[t, cols], 0.0, ret)
+        scaler.returns[env_ids[cols]] = ret
+    return np.concatenate(seen) if seen else np.empty(0)
+
+
+def test_the_statistics_without_host_reads_or_an_env_loop_are_the_same_numbers():
+    """The device-side observation update and the vectorised count of each env's unrolls in a batch give
+    bit for bit what the host-side rules gave: batches of one unroll per group, and batches that hold some
+    groups twice or three times."""
+    from seedlocal.normalize import occurrence
+
+    rng = np.random.default_rng(3)
+    updates = [torch.from_numpy(rng.normal(2.0, 3.0, (n, 5))) for n in (7, 1, 12, 30)]
+    norm = RunningNorm(5)
+    for x in updates:
+        norm.update(x)
+    count, mean, var = _running_norm_before(updates)
+    assert float(norm.count) == count and torch.equal(norm.mean, mean) and torch.equal(norm.var, var)
+
+    E, T = 4, 6
+    scaler, before = RewardScaler(num_envs=5 * E, discount=0.97), RewardScaler(num_envs=5 * E, discount=0.97)
+    for groups in ([0, 1, 2, 3, 4], [2, 0, 2], [1, 1, 3, 1], [4], [], [3, 0, 4, 0, 0]):
+        ids = (np.asarray(groups, np.int64)[:, None] * E + np.arange(E)).ravel()
+        nth, times = [], {}
+        for e in ids.tolist():
+            nth.append(times.setdefault(e, 0))
+            times[e] += 1
+        assert occurrence(ids).tolist() == nth
+        rewards, ends = rng.normal(size=(T, len(ids))), rng.random((T, len(ids))) < 0.1
+        counted = rng.random((T, len(ids))) < 0.9
+        seen = _reward_scaler_before(before, rewards, ends, ids, counted)
+        n0, mean0, var0 = scaler.count, scaler.mean, scaler.var
+        scaler.update(rewards, ends, ids, counted)
+        assert np.array_equal(scaler.returns, before.returns)
+        if seen.size:
+            expected = (seen.size, seen.mean(), seen.var()) if n0 == 0 else merge_moments(
+                n0, mean0, var0, seen.size, seen.mean(), seen.var())
+            assert (scaler.count, scaler.mean, scaler.var) == expected
 
 
 def test_actions_reach_the_env_clipped_while_the_store_keeps_the_sample():

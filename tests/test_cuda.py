@@ -429,3 +429,21 @@ def test_training_end_to_end_on_cuda_then_resumed(tmp_path, algo):
     second = train(cfg)
     assert second["status"] == "done" and second["updates"] > first["updates"]
     assert second["steps"] >= steps + 4_000
+
+
+def test_r2d2_priorities_come_back_through_one_pinned_buffer_made_once():
+    """Each update's priorities reach the host through pinned memory: one buffer, made at the first update and
+    reused (the pinned allocator handed out a new block at every update before), read back intact each time."""
+    from seedlocal.trainers.replay_feeder import BatchStager
+
+    stager = BatchStager(CUDA, ["obs"])
+    torch.cuda.synchronize()
+    torch.cuda.reset_accumulated_host_memory_stats()
+    pointers = []
+    for i in range(4):
+        prio = torch.rand(32, device=CUDA, generator=torch.Generator(CUDA).manual_seed(i))
+        handle = stager.priorities_to_host(prio)
+        pointers.append(handle[0].data_ptr())
+        assert np.array_equal(stager.read(handle), prio.cpu().numpy())
+    assert len(set(pointers)) == 1 and handle[0].is_pinned()
+    assert torch.cuda.host_memory_stats()["active_requests.allocated"] == 1

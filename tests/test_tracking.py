@@ -77,3 +77,45 @@ def test_every_family_takes_cleanrls_tracking_flags(algo):
     _, cfg = _parse(["train", algo, "--track", "--wandb-project-name", "p", "--wandb-entity", "me",
                      "--video-every-min", "2.5"])
     assert (cfg.track, cfg.wandb_project_name, cfg.wandb_entity, cfg.video_every_min) == (True, "p", "me", 2.5)
+
+
+def test_the_learners_log_call_does_not_wait_while_a_video_is_prepared_for_wandb(tmp_path, monkeypatch):
+    """The video thread (nice 19) prepares W&B's copy of a video (wandb.Video reads and hashes the file) outside
+    the lock the learner's scalars take: held up there, as a loaded machine may hold it, it keeps no log waiting."""
+    import threading
+
+    import numpy as np
+    import wandb
+
+    from seedlocal.tracking import Tracker
+    from seedlocal.trainers.videos import TAG
+    from seedlocal.video import encode_gif
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    gif, _, _ = encode_gif([np.full((8, 8, 3), v, np.uint8) for v in (0, 255)])
+    path = tmp_path / "episode.gif"
+    path.write_bytes(gif)
+    entered, release, real = threading.Event(), threading.Event(), wandb.Video
+
+    def held_up_video(*args, **kw):
+        entered.set()
+        release.wait(timeout=120)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(wandb, "Video", held_up_video)
+    tracker = Tracker(tmp_path, {"seed": 1}, "seedlocal-tests", "", "steps")
+    maker = threading.Thread(target=tracker.video, args=(TAG, path, 10))
+    try:
+        maker.start()
+        assert entered.wait(timeout=120)
+        log = threading.Thread(target=tracker.scalars, args=(11, {"losses/total_loss": 0.5}))
+        log.start()
+        log.join(timeout=60)  # a guard against a hang, not a time measured: it returns at once or never
+        assert not log.is_alive(), "the learner's log call waited behind the video"
+    finally:
+        release.set()
+        maker.join()
+        tracker.finish(failed=False)
+    (run,) = offline_runs(tmp_path)
+    assert [row["steps"] for row in run.history if "losses/total_loss" in row] == [11]
+    assert [row["steps"] for row in run.history if f"{TAG}/_type" in row] == [10]

@@ -93,3 +93,35 @@ def test_a_negative_period_is_refused_in_one_line(tmp_path, capsys, monkeypatch)
     assert main(["train", "vtrace", "--video-every-min", "-1"]) == 2
     assert capsys.readouterr().err.strip() == "seedlocal: error: video_every_min=-1.0: must be >= 0 (0 = no videos)"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("family, run, trainer", [("vtrace", "VTraceRun", "VTraceTrainer"),
+                                                  ("r2d2", "R2D2Run", "R2D2Trainer")])
+def test_a_video_leaves_the_trainings_random_stream_as_it_was(tmp_path, family, run, trainer):
+    """Training's acting samples from torch's global generator. A video played meanwhile (its policy rebuilt from
+    the weights, then sampling an episode) draws from a generator of its own: the global stream is the same with
+    and without it."""
+    import importlib
+    import time
+
+    import torch
+
+    from seedlocal.envs.spaces import validate_env
+    from seedlocal.monitor import RunMonitor
+    from seedlocal.trainers.run import _videos
+
+    module = importlib.import_module(f"seedlocal.trainers.{family}")
+    cfg = getattr(module, run)(video_every_min=1.0, env=EnvConfig(seed=5), log_dir=str(tmp_path), run_name="v")
+    spec = validate_env(cfg.env)
+    t = getattr(module, trainer)(cfg, spec, torch.device("cpu"))
+    (tmp_path / "v").mkdir()
+    monitor = RunMonitor(tmp_path / "v")
+    try:
+        torch.manual_seed(0)
+        before = torch.get_rng_state()
+        with _videos(t, cfg, spec, monitor, tmp_path / "v", module.from_checkpoint) as videos:
+            videos.maybe(time.monotonic() + 61.0, t)
+        assert len(list((tmp_path / "v" / "videos").glob("steps_*.gif"))) == 1  # the video was made, to its end
+        assert torch.equal(torch.get_rng_state(), before)
+    finally:
+        monitor.close()

@@ -376,3 +376,40 @@ def test_a_lagged_batch_still_gives_a_gradient_with_the_proximal_clip():
     positive = valid & (returns.advantages > 0)
     assert grads["behaviour"][1] > 0.9 and grads["batch"][1] == 0.0
     assert (grads["behaviour"][0][positive] == 0).all() and (grads["batch"][0][positive] > 0).all()
+
+
+@pytest.mark.parametrize("lstm_size", [0, 8])
+def test_minibatches_that_do_not_divide_the_batch_make_as_many_updates_as_asked_and_count_them(lstm_size,
+                                                                                              monkeypatch):
+    """16 rows (or 16 unrolls, with an LSTM) in 7 minibatches: torch.chunk made 6 pieces, so 6 optimiser steps
+    while the update count, the policy lag and the statistics' mean divided by 7. Every pass now makes exactly
+    algo.minibatches updates, and what learner_step returns is the mean over the updates it made."""
+    from seedlocal.algos import vtrace as vt
+    from seedlocal.config.schema import EnvConfig
+    from seedlocal.envs.spaces import validate_env
+    from seedlocal.networks import ActorCritic
+
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+    g = torch.Generator().manual_seed(0)
+    L, B = (3, 8) if not lstm_size else (4, 16)  # 2 rows x 8 unrolls, or 16 unrolls
+    batch = {"obs": {"": torch.randn(L, B, 4, generator=g)}, "action": torch.randint(0, 2, (L, B), generator=g),
+             "reward": torch.ones(L, B), "terminated": torch.zeros(L, B, dtype=torch.bool),
+             "ignored": torch.zeros(L, B, dtype=torch.bool), "behaviour_logits": torch.randn(L, B, 2, generator=g),
+             "core_state": torch.zeros(B, 2, lstm_size) if lstm_size else None}
+    losses, real_loss = [], vt.impala_loss
+
+    def recorded_loss(*args, **kw):
+        loss, stats = real_loss(*args, **kw)
+        losses.append(stats)  # the updater adds grad_norm to it
+        return loss, stats
+
+    monkeypatch.setattr(vt, "impala_loss", recorded_loss)
+    p = vt.VTraceParams(echo=2, minibatches=7, clip=0.1, learning_rate=1e-3)
+    model = ActorCritic(spec, lstm_size=lstm_size)
+    steps = []
+    out = vt.learner_step(model, vt.make_optimizer(model.parameters(), p), batch, p,
+                          after_update=lambda: steps.append(1), shuffle=torch.Generator().manual_seed(1))
+    assert len(steps) == len(losses) == out["updates"] == 2 * 7
+    for key in ("total_loss", "policy_loss", "entropy", "grad_norm"):
+        expected = torch.stack([s[key] for s in losses]).mean()
+        assert out[key].item() == pytest.approx(expected.item(), rel=1e-6), key

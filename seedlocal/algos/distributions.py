@@ -39,13 +39,15 @@ class Categorical:
         return -(log_p.exp() * log_p).sum(-1)
 
     @staticmethod
-    def sample(params: Tensor) -> Tensor:
+    def sample(params: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One action per row, by the Gumbel-max trick: the argmax of the logits plus Gumbel noise is
         distributed as softmax(logits). Unlike ``torch.multinomial`` it neither validates its input on the
         host nor makes a probability tensor: on a GPU the inference loop's sampling never waits for the
         device, and a CUDA graph can hold it. Uniforms are clamped away from 0 so the noise stays finite
-        (at most about 16.6 in float32, so a logit ``ILLEGAL``-far below the others is never chosen)."""
-        u = torch.rand(params.shape, device=params.device).clamp_(min=torch.finfo(torch.float32).tiny)
+        (at most about 16.6 in float32, so a logit ``ILLEGAL``-far below the others is never chosen). The noise
+        comes from ``generator`` (torch's global one if None)."""
+        u = torch.rand(params.shape, device=params.device, generator=generator)
+        u = u.clamp_(min=torch.finfo(torch.float32).tiny)
         return (params.float() - torch.log(-torch.log(u))).argmax(-1)
 
     @staticmethod
@@ -79,9 +81,10 @@ class DiagGaussian:
         return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1)
 
     @staticmethod
-    def sample(params: Tensor) -> Tensor:
+    def sample(params: Tensor, generator: torch.Generator | None = None) -> Tensor:
         mean, log_std = DiagGaussian.split(params)
-        return mean + torch.exp(log_std) * torch.randn_like(mean)
+        noise = torch.randn(mean.shape, dtype=mean.dtype, device=mean.device, generator=generator)
+        return mean + torch.exp(log_std) * noise
 
     @staticmethod
     def mode(params: Tensor) -> Tensor:

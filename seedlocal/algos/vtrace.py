@@ -248,7 +248,7 @@ class VTraceParams:
     each step is learned from"""
     minibatches: int = 1
     """updates per pass: each pass splits the batch into this many shuffled minibatches (of rows; of whole
-    unrolls with an LSTM)"""
+    unrolls with an LSTM), their sizes within one of each other"""
     clip: float = 0.0
     """PPO's clipped surrogate on pi/mu with V-trace advantages (0 = IMPALA's policy gradient); keeps echo > 1 safe"""
     proximal: Literal["behaviour", "batch"] = "behaviour"
@@ -368,7 +368,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
         update(logits[:T], values[:T], targets)
     else:
         targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
-    n_updates = p.echo * p.minibatches
+    n_updates = update.count  # the updates made, whatever the split: the mean, the counter and the lag agree
     # Device tensors, not floats: reading them here would make the host wait
     # for the update to finish. The caller sums them and reads once per log.
     out = {k: v / n_updates for k, v in update.totals.items()}
@@ -397,6 +397,7 @@ class _Updater:
                             normalize_advantages=p.normalize_advantages,
                             moments=None if ranks is None else ranks.masked_moments)
         self.totals: dict[str, Tensor] = {}
+        self.count = 0
         self.diag: dict[str, float] | None = None
 
     def __call__(self, logits: Tensor, values: Tensor, t: _Targets) -> None:
@@ -422,6 +423,7 @@ class _Updater:
             self.diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
         for k, v in stats.items():
             self.totals[k] = self.totals.get(k, 0.0) + v.detach()
+        self.count += 1
 
 
 def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precision: str,
@@ -444,7 +446,12 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
                            targets.proximal_log_probs.reshape(T * B))
     for _ in range(p.echo):
         order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
-        for idx in order.chunk(p.minibatches):
+        # tensor_split, not chunk: chunk makes pieces of ceil(n / k) and so fewer than k of them (16 unrolls
+        # into 7 gave 6, the last of one unroll), which broke the promise of algo.minibatches updates per pass
+        # and, with data-parallel ranks, would let ranks of different sizes disagree on how many collectives
+        # an update makes. These pieces differ by at most one row (unroll); each update's loss is its own
+        # piece's mean, so every update is a whole step and the logged statistics are means over updates.
+        for idx in order.tensor_split(p.minibatches):
             if recurrent:
                 logits, values = _unroll(model, batch, first, precision, cols=idx)
                 update(logits[:T], values[:T], targets.select((slice(None), idx)))

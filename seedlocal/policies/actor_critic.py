@@ -67,5 +67,5 @@ class ModelPolicy(Policy):
         params, value = params.float(), value.float()
         if core is not None:
             core = core.float()
-        actions = self.dist.mode(params) if self.greedy else self.dist.sample(params)
+        actions = self.dist.mode(params) if self.greedy else self.dist.sample(params, self.generator)
         return actions, {self.dist.field: params, "value": value}, core

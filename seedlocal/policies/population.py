@@ -307,7 +307,8 @@ class PopulationForward:
         return h.squeeze(0)
 
 
-def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noise: float = 0.0) -> torch.Tensor:
+def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noise: float = 0.0,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
     """The population's action rule, one member's network output -> its action: over a Box the output itself
     (the env clips it), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions the argmax
     of the logits (``greedy``, the deep-GA convention) or a sample from their softmax."""
@@ -315,7 +316,7 @@ def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noi
         return out if not action_noise else out + action_noise * torch.randn_like(out)
     if greedy:
         return out.argmax(-1)
-    return Categorical.sample(out)
+    return Categorical.sample(out, generator)
 
 
 class MemberPolicy(Policy):
@@ -330,7 +331,7 @@ class MemberPolicy(Policy):
 
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
-        return member_actions(self.net(obs), self.net.continuous, self.greedy), {}, None
+        return member_actions(self.net(obs), self.net.continuous, self.greedy, generator=self.generator), {}, None
 
 
 class Job:

@@ -37,7 +37,7 @@ class R2D2Policy(Policy):
         self.stack = stack
         self.frames = FrameHistory(spec.obs[""], stack, device, len(self.eps) if self.eps.ndim else 0) \
             if stack > 1 else None
-        self.gen = torch.Generator(device=draws_on or device).manual_seed(seed)
+        self.generator = torch.Generator(device=draws_on or device).manual_seed(seed)
 
     def prepare(self, sizes, obs):
         if isinstance(self._step, GraphedStep):
@@ -50,12 +50,12 @@ class R2D2Policy(Policy):
         """Uniform [0, 1) numbers and random actions for ``n`` rows, from this policy's generator; with an action
         ``mask`` [n, actions], each row's random action uniform over its legal ones (the largest of a uniform
         draw per legal action)."""
-        on = self.gen.device
-        u = torch.rand(n, generator=self.gen, device=on)
+        on = self.generator.device
+        u = torch.rand(n, generator=self.generator, device=on)
         if mask is None:
-            random = torch.randint(actions, (n,), generator=self.gen, device=on).to(self.device)
+            random = torch.randint(actions, (n,), generator=self.generator, device=on).to(self.device)
         else:
-            w = torch.rand((n, actions), generator=self.gen, device=on).to(self.device)
+            w = torch.rand((n, actions), generator=self.generator, device=on).to(self.device)
             random = torch.where(mask, w, -1.0).argmax(-1)
         return u.to(self.device), random
 

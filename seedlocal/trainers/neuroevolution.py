@@ -49,7 +49,7 @@ from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, e
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape, widened
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
-from seedlocal.trainers.run import Family, Run, Trainer, checkpoint_env, image_frames, rebuilding, run
+from seedlocal.trainers.run import Family, Run, Trainer, blank, checkpoint_env, image_frames, rebuilding, run
 
 
 def _pipeline_default() -> PipelineConfig:
@@ -572,7 +572,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     spec = checkpoint_env(state)
     with rebuilding(state):
         cfg = NeuroevoRun(network=checkpoint_network(ident, spec))
-        net = build_policy(cfg, spec)
+        net = blank(lambda: build_policy(cfg, spec))
         torch.nn.utils.vector_to_parameters(state["best_params"].float(), net.parameters())
         if net.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
             net.obs_norm.load_state_dict(state["obs_norm"])

@@ -52,8 +52,8 @@ from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
-from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, checkpoint_env, image_frames, mean_of, rebuilding,
-                                    run)
+from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, blank, checkpoint_env, image_frames, mean_of,
+                                    rebuilding, run)
 
 
 @dataclass
@@ -530,7 +530,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     with rebuilding(state):
         stack = int(ident["frame_stack"])
         cfg = R2D2Run(frame_stack=stack, network=checkpoint_network(ident, net_spec(spec, stack)))
-        net = build_net(cfg, spec, device)
+        net = blank(lambda: build_net(cfg, spec, device))
         net.load_state_dict(state["model"])
     return R2D2Policy(net.to(device).eval(), spec, epsilon, WeightLock(device), device,
                       stack if "" in spec.obs else 1, seed=0, draws_on="cpu")

@@ -105,6 +105,10 @@ class BatchStager:
         self._pinned: list[dict[str, torch.Tensor]] = [{}, {}]
         self._copied: list = [None, None]  # CUDA events: the last copy out of each set
         self._turn = 0
+        # An update's priorities, and the event that says they arrived: made once. Each update's are read (and
+        # copied by the replay) before the next update's are queued, so one buffer serves every update.
+        self._prio: torch.Tensor | None = None
+        self._prio_done = None
 
     def _host(self, name: str, arr: np.ndarray) -> torch.Tensor:
         arr = np.ascontiguousarray(arr)
@@ -142,11 +146,12 @@ class BatchStager:
     def priorities_to_host(self, prio: torch.Tensor):
         if not self.ahead:
             return prio
-        out = torch.empty(prio.shape, dtype=prio.dtype, pin_memory=True)
-        out.copy_(prio, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return out, done
+        if self._prio is None or self._prio.shape != prio.shape or self._prio.dtype != prio.dtype:
+            self._prio = torch.empty(prio.shape, dtype=prio.dtype, pin_memory=True)
+            self._prio_done = torch.cuda.Event()
+        self._prio.copy_(prio, non_blocking=True)
+        self._prio_done.record()
+        return self._prio, self._prio_done
 
     def read(self, prio) -> np.ndarray:
         if not self.ahead:

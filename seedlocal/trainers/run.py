@@ -312,6 +312,15 @@ def rebuilding(state: dict):
         raise checkpoint.CheckpointError(f"{state.get('path')}: cannot rebuild its network ({e})") from None
 
 
+def blank(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """``build()``'s network on the CPU, its tensors allocated but not initialised: for a checkpoint's weights.
+    Built on the meta device, so that its init draws nothing: torch's init draws from the global generator, which
+    training's acting shares, and a network rebuilt for a video during training would move training's stream."""
+    with torch.device("meta"):
+        net = build()
+    return net.to_empty(device="cpu")
+
+
 def env_kind(env) -> str:
     """The kind of task ``env`` (an ``EnvConfig``) is (``config.checks.task_kind``: the names the presets go by),
     what a family's ``sized_for`` decides by; "" for one that cannot be described (validation names it)."""

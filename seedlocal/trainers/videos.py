@@ -16,6 +16,10 @@ A thread of its own does the rest at the lowest CPU priority (nice 19,
 which envpool's thread inherits, and one torch thread): it rebuilds the
 policy on the CPU through the family's ``from_checkpoint``, the very
 policy ``seedlocal eval`` plays, plays the episode, encodes and writes it.
+Its random draws come from a generator of its own (the network's rebuild
+draws none), so turning videos on leaves training's random stream as it
+was; W&B's copy of a video is prepared before the tracker's lock is taken,
+which the learner's logging shares.
 A video that falls due while the last is still being made is skipped. An
 env that cannot render is said once, and the run goes on without videos.
 """
@@ -126,6 +130,7 @@ class TrainingVideos:
 
     def _record(self, state: dict, x_axis: str, x: int) -> None:
         policy = self.from_checkpoint(state, torch.device("cpu"), None, EPSILON)
+        policy.generator = torch.Generator().manual_seed(self.seed + self.made)  # not training's global stream
         act = Acting(policy, 1)
 
         def acting(obs):

@@ -37,8 +37,8 @@ from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
-from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, checkpoint_env, env_kind, image_frames, rebuilding,
-                                    run)
+from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, blank, checkpoint_env, env_kind, image_frames,
+                                    rebuilding, run)
 
 # Learner statistics measured once per logging interval (see learner_step).
 DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
@@ -618,7 +618,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     with rebuilding(state):
         cfg = VTraceRun(network=checkpoint_network(ident, net_spec(spec, stack)), frame_stack=stack,
                         algo=VTraceParams(separate_critic=ident.get("separate_critic", False)))
-        model = build_model(cfg, spec)
+        model = blank(lambda: build_model(cfg, spec))
         model.load_state_dict(state["model"])
     return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy), stack=stack)
 
