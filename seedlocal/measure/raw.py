@@ -24,10 +24,11 @@ def _timed(step, warmup: float, seconds: float) -> float:
         i += 1
     steps, t0 = 0, time.perf_counter()
     end = t0 + seconds
-    while time.perf_counter() < end:
+    while True:  # one step at least: a loaded machine can give a short window none, and 0 steps/s measures nothing
         steps += step(i)
         i += 1
-    return steps / (time.perf_counter() - t0)
+        if time.perf_counter() >= end:
+            return steps / (time.perf_counter() - t0)
 
 
 class RawEnvpool:
