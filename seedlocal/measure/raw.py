@@ -123,6 +123,8 @@ class RawEnvpool:
         phase["measure"] = True
         t0 = time.perf_counter()
         time.sleep(seconds)
+        while not sum(counts) and any(t.is_alive() for t in ts):  # one step at least, as _timed
+            time.sleep(0.001)
         total, dt = sum(counts), time.perf_counter() - t0
         phase["stop"] = True
         for t in ts:
