@@ -132,6 +132,16 @@ class EvenSeedsEnd(_Short):
         return obs, 1.0, getattr(self, "ends", True) and self.t >= 5, False, info
 
 
+class StepRaises(_Short):
+    """A user's env with a bug: step() raises ValueError once an env has stepped 40 times (over its episodes)."""
+
+    def step(self, action):
+        self.steps = getattr(self, "steps", 0) + 1
+        if self.steps > 40:
+            raise ValueError(f"bad state after {self.steps - 1} steps")
+        return super().step(action)
+
+
 class OldGymStep(_Short):
     """The pre-Gymnasium API: step returns (obs, reward, done, info)."""
 
@@ -148,6 +158,7 @@ gym.register("BroadcastObs-v0", entry_point=BroadcastObs)
 gym.register("InitRaises-v0", entry_point=InitRaises)
 gym.register("Endless-v0", entry_point=Endless)
 gym.register("EvenSeedsEnd-v0", entry_point=EvenSeedsEnd)
+gym.register("StepRaises-v0", entry_point=StepRaises)
 gym.register("StepHangs-v0", entry_point=StepHangs)
 gym.register("OneHangs-v0", entry_point=OneHangs)
 gym.register("ResetAborts-v0", entry_point=ResetAborts)
