@@ -6,7 +6,8 @@ still plays; one batched forward per step, timed for each strategy of
 gathered every served member's parameter vector on every step.
 
 End to end (``--part train``): GA and ES on the pipeline for a number of
-generations (``--generations``) or a time budget (``--seconds``), evaluation frames/s (rows served to members over the generations' time,
+generations (``--generations``) or a time budget (``--seconds``), evaluation
+frames/s (rows served to members over the generations' time,
 tails and idle slots included, the first generation, which also waits for
 the workers to start, left out) against raw envpool stepping the same number of envs
 with random actions and no model, measured before and after each run.

@@ -437,7 +437,7 @@ def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
             return [*SEEDLOCAL, *head, "--env.id", env, "--pipeline.device", dev, "--seconds", f"{s:g}",
                     *stop, "--log-dir", str(log_dir)]
 
-        # The dry run's trainers end at their work bound (a few seconds of CartPole); the cap is room for a slow machine.
+        # The dry run's trainers end at their work bound (seconds of CartPole); the cap is room for a slow machine.
         steps.append(Step(f"train_{algo}", cmd, timeout=t_train + (26 if dry else 0), min_s=m_train,
                           figures=over_raw_figures, targets=[] if dry else TRAIN_TARGETS[algo],
                           run_dir=log_dir,
