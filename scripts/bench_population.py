@@ -5,8 +5,9 @@ still plays; one batched forward per step, timed for each strategy of
 ``PopulationForward`` (slot rows read in place) against the old way that
 gathered every served member's parameter vector on every step.
 
-End to end (``--part train``): GA and ES on the pipeline for a time budget,
-evaluation frames/s (rows served to members over the generations' time,
+End to end (``--part train``): GA and ES on the pipeline for a number of
+generations (``--generations``) or a time budget (``--seconds``), evaluation
+frames/s (rows served to members over the generations' time,
 tails and idle slots included, the first generation, which also waits for
 the workers to start, left out) against raw envpool stepping the same number of envs
 with random actions and no model, measured before and after each run.
@@ -54,7 +55,9 @@ class Args:
     algos: tuple[str, ...] = ("ga", "es")
     """train: algorithms to run"""
     seconds: float = 20.0
-    """train: seconds per algorithm"""
+    """train: seconds per algorithm (0 = no time budget: --generations ends it)"""
+    generations: int = 0
+    """train: generations per algorithm (0 = until --seconds); a work bound measures the same generations on any machine"""
     raw_seconds: float = 3.0
     """train: raw envpool's timing per kind of stepping, before and after each algorithm (warm-up a sixth of it)"""
     num_workers: int = 0
@@ -128,7 +131,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
     outs = []
     for algo in a.algos:
         cls = {"ga": GARun, "es": ESRun}[algo]
-        cfg = cls(env=env, generations=0, seconds=a.seconds, progress=False, run_name="bench",
+        cfg = cls(env=env, generations=a.generations, seconds=a.seconds, progress=False, run_name="bench",
                   forward=a.forward, episodes_per_member=a.episodes_per_member)
         pipe = cfg.pipeline
         pipe = dataclasses.replace(pipe, num_workers=a.num_workers or pipe.num_workers,
@@ -153,7 +156,8 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
                 idle = series("perf/idle_share")
             after = max(raw.measure(a.raw_seconds / 6, a.raw_seconds).values())
         if not frames:
-            print(f"{algo}: no generation finished within --seconds {a.seconds:g}: nothing to measure", flush=True)
+            print(f"{algo}: no generation finished within --seconds {a.seconds:g}: nothing to measure "
+                  "(--generations N runs N whatever the time)", flush=True)
         # Generation 1 also waits for the env workers to start: left out when there are others.
         skip = 1 if len(frames) > 1 else 0
         rate = sum(frames[skip:]) / sum(secs[skip:]) if frames else None

@@ -207,14 +207,20 @@ def newest(run_dir: Path) -> str | None:
 def write_summary(run_dir: Path, summary: dict) -> Path:
     """``<run>/summary.json``: what a program needs to read of a finished run
     (written atomically, like checkpoints)."""
+    return write_json(Path(run_dir) / "summary.json", summary)
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """``data`` as strict JSON at ``path`` (its folder made), written atomically: a NaN or inf (a diverged
+    run) is written as null."""
     import json
 
     def write(f) -> None:
-        # Strict JSON: a NaN or inf (a diverged run) is written as null.
-        json.dump(_finite_or_none(summary), f, indent=2, allow_nan=False)
+        json.dump(_finite_or_none(data), f, indent=2, allow_nan=False)
         f.write("\n")
 
-    path = Path(run_dir) / "summary.json"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(path, write, binary=False)
     return path
 

@@ -105,7 +105,7 @@ def _stopped_line(e: BaseException, argv: list[str]) -> str:
     """What a stopped run left behind, from the run folder its trainer set on the exception."""
     run_dir = getattr(e, "seedlocal_run_dir", None)  # set by a trainer that got as far as its loop
     if run_dir is None:
-        what = "nothing written"
+        what = getattr(e, "seedlocal_kept", None) or "nothing written"  # eval: the returns so far
     else:
         from seedlocal.checkpoint import newest
 

@@ -13,11 +13,12 @@ module is that call: ``evaluate`` below) returns an ``Evaluation``.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -49,6 +50,9 @@ class EvalConfig:
     """R2D2 checkpoints: chance of a random action when acting as trained (greedy otherwise)"""
     seed: int = 12345
     """env seed (different from training's by default)"""
+    out: str = ""
+    """write the returns and their summary here as JSON (e.g. returns.json); on Ctrl-C, those of the episodes
+    that had ended"""
     device: str = "auto"
     """where the network runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N (as train's
     --pipeline.device)"""
@@ -60,22 +64,34 @@ def policy_of(state: dict, device: torch.device, greedy: bool | None = None, eps
     return families.of_checkpoint(state).from_checkpoint(state, device, greedy, epsilon)
 
 
-def play(policy: Policy, episodes: int, seed: int, max_steps: int) -> tuple[np.ndarray, int]:
+def play(policy: Policy, episodes: int, seed: int, max_steps: int,
+         ended: Callable[[float], None] | None = None) -> tuple[np.ndarray, int]:
     """One raw return per episode (each env plays its first episode), and how
-    many of them ``max_steps`` cut short."""
+    many of them ``max_steps`` cut short. ``ended`` hears each return as its
+    episode ends: what an interrupted eval still has."""
     env = make_group(policy.spec, episodes, 1, seed)
-    act = Acting(policy, episodes)
-    env.reset()
-    obs, _, _, _ = env.recv()
-    returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
-    for _ in range(max_steps):
-        env.send(act(obs))
-        obs, reward, terminated, truncated = env.recv()
-        returns += np.where(finished, 0.0, reward)
-        finished |= terminated | truncated
-        if finished.all():
-            break
-    env.close()
+    in_flight = False
+    try:
+        act = Acting(policy, episodes)
+        env.reset()
+        obs, _, _, _ = env.recv()
+        returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
+        for _ in range(max_steps):
+            env.send(act(obs))
+            in_flight = True
+            obs, reward, terminated, truncated = env.recv()
+            in_flight = False
+            returns += np.where(finished, 0.0, reward)
+            now = (terminated | truncated) & ~finished
+            finished |= now
+            for i in np.flatnonzero(now) if ended is not None else ():
+                ended(float(returns[i]))
+            if finished.all():
+                break
+    finally:
+        if in_flight:  # Ctrl-C between send and recv: envpool closed with a step in flight can abort the process
+            env.recv()
+        env.close()
     return returns, int((~finished).sum())
 
 
@@ -93,8 +109,9 @@ def main(cfg: EvalConfig) -> dict:
             fail(name, getattr(cfg, name), "must be positive")
     if cfg.video and not cfg.video.lower().endswith(".gif"):
         fail("video", cfg.video, "only .gif output is supported")
-    if cfg.video:  # before the episodes are played, not after
-        check_writable("video", cfg.video, folder=False)
+    for name in ("video", "out"):  # before the episodes are played, not after
+        if getattr(cfg, name):
+            check_writable(name, getattr(cfg, name), folder=False)
     if not 0 <= cfg.epsilon <= 1:
         fail("epsilon", cfg.epsilon, "must be in [0, 1]")
     state = checkpoint.load(cfg.checkpoint)
@@ -109,18 +126,11 @@ def main(cfg: EvalConfig) -> dict:
             frames = record(policy_of(*acting), cfg.seed, cfg.video_max_steps)
         except video.RenderUnavailable as e:
             no_video = str(e)
-    returns, cut = play(policy, cfg.episodes, cfg.seed, cfg.max_steps)
-    counters = state.get("counters", {})
-    steps = counters.get("steps", counters.get("generation", 0))
-    how = policy.acting
-    print(f"{policy.spec.env_id}: {cfg.episodes} episodes ({how} actions), return mean {returns.mean():.2f} "
-          f"std {returns.std():.2f} (min {returns.min():.1f}, max {returns.max():.1f}); "
-          f"checkpoint {state['path']} at {steps:,d} {'steps' if 'steps' in counters else 'generations'}")
+    returns, cut = _play_or_report(cfg, state, policy)
+    out = _report(cfg, state, policy, returns, cut)
     if cut:
         print(f"note: {cut} of the {cfg.episodes} episodes had not ended after --max-steps {cfg.max_steps:,d}; "
               "their returns are partial", flush=True)
-    out = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist(),
-           "policy": how, "cut_short": cut}
     if no_video is not None:
         print(f"no video: {no_video}", flush=True)
     if frames is not None:
@@ -128,8 +138,58 @@ def main(cfg: EvalConfig) -> dict:
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.video).write_bytes(gif)
         run_dir = checkpoint.run_dir_of(state["path"])
-        print(f"video: {cfg.video} ({len(frames)} frames); {_to_tensorboard(run_dir, gif, h, w, steps)}")
+        print(f"video: {cfg.video} ({len(frames)} frames); {_to_tensorboard(run_dir, gif, h, w, _trained(state)[0])}")
         out["video"] = cfg.video
+    return out
+
+
+def _play_or_report(cfg: EvalConfig, state: dict, policy: Policy) -> tuple[np.ndarray, int]:
+    """The episodes played, each return said as its episode ends. Stopped by Ctrl-C (or SIGTERM, SIGHUP),
+    the returns of the episodes that had ended are reported as a finished eval's, marked as stopped, before
+    the stop goes on up to the command (exit status 130, or 128 + the signal)."""
+    so_far: list[float] = []
+
+    def ended(ret: float) -> None:
+        so_far.append(ret)
+        print(f"episode {len(so_far)} of {cfg.episodes}: return {ret:.2f}", flush=True)
+
+    try:
+        return play(policy, cfg.episodes, cfg.seed, cfg.max_steps, ended)
+    except (KeyboardInterrupt, SystemExit) as e:
+        signum = getattr(e, "signum", None)  # the CLI's SIGTERM / SIGHUP
+        if not isinstance(e, KeyboardInterrupt) and signum is None:
+            raise
+        how = "interrupted" if signum is None else f"stopped by {signal.Signals(signum).name}"
+        _report(cfg, state, policy, np.array(so_far), 0, stopped=how)
+        e.seedlocal_kept = f"the returns of {len(so_far)} episodes" + (f" in {cfg.out}" if cfg.out else " above")
+        raise
+
+
+def _trained(state: dict) -> tuple[int, str]:
+    """How far the checkpoint's run had trained: its steps, or its generations (neuroevolution)."""
+    counters = state.get("counters", {})
+    if "steps" in counters:
+        return counters["steps"], "steps"
+    return counters.get("generation", 0), "generations"
+
+
+def _report(cfg: EvalConfig, state: dict, policy: Policy, returns: np.ndarray, cut: int, stopped: str = "") -> dict:
+    """The summary line of ``returns``, and the same in ``--out``'s file: every episode, or those that ended
+    before the eval was ``stopped`` (e.g. "interrupted")."""
+    at, unit = _trained(state)
+    n = len(returns)
+    played = f"{stopped} after {n} of {cfg.episodes} episodes" if stopped else f"{n} episodes"
+    stats = (f"return mean {returns.mean():.2f} std {returns.std():.2f} (min {returns.min():.1f}, "
+             f"max {returns.max():.1f})") if n else "no episode had ended"
+    print(f"{policy.spec.env_id}: {played} ({policy.acting} actions), {stats}; checkpoint {state['path']} at "
+          f"{at:,d} {unit}", flush=True)
+    out = {"mean": float(returns.mean()) if n else None, "std": float(returns.std()) if n else None,
+           "returns": returns.tolist(), "policy": policy.acting, "cut_short": cut}
+    if cfg.out:
+        checkpoint.write_json(cfg.out, {"env": policy.spec.env_id, "checkpoint": str(state["path"]), unit: at,
+                                        "episodes": n, "episodes_asked": cfg.episodes, "interrupted": bool(stopped),
+                                        **out})
+        print(f"returns: {cfg.out}", flush=True)
     return out
 
 
@@ -165,8 +225,8 @@ class Evaluation:
 def evaluate(checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
     """``seedlocal eval`` from Python: play ``checkpoint`` (a checkpoint file, or a run folder: its newest) for
     ``episodes``. ``options`` are eval's other options by name (``policy``, ``video``, ``device``, ``seed``,
-    ``max_steps``, ``epsilon``, ``video_max_steps``); what the command line refuses in one line is raised as a
-    ``SeedlocalError`` with that line."""
+    ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``); what the command line refuses in one line is
+    raised as a ``SeedlocalError`` with that line."""
     from seedlocal.config.overrides import apply, flatten
 
     cfg = apply(EvalConfig(checkpoint=str(checkpoint)), flatten(EvalConfig, {"episodes": episodes, **options}))

@@ -118,6 +118,30 @@ class Endless(_Short):
         return obs, r, False, False, info
 
 
+class EvenSeedsEnd(_Short):
+    """Reward 1 a step. An env reset with an even seed ends its episode after 5 steps (return 5); one reset with
+    an odd seed never ends it: an eval of its envs has some returns in, then runs until it is stopped."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.ends = seed % 2 == 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, _, _, _, info = super().step(action)
+        return obs, 1.0, getattr(self, "ends", True) and self.t >= 5, False, info
+
+
+class StepRaises(_Short):
+    """A user's env with a bug: step() raises ValueError once an env has stepped 40 times (over its episodes)."""
+
+    def step(self, action):
+        self.steps = getattr(self, "steps", 0) + 1
+        if self.steps > 40:
+            raise ValueError(f"bad state after {self.steps - 1} steps")
+        return super().step(action)
+
+
 class OldGymStep(_Short):
     """The pre-Gymnasium API: step returns (obs, reward, done, info)."""
 
@@ -133,6 +157,8 @@ gym.register("NaNReward-v0", entry_point=NaNReward)
 gym.register("BroadcastObs-v0", entry_point=BroadcastObs)
 gym.register("InitRaises-v0", entry_point=InitRaises)
 gym.register("Endless-v0", entry_point=Endless)
+gym.register("EvenSeedsEnd-v0", entry_point=EvenSeedsEnd)
+gym.register("StepRaises-v0", entry_point=StepRaises)
 gym.register("StepHangs-v0", entry_point=StepHangs)
 gym.register("OneHangs-v0", entry_point=OneHangs)
 gym.register("ResetAborts-v0", entry_point=ResetAborts)

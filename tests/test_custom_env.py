@@ -55,7 +55,7 @@ def test_a_module_that_cannot_be_imported_or_registers_nothing_is_named():
 def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     """A reset that always raises would fail the same way on every restart:
     the run stops at once, with one line naming the worker and the env's
-    exception (its traceback is above it, from the worker)."""
+    exception (the env's traceback is above it, shown once)."""
     out, aborts = seedlocal_all([
         ("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
          "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"),
@@ -65,7 +65,7 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("seedlocal: error: env worker"), last
     assert "RuntimeError: boom in reset" in last and "not restarting" in last, last
-    assert "restarted it" not in out.stdout
+    assert "restarted it" not in out.stdout + out.stderr
     assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
     # A run that never stepped leaves no checkpoint, so the same name can be used again once the env is fixed.
     assert not list((tmp_path / "r").glob("checkpoints/ckpt_*.pt"))
@@ -75,7 +75,48 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     # Native code aborting while the env starts is no different.
     last = aborts.stderr.strip().splitlines()[-1]
     assert aborts.returncode == 1 and "killed by signal 6 before its envs produced a first step" in last, last
-    assert "not restarting" in last and "restarted it" not in aborts.stdout
+    assert "not restarting" in last and "restarted it" not in aborts.stdout + aborts.stderr
+
+
+def test_an_env_that_raises_in_step_shows_its_traceback_once_and_keeps_every_one_in_the_run_folder(tmp_path):
+    """Issue 44, item 15: every worker death printed the env's whole traceback (6 of them in 134 lines). The
+    env's traceback is shown once, from the user's own frames (its file and line); each later death is one line;
+    every traceback, whole, is in the run folder's env_errors.log, which the terminal names; the last line names
+    the error and the restart budget, as before. The restart budget ends the run (--pipeline.max-restarts 2)."""
+    import inspect
+    import faulty_envs
+
+    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:StepRaises-v0", "--total-steps", "100000000",
+                    "--pipeline.max-restarts", "2", "--log-dir", str(tmp_path), "--run-name", "s", "--no-progress")
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    err = out.stderr.strip().splitlines()
+    log = tmp_path / "s" / "env_errors.log"
+    # The first death: its env's traceback, the user's frame in it and none of seedlocal's or Gymnasium's wrappers'.
+    assert re.fullmatch(rf"seedlocal: env worker \d+'s env raised \(every worker's whole traceback goes to "
+                        rf"{re.escape(str(log))}\):", err[0]), err
+    lines, start = inspect.getsourcelines(faulty_envs.StepRaises.step)
+    line = start + next(i for i, text in enumerate(lines) if "raise ValueError" in text)
+    assert err[1:5] == ["Traceback (most recent call last):",
+                        f'  File "{inspect.getsourcefile(faulty_envs)}", line {line}, in step',
+                        '    raise ValueError(f"bad state after {self.steps - 1} steps")',
+                        "ValueError: bad state after 40 steps"], err
+    # Then one line a death, the last one the error naming the budget; nothing else.
+    deaths, last = err[5:-1], err[-1]
+    assert deaths and all(d.startswith("seedlocal: env worker") and d.endswith(
+        "(ValueError: bad state after 40 steps); restarted it on fresh episodes") for d in deaths), err
+    assert last.startswith("seedlocal: error: env worker") and last.endswith(
+        "(ValueError: bad state after 40 steps); restarted 2 times already in the last 600 s "
+        "(pipeline.max_restarts=2 per pipeline.restart_window_s=600), stopping"), last
+    assert out.stderr.count("Traceback") == 1 and "restarted it" not in out.stdout
+    # Every death's whole traceback in the file, seedlocal's frames too.
+    kept = log.read_text()
+    for death in deaths + [last]:
+        pid = re.search(r"\(pid (\d+), env", death).group(1)
+        assert f"(pid {pid}, group" in kept, (death, kept[-2000:])
+    records = kept.count("Traceback (most recent call last):")
+    assert records == kept.count("\n==== ") + 1 >= len(deaths) + 1 and kept.count("ValueError: bad state") == records
+    assert "seedlocal/pipeline/worker.py" in kept and "faulty_envs.py" in kept
+    assert not leaked_segments()  # the run above has exited; another test run's segments are not its
 
 
 def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path):
@@ -104,7 +145,7 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
         assert out.returncode == 1, out.stderr[-2000:]
         last = out.stderr.strip().splitlines()[-1]
         assert last.startswith("seedlocal: error: env worker") and message in last, last
-        assert "not restarting it" in last and "restarted it" not in out.stdout  # it would fail the same way
+        assert "not restarting it" in last and "restarted it" not in out.stdout + out.stderr  # it would fail alike
         assert "Traceback" not in out.stderr, out.stderr[-2000:]  # our own check's stack says nothing
     assert ga.returncode == 2
     assert ga.stderr.strip().splitlines() == [

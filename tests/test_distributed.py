@@ -357,9 +357,11 @@ def test_every_rank_serves_an_actor_host_of_its_own(tmp_path):
                 continue
     hosts = [actors(port + r, "--retry-s", "60") for r in range(2)]
     try:
-        out = _train(tmp_path, "--learners", "2", "--pipeline.num-workers", "2", "--bridge.listen",
-                     f"127.0.0.1:{port}", "--bridge.remote-envs", "8", "--total-steps", "0", "--seconds", "30",
-                     "--run-name", "b")
+        # Every step from the hosts, and a step budget: the run cannot end before both hosts have served it (30 s
+        # beside local workers left that to the machine's load).
+        out = _train(tmp_path, "--learners", "2", "--pipeline.num-workers", "0", "--bridge.listen",
+                     f"127.0.0.1:{port}", "--bridge.remote-envs", "8", "--total-steps", "12000",
+                     "--log-every-s", "0.5", "--run-name", "b")
     finally:
         said = [finish(h, timeout=30) for h in hosts]
     assert out.returncode == 0, out.stdout + out.stderr

@@ -112,3 +112,65 @@ def test_eval_picks_its_device_as_train_does():
 
     assert EvalConfig(checkpoint="x").device == PipelineConfig().device == "auto"
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_ctrl_c_in_a_long_eval_prints_and_saves_the_returns_so_far(tmp_path):
+    """Issue 44, item 14: Ctrl-C in a long ``seedlocal eval`` lost every return played. Each return is said as its
+    episode ends; stopped, eval says the returns that had ended, as a finished eval would but marked as
+    interrupted, writes them to --out, exits 130, and leaves no process and no segment. Two of the four envs of
+    EvenSeedsEnd (seeds 10 and 12) end at return 5, the other two never do: the eval is still playing, with two
+    returns in, whenever the signal comes."""
+    import json
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import psutil
+    from conftest import seedlocal_segments
+    from helpers import TESTS, terminal_like
+
+    from seedlocal.config.schema import EnvConfig, PipelineConfig
+    from seedlocal.trainers.vtrace import VTraceRun, train
+
+    train(VTraceRun(env=EnvConfig(id="faulty_envs:EvenSeedsEnd-v0"), total_steps=200, log_dir=str(tmp_path),
+                    run_name="e", progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=4)))
+    out_file = tmp_path / "returns" / "eval.json"
+    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "seedlocal", "eval", "--checkpoint", str(tmp_path / "e"),
+                             "--episodes", "4", "--seed", "10", "--max-steps", "1000000000", "--device", "cpu",
+                             "--out", str(out_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, preexec_fn=terminal_like, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
+    said = []
+    try:
+        while not any(line.startswith("episode 2 of 4:") for line in said):  # bounded by work: two episodes ended
+            line = lines.get(timeout=120)  # a give-up limit only: the old eval never says an episode
+            assert line is not None, "".join(said) + proc.stderr.read()
+            said.append(line)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = proc.stderr.read()
+    while (line := lines.get(timeout=10)) is not None:
+        said.append(line)
+    out = "".join(said)
+    assert proc.returncode == 130, out + err
+    assert said[:2] == ["episode 1 of 4: return 5.00\n", "episode 2 of 4: return 5.00\n"], out
+    assert ("faulty_envs:EvenSeedsEnd-v0: interrupted after 2 of 4 episodes (sampled actions), return mean 5.00 "
+            "std 0.00 (min 5.0, max 5.0); checkpoint") in out, out
+    saved = json.loads(out_file.read_text())
+    assert saved["interrupted"] is True and saved["returns"] == [5.0, 5.0] and saved["mean"] == 5.0, saved
+    assert saved["episodes"] == 2 and saved["episodes_asked"] == 4 and saved["env"] == "faulty_envs:EvenSeedsEnd-v0"
+    assert f"seedlocal: interrupted; stopped cleanly (the returns of 2 episodes in {out_file})" in err, err
+    assert "Traceback" not in err, err
+    _, alive = psutil.wait_procs(kids, timeout=20)  # the resource tracker ends just after eval: a give-up limit
+    assert not alive, alive
+    assert not seedlocal_segments(proc.pid)

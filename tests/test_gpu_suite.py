@@ -4,6 +4,7 @@ runner (timeouts, JSON lines, the budget) and a CPU dry run of every step."""
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -120,7 +121,8 @@ def test_cpu_dry_run_runs_every_step_and_parses_what_it_prints(tmp_path):
     assert all(v > 0 for v in precision["learn_s"].values())
     assert recs["bench_transport"]["targets"][0]["figure"] == "transport_steps_per_s"
     assert recs["population_forward"]["figures"]["forward_steps_per_s"] > 0
-    assert recs["population_train"]["figures"]["ga_generations"] >= 1
+    pop_argv = shlex.split(recs["population_train"]["command"])  # its generations, whatever the time (issue 44)
+    assert recs["population_train"]["figures"]["ga_generations"] == int(pop_argv[pop_argv.index("--generations") + 1])
     for algo in ("vtrace", "r2d2", "ga"):
         t = recs[f"train_{algo}"]
         assert t["summary"]["status"] == "done" and t["summary"]["algo"] == algo, t
@@ -130,6 +132,39 @@ def test_cpu_dry_run_runs_every_step_and_parses_what_it_prints(tmp_path):
     assert ga["figures"]["population"] == ga["summary"]["population"] >= 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "suite.log"]  # run folders pruned
     assert "==== summary" in r.stdout
+
+
+def test_the_dry_run_bounds_its_runs_by_work_not_by_seconds(tmp_path):
+    """Issue 44, item 1: the dry run's population_train ran for 2 seconds and its test asked for a generation; under
+    two pytest processes it made none. Every run the dry run's test counts the work of ends at a work bound."""
+    import argparse
+
+    suite = _suite_module()
+    a = argparse.Namespace(curve=False, peer=False, cpu_dry_run=True, env="", bench_args="", curve_target=18.0)
+    steps = {s.name: s for s in suite.build_steps(a, tmp_path)}
+
+    def value(cmd, flag):
+        return float(cmd[cmd.index(flag) + 1])
+
+    pop = steps["population_train"].argv(60.0)
+    assert value(pop, "--generations") >= 2 and value(pop, "--seconds") == 0  # the first one is left out of its rate
+    for algo, flag in (("vtrace", "--total-steps"), ("r2d2", "--total-steps"), ("ga", "--generations")):
+        assert value(steps[f"train_{algo}"].argv(60.0), flag) > 0, algo
+
+
+def test_bench_population_runs_the_generations_asked_with_no_time_budget():
+    """What population_train's figures come from: --generations N runs N generations, no more, no fewer,
+    however long they take (--seconds 0: no time budget)."""
+    spec = importlib.util.spec_from_file_location("bench_population", ROOT / "scripts" / "bench_population.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_population"] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    import torch
+
+    a = bench.Args(part="train", algos=("ga",), population=8, generations=2, seconds=0.0, raw_seconds=0.05,
+                   num_workers=1, envs_per_worker=8, device="cpu")
+    (out,) = bench.train_part(a, torch.device("cpu"))
+    assert out["generations"] == 2 and out["eval_frames_per_s"] > 0, out
 
 
 def test_the_gpu_curve_is_the_command_a_user_types(tmp_path):

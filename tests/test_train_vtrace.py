@@ -400,7 +400,9 @@ def test_the_time_budget_holds_while_a_large_batch_fills(tmp_path, capsys):
     cfg = _tiny(tmp_path, total_steps=0, seconds=3.0)
     cfg.algo.batch_size = 40_000  # 10,000 unrolls of 16 steps x 4 envs
     summary = train(cfg)
-    assert summary["updates"] == 0 and 0 < summary["steps"] < 40_000 * cfg.pipeline.unroll_length, summary
+    # The steps a loaded machine makes in 3 s are its own affair: not asserted beyond the batch they stayed below.
+    assert summary["stopped_by"] == "seconds" and summary["updates"] == 0, summary
+    assert summary["steps"] < 40_000 * cfg.pipeline.unroll_length, summary
     assert ("0 updates (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
             f"{40_000 * cfg.pipeline.unroll_length:,d} steps was learned from)") in capsys.readouterr().out
 

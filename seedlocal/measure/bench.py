@@ -62,7 +62,7 @@ class BenchConfig:
     seconds: float = 5.0
     """measured seconds per configuration (after a warm-up)"""
     warmup: float = 1.5
-    """seconds run before measuring each configuration"""
+    """seconds run before measuring each configuration (and until its first batch: workers may still be starting)"""
     device: str = "auto"
     """where the policy runs: auto, cpu, cuda, cuda:N"""
     cuda_graphs: bool = False
@@ -141,6 +141,8 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
 
     with Pipeline(EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack), pipe_cfg, make_policy) as pipe:
         pipe.loop.run(cfg.warmup)
+        while not pipe.loop.stats.batches:  # workers still starting on a loaded machine: the warm-up waits for them
+            pipe.loop.step()
         pipe.loop.stats.collect_s.clear()
         raws, pipes, ratios, totals, threads = _alternate(cfg, pipe, raw)
         lat = np.array(pipe.loop.stats.collect_s) * 1e3

@@ -24,10 +24,11 @@ def _timed(step, warmup: float, seconds: float) -> float:
         i += 1
     steps, t0 = 0, time.perf_counter()
     end = t0 + seconds
-    while time.perf_counter() < end:
+    while True:  # one step at least: a loaded machine can give a short window none, and 0 steps/s measures nothing
         steps += step(i)
         i += 1
-    return steps / (time.perf_counter() - t0)
+        if time.perf_counter() >= end:
+            return steps / (time.perf_counter() - t0)
 
 
 class RawEnvpool:
@@ -122,6 +123,8 @@ class RawEnvpool:
         phase["measure"] = True
         t0 = time.perf_counter()
         time.sleep(seconds)
+        while not sum(counts) and any(t.is_alive() for t in ts):  # one step at least, as _timed
+            time.sleep(0.001)
         total, dt = sum(counts), time.perf_counter() - t0
         phase["stop"] = True
         for t in ts:

@@ -25,7 +25,7 @@ from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import GROUPS_PER_WORKER, PipelineShape
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
-from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error
+from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error, read_trace
 
 # The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's
 # half-second grace on top, and its exit (bridge/server.py's run_bridge_server).
@@ -110,8 +110,10 @@ class ActorPool:
         max_restarts: int,
         bridge=None,
         restart_window_s: float = 0.0,
+        errors_file: str = "",
     ):
-        """``bridge``: where actor hosts connect, for ``shape``'s remote groups."""
+        """``bridge``: where actor hosts connect, for ``shape``'s remote groups. ``errors_file``: where the
+        workers append their tracebacks (the run's env_errors.log; "": each on the worker's stderr)."""
         self.spec, self.layout, self.shape = spec, layout, shape
         num_workers = self.num_workers = shape.num_workers
         self.envs_per_group = shape.envs_per_group
@@ -122,6 +124,7 @@ class ActorPool:
         self.bridge_port: int | None = None
         self.threads_per_group = shape.threads_per_group
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
+        self.errors_file, self._shown_traceback = errors_file, False
         self._ctx = worker_context()
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
@@ -219,9 +222,11 @@ class ActorPool:
             ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready,
             parent_pid=forkserver_pid(),
+            errors_file=self.errors_file,
         )
         for g in groups:
             self.control["group_error"][g] = 0
+            self.control["group_trace"][g] = 0
         self._steps_at_spawn[w] = self._group_steps(w)
         proc = self._ctx.Process(target=run_worker, args=(args,), name=f"seedlocal-env-{w}", daemon=True)
         with main_file_hidden_if_missing():
@@ -243,6 +248,18 @@ class ActorPool:
         errors = [e for e in (read_error(self.control, g) for g in self.groups_of(w)) if e]
         why = f" ({errors[0]})" if errors else ""
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
+
+    def show_traceback(self, w: int) -> None:
+        """The first time a worker dies of its env's exception, that env's traceback (its own frames, so the
+        user's file and line) on stderr, and the file every worker's whole one goes to; each later death is
+        the caller's one line. Without a file the worker printed its whole traceback itself."""
+        if not self.errors_file or self._shown_traceback:
+            return
+        trace = next((t for t in (read_trace(self.control, g) for g in self.groups_of(w)) if t), "")
+        if trace:
+            self._shown_traceback = True
+            print(f"seedlocal: env worker {w}'s env raised (every worker's whole traceback goes to "
+                  f"{self.errors_file}):\n{trace.rstrip()}", file=sys.stderr, flush=True)
 
     def begin_restart(self, w: int) -> None:
         """Take dead worker ``w``'s slots back, or raise ``WorkerDied``.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -292,8 +293,10 @@ class InferenceLoop:
         for w in self.pool.dead_workers():
             if self.pool.control["stop"][0]:
                 return
+            self.pool.show_traceback(w)  # the first death's, once
             self.pool.begin_restart(w)  # raises WorkerDied once restarts are spent
-            print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", flush=True)
+            print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", file=sys.stderr,
+                  flush=True)
             for g in self.pool.groups_of(w):
                 # Drop the partial unroll: nothing before the crash is kept. A
                 # group with no free unroll to start in (parked, the consumer

@@ -66,10 +66,11 @@ class Pipeline:
         spec: EnvSpec | None = None,
         bridge: BridgeConfig | None = None,
         shape: PipelineShape | None = None,
+        errors_file: str = "",
     ):
         """``shape``: the trainer's, built and checked from this config (the
         config is not checked again); without one, the config is checked and
-        shaped here."""
+        shaped here. ``errors_file``: where env workers' tracebacks go (``ActorPool``)."""
         if shape is None:
             validate_pipeline(pipe)
             shape = pipeline_shape(pipe, bridge)
@@ -91,7 +92,7 @@ class Pipeline:
         _check_fits(env, self.spec, shape, self.layout)
         self.pool = ActorPool(
             self.spec, self.layout, shape, env.seed, pipe.max_restarts,
-            bridge=bridge, restart_window_s=pipe.restart_window_s,
+            bridge=bridge, restart_window_s=pipe.restart_window_s, errors_file=errors_file,
         )
         try:
             self.loop = InferenceLoop(

@@ -25,7 +25,7 @@ from seedlocal.spec import EnvSpec
 from seedlocal.envs.make import make_group
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
-from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND, Signal, write_error
+from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND, Signal, write_error, write_trace
 
 
 CONTRACT_EXIT = 3  # exit code of a worker whose env broke its contract
@@ -46,6 +46,7 @@ class WorkerArgs:
     obs_ready: Signal  # a wake-up hint for the inference loop (orders nothing)
     poll_s: float = 0.5
     parent_pid: int = 0  # the forkserver this worker is forked from (0: unknown, take the parent at start)
+    errors_file: str = ""  # where its traceback goes if its env raises (the run's env_errors.log; "": stderr)
 
 
 def _leave_forkserver() -> None:
@@ -150,8 +151,7 @@ def run_worker(args: WorkerArgs) -> None:
             for env in envs:
                 env.close()
     except BaseException as e:
-        traceback.print_exc()
-        write_error(control, args.groups[0], e)
+        _report(args, control, args.groups[0], e)
         code = 1
     finally:
         sys.stdout.flush()
@@ -172,13 +172,49 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
     try:
         _group_loop(args, g, env, control, store)
     except BaseException as e:
-        if not isinstance(e, EnvContractError):  # its message is the whole story, and the learner prints it
-            traceback.print_exc()
-        write_error(control, g, e)
+        _report(args, control, g, e)
         sys.stderr.flush()
         # A half-dead worker must look dead to the inference loop; a broken env
         # contract says so by its exit code (no restart would help).
         os._exit(CONTRACT_EXIT if isinstance(e, EnvContractError) else 1)
+
+
+def _report(args: WorkerArgs, control: SharedArrays, g: int, e: BaseException) -> None:
+    """Why this worker dies, for the learner: the exception in one line and the env's own frames of its
+    traceback (in shared memory: the learner shows the first death's, then one line a death); the whole
+    traceback goes to the run's ``errors_file``. Without a run folder (a bench, an actor host), or where it
+    cannot be written, the whole traceback goes to stderr instead, as the learner shows none."""
+    write_error(control, g, e)
+    if isinstance(e, EnvContractError):  # its message is the whole story, and the learner prints it
+        return
+    whole = "".join(traceback.format_exception(e))
+    if args.errors_file:
+        write_trace(control, g, _env_traceback(e))
+        head = (f"==== {time.strftime('%Y-%m-%d %H:%M:%S')}  env worker {args.index} (pid {os.getpid()}, group {g}, "
+                f"env {args.spec.env_id})\n")
+        try:
+            with open(args.errors_file, "a") as f:  # one write: workers dying together do not interleave
+                f.write(head + whole)
+            return
+        except OSError as err:
+            whole += f"(not written to {args.errors_file}: {err.strerror})\n"
+    sys.stderr.write(whole)
+
+
+_SEEDLOCAL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _env_traceback(e: BaseException) -> str:
+    """``e``'s traceback from the env's own frames: seedlocal's (this worker's loop, the env backend) and
+    Gymnasium's wrappers (the time limit, the checkers) left out, the frame that raised always kept, so
+    that the file and line of the user's code are what it shows."""
+    gym = sys.modules.get("gymnasium")
+    passing = (_SEEDLOCAL,) + ((os.path.dirname(gym.__file__) + os.sep,) if gym and gym.__file__ else ())
+    te = traceback.TracebackException.from_exception(e)
+    last = len(te.stack) - 1
+    te.stack = traceback.StackSummary.from_list(
+        [f for i, f in enumerate(te.stack) if i == last or not f.filename.startswith(passing)])
+    return "".join(te.format())
 
 
 def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:

@@ -49,20 +49,36 @@ ACTION_READY = 2
 RESET = 3
 UNBOUND = 4
 ERROR_BYTES = 400
+TRACE_BYTES = 4096  # the env's own frames of a traceback: a user's env's, a few hundred bytes to a few KB
 
 
 def write_error(control, group: int, exc: BaseException) -> None:
     """Record ``exc`` as the reason group ``group``'s worker is about to die."""
     text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
-    data = text.encode("utf-8", "replace")[:ERROR_BYTES - 1]
-    row = control["group_error"][group]
+    _write_text(control["group_error"][group], text.encode("utf-8", "replace")[:ERROR_BYTES - 1])
+
+
+def read_error(control, group: int) -> str:
+    return _read_text(control["group_error"][group])
+
+
+def write_trace(control, group: int, text: str) -> None:
+    """Record the traceback of group ``group``'s env (its own frames); a longer one keeps its end, where the
+    env raised."""
+    _write_text(control["group_trace"][group], text.encode("utf-8", "replace")[-(TRACE_BYTES - 1):])
+
+
+def read_trace(control, group: int) -> str:
+    return _read_text(control["group_trace"][group])
+
+
+def _write_text(row, data: bytes) -> None:
     row[:] = 0
     row[:len(data)] = list(data)
 
 
-def read_error(control, group: int) -> str:
-    row = bytes(control["group_error"][group])
-    return row.split(b"\0", 1)[0].decode("utf-8", "replace")
+def _read_text(row) -> str:
+    return bytes(row).split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def control_specs(num_groups: int) -> list[ArraySpec]:
@@ -93,9 +109,11 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("host_bytes", (num_groups,), "int64"),
         ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
         ArraySpec("bridge_disconnects", (1,), "int64"),
-        # Why a group's worker died: its exception as one line of UTF-8 (the
-        # full traceback goes to the worker's stderr), for the learner's message.
+        # Why a group's worker died: its exception as one line of UTF-8, for the learner's message, and the
+        # env's frames of its traceback, which the learner shows once (the whole one goes to the run's
+        # env_errors.log, or without a run folder to the worker's stderr).
         ArraySpec("group_error", (num_groups, ERROR_BYTES), "uint8"),
+        ArraySpec("group_trace", (num_groups, TRACE_BYTES), "uint8"),
     ]
 
 

@@ -465,6 +465,9 @@ def ranks_line(ranks: Solo) -> str:
     return f", {ranks.world} data-parallel learner ranks" if ranks.world > 1 else ""
 
 
+ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
+
+
 def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict | None,
           from_checkpoint: Callable | None) -> dict:
     """The pipeline, the trainer's updates until a budget ends, and whatever way it ends, the last writes
@@ -473,7 +476,7 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     torch.set_num_threads(t.learner_threads())
     env = dataclasses.replace(t.cfg.env, seed=t.cfg.env.seed + t.ranks.rank * t.shape.num_envs)  # a rank's own
     with monitor, Pipeline(env, t.cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
-                           bridge=t.cfg.bridge, shape=t.shape) as pipe, \
+                           bridge=t.cfg.bridge, shape=t.shape, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)
         r.summary = summary
