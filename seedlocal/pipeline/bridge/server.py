@@ -349,7 +349,7 @@ class BridgeServer:
         deadline = threading.Timer(HANDSHAKE_S, expire)
         deadline.daemon = True
         deadline.start()
-        why = None  # why the handshake failed, if it did ("": the call is gone, nobody to tell)
+        why = None  # why the handshake failed, if it did
         try:
             hello = _expect(requests, wire.HELLO)
             if self.a.token:
@@ -360,21 +360,19 @@ class BridgeServer:
                     log(f"refused {peer}: {'wrong' if got else 'no'} token")
                     context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
                 nonces = host_nonce, nonce
-        except grpc.RpcError:  # the call was cancelled: by the deadline, or by the peer
-            why = ""
-        except (wire.WireError, StopIteration, ValueError, TypeError) as e:
-            why = str(e) or "the host closed the stream"  # StopIteration says nothing
+        except (grpc.RpcError, StopIteration):  # the stream ended: a read says so either way, in no set order
+            why = (f"its stream ended: it closed it, went away, or sent a message over the {self.largest:,} bytes a "
+                   "host sends at most in this run (which gRPC refuses)")
+        except (wire.WireError, ValueError, TypeError) as e:
+            why = str(e)
         finally:
             deadline.cancel()
-        if expired.is_set():  # a cancelled read raises RpcError or StopIteration, whichever gRPC notices first
+        if expired.is_set():  # the deadline cancelled the call: that ended the read
             log(f"refused {peer}: no handshake within {HANDSHAKE_S:g} s")
             return None
         if why is not None:
-            if not context.is_active():  # gRPC ended the call (the peer is told why, if anyone)
-                log(f"refused {peer}: its call ended in the handshake: it went away, or sent a message over the "
-                    f"{self.largest:,} bytes a host sends at most in this run")
-            elif why:
-                log(f"refused {peer}: bad handshake: {why}")
+            log(f"refused {peer}: bad handshake: {why}")
+            if context.is_active():  # else nobody is there to tell
                 yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {why}"})
             return None
         return hello, nonces
