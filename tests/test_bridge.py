@@ -50,9 +50,9 @@ def free_port() -> int:
 
 
 def learner(remote_envs: int = 8, workers: int = 0, env: str = "CartPole-v1", address: str = "127.0.0.1",
-            **bridge) -> Pipeline:
-    return Pipeline(EnvConfig(id=env), PipelineConfig(num_workers=workers, envs_per_worker=8, unroll_length=8,
-                                                      env_threads=1, batch_timeout_ms=1.0),
+            envs_per_worker: int = 8, **bridge) -> Pipeline:
+    return Pipeline(EnvConfig(id=env), PipelineConfig(num_workers=workers, envs_per_worker=envs_per_worker,
+                                                      unroll_length=8, env_threads=1, batch_timeout_ms=1.0),
                     RandomPolicy, consume=True,
                     bridge=BridgeConfig(listen=f"{address}:0", remote_envs=remote_envs, **bridge))
 
@@ -87,14 +87,19 @@ def kill_host(proc: subprocess.Popen) -> None:
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError(f"the killed actor host left {left}")
-    # The workers' forkserver exits with the host, and the workers with it (PDEATHSIG): 0.02 s on an idle machine.
-    # An exited process stays a zombie until init reaps it, on init's own schedule (over a second here, more under
-    # load): that is not a process left running.
+    _group_ends(proc.pid, "the killed actor host")
+
+
+def _group_ends(pgid: int, who: str) -> None:
+    """Wait until no process of ``who``'s group runs; fail (killing them) if some still do 2 s on."""
+    # The workers' forkserver and the resource tracker exit with the host, the workers with it (PDEATHSIG): 0.02 s
+    # on an idle machine. An exited process stays a zombie until init reaps it, on init's own schedule (over a
+    # second here, more under load): that is not a process left running.
     deadline = time.monotonic() + 2
-    while running := running_in_group(proc.pid):
+    while running := running_in_group(pgid):
         if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"processes of the killed actor host were still running 2 s later: {running}")
+            os.killpg(pgid, signal.SIGKILL)
+            raise AssertionError(f"processes of {who} were still running 2 s later: {running}")
         time.sleep(0.1)
 
 
@@ -424,62 +429,153 @@ def _raw_host(port: int, prove) -> tuple:
     return answer, nonce, theirs
 
 
-def test_strangers_who_say_nothing_or_too_much_do_not_hold_the_bridge(capfd):
-    """The server takes len(groups) + 2 streams at once. Strangers that open
-    them all and send nothing are cut off HANDSHAKE_S later, one line each,
-    and a real host turned away meanwhile connects soon after; a HELLO bigger
-    than a handshake message can be is refused before it is parsed, in one
-    line each end."""
+def _peak_mb(pid: int) -> float:
+    """A process's peak resident memory so far (VmHWM), in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def _hello_of(size: int) -> bytes:
+    """A HELLO of exactly ``size`` bytes: valid JSON, what a HELLO holds, only its size is wrong."""
+    fields = {"version": wire.VERSION, "nonce": wire.new_nonce(), "host": ""}
+    fields["host"] = "x" * (size - len(wire.pack_json(wire.HELLO, fields)))
+    return wire.pack_json(wire.HELLO, fields)
+
+
+def test_a_message_over_the_runs_largest_is_refused_before_the_learner_holds_it(capfd):
+    """gRPC took messages of any size, and the 4 KB cap on handshake messages
+    was checked once a message had arrived whole: a stranger's 256 MiB HELLO
+    took the bridge server's peak memory from 241 to 1,013 MB before it was
+    refused. gRPC now refuses any message longer than the largest a host
+    sends in the run (here a STEP of 256 CartPole envs, 7,960 bytes) from its
+    length prefix: RESOURCE_EXHAUSTED to the peer, a byte over included, and
+    the server's peak memory does not take in a 64 MiB one. A message under
+    that but over the handshake cap gets the learner's own refusal, and a
+    host whose steps are exactly the largest is served."""
+    import grpc
+
+    from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
+
+    def status(msg: bytes):
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}", CHANNEL_OPTIONS)
+        try:
+            next(ch.stream_stream(METHOD)(iter([msg])))
+        except grpc.RpcError as e:
+            return e.code()
+        finally:
+            ch.close()
+
+    with learner(remote_envs=512, envs_per_worker=512) as pipe:
+        port, server = pipe.pool.bridge_port, pipe.pool.server.pid
+        largest = wire.largest_from_host(wire.GroupLayout(pipe.pool.envs_per_group, pipe.layout.obs,
+                                                          pipe.layout.action))
+        assert largest == wire.HEADER_SIZE + 256 * (4 * 4 + 15) > wire.HANDSHAKE_BYTES
+        assert status(_hello_of(largest + 1)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        before = _peak_mb(server)
+        assert status(wire.pack(wire.HELLO, payload=bytes(64 << 20))) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        grew = _peak_mb(server) - before
+        assert grew < 16, f"the bridge server's peak memory grew by {grew:.0f} MB for a 64 MiB message"
+        hello = _hello_of(wire.HANDSHAKE_BYTES + 1)
+        assert _first_reply(port, hello) == (wire.REFUSE, {"reason": "bad handshake: a handshake message of 4,097 "
+                                                                     "bytes (at most 4,096)"})
+        host = actors(port)
+        try:
+            serve_until(pipe, lambda us: len(us) >= 2)  # every STEP of it is `largest` bytes
+        finally:
+            kill_host(host)
+    err = capfd.readouterr().err.splitlines()
+    assert sum(f"sent a message over the {largest:,} bytes a host sends at most" in line for line in err) == 2, err
+    assert sum("a handshake message of 4,097 bytes" in line for line in err) == 1, err
+
+
+@contextlib.contextmanager
+def _relay(port: int, source: str, gate=None):
+    """A TCP relay to the learner at 127.0.0.1:``port`` whose connections come from ``source`` (another
+    loopback address: another peer to the learner); yields its own port. Each connection goes through once
+    ``gate`` (an Event) is set."""
+    import threading
+
+    def pump(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                near, _ = listening.accept()
+                if gate is not None:
+                    gate.wait(30)
+                far = socket.socket()
+                far.bind((source, 0))
+                far.connect(("127.0.0.1", port))
+                for a, b in ((near, far), (far, near)):
+                    threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listening.getsockname()[1]
+    finally:
+        listening.close()
+
+
+def test_one_address_cannot_take_the_streams_a_host_needs(capfd):
+    """The server takes remote groups + bridge.handshakes_per_peer streams at
+    once, and nothing bounded what one address held of them: a stranger who
+    opened them all and said nothing kept every host out. Now a stranger's
+    silent streams beyond handshakes_per_peer (2) are refused at once,
+    RESOURCE_EXHAUSTED naming the field; a host from another address
+    connects while the stranger holds its two, which are cut HANDSHAKE_S
+    after they opened, one line each."""
     import threading
 
     import grpc
 
     from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, HANDSHAKE_S, METHOD
 
-    quiet = threading.Event()
+    quiet, gate = threading.Event(), threading.Event()
 
     def nothing():
         quiet.wait()
         yield from ()
 
-    with learner() as pipe:
-        port, slots = pipe.pool.bridge_port, 8 // 4 + 2  # remote groups of 4 envs, and the server's 2 more
-        ch = grpc.insecure_channel(f"127.0.0.1:{port}", CHANNEL_OPTIONS)
-        host = None
+    with learner() as pipe, _relay(pipe.pool.bridge_port, "127.0.0.2", gate) as relay:
+        host = actors(relay)  # from 127.0.0.2, once the gate opens
+        channels = [grpc.insecure_channel(f"127.0.0.1:{pipe.pool.bridge_port}", CHANNEL_OPTIONS) for _ in range(3)]
         try:
-            t0 = time.monotonic()
-            idle = [ch.stream_stream(METHOD)(nothing()) for _ in range(slots + 1)]
-            while not any(call.done() for call in idle):
-                assert time.monotonic() - t0 < HANDSHAKE_S, "the server took more streams than it has slots"
+            silent = [ch.stream_stream(METHOD)(nothing()) for ch in channels]
+            deadline = time.monotonic() + 30  # safety only: the refusal comes at once
+            while not any(call.done() for call in silent):
+                assert time.monotonic() < deadline, "no stream of the three was refused"
                 time.sleep(0.01)
-            turned_away = [call for call in idle if call.done()]  # the others hold every slot
-            assert [call.code() for call in turned_away] == [grpc.StatusCode.RESOURCE_EXHAUSTED]
-            # A host started now is turned away (it tries within half a second, and again half a second later);
-            # one started at once would only wait longer, in its backoff.
-            time.sleep(HANDSHAKE_S - 1.5)
-            host = actors(port, "--retry-s", "30")
+            refused = [call for call in silent if call.done()]
+            assert [call.code() for call in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED], refused
+            assert "bridge.handshakes_per_peer" in refused[0].details(), refused[0].details()
+            gate.set()
             while pipe.pool.control["group_connected"].sum() < 2:
-                assert time.monotonic() - t0 < HANDSHAKE_S + 15, "idle strangers kept a host out"
+                assert time.monotonic() < deadline, "the stranger's streams kept the host out"
                 assert host.poll() is None, finish(host)
-                time.sleep(0.1)
-            while not all(call.done() for call in idle):  # the host may have taken the first slot freed
-                assert time.monotonic() - t0 < HANDSHAKE_S + 15, "the learner kept a silent stream"
-                time.sleep(0.01)
-            assert sorted(call.code().value for call in idle) == sorted(
-                [grpc.StatusCode.CANCELLED.value] * slots + [grpc.StatusCode.RESOURCE_EXHAUSTED.value])
+                time.sleep(0.05)
+            while not all(call.done() for call in silent):
+                assert time.monotonic() < deadline, "the learner kept a silent stream"
+                time.sleep(0.05)
+            assert sorted(call.code().value for call in silent) == sorted(
+                [grpc.StatusCode.CANCELLED.value] * 2 + [grpc.StatusCode.RESOURCE_EXHAUSTED.value])
         finally:
             quiet.set()
-            ch.close()
-            if host is not None:
-                kill_host(host)
-        # Valid JSON, and what a HELLO holds: only its size is wrong.
-        hello = wire.pack_json(wire.HELLO, {"version": wire.VERSION, "nonce": wire.new_nonce(), "host": "x" * 65_000})
-        kind, answer = _first_reply(port, hello)
-    assert (kind, answer) == (wire.REFUSE, {"reason": f"bad handshake: a handshake message of {len(hello):,} bytes "
-                                                      "(at most 4,096)"})
+            for ch in channels:
+                ch.close()
+            kill_host(host)
     err = capfd.readouterr().err.splitlines()
-    assert sum(f"no handshake within {HANDSHAKE_S:g} s" in line for line in err) == slots, err
-    assert sum("a handshake message of" in line for line in err) == 1, err
+    assert sum("handshakes from that address under way (bridge.handshakes_per_peer=2)" in line for line in err) == 1
+    assert sum(f"no handshake within {HANDSHAKE_S:g} s" in line for line in err) == 2, err
+    assert any("actor host ipv4:127.0.0.2:" in line and "connected" in line for line in err), err
 
 
 def _first_reply(port: int, msg: bytes) -> tuple:
@@ -564,7 +660,7 @@ def test_a_host_refuses_a_learner_that_cannot_prove_the_token_before_importing_a
 
 
 @contextlib.contextmanager
-def _fake_learner(stream):
+def _fake_learner(stream, threads: int = 2):
     """A gRPC server at the learner's method whose handler is ``stream``; yields its port."""
     from concurrent import futures
 
@@ -572,7 +668,7 @@ def _fake_learner(stream):
 
     from seedlocal.pipeline.bridge.server import SERVICE
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[grpc.method_handlers_generic_handler(
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), handlers=[grpc.method_handlers_generic_handler(
         SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(stream)})])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -580,6 +676,82 @@ def _fake_learner(stream):
         yield port
     finally:
         server.stop(0)
+
+
+@contextlib.contextmanager
+def _silent_learner(kind: str):
+    """A learner that never answers: ``tcp`` accepts connections and says nothing at all; ``grpc`` takes the
+    HELLO and says nothing; ``assign`` assigns a CartPole group pair, then says nothing. Yields its port."""
+    import threading
+
+    if kind == "tcp":
+        with socket.socket() as listening:
+            listening.bind(("127.0.0.1", 0))
+            listening.listen()  # the kernel completes each connection; nobody reads or writes
+            yield listening.getsockname()[1]
+        return
+    from seedlocal.envs.spaces import describe
+
+    spec, done = describe("CartPole-v1", "auto", 0), threading.Event()
+    layout = wire.GroupLayout(4, spec.obs, spec.action)
+
+    def stream(requests, context):
+        next(requests)  # HELLO
+        if kind == "assign":
+            yield wire.pack_json(wire.ASSIGN, {"groups": [0, 1], "epochs": [1, 1], "env_id": "CartPole-v1",
+                                               "backend": "auto", "frame_stack": 0, "layout": layout.to_json(),
+                                               "seed": 1, "version": wire.VERSION})
+        done.wait(60)
+
+    try:
+        with _fake_learner(stream, threads=8) as port:
+            yield port
+    finally:
+        done.set()
+
+
+@pytest.mark.parametrize("kind", ["tcp", "grpc", "assign"])
+def test_a_host_gives_up_on_a_learner_that_never_answers(kind):
+    """An actor host waited for good on a learner that accepted its
+    connection and then said nothing (a stranger at the address, a wedged
+    learner): gRPC alone has no deadline for a stream, nor for a connection
+    whose other end never speaks. Now --answer-timeout-s bounds each session
+    (the handshake; then the stream, in which a live learner says something
+    each second): the host drops the session, retries for --retry-s (none
+    here), then gives up in one line that names the option, and leaves no
+    process and no /dev/shm segment (the ``assign`` learner had it start its
+    workers)."""
+    with _silent_learner(kind) as port:
+        host = actors(port, "--answer-timeout-s", "2", "--retry-s", "0")
+        out = finish(host, timeout=60)  # safety only: one session of 2 s, and a start
+    last = out.strip().splitlines()[-1]
+    said = "said nothing for 2 s" if kind == "assign" else "did not answer the handshake within 2 s"
+    assert host.returncode == 1 and last.startswith(f"seedlocal actors: no learner at 127.0.0.1:{port}"), out
+    assert f"the learner at 127.0.0.1:{port} {said} (--answer-timeout-s)" in last and "giving up" in last, out
+    assert ("connected to" in out) == (kind == "assign"), out
+    _group_ends(host.pid, "the actor host that gave up")
+    assert not _segments_of(host.pid), "the host left segments"
+
+
+def test_a_learner_holding_a_hosts_envs_keeps_it_past_the_hosts_deadline():
+    """A learner may leave a host's steps unanswered for long (parked
+    groups, neuroevolution between generations): it says ALIVE each second
+    meanwhile, so a host with a 3 s --answer-timeout-s stays through a
+    longer hold (nobody serves here) and is served after it."""
+    with learner() as pipe:
+        host = actors(pipe.pool.bridge_port, "--answer-timeout-s", "3")  # 3 ALIVEs: slack for a loaded box
+        try:
+            from seedlocal.shm.slots import OBS_READY
+
+            c, deadline = pipe.pool.control, time.monotonic() + 30  # safety only
+            while c["group_connected"].sum() < 2 or (c["state"] != OBS_READY).any():  # its first steps wait
+                assert time.monotonic() < deadline and host.poll() is None, "the host did not connect"
+                time.sleep(0.05)
+            time.sleep(7)  # over 2 of the host's deadlines, nothing answered
+            assert host.poll() is None and not c["bridge_disconnects"][0], "the host left a learner holding it"
+            serve_until(pipe, lambda us: len(us) >= 4)
+        finally:
+            kill_host(host)
 
 
 def test_a_goodbye_from_a_learner_not_yet_verified_is_no_clean_stop():

@@ -130,6 +130,11 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
                                                   "model: drop --learning"),  # dropped --learning in silence
     (["bench", "--frame-stack", "-1"], "bench.frame_stack=-1: must be >= 0"),  # was named env.frame_stack
     (["actors", "--connect", "127.0.0.1:50999", "--retry-s", "nan"], "retry_s=nan: must be >= 0 and finite"),
+    (["actors", "--connect", "127.0.0.1:50999", "--answer-timeout-s", "1"], "answer_timeout_s=1.0: must be at "
+     "least 2 s (a learner says it lives each 1 s) and finite"),  # shorter than ALIVE's rhythm drops live learners
+    (["train", "vtrace", "--bridge.listen", ":50071", "--bridge.remote-envs", "8", "--bridge.handshakes-per-peer",
+      "0"], "bridge.handshakes_per_peer=0: must be >= 1: an actor host needs one"),
+    (["train", "vtrace", "--bridge.handshakes-per-peer", "3"], "bridge.handshakes_per_peer=3: needs bridge.listen"),
     (["train", "vtrace", "--bridge.listen", "0.0.0.0:50071", "--bridge.remote-envs", "8"],
      "bridge.listen='0.0.0.0:50071': beyond loopback without TLS the bridge can be read and altered on the way: "
      "give bridge.tls_cert and bridge.tls_key, or pass --bridge.insecure if this network is trusted"),

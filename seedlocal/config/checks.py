@@ -253,8 +253,8 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
 def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
     """The bridge's address, secrets and TLS files (its remote envs are sized by ``shape.pipeline_shape``)."""
     if not b.listen:
-        for name in ("remote_envs", "token_file", "tls_cert", "tls_key", "insecure"):
-            if getattr(b, name):  # would be silently ignored
+        for name in ("remote_envs", "token_file", "tls_cert", "tls_key", "insecure", "handshakes_per_peer"):
+            if getattr(b, name) != getattr(BridgeConfig, name):  # would be silently ignored
                 fail(f"bridge.{name}", getattr(b, name), "needs bridge.listen HOST:PORT for actor hosts to connect to")
         if p.num_workers == 0:
             fail("pipeline.num_workers", 0, "no env would run: give workers, or bridge.listen and bridge.remote_envs")
@@ -276,3 +276,5 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
         path = getattr(b, name)
         if path and not os.path.isfile(path):
             fail(f"bridge.{name}", path, "no such file")
+    if b.handshakes_per_peer < 1:
+        fail("bridge.handshakes_per_peer", b.handshakes_per_peer, "must be >= 1: an actor host needs one")

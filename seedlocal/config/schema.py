@@ -76,6 +76,9 @@ class BridgeConfig:
     """PEM private key for TLS"""
     insecure: bool = False
     """listen beyond loopback without TLS: the network is trusted (traffic can be read and altered on the way)"""
+    handshakes_per_peer: int = 2
+    """streams one address may have in the handshake at once (an actor host needs one); more are refused until
+    one ends, so that a stranger cannot take every stream the learner has"""
 
 
 @dataclass

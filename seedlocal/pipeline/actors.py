@@ -179,7 +179,7 @@ class ActorPool:
         recv, send = self._ctx.Pipe(duplex=False)
         args = ServerArgs(
             host=host, port=port, token=bridge_token(b.token_file), tls_cert=b.tls_cert, tls_key=b.tls_key,
-            groups=tuple(groups), shape=self.shape,
+            groups=tuple(groups), handshakes_per_peer=b.handshakes_per_peer, shape=self.shape,
             layout=wire.GroupLayout(self.envs_per_group, self.layout.obs, self.layout.action).to_json(),
             env_id=self.spec.env_id, backend=self.spec.backend, frame_stack=self.spec.frame_stack, seed=self.seed,
             control=self.control.handle(), rollout=self.store.handle(),

@@ -13,8 +13,10 @@ its answer to HELLO; a host whose env cannot produce the learner's spaces
 refuses the assignment and says why on both ends. If the learner goes away
 without a word (a crash), the host stops its workers and retries with
 backoff for ``--retry-s`` seconds, waiting for a resume, then exits with a
-clear message; if the learner ends its run on purpose (its budget, Ctrl-C
-or SIGTERM there), it says so and the host exits at once, status 0. Ctrl-C
+clear message; so it does with a learner that says nothing for
+``--answer-timeout-s`` (a stranger at its address, a wedged one: gRPC alone
+would wait for good). If the learner ends its run on purpose (its budget,
+Ctrl-C or SIGTERM there), it says so and the host exits at once, status 0. Ctrl-C
 here is a disconnect: the learner restarts this host's envs on fresh
 episodes when a host takes them again.
 
@@ -75,6 +77,9 @@ class ActorsConfig:
     ids (envpool, Gymnasium, MinAtar/...) need none"""
     retry_s: float = 60.0
     """how long to keep retrying an unreachable learner before giving up"""
+    answer_timeout_s: float = 30.0
+    """how long the learner may say nothing (to the handshake; then no actions, resets or the sign of life it
+    sends each second) before this host drops the connection and retries"""
     progress: bool = True
     """a status line every 10 s"""
     delay_ms: float = 0.0
@@ -106,6 +111,9 @@ def _unreachable(code: str, details: str, tls: bool) -> str:
     if not tls and "Socket closed" in detail:
         return ("the learner closed the connection at once: if it uses TLS (--bridge.tls-cert), pass the CA "
                 f"with --tls-ca ({detail})")
+    if "Concurrent RPC limit" in detail:
+        return ("the learner has as many streams as it takes (its remote groups + bridge.handshakes_per_peer) "
+                f"({code}: {detail})")
     return f"{code}: {detail}"
 
 
@@ -173,7 +181,10 @@ class _Session:
         self.final = False
         self.rtts: deque[float] = deque(maxlen=4096)
         self.bytes = 0
-        self.connected = False
+        self.connected = False  # the learner spoke after its ASSIGN: it was up, whatever ends the session
+        self.heard = 0.0  # when it last did (monotonic)
+        self.timed_out = False  # the handshake's deadline cancelled the call
+        self.reader: threading.Thread | None = None  # reads the learner's answers once workers run
 
     def _put(self, msg: bytes) -> None:
         self.out.put((time.perf_counter(), msg))
@@ -203,19 +214,37 @@ class _Session:
             raise _Lost(self.ended)
         finally:
             self.out.put(None)
+            channel.close()  # ends the reader's read: it writes into the pool's memory, which close() unmaps
+            if self.reader is not None:
+                self.reader.join(5.0)
             if self.pool is not None:
                 self.pool.close()
-            channel.close()
 
     def _handshake(self, channel) -> tuple[object, dict]:
-        """HELLO, the token exchange where the learner asks for it, and its ASSIGN: the call and the
-        assignment, verified as far as this host can before anything in it is used."""
+        """HELLO, the token exchange where the learner asks for it, and its ASSIGN, within answer_timeout_s:
+        the call and the assignment, verified as far as this host can before anything in it is used."""
         cfg = self.cfg
         nonce = wire.new_nonce()
         self._put(wire.pack_json(wire.HELLO, {
             "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
             "envs_per_worker": cfg.envs_per_worker, "host": socket.gethostname(), "nonce": nonce}))
         call = channel.stream_stream(METHOD)(self._requests())
+        # gRPC would wait for good on a connection that never sets up, or a learner that never answers.
+        deadline = threading.Timer(cfg.answer_timeout_s, self._time_out, args=(call,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            return call, self._assignment(call, nonce)
+        finally:
+            deadline.cancel()
+
+    def _time_out(self, call) -> None:
+        self.timed_out = True
+        call.cancel()  # ends the read under way in _next
+
+    def _assignment(self, call, nonce: str) -> dict:
+        """The learner's ASSIGN (after its CHALLENGE and this host's PROOF where it has a token), checked."""
+        cfg = self.cfg
         h, answer = self._next(call)
         learner_nonce = None
         if h.kind == wire.CHALLENGE:
@@ -243,7 +272,7 @@ class _Session:
             self._refuse("the learner did not prove that it holds this host's bridge token and sent this "
                          "assignment (the tokens differ, the learner has none, or the assignment was altered "
                          "on the way)")
-        return call, answer
+        return answer
 
     def _accept(self, answer: dict):
         """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
@@ -269,7 +298,6 @@ class _Session:
         from seedlocal.pipeline.actors import ActorPool
 
         cfg = self.cfg
-        self.connected = True
         groups = _HostGroups.assigned(answer)
         G, E = len(groups.ids), groups.layout.envs
         shape = actor_host_shape(G, E, cfg.env_threads)
@@ -286,18 +314,22 @@ class _Session:
         return groups
 
     def _step_loop(self, call, groups: _HostGroups, spec) -> None:
-        """Until the stream ends (the reader thread says why): ship each group whose observations are
-        ready, report the round trip each second (and stop if a worker died), a status line each 10 s."""
+        """Until the stream ends (the reader thread says why) or the learner is silent for answer_timeout_s:
+        ship each group whose observations are ready, report the round trip each second (and stop if a worker
+        died), a status line each 10 s."""
         pool = self.pool
-        reader = threading.Thread(target=self._read, args=(call, groups.local, groups.sent_at, groups.in_flight),
-                                  daemon=True)
-        reader.start()
-        t_stats = t_line = time.monotonic()
+        self.reader = threading.Thread(target=self._read, daemon=True,
+                                       args=(call, groups.local, groups.sent_at, groups.in_flight))
+        self.heard = t_stats = t_line = time.monotonic()  # what came while the workers started is read now
+        self.reader.start()
         steps = steps_line = 0
         while self.ended is None:
             pool.obs_ready.wait(0.1)
             steps += self._send_ready_groups(groups, spec)
             now = time.monotonic()
+            if now - self.heard > self.cfg.answer_timeout_s:
+                raise _Lost(f"the learner at {self.cfg.connect} said nothing for {self.cfg.answer_timeout_s:g} s "
+                            "(--answer-timeout-s)")
             if now - t_stats >= 1.0:
                 t_stats = now
                 self._each_second()
@@ -350,6 +382,9 @@ class _Session:
         try:
             h, payload = wire.unpack(next(call))
         except grpc.RpcError as e:
+            if self.timed_out:
+                raise _Lost(f"the learner at {self.cfg.connect} did not answer the handshake within "
+                            f"{self.cfg.answer_timeout_s:g} s (--answer-timeout-s)") from None
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 # A learner of wire version 1 with a token wanted the token itself, in the call's metadata: it
                 # refuses every later host so, before reading the HELLO that would show the version.
@@ -368,7 +403,10 @@ class _Session:
 
     def _refuse(self, why: str):
         """Turn the learner's assignment down: it logs ``why``, and this host exits saying it."""
-        self._put(wire.pack_json(wire.REFUSE, {"reason": why}))
+        reason = why
+        while len(msg := wire.pack_json(wire.REFUSE, {"reason": reason})) > wire.HANDSHAKE_BYTES:
+            reason = why[: len(reason) // 2] + " ..."  # the learner takes no more; this end says it all
+        self._put(msg)
         self.out.put(None)
         time.sleep(0.5)  # let the refusal reach the learner
         raise HostStopped(f"this host cannot serve the learner at {self.cfg.connect}: {why}", 2)
@@ -380,6 +418,9 @@ class _Session:
         try:
             for msg in call:
                 h, payload = wire.unpack(msg)
+                self.heard, self.connected = time.monotonic(), True
+                if h.kind == wire.ALIVE:
+                    continue
                 if h.kind == wire.REFUSE:
                     info = wire.unpack_json(payload)
                     self.final = bool(info.get("final"))
@@ -409,8 +450,8 @@ class _Session:
             pool.obs_ready.post()
 
 
-def run(cfg: ActorsConfig) -> int:
-    """Serve learners until one stops us; returns the process exit code."""
+def _checked(cfg: ActorsConfig) -> str:
+    """The token, once every option is usable; else a ConfigError naming the option."""
     host, _ = split_address("connect", cfg.connect)
     token = bridge_token(cfg.token_file, "token_file")
     if not is_loopback(host) and not cfg.tls_ca:
@@ -430,6 +471,15 @@ def run(cfg: ActorsConfig) -> int:
     for name in ("retry_s", "delay_ms"):
         if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 and finite")
+    if not cfg.answer_timeout_s >= 2 * wire.ALIVE_S or not math.isfinite(cfg.answer_timeout_s):
+        raise ConfigError(f"answer_timeout_s={cfg.answer_timeout_s!r}: must be at least {2 * wire.ALIVE_S:g} s (a "
+                          f"learner says it lives each {wire.ALIVE_S:g} s) and finite")
+    return token
+
+
+def run(cfg: ActorsConfig) -> int:
+    """Serve learners until one stops us; returns the process exit code."""
+    token = _checked(cfg)
     # Now, not when a learner first answers (this host makes its segments
     # only then): a predecessor killed with its process group left its own.
     sweep_once()

@@ -26,11 +26,18 @@ before the loss is stitched to one after it.
 
 A host is let in only once it has proven the learner's token (when there is
 one; ``wire`` describes the exchange); the learner then proves it back in
-its ASSIGN, and the token itself never travels. A peer gets HANDSHAKE_S for
-the whole handshake and HANDSHAKE_BYTES per message of it: the server takes
-only len(groups) + 2 streams at once, and a stranger who opens that many
-and says nothing must not keep them (keepalive would keep them open) and
-lock every real host out.
+its ASSIGN, and the token itself never travels. Anyone who reaches the port
+can try, so what a peer can make the server hold is bounded before it has
+proven anything (docs/multihost.md, "Limits"):
+
+- a message: gRPC refuses one over ``wire.largest_from_host`` (this run's
+  STEP, or a handshake message) from its length prefix, before reading it;
+  a handshake message is then held to HANDSHAKE_BYTES;
+- streams: one per connection, ``handshakes_per_peer`` in the handshake at
+  once per address, remote groups + ``handshakes_per_peer`` in all;
+- time: HANDSHAKE_S for the whole handshake (keepalive would keep a silent
+  stream open for good), and for a connection to set up TLS and HTTP/2 or,
+  carrying no stream, to stay open.
 """
 
 from __future__ import annotations
@@ -55,11 +62,13 @@ from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
 
 SERVICE = "seedlocal.Bridge"
 METHOD = f"/{SERVICE}/Stream"
-# No message size limits (a group of Atari frames is megabytes), no compression.
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                   ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
-SERVER_OPTIONS = CHANNEL_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
+_KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+              ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
+# An actor host's channel, one per session: its own connection (not one shared with a closed session's), no
+# compression. What it receives is not capped: the channel is made before the learner says the layout, and
+# the host connects only to the learner it was pointed at, verified by TLS or the token before it uses a word.
+CHANNEL_OPTIONS = _KEEPALIVE + [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+                                ("grpc.use_local_subchannel_pool", 1)]
 # How long the goodbye waits for each host to close its side (it does once it
 # has read the goodbye), so that the connection is not closed under a
 # goodbye not yet read; ActorPool.close() gives the server this and more.
@@ -72,9 +81,18 @@ REMOTE_SEED_OFFSET = 1_000_003
 # A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
 # on any network, and a peer that has not proven itself by then is cut off.
 HANDSHAKE_S = 5.0
-# A host's HELLO and PROOF are a few hundred bytes; a bigger one is refused
-# before it is parsed (gRPC itself takes messages of any size: steps are large).
-HANDSHAKE_BYTES = 4096
+
+
+def server_options(largest: int) -> list[tuple[str, int]]:
+    """gRPC's own limits for the learner's end, ``largest`` the longest message a host sends in the run: see the
+    module's docstring."""
+    ms = int(HANDSHAKE_S * 1000)
+    return _KEEPALIVE + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.max_receive_message_length", largest),
+        ("grpc.max_send_message_length", -1),  # what the learner builds itself
+        ("grpc.max_concurrent_streams", 1),  # an actor host opens one stream per connection
+        ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
 
 
 def remote_seed(base: int, assignment: int, first_index: int, group_envs: int, remote_groups: int) -> int:
@@ -100,6 +118,7 @@ class ServerArgs:
     tls_cert: str
     tls_key: str
     groups: tuple[int, ...]  # the learner's group ids reserved for remote envs
+    handshakes_per_peer: int  # bridge.handshakes_per_peer
     shape: PipelineShape  # the learner's: actor hosts run workers of its size
     layout: dict  # wire.GroupLayout.to_json()
     env_id: str
@@ -150,9 +169,11 @@ class BridgeServer:
         self.control = SharedArrays.attach(*a.control)
         self.store = SharedArrays.attach(*a.rollout)
         self.layout = wire.GroupLayout.from_json(a.layout)
+        self.largest = wire.largest_from_host(self.layout)  # gRPC refuses a longer message before reading it
         self.groups = {gid: _Group(gid, i) for i, gid in enumerate(a.groups)}
         self.lock = threading.Lock()  # assignment of groups and host slots
         self.host_slots: list[_Host | None] = [None] * len(a.groups)
+        self.handshaking: dict[str, int] = {}  # streams in the handshake, by peer address
         self.assignments = 0
         self.stopping = threading.Event()
         self.said_goodbye = threading.Event()
@@ -284,7 +305,12 @@ class BridgeServer:
     def stream(self, requests, context):
         """The one RPC: a bidirectional stream of raw messages with one actor host."""
         peer = context.peer()
-        shaken = yield from self._handshake(requests, context, peer)
+        address = self._begin_handshake(peer, context)
+        try:
+            shaken = yield from self._handshake(requests, context, peer)
+        finally:
+            with self.lock:
+                self.handshaking[address] -= 1
         if shaken is None:
             return
         admitted = yield from self._admit(peer, *shaken)
@@ -292,9 +318,25 @@ class BridgeServer:
             return
         yield from self._serve(requests, *admitted)
 
+    def _begin_handshake(self, peer: str, context) -> str:
+        """Count the stream against its address's handshakes (returned), or refuse it before reading a byte:
+        without a bound per address, one peer could take every stream the server has and lock hosts out."""
+        import grpc
+
+        address, most = peer.rpartition(":")[0] or peer, self.a.handshakes_per_peer  # ipv4:ADDR:PORT, ipv6:[ADDR]:PORT
+        with self.lock:
+            under_way = self.handshaking.get(address, 0)
+            if under_way < most:
+                self.handshaking[address] = under_way + 1
+                return address
+        log(f"refused {peer}: {under_way} handshakes from that address under way (bridge.handshakes_per_peer="
+            f"{most})")
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"this learner takes {most} handshakes at once from "
+                      f"one address (bridge.handshakes_per_peer) and {address} has them: try again shortly")
+
     def _handshake(self, requests, context, peer: str):
         """The host's HELLO and, where the learner has a token, its proof, all within HANDSHAKE_S (each
-        message at most HANDSHAKE_BYTES): (hello, nonces or None), or None once the host is refused."""
+        message at most wire.HANDSHAKE_BYTES): (hello, nonces or None), or None once the host is refused."""
         import grpc
 
         nonces: tuple[str, str] | None = None  # the host's and the learner's, once the host has proven the token
@@ -307,7 +349,7 @@ class BridgeServer:
         deadline = threading.Timer(HANDSHAKE_S, expire)
         deadline.daemon = True
         deadline.start()
-        why = None  # why the handshake failed, if it did ("": the call is gone, nobody to tell)
+        why = None  # why the handshake failed, if it did
         try:
             hello = _expect(requests, wire.HELLO)
             if self.a.token:
@@ -318,18 +360,19 @@ class BridgeServer:
                     log(f"refused {peer}: {'wrong' if got else 'no'} token")
                     context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing bridge token")
                 nonces = host_nonce, nonce
-        except grpc.RpcError:  # the call was cancelled: by the deadline, or by the peer
-            why = ""
-        except (wire.WireError, StopIteration, ValueError, TypeError) as e:
-            why = str(e) or "the host closed the stream"  # StopIteration says nothing
+        except (grpc.RpcError, StopIteration):  # the stream ended: a read says so either way, in no set order
+            why = (f"its stream ended: it closed it, went away, or sent a message over the {self.largest:,} bytes a "
+                   "host sends at most in this run (which gRPC refuses)")
+        except (wire.WireError, ValueError, TypeError) as e:
+            why = str(e)
         finally:
             deadline.cancel()
-        if expired.is_set():  # a cancelled read raises RpcError or StopIteration, whichever gRPC notices first
+        if expired.is_set():  # the deadline cancelled the call: that ended the read
             log(f"refused {peer}: no handshake within {HANDSHAKE_S:g} s")
             return None
         if why is not None:
-            if why:
-                log(f"refused {peer}: bad handshake: {why}")
+            log(f"refused {peer}: bad handshake: {why}")
+            if context.is_active():  # else nobody is there to tell
                 yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {why}"})
             return None
         return hello, nonces
@@ -369,7 +412,10 @@ class BridgeServer:
         threading.Thread(target=self._read, args=(host, requests), daemon=True, name=f"read-{host.slot}").start()
         yield wire.pack_json(wire.ASSIGN, answer)
         while True:
-            msg = host.out.get()
+            try:
+                msg = host.out.get(timeout=wire.ALIVE_S)
+            except queue.Empty:  # its groups wait for the learner (parked, held): say it lives
+                msg = wire.pack(wire.ALIVE)
             if msg is None:
                 return
             if msg is _GOODBYE:
@@ -412,8 +458,8 @@ class BridgeServer:
 def _expect(requests, kind: int) -> dict:
     """The host's next handshake message, which must be ``kind``."""
     msg = next(requests)
-    if len(msg) > HANDSHAKE_BYTES:
-        raise wire.WireError(f"a handshake message of {len(msg):,} bytes (at most {HANDSHAKE_BYTES:,})")
+    if len(msg) > wire.HANDSHAKE_BYTES:
+        raise wire.WireError(f"a handshake message of {len(msg):,} bytes (at most {wire.HANDSHAKE_BYTES:,})")
     h, payload = wire.unpack(msg)
     if h.kind != kind:
         raise wire.WireError(f"expected {wire.KIND_NAMES[kind]}, got {wire.KIND_NAMES[h.kind]}")
@@ -466,6 +512,19 @@ def _bind_error(host: str, port: int) -> str:
     return ""
 
 
+def _grpc_server(srv: BridgeServer):
+    """A gRPC server for ``srv``'s one RPC, with its limits; not yet listening."""
+    import grpc
+
+    handler = grpc.stream_stream_rpc_method_handler(srv.stream)
+    # Each host takes a whole worker's groups, so remote groups cover every host and one old stream of each not
+    # yet noticed gone; handshakes_per_peer more leave room for hosts beside one stranger's handshakes.
+    streams = len(srv.a.groups) + srv.a.handshakes_per_peer
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=streams + 2),
+                       handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
+                       options=server_options(srv.largest), maximum_concurrent_rpcs=streams)
+
+
 def run_bridge_server(a: ServerArgs) -> None:
     """Entry point of the bridge server process (started by ActorPool)."""
     made: list = []  # the BridgeServer once made, for the SIGTERM handler
@@ -480,14 +539,9 @@ def run_bridge_server(a: ServerArgs) -> None:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     code = 0
     try:
-        import grpc
-
         srv = BridgeServer(a)
         made.append(srv)
-        handler = grpc.stream_stream_rpc_method_handler(srv.stream)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(a.groups) + 4),
-                             handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
-                             options=SERVER_OPTIONS, maximum_concurrent_rpcs=len(a.groups) + 2)
+        server = _grpc_server(srv)
         address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
         creds = _credentials(a)
         try:

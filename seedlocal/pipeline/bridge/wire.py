@@ -17,12 +17,17 @@ Host to learner:
 Learner to host:
     ACTION   the actions for the group's last observations
     RESET    restart the group's envs on fresh episodes (no payload)
+    ALIVE    nothing else went out for ALIVE_S (no payload): the learner
+             lives while it holds the host's groups (parked, or between
+             generations), so a host can tell it from one that never answers
 
 Each array is the numpy buffer as is (native byte order, little-endian on
 every platform seedlocal runs on); nothing is compressed.
 
 Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry
-UTF-8 JSON in the payload instead. A learner with a token and its host prove
+UTF-8 JSON in the payload instead; a host keeps each of its own within
+HANDSHAKE_BYTES, so the largest message a host sends in a run is a STEP or
+that (:func:`largest_from_host`), and the learner lets gRPC take no more. A learner with a token and its host prove
 to each other that they hold it, and neither sends the token itself:
 
     host     HELLO      {nonce: Nh, ...}
@@ -59,15 +64,22 @@ from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
 
 MAGIC = b"SL"
 # 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent. 3: the learner's proof covers
-# its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong).
-VERSION = 3
+# its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong). 4: ALIVE
+# (a host of version 3 would call it a protocol error mid-run, not a version mismatch at its handshake).
+VERSION = 4
 HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
-FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS, CHALLENGE, PROOF = range(10)
-KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS", "CHALLENGE", "PROOF")
+FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS, CHALLENGE, PROOF, ALIVE = range(11)
+KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS", "CHALLENGE", "PROOF",
+              "ALIVE")
 # The step fields of a STEP message, in order (the unroll store's names).
 STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
+# A host's HELLO, PROOF and STATS are a few hundred bytes at most, and it cuts its REFUSE to fit: the learner
+# refuses a bigger handshake message before it parses it.
+HANDSHAKE_BYTES = 4096
+# How long the learner's end stays silent to a host at most: it sends ALIVE when nothing else went out.
+ALIVE_S = 1.0
 
 
 class WireError(ValueError):
@@ -207,6 +219,13 @@ class GroupLayout:
                        TensorSpec(tuple(d["action"][0]), str(d["action"][1])))
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise WireError(f"malformed group layout: {e!r}") from None
+
+
+def largest_from_host(layout: GroupLayout) -> int:
+    """The largest message an actor host sends in a run of ``layout``: a STEP (a FIRST is smaller), or a
+    handshake, STATS or REFUSE message. Exact, not padded: every message's size is fixed by its header, and
+    any slack would only let a peer make the learner hold more."""
+    return max(HEADER_SIZE + layout.size(STEP), HANDSHAKE_BYTES)
 
 
 def check_finite(arrays: dict[str, np.ndarray]) -> str | None:
