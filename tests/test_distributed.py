@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -96,6 +97,75 @@ def test_pooled_statistics_equal_the_whole_batch(two_ranks):
         torch.testing.assert_close(got["obs_var"], whole["obs_var"], rtol=1e-12, atol=1e-12)
         assert got["reward"] == pytest.approx(whole["reward"], rel=1e-12)
         assert two_ranks[r]["adv_moments"] == pytest.approx((float(mean), float(std)), rel=1e-6)
+
+
+def test_every_ranks_env_seeds_are_its_own_over_restarts_and_assignments():
+    """Rank r's envs were seeded from env.seed + r x (its envs), and a worker's k-th restart from k x (its envs)
+    further: rank 0's first restart took rank 1's seeds (and actor hosts' blocks overlapped across ranks). With
+    the production functions, every env of every rank, at every restart of its worker and every assignment of
+    its actor hosts (each remote group seen as a host of its own), now gets seeds no other env, rank or start
+    has (``PipelineShape.seed_block``)."""
+    from seedlocal.config.schema import BridgeConfig, PipelineConfig
+    from seedlocal.pipeline.actors import local_seed
+    from seedlocal.pipeline.bridge.server import remote_seed
+    from seedlocal.shape import pipeline_shape
+
+    for p, bridge, world in [(PipelineConfig(num_workers=2, envs_per_worker=8), None, 2),
+                             (PipelineConfig(num_workers=2, envs_per_worker=8), None, 4),
+                             (PipelineConfig(num_workers=4, envs_per_worker=16), BridgeConfig(listen=":0", remote_envs=32), 4)]:
+        seeds = []
+        for r in range(world):
+            s = pipeline_shape(p, bridge, rank=r, ranks=world)
+            for start in range(6):
+                for w in range(s.num_workers):
+                    seeds += range(local_seed(1, w, start, s), local_seed(1, w, start, s) + s.envs_per_worker)
+                for g in range(s.num_remote_groups):
+                    first = remote_seed(1, start + 1, g, s)
+                    seeds += range(first, first + s.envs_per_group)
+        assert len(seeds) == len(set(seeds)) == 6 * world * s.num_envs, (p, bridge, world)
+
+
+def test_ranks_sample_and_explore_from_streams_of_their_own():
+    """R2D2's replay sampler and epsilon draws (and V-trace's minibatch order) were seeded with env.seed on every
+    rank: the ranks sampled their replays and explored alike. Each rank's streams, as its trainer seeds them, are
+    its own, and so are a resumed session's (``stream_seed``: by seed, rank, purpose and the step it starts
+    from); one process's first session keeps env.seed, as before."""
+    from seedlocal.envs.spaces import describe
+    from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.trainers import r2d2, vtrace
+    from seedlocal.trainers.run import stream_seed
+
+    spec, cpu = describe("CartPole-v1"), torch.device("cpu")
+    draws = []
+    for r in range(2):
+        ranks = Ranks(r, 2, r, 60.0)
+        t = r2d2.R2D2Trainer(ranks.share(r2d2.PRESETS["cartpole"]), spec, cpu, ranks)
+        v = vtrace.VTraceTrainer(ranks.share(vtrace.PRESETS["cartpole"]), spec, cpu, ranks)
+        draws.append((t.replay.rng.integers(1 << 30, size=8).tolist(),
+                      torch.rand(8, generator=t.policy().gen).tolist(), torch.randperm(64, generator=v.shuffle).tolist()))
+    assert all(a != b for a, b in zip(*draws)), draws
+    solo = r2d2.R2D2Trainer(r2d2.PRESETS["cartpole"], spec, cpu)
+    first = np.random.default_rng(r2d2.PRESETS["cartpole"].env.seed).integers(1 << 30, size=8).tolist()
+    assert solo.replay.rng.integers(1 << 30, size=8).tolist() == first
+    purposes = ("process", "replay", "epsilon", "shuffle")
+    seeds = {stream_seed(1, r, what, start) for r in range(4) for what in purposes for start in (0, 5_000, 10_000)}
+    assert len(seeds) == 4 * 4 * 3 - 3  # rank 0's first session: env.seed itself, whatever the purpose
+
+
+def test_a_run_its_ranks_cannot_divide_is_refused_before_any_rank_starts():
+    """What the command line and seedlocal.train ask before they start ranks (``families.check_learners``): the
+    run's envs divided among the ranks, and for R2D2 an env left to fill each rank's replay."""
+    from seedlocal.errors import ConfigError
+    from seedlocal.families import check_learners
+    from seedlocal.trainers.r2d2 import R2D2Run
+    from seedlocal.trainers.vtrace import VTraceRun
+
+    assert check_learners(VTraceRun(learners=4)).name == "vtrace"  # 2 workers of 8: 1 worker of 4 a rank
+    with pytest.raises(ConfigError, match=r"^pipeline.num_workers=2: 2 workers of 8 envs cannot be divided among 3 "):
+        check_learners(VTraceRun(learners=3))
+    with pytest.raises(ConfigError) as e:
+        check_learners(R2D2Run(learners=4))
+    assert str(e.value) == "algo.eval_envs=4: leaves no env of a learner rank's 4 to fill its replay (4 ranks)"
 
 
 # -- whole runs on the command line: 2 ranks of 1 worker each (the CPU machine's test bed) -------------------------
@@ -251,24 +321,31 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
 
 
 def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
-    """A rank's config: workers and cores divided among the ranks, the batch its own, and bridge.listen's port
-    + RANK, so that every rank can serve remote envs; one process's config is left as it is."""
+    """A rank's config: its cores, the batch its own, and bridge.listen's port + RANK, so that every rank can
+    serve remote envs; its shape (the trainer's, from that config) the run's divided: 3 workers of 8 envs on 2
+    ranks are 12 envs a rank, in 3 workers of 4 (whose groups of 2 divide the run's of 4). One process's config
+    is left as it is."""
     from seedlocal.config.schema import BridgeConfig, PipelineConfig
     from seedlocal.pipeline.ranks import Ranks
-    from seedlocal.trainers.vtrace import VTraceRun
+    from seedlocal.shape import pipeline_shape
+    from seedlocal.trainers.vtrace import VTraceRun, shape_needs
 
     cfg = VTraceRun(pipeline=PipelineConfig(num_workers=3, envs_per_worker=8, device="cpu"),
                     bridge=BridgeConfig(listen="127.0.0.1:50051", remote_envs=8))
     assert Solo().share(cfg) is cfg
     one = Ranks(1, 2, 1, 60.0).share(cfg)
     cores = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert one.pipeline.num_workers == 2 and one.pipeline.learner_threads == one.pipeline.env_threads == cores
+    assert one.pipeline.learner_threads == cores
     assert one.bridge.listen == "127.0.0.1:50052" and one.bridge.remote_envs == 8
-    assert one.algo == cfg.algo and cfg.pipeline.num_workers == 3  # the run's own config is untouched
+    shape = pipeline_shape(one.pipeline, one.bridge, shape_needs(one), rank=1, ranks=2)
+    assert (shape.num_workers, shape.envs_per_worker, shape.num_local_envs, shape.num_envs) == (3, 4, 12, 20)
+    assert cfg.pipeline.num_workers == 3 and cfg.algo.batch_size == 4  # the run's own config is untouched
+    assert one.algo.batch_size == 2  # the run's batch of one group of 4, split: a rank's group of 2
     from seedlocal.trainers.vtrace import PRESETS
 
     minatar = Ranks(0, 2, 0, 60.0).share(PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
-    assert minatar.pipeline.num_workers == 1 and minatar.algo.batch_size == 16  # the run's batch, split
+    assert pipeline_shape(minatar.pipeline, ranks=2).num_workers == 1
+    assert minatar.algo.batch_size == 16  # the run's batch, split
     assert Ranks(0, 2, 0, 60.0).share(PRESETS["cartpole"]).algo.batch_size == 4  # 2 is no whole group of 4
     remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"),
                             bridge=BridgeConfig(listen=":0", remote_envs=32))

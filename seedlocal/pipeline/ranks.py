@@ -27,7 +27,6 @@ line, each told its rank in torchrun's environment variables.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import signal
 import socket
@@ -95,19 +94,18 @@ class Ranks(Solo):
         self.main, self.device = rank == 0, torch.device(device)
 
     def share(self, cfg):
-        """This rank's config: its share of the workers (at least one, unless there are none) and of the CPU's
-        cores (learner and envpool threads left at 0 are cores / G), its own GPU (cuda:LOCAL_RANK, wrapping
-        round the GPUs there are), its own bridge port (bridge.listen's + RANK: each rank serves
-        bridge.remote_envs envs to the actor hosts that connect to it), and its share of the batch where the
-        family can split it (``per_rank``)."""
+        """This rank's config: its share of the CPU's cores for its learner (learner threads left at 0 are
+        cores / G; its workers, envs and envpool threads are its shape's, ``shape.pipeline_shape``), its own
+        GPU (cuda:LOCAL_RANK, wrapping round the GPUs there are), its own bridge port (bridge.listen's + RANK:
+        each rank serves bridge.remote_envs envs to the actor hosts that connect to it), and its share of the
+        batch where the family can split it (``per_rank``)."""
         p = cfg.pipeline
         cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
                     // self.world)
         device = p.device
         if device in ("auto", "cuda") and torch.cuda.is_available():
             device = f"cuda:{self.local_rank % torch.cuda.device_count()}"
-        p = dataclasses.replace(p, num_workers=math.ceil(p.num_workers / self.world), device=device,
-                                learner_threads=p.learner_threads or cores, env_threads=p.env_threads or cores)
+        p = dataclasses.replace(p, device=device, learner_threads=p.learner_threads or cores)
         bridge = cfg.bridge
         if bridge.listen:
             host, _, port = bridge.listen.rpartition(":")
