@@ -99,6 +99,78 @@ def test_pooled_statistics_equal_the_whole_batch(two_ranks):
         assert two_ranks[r]["adv_moments"] == pytest.approx((float(mean), float(std)), rel=1e-6)
 
 
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """torch.distributed's default group as a gloo group of this process alone, for what Ranks builds on it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def _spy(monkeypatch, dist, name: str) -> list:
+    """Every call of ``dist.<name>`` from now on: (its tensors, its group); the tensors are kept alive."""
+    calls, real = [], getattr(dist, name)
+
+    def spy(*args, **kw):
+        tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if torch.is_tensor(t)]
+        calls.append((tensors, kw.get("group")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dist, name, spy)
+    return calls
+
+
+def test_with_nccl_the_scalars_travel_on_a_cpu_group_of_their_own(one_rank_group, monkeypatch):
+    """Ranks joined over NCCL (a GPU each) put the stop decision's all-reduce on the GPU and read it back with
+    .cpu() every update, so the host waited for each update to finish. Host numbers (the stop decision, a
+    population's scores, pooled statistics) now travel as CPU tensors on a gloo group beside NCCL
+    (``scalar_group``); NCCL keeps what lives on the GPU. Checked on the CPU: the group made for an NCCL backend,
+    and the collectives of a Ranks whose device is cuda (no CUDA tensor can be made here)."""
+    from datetime import timedelta
+
+    from seedlocal.pipeline.ranks import Ranks, scalar_group
+
+    dist = one_rank_group
+    assert scalar_group("gloo", timedelta(seconds=60)) is None  # the default group is a CPU one already
+    group = scalar_group("nccl", timedelta(seconds=60))
+    assert group is not None and dist.get_backend(group) == "gloo"
+    calls = _spy(monkeypatch, dist, "all_reduce")
+    gathers = _spy(monkeypatch, dist, "all_gather")
+    ranks = Ranks(0, 1, 0, 60.0, "cuda", scalars=group)
+    assert ranks.sum([3.0, 4.5]) == [3.0, 4.5]
+    assert ranks.gather([1.5, 2.5]) == [[1.5, 2.5]]
+    n, mean, var = ranks.pool_moments(2.0, torch.tensor([1.0], dtype=torch.float64),
+                                      torch.tensor([0.5], dtype=torch.float64))
+    assert n == 2.0 and mean.tolist() == [1.0] and var.tolist() == [0.5]
+    assert len(calls) == 1 and len(gathers) == 3
+    for tensors, used in calls + gathers:
+        assert used is group and {t.device.type for t in tensors} == {"cpu"}
+
+
+def test_the_gradients_all_reduce_buffer_is_allocated_once(one_rank_group, monkeypatch):
+    """Ranks.average_gradients reduced a new flat tensor of the model's size every update (torch.cat); it now
+    fills the one allocated at the first update (every tensor reduced is kept alive here, so a new one could not
+    reuse a freed block's address). The gradients come back as the weighted mean (one rank: unchanged)."""
+    from seedlocal.pipeline.ranks import Ranks
+
+    reduced = _spy(monkeypatch, one_rank_group, "all_reduce")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    ranks = Ranks(0, 1, 0, 60.0)
+    for weight in (3, torch.tensor(5.0), 1.0):
+        model.zero_grad()
+        model(torch.randn(4, 8)).square().sum().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        ranks.average_gradients(model.parameters(), weight)
+        for p, g in zip(model.parameters(), want):
+            torch.testing.assert_close(p.grad, g)
+    assert len(reduced) == 3 and len({tensors[0].data_ptr() for tensors, _ in reduced}) == 1
+
+
 def test_every_ranks_env_seeds_are_its_own_over_restarts_and_assignments():
     """Rank r's envs were seeded from env.seed + r x (its envs), and a worker's k-th restart from k x (its envs)
     further: rank 0's first restart took rank 1's seeds (and actor hosts' blocks overlapped across ranks). With
