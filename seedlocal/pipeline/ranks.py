@@ -293,17 +293,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(argv: list[str], world: int, timeout_s: float) -> int:
-    """Run ``seedlocal <argv>`` as ``world`` ranks on this box and wait for them. When one ends with an error
-    or a signal, it is named in one line, and the others (whose next collective fails) get 2 x ``timeout_s``
-    to end by themselves before they are stopped (SIGTERM, then SIGKILL). Returns the exit status."""
+def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | None = None,
+           interrupt_ranks: bool = False) -> int:
+    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them.
+    When one ends with an error or a signal, it is named in one line, and the others (whose next collective
+    fails) get 2 x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On
+    Ctrl-C, the ranks got the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a
+    notebook's interrupt reaches this process alone) they are sent SIGTERM, a clean stop, here. Returns the
+    exit status (130 after Ctrl-C)."""
     # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
     # the launcher's one line names the rank instead.
     warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            LAUNCHED: str(os.getpid()), "PYTHONWARNINGS": warnings}
-    procs = [subprocess.Popen([sys.executable, "-m", "seedlocal", *argv],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
+    command = command or [sys.executable, "-m", "seedlocal"]
+    procs = [subprocess.Popen([*command, *argv], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(world)]
     deadline, status = None, 0
     try:
         while any(p.returncode is None for p in procs):
@@ -324,6 +329,9 @@ def launch(argv: list[str], world: int, timeout_s: float) -> int:
                 break
     except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves
         status = 130
+        for p in procs:
+            if interrupt_ranks and p.poll() is None:
+                p.terminate()
         _wait_all(procs, 2 * timeout_s)
     finally:
         _stop(procs)
