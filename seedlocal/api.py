@@ -116,7 +116,8 @@ def train(family: str, **overrides) -> Summary:
 
         check_learners(cfg)  # refused before any rank starts, as the command line refuses it
         if from_environment() is None:  # not a rank already (torchrun's): start them
-            return _train_ranks(family, cfg)
+            with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds
+                return _train_ranks(family, cfg)
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
@@ -197,6 +198,9 @@ def _rank_main(job: str) -> None:
             print(f"seedlocal: error: {e}", file=sys.stderr, flush=True)  # rank 0's is raised by the caller
     if os.environ.get("RANK") == "0":
         Path(job + RANK0_OUTCOME).write_text(json.dumps(outcome))
+    # Stopped and saved: a SIGTERM still on its way (every rank gets one when the caller dies; one blocked in a
+    # collective takes it late) would only break into the exit handlers with a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_now(code)
 
 

@@ -488,6 +488,55 @@ def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
     assert checkpoint.load(tmp_path / "c")["counters"]["steps"] == summary["steps"]  # (resumes: the killed test)
 
 
+PYTHON_RANKS = """
+import sys, seedlocal
+try:
+    seedlocal.train("vtrace", learners=2, total_steps=10_000_000, log_dir=sys.argv[1], run_name="p", progress=False,
+                    log_every_s=0.5)
+except KeyboardInterrupt as e:
+    print("raised KeyboardInterrupt in", e.seedlocal_run_dir, flush=True)
+    sys.exit(130)
+"""
+
+
+# Two runs of 2 ranks until they have trained (~60 s on 2 cores): -m slow; the default run trains ranks from Python
+# to their budget (test_api.py).
+@pytest.mark.slow
+def test_ranks_started_from_python_stop_with_their_caller(tmp_path):
+    """seedlocal.train(learners=2): a notebook's interrupt reaches the calling process alone, which sends its
+    ranks SIGTERM: they save and stop, and KeyboardInterrupt is raised with the run folder on it. A caller killed
+    outright (SIGKILL: a kernel restarted) takes its ranks with it (PR_SET_PDEATHSIG: SIGTERM, a clean stop),
+    where they trained on to their budget before. Nothing is left behind either way."""
+    from helpers import terminal_like
+
+    for how in (signal.SIGINT, signal.SIGKILL):
+        run_dir = tmp_path / how.name / "p"
+        proc = subprocess.Popen([sys.executable, "-c", PYTHON_RANKS, str(run_dir.parent)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=terminal_like)
+        ranks, alive = {}, []
+        try:
+            _training(proc, run_dir)
+            ranks = _ranks(proc)
+            os.kill(proc.pid, how)
+            gone, alive = psutil.wait_procs(list(ranks.values()), timeout=60)
+        finally:
+            for p in alive:  # what the test failed on: stopped cleanly, so that it leaves no segment either
+                p.terminate()
+            psutil.wait_procs(alive, timeout=30)
+            if not ranks and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # it never trained: the caller and anything it started
+            out, _ = proc.communicate(timeout=60)  # the ranks share its output: it ends once they have
+        assert not alive, f"ranks {[p.pid for p in alive]} still running a minute after their caller was stopped"
+        assert "Traceback" not in out, out
+        if how == signal.SIGINT:
+            assert proc.returncode == 130 and f"raised KeyboardInterrupt in {run_dir}" in out, out
+            assert f"stopped cleanly (checkpoint and summary in {run_dir})" in out, out
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["steps"] > 0, summary
+        assert checkpoint.load(run_dir)["counters"]["steps"] == summary["steps"]
+        assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
+
+
 # ~40 s on 2 cores (2 ranks and 2 actor hosts): -m slow. The default run checks each rank's port.
 @pytest.mark.slow
 def test_every_rank_serves_an_actor_host_of_its_own(tmp_path):
