@@ -20,6 +20,13 @@ SIGTERM, SystemExit(143)), as any exception does once every process and
 shared-memory segment of the run is gone; the workers' forkserver stays for the next run and ends with the
 interpreter.
 
+``learners=G`` > 1 (or a resumed run of G ranks) starts the G data-parallel
+learner ranks as the command line does (``pipeline/ranks.py``'s ``launch``),
+each a process of its own that trains the config built here
+(``_rank_main``), and returns rank 0's summary; what rank 0 stopped with is
+raised here as the same kind of ``SeedlocalError``, and an interrupt stops
+every rank cleanly (SIGTERM) before KeyboardInterrupt is raised.
+
 ``seedlocal.evaluate`` is ``evaluate.evaluate`` (``seedlocal eval``).
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
@@ -102,6 +110,14 @@ def train(family: str, **overrides) -> Summary:
 
     cfg = run_config(family, **overrides)
     fam = _family(family)
+    if cfg.learners > 1:
+        from seedlocal.families import check_learners
+        from seedlocal.pipeline.ranks import from_environment
+
+        check_learners(cfg)  # refused before any rank starts, as the command line refuses it
+        if from_environment() is None:  # not a rank already (torchrun's): start them
+            with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds
+                return _train_ranks(family, cfg)
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
@@ -110,6 +126,82 @@ def train(family: str, **overrides) -> Summary:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
     return Summary.read(summary["run_dir"])
+
+
+RANK0_OUTCOME = ".rank0.json"  # beside a ranks' job file: how rank 0's training ended
+
+
+def _train_ranks(family: str, cfg) -> Summary:
+    """``cfg``'s learner ranks, each a process training it (``_rank_main``), started and watched as the command
+    line's are (``launch``); rank 0's summary, or what rank 0 stopped with, raised here."""
+    import pickle
+    import tempfile
+
+    from seedlocal.pipeline.ranks import launch
+
+    with tempfile.TemporaryDirectory(prefix="seedlocal-ranks-") as tmp:
+        job = Path(tmp) / "job.pickle"
+        job.write_bytes(pickle.dumps((family, cfg)))
+        code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
+        status = launch([str(job)], cfg.learners, cfg.dist_timeout_s, command=[sys.executable, "-c", code],
+                        interrupt_ranks=True)
+        outcome = Path(str(job) + RANK0_OUTCOME)
+        outcome = json.loads(outcome.read_text()) if outcome.exists() else {}
+    return _ranks_outcome(family, status, outcome)
+
+
+def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
+    """Rank 0's summary, or the exception it ended with (KeyboardInterrupt where this process was interrupted),
+    with the run folder on it as one process's run has it."""
+    from seedlocal import errors
+    from seedlocal.cli import _stopped_line
+
+    run_dir = Path(outcome["run_dir"]) if outcome.get("run_dir") else None
+    if status == 0 and outcome and "error" not in outcome:
+        return Summary.read(run_dir)
+    if status == 130 or outcome.get("error") in ("KeyboardInterrupt", "Stopped"):
+        e: BaseException = KeyboardInterrupt()
+    elif outcome.get("error"):
+        e = getattr(errors, outcome["error"], errors.SeedlocalError)(outcome["message"])
+    else:
+        e = errors.WorkerDied(f"learner rank 0 ended with status {status} and left no outcome (its own line, "
+                              "or the launcher's, says why)")
+    e.seedlocal_run_dir = run_dir
+    if isinstance(e, KeyboardInterrupt):
+        print(_stopped_line(e, ["train", family]), file=sys.stderr)
+    raise e
+
+
+def _rank_main(job: str) -> None:
+    """One learner rank of ``seedlocal.train`` (``_train_ranks``): the family and config pickled in ``job``,
+    trained as a rank; rank 0 writes beside it how that ended (the run folder, or the error). Ends as the command
+    line's ranks end (``cli.exit_now``)."""
+    import pickle
+
+    from seedlocal import errors
+    from seedlocal.cli import Stopped, _sigterm_as_exit, _start_resource_tracker, exit_now
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from _train_ranks
+    signal.signal(signal.SIGTERM, _sigterm_as_exit)
+    family, cfg = pickle.loads(Path(job).read_bytes())
+    _start_resource_tracker()
+    outcome, code = {}, 0
+    try:
+        outcome["run_dir"] = _family(family).train(cfg)["run_dir"]
+    except (errors.SeedlocalError, KeyboardInterrupt, SystemExit) as e:
+        kind = next(c.__name__ for c in type(e).__mro__ if c.__module__ in ("seedlocal.errors", "builtins"))
+        where = getattr(e, "seedlocal_run_dir", None)
+        outcome = {"error": "Stopped" if isinstance(e, SystemExit) else kind, "message": str(e),
+                   "run_dir": str(where) if where else None}
+        code = 130 if isinstance(e, KeyboardInterrupt) else e.code if isinstance(e, Stopped) else 1
+        if os.environ.get("RANK") != "0" and isinstance(e, errors.SeedlocalError):
+            print(f"seedlocal: error: {e}", file=sys.stderr, flush=True)  # rank 0's is raised by the caller
+    if os.environ.get("RANK") == "0":
+        Path(job + RANK0_OUTCOME).write_text(json.dumps(outcome))
+    # Stopped and saved: a SIGTERM still on its way (every rank gets one when the caller dies; one blocked in a
+    # collective takes it late) would only break into the exit handlers with a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    exit_now(code)
 
 
 @contextmanager

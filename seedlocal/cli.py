@@ -542,14 +542,10 @@ def _run(argv: list[str]) -> int:
     try:
         cmd, cfg = _parse(argv)
         if cmd == "train" and cfg.learners > 1:
-            from seedlocal.families import of_config
+            from seedlocal.families import check_learners
             from seedlocal.pipeline.ranks import from_environment, launch
 
-            fam = of_config(cfg)
-            if not fam.data_parallel:
-                raise ConfigError(f"learners={cfg.learners}: {fam.name} has no data-parallel learner; "
-                                  "give --learners 1")
-            cfg.per_rank(cfg.learners)  # a rank count the config cannot be split into, refused before any rank starts
+            check_learners(cfg)  # a rank count the run cannot be divided into, refused before any rank starts
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
                 return launch(argv, cfg.learners, cfg.dist_timeout_s)
         _start_resource_tracker()

@@ -18,7 +18,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from seedlocal.errors import CheckpointError
+from seedlocal.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from seedlocal.trainers.run import Family
@@ -44,6 +44,17 @@ def family(name: str) -> Family:
 def of_config(cfg) -> Family:
     """The family whose run configuration ``cfg`` is."""
     return next(f for f in map(family, TABLE) if type(cfg) is f.run)
+
+
+def check_learners(cfg) -> Family:
+    """The family of ``cfg``, a run of ``cfg.learners`` > 1 data-parallel ranks, once its ranks could start: the
+    family has a data-parallel learner, and the run can be divided among them (``per_rank``: its shape, its
+    batch); else refused in one line, before any rank starts (the command line and ``seedlocal.train``)."""
+    fam = of_config(cfg)
+    if not fam.data_parallel:
+        raise ConfigError(f"learners={cfg.learners}: {fam.name} has no data-parallel learner; give --learners 1")
+    cfg.per_rank(cfg.learners)
+    return fam
 
 
 def of_checkpoint(state: dict) -> Family:

@@ -69,6 +69,9 @@ class PipelineShape:
     """envpool threads of each local group"""
     unrolls_per_batch: int = 0
     """k: unrolls per learner batch (0: the trainer takes no batches of whole unrolls)"""
+    rank: int = 0
+    ranks: int = 1
+    """the data-parallel learner ranks the run's shape is divided among, and which of them this is"""
 
     @property
     def num_groups(self) -> int:
@@ -97,6 +100,18 @@ class PipelineShape:
         """The most of ``groups`` groups that make whole workers (actor hosts run workers like these)."""
         return groups - groups % GROUPS_PER_WORKER
 
+    def seed_block(self, start: int) -> int:
+        """Where this rank's envs' seeds begin, counted from env.seed, at their ``start``-th start (a local
+        worker's restarts, an actor host's assignments): blocks of ``num_envs`` seeds (the local envs, then the
+        remote ones), one per rank and start, in the order (start 0: rank 0, 1, ...; start 1: rank 0, 1, ...),
+        so that no two ranks and no two starts of the run share a seed (until the seeds wrap: ``envs/make.py``)."""
+        return (start * self.ranks + self.rank) * self.num_envs
+
+    def describe_rank(self) -> str:
+        """What one rank steps, for the run's first line."""
+        return (f"{self.num_workers} worker{'s' * (self.num_workers != 1)} of {self.envs_per_worker} envs, "
+                f"min batch {self.min_batch_envs}")
+
 
 def worker_groups(num_workers: int) -> int:
     """The groups ``num_workers`` env workers step."""
@@ -104,11 +119,44 @@ def worker_groups(num_workers: int) -> int:
 
 
 def pipeline_shape(p: PipelineConfig, bridge: BridgeConfig | None = None, needs: ShapeNeeds = ShapeNeeds(),
-                   prefix: str = "pipeline") -> PipelineShape:
+                   prefix: str = "pipeline", rank: int = 0, ranks: int = 1) -> PipelineShape:
     """The shape of a run of ``p``, with ``bridge``'s remote envs where it
-    listens, for a trainer that ``needs`` it so. A value that makes no shape
-    fails here (ConfigError), naming its field as ``prefix``.name."""
+    listens, for a trainer that ``needs`` it so; with ``ranks`` > 1, the shape
+    of learner rank ``rank`` of them, the run's divided (module docstring). A
+    value that makes no shape fails here (ConfigError), naming its field as
+    ``prefix``.name."""
     remote_envs = bridge.remote_envs if bridge is not None and bridge.listen else 0
+    _check_fields(p, bridge, remote_envs, needs, prefix)
+    workers, per_worker = rank_workers(p, ranks, prefix)
+    group = per_worker // GROUPS_PER_WORKER
+    local, remote = worker_groups(workers), remote_envs // group
+    k = 0
+    if needs.batch_envs is not None:
+        if needs.batch_envs < 1 or needs.batch_envs % group:
+            worker = (f"{prefix}.envs_per_worker={p.envs_per_worker}" if per_worker == p.envs_per_worker else
+                      f"a learner rank's workers of {per_worker}")
+            fail("algo.batch_size", needs.batch_envs, f"must be a positive multiple of the envs per group ({group}, "
+                 f"half of {worker}): change one or the other")
+        k = needs.batch_envs // group
+    groups = local + remote
+    buffers = _rank_share(p.num_buffers, ranks)
+    each = f" (a learner rank's share: {buffers})" if ranks > 1 else ""
+    if buffers and buffers < groups:
+        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups}){each}")
+    if buffers and buffers < k:
+        fail(f"{prefix}.num_buffers", p.num_buffers,
+             f"needs one unroll per group ({groups}) and at least a batch ({k}){each}")
+    return PipelineShape(
+        num_workers=workers, envs_per_group=group, num_local_groups=local, num_remote_groups=remote,
+        unroll_length=p.unroll_length or needs.unroll_length or 0,
+        num_buffers=buffers or max(needs.buffers_per_group * groups, k),
+        min_batch_envs=_rank_share(p.min_batch_envs, ranks) or (local + remote) * group // 2,
+        threads_per_group=_threads_per_group(p, workers, ranks), unrolls_per_batch=k, rank=rank, ranks=ranks)
+
+
+def _check_fields(p: PipelineConfig, bridge: BridgeConfig | None, remote_envs: int, needs: ShapeNeeds,
+                  prefix: str) -> None:
+    """The run's own values, each refused in one line naming it (before any is divided among ranks)."""
     for name in ("num_workers", "envs_per_worker", "unroll_length"):
         v = getattr(p, name)
         if name == "num_workers" and remote_envs and v == 0:
@@ -126,38 +174,43 @@ def pipeline_shape(p: PipelineConfig, bridge: BridgeConfig | None = None, needs:
     if bridge is not None and bridge.listen and (remote_envs <= 0 or remote_envs % p.envs_per_worker):
         fail("bridge.remote_envs", remote_envs, f"must be a positive multiple of {prefix}.envs_per_worker "
              f"({p.envs_per_worker}): actor hosts run whole workers of two groups")
-    group = p.envs_per_worker // GROUPS_PER_WORKER
-    local, remote = worker_groups(p.num_workers), remote_envs // group
-    k = 0
-    if needs.batch_envs is not None:
-        if needs.batch_envs < 1 or needs.batch_envs % group:
-            fail("algo.batch_size", needs.batch_envs, f"must be a positive multiple of the envs per group ({group}, "
-                 f"half of {prefix}.envs_per_worker={p.envs_per_worker}): change one or the other")
-        k = needs.batch_envs // group
-    groups = local + remote
-    if p.num_buffers and p.num_buffers < groups:
-        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups})")
-    if p.num_buffers and p.num_buffers < k:
-        fail(f"{prefix}.num_buffers", p.num_buffers,
-             f"needs one unroll per group ({groups}) and at least a batch ({k})")
-    return PipelineShape(
-        num_workers=p.num_workers, envs_per_group=group, num_local_groups=local, num_remote_groups=remote,
-        unroll_length=p.unroll_length or needs.unroll_length or 0,
-        num_buffers=p.num_buffers or max(needs.buffers_per_group * groups, k),
-        min_batch_envs=p.min_batch_envs or (local + remote) * group // 2,
-        threads_per_group=_threads_per_group(p), unrolls_per_batch=k)
 
 
-def _threads_per_group(p: PipelineConfig) -> int:
-    """envpool threads of each group: the cores shared out over all local groups.
+def rank_workers(p: PipelineConfig, ranks: int, prefix: str = "pipeline") -> tuple[int, int]:
+    """(local workers, envs per worker) of one of ``ranks`` learner ranks: the run's workers divided where
+    ``ranks`` divides them; else 1/``ranks`` of the run's envs in the fewest workers (at least 1/``ranks``
+    of the run's workers, rounded up) whose groups divide the run's groups, so that a batch of the run's
+    whole groups is whole groups of a rank too (CartPole's 2 workers of 8 envs on 4 ranks: 1 worker of 4 each);
+    else refused, naming pipeline.num_workers. A rank never steps more envs than its share."""
+    if p.num_workers % ranks == 0:
+        return p.num_workers // ranks, p.envs_per_worker
+    envs, group = p.num_workers * p.envs_per_worker, p.envs_per_worker // GROUPS_PER_WORKER
+    share = envs // ranks if envs % ranks == 0 else 0
+    for workers in range(-(-p.num_workers // ranks), share // GROUPS_PER_WORKER + 1):
+        per_worker = share // workers
+        if share % workers == 0 and per_worker % GROUPS_PER_WORKER == 0 \
+                and group % (per_worker // GROUPS_PER_WORKER) == 0:
+            return workers, per_worker
+    fail(f"{prefix}.num_workers", p.num_workers, f"{p.num_workers} workers of {p.envs_per_worker} envs cannot be "
+         f"divided among {ranks} learner ranks (each takes 1/{ranks} of the envs, in workers whose groups divide "
+         f"the run's groups of {group}): give a multiple of {ranks} workers")
+
+
+def _rank_share(value: int, ranks: int) -> int:
+    """A rank's share of a size given for the whole run (0: automatic, derived from the rank's own envs)."""
+    return -(-value // ranks)
+
+
+def _threads_per_group(p: PipelineConfig, workers: int, ranks: int) -> int:
+    """envpool threads of each group: the cores (a learner rank's share of them) shared out over all local groups.
 
     Giving each group its worker's whole share (the groups mostly alternate)
     measured worse on 2 cores: Pong 0.77-0.87 of raw vs 0.96-1.00, CartPole
     0.86 vs 1.18. A small group split over two threads waits on its slowest
     env every step; one thread per group has no such barrier.
     """
-    total = p.env_threads or os.cpu_count() or 1
-    return max(1, total // worker_groups(max(1, p.num_workers)))
+    total = max(1, (p.env_threads or os.cpu_count() or 1) // ranks)
+    return max(1, total // worker_groups(max(1, workers)))
 
 
 def actor_host_shape(groups: int, envs_per_group: int, env_threads: int) -> PipelineShape:

@@ -95,7 +95,7 @@ def rank_main(rank: int, world: int, port: int, out: str, device: str = "cpu", b
     ``device`` (cuda: rank r on GPU r, wrapping round) over ``backend``."""
     import torch.distributed as dist
 
-    from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.pipeline.ranks import Ranks, scalar_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -103,7 +103,8 @@ def rank_main(rank: int, world: int, port: int, out: str, device: str = "cpu", b
         device = f"cuda:{rank % torch.cuda.device_count()}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    ranks = Ranks(rank, world, rank, 60.0, "cuda" if backend == "nccl" else "cpu")
+    ranks = Ranks(rank, world, rank, 60.0, "cuda" if backend == "nccl" else "cpu",
+                  scalars=scalar_group(backend, timedelta(seconds=60)))  # as ranks.join makes them
     try:
         b, mine = batch(), half(batch(), rank, world)
         adv = torch.randn(L - 1, B, generator=torch.Generator().manual_seed(1))

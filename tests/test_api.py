@@ -263,3 +263,24 @@ def test_training_from_standard_input_starts_its_workers(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "No such file or directory" not in out.stderr, out.stderr[-2000:]
     assert int(out.stdout.split("steps ")[-1]) >= 2000
+
+
+def test_learner_ranks_from_python_and_a_resume_of_theirs(tmp_path, capfd):
+    """seedlocal.train("vtrace", learners=2) raised "this process was not started as a rank", and so did a resume
+    from Python of a run of 2 ranks (its saved config carries the count). The ranks now start as the command line
+    starts them, and rank 0's summary comes back; the resume goes on with 2 ranks on the same curve. Nothing is
+    left behind."""
+    from seedlocal import checkpoint
+
+    summary = seedlocal.train("vtrace", learners=2, total_steps=3000, log_dir=str(tmp_path), run_name="two",
+                              progress=False, log_every_s=0.2)
+    said = capfd.readouterr().out
+    assert said.count("2 data-parallel learner ranks (each 1 worker of 8 envs, min batch 2)") == 1, said
+    assert summary.status == "done" and summary.stopped_by == "steps" and summary.steps >= 3000
+    assert summary.run_dir == tmp_path / "two" and summary["updates"] > 0
+    assert checkpoint.load(summary.run_dir)["config"]["learners"] == 2
+    more = seedlocal.train("vtrace", resume=summary.run_dir, total_steps=6000, progress=False)
+    said = capfd.readouterr().out
+    assert "2 data-parallel learner ranks" in said and more.run_dir == summary.run_dir, said
+    assert more.steps >= 6000 and more["updates"] > summary["updates"] and more.status == "done"
+    assert not live_children() and not leaked_segments()

@@ -380,12 +380,16 @@ def test_remote_seeds_fit_envpools_int32_and_differ_over_10000_assignments():
     seeded seed + j, so every one of them must fit). Seeds now wrap into the
     valid range, and the envs of different assignments still get different
     seeds, whatever the learner's base seed."""
+    from seedlocal.config.schema import BridgeConfig, PipelineConfig
     from seedlocal.pipeline.bridge.server import remote_seed
+    from seedlocal.shape import pipeline_shape
 
     for base, group_envs, remote_groups in [(1, 4, 2), (2**31 - 10, 8, 64), (12_345, 512, 6)]:
         span = group_envs * remote_groups
+        shape = pipeline_shape(PipelineConfig(num_workers=0, envs_per_worker=2 * group_envs),
+                               BridgeConfig(listen=":0", remote_envs=span))
         for first in (0, remote_groups - 2):  # a host's first group: the first remote one, or a later one
-            starts = [remote_seed(base, k, first, group_envs, remote_groups) for k in range(1, 10_001)]
+            starts = [remote_seed(base, k, first, shape) for k in range(1, 10_001)]
             most = (remote_groups - first) * group_envs  # the most envs a host whose first group is this runs
             assert all(0 <= s and s + most - 1 <= 2**31 - 1 for s in starts), (base, group_envs, first)
             ordered = sorted(starts)
@@ -608,7 +612,7 @@ def test_a_learner_lets_in_only_a_host_that_proves_the_token_now(capfd):
         (kind, assign), hn, ln = _raw_host(port, lambda mine, theirs: wire.token_proof(token, "host", mine, theirs))
         assert kind == wire.ASSIGN, assign
         assert wire.proof_ok(token, "learner", hn, ln, assign["proof"], assign), "the learner did not prove the token"
-        assert assign["seed"] == remote_seed(EnvConfig().seed, 1, 0, 4, 2)
+        assert assign["seed"] == remote_seed(EnvConfig().seed, 1, 0, pipe.shape)
         time.sleep(0.3)
         pipe.loop._check_workers()  # the loop takes the groups of the host that left back
         old_learner_nonce = ln

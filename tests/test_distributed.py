@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -96,6 +97,147 @@ def test_pooled_statistics_equal_the_whole_batch(two_ranks):
         torch.testing.assert_close(got["obs_var"], whole["obs_var"], rtol=1e-12, atol=1e-12)
         assert got["reward"] == pytest.approx(whole["reward"], rel=1e-12)
         assert two_ranks[r]["adv_moments"] == pytest.approx((float(mean), float(std)), rel=1e-6)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """torch.distributed's default group as a gloo group of this process alone, for what Ranks builds on it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def _spy(monkeypatch, dist, name: str) -> list:
+    """Every call of ``dist.<name>`` from now on: (its tensors, its group); the tensors are kept alive."""
+    calls, real = [], getattr(dist, name)
+
+    def spy(*args, **kw):
+        tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if torch.is_tensor(t)]
+        calls.append((tensors, kw.get("group")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dist, name, spy)
+    return calls
+
+
+def test_with_nccl_the_scalars_travel_on_a_cpu_group_of_their_own(one_rank_group, monkeypatch):
+    """Ranks joined over NCCL (a GPU each) put the stop decision's all-reduce on the GPU and read it back with
+    .cpu() every update, so the host waited for each update to finish. Host numbers (the stop decision, a
+    population's scores, pooled statistics) now travel as CPU tensors on a gloo group beside NCCL
+    (``scalar_group``); NCCL keeps what lives on the GPU. Checked on the CPU: the group made for an NCCL backend,
+    and the collectives of a Ranks whose device is cuda (no CUDA tensor can be made here)."""
+    from datetime import timedelta
+
+    from seedlocal.pipeline.ranks import Ranks, scalar_group
+
+    dist = one_rank_group
+    assert scalar_group("gloo", timedelta(seconds=60)) is None  # the default group is a CPU one already
+    group = scalar_group("nccl", timedelta(seconds=60))
+    assert group is not None and dist.get_backend(group) == "gloo"
+    calls = _spy(monkeypatch, dist, "all_reduce")
+    gathers = _spy(monkeypatch, dist, "all_gather")
+    ranks = Ranks(0, 1, 0, 60.0, "cuda", scalars=group)
+    assert ranks.sum([3.0, 4.5]) == [3.0, 4.5]
+    assert ranks.gather([1.5, 2.5]) == [[1.5, 2.5]]
+    n, mean, var = ranks.pool_moments(2.0, torch.tensor([1.0], dtype=torch.float64),
+                                      torch.tensor([0.5], dtype=torch.float64))
+    assert n == 2.0 and mean.tolist() == [1.0] and var.tolist() == [0.5]
+    assert len(calls) == 1 and len(gathers) == 3
+    for tensors, used in calls + gathers:
+        assert used is group and {t.device.type for t in tensors} == {"cpu"}
+
+
+def test_the_gradients_all_reduce_buffer_is_allocated_once(one_rank_group, monkeypatch):
+    """Ranks.average_gradients reduced a new flat tensor of the model's size every update (torch.cat); it now
+    fills the one allocated at the first update (every tensor reduced is kept alive here, so a new one could not
+    reuse a freed block's address). The gradients come back as the weighted mean (one rank: unchanged)."""
+    from seedlocal.pipeline.ranks import Ranks
+
+    reduced = _spy(monkeypatch, one_rank_group, "all_reduce")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    ranks = Ranks(0, 1, 0, 60.0)
+    for weight in (3, torch.tensor(5.0), 1.0):
+        model.zero_grad()
+        model(torch.randn(4, 8)).square().sum().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        ranks.average_gradients(model.parameters(), weight)
+        for p, g in zip(model.parameters(), want):
+            torch.testing.assert_close(p.grad, g)
+    assert len(reduced) == 3 and len({tensors[0].data_ptr() for tensors, _ in reduced}) == 1
+
+
+def test_every_ranks_env_seeds_are_its_own_over_restarts_and_assignments():
+    """Rank r's envs were seeded from env.seed + r x (its envs), and a worker's k-th restart from k x (its envs)
+    further: rank 0's first restart took rank 1's seeds (and actor hosts' blocks overlapped across ranks). With
+    the production functions, every env of every rank, at every restart of its worker and every assignment of
+    its actor hosts (each remote group seen as a host of its own), now gets seeds no other env, rank or start
+    has (``PipelineShape.seed_block``)."""
+    from seedlocal.config.schema import BridgeConfig, PipelineConfig
+    from seedlocal.pipeline.actors import local_seed
+    from seedlocal.pipeline.bridge.server import remote_seed
+    from seedlocal.shape import pipeline_shape
+
+    for p, bridge, world in [(PipelineConfig(num_workers=2, envs_per_worker=8), None, 2),
+                             (PipelineConfig(num_workers=2, envs_per_worker=8), None, 4),
+                             (PipelineConfig(num_workers=4, envs_per_worker=16), BridgeConfig(listen=":0", remote_envs=32), 4)]:
+        seeds = []
+        for r in range(world):
+            s = pipeline_shape(p, bridge, rank=r, ranks=world)
+            for start in range(6):
+                for w in range(s.num_workers):
+                    seeds += range(local_seed(1, w, start, s), local_seed(1, w, start, s) + s.envs_per_worker)
+                for g in range(s.num_remote_groups):
+                    first = remote_seed(1, start + 1, g, s)
+                    seeds += range(first, first + s.envs_per_group)
+        assert len(seeds) == len(set(seeds)) == 6 * world * s.num_envs, (p, bridge, world)
+
+
+def test_ranks_sample_and_explore_from_streams_of_their_own():
+    """R2D2's replay sampler and epsilon draws (and V-trace's minibatch order) were seeded with env.seed on every
+    rank: the ranks sampled their replays and explored alike. Each rank's streams, as its trainer seeds them, are
+    its own, and so are a resumed session's (``stream_seed``: by seed, rank, purpose and the step it starts
+    from); one process's first session keeps env.seed, as before."""
+    from seedlocal.envs.spaces import describe
+    from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.trainers import r2d2, vtrace
+    from seedlocal.trainers.run import stream_seed
+
+    spec, cpu = describe("CartPole-v1"), torch.device("cpu")
+    draws = []
+    for r in range(2):
+        ranks = Ranks(r, 2, r, 60.0)
+        t = r2d2.R2D2Trainer(ranks.share(r2d2.PRESETS["cartpole"]), spec, cpu, ranks)
+        v = vtrace.VTraceTrainer(ranks.share(vtrace.PRESETS["cartpole"]), spec, cpu, ranks)
+        draws.append((t.replay.rng.integers(1 << 30, size=8).tolist(),
+                      torch.rand(8, generator=t.policy().generator).tolist(), torch.randperm(64, generator=v.shuffle).tolist()))
+    assert all(a != b for a, b in zip(*draws)), draws
+    solo = r2d2.R2D2Trainer(r2d2.PRESETS["cartpole"], spec, cpu)
+    first = np.random.default_rng(r2d2.PRESETS["cartpole"].env.seed).integers(1 << 30, size=8).tolist()
+    assert solo.replay.rng.integers(1 << 30, size=8).tolist() == first
+    purposes = ("process", "replay", "epsilon", "shuffle")
+    seeds = {stream_seed(1, r, what, start) for r in range(4) for what in purposes for start in (0, 5_000, 10_000)}
+    assert len(seeds) == 4 * 4 * 3 - 3  # rank 0's first session: env.seed itself, whatever the purpose
+
+
+def test_a_run_its_ranks_cannot_divide_is_refused_before_any_rank_starts():
+    """What the command line and seedlocal.train ask before they start ranks (``families.check_learners``): the
+    run's envs divided among the ranks, and for R2D2 an env left to fill each rank's replay."""
+    from seedlocal.errors import ConfigError
+    from seedlocal.families import check_learners
+    from seedlocal.trainers.r2d2 import R2D2Run
+    from seedlocal.trainers.vtrace import VTraceRun
+
+    assert check_learners(VTraceRun(learners=4)).name == "vtrace"  # 2 workers of 8: 1 worker of 4 a rank
+    with pytest.raises(ConfigError, match=r"^pipeline.num_workers=2: 2 workers of 8 envs cannot be divided among 3 "):
+        check_learners(VTraceRun(learners=3))
+    with pytest.raises(ConfigError) as e:
+        check_learners(R2D2Run(learners=4))
+    assert str(e.value) == "algo.eval_envs=4: leaves no env of a learner rank's 4 to fill its replay (4 ranks)"
 
 
 # -- whole runs on the command line: 2 ranks of 1 worker each (the CPU machine's test bed) -------------------------
@@ -251,24 +393,31 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
 
 
 def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
-    """A rank's config: workers and cores divided among the ranks, the batch its own, and bridge.listen's port
-    + RANK, so that every rank can serve remote envs; one process's config is left as it is."""
+    """A rank's config: its cores, the batch its own, and bridge.listen's port + RANK, so that every rank can
+    serve remote envs; its shape (the trainer's, from that config) the run's divided: 3 workers of 8 envs on 2
+    ranks are 12 envs a rank, in 3 workers of 4 (whose groups of 2 divide the run's of 4). One process's config
+    is left as it is."""
     from seedlocal.config.schema import BridgeConfig, PipelineConfig
     from seedlocal.pipeline.ranks import Ranks
-    from seedlocal.trainers.vtrace import VTraceRun
+    from seedlocal.shape import pipeline_shape
+    from seedlocal.trainers.vtrace import VTraceRun, shape_needs
 
     cfg = VTraceRun(pipeline=PipelineConfig(num_workers=3, envs_per_worker=8, device="cpu"),
                     bridge=BridgeConfig(listen="127.0.0.1:50051", remote_envs=8))
     assert Solo().share(cfg) is cfg
     one = Ranks(1, 2, 1, 60.0).share(cfg)
     cores = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert one.pipeline.num_workers == 2 and one.pipeline.learner_threads == one.pipeline.env_threads == cores
+    assert one.pipeline.learner_threads == cores
     assert one.bridge.listen == "127.0.0.1:50052" and one.bridge.remote_envs == 8
-    assert one.algo == cfg.algo and cfg.pipeline.num_workers == 3  # the run's own config is untouched
+    shape = pipeline_shape(one.pipeline, one.bridge, shape_needs(one), rank=1, ranks=2)
+    assert (shape.num_workers, shape.envs_per_worker, shape.num_local_envs, shape.num_envs) == (3, 4, 12, 20)
+    assert cfg.pipeline.num_workers == 3 and cfg.algo.batch_size == 4  # the run's own config is untouched
+    assert one.algo.batch_size == 2  # the run's batch of one group of 4, split: a rank's group of 2
     from seedlocal.trainers.vtrace import PRESETS
 
     minatar = Ranks(0, 2, 0, 60.0).share(PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
-    assert minatar.pipeline.num_workers == 1 and minatar.algo.batch_size == 16  # the run's batch, split
+    assert pipeline_shape(minatar.pipeline, ranks=2).num_workers == 1
+    assert minatar.algo.batch_size == 16  # the run's batch, split
     assert Ranks(0, 2, 0, 60.0).share(PRESETS["cartpole"]).algo.batch_size == 4  # 2 is no whole group of 4
     remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"),
                             bridge=BridgeConfig(listen=":0", remote_envs=32))
@@ -337,6 +486,55 @@ def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] == state["counters"]["steps"] > 0, summary
     assert checkpoint.load(tmp_path / "c")["counters"]["steps"] == summary["steps"]  # (resumes: the killed test)
+
+
+PYTHON_RANKS = """
+import sys, seedlocal
+try:
+    seedlocal.train("vtrace", learners=2, total_steps=10_000_000, log_dir=sys.argv[1], run_name="p", progress=False,
+                    log_every_s=0.5)
+except KeyboardInterrupt as e:
+    print("raised KeyboardInterrupt in", e.seedlocal_run_dir, flush=True)
+    sys.exit(130)
+"""
+
+
+# Two runs of 2 ranks until they have trained (~60 s on 2 cores): -m slow; the default run trains ranks from Python
+# to their budget (test_api.py).
+@pytest.mark.slow
+def test_ranks_started_from_python_stop_with_their_caller(tmp_path):
+    """seedlocal.train(learners=2): a notebook's interrupt reaches the calling process alone, which sends its
+    ranks SIGTERM: they save and stop, and KeyboardInterrupt is raised with the run folder on it. A caller killed
+    outright (SIGKILL: a kernel restarted) takes its ranks with it (PR_SET_PDEATHSIG: SIGTERM, a clean stop),
+    where they trained on to their budget before. Nothing is left behind either way."""
+    from helpers import terminal_like
+
+    for how in (signal.SIGINT, signal.SIGKILL):
+        run_dir = tmp_path / how.name / "p"
+        proc = subprocess.Popen([sys.executable, "-c", PYTHON_RANKS, str(run_dir.parent)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=terminal_like)
+        ranks, alive = {}, []
+        try:
+            _training(proc, run_dir)
+            ranks = _ranks(proc)
+            os.kill(proc.pid, how)
+            gone, alive = psutil.wait_procs(list(ranks.values()), timeout=60)
+        finally:
+            for p in alive:  # what the test failed on: stopped cleanly, so that it leaves no segment either
+                p.terminate()
+            psutil.wait_procs(alive, timeout=30)
+            if not ranks and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # it never trained: the caller and anything it started
+            out, _ = proc.communicate(timeout=60)  # the ranks share its output: it ends once they have
+        assert not alive, f"ranks {[p.pid for p in alive]} still running a minute after their caller was stopped"
+        assert "Traceback" not in out, out
+        if how == signal.SIGINT:
+            assert proc.returncode == 130 and f"raised KeyboardInterrupt in {run_dir}" in out, out
+            assert f"stopped cleanly (checkpoint and summary in {run_dir})" in out, out
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["steps"] > 0, summary
+        assert checkpoint.load(run_dir)["counters"]["steps"] == summary["steps"]
+        assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
 
 
 # ~40 s on 2 cores (2 ranks and 2 actor hosts): -m slow. The default run checks each rank's port.

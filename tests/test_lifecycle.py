@@ -401,14 +401,17 @@ def test_the_forkserver_ignores_ctrl_c_and_sighup_from_its_first_preload(tmp_pat
 
 
 def test_restarted_workers_seeds_differ_and_stay_in_int32_over_many_restarts():
+    from seedlocal.config.schema import PipelineConfig
     from seedlocal.pipeline.actors import local_seed
+    from seedlocal.shape import pipeline_shape
 
+    shape = pipeline_shape(PipelineConfig(num_workers=4, envs_per_worker=16))  # 8 groups of 8
     for base in (0, 1, 2**31 - 1 - 64, 2**31 - 10, 2**40):  # the last two: Gymnasium takes any seed
         seen = set()
         for r in range(10_000):
             for w in range(4):
-                seed = local_seed(base, w, r * 100_003, num_groups=8, group_envs=8)
+                seed = local_seed(base, w, r * 100_003, shape)
                 assert 0 <= seed and seed + 2 * 8 - 1 <= 2**31 - 1, (base, w, r, seed)
                 seen.add(seed)
         assert len(seen) == 40_000  # no two starts share seeds
-    assert local_seed(5, 1, 2, num_groups=8, group_envs=8) == 5 + 16 + 128  # below the wrap: as before
+    assert local_seed(5, 1, 2, shape) == 5 + 16 + 128  # below the wrap: as before

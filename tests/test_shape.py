@@ -137,6 +137,7 @@ OTHER_HALVES = {
     ("trainers/evolvers.py", "len(row) // 2"),  # a rank's gathered fitness, then its returns
     ("measure/raw.py", "n // 2"),  # raw envpool's half pools: the baseline, not the pipeline
     ("measure/raw.py", "threads // 2"),
+    ("pipeline/bridge/client.py", "len(reason) // 2"),  # a refusal's text cut to fit the handshake's bytes
 }
 
 
@@ -214,3 +215,48 @@ def test_on_a_runs_path_only_the_builder_reads_envs_per_worker():
     assert "envs_per_group" in {f.name for f in dataclasses.fields(WorkerArgs)}
     assert "envs_per_group" in inspect.signature(make_group).parameters
     assert "envs_per_group" in inspect.signature(EnvpoolGroup).parameters
+
+
+# -- a learner rank's: the run's divided (issue 44) ----------------------------------------------------------
+
+
+def test_a_learner_ranks_shape_is_the_runs_divided():
+    """Each rank kept the run's min_batch_envs over its 1/G of the workers, rounded up: R2D2's Atari preset sized
+    for 16 cores (8 workers of 16, min batch 64) gave 64 envs a rank waiting for 64 at G=2, and 32 envs waiting
+    for 64 at G=4, so that every batch waited for every group; MinAtar's (2 workers of 16) at G=4 ran 4 x 16
+    envs, twice the run's 32. A rank's shape, as its trainer builds it from its config, is the run's divided: the
+    ranks together step the run's envs, and each waits for its share of the run's min batch, no more than half of
+    its envs (a worker's other group steps meanwhile)."""
+    from seedlocal.config.machine import Machine
+    from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.trainers import r2d2
+
+    atari = r2d2.PRESETS["atari"].sized_for(Machine(16, True))
+    for cfg, G, want in [(atari, 2, (4, 16, 64, 32)), (atari, 4, (2, 16, 32, 16)),
+                         (r2d2.PRESETS["minatar"], 4, (1, 8, 8, 2))]:
+        run = pipeline_shape(cfg.pipeline, cfg.bridge, r2d2.shape_needs(cfg))
+        for r in range(G):
+            share = Ranks(r, G, r, 60.0).share(cfg)
+            s = pipeline_shape(share.pipeline, share.bridge, r2d2.R2D2Trainer.needs(share), rank=r, ranks=G)
+            assert (s.num_workers, s.envs_per_worker, s.num_envs, s.min_batch_envs) == want, (cfg.env.id, G)
+            assert G * s.num_envs == run.num_envs and G * s.min_batch_envs == run.min_batch_envs
+            assert s.min_batch_envs <= s.num_envs // 2 and (s.rank, s.ranks) == (r, G)
+
+
+def test_fewer_workers_than_ranks_split_their_envs_or_are_refused():
+    """CartPole's 2 workers of 8 envs (groups of 4) on 4 ranks: 1 worker of 4 envs each, whose groups of 2 make
+    any batch of the run's whole groups whole groups of a rank; min_batch_envs and num_buffers given for the run
+    are divided too, and each rank gets its share of env_threads. 16 envs do not divide among 3 ranks: refused in
+    one line naming the field."""
+    p = PipelineConfig(num_workers=2, envs_per_worker=8, min_batch_envs=4, num_buffers=8, env_threads=8)
+    s = pipeline_shape(p, needs=ShapeNeeds(batch_envs=4, buffers_per_group=1), rank=3, ranks=4)
+    assert (s.num_workers, s.envs_per_worker, s.num_envs, s.min_batch_envs, s.num_buffers) == (1, 4, 4, 1, 2)
+    assert (s.unrolls_per_batch, s.threads_per_group, s.rank, s.ranks) == (2, 1, 3, 4)
+    with pytest.raises(ConfigError) as e:
+        pipeline_shape(p, ranks=3)
+    assert str(e.value) == ("pipeline.num_workers=2: 2 workers of 8 envs cannot be divided among 3 learner ranks "
+                            "(each takes 1/3 of the envs, in workers whose groups divide the run's groups of 4): "
+                            "give a multiple of 3 workers")
+    with pytest.raises(ConfigError, match=r"pipeline.num_buffers=2: needs at least one unroll per group \(2\) \(a "
+                                          r"learner rank's share: 1\)"):
+        pipeline_shape(dataclasses.replace(p, num_buffers=2), ranks=2)

@@ -82,12 +82,13 @@ def main_file_hidden_if_missing():
         main.__file__ = path
 
 
-def local_seed(base: int, worker: int, restarts: int, num_groups: int, group_envs: int) -> int:
-    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j).
-    Each restart takes the next block of all the groups' seeds, so its fresh episodes differ; the blocks
-    wrap below envpool's int32 end, since restarts are a rate, not a count, over a long run."""
-    span = num_groups * group_envs
-    return wrap_seed(base + worker * GROUPS_PER_WORKER * group_envs + restarts * span, span)
+def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> int:
+    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j): its
+    envs' place in the block of seeds of this rank and start (``PipelineShape.seed_block``), so that no restart
+    of any rank's worker takes another's seeds. The blocks wrap below envpool's int32 end, since restarts are a
+    rate, not a count, over a long run."""
+    offset = shape.groups_of(worker).start * shape.envs_per_group
+    return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 
 
 def forkserver_pid() -> int:
@@ -208,7 +209,7 @@ class ActorPool:
 
     def _spawn(self, w: int) -> None:
         groups = self.groups_of(w)
-        seed = local_seed(self.seed, w, self.restarts[w], self.num_groups, self.envs_per_group)
+        seed = local_seed(self.seed, w, self.restarts[w], self.shape)
         args = WorkerArgs(
             index=w,
             groups=tuple(groups),

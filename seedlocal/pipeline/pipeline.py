@@ -48,9 +48,10 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
             "or bridge.remote_envs")
     if env.seed < 0:
         raise ConfigError(f"env.seed={env.seed}: must be >= 0")
-    # Env i of a local worker's k-th start is seeded seed + i + k x (all envs), wrapping below int32's end
-    # (ActorPool._spawn); envpool asserts they fit (Gymnasium envs take any size): one start of every env must.
-    used = shape.num_envs
+    # Env i of a rank's local worker's k-th start is seeded from its block (PipelineShape.seed_block), wrapping
+    # below int32's end (ActorPool._spawn); envpool asserts they fit (Gymnasium envs take any size): one start of
+    # every env of every rank must.
+    used = shape.ranks * shape.num_envs
     if spec.backend == "envpool" and env.seed + used - 1 > SEED_LIMIT:
         raise ConfigError(f"env.seed={env.seed}: envpool seeds are int32, and this run uses {used:,d} seeds from "
                           f"it (one per env): at most {SEED_LIMIT - used + 1:,d}")

@@ -46,6 +46,7 @@ from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, Ru
 from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, encoder_identity, obs_identity
+from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
 from seedlocal.shape import pipeline_shape, widened
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
@@ -98,11 +99,13 @@ class NeuroevoRun(RunConfig):
         budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
 
     def per_rank(self, ranks: int) -> NeuroevoRun:
-        """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``).
-        More ranks than members are refused (the command line asks before it starts any rank)."""
+        """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``) on
+        its shape's envs (the run's divided). More ranks than members, or than the envs divide among, are refused
+        (the command line asks before it starts any rank)."""
         if ranks > self.algo.population_size:
             fail("learners", ranks, f"each rank evaluates a part of the population of {self.algo.population_size}: "
                  "give at most that many ranks")
+        pipeline_shape(self.pipeline, self.bridge, ranks=ranks)
         return self
 
     def sized_for(self, machine: Machine) -> NeuroevoRun:
@@ -327,8 +330,8 @@ class NeuroevoTrainer(Trainer):
     def algo_name(cls, cfg) -> str:
         return cfg.name
 
-    def __init__(self, cfg: NeuroevoRun, spec, device):
-        super().__init__(cfg, spec, device)
+    def __init__(self, cfg: NeuroevoRun, spec, device, ranks: Solo = Solo()):
+        super().__init__(cfg, spec, device, ranks)
         self.algo = cfg.name
         self.template = build_policy(cfg, spec)
         self.space = ParamSpace(self.template)

@@ -47,6 +47,7 @@ from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import RecurrentQNet, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
 from seedlocal.shm.rollout import obs_key
@@ -78,12 +79,17 @@ class R2D2Run(StepRunConfig):
         return saved
 
     def per_rank(self, ranks: int) -> R2D2Run:
-        """Unchanged (each rank learns from its own replay), but a replay in checkpoints is one process's only:
-        a checkpoint would hold rank 0's, and a resume would give it to every rank (the command line asks
+        """Unchanged (each rank learns from its own replay, fed by its shape's envs: the run's divided), but a
+        replay in checkpoints is one process's only: a checkpoint would hold rank 0's, and a resume would give
+        it to every rank; and each rank keeps algo.eval_envs of its envs for evaluation (the command line asks
         before it starts any rank)."""
         if ranks > 1 and self.checkpoint_replay:
             fail("checkpoint_replay", True, f"with {ranks} learner ranks each rank keeps its own replay and a "
                  "checkpoint holds one: give --no-checkpoint-replay (a resumed run's ranks start with empty replays)")
+        envs = pipeline_shape(self.pipeline, self.bridge, shape_needs(self), ranks=ranks).num_envs
+        if self.algo.eval_envs >= envs:
+            fail("algo.eval_envs", self.algo.eval_envs, f"leaves no env of a learner rank's {envs} to fill its replay "
+                 f"({ranks} ranks)")
         return self
 
     def sized_for(self, machine: Machine) -> R2D2Run:
@@ -156,7 +162,8 @@ def eval_env_ids(num_local: int, num_envs: int, eval_envs: int) -> np.ndarray:
     return np.arange(num_envs - eval_envs, num_envs)
 
 
-def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay:
+def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape, seed: int) -> SequenceReplay:
+    """``seed``: its sampler's (``Trainer.stream``: each learner rank samples its own)."""
     a = cfg.algo
     fields = {obs_key(k): (s.shape, s.dtype) for k, s in spec.obs.items()}
     fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
@@ -164,7 +171,7 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape) -> SequenceReplay
     stack = stacking(spec, cfg.frame_stack)
     replay = SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
                             stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs", stack=stack,
-                            alpha=a.priority_exponent, compress=cfg.compress, seed=cfg.env.seed)
+                            alpha=a.priority_exponent, compress=cfg.compress, seed=seed)
     return replay
 
 
@@ -261,8 +268,8 @@ class R2D2Trainer(Trainer):
     checkpoint_parts = ("model", "target", "optimizer", "counters")
     needs = staticmethod(shape_needs)
 
-    def __init__(self, cfg: R2D2Run, spec, device):
-        super().__init__(cfg, spec, device)
+    def __init__(self, cfg: R2D2Run, spec, device, ranks: Solo = Solo()):
+        super().__init__(cfg, spec, device, ranks)
         a = self.a = cfg.algo
         self.online = build_net(cfg, spec).to(device)
         apply_precision(self.online.precision, device)
@@ -275,7 +282,7 @@ class R2D2Trainer(Trainer):
         self.eps = torch.full((num_envs,), a.eval_epsilon)
         self.eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base,
                                                                   a.epsilon_alpha)
-        self.replay = make_replay(cfg, spec, num_envs - a.eval_envs, self.online.core_spec.shape)
+        self.replay = make_replay(cfg, spec, num_envs - a.eval_envs, self.online.core_spec.shape, self.stream("replay"))
         obs_keys = [obs_key(k) for k in spec.obs]
         self.feeder = ReplayFeeder(self.replay, evaluating, self.shape.envs_per_group, a.unroll_length, obs_keys,
                                    a.replay_ratio, a.batch_size, a.min_replay)
@@ -299,11 +306,13 @@ class R2D2Trainer(Trainer):
         self.online.load_state_dict(saved["model"])
         self.target.load_state_dict(saved["target"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        if "replay" in saved and self.ranks.world > 1:
-            if self.ranks.main:
+        if "replay" not in saved or self.ranks.world > 1:
+            if "replay" in saved and self.ranks.main:
                 print("seedlocal: the checkpoint's replay is one process's: each learner rank starts with an empty "
                       "replay", flush=True)
-        elif "replay" in saved:
+            # An empty replay samples from this session's own stream (a restored one goes on with its saved one).
+            self.replay.rng = np.random.default_rng(self.stream("replay"))
+        else:
             try:
                 self.replay.load_state_dict(replay_from_checkpoint(saved["replay"]))
             except ValueError as e:
@@ -334,7 +343,7 @@ class R2D2Trainer(Trainer):
 
     def policy(self):
         stack = stacking(self.spec, self.cfg.frame_stack)
-        return R2D2Policy(self.online, self.spec, self.eps, self.lock, self.device, stack, self.cfg.env.seed,
+        return R2D2Policy(self.online, self.spec, self.eps, self.lock, self.device, stack, self.stream("epsilon"),
                           cuda_graphs=self.cfg.pipeline.cuda_graphs)
 
     def learner_threads(self) -> int:

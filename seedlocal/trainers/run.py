@@ -23,6 +23,7 @@ import abc
 import dataclasses
 import json
 import time
+import zlib
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,12 +85,15 @@ class Trainer(abc.ABC):
         """The algorithm's name in run folders and summaries."""
         return cls.algo
 
-    def __init__(self, cfg, spec, device: torch.device):
-        self.cfg, self.spec, self.device = cfg, spec, device
+    def __init__(self, cfg, spec, device: torch.device, ranks: Solo = Solo()):
+        """``ranks``: the data-parallel learner ranks this trainer is one of (``cfg`` is its share of the run's)."""
+        self.cfg, self.spec, self.device, self.ranks = cfg, spec, device, ranks
         self.counters: dict[str, int] = {}
         self.frames_per_step = spec.frames_per_step
-        # The pipeline's sizes: the trainer sizes its own parts by them, and the pipeline takes them.
-        self.shape: PipelineShape = pipeline_shape(cfg.pipeline, cfg.bridge, self.needs(cfg))
+        # The pipeline's sizes (a rank's: the run's divided): the trainer sizes its own parts by them, and the
+        # pipeline takes them.
+        self.shape: PipelineShape = pipeline_shape(cfg.pipeline, cfg.bridge, self.needs(cfg), rank=ranks.rank,
+                                                   ranks=ranks.world)
 
     @staticmethod
     def needs(cfg) -> ShapeNeeds:
@@ -114,6 +118,10 @@ class Trainer(abc.ABC):
         """(x, frames) that name a checkpoint now."""
         steps = self.counters[self.x_axis]
         return steps, steps * self.frames_per_step
+
+    def stream(self, purpose: str) -> int:
+        """The seed of this trainer's random stream ``purpose`` (``stream_seed``), for this rank and session."""
+        return stream_seed(self.cfg.env.seed, self.ranks.rank, purpose, self.counters.get(self.x_axis, 0))
 
     def worth_saving(self, resumed: bool) -> bool:
         """A run that did nothing leaves no checkpoint, so its name can be reused."""
@@ -263,6 +271,18 @@ def rng_state() -> dict:
     return out
 
 
+def stream_seed(seed: int, rank: int, purpose: str, start: int = 0) -> int:
+    """The seed of one of a run's random streams: ``purpose`` names it (the process's generators, R2D2's replay
+    sampler and epsilon draws, V-trace's minibatch order), ``rank`` is the learner rank drawing from it and
+    ``start`` the count of steps (generations) its session starts from, so that every rank and every resumed
+    session draws its own numbers (numpy's SeedSequence mixes them). One process's first session keeps ``seed``
+    itself, as before ranks had streams of their own."""
+    if rank == 0 and start == 0:
+        return seed
+    entropy = [seed % 2**63, rank, start, zlib.crc32(purpose.encode())]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)
+
+
 def seed_generators(seed: int) -> None:
     """Every process-wide generator from the run's seed, once, before the trainer draws its networks."""
     import random
@@ -354,8 +374,7 @@ def _start_or_resume(trainer_cls: type[Trainer], cfg, spec, ranks: Solo = Solo()
     else:
         name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
-    t = trainer_cls(share, spec, device)
-    t.ranks = ranks  # what it restores may depend on it (R2D2's replay)
+    t = trainer_cls(share, spec, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
     if resumed is not None:
         if ranks.main:
             print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
@@ -423,9 +442,8 @@ def _join(trainer_cls: type[Trainer], cfg, spec):
     try:
         t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec, ranks)
         if ranks.rank:  # each rank samples its own actions (rank 0's parameters come by broadcast)
-            seed_generators(cfg.env.seed + 1_000_003 * ranks.rank + t.counters[t.x_axis])
+            seed_generators(stream_seed(cfg.env.seed, ranks.rank, "process", t.counters[t.x_axis]))
         t.join_ranks(ranks)
-        t.ranks = ranks
     except BaseException:
         ranks.close()
         raise
@@ -446,7 +464,7 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
             monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before _loop's with closes it
             if resumed is not None and (aside := checkpoint.set_aside_later(run_dir, resumed["path"])):
                 print(aside, flush=True)
-            print(f"seedlocal: {t.describe()}{ranks_line(ranks)}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
+            print(f"seedlocal: {t.describe()}{ranks_line(t)}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
                   f"(run {run_dir})", flush=True)
             if monitor.tracker is not None:
                 print(f"seedlocal: {monitor.tracker.where()}", flush=True)
@@ -461,8 +479,11 @@ def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None 
     return summary
 
 
-def ranks_line(ranks: Solo) -> str:
-    return f", {ranks.world} data-parallel learner ranks" if ranks.world > 1 else ""
+def ranks_line(t: Trainer) -> str:
+    """What the first line says of data-parallel ranks: how many, and what each steps (its shape)."""
+    if t.ranks.world == 1:
+        return ""
+    return f", {t.ranks.world} data-parallel learner ranks (each {t.shape.describe_rank()})"
 
 
 ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
@@ -474,8 +495,8 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     (rank 0's only)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
-    env = dataclasses.replace(t.cfg.env, seed=t.cfg.env.seed + t.ranks.rank * t.shape.num_envs)  # a rank's own
-    with monitor, Pipeline(env, t.cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
+    # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
+    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
                            bridge=t.cfg.bridge, shape=t.shape, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)

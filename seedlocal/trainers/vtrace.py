@@ -35,6 +35,7 @@ from seedlocal.networks import ActorCritic, action_identity, checkpoint_network,
 from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
 from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, blank, checkpoint_env, env_kind, image_frames,
@@ -59,12 +60,14 @@ class VTraceRun(StepRunConfig):
                                                                    * envs_per_group))
 
     def per_rank(self, ranks: int) -> VTraceRun:
-        """A rank's batch (its workers already shared): algo.batch_size / G unrolls where that is a whole number
-        of its groups, so that G ranks' update is the one-process recipe's (the same rows per update and per
-        minibatch); else the whole batch on every rank (G x the unrolls per update)."""
+        """A rank's batch: algo.batch_size / G unrolls where that is a whole number of its groups (its shape's:
+        the run's divided, refused here where it cannot be), so that G ranks' update is the one-process recipe's
+        (the same rows per update and per minibatch); else the whole batch on every rank (G x the unrolls per
+        update)."""
+        group = pipeline_shape(self.pipeline, self.bridge, ranks=ranks).envs_per_group
         if not self.pipeline.num_workers:  # every env remote: its groups' size is the bridge's
             return self
-        batch, group = self.algo.batch_size, pipeline_shape(self.pipeline).envs_per_group
+        batch = self.algo.batch_size
         # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
         share = batch // ranks
         if ranks > 1 and batch % ranks == 0 and share % group == 0 and self.algo.minibatches <= share:
@@ -328,14 +331,14 @@ class VTraceTrainer(Trainer):
     checkpoint_parts = ("model", "optimizer", "counters")
     needs = staticmethod(shape_needs)
 
-    def __init__(self, cfg: VTraceRun, spec, device):
-        super().__init__(cfg, spec, device)
+    def __init__(self, cfg: VTraceRun, spec, device, ranks: Solo = Solo()):
+        super().__init__(cfg, spec, device, ranks)
         a = cfg.algo
         self.model = build_model(cfg, spec).to(device)
         self.optimizer = make_optimizer(self.model.parameters(), a)
         self.counters = {"steps": 0, "updates": 0, "episodes": 0}
-        # Minibatch order: one seeded CPU generator on every device (learner_step).
-        self.shuffle = torch.Generator().manual_seed(cfg.env.seed)
+        # Minibatch order: one seeded CPU generator on every device (learner_step), each rank's and session's own.
+        self.shuffle = torch.Generator().manual_seed(self.stream("shuffle"))
         self.precision = resolve_precision(a.precision, self.model.kind, device)
         apply_precision(self.precision, device)
         self.sync = actors_wait(a)
@@ -362,8 +365,10 @@ class VTraceTrainer(Trainer):
     def restore(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        if "shuffle" in saved:  # checkpoints before it continue from the seed
-            self.shuffle.set_state(saved["shuffle"])
+        if "shuffle" in saved and self.ranks.rank == 0:  # checkpoints before it continue from the seed
+            self.shuffle.set_state(saved["shuffle"])  # rank 0's, saved: another rank draws its own (``stream``)
+        elif self.ranks.rank:
+            self.shuffle.manual_seed(self.stream("shuffle"))
         if self.scaler is not None and "reward_scaler" in saved:
             self.scaler.load_state_dict(saved["reward_scaler"])
 

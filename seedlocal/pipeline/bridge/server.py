@@ -74,10 +74,6 @@ CHANNEL_OPTIONS = _KEEPALIVE + [("grpc.max_send_message_length", -1), ("grpc.max
 # goodbye not yet read; ActorPool.close() gives the server this and more.
 GOODBYE_S = 2.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
-# Remote seeds start this far above the learner's seed: its local workers
-# count up from that seed (one per env and restart), and the hosts' envs
-# should not replay their episodes.
-REMOTE_SEED_OFFSET = 1_000_003
 # A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
 # on any network, and a peer that has not proven itself by then is cut off.
 HANDSHAKE_S = 5.0
@@ -95,19 +91,17 @@ def server_options(largest: int) -> list[tuple[str, int]]:
         ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
 
 
-def remote_seed(base: int, assignment: int, first_index: int, group_envs: int, remote_groups: int) -> int:
+def remote_seed(base: int, assignment: int, first_index: int, shape: PipelineShape) -> int:
     """The seed of a host's ``assignment``-th envs, whose first group is
     ``first_index`` among the remote groups: the host seeds its env j with
-    this + j, for at most ``remote_groups * group_envs`` envs (a *span*).
-
-    Each assignment takes the next span-sized block of seeds, and the blocks
-    wrap within [0, SEED_END - span), so seed + j always fits envpool's int32
-    however often hosts reconnect, and no two of the last
-    ``SEED_END // span - 1`` assignments (268 million for 8 remote envs)
-    share a seed. Within a block, a host's groups sit at their own offsets,
-    as a local worker's do."""
-    span = remote_groups * group_envs
-    return wrap_seed(base + REMOTE_SEED_OFFSET + assignment * span + first_index * group_envs, span)
+    this + j. They sit after the local envs in the block of seeds of this
+    rank and start (``PipelineShape.seed_block``, the assignment counted as
+    a start), at the offset of the host's first group, as a local worker's
+    do: no two assignments, no local worker's restart and no other rank
+    share a seed. The blocks wrap within [0, SEED_END - block), so seed + j
+    always fits envpool's int32 however often hosts reconnect."""
+    offset = shape.num_local_envs + first_index * shape.envs_per_group
+    return wrap_seed(base + shape.seed_block(assignment) + offset, shape.num_envs)
 
 
 @dataclass(frozen=True)
@@ -276,8 +270,7 @@ class BridgeServer:
         return {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
                 "env_id": self.a.env_id, "backend": self.a.backend, "frame_stack": self.a.frame_stack,
                 "layout": self.a.layout,
-                "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, group,
-                                    len(self.groups)),
+                "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, shape),
                 "version": wire.VERSION}
 
     def drop(self, host: _Host, why: str) -> None:
