@@ -120,10 +120,21 @@ def bench_forward(a: Args, device) -> dict:
     return {"forward_sequential_s": s, "forward_batched_s": b, "forward_sequential_over_batched": s / b}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what Python's platform module says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(a: Args) -> None:
     device = torch.device(a.device)
-    out = {"members": a.members, "device": str(device), "threads": torch.get_num_threads(),
-           "cpu": platform.processor() or platform.machine()}
+    out = {"members": a.members, "device": str(device), "threads": torch.get_num_threads(), "cpu": cpu_name()}
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     if a.part in ("update", "both"):

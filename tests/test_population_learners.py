@@ -25,6 +25,8 @@ SPECS = {
                        None, 1),
     "nature": EnvSpec("atari", "gymnasium", {"": TensorSpec((4, 84, 84), "uint8")}, TensorSpec((), "int64"), 4, None,
                       None, 1),
+    "box": EnvSpec("box", "gymnasium", {"": TensorSpec((5,), "float32")}, TensorSpec((2,), "float32"), None,
+                   (-1.0, -1.0), (1.0, 1.0), 1),
 }
 
 
@@ -129,14 +131,14 @@ def test_row_layout_groups_rows_per_member_and_skips_the_gather_when_already_gro
 
 
 @pytest.mark.parametrize("kind, kw", [("mlp", {}), ("mlp", {"separate_critic": True, "obs_norm": True}),
-                                      ("minatar", {}), ("nature", {})])
+                                      ("minatar", {}), ("nature", {}), ("box", {"separate_critic": True})])
 def test_one_call_serves_every_members_rows_as_its_own_network_would(kind, kw):
     """Rows in contiguous runs, in a shuffled order, with a member absent: each row's logits and value are its own
     member's (members never see each other's rows)."""
     nets = members(kind, 4, **kw)
     if kw.get("obs_norm"):
         for i, n in enumerate(nets):  # different statistics per member: the stacked buffers are read too
-            n.update_obs_norm({"": torch.randn(5, 3, 6) * (i + 1) + i})
+            n.update_obs_norm({"": torch.randn(5, 3, SPECS[kind].obs[""].shape[0]) * (i + 1) + i})
     own = [copy.deepcopy(n) for n in nets]
     forward = MembersForward(MemberStack(nets))
     g = torch.Generator().manual_seed(1)
@@ -145,7 +147,7 @@ def test_one_call_serves_every_members_rows_as_its_own_network_would(kind, kw):
     for rows in (runs, rng.permutation(runs), np.array([2, 0, 2, 2, 0, 3])):
         obs = random_obs(SPECS[kind], (len(rows),), g)
         logits, values = forward(rows, obs)
-        assert logits.shape == (len(rows), SPECS[kind].num_actions) and values.shape == (len(rows),)
+        assert logits.shape == (len(rows), SPECS[kind].num_actions or 4) and values.shape == (len(rows),)
         for m in range(4):
             mine = np.flatnonzero(rows == m)
             if not len(mine):
@@ -185,17 +187,23 @@ def test_the_stacked_weights_follow_a_members_update_and_a_pbt_copy():
 
 
 def make_batch(kind: str, T: int, B: int, g: torch.Generator) -> dict:
-    """A learner batch in learner_step's layout: some episodes end (terminated), some rows are auto-reset rows."""
+    """A learner batch in learner_step's layout: some episodes end (terminated), some rows are auto-reset rows;
+    Box actions with a Gaussian's behaviour parameters (mean, log-std)."""
     L, A = T + 1, SPECS[kind].num_actions
-    ignored = torch.rand(L, B, generator=g) < 0.1
-    return {"obs": random_obs(SPECS[kind], (L, B), g), "action": torch.randint(0, A, (L, B), generator=g),
-            "reward": torch.randn(L, B, generator=g), "terminated": torch.rand(L, B, generator=g) < 0.1,
-            "ignored": ignored, "behaviour_logits": torch.randn(L, B, A, generator=g), "core_state": None}
+    out = {"obs": random_obs(SPECS[kind], (L, B), g), "reward": torch.randn(L, B, generator=g),
+           "terminated": torch.rand(L, B, generator=g) < 0.1, "ignored": torch.rand(L, B, generator=g) < 0.1,
+           "core_state": None}
+    if A is None:
+        return {**out, "action": torch.randn(L, B, 2, generator=g),
+                "behaviour_gaussian": torch.cat([torch.randn(L, B, 2, generator=g), torch.full((L, B, 2), -0.5)], -1)}
+    return {**out, "action": torch.randint(0, A, (L, B), generator=g),
+            "behaviour_logits": torch.randn(L, B, A, generator=g)}
 
 
 CASES = {
-    # IMPALA: one update per batch, the policy gradient unclipped.
-    "impala": dict(kind="mlp", kw={}, shared=dict(), per=[dict(learning_rate=3e-3, entropy_cost=0.01),
+    # IMPALA: one update per batch, the policy gradient unclipped; 656 rows of 64 units, enough for the MLP's tanh
+    # to take arithmetic.Tanh's sigmoid form (from 8,192 elements, where the CPU's tanh measures slow).
+    "impala": dict(kind="mlp", kw={}, shape=(40, 16), shared=dict(), per=[dict(learning_rate=3e-3, entropy_cost=0.01),
                                                           dict(learning_rate=1e-3, entropy_cost=0.03),
                                                           dict(learning_rate=1e-2, entropy_cost=0.0)]),
     # The MinAtar preset's rhythm: 2 passes of 4 minibatches, clipped surrogate, normalised advantages.
@@ -210,6 +218,12 @@ CASES = {
                        per=[dict(learning_rate=1e-3, entropy_cost=0.01, clip=0.2),
                             dict(learning_rate=5e-3, entropy_cost=0.02, clip=0.1, max_grad_norm=1.0),
                             dict(learning_rate=2e-3, entropy_cost=0.0, clip=0.25)]),
+    # Box actions: a diagonal Gaussian with a learned log-std, the MuJoCo preset's rhythm in small.
+    "box": dict(kind="box", kw=dict(separate_critic=True, obs_norm=True),
+                shared=dict(echo=2, minibatches=2, normalize_advantages=True, lam=0.95, max_grad_norm=0.5),
+                per=[dict(learning_rate=3e-4, entropy_cost=0.0, clip=0.2),
+                     dict(learning_rate=1e-3, entropy_cost=0.01, clip=0.2),
+                     dict(learning_rate=3e-3, entropy_cost=0.0, clip=0.1)]),
 }
 
 
@@ -227,7 +241,7 @@ def test_one_batched_update_equals_each_members_own_learner_step(case):
     optimizers = [make_optimizer(n.parameters(), p) for n, p in zip(nets, params)]
     stack = MemberStack(nets)
     for _ in range(2):  # two batches: the optimizers' state carries over
-        batches = [make_batch(c["kind"], 5, 4, g) for _ in range(3)]
+        batches = [make_batch(c["kind"], *c.get("shape", (5, 4)), g) for _ in range(3)]
         seeds = [int(torch.randint(0, 1000, (), generator=g)) for _ in range(3)]
         want = [learner_step(own[i], own_opts[i], batches[i], params[i], shuffle=torch.Generator().manual_seed(s))
                 for i, s in enumerate(seeds)]
