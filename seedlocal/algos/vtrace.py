@@ -139,7 +139,7 @@ def impala_loss(
     action_log_probs = dist.log_prob(target_params, actions)
     adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean, moments, valid)
     stats = {}
-    if clip > 0:
+    if clipped(clip):
         policy_loss, stats["clip_fraction"] = _clipped_surrogate(
             action_log_probs, adv, clip, masked_mean, values.dtype, behaviour_log_probs, proximal_log_probs,
             vtrace_returns.rhos)
@@ -159,6 +159,13 @@ def impala_loss(
     return total_loss, stats
 
 
+def clipped(clip: float | Tensor) -> bool:
+    """Whether the policy term is PPO's clipped surrogate: ``clip`` > 0, or ``clip`` a tensor (a population's
+    clips, one per member under vmap, which cannot branch on a member's value: the members of a batched update
+    take the surrogate all or none, ``algos/population_vtrace.py``)."""
+    return isinstance(clip, Tensor) or clip > 0
+
+
 def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bool, masked_mean, moments=None,
                        valid: Tensor | None = None) -> Tensor:
     """The advantages of ``impala_loss``'s policy term: V-trace's rho-weighted
@@ -166,7 +173,7 @@ def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bo
     them); with ``normalize`` rescaled to zero mean and unit variance over
     the valid rows (``masked_mean``; or by ``moments(adv, valid)``, which
     data-parallel ranks take over every rank's rows). Detached."""
-    adv = (vtrace_returns.advantages if clip > 0 else vtrace_returns.pg_advantages).detach()
+    adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
     if normalize and moments is not None:
         mean, std = moments(adv, valid)
         adv = (adv - mean) / (std + 1e-8)
@@ -288,7 +295,7 @@ class _Targets(NamedTuple):
                         VTraceReturns(*(x[index] for x in self.returns)), self.proximal_log_probs[index])
 
 
-def _unroll(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
+def network_outputs(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
     """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``)."""
     obs, core = batch["obs"], batch["core_state"]
     if cols is not None:
@@ -304,7 +311,7 @@ def policy_dist(batch: dict):
     return DiagGaussian if "behaviour_gaussian" in batch else Categorical
 
 
-def _targets(p: VTraceParams, batch: dict, params: Tensor, values: Tensor) -> _Targets:
+def batch_targets(p: VTraceParams, batch: dict, params: Tensor, values: Tensor) -> _Targets:
     """V-trace targets for every row of a batch from the network's detached outputs [L, B]."""
     T = values.shape[0] - 1
     actions = batch["action"][:T]
@@ -363,8 +370,8 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose, ranks)
     if p.echo == 1 and p.minibatches == 1:
         T = batch["ignored"].shape[0] - 1
-        logits, values = _unroll(model, batch, first, precision)
-        targets = _targets(p, batch, logits.detach(), values.detach())
+        logits, values = network_outputs(model, batch, first, precision)
+        targets = batch_targets(p, batch, logits.detach(), values.detach())
         update(logits[:T], values[:T], targets)
     else:
         targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
@@ -372,14 +379,29 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     # Device tensors, not floats: reading them here would make the host wait
     # for the update to finish. The caller sums them and reads once per log.
     out = {k: v / n_updates for k, v in update.totals.items()}
-    valid = targets.valid
-    n_valid = valid.sum()
-    rho_mean = torch.where(valid, targets.returns.rhos, 0.0).sum() / n_valid.clamp(min=1)
-    out["mean_rho"] = torch.where(n_valid > 0, rho_mean, 1.0).detach()
+    out["mean_rho"] = mean_rho(targets)
     out["updates"] = n_updates
     if update.diag is not None:
         out.update(update.diag)
     return out
+
+
+def mean_rho(targets: _Targets) -> Tensor:
+    """The mean clipped importance weight over a batch's valid rows (1 with none): how far the actors lag."""
+    n_valid = targets.valid.sum()
+    rho_mean = torch.where(targets.valid, targets.returns.rhos, 0.0).sum() / n_valid.clamp(min=1)
+    return torch.where(n_valid > 0, rho_mean, 1.0).detach()
+
+
+def update_loss(p: VTraceParams, dist, logits: Tensor, values: Tensor, t: _Targets,
+                moments=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """One update's ``impala_loss`` on a minibatch's network outputs and V-trace targets, with ``p``'s costs (a
+    population's per-member costs are tensors there, ``algos/population_vtrace.py``)."""
+    proximal = t.proximal_log_probs if p.proximal == "batch" else None
+    return impala_loss(logits, t.actions, values, t.returns, t.valid, baseline_cost=p.baseline_cost,
+                       entropy_cost=p.entropy_cost, clip=p.clip, dist=dist,
+                       normalize_advantages=p.normalize_advantages, moments=moments,
+                       behaviour_log_probs=t.behaviour_log_probs, proximal_log_probs=proximal)
 
 
 class _Updater:
@@ -392,20 +414,15 @@ class _Updater:
                  ranks=None):
         self.model, self.optimizer, self.p = model, optimizer, p
         self.step_lock, self.after_update, self.diagnose = step_lock, after_update, diagnose
-        self.ranks = ranks
-        self.loss_kw = dict(baseline_cost=p.baseline_cost, entropy_cost=p.entropy_cost, clip=p.clip, dist=dist,
-                            normalize_advantages=p.normalize_advantages,
-                            moments=None if ranks is None else ranks.masked_moments)
+        self.ranks, self.dist = ranks, dist
         self.totals: dict[str, Tensor] = {}
         self.count = 0
         self.diag: dict[str, float] | None = None
 
     def __call__(self, logits: Tensor, values: Tensor, t: _Targets) -> None:
         model, optimizer, p, step_lock = self.model, self.optimizer, self.p, self.step_lock
-        proximal = t.proximal_log_probs if self.p.proximal == "batch" else None
-        loss, stats = impala_loss(logits, t.actions, values, t.returns, t.valid,
-                                  behaviour_log_probs=t.behaviour_log_probs, proximal_log_probs=proximal,
-                                  **self.loss_kw)
+        moments = None if self.ranks is None else self.ranks.masked_moments
+        loss, stats = update_loss(p, self.dist, logits, values, t, moments)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.ranks is not None:  # the masked means' gradients, each rank weighted by its valid rows
@@ -426,6 +443,16 @@ class _Updater:
         self.count += 1
 
 
+def as_rows(obs: dict, targets: _Targets) -> tuple[dict, _Targets]:
+    """A batch's observations of its T targeted steps and its targets as rows: [T, B, ...] -> [T * B, ...], the
+    rows a feed-forward network's minibatches index."""
+    T, B = targets.valid.shape
+    obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in obs.items()}
+    return obs, _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
+                         VTraceReturns(*(x.reshape(T * B) for x in targets.returns)),
+                         targets.proximal_log_probs.reshape(T * B))
+
+
 def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precision: str,
                       shuffle: torch.Generator | None, update: _Updater) -> _Targets:
     """``p.echo`` shuffled passes of ``p.minibatches`` updates each, on
@@ -436,14 +463,11 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
     L, B = ignored.shape
     T = L - 1
     with torch.no_grad():
-        targets = _targets(p, batch, *_unroll(model, batch, first, precision))
+        targets = batch_targets(p, batch, *network_outputs(model, batch, first, precision))
     recurrent = getattr(model, "lstm", None) is not None
     n = B if recurrent else T * B
-    if not recurrent:  # rows: [T, B, ...] -> [T * B, ...]
-        obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in batch["obs"].items()}
-        targets = _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
-                           VTraceReturns(*(x.reshape(T * B) for x in targets.returns)),
-                           targets.proximal_log_probs.reshape(T * B))
+    if not recurrent:
+        obs, targets = as_rows(batch["obs"], targets)
     for _ in range(p.echo):
         order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
         # tensor_split, not chunk: chunk makes pieces of ceil(n / k) and so fewer than k of them (16 unrolls
@@ -453,7 +477,7 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
         # piece's mean, so every update is a whole step and the logged statistics are means over updates.
         for idx in order.tensor_split(p.minibatches):
             if recurrent:
-                logits, values = _unroll(model, batch, first, precision, cols=idx)
+                logits, values = network_outputs(model, batch, first, precision, cols=idx)
                 update(logits[:T], values[:T], targets.select((slice(None), idx)))
             else:
                 with autocast(ignored.device, precision):

@@ -1,0 +1,103 @@
+"""One forward for a population of learners: every member's env rows in one
+batched call over the members' stacked weights (issue 46; the design's "a
+population is a batch dimension").
+
+Reference: PureJaxRL (Lu et al. 2022, "Discovered Policy Optimisation"):
+``vmap`` over agents' stacked parameters, here ``torch.func.vmap`` over
+``functional_call`` on an ``algos/member_stack.py`` ``MemberStack``.
+
+Why not ``PopulationForward`` (``population.py``), neuroevolution's batched
+forward: it keeps a copy of a network per *env slot* and runs each row
+through its own copy (a batched matrix-vector product per row), because a
+neuroevolution member plays one episode on one slot and moves on. A learner
+owns whole env groups for the whole run, and its weights change at every
+update: per-slot copies would be refreshed on every slot after every update,
+and each row would still be a product of its own. Here each member's rows
+go through its weights together (a matrix product per member), read in
+place from the stack the learners write, and an actor-critic's two heads
+come out as they do from ``ActorCritic.forward``.
+
+Rows arrive in any order with the member each belongs to (whole env groups:
+usually contiguous runs). They are grouped per member and padded to the
+largest member's count, [members present, rows, ...], for one vmapped call;
+a padded position rereads its member's first row and its output is dropped.
+When the rows already are that layout (every member present, contiguous, in
+member order, equally many) nothing is gathered or scattered. On the 2-core
+development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in
+one call than in 8 (``scripts/bench_population_learners.py``); on a GPU,
+where P calls are P rounds of kernel launches, it is unmeasured.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import vmap
+
+from seedlocal.algos.member_stack import MemberStack
+from seedlocal.arithmetic import autocast
+from seedlocal.normalize import occurrence
+
+
+def row_layout(members: np.ndarray, num_members: int) -> tuple[np.ndarray, int, np.ndarray | None, np.ndarray | None]:
+    """How rows owned by ``members`` [n] go into one padded batch: (the members present, ascending; rows per
+    member R; for each padded position, member-major, the row it reads; for each row, its padded position).
+    The last two are None when the rows already are in that order."""
+    members = np.asarray(members, dtype=np.int64)
+    if members.ndim != 1 or not len(members) or members.min() < 0 or members.max() >= num_members:
+        raise ValueError(f"members: one index in [0, {num_members}) per row, got {members!r}")
+    counts = np.bincount(members, minlength=num_members)
+    present = np.flatnonzero(counts)
+    per = int(counts.max())
+    slot = np.zeros(num_members, np.int64)
+    slot[present] = np.arange(len(present))
+    pos = slot[members] * per + occurrence(members)
+    if len(members) == len(present) * per and np.array_equal(pos, np.arange(len(members))):
+        return present, per, None, None
+    src = np.full(len(present) * per, -1, np.int64)
+    src[pos] = np.arange(len(members))
+    src = src.reshape(len(present), per)
+    src = np.where(src < 0, src[:, :1], src).reshape(-1)  # a padded position rereads its member's first row
+    return present, per, src, pos
+
+
+class MembersForward:
+    """Policy parameters (logits, or a Gaussian's mean and log-std) [n, ...] and values [n] for rows of many
+    members' envs: row i from member ``members[i]``'s network on ``obs`` row i, in one call. Reads the stack's
+    tensors as they are: call it under the learners' weight lock when they may be mid-update. Feed-forward
+    networks only (``MemberStack.refuse_recurrent``)."""
+
+    def __init__(self, stack: MemberStack, precision: str = "fp32"):
+        stack.refuse_recurrent()
+        self.stack, self.precision = stack, precision
+
+    @torch.inference_mode()
+    def __call__(self, members: np.ndarray, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        present, per, src, pos = row_layout(members, len(self.stack))
+        tensors = self.stack.tensors()
+        device = next(iter(tensors.values())).device
+        if len(present) < len(self.stack):
+            which = torch.from_numpy(present).to(device)
+            tensors = {k: v.index_select(0, which) for k, v in tensors.items()}
+        src_t = None if src is None else torch.from_numpy(src).to(device)
+        padded = {k: _pad(v, src_t, per) for k, v in obs.items()}
+        with autocast(device, self.precision, cache=False):
+            params, values = vmap(self._member)(tensors, padded)
+        pos_t = None if pos is None else torch.from_numpy(pos).to(device)
+        return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
+
+    def _member(self, tensors: dict[str, Tensor], obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return self.stack.call(tensors, "forward", obs)
+
+
+def _pad(x: Tensor, src: Tensor | None, per: int) -> Tensor:
+    """Rows [n, ...] -> [members present, per, ...] (gathered by ``src`` unless already in order)."""
+    rows = x if src is None else x.index_select(0, src)
+    return rows.reshape((-1, per) + tuple(x.shape[1:]))
+
+
+def _unpad(x: Tensor, pos: Tensor | None) -> Tensor:
+    """[members present, per, ...] -> rows [n, ...] in the caller's order."""
+    flat = x.reshape((-1,) + tuple(x.shape[2:]))
+    return flat if pos is None else flat.index_select(0, pos)
