@@ -264,8 +264,11 @@ def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
 
 
 def action_identity(spec: EnvSpec) -> dict:
-    """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions)."""
-    return {} if spec.num_actions is not None else {"action_shape": list(spec.box_shape)}
+    """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions): its
+    shape, and how its actions meet its bounds (the same network acts otherwise under the other way)."""
+    if spec.num_actions is not None:
+        return {}
+    return {"action_shape": list(spec.box_shape), "box_actions": spec.box_actions}
 
 
 def obs_identity(spec: EnvSpec) -> dict:

@@ -186,13 +186,14 @@ def test_contract_breaks_after_the_first_step_are_named(env_id, message):
 
 def test_integer_box_actions_reach_the_env_rounded_in_its_dtype():
     """The policy's actions are float32 vectors; an env with Box(0, 10, (2,), int64) checks each action is in
-    its space, dtype included, and got fractions (0.226) until actions were rounded and cast."""
+    its space, dtype included, and got fractions (0.226) until actions were rounded and cast. They are
+    rescaled first: -0.26 is 3.7 in [0, 10], 0.49 is 7.45."""
     group, spec = _group("IntBoxAction-v0")
     assert spec.box_dtype == "int64"
     group.reset()
-    group.send(np.array([[3.7, 12.4], [-1.0, 0.49]], np.float32))
+    group.send(np.array([[-0.26, 12.4], [-1.0, 0.49]], np.float32))
     sent = [env.unwrapped.last_action for env in group._envs]
-    assert [a.tolist() for a in sent] == [[4, 10], [0, 0]] and all(a.dtype == np.int64 for a in sent), sent
+    assert [a.tolist() for a in sent] == [[4, 10], [0, 7]] and all(a.dtype == np.int64 for a in sent), sent
     group.close()
 
 

@@ -309,7 +309,7 @@ class PopulationForward:
 
 def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noise: float = 0.0) -> torch.Tensor:
     """The population's action rule, one member's network output -> its action: over a Box the output itself
-    (the env clips it), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions the argmax
+    (the env maps it onto its bounds), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions the argmax
     of the logits (``greedy``, the deep-GA convention) or a sample from their softmax."""
     if continuous:
         return out if not action_noise else out + action_noise * torch.randn_like(out)
@@ -386,8 +386,8 @@ class PopulationPolicy(Policy):
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
                  max_episode_steps: int = 0):
-        """Box actions: the network's output is the action (clipped by the
-        env), plus Gaussian noise of std ``action_noise`` if set (Salimans et
+        """Box actions: the network's output is the action (mapped onto the
+        env's bounds, ``envs/bounds.py``), plus Gaussian noise of std ``action_noise`` if set (Salimans et
         al.'s MuJoCo runs). ``reward_shift`` is taken from every step's
         reward in the fitness (not in the returns reported): ARS's removal of
         the survival bonus on Hopper, Walker2d, Ant and Humanoid. With a

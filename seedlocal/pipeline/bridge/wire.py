@@ -59,8 +59,9 @@ from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
 
 MAGIC = b"SL"
 # 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent. 3: the learner's proof covers
-# its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong).
-VERSION = 3
+# its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong). 4: the
+# ASSIGN says how Box actions meet their bounds (``box_actions``), which a host of version 3 would not read.
+VERSION = 4
 HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
