@@ -220,7 +220,7 @@ def test_an_env_whose_close_raises_is_named_once_and_the_others_are_closed(capsy
 
 def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
     """A zero-size Box inside a Dict failed with a reshape traceback after training began; an image inside
-    a Dict enters the MLP flattened, which the first lines now say."""
+    a Dict gets a CNN beside the MLP (it entered the MLP flattened before), which the first lines say."""
     from seedlocal.envs.spaces import describe
 
     with pytest.raises(ValueError, match=r"a Box of shape \(0,\), which holds nothing"):
@@ -228,7 +228,8 @@ def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
     out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
                     "--log-dir", str(tmp_path), "--no-progress")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "the Dict's image field 'img' enters the MLP flattened" in out.stderr + out.stdout, out.stderr
+    assert "the Dict's image field 'img' gets a CNN of its own beside the MLP" in out.stderr + out.stdout, out.stderr
+    assert "multi torso" in out.stderr + out.stdout, out.stdout
 
 
 _MAIN_ENV = """

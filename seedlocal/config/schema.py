@@ -88,7 +88,9 @@ class NetworkConfig:
 
     encoder: Literal["auto", "mlp", "minatar", "nature", "impala"] = "auto"
     """torso: auto = MinAtar's one-conv torso for grids under 36 x 36 (e.g. 10 x 10 x C), the Nature CNN from
-    36 x 36 up, an MLP otherwise; impala (the IMPALA ResNet) only when asked"""
+    36 x 36 up, an MLP otherwise; a Dict's uint8 or bool image fields get such a torso each beside an MLP of
+    its other fields (a conv encoder named here is every image field's; mlp flattens them all into the MLP);
+    impala (the IMPALA ResNet) only when asked"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes (the MLP torso; a linear policy: none)"""
     lstm_size: int = 0
