@@ -37,13 +37,16 @@ class WideTarget(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
-        return np.zeros(1, np.float32), {}
+        return self._played(), {}
+
+    def _played(self) -> np.ndarray:
+        return np.array([self.t / self.steps], np.float32)
 
     def step(self, action):
         self.t += 1
         width = self.action_space.high - self.action_space.low
         reward = 1.0 - float(np.mean(np.abs(np.asarray(action, np.float64) - self.target) / width))
-        return np.array([self.t / self.steps], np.float32), reward, self.t >= self.steps, False, {}
+        return self._played(), reward, self.t >= self.steps, False, {}
 
 
 gym.register("WideTarget-v0", entry_point=WideTarget)
