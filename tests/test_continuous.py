@@ -224,11 +224,12 @@ def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path
     assert float(saved["obs_norm"]["count"]) > 0
 
 
-def test_box_actions_cross_the_bridge_and_are_rescaled_on_the_actor_host():
+@pytest.mark.parametrize("box_actions", ["rescale", "clip"])
+def test_box_actions_cross_the_bridge_and_meet_the_bounds_on_the_actor_host(box_actions):
     """Float action rows on the wire: an actor host steps a Box env with the
     learner's Gaussian samples, mapped onto its bounds and clipped on its
-    side as the learner's env.box_actions says, the samples kept in the
-    learner's store."""
+    side as the learner's env.box_actions says (the host's own default
+    would rescale), the samples kept in the learner's store."""
     from test_bridge import actors, kill_host, serve_until
 
     from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
@@ -240,7 +241,7 @@ def test_box_actions_cross_the_bridge_and_are_rescaled_on_the_actor_host():
         return ModelPolicy(ActorCritic(spec, init_std=5.0), spec)
 
     cfg = PipelineConfig(num_workers=0, envs_per_worker=8, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
-    with Pipeline(EnvConfig(id="box_envs:EchoAction-v0"), cfg, make, consume=True,
+    with Pipeline(EnvConfig(id="box_envs:EchoAction-v0", box_actions=box_actions), cfg, make, consume=True,
                   bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=8)) as pipe:
         host = actors(pipe.pool.bridge_port, "--allow-module", "box_envs")  # the host may import the env's module
         try:
@@ -252,7 +253,8 @@ def test_box_actions_cross_the_bridge_and_are_rescaled_on_the_actor_host():
     for u in unrolls:
         a, obs, ign = u["action"][:-1], u["obs"][1:], u["ignored"][:-1]
         assert a.dtype == np.float32
-        np.testing.assert_allclose(obs[~ign], rescaled_into(a[~ign], low, high), rtol=1e-6, atol=1e-7)
+        sent = rescaled_into(a[~ign], low, high) if box_actions == "rescale" else np.clip(a[~ign], low, high)
+        np.testing.assert_allclose(obs[~ign], sent, rtol=1e-6, atol=1e-7)
         outside += int((np.abs(a) > 1).any(-1).sum())
     assert outside > 0
 
