@@ -2,11 +2,11 @@
 from [-1, 1] (``box``: tests/box_envs.py's WideTarget, the policy's [-1, 1]
 rescaled onto its bounds against clipped to them) and images inside a Dict
 observation (``dict``: tests/image_catch.py's CatchDict, a CNN for the image
-field beside the MLP against the MLP for everything; ``pixels``: its 42 x 42
-image). V-trace with the plain
-defaults (``--preset cartpole``), a few seeds each, run one after another
-through the CLI. Writes one CSV of every run's ``charts/return_mean20``
-against agent steps and a PNG of the curves (docs/mujoco.md, docs/dict_observations.md).
+field beside the MLP against the MLP for everything; ``pixels``: the same at
+42 x 42 pixels). V-trace with the plain defaults (``--preset cartpole``), a
+few seeds each, run one after another through the CLI. Writes one CSV of
+every run's ``charts/return_mean20`` against agent steps and a PNG of the
+curves (docs/mujoco.md, docs/dict_observations.md).
 
     python scripts/sb3_curves.py --figure box --out docs/figures --steps 30000 --seeds 1 2 3
     python scripts/sb3_curves.py --figure dict --out docs/figures --steps 60000 --seeds 1 2 3
