@@ -355,7 +355,7 @@ def load(path: str | Path) -> dict:
 
 
 # Identity keys added after checkpoints were first written: what an older checkpoint without the key had.
-IDENTITY_BEFORE_KEY = {"optimizer": "adam"}
+IDENTITY_BEFORE_KEY = {"optimizer": "adam", "box_actions": "clip"}
 
 
 def check_compatible(state: dict, expected: dict, needs: tuple[str, ...] = ()) -> None:

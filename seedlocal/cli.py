@@ -257,7 +257,7 @@ def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
     if kind == "cartpole" or kind not in presets:
         if not quiet:
             _say(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
-                  f"{env_id}'s kind{_flattened_images(spec)}", flush=True)
+                  f"{env_id}'s kind{_dict_images(spec)}", flush=True)
         return "cartpole", presets["cartpole"]
     from seedlocal.algos.frames import fit_frames
 
@@ -274,17 +274,17 @@ def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
     return kind, fitted
 
 
-def _flattened_images(spec) -> str:
-    """Words for a Dict observation's image fields, which the MLP takes flattened (a CNN takes only an
-    observation that is one image), or ""."""
-    from seedlocal.networks import image_shape
+def _dict_images(spec) -> str:
+    """Words for a Dict observation's image fields, which auto gives a CNN each beside the MLP, or ""."""
+    from seedlocal.networks import image_fields
 
-    images = [k for k, s in spec.obs.items() if k and image_shape(s) is not None]
+    images = image_fields(spec)
     if not images:
         return ""
     many = len(images) > 1
-    return (f" (the Dict's image field{'s' * many} {', '.join(map(repr, images))} ente{'r' if many else 'rs'} the "
-            "MLP flattened: only an observation that is one image gets a CNN)")
+    return (f" (the Dict's image field{'s' * many} {', '.join(map(repr, images))} get{'' if many else 's'} a CNN "
+            f"of {'their' if many else 'its'} own beside the MLP of the other fields; --network.encoder mlp "
+            f"flattens {'them' if many else 'it'} into the MLP)")
 
 
 def _machine_sized(args: list[str], preset):

@@ -25,6 +25,8 @@ from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
 
 ENCODERS = ("auto", "mlp", "minatar", "nature", "impala")
 CONV_ENCODERS = ("minatar", "nature", "impala")
+MULTI = "multi"  # the torso of a Dict observation with image fields: a CNN each, an MLP for the rest
+IMAGE_DTYPES = ("uint8", "bool")  # a Dict's field is an image only in these: pixels, or 0/1 grids
 MIN_LOG_STD = math.log(1e-3)  # a Gaussian policy's smallest standard deviation
 NATURE_MIN_SIDE = 36  # the Nature CNN's smallest input: 8x8/4, 4x4/2 and 3x3/1 convolutions leave 1 x 1
 GRID_MIN_SIDE = 5  # a smaller 3-D observation reads better as a vector than as a grid under a 3x3 convolution
@@ -72,14 +74,31 @@ def is_grid(spec: TensorSpec) -> bool:
     return image_shape(spec) is not None and not is_image(spec)
 
 
+def image_fields(spec: EnvSpec) -> list[str]:
+    """The fields of a Dict observation that get a convolutional torso each (SB3's ``MultiInputPolicy``
+    convention: uint8 images; here 0/1 grids too): 3-D, uint8 or bool, in a shape a torso reads
+    (``image_layout``). Float fields, and images too small for a 3 x 3 convolution, enter the MLP."""
+    if "" in spec.obs:  # a single observation (an action mask may sit beside it)
+        return []
+    return [k for k, s in net_obs(spec).items() if s.dtype in IMAGE_DTYPES and image_layout(s) is not None]
+
+
 def auto_encoder(spec: EnvSpec) -> str:
     """The torso ``auto`` picks: for one image observation the Nature CNN
     from 36 x 36 pixels up, MinAtar's one-convolution torso for a smaller
-    grid; an MLP for everything else (vectors, several fields)."""
+    grid; for a Dict with image fields, a torso of that kind for each of
+    them beside an MLP for the others (``MULTI``); an MLP for everything
+    else (vectors, Dicts of them)."""
     single = spec.obs.get("")  # the key of a single (not Dict) observation
-    if single is not None and is_image(single):
-        return "nature"
-    return "minatar" if single is not None and is_grid(single) else "mlp"
+    if single is None:
+        return MULTI if image_fields(spec) else "mlp"
+    return conv_kind(single) or "mlp"
+
+
+def conv_kind(field: TensorSpec) -> str | None:
+    """The convolutional torso ``auto`` gives an image: the Nature CNN from 36 x 36 pixels up, MinAtar's
+    below; None for what is not an image."""
+    return "nature" if is_image(field) else "minatar" if is_grid(field) else None
 
 
 class MLPEncoder(nn.Module):
@@ -182,35 +201,77 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 
 def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
     """(kind, torso) for an env; ``auto`` picks by the observation's size
-    (``auto_encoder``). An MLP with ``hidden`` empty has no hidden layer (a
-    linear policy)."""
+    (``auto_encoder``). A convolutional encoder named for a Dict observation
+    is its image fields' torso (``MultiInputEncoder``). An MLP with
+    ``hidden`` empty has no hidden layer (a linear policy)."""
     if encoder not in ENCODERS:
         raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
     single = spec.obs.get("")
     if encoder == "auto":
         encoder = auto_encoder(spec)
+    if encoder == MULTI or (encoder in CONV_ENCODERS and single is None and image_fields(spec)):
+        return MULTI, MultiInputEncoder(spec, "auto" if encoder == MULTI else encoder, hidden)
     if encoder in CONV_ENCODERS:
-        chw = image_shape(single) if single is not None else None
         seen = tuple(single.shape) if single is not None else dict(spec.obs)
-        if chw is None:
-            raise ValueError(f"encoder={encoder} needs one image observation, (C, H, W) or (H, W, C), of at least "
-                             f"{GRID_MIN_SIDE} x {GRID_MIN_SIDE} cells with at most {MAX_CHANNELS} channels "
-                             f"({NATURE_MIN_SIDE} x {NATURE_MIN_SIDE} pixels for nature); {spec.env_id} has {seen}")
-        if encoder == "nature" and min(chw[1:]) < NATURE_MIN_SIDE:
-            raise ValueError(f"encoder=nature needs images of at least {NATURE_MIN_SIDE} x {NATURE_MIN_SIDE} pixels; "
-                             f"{spec.env_id} has {seen}, a small grid: use encoder minatar (what auto picks) "
-                             "or impala")
-        torso = {"minatar": MinAtarCNN, "nature": NatureCNN, "impala": ImpalaResNet}[encoder](chw)
-        torso.hwc = image_layout(single) == "hwc"  # encode_obs moves the channels first (a view)
-        return encoder, torso
+        if single is None or image_shape(single) is None:
+            raise ValueError(f"encoder={encoder} needs an image observation (one, or fields of a Dict), (C, H, W) "
+                             f"or (H, W, C), of at least {GRID_MIN_SIDE} x {GRID_MIN_SIDE} cells with at most "
+                             f"{MAX_CHANNELS} channels ({NATURE_MIN_SIDE} x {NATURE_MIN_SIDE} pixels for nature); "
+                             f"{spec.env_id} has {seen}")
+        return encoder, conv_torso(encoder, single, spec.env_id)
+    return encoder, vector_mlp(spec, list(net_obs(spec)), hidden)
+
+
+def conv_torso(encoder: str, field: TensorSpec, env_id: str) -> nn.Module:
+    """The convolutional torso ``encoder`` for an image ``field`` (``image_shape`` reads it as one)."""
+    chw = image_shape(field)
+    if encoder == "nature" and min(chw[1:]) < NATURE_MIN_SIDE:
+        raise ValueError(f"encoder=nature needs images of at least {NATURE_MIN_SIDE} x {NATURE_MIN_SIDE} pixels; "
+                         f"{env_id} has {tuple(field.shape)}, a small grid: use encoder minatar (what auto picks) "
+                         "or impala")
+    torso = {"minatar": MinAtarCNN, "nature": NatureCNN, "impala": ImpalaResNet}[encoder](chw)
+    torso.hwc = image_layout(field) == "hwc"  # conv_features moves the channels first (a view)
+    return torso
+
+
+def vector_mlp(spec: EnvSpec, keys: list[str], hidden: tuple[int, ...]) -> MLPEncoder:
+    """An MLP over the observation fields ``keys``, flat and side by side (``flatten_obs``; Discrete fields
+    one-hot): ``vector_keys`` and ``classes`` say what it reads, ``in_dim`` how much of it."""
     if any(int(h) < 1 for h in hidden):
         raise ValueError(f"hidden={tuple(hidden)}: MLP hidden sizes must be positive (none at all: a linear policy)")
-    seen = net_obs(spec)
-    classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in seen}
-    in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(s.shape)) for k, s in seen.items())
+    classes = {k: c for k, c in getattr(spec, "obs_classes", {}).items() if k in keys}
+    in_dim = sum(classes[k][0] if k in classes else max(1, math.prod(spec.obs[k].shape)) for k in keys)
     torso = MLPEncoder(in_dim, hidden)
-    torso.classes = classes  # Discrete fields enter one-hot (flatten_obs)
-    return encoder, torso
+    torso.classes, torso.vector_keys = classes, list(keys)
+    return torso
+
+
+class MultiInputEncoder(nn.Module):
+    """A Dict observation with image fields, read as SB3's ``MultiInputPolicy``
+    reads one: each image field (``image_fields``) through a convolutional
+    torso of its own (``conv``: one kind for all, or ``auto``: each by its
+    size, ``conv_kind``), the other fields flat through one MLP, and their
+    features side by side. ``vector_keys``, ``classes`` and ``in_dim`` are
+    the MLP's (what ``obs_norm`` normalises); a Dict of images alone has
+    none (``in_dim`` 0)."""
+
+    def __init__(self, spec: EnvSpec, conv: str, hidden: tuple[int, ...]):
+        super().__init__()
+        self.image_keys = image_fields(spec)
+        self.convs = nn.ModuleList(conv_torso(conv if conv != "auto" else conv_kind(spec.obs[k]), spec.obs[k],
+                                              spec.env_id) for k in self.image_keys)
+        self.vector_keys = [k for k in net_obs(spec) if k not in self.image_keys]
+        self.mlp = vector_mlp(spec, self.vector_keys, hidden) if self.vector_keys else None
+        self.classes = self.mlp.classes if self.mlp is not None else {}
+        self.in_dim = self.mlp.in_dim if self.mlp is not None else 0
+        self.out_dim = sum(t.out_dim for t in self.convs) + (self.mlp.out_dim if self.mlp is not None else 0)
+
+    def forward(self, obs: dict[str, torch.Tensor], vector: torch.Tensor | None = None) -> torch.Tensor:
+        """``vector``: the MLP's input where the caller made it (normalised); else the fields flat."""
+        out = [conv_features(t, obs[k]) for k, t in zip(self.image_keys, self.convs)]
+        if self.mlp is not None:
+            out.append(self.mlp(flatten_obs(self.vector_keys, obs, self.classes) if vector is None else vector))
+        return torch.cat(out, dim=-1) if len(out) > 1 else out[0]
 
 
 # The output of an illegal action (its logit, its Q-value): far below any a
@@ -234,15 +295,20 @@ def legal_only(out: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     return out if mask is None else torch.where(mask.reshape(out.shape), out.float(), ILLEGAL)
 
 
+# What ``auto`` picks that it once did not: before MinAtar's torso auto gave small grids an MLP, and before
+# ``MultiInputEncoder`` it gave every Dict observation one.
+AUTO_SINCE = ("minatar", MULTI)
+
+
 def encoder_identity(spec: EnvSpec, encoder: str) -> dict:
     """A checkpoint's record of its torso: the encoder as configured, and
-    ``torso`` where ``auto`` picks MinAtar's. Before that torso existed auto
-    gave small grids an MLP: such a checkpoint is then refused by name
+    ``torso`` where ``auto`` picks one of ``AUTO_SINCE``. A checkpoint from
+    before, whose auto gave the MLP, is then refused by name
     (``check_compatible``) rather than by a shape error, and ``seedlocal
     eval`` still rebuilds its MLP (``checkpoint_encoder``). Nothing changes
     for the choices auto made before (Nature CNN, MLP)."""
-    if encoder == "auto" and auto_encoder(spec) == "minatar":
-        return {"encoder": encoder, "torso": "minatar"}
+    if encoder == "auto" and auto_encoder(spec) in AUTO_SINCE:
+        return {"encoder": encoder, "torso": auto_encoder(spec)}
     return {"encoder": encoder}
 
 
@@ -252,8 +318,8 @@ def checkpoint_encoder(identity: dict, spec: EnvSpec) -> str:
     if encoder != "auto":
         return encoder
     if "torso" in identity:
-        return identity["torso"]
-    return "mlp" if auto_encoder(spec) == "minatar" else "auto"  # written when auto gave grids an MLP
+        return "auto" if identity["torso"] == MULTI else identity["torso"]  # auto is how MULTI is asked for
+    return "mlp" if auto_encoder(spec) in AUTO_SINCE else "auto"  # written when auto gave these an MLP
 
 
 def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
@@ -264,8 +330,11 @@ def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
 
 
 def action_identity(spec: EnvSpec) -> dict:
-    """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions)."""
-    return {} if spec.num_actions is not None else {"action_shape": list(spec.box_shape)}
+    """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions): its
+    shape, and how its actions meet its bounds (the same network acts otherwise under the other way)."""
+    if spec.num_actions is not None:
+        return {}
+    return {"action_shape": list(spec.box_shape), "box_actions": spec.box_actions}
 
 
 def obs_identity(spec: EnvSpec) -> dict:
@@ -296,27 +365,40 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
 
+def conv_features(torso: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A convolutional torso's features of images ``x`` as the env gives them (uint8 or bool)."""
+    if getattr(torso, "hwc", False):
+        # (N, H, W, C) frames seen as (N, C, H, W): already the
+        # channels-last memory layout, so the reorder below copies nothing.
+        x = x.permute(0, 3, 1, 2)
+    if getattr(torso, "channels_last", False):
+        # Reorder the uint8 or bool frames (a quarter of the bytes), then convert.
+        x = x.contiguous(memory_format=torch.channels_last)
+    return torso(as_float(x))
+
+
 def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
     if kind in CONV_ENCODERS:
-        x = obs[""]
-        if getattr(encoder, "hwc", False):
-            # (N, H, W, C) frames seen as (N, C, H, W): already the
-            # channels-last memory layout, so the reorder below copies nothing.
-            x = x.permute(0, 3, 1, 2)
-        if getattr(encoder, "channels_last", False):
-            # Reorder the uint8 or bool frames (a quarter of the bytes), then convert.
-            x = x.contiguous(memory_format=torch.channels_last)
-        return encoder(as_float(x))
+        return conv_features(encoder, obs[""])
+    if kind == MULTI:
+        return encoder(obs)
     return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
 
 
+def has_conv(kind: str) -> bool:
+    """Whether a torso of this kind holds convolutions."""
+    return kind in CONV_ENCODERS or kind == MULTI
+
+
 def use_channels_last(encoder: nn.Module) -> None:
-    """NHWC weights and inputs for a CNN torso: oneDNN's fast layout on CPUs
-    (Nature CNN update: 93 vs 133 ms fp32, 48 vs 60 ms bf16 per 168 rows on
-    2 cores) and cuDNN's for tensor cores. MinAtar's (H, W, C) grids arrive
-    in this layout, so its torso reads them without a reorder."""
-    encoder.to(memory_format=torch.channels_last)
-    encoder.channels_last = True
+    """NHWC weights and inputs for a CNN torso (each of a ``MultiInputEncoder``'s):
+    oneDNN's fast layout on CPUs (Nature CNN update: 93 vs 133 ms fp32, 48 vs
+    60 ms bf16 per 168 rows on 2 cores) and cuDNN's for tensor cores.
+    MinAtar's (H, W, C) grids arrive in this layout, so its torso reads them
+    without a reorder."""
+    encoder.to(memory_format=torch.channels_last)  # 4-D weights only: an MLP beside the convolutions keeps its own
+    for torso in getattr(encoder, "convs", [encoder]):
+        torso.channels_last = True
 
 
 class PolicyNet(nn.Module):
@@ -349,16 +431,17 @@ def action_size(spec: EnvSpec) -> int:
 
 
 def _obs_norm(net: nn.Module, on: bool) -> RunningNorm | None:
+    """Running statistics of the network's MLP input (a ``MultiInputEncoder``'s: its vector fields)."""
     if not on:
         return None
-    if net.kind != "mlp":
-        raise ValueError(f"obs_norm: normalises vector observations; a {net.kind} torso reads images")
+    if net.kind not in ("mlp", MULTI) or not net.encoder.in_dim:
+        raise ValueError(f"obs_norm: normalises vector observations; a {net.kind} torso reads images only")
     return RunningNorm(net.encoder.in_dim)
 
 
 def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """An MLP network's input: every field flat, side by side, normalised where it has ``obs_norm``."""
-    x = flatten_obs(net.obs_keys, obs, net.encoder.classes)
+    """A network's MLP input: its vector fields flat, side by side, normalised where it has ``obs_norm``."""
+    x = flatten_obs(net.encoder.vector_keys, obs, net.encoder.classes)
     return x if net.obs_norm is None else net.obs_norm(x)
 
 
@@ -366,6 +449,8 @@ def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     """A network's torso output for a batch of observations."""
     if net.kind == "mlp":
         return net.encoder(mlp_input(net, obs))
+    if net.kind == MULTI and net.obs_norm is not None:
+        return net.encoder(obs, mlp_input(net, obs))
     return encode_obs(net.kind, net.encoder, net.obs_keys, obs)
 
 
@@ -408,7 +493,7 @@ class ActorCritic(nn.Module):
             orthogonal_init(self)
         elif init != "torch":
             raise ValueError(f"init={init!r}: expected orthogonal or torch")
-        if encoder in CONV_ENCODERS:
+        if has_conv(encoder):
             use_channels_last(self.encoder)  # after init: orthogonal_ needs contiguous weights
 
     @property
@@ -446,7 +531,7 @@ class ActorCritic(nn.Module):
         """Fold time-major observations [T, B, ...] into ``obs_norm``'s statistics (with ``pool``, every
         data-parallel rank's: ``RunningNorm.update``)."""
         flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in obs.items()}
-        self.obs_norm.update(flatten_obs(self.obs_keys, flat, self.encoder.classes), pool=pool)
+        self.obs_norm.update(flatten_obs(self.encoder.vector_keys, flat, self.encoder.classes), pool=pool)
 
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None, first: torch.Tensor):
         """obs [L, B, ...] → policy parameters [L, B, P], values [L, B]. ``core``
@@ -513,7 +598,7 @@ class RecurrentQNet(nn.Module):
         head = head_size or lstm_size
         self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
-        if self.kind in CONV_ENCODERS:
+        if has_conv(self.kind):
             use_channels_last(self.encoder)
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
         self._register_load_state_dict_pre_hook(_lstm_cell_names)

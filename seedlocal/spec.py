@@ -53,6 +53,10 @@ class EnvSpec:
     box_shape: tuple[int, ...] | None = None
     # Its dtype: an integer or bool Box gets its actions rounded and cast to it.
     box_dtype: str = "float32"
+    # How a Box action meets the space's bounds (``envs/bounds.py``): "rescale" maps the policy's [-1, 1]
+    # onto each pair of finite bounds; "clip" (what seedlocal did before, and so what an older checkpoint
+    # plays with) only clips. Infinite bounds are clipped under both.
+    box_actions: str = "rescale"
 
 
 def starts_episode(prev_ignored):

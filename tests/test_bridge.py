@@ -703,8 +703,8 @@ def _silent_learner(kind: str):
         next(requests)  # HELLO
         if kind == "assign":
             yield wire.pack_json(wire.ASSIGN, {"groups": [0, 1], "epochs": [1, 1], "env_id": "CartPole-v1",
-                                               "backend": "auto", "frame_stack": 0, "layout": layout.to_json(),
-                                               "seed": 1, "version": wire.VERSION})
+                                               "backend": "auto", "frame_stack": 0, "box_actions": "rescale",
+                                               "layout": layout.to_json(), "seed": 1, "version": wire.VERSION})
         done.wait(60)
 
     try:

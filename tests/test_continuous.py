@@ -213,6 +213,17 @@ def test_the_statistics_without_host_reads_or_an_env_loop_are_the_same_numbers()
 def test_actions_reach_the_env_clipped_while_the_store_keeps_the_sample():
     """A Gaussian's samples leave the action space's bounds; the env gets
     them clipped (here it echoes what it got), the learner the sample."""
+
+def rescaled_into(a, low, high):
+    """What a Box env gets for the policy's action ``a`` by default (env.box_actions rescale): [-1, 1] mapped
+    onto [low, high], beyond it the bound."""
+    return low + (np.clip(a, -1.0, 1.0) + 1.0) / 2.0 * (high - low)
+
+
+def test_actions_reach_the_env_rescaled_and_clipped_while_the_store_keeps_the_sample():
+    """A Gaussian's samples leave [-1, 1]; the env gets them mapped onto its
+    bounds and clipped (here it echoes what it got: [-1, 1] x [0, 0.5]), the
+    learner the sample."""
     from seedlocal.networks import ActorCritic
     from seedlocal.policies.actor_critic import ModelPolicy
 
@@ -230,10 +241,10 @@ def test_actions_reach_the_env_clipped_while_the_store_keeps_the_sample():
     for u in unrolls:
         a, obs, ign = u["action"][:-1], u["obs"][1:], u["ignored"][:-1]
         sent = obs[~ign]  # what the env received at each (non-reset) step
-        np.testing.assert_allclose(sent, np.clip(a[~ign], low, high), rtol=1e-6)
-        outside += int(((a < low) | (a > high)).any(-1).sum())
+        np.testing.assert_allclose(sent, rescaled_into(a[~ign], low, high), rtol=1e-6, atol=1e-7)
+        outside += int((np.abs(a) > 1).any(-1).sum())
         assert u["out.gaussian"].shape[-1] == 4  # mean and log-std of a 2-d action
-    assert outside > 0, "no sample left the bounds: the test saw no clipping"
+    assert outside > 0, "no sample left [-1, 1]: the test saw no clipping"
 
 
 def test_a_nan_action_is_never_sent_to_the_env():
@@ -301,10 +312,12 @@ def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path
     assert float(saved["obs_norm"]["count"]) > 0
 
 
-def test_box_actions_cross_the_bridge_and_are_clipped_on_the_actor_host():
+@pytest.mark.parametrize("box_actions", ["rescale", "clip"])
+def test_box_actions_cross_the_bridge_and_meet_the_bounds_on_the_actor_host(box_actions):
     """Float action rows on the wire: an actor host steps a Box env with the
-    learner's Gaussian samples, clipped on its side, the samples kept in the
-    learner's store."""
+    learner's Gaussian samples, mapped onto its bounds and clipped on its
+    side as the learner's env.box_actions says (the host's own default
+    would rescale), the samples kept in the learner's store."""
     from test_bridge import actors, kill_host, serve_until
 
     from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
@@ -316,7 +329,7 @@ def test_box_actions_cross_the_bridge_and_are_clipped_on_the_actor_host():
         return ModelPolicy(ActorCritic(spec, init_std=5.0), spec)
 
     cfg = PipelineConfig(num_workers=0, envs_per_worker=8, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
-    with Pipeline(EnvConfig(id="box_envs:EchoAction-v0"), cfg, make, consume=True,
+    with Pipeline(EnvConfig(id="box_envs:EchoAction-v0", box_actions=box_actions), cfg, make, consume=True,
                   bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=8)) as pipe:
         host = actors(pipe.pool.bridge_port, "--allow-module", "box_envs")  # the host may import the env's module
         try:
@@ -328,8 +341,9 @@ def test_box_actions_cross_the_bridge_and_are_clipped_on_the_actor_host():
     for u in unrolls:
         a, obs, ign = u["action"][:-1], u["obs"][1:], u["ignored"][:-1]
         assert a.dtype == np.float32
-        np.testing.assert_allclose(obs[~ign], np.clip(a[~ign], low, high), rtol=1e-6)
-        outside += int(((a < low) | (a > high)).any(-1).sum())
+        sent = rescaled_into(a[~ign], low, high) if box_actions == "rescale" else np.clip(a[~ign], low, high)
+        np.testing.assert_allclose(obs[~ign], sent, rtol=1e-6, atol=1e-7)
+        outside += int((np.abs(a) > 1).any(-1).sum())
     assert outside > 0
 
 

@@ -227,13 +227,14 @@ def test_contract_breaks_after_the_first_step_are_named(env_id, message):
 
 def test_integer_box_actions_reach_the_env_rounded_in_its_dtype():
     """The policy's actions are float32 vectors; an env with Box(0, 10, (2,), int64) checks each action is in
-    its space, dtype included, and got fractions (0.226) until actions were rounded and cast."""
+    its space, dtype included, and got fractions (0.226) until actions were rounded and cast. They are
+    rescaled first: -0.26 is 3.7 in [0, 10], 0.49 is 7.45."""
     group, spec = _group("IntBoxAction-v0")
     assert spec.box_dtype == "int64"
     group.reset()
-    group.send(np.array([[3.7, 12.4], [-1.0, 0.49]], np.float32))
+    group.send(np.array([[-0.26, 12.4], [-1.0, 0.49]], np.float32))
     sent = [env.unwrapped.last_action for env in group._envs]
-    assert [a.tolist() for a in sent] == [[4, 10], [0, 0]] and all(a.dtype == np.int64 for a in sent), sent
+    assert [a.tolist() for a in sent] == [[4, 10], [0, 7]] and all(a.dtype == np.int64 for a in sent), sent
     group.close()
 
 
@@ -260,7 +261,7 @@ def test_an_env_whose_close_raises_is_named_once_and_the_others_are_closed(capsy
 
 def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
     """A zero-size Box inside a Dict failed with a reshape traceback after training began; an image inside
-    a Dict enters the MLP flattened, which the first lines now say."""
+    a Dict gets a CNN beside the MLP (it entered the MLP flattened before), which the first lines say."""
     from seedlocal.envs.spaces import describe
 
     with pytest.raises(ValueError, match=r"a Box of shape \(0,\), which holds nothing"):
@@ -268,7 +269,8 @@ def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
     out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
                     "--log-dir", str(tmp_path), "--no-progress")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "the Dict's image field 'img' enters the MLP flattened" in out.stderr + out.stdout, out.stderr
+    assert "the Dict's image field 'img' gets a CNN of its own beside the MLP" in out.stderr + out.stdout, out.stderr
+    assert "multi torso" in out.stderr + out.stdout, out.stdout
 
 
 _MAIN_ENV = """

@@ -138,6 +138,7 @@ OTHER_HALVES = {
     ("measure/raw.py", "n // 2"),  # raw envpool's half pools: the baseline, not the pipeline
     ("measure/raw.py", "threads // 2"),
     ("pipeline/bridge/client.py", "len(reason) // 2"),  # a refusal's text cut to fit the handshake's bytes
+    ("algos/pbt.py", "n // 2"),  # PBT's quantiles: at most half the members
 }
 
 

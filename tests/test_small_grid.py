@@ -50,11 +50,18 @@ def test_auto_picks_the_torso_by_image_size(shape, dtype, kind, layout):
     assert build_encoder(spec, "auto", (64, 64))[0] == kind
 
 
-def test_several_fields_and_a_discrete_observation_get_the_mlp():
+def test_several_fields_get_the_mlp_and_a_grid_among_them_its_own_torso():
+    """A Dict of vectors gets the MLP; a grid field beside them gets MinAtar's torso (tests/test_dict_images.py),
+    as a float cube does not; a convolutional torso asked for a Dict without an image is refused by name."""
+    vectors = grid_spec(pos=TensorSpec((2,), "float32"), cube=TensorSpec((10, 10, 4), "float32"))
+    assert auto_encoder(vectors) == "mlp"
+    with pytest.raises(ValueError, match="encoder=minatar needs an image observation"):
+        build_encoder(vectors, "minatar", (64,))
     dict_spec = grid_spec(grid=TensorSpec((10, 10, 4), "bool"), pos=TensorSpec((2,), "float32"))
-    assert auto_encoder(dict_spec) == "mlp"
-    with pytest.raises(ValueError, match="encoder=minatar needs one image observation"):
-        build_encoder(dict_spec, "minatar", (64,))
+    assert auto_encoder(dict_spec) == "multi"
+    for encoder in ("auto", "minatar"):
+        kind, torso = build_encoder(dict_spec, encoder, (64,))
+        assert kind == "multi" and torso.image_keys == ["grid"] and isinstance(torso.convs[0], MinAtarCNN)
 
 
 def test_the_minatar_torso_is_the_papers():

@@ -7,7 +7,8 @@ Gaussian over an A-dimensional Box. Those parameters are what the acting
 side stores beside each step (``out.logits``, ``out.gaussian``), so the
 learner can recompute the behaviour policy's probability of the action
 taken, whichever kind it is. The Gaussian's sample is unbounded: envs get it
-clipped to their bounds (``envs/bounds.py``), learners keep the sample.
+mapped from [-1, 1] onto their bounds and clipped (``envs/bounds.py``),
+learners keep the sample.
 """
 
 from __future__ import annotations

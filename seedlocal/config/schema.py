@@ -23,6 +23,10 @@ class EnvConfig:
     """base seed; environment i of the run gets seed + i"""
     frame_stack: int = 0
     """frames an Atari observation stacks (envpool's stack_num); 0 = the env's default (4)"""
+    box_actions: Literal["rescale", "clip"] = "rescale"
+    """Box actions: rescale = the policy acts in [-1, 1], mapped onto each finite pair of the space's bounds
+    (a range of [0, 100] is reached from the first update); clip = the policy's action itself, clipped to the
+    bounds (infinite bounds are clipped under both)"""
 
 
 @dataclass
@@ -87,7 +91,9 @@ class NetworkConfig:
 
     encoder: Literal["auto", "mlp", "minatar", "nature", "impala"] = "auto"
     """torso: auto = MinAtar's one-conv torso for grids under 36 x 36 (e.g. 10 x 10 x C), the Nature CNN from
-    36 x 36 up, an MLP otherwise; impala (the IMPALA ResNet) only when asked"""
+    36 x 36 up, an MLP otherwise; a Dict's uint8 or bool image fields get such a torso each beside an MLP of
+    its other fields (a conv encoder named here is every image field's; mlp flattens them all into the MLP);
+    impala (the IMPALA ResNet) only when asked"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes (the MLP torso; a linear policy: none)"""
     lstm_size: int = 0
@@ -150,7 +156,12 @@ class RunConfig:
     @classmethod
     def migrate(cls, saved: dict) -> dict:
         """A saved config as this schema reads it: runs saved before ``network`` held its options under
-        ``algo`` (V-trace, R2D2) or at the top (neuroevolution); a family with more to mend extends this."""
+        ``algo`` (V-trace, R2D2) or at the top (neuroevolution), or before ``env.box_actions`` (they clipped);
+        a family with more to mend extends this."""
+        env = saved.get("env")
+        if isinstance(env, dict) and "box_actions" not in env:
+            # Saved before Box actions were rescaled: the run clipped them, and goes on doing so.
+            saved = {**saved, "env": {**env, "box_actions": "clip"}}
         if "network" in saved:
             return saved
         algo = saved.get("algo") if isinstance(saved.get("algo"), dict) else {}

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seedlocal.envs.bounds import BOX_ACTIONS
 from seedlocal.envs.envpool_group import stack_kw
 from seedlocal.envs.gymnasium_group import quiet_gymnasium
 from seedlocal.envs.ids import envpool_ids, resolve_backend
@@ -21,12 +23,23 @@ if TYPE_CHECKING:  # a worker imports this module, and no torch: config is only 
 def validate_env(env: EnvConfig, id_field: str = "env.id") -> EnvSpec:
     """Resolve a config's env id to a spec, or raise the ConfigError that names the field holding it."""
     try:
-        return describe(env.id, env.backend, env.frame_stack)
+        spec = describe(env.id, env.backend, env.frame_stack)
     except ValueError as e:
         msg = str(e)
         if msg.startswith("env.id="):
             msg = id_field + msg[len("env.id"):]
         raise ConfigError(msg) from None
+    return with_box_actions(spec, env.box_actions)
+
+
+def with_box_actions(spec: EnvSpec, box_actions: str) -> EnvSpec:
+    """``spec`` whose Box actions meet their bounds by ``box_actions`` (``envs/bounds.py``); a Discrete one
+    as it is."""
+    if box_actions not in BOX_ACTIONS:
+        raise ConfigError(f"env.box_actions={box_actions!r}: expected one of {', '.join(BOX_ACTIONS)}")
+    if spec.num_actions is not None or spec.box_actions == box_actions:
+        return spec
+    return dataclasses.replace(spec, box_actions=box_actions)
 
 
 def _leaf_spec(space) -> TensorSpec:

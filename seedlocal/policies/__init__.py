@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from seedlocal.algos.distributions import Categorical, for_actions
+from seedlocal.envs.bounds import policy_range
 from seedlocal.networks import action_size, legal_only
 from seedlocal.pipeline.policy import Policy
 from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
@@ -32,9 +33,10 @@ class RandomPolicy(Policy):
     def __init__(self, spec: EnvSpec, device: torch.device):
         self.spec, self.device = spec, device
         self.outputs = policy_outputs(spec)
-        if spec.num_actions is None:
-            self._low = torch.tensor(spec.action_low, device=device).reshape(spec.action.shape)
-            self._high = torch.tensor(spec.action_high, device=device).reshape(spec.action.shape)
+        if spec.num_actions is None:  # uniform over the env's bounds: over the policy's range that maps onto them
+            low, high = policy_range(spec)
+            self._low = torch.from_numpy(low).to(device).reshape(spec.action.shape)
+            self._high = torch.from_numpy(high).to(device).reshape(spec.action.shape)
 
     def act(self, obs, core=None, env_ids=None, first=None):
         n = next(iter(obs.values())).shape[0]

@@ -40,7 +40,7 @@ from torch.nn import functional as F
 from torch.func import functional_call, vmap
 
 from seedlocal.algos.distributions import Categorical
-from seedlocal.networks import PolicyNet, as_float, flatten_obs, legal_only
+from seedlocal.networks import MULTI, PolicyNet, as_float, flatten_obs, legal_only
 from seedlocal.normalize import RunningNorm, merge_moments, normalise
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
 from seedlocal.spec import MASK_KEY
@@ -86,7 +86,7 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     offset, activation) | ("flatten",) | ("linear", weight offset, out, in,
     bias offset, activation)]. Else None (the IMPALA ResNet's residual
     blocks): those networks get vmap and loop only."""
-    if not isinstance(template, PolicyNet):
+    if not isinstance(template, PolicyNet) or template.kind == MULTI:  # a MULTI torso is no chain of layers
         return None
     leaves = [(n, m) for n, m in template.encoder.named_modules()
               if not any(True for _ in m.children()) and not isinstance(m, (nn.Sequential, nn.Identity))]
@@ -190,6 +190,8 @@ class PopulationForward:
         self.norm_clip = 0.0 if norm is None else norm.clip
         self.slots = torch.zeros(num_slots, self.size + 2 * self.norm_size, device=device)
         self.obs_keys = list(getattr(template, "obs_keys", [""]))
+        # What the MLP reads (a MULTI torso's vector fields), flat, and what obs_norm normalises.
+        self.mlp_keys = list(getattr(getattr(template, "encoder", None), "vector_keys", self.obs_keys))
         self.obs_classes = getattr(getattr(template, "encoder", None), "classes", None)  # Discrete fields: one-hot
 
     def to_slots(self, params: torch.Tensor) -> torch.Tensor:
@@ -266,7 +268,7 @@ class PopulationForward:
                 h = h.permute(0, 3, 1, 2)  # (N, H, W, C) grids seen as (N, C, H, W), as encode_obs does
             h = as_float(h)
         else:
-            h = flatten_obs(self.obs_keys, obs, self.obs_classes)  # [n, in]
+            h = flatten_obs(self.mlp_keys, obs, self.obs_classes)  # [n, in]
             if self.norm_size:  # each row by its job's statistics (the rows' tail)
                 o, d = self.size, self.norm_size
                 h = normalise(h, params[:, o:o + d], params[:, o + d:o + 2 * d], self.norm_clip)
@@ -295,23 +297,25 @@ class PopulationForward:
         tensors = self.unflatten(flat)
         if not self.norm_size:
             return functional_call(self.template, tensors, (x,)).squeeze(0)
-        # An MLP PolicyNet (only those have obs_norm), normalised by the row's
+        # A PolicyNet's MLP input (only MLPs have obs_norm: the whole torso's,
+        # or a MULTI torso's beside its convolutions), normalised by the row's
         # statistics and then through its layers: functional_call would patch
         # the template's obs_norm, which the learner thread reads and swaps.
         o, d = self.size, self.norm_size
-        h = normalise(flatten_obs(self.obs_keys, x, self.obs_classes), flat[o:o + d], flat[o + d:o + 2 * d],
+        h = normalise(flatten_obs(self.mlp_keys, x, self.obs_classes), flat[o:o + d], flat[o + d:o + 2 * d],
                       self.norm_clip)
         for name in ("encoder", "policy"):
             part = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
-            h = functional_call(getattr(self.template, name), part, (h,))
+            args = (x, h) if name == "encoder" and self.template.kind == MULTI else (h,)
+            h = functional_call(getattr(self.template, name), part, args)
         return h.squeeze(0)
 
 
 def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noise: float = 0.0,
                    generator: torch.Generator | None = None) -> torch.Tensor:
     """The population's action rule, one member's network output -> its action: over a Box the output itself
-    (the env clips it), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions the argmax
-    of the logits (``greedy``, the deep-GA convention) or a sample from their softmax."""
+    (the env maps it onto its bounds), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions
+    the argmax of the logits (``greedy``, the deep-GA convention) or a sample from their softmax."""
     if continuous:
         return out if not action_noise else out + action_noise * torch.randn_like(out)
     if greedy:
@@ -387,8 +391,8 @@ class PopulationPolicy(Policy):
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
                  max_episode_steps: int = 0):
-        """Box actions: the network's output is the action (clipped by the
-        env), plus Gaussian noise of std ``action_noise`` if set (Salimans et
+        """Box actions: the network's output is the action (mapped onto the
+        env's bounds, ``envs/bounds.py``), plus Gaussian noise of std ``action_noise`` if set (Salimans et
         al.'s MuJoCo runs). ``reward_shift`` is taken from every step's
         reward in the fitness (not in the returns reported): ARS's removal of
         the survival bonus on Hopper, Walker2d, Ant and Humanoid. With a
@@ -584,7 +588,7 @@ class PopulationPolicy(Policy):
                     if self._seen is None:  # made here, on this thread's stream, as its updates are
                         self._seen = RunningNorm(self.forward.norm_size).to(self.device)
                         self._seen_written = torch.cuda.Event() if self._seen.count.is_cuda else None
-                    self._seen.update(flatten_obs(self.forward.obs_keys, obs, self.forward.obs_classes))
+                    self._seen.update(flatten_obs(self.forward.mlp_keys, obs, self.forward.obs_classes))
                     if self._seen_written is not None:  # what commit_obs_stats waits for before it reads
                         self._seen_written.record(torch.cuda.current_stream(self.device))
             # legal_only: the plan's and the statistics' forwards write the layers out, not PolicyNet.forward.

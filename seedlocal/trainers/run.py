@@ -39,7 +39,7 @@ from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.networks import action_identity, obs_identity
 from seedlocal.pipeline.actors import start_server
 from seedlocal.pipeline.bridge.server import BridgeMeter
-from seedlocal.envs.spaces import describe
+from seedlocal.envs.spaces import describe, with_box_actions
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
@@ -316,6 +316,8 @@ def checkpoint_env(state: dict):
     ident = state.get("identity", {})
     with rebuilding(state):
         spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
+        # Its Box actions meet their bounds as they did in training (an older checkpoint's were clipped).
+        spec = with_box_actions(spec, ident.get("box_actions", checkpoint.IDENTITY_BEFORE_KEY["box_actions"]))
     checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec), **action_identity(spec)})
     return spec
 

@@ -277,7 +277,7 @@ class _Session:
     def _accept(self, answer: dict):
         """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
         never imported, and an env whose spaces differ from the learner's is not run."""
-        from seedlocal.envs.spaces import describe
+        from seedlocal.envs.spaces import describe, with_box_actions
 
         env_id = str(answer.get("env_id", ""))
         module = _env_module(env_id)
@@ -286,6 +286,7 @@ class _Session:
                          f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
         try:
             spec = describe(env_id, str(answer.get("backend", "")), int(answer.get("frame_stack", 0)))
+            spec = with_box_actions(spec, str(answer.get("box_actions")))
         except ValueError as e:
             self._refuse(f"cannot run {env_id!r} here: {e}")
         why = _check_spaces(answer, spec)

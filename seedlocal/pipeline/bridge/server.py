@@ -118,6 +118,7 @@ class ServerArgs:
     env_id: str
     backend: str
     frame_stack: int
+    box_actions: str  # EnvSpec's: the host's envs meet the Box bounds as the learner's do
     seed: int
     control: tuple[str, list[ArraySpec]]
     rollout: tuple[str, list[ArraySpec]]
@@ -269,7 +270,7 @@ class BridgeServer:
             self.control["host_connected"][host.slot] = 1
         return {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
                 "env_id": self.a.env_id, "backend": self.a.backend, "frame_stack": self.a.frame_stack,
-                "layout": self.a.layout,
+                "box_actions": self.a.box_actions, "layout": self.a.layout,
                 "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, shape),
                 "version": wire.VERSION}
 

@@ -65,8 +65,9 @@ from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
 MAGIC = b"SL"
 # 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent. 3: the learner's proof covers
 # its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong). 4: ALIVE
-# (a host of version 3 would call it a protocol error mid-run, not a version mismatch at its handshake).
-VERSION = 4
+# (a host of version 3 would call it a protocol error mid-run, not a version mismatch at its handshake). 5: the
+# ASSIGN says how Box actions meet their bounds (``box_actions``), which a host of version 4 would not read.
+VERSION = 5
 HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
