@@ -48,10 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from seedlocal.algos.vtrace import learner_step, make_optimizer
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config.schema import EnvConfig
-from seedlocal.envs.spaces import validate_env
-from seedlocal.shape import pipeline_shape
+from seedlocal.prepare import prepare_pipeline
 from seedlocal.arithmetic import apply_precision, autocast, resolve_precision
-from seedlocal.trainers.vtrace import PRESETS, build_model
+from seedlocal.recipes.vtrace import PRESETS, build_model
 
 
 @dataclass
@@ -137,7 +136,7 @@ def main(a: Args) -> None:
         cfg = dataclasses.replace(cfg, env=EnvConfig(id=a.env))
     algo = dataclasses.replace(cfg.algo, echo=a.echo or cfg.algo.echo,
                                minibatches=a.minibatches or cfg.algo.minibatches)
-    spec = validate_env(cfg.env)
+    spec, shape = prepare_pipeline(cfg.env, cfg.pipeline)
     if a.precisions:
         return time_precisions(a, cfg, algo, spec)
     cores = os.cpu_count() or 1
@@ -159,7 +158,6 @@ def main(a: Args) -> None:
             times.append(time.perf_counter() - t0)
         learn[threads] = _median(times)
 
-    shape = pipeline_shape(cfg.pipeline)
     group = shape.envs_per_group
     torch.set_num_threads(1)  # the inference loop's default (pipeline.inference_threads)
     x = {k: v[0, :group] for k, v in obs.items()}

@@ -34,9 +34,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from seedlocal.measure.raw import RawEnvpool
 from seedlocal.config.schema import EnvConfig
 from seedlocal.config.checks import resolve_device
-from seedlocal.envs.spaces import validate_env
+from seedlocal.prepare import env_spec, prepare_run
 from seedlocal.networks import PolicyNet
-from seedlocal.trainers.neuroevolution import ESRun, GARun, train
+from seedlocal.families import recipe
+from seedlocal.recipes.neuroevolution import ESRun, GARun
+from seedlocal.trainers.neuroevolution import train
 from seedlocal.policies.population import PopulationForward
 
 
@@ -88,7 +90,7 @@ def _time(fn, repeats: int, device: torch.device) -> float:
 
 def forward_part(a: Args, device: torch.device) -> dict:
     ids = {"mlp": "CartPole-v1", "minatar": "MinAtar/Breakout-v1", "nature": "Pong-v5"}  # minatar: pip install .[minatar]
-    spec = validate_env(EnvConfig(id=ids[a.network]))
+    spec = env_spec(EnvConfig(id=ids[a.network]))
     template = PolicyNet(spec).to(device)
     probe = PopulationForward(template, 1, device)
     flats = torch.randn(a.population, probe.size, device=device) * 0.05
@@ -127,7 +129,7 @@ def forward_part(a: Args, device: torch.device) -> dict:
 
 def train_part(a: Args, device: torch.device) -> list[dict]:
     env = EnvConfig(id="CartPole-v1")
-    spec = validate_env(env)
+    spec = env_spec(env)
     outs = []
     for algo in a.algos:
         cls = {"ga": GARun, "es": ESRun}[algo]
@@ -143,7 +145,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
             with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
                 cfg = dataclasses.replace(cfg, pipeline=pipe, log_dir=tmp,
                                           algo=dataclasses.replace(cfg.algo, population_size=a.population))
-                summary = train(cfg)
+                summary = train(prepare_run(cfg, recipe(cfg.name)))
                 ea = EventAccumulator(os.path.join(tmp, "bench"), size_guidance={"scalars": 0})
                 ea.Reload()
                 tags = set(ea.Tags()["scalars"])

@@ -43,8 +43,6 @@ from pathlib import Path
 
 from seedlocal.errors import ConfigError
 
-# The command line's options that are not the run config's fields, by their keyword here.
-COMMAND_OPTIONS = ("preset", "machine_sizing", "pipeline_config")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,46 +106,34 @@ def train(family: str, **overrides) -> Summary:
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
     from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line
 
-    cfg = run_config(family, **overrides)
+    prepared = _prepared(family, overrides)
     fam = _family(family)
-    if cfg.learners > 1:
-        from seedlocal.families import check_learners
+    if prepared.config.learners > 1:
         from seedlocal.pipeline.ranks import from_environment
+        from seedlocal.prepare import check_learners
 
-        check_learners(cfg)  # refused before any rank starts, as the command line refuses it
+        check_learners(prepared)  # refused before any rank starts, as the command line refuses it
         if from_environment() is None:  # not a rank already (torchrun's): start them
             with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds
-                return _train_ranks(family, cfg)
+                return _train_ranks(family, prepared)
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
-            summary = fam.train(cfg)
+            summary = fam.train(prepared)
     except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
     return Summary.read(summary["run_dir"])
 
 
-RANK0_OUTCOME = ".rank0.json"  # beside a ranks' job file: how rank 0's training ended
+def _train_ranks(family: str, prepared) -> Summary:
+    """The prepared run's learner ranks, each a process training it (``_rank_main``), started and watched as
+    the command line's are (``cli.launch_ranks``); rank 0's summary, or what rank 0 stopped with, raised here."""
+    from seedlocal.cli import launch_ranks
 
-
-def _train_ranks(family: str, cfg) -> Summary:
-    """``cfg``'s learner ranks, each a process training it (``_rank_main``), started and watched as the command
-    line's are (``launch``); rank 0's summary, or what rank 0 stopped with, raised here."""
-    import pickle
-    import tempfile
-
-    from seedlocal.pipeline.ranks import launch
-
-    with tempfile.TemporaryDirectory(prefix="seedlocal-ranks-") as tmp:
-        job = Path(tmp) / "job.pickle"
-        job.write_bytes(pickle.dumps((family, cfg)))
-        code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
-        status = launch([str(job)], cfg.learners, cfg.dist_timeout_s, command=[sys.executable, "-c", code],
-                        interrupt_ranks=True)
-        outcome = Path(str(job) + RANK0_OUTCOME)
-        outcome = json.loads(outcome.read_text()) if outcome.exists() else {}
-    return _ranks_outcome(family, status, outcome)
+    code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
+    status, outcome = launch_ranks(prepared, command=[sys.executable, "-c", code], interrupt_ranks=True)
+    return _ranks_outcome(family, status, json.loads(outcome) if outcome else {})
 
 
 def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
@@ -173,21 +159,21 @@ def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
 
 
 def _rank_main(job: str) -> None:
-    """One learner rank of ``seedlocal.train`` (``_train_ranks``): the family and config pickled in ``job``,
+    """One learner rank of ``seedlocal.train`` (``_train_ranks``): the prepared run pickled in ``job``,
     trained as a rank; rank 0 writes beside it how that ended (the run folder, or the error). Ends as the command
     line's ranks end (``cli.exit_now``)."""
     import pickle
 
     from seedlocal import errors
-    from seedlocal.cli import Stopped, _sigterm_as_exit, _start_resource_tracker, exit_now
+    from seedlocal.cli import RANK0_OUTCOME, Stopped, _sigterm_as_exit, _start_resource_tracker, exit_now
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from _train_ranks
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
-    family, cfg = pickle.loads(Path(job).read_bytes())
+    prepared = pickle.loads(Path(job).read_bytes())
     _start_resource_tracker()
     outcome, code = {}, 0
     try:
-        outcome["run_dir"] = _family(family).train(cfg)["run_dir"]
+        outcome["run_dir"] = _family(prepared.recipe.name).train(prepared)["run_dir"]
     except (errors.SeedlocalError, KeyboardInterrupt, SystemExit) as e:
         kind = next(c.__name__ for c in type(e).__mro__ if c.__module__ in ("seedlocal.errors", "builtins"))
         where = getattr(e, "seedlocal_run_dir", None)
@@ -197,7 +183,7 @@ def _rank_main(job: str) -> None:
         if os.environ.get("RANK") != "0" and isinstance(e, errors.SeedlocalError):
             print(f"seedlocal: error: {e}", file=sys.stderr, flush=True)  # rank 0's is raised by the caller
     if os.environ.get("RANK") == "0":
-        Path(job + RANK0_OUTCOME).write_text(json.dumps(outcome))
+        Path(job + RANK0_OUTCOME).write_text(json.dumps(outcome))  # read by the launcher (cli.launch_ranks)
     # Stopped and saved: a SIGTERM still on its way (every rank gets one when the caller dies; one blocked in a
     # collective takes it late) would only break into the exit handlers with a traceback.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -221,23 +207,22 @@ def _sigterm_unwinds():
 
 
 def run_config(family: str, **overrides):
-    """The run configuration ``seedlocal.train(family, **overrides)`` trains, as the command line builds it from
+    """The run configuration ``seedlocal.train(family, **overrides)`` trains, as the command line prepares it from
     the same options (preset, machine sizing, resume, pipeline file, then the options): for a look before a run."""
-    from seedlocal.cli import check_resume, preset_default
-    from seedlocal.config.overrides import apply, as_options, checked, flatten
+    return _prepared(family, overrides).config
 
-    fam = _family(family)
-    command = {k: overrides.pop(k) for k in COMMAND_OPTIONS if k in overrides}
-    values = flatten(fam.run, overrides, also=COMMAND_OPTIONS)
-    args = as_options(values)
-    if command.get("preset") is not None:
-        args += ["--preset", checked("preset", command["preset"], str)]
-    if not checked("machine_sizing", command.get("machine_sizing", True), bool):
-        args.append("--no-machine-sizing")
-    if command.get("pipeline_config"):
-        args += ["--pipeline-config", checked("pipeline_config", command["pipeline_config"], str)]
-    default, _, saved, counters = preset_default(args, fam)
-    return check_resume(apply(default, values), saved, counters)
+
+def _prepared(family: str, overrides: dict):
+    """The run ``seedlocal.train(family, **overrides)`` asks for, prepared once (``seedlocal/prepare.py``); what
+    preparation says is printed, as the command line prints it."""
+    from seedlocal.config.request import from_keywords
+    from seedlocal.prepare import prepare
+
+    recipe = _family(family).recipe
+    prepared = prepare(from_keywords(family, recipe.run, dict(overrides)), recipe)
+    for line in prepared.notes:
+        print(line, flush=True)
+    return prepared
 
 
 def _family(name: str):

@@ -37,14 +37,7 @@ USAGE_TAIL = """
 From Python: seedlocal.train(ALGO, **options) -> Summary, seedlocal.evaluate(CHECKPOINT, ...);
 the options as keywords, a group as a dict: network={"hidden": (64,)} (README, "From Python").
 """
-SIZED = (" The preset's sizes follow this machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); "
-         "--no-machine-sizing keeps them as the preset has them.")
-TUNED = (" --pipeline-config FILE: pipeline sizes from `seedlocal bench --autotune` "
-         "(options given here still win).")
-# Network options older command lines gave elsewhere (V-trace and R2D2 under --algo., neuroevolution at the
-# top), each with its one spelling now; a bool's negation too.
-RENAMED = {f"{old}{name}": f"--network.{name}" for old in ("--algo.", "--") for name in
-           ("encoder", "hidden", "lstm-size", "lstm_size", "obs-norm", "obs_norm", "no-obs-norm", "no_obs_norm")}
+RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a run prepared by the command that started it
 
 
 def _usage() -> str:
@@ -121,206 +114,6 @@ def _stopped_line(e: BaseException, argv: list[str]) -> str:
     return line
 
 
-def _preset_cli(argv: list[str], fam):
-    """Parse a family's run config: --preset picks the defaults, --resume the saved config
-    (a preset may not be combined with it), --pipeline-config a tuned pipeline; options given
-    explicitly override them all."""
-    import tyro
-
-    from seedlocal.families import TABLE
-
-    default, args, saved, counters = preset_default(_renamed(argv), fam)
-    description = (f"{TABLE[fam.name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in fam.presets)
-                   + " (each chosen by itself for an --env.id of its kind)." + SIZED + TUNED)
-    cfg = tyro.cli(fam.run, args=whole_numbers(args, fam.run), default=default, prog=f"seedlocal train {fam.name}",
-                   description=description)
-    return check_resume(cfg, saved, counters)
-
-
-def whole_numbers(args: list[str], cls) -> list[str]:
-    """``--total-steps 1e6`` read as ``--total-steps 1000000``: an integer option given in e-notation (as CleanRL's
-    and SB3's users write step counts) that is a whole number. tyro refused it with a box about int(); any other
-    value is left for tyro to judge."""
-    import re
-
-    def whole(v: str) -> str:
-        return str(int(float(v))) if re.fullmatch(r"[+-]?\d+(\.\d*)?[eE]\+?\d+", v) and float(v).is_integer() else v
-
-    flags = _int_flags(cls)
-    out, after = [], ""  # after: the option just read
-    for a in args:
-        name, eq, v = a.partition("=")
-        if a.startswith("--") and eq and name in flags:
-            a = f"{name}={whole(v)}"
-        elif after in flags and not a.startswith("--"):
-            a = whole(a)
-        out.append(a)
-        after = a
-    return out
-
-
-def _int_flags(cls, prefix: str = "") -> set[str]:
-    """The command-line names of ``cls``'s int fields, nested dataclasses' under their dotted prefix (tyro's
-    spelling, hyphens for underscores, and the underscored one)."""
-    import dataclasses
-    import typing
-
-    flags = set()
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        t = hints.get(f.name)
-        if dataclasses.is_dataclass(t):
-            flags |= _int_flags(t, f"{prefix}{f.name}.")
-        elif t is int:
-            flags |= {f"--{prefix}{f.name}", f"--{prefix}{f.name}".replace("_", "-")}
-    return flags
-
-
-def preset_default(argv: list[str], fam) -> tuple[object, list[str], object | None, dict | None]:
-    """What a train command's options apply to: the preset (``--preset``, or the one the env's kind picks)
-    sized for this machine, or with ``--resume`` the run's saved config; then ``--pipeline-config``. Returns it,
-    the options left for the parser, and the resumed run's saved config and counters (None for a new run), for
-    ``check_resume``. The Python API (``seedlocal/api.py``) passes its keyword overrides here as options."""
-    from seedlocal.errors import ConfigError
-
-    default, args = _pop_preset(argv, fam.presets)
-    sizing = "--no-machine-sizing" not in args
-    args = [a for a in args if a != "--no-machine-sizing"]
-    saved, counters = _resumed_default(args, fam)
-    if saved is not None:
-        if _option(argv, "--preset") is not None:
-            raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
-                              "give the options to change explicitly instead")
-        default = saved  # with the sizes it ran at: a resumed run is not sized again
-    elif sizing:
-        default = _machine_sized(args, default)
-    default, args = _pop_pipeline_config(args, default)
-    return default, args, saved, counters
-
-
-def _renamed(args: list[str]) -> list[str]:
-    """``args`` with the network options' old spellings (``RENAMED``) given their one spelling, each said in
-    one line."""
-    out = []
-    for a in args:
-        name, eq, value = a.partition("=")
-        if name in RENAMED:
-            _say(f"seedlocal: {name} is now {RENAMED[name]} (the old spelling will go)", file=sys.stderr,
-                  flush=True)
-            a = RENAMED[name] + eq + value
-        out.append(a)
-    return out
-
-
-def _pop_preset(args: list[str], presets: dict) -> tuple[object, list[str]]:
-    from seedlocal.errors import ConfigError
-
-    rest, name = [], None
-    it = iter(args)
-    for a in it:
-        if a == "--preset":
-            name = _value(next(it, ""), "preset")
-        elif a.startswith("--preset="):
-            name = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-    if name is None:
-        return _preset_for_env(rest, presets)[1], rest
-    if name not in presets:
-        raise ConfigError(f"preset={name!r}: expected one of {', '.join(presets)}")
-    return presets[name], rest
-
-
-def _preset_for_env(args: list[str], presets: dict) -> tuple[str, object]:
-    """With no --preset, the preset made for the kind of env given by --env.id
-    (``config.checks.task_kind``: Atari's for image frames, Football's for gfootball
-    minimaps, MinAtar's for small grids, MuJoCo's for Box actions), so that a new task of
-    a kind seedlocal supports starts from settings that learn it, not
-    CartPole's. Said in one line; an env that cannot be described is left to
-    the trainer's validation, which names the problem. Returns its name and the preset fitted to the env's
-    frames: an env that cannot send single frames as envpool's Atari does (a Gymnasium env) sends its own,
-    stacked beside the network only if they are single-channel ones."""
-    env_id = _option(args, "--env.id")
-    if env_id is None or _option(args, "--resume") is not None:
-        return "cartpole", presets["cartpole"]
-    from seedlocal.config.checks import task_kind
-    from seedlocal.envs.spaces import describe
-
-    backend = _option(args, "--env.backend") or "auto"
-    try:
-        # Arguments as validation passes them (id, backend, frame_stack), so its describe() is this cached one.
-        spec = describe(env_id, backend, 0)
-        kind = task_kind(spec)
-    except Exception:
-        return "cartpole", presets["cartpole"]
-    quiet = bool({"-h", "--help"} & set(args))
-    if kind == "cartpole" or kind not in presets:
-        if not quiet:
-            _say(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made for "
-                  f"{env_id}'s kind{_dict_images(spec)}", flush=True)
-        return "cartpole", presets["cartpole"]
-    from seedlocal.algos.frames import fit_frames
-
-    preset = presets[kind]
-    fitted = fit_frames(preset, spec, lambda: describe(env_id, backend, preset.env.frame_stack))
-    if not quiet:
-        what = {"atari": "image frames", "minatar": "small image grids", "football": "Google Research Football's "
-                "minimap frames"}.get(kind, "a Box action space")
-        frames = ("" if fitted is preset else f", its frames as the env sends them, stacked "
-                  f"{fitted.frame_stack} deep beside the network" if getattr(fitted, "frame_stack", 0) > 1
-                  else ", its frames as the env sends them")
-        _say(f"seedlocal: --preset {kind}, made for {what} like {env_id}'s{frames} (--preset cartpole for the "
-              "plain defaults)", flush=True)
-    return kind, fitted
-
-
-def _dict_images(spec) -> str:
-    """Words for a Dict observation's image fields, which auto gives a CNN each beside the MLP, or ""."""
-    from seedlocal.networks import image_fields
-
-    images = image_fields(spec)
-    if not images:
-        return ""
-    many = len(images) > 1
-    return (f" (the Dict's image field{'s' * many} {', '.join(map(repr, images))} get{'' if many else 's'} a CNN "
-            f"of {'their' if many else 'its'} own beside the MLP of the other fields; --network.encoder mlp "
-            f"flattens {'them' if many else 'it'} into the MLP)")
-
-
-def _machine_sized(args: list[str], preset):
-    """``preset`` sized for this machine (``RunConfig.sized_for``: its cores, and whether the device
-    --pipeline.device names, or the preset's, is a GPU), what changed said in one line. Options given on the
-    command line still win; --bridge.remote-envs is taken in, so that it stays a multiple of a worker's envs."""
-    import dataclasses
-
-    from seedlocal.config.machine import Machine
-    from seedlocal.config.resume import config_changes
-
-    machine = Machine.detect(_option(args, "--pipeline.device") or preset.pipeline.device)
-    remote = _option(args, "--bridge.remote-envs")
-    base = preset
-    if remote is not None and remote.isdigit():
-        base = dataclasses.replace(preset, bridge=dataclasses.replace(preset.bridge, remote_envs=int(remote)))
-    sized = base.sized_for(machine)
-    changes = [c.replace(":", "", 1) for c in config_changes(base, sized) if not _given(args, c.split(":")[0])]
-    if changes and not {"-h", "--help"} & set(args):
-        free = preset.sized_for(machine).pipeline  # as sized without the remote envs
-        unlike = [c.replace(":", "", 1) for c in config_changes(sized.pipeline, free, "pipeline.")]
-        note = (f" (workers of the preset's size, so that --bridge.remote-envs {remote} makes whole ones; without it"
-                f" {', '.join(unlike)})" if unlike else "")
-        _say(f"seedlocal: sized for this machine ({machine}): {', '.join(changes)}{note}; --no-machine-sizing "
-              "keeps the preset's", flush=True)
-    return sized
-
-
-def _given(args: list[str], field: str) -> bool:
-    """Whether ``args`` set the config's ``field`` (dotted, e.g. algo.lr_decay), in any of tyro's spellings."""
-    parent, _, leaf = field.rpartition(".")
-    prefix = f"--{parent}." if parent else "--"
-    flags = {prefix + name for leaf_ in (leaf, leaf.replace("_", "-")) for name in (leaf_, "no-" + leaf_, "no_" + leaf_)}
-    return any(a.split("=", 1)[0] in flags for a in args)
-
-
 def _value(value: str, field: str) -> str:
     """The value after an option, which must not be the next option."""
     if not value or value.startswith("--"):
@@ -341,70 +134,11 @@ def _option(args: list[str], name: str) -> str | None:
     return value
 
 
-def _resumed_default(args: list[str], fam) -> tuple[object | None, dict | None]:
-    """With ``--resume``, the run's saved configuration becomes the default,
-    so only options given on this command line change it; also its counters."""
-    path = _option(args, "--resume")
-    if not path:
-        return None, None
-    from seedlocal.checkpoint import load
-    from seedlocal.config.resume import saved_config
-    from seedlocal.errors import ConfigError
-    from seedlocal.families import of_checkpoint
-
-    state = load(path)
-    wrote = of_checkpoint(state)
-    if wrote is not fam:
-        raise ConfigError(f"resume={path!r}: {state.get('path')} is a {wrote.name} run; resume it with "
-                          f"seedlocal train {wrote.name} --resume {path}")
-    saved = state.get("config")
-    return (saved_config(fam.run, saved, state["path"]) if isinstance(saved, dict) else None), dict(
-        state.get("counters", {}))
-
-
-def _envs_per_group(pipeline) -> int:
-    """The group size of ``pipeline``; 0 where it makes no shape (validation names the field once the command
-    line, which may mend it, is read)."""
-    from seedlocal.errors import ConfigError
-    from seedlocal.shape import pipeline_shape
-
-    try:
-        return pipeline_shape(pipeline).envs_per_group
-    except ConfigError:
-        return 0
-
-
-def _pop_pipeline_config(args: list[str], default):
-    """``--pipeline-config FILE`` (from ``seedlocal bench --autotune``): its
-    fields become the pipeline's defaults; explicit --pipeline.* options win."""
-    import dataclasses
-
-    path = _option(args, "--pipeline-config")
-    if path is None:
-        return default, args
-    from seedlocal.measure.autotune import load_pipeline_file
-
-    rest, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "--pipeline-config":
-            skip = True
-        elif not a.startswith("--pipeline-config="):
-            rest.append(a)
-    from seedlocal.config.resume import config_changes
-
-    fields = load_pipeline_file(path)
-    tuned = dataclasses.replace(default, pipeline=dataclasses.replace(default.pipeline, **fields))
-    group = _envs_per_group(tuned.pipeline)
-    fitted = tuned.fit_to_groups(group)  # e.g. V-trace's batch, whole groups (an explicit option still wins)
-    for change in config_changes(tuned, fitted):
-        _say(f"seedlocal: {path}: {change.replace(':', '', 1)}, to fit its {group} envs per group", flush=True)
-    return fitted, rest
-
-
 def _parse(argv: list[str]):
+    """``(command, what it runs)``: a train command's prepared run (``seedlocal/prepare.py``), another's config."""
     import tyro
+
+    from seedlocal.config.request import whole_numbers
 
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -424,7 +158,7 @@ def _parse(argv: list[str]):
 
         return cmd, tyro.cli(EvalConfig, args=whole_numbers(rest, EvalConfig), prog="seedlocal eval")
     if cmd == "train":
-        from seedlocal.families import TABLE, family
+        from seedlocal.families import TABLE
 
         if not rest or rest[0] in ("-h", "--help"):
             print(_usage())
@@ -436,26 +170,43 @@ def _parse(argv: list[str]):
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}"
                   f"{f' (did you mean {near[0]}?)' if near else ''}\n\n{_usage()}", file=sys.stderr)
             raise SystemExit(2)
-        return "train", _preset_cli(rest[1:], family(rest[0]))
+        return "train", _prepared(rest[0], rest[1:])
     print(f"seedlocal: error: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def check_resume(cfg, saved, counters: dict | None):
-    """``cfg``, unless it resumes a run (saved config ``saved``, checkpoint
-    ``counters``) whose budget is already spent, which would start its workers
-    only to stop at once and rewrite its summary with an empty one, or names
-    another folder for it: a resumed run goes on where its checkpoints are."""
-    from seedlocal.errors import ConfigError
+def _prepared(name: str, args: list[str]):
+    """``seedlocal train <name> ARGS``: one request from the options (tyro parses them once), prepared once;
+    what preparation says is said here (once for data-parallel ranks: ``_say``). ``--help`` shows the options
+    with the defaults the request would run with, and exits."""
+    from seedlocal.config.request import from_command_line
+    from seedlocal.families import recipe
+    from seedlocal.prepare import prepare
 
-    if counters is None:
-        return cfg
-    for name in ("run_name", "log_dir"):
-        if saved is not None and getattr(cfg, name) != getattr(saved, name):
-            raise ConfigError(f"{name}={getattr(cfg, name)!r}: a resumed run goes on in its own folder "
-                              f"({cfg.resume}); leave --{name.replace('_', '-')} out")
-    cfg.budget_spent(counters)
-    return cfg
+    r = recipe(name)
+    request = from_command_line(name, r.run, args)
+    if {"-h", "--help"} & set(args):
+        _help(name, r, request)
+    prepared = prepare(request, r)
+    for line in prepared.notes:
+        _say(line, flush=True)
+    return prepared
+
+
+def _help(name: str, recipe, request) -> None:
+    import tyro
+
+    from seedlocal.config.request import command_class
+    from seedlocal.families import TABLE
+    from seedlocal.prepare import for_help
+
+    cls = command_class(recipe.run)
+    default = cls(run=for_help(request, recipe), preset=request.preset, machine_sizing=request.machine_sizing,
+                  pipeline_config=request.pipeline_config)
+    description = (f"{TABLE[name][2]}. Presets: " + ", ".join(f"--preset {p}" for p in recipe.presets)
+                   + " (each chosen by itself for an --env.id of its kind). The preset's sizes follow this "
+                   "machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); options given here win.")
+    tyro.cli(cls, args=["--help"], default=default, prog=f"seedlocal train {name}", description=description)
 
 
 def _start_resource_tracker() -> None:
@@ -526,13 +277,14 @@ def _main(argv: list[str]) -> int:
     # exit. Unless it is ignored already: under nohup a run must outlive it.
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _sigterm_as_exit)
+    said = ["train", argv[1]] if argv[:1] == [RANK_COMMAND] else argv  # a rank says what its command would
     try:
         return _run(argv)
     except KeyboardInterrupt as e:
-        print(_stopped_line(e, argv), file=sys.stderr)
+        print(_stopped_line(e, said), file=sys.stderr)
         return 130
     except Stopped as e:
-        print(_stopped_line(e, argv), file=sys.stderr)
+        print(_stopped_line(e, said), file=sys.stderr)
         return e.code
 
 
@@ -540,14 +292,17 @@ def _run(argv: list[str]) -> int:
     from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
 
     try:
-        cmd, cfg = _parse(argv)
-        if cmd == "train" and cfg.learners > 1:
-            from seedlocal.families import check_learners
-            from seedlocal.pipeline.ranks import from_environment, launch
+        if argv[:1] == [RANK_COMMAND]:  # one of the ranks a train command launched (below)
+            cmd, cfg = "train", _rank_job(argv[2])
+        else:
+            cmd, cfg = _parse(argv)
+        if cmd == "train" and cfg.config.learners > 1:
+            from seedlocal.pipeline.ranks import from_environment
+            from seedlocal.prepare import check_learners
 
             check_learners(cfg)  # a rank count the run cannot be divided into, refused before any rank starts
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
-                return launch(argv, cfg.learners, cfg.dist_timeout_s)
+                return launch_ranks(cfg)[0]
         _start_resource_tracker()
         if cmd == "bench":
             from seedlocal.measure import main as bench
@@ -559,12 +314,13 @@ def _run(argv: list[str]) -> int:
             evaluate(cfg)
         elif cmd == "actors":
             from seedlocal.pipeline.bridge.client import run as actors
+            from seedlocal.prepare import host_env
 
-            return actors(cfg)
+            return actors(cfg, host_env)
         else:
-            from seedlocal.families import of_config
+            from seedlocal.families import family
 
-            of_config(cfg).train(cfg)
+            family(cfg.recipe.name).train(cfg)
     except (ConfigError, CheckpointError) as e:
         print(f"seedlocal: error: {e}", file=sys.stderr)
         return 2
@@ -582,6 +338,39 @@ def _run(argv: list[str]) -> int:
         print(f"seedlocal: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     return 0
+
+
+def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bool = False) -> tuple[int, str]:
+    """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as it was
+    prepared here (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``;
+    returns the launcher's exit status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for
+    the command line's ranks, which say it themselves)."""
+    import pickle
+    import tempfile
+    from pathlib import Path
+
+    from seedlocal.pipeline.ranks import launch
+
+    cfg = prepared.config
+    with tempfile.TemporaryDirectory(prefix="seedlocal-ranks-") as tmp:
+        job = Path(tmp) / "job.pickle"
+        job.write_bytes(pickle.dumps(prepared))
+        status = launch([*([] if command else [RANK_COMMAND, prepared.recipe.name]), str(job)], cfg.learners,
+                        cfg.dist_timeout_s,
+                        command=command, interrupt_ranks=interrupt_ranks)
+        outcome = job.with_name(job.name + RANK0_OUTCOME)
+        return status, outcome.read_text() if outcome.exists() else ""
+
+
+RANK0_OUTCOME = ".rank0.json"  # beside a ranks' job file: how rank 0's training ended (seedlocal.train's ranks)
+
+
+def _rank_job(job: str):
+    """The prepared run a rank trains (``launch_ranks``)."""
+    import pickle
+    from pathlib import Path
+
+    return pickle.loads(Path(job).read_bytes())
 
 
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,

@@ -2,59 +2,66 @@
 what ``seedlocal eval`` plays a checkpoint with, and what the usage text
 and ``docs/families.md`` list.
 
-A family (``trainers.run.Family``) is a run configuration, its presets,
-its trainer and its ``from_checkpoint``; each trainer module holds its own
-in ``FAMILIES``. The table names the module and a one-line title, so that
-the command line imports only the trainer it runs (a trainer pulls in
-torch) and prints its usage without any. This is the only place that
-chooses code by an algorithm's name (``tests/test_structure.py`` checks).
+A family is its recipe (``recipes/``: its options, presets and the rules
+preparation applies to them) and its trainer (``trainers/``: its ``train``
+of a prepared run and its ``from_checkpoint``). The table names both
+modules and a one-line title, so that the command line imports only what it
+runs (a trainer pulls in torch) and prints its usage without any. This is
+the only place that chooses code by an algorithm's name
+(``tests/test_structure.py`` checks).
 
-Adding a family: its math in ``algos/``, its trainer with ``FAMILIES`` in
-``trainers/``, and a line here (docs/architecture.md).
+Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its
+trainer in ``trainers/``, and a line here (docs/architecture.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import import_module
-from typing import TYPE_CHECKING
+from typing import Callable
 
-from seedlocal.errors import CheckpointError, ConfigError
+from seedlocal.errors import CheckpointError
 
-if TYPE_CHECKING:
-    from seedlocal.trainers.run import Family
-
-TABLE: dict[str, tuple[str, str]] = {
-    "vtrace": ("seedlocal.trainers.vtrace", "IMPALA (V-trace) with central batched inference"),
-    "r2d2": ("seedlocal.trainers.r2d2", "recurrent prioritized replay Q-learning (R2D2)"),
-    "ga": ("seedlocal.trainers.neuroevolution", "deep GA: a population evaluated in batched forward passes"),
-    "es": ("seedlocal.trainers.neuroevolution", "evolution strategies (antithetic, centred ranks, Adam)"),
-    "ars": ("seedlocal.trainers.neuroevolution",
+TABLE: dict[str, tuple[str, str, str]] = {
+    "vtrace": ("vtrace", "vtrace", "IMPALA (V-trace) with central batched inference"),
+    "r2d2": ("r2d2", "r2d2", "recurrent prioritized replay Q-learning (R2D2)"),
+    "ga": ("neuroevolution", "neuroevolution", "deep GA: a population evaluated in batched forward passes"),
+    "es": ("neuroevolution", "neuroevolution", "evolution strategies (antithetic, centred ranks, Adam)"),
+    "ars": ("neuroevolution", "neuroevolution",
             "Augmented Random Search (Mania et al. 2018): steps along the best random directions; "
             "linear policies on normalised states in --preset mujoco"),
-    "random-search": ("seedlocal.trainers.neuroevolution", "random search: the deep-GA paper's baseline"),
+    "random-search": ("neuroevolution", "neuroevolution", "random search: the deep-GA paper's baseline"),
 }
+"""name -> (its recipe's module under seedlocal/recipes/, its trainer's under seedlocal/trainers/, title)"""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One algorithm family as the commands see it: its recipe, which ``prepare`` turns a request into a run
+    with, the ``train`` of that prepared run, and the ``from_checkpoint(state, device, greedy, epsilon)`` that
+    returns the policy training's inference serves (``greedy`` None: acting as the run acted), for eval."""
+
+    name: str
+    recipe: object
+    train: Callable[..., dict]
+    from_checkpoint: Callable
+
+
+def recipe(name: str):
+    """The recipe of ``seedlocal train <name>`` (its module imported now; no trainer)."""
+    module = import_module(f"seedlocal.recipes.{TABLE[name][0]}")
+    return next(r for r in module.RECIPES if r.name == name)
 
 
 def family(name: str) -> Family:
-    """The family ``seedlocal train <name>`` runs (its trainer module imported now)."""
-    module, _ = TABLE[name]
-    return next(f for f in import_module(module).FAMILIES if f.name == name)
+    """The family ``seedlocal train <name>`` runs (its recipe and trainer modules imported now)."""
+    trainer = import_module(f"seedlocal.trainers.{TABLE[name][1]}")
+    return Family(name, recipe(name), trainer.train, trainer.from_checkpoint)
 
 
 def of_config(cfg) -> Family:
     """The family whose run configuration ``cfg`` is."""
-    return next(f for f in map(family, TABLE) if type(cfg) is f.run)
-
-
-def check_learners(cfg) -> Family:
-    """The family of ``cfg``, a run of ``cfg.learners`` > 1 data-parallel ranks, once its ranks could start: the
-    family has a data-parallel learner, and the run can be divided among them (``per_rank``: its shape, its
-    batch); else refused in one line, before any rank starts (the command line and ``seedlocal.train``)."""
-    fam = of_config(cfg)
-    if not fam.data_parallel:
-        raise ConfigError(f"learners={cfg.learners}: {fam.name} has no data-parallel learner; give --learners 1")
-    cfg.per_rank(cfg.learners)
-    return fam
+    return next(f for f in map(family, TABLE) if type(cfg) is f.recipe.run)
 
 
 def of_checkpoint(state: dict) -> Family:
@@ -68,17 +75,17 @@ def of_checkpoint(state: dict) -> Family:
 
 def usage() -> str:
     """The ``train`` lines of the command line's usage text."""
-    return "\n".join(f"  train {name:<14s} {title}" for name, (_, title) in TABLE.items())
+    return "\n".join(f"  train {name:<14s} {title}" for name, (_, _, title) in TABLE.items())
 
 
 def markdown() -> str:
     """docs/families.md: each family's command, title, presets and where its code lives."""
     rows = ["| command | what it trains | presets | run configuration | trainer |", "|---|---|---|---|---|"]
-    for name, (module, title) in TABLE.items():
-        f = family(name)
-        presets = ", ".join(f"`{p}`" for p in f.presets)
-        path = module.replace(".", "/") + ".py"
-        rows.append(f"| `seedlocal train {name}` | {title} | {presets} | `{f.run.__name__}` | `{path}` |")
+    for name, (options, trainer, title) in TABLE.items():
+        r = recipe(name)
+        presets = ", ".join(f"`{p}`" for p in r.presets)
+        rows.append(f"| `seedlocal train {name}` | {title} | {presets} | `{r.run.__name__}` in "
+                    f"`seedlocal/recipes/{options}.py` | `seedlocal/trainers/{trainer}.py` |")
     return ("# Algorithm families\n\nMade by `python -m seedlocal.families` from the family table "
             "(`seedlocal/families.py`); `tests/test_structure.py` keeps it in step.\n\n" + "\n".join(rows) + "\n")
 

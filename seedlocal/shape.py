@@ -26,7 +26,6 @@ groups (``tests/test_shape.py`` checks it).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -213,6 +212,15 @@ def _threads_per_group(p: PipelineConfig, workers: int, ranks: int) -> int:
     return max(1, total // worker_groups(max(1, workers)))
 
 
+def whole_groups(envs: int, p: PipelineConfig) -> int:
+    """``envs`` rounded up to whole groups of ``p``'s workers (a V-trace batch); ``envs`` itself where ``p``'s
+    workers make no groups (the builder names that field)."""
+    if p.envs_per_worker < GROUPS_PER_WORKER or p.envs_per_worker % GROUPS_PER_WORKER:
+        return envs
+    group = p.envs_per_worker // GROUPS_PER_WORKER
+    return -(-envs // group) * group
+
+
 def actor_host_shape(groups: int, envs_per_group: int, env_threads: int) -> PipelineShape:
     """An actor host's: the ``groups`` groups of ``envs_per_group`` envs its
     learner assigned (whole workers), each with one unroll of one step (the
@@ -222,16 +230,21 @@ def actor_host_shape(groups: int, envs_per_group: int, env_threads: int) -> Pipe
                                          env_threads=env_threads, unroll_length=1, num_buffers=groups))
 
 
-def widened(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int = 0) -> PipelineConfig:
-    """``p`` with ``envs`` local envs in workers of ``per_worker`` (at least one worker) and its min_batch_envs,
-    where set, scaled with them: a machine's sizing (``RunConfig.sized_for``). ``p`` itself where that adds no envs
-    to its own. With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, workers of ``p``'s
-    size instead, so that actor hosts still run whole workers like the learner's."""
+def sized_pipeline(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int, given) -> tuple[dict, int]:
+    """A machine's sizing of ``p`` (``recipes/``: ``Recipe.sizing``): the pipeline options it changes, ``envs``
+    local envs in workers of ``per_worker`` (at least one worker) with min_batch_envs, where set, scaled with
+    them, and the local envs that makes; no change where that adds no envs to ``p``'s own. Each option the user
+    gave (``given(dotted name)``) stays, and the rest follow from it (``--pipeline.num-workers 1``: one worker of
+    ``per_worker`` envs). With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, workers
+    of ``p``'s size instead, so that actor hosts still run whole workers like the learner's."""
     own = p.num_workers * p.envs_per_worker
     if envs <= own:
-        return p
-    if remote_envs and remote_envs % per_worker:
+        return {}, own
+    if remote_envs and remote_envs % per_worker or given("pipeline.envs_per_worker"):
         per_worker = p.envs_per_worker
-    workers = max(1, envs // per_worker)
-    return dataclasses.replace(p, num_workers=workers, envs_per_worker=per_worker,
-                               min_batch_envs=p.min_batch_envs * workers * per_worker // own)
+    workers = p.num_workers if given("pipeline.num_workers") else max(1, envs // per_worker)
+    out = {"pipeline.num_workers": workers, "pipeline.envs_per_worker": per_worker}
+    if p.min_batch_envs and not given("pipeline.min_batch_envs"):
+        out["pipeline.min_batch_envs"] = p.min_batch_envs * workers * per_worker // own
+    out = {k: v for k, v in out.items() if not given(k)}
+    return out, (workers * per_worker if out else own)

@@ -17,12 +17,30 @@ FIELDS = ("obs", "action", "reward", "terminated", "truncated", "ignored", "ep_r
           "out.logits", "out.gaussian", "out.value", "policy_version")
 
 
+def open_pipeline(env: EnvConfig, pipe: PipelineConfig, make_policy, consume=False, bridge=None) -> Pipeline:
+    """A pipeline as a command without a family opens one: prepared (``prepare_pipeline``: checked, the env
+    described, the shape built), then started."""
+    from seedlocal.prepare import prepare_pipeline
+
+    spec, shape = prepare_pipeline(env, pipe, bridge)
+    return Pipeline(env, pipe, make_policy, spec, shape, consume=consume, bridge=bridge)
+
+
+def prepared(cfg):
+    """A run configuration built whole in a test, prepared as ``prepare_run`` takes one (checked, described,
+    shaped), for its family's ``train``."""
+    from seedlocal.families import of_config
+    from seedlocal.prepare import prepare_run
+
+    return prepare_run(cfg, of_config(cfg).recipe)
+
+
 def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, bridge=None, **pipe) -> Pipeline:
     """consume=True: the test must take and release completed unrolls (take_unrolls does)."""
     cfg = dict(num_workers=1, envs_per_worker=4, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
     cfg.update(pipe)
-    return Pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=consume,
-                    bridge=bridge)
+    return open_pipeline(EnvConfig(id=env, backend=backend), PipelineConfig(**cfg), make_policy, consume=consume,
+                         bridge=bridge)
 
 
 def collect_unrolls(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:

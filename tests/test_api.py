@@ -40,8 +40,8 @@ def gpu16(monkeypatch):
      dict(preset="atari", algo={"batch_size": 32}, network={"hidden": (32,)}, machine_sizing=False)),
     (["vtrace", "--preset", "atari", "--algo.batch-size", "32", "--pipeline.num-workers", "3"],
      {"preset": "atari", "algo.batch_size": 32, "pipeline.num_workers": 3}),
-    (["r2d2", "--env.id", "Breakout-v5", "--total-steps", "1000", "--network.obs-norm"],
-     dict(env={"id": "Breakout-v5"}, total_steps=1000, network={"obs_norm": True})),
+    (["r2d2", "--env.id", "Breakout-v5", "--total-steps", "1000", "--network.hidden", "48"],
+     dict(env={"id": "Breakout-v5"}, total_steps=1000, network={"hidden": (48,)})),
     (["es", "--env.id", "Hopper-v5", "--seconds", "5"], dict(env={"id": "Hopper-v5"}, seconds=5)),
 ])
 def test_overrides_build_the_config_the_command_line_builds(argv, overrides, gpu16, capsys):
@@ -49,7 +49,7 @@ def test_overrides_build_the_config_the_command_line_builds(argv, overrides, gpu
     dataclass from keywords as from the command line's options, and the same lines said."""
     from seedlocal.cli import _parse
 
-    from_cli = _parse(["train", *argv])[1]
+    from_cli = _parse(["train", *argv])[1].config
     said = capsys.readouterr().out
     assert seedlocal.run_config(argv[0], **overrides) == from_cli
     assert capsys.readouterr().out == said

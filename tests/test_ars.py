@@ -12,6 +12,7 @@ import torch
 from seedlocal.algos import ars
 from seedlocal.algos.neuroevo import noise
 from seedlocal.errors import ConfigError
+from helpers import prepared
 
 NAN, INF = float("nan"), float("inf")
 
@@ -199,7 +200,8 @@ def test_a_pair_its_centre_and_the_checkpoint_share_one_set_of_observation_stati
     from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
     from seedlocal.normalize import RunningNorm
     from seedlocal.policies.population import PopulationPolicy
-    from seedlocal.trainers.neuroevolution import ARSRun, train
+    from seedlocal.recipes.neuroevolution import ARSRun
+    from seedlocal.trainers.neuroevolution import train
 
     jobs = []  # (spare, statistics) of every job, in submission order
     submit = PopulationPolicy.submit
@@ -210,9 +212,9 @@ def test_a_pair_its_centre_and_the_checkpoint_share_one_set_of_observation_stati
         return job
 
     monkeypatch.setattr(PopulationPolicy, "submit", recorded)
-    train(ARSRun(env=EnvConfig(id="Pendulum-v1"), generations=3, network=NetworkConfig(hidden=(), obs_norm=True), best_episodes=2,
+    train(prepared(ARSRun(env=EnvConfig(id="Pendulum-v1"), generations=3, network=NetworkConfig(hidden=(), obs_norm=True), best_episodes=2,
                  pipeline=PipelineConfig(num_workers=1, envs_per_worker=8, unroll_length=8), log_dir=str(tmp_path),
-                 run_name="a", progress=False))
+                 run_name="a", progress=False)))
     # population 1, its centre, population 2, its centre, ..., population 4 (submitted, not awaited)
     assert [spare for spare, _ in jobs] == [False, True] * 3 + [False]
     populations, centres = [s for spare, s in jobs if not spare], [s for spare, s in jobs if spare]

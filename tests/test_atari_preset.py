@@ -17,7 +17,9 @@ import torch
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config.schema import EnvConfig
 from seedlocal.envs.spaces import describe
-from seedlocal.trainers.vtrace import PRESETS, build_model, train
+from seedlocal.recipes.vtrace import PRESETS, build_model
+from seedlocal.trainers.vtrace import train
+from helpers import prepared
 
 CATCH = "image_catch:ImageCatch1-v0"  # single frames, stacked 4 beside the network as the preset does
 CATCH_BUDGET = 150_000  # agent steps for the preset to reach a mean return of 3 (of 5) on Catch
@@ -41,7 +43,7 @@ def catch_config(tmp_path, algo: VTraceParams, steps: int, **kw):
 @pytest.mark.slow
 def test_atari_preset_learns_catch_from_pixels(tmp_path):
     cfg = catch_config(tmp_path, PRESETS["atari"].algo, CATCH_BUDGET, stop_at_return=3.0)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     # A random policy scores about -2.7 over the 5 balls of an episode.
     assert summary["steps_to_target"] is not None, f"no mean return of 3 within {CATCH_BUDGET} steps: {summary}"
     assert summary["return_at_target"] >= 3.0, summary
@@ -51,7 +53,7 @@ def test_atari_preset_learns_catch_from_pixels(tmp_path):
 def test_old_preset_does_not_learn_catch(tmp_path):
     """The guard above fails on the settings issue 7 replaced: with the same
     budget the old preset stays near the random policy's return."""
-    summary = train(catch_config(tmp_path, OLD_ATARI, CATCH_BUDGET, stop_at_return=3.0))
+    summary = train(prepared(catch_config(tmp_path, OLD_ATARI, CATCH_BUDGET, stop_at_return=3.0)))
     assert summary["steps_to_target"] is None and summary["mean_return_last20"] < 1.0, summary
 
 

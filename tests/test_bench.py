@@ -79,8 +79,9 @@ def test_the_learning_bench_batch_is_whole_groups_and_enough_unrolls_for_an_lstm
     from seedlocal.algos.vtrace import VTraceParams
     from seedlocal.config.schema import PipelineConfig
     from seedlocal.measure.bench import learning_batch
+    from seedlocal.shape import pipeline_shape
 
-    pipe = PipelineConfig(num_workers=2, envs_per_worker=4)  # 4 groups of 2 envs
+    pipe = pipeline_shape(PipelineConfig(num_workers=2, envs_per_worker=4))  # 4 groups of 2 envs
     assert learning_batch(VTraceParams(batch_size=4), pipe)[0] == 4  # the preset's own: whole groups
     assert learning_batch(VTraceParams(batch_size=5, minibatches=8), pipe)[0] == 4  # the nearest whole groups
     assert learning_batch(VTraceParams(batch_size=5, minibatches=8), pipe, lstm_size=16)[0] == 8  # 8 unrolls

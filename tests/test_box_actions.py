@@ -17,6 +17,7 @@ from seedlocal.config.schema import EnvConfig
 from seedlocal.envs.spaces import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
+from helpers import prepared
 
 ENVS = {"faulty_envs:BoxShaped-v0": (2, 3), "faulty_envs:BoxScalar-v0": ()}
 BUDGETS = {"vtrace": ["--total-steps", "400", "--preset", "cartpole"], "ga": ["--generations", "2"], "es": ["--generations", "2"],
@@ -47,7 +48,8 @@ def test_a_shaped_box_acts_through_the_bridge(tmp_path):
     from test_bridge import actors, finish, free_port
 
     from seedlocal.config.schema import BridgeConfig, PipelineConfig
-    from seedlocal.trainers.neuroevolution import ESRun, train
+    from seedlocal.recipes.neuroevolution import ESRun
+    from seedlocal.trainers.neuroevolution import train
 
     port = free_port()
     host = actors(port, "--allow-module", "faulty_envs", "--retry-s", "60")
@@ -56,7 +58,7 @@ def test_a_shaped_box_acts_through_the_bridge(tmp_path):
                     pipeline=PipelineConfig(num_workers=0, envs_per_worker=8, unroll_length=8),
                     bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=16),
                     generations=2, log_dir=str(tmp_path), run_name="es", progress=False)
-        summary = train(cfg)
+        summary = train(prepared(cfg))
     finally:
         out = finish(host)
     assert summary["generations"] == 2 and summary["frames"] > 0, summary
@@ -126,15 +128,17 @@ def test_ars_starts_at_the_centre_of_a_wide_box_and_learns_it(tmp_path):
     """Neuroevolution's networks output the action: ARS's linear policy from zero plays the centre of the box,
     (50, -7.5), for a return of 12 (0.6 a step), where clipping played (0, 0) for 4; 10 generations of its
     MuJoCo preset took it past 17 here (clipped: 4.4 after 20)."""
+    from helpers import prepared
     from seedlocal.config.schema import PipelineConfig
-    from seedlocal.trainers.neuroevolution import ARS_PRESETS, train
+    from seedlocal.recipes.neuroevolution import ARS_PRESETS
+    from seedlocal.trainers.neuroevolution import train
 
     runs = {}
     for generations in (1, 10):
         cfg = dataclasses.replace(ARS_PRESETS["mujoco"], env=EnvConfig(id=WIDE), generations=generations,
                                   seconds=0.0, pipeline=PipelineConfig(num_workers=1, envs_per_worker=16),
                                   log_dir=str(tmp_path), run_name=f"ars{generations}", progress=False)
-        runs[generations] = train(cfg)["best_member_return"]
+        runs[generations] = train(prepared(cfg))["best_member_return"]
     assert runs[1] == pytest.approx(12.0, abs=1e-3) and runs[10] >= 15, runs
 
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import leaked_segments
-from helpers import collect_unrolls
+from helpers import prepared, open_pipeline, collect_unrolls
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
 from seedlocal.policies import RandomPolicy
@@ -51,10 +51,10 @@ def free_port() -> int:
 
 def learner(remote_envs: int = 8, workers: int = 0, env: str = "CartPole-v1", address: str = "127.0.0.1",
             envs_per_worker: int = 8, **bridge) -> Pipeline:
-    return Pipeline(EnvConfig(id=env), PipelineConfig(num_workers=workers, envs_per_worker=envs_per_worker,
-                                                      unroll_length=8, env_threads=1, batch_timeout_ms=1.0),
-                    RandomPolicy, consume=True,
-                    bridge=BridgeConfig(listen=f"{address}:0", remote_envs=remote_envs, **bridge))
+    return open_pipeline(EnvConfig(id=env), PipelineConfig(num_workers=workers, envs_per_worker=envs_per_worker,
+                                                           unroll_length=8, env_threads=1, batch_timeout_ms=1.0),
+                         RandomPolicy, consume=True,
+                         bridge=BridgeConfig(listen=f"{address}:0", remote_envs=remote_envs, **bridge))
 
 
 def serve_until(pipe: Pipeline, done, seconds: float = 60.0) -> list[dict]:
@@ -159,7 +159,8 @@ def test_wire_messages_round_trip_and_malformed_ones_are_named():
 def test_bad_bridge_settings_are_refused_in_one_line(bridge, pipe, message, monkeypatch):
     monkeypatch.delenv("SEEDLOCAL_BRIDGE_TOKEN", raising=False)
     with pytest.raises(ConfigError, match=message) as e:
-        Pipeline(EnvConfig(), PipelineConfig(envs_per_worker=8, **pipe), RandomPolicy, bridge=BridgeConfig(**bridge))
+        open_pipeline(EnvConfig(), PipelineConfig(envs_per_worker=8, **pipe), RandomPolicy,
+                      bridge=BridgeConfig(**bridge))
     assert "\n" not in str(e.value)
 
 
@@ -908,7 +909,8 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
     the bridge), and a clean-clone CI run on 2026-11-26 failed so after 6
     minutes. Learning through the bridge is what this test guards; how high
     the local default goes is test_train_vtrace's."""
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.trainers.vtrace import train
 
     port = free_port()
     host = actors(port, "--retry-s", "60")
@@ -917,7 +919,7 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
                         bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=16),
                         total_steps=300_000, stop_at_return=200, log_dir=str(tmp_path), run_name="br",
                         progress=False, log_every_s=1.0)
-        summary = train(cfg)
+        summary = train(prepared(cfg))
     finally:
         out = finish(host)
     print("bridge vtrace summary:", summary)
@@ -932,7 +934,8 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
 
 
 def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
-    from seedlocal.trainers.neuroevolution import GARun, train
+    from seedlocal.recipes.neuroevolution import GARun
+    from seedlocal.trainers.neuroevolution import train
 
     import threading
 
@@ -956,7 +959,7 @@ def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
         cfg = GARun(pipeline=PipelineConfig(num_workers=1, envs_per_worker=32, unroll_length=8),
                     bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=32),
                     generations=6, log_dir=str(tmp_path), run_name="ga", progress=False)
-        summary = train(cfg)
+        summary = train(prepared(cfg))
     finally:
         starter.join(130)
         out = finish(hosts[0]) if hosts else "no host was started"
@@ -1153,7 +1156,7 @@ def test_a_port_in_use_is_refused_with_the_systems_reason():
         port = held.getsockname()[1]
         with pytest.raises(ConfigError, match=rf"bridge.listen='127.0.0.1:{port}': cannot listen on "
                                               rf"127.0.0.1:{port}: Address already in use"):
-            with Pipeline(EnvConfig(id="CartPole-v1"), PipelineConfig(num_workers=0, envs_per_worker=8),
-                          RandomPolicy, bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=8)):
+            with open_pipeline(EnvConfig(id="CartPole-v1"), PipelineConfig(num_workers=0, envs_per_worker=8),
+                               RandomPolicy, bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=8)):
                 pass
     assert not leaked_segments()

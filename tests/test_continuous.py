@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import tiny_pipeline
+from helpers import prepared, tiny_pipeline
 from seedlocal.algos.distributions import DiagGaussian
 from seedlocal.algos.vtrace import vtrace
 from seedlocal.normalize import RewardScaler, RunningNorm, merge_moments
@@ -275,14 +275,15 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
     (the run stops at 600: it passed 800 at about 37k steps here).
     Then the observation statistics come back bitwise from the checkpoint."""
     from seedlocal import checkpoint
-    from seedlocal.trainers.vtrace import PRESETS, VTraceRun, build_model, train
+    from seedlocal.recipes.vtrace import PRESETS, VTraceRun, build_model
+    from seedlocal.trainers.vtrace import train
     from seedlocal.config.schema import EnvConfig
     from seedlocal.envs.spaces import validate_env
 
     preset = PRESETS["mujoco"]
     cfg = VTraceRun(**{**preset.__dict__, "env": EnvConfig(id="InvertedPendulum-v5"), "total_steps": 80_000,
                        "stop_at_return": 600.0, "log_dir": str(tmp_path), "run_name": "ip", "progress": False})
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["mean_return_last20"] is not None and summary["mean_return_last20"] >= 500, summary
     saved = checkpoint.load(summary["run_dir"])
     model = build_model(cfg, validate_env(cfg.env))
@@ -297,7 +298,8 @@ def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path
     from seedlocal import checkpoint
     from seedlocal.algos.es import ESParams
     from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
-    from seedlocal.trainers.neuroevolution import ESRun, train
+    from seedlocal.recipes.neuroevolution import ESRun
+    from seedlocal.trainers.neuroevolution import train
 
     # ES here is not bitwise repeatable (which member plays in which slot, and the observation statistics
     # gathered from every 4th batch, follow the scheduling): 20 generations once ended at 159 in CI while
@@ -306,7 +308,7 @@ def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path
                 algo=ESParams(population_size=32, sigma=0.05, learning_rate=0.03), log_dir=str(tmp_path),
                 run_name="es", progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=32,
                                                                          unroll_length=8))
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["best_member_return"] >= 500, summary
     saved = checkpoint.load(summary["run_dir"])
     assert float(saved["obs_norm"]["count"]) > 0
@@ -322,15 +324,15 @@ def test_box_actions_cross_the_bridge_and_meet_the_bounds_on_the_actor_host(box_
 
     from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
     from seedlocal.networks import ActorCritic
-    from seedlocal.pipeline.pipeline import Pipeline
+    from helpers import open_pipeline
     from seedlocal.policies.actor_critic import ModelPolicy
 
     def make(spec, device):
         return ModelPolicy(ActorCritic(spec, init_std=5.0), spec)
 
     cfg = PipelineConfig(num_workers=0, envs_per_worker=8, unroll_length=8, env_threads=1, batch_timeout_ms=1.0)
-    with Pipeline(EnvConfig(id="box_envs:EchoAction-v0", box_actions=box_actions), cfg, make, consume=True,
-                  bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=8)) as pipe:
+    with open_pipeline(EnvConfig(id="box_envs:EchoAction-v0", box_actions=box_actions), cfg, make, consume=True,
+                       bridge=BridgeConfig(listen="127.0.0.1:0", remote_envs=8)) as pipe:
         host = actors(pipe.pool.bridge_port, "--allow-module", "box_envs")  # the host may import the env's module
         try:
             unrolls = serve_until(pipe, lambda us: len(us) >= 4)
@@ -354,7 +356,7 @@ def test_mujoco_presets_take_the_survival_bonus_out_of_the_fitness_only(algo):
     envs without a bonus keep their reward."""
     from types import SimpleNamespace
 
-    from seedlocal.trainers.neuroevolution import ARS_PRESETS, ES_PRESETS, fitness_shift
+    from seedlocal.recipes.neuroevolution import ARS_PRESETS, ES_PRESETS, fitness_shift
 
     cfg = {"es": ES_PRESETS, "ars": ARS_PRESETS}[algo]["mujoco"]
     shifts = {env: fitness_shift(cfg, SimpleNamespace(env_id=env))

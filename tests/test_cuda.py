@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import take_unrolls, tiny_pipeline
+from helpers import prepared, take_unrolls, tiny_pipeline
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.config.schema import EnvConfig, NetworkConfig
 from seedlocal.envs.spaces import validate_env
@@ -365,8 +365,8 @@ def test_graph_capture_while_the_learner_thread_is_busy():
 
 def _gpu_run(tmp_path, algo, **kw):
     from seedlocal.config.schema import PipelineConfig
-    from seedlocal.trainers.vtrace import VTraceRun
-    from seedlocal.trainers.r2d2 import R2D2Run
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.recipes.r2d2 import R2D2Run
 
     if algo == "vtrace":
         from seedlocal.algos.vtrace import VTraceParams as P
@@ -420,13 +420,13 @@ def test_training_end_to_end_on_cuda_then_resumed(tmp_path, algo):
     # R2D2 learns from acting envs only (12 of 16 here) at 4 replayed steps per step, 512 rows an update:
     # ~234 updates in 40k steps would sit too close to the bar, so it gets more steps.
     steps = 40_000 if algo == "vtrace" else 60_000
-    first = train(_gpu_run(tmp_path, algo, total_steps=steps))
+    first = train(prepared(_gpu_run(tmp_path, algo, total_steps=steps)))
     assert first["status"] == "done" and first["updates"] >= 200, first
     saved = checkpoint.load(first["run_dir"])
     assert all(t.device.type == "cpu" for t in saved["model"].values())  # saved as CPU tensors, loadable anywhere
     cfg = _gpu_run(tmp_path, algo, total_steps=steps + 4_000)
     cfg = type(cfg)(**{**cfg.__dict__, "resume": first["run_dir"], "run_name": ""})
-    second = train(cfg)
+    second = train(prepared(cfg))
     assert second["status"] == "done" and second["updates"] > first["updates"]
     assert second["steps"] >= steps + 4_000
 

@@ -202,22 +202,26 @@ def test_ranks_sample_and_explore_from_streams_of_their_own():
     rank: the ranks sampled their replays and explored alike. Each rank's streams, as its trainer seeds them, are
     its own, and so are a resumed session's (``stream_seed``: by seed, rank, purpose and the step it starts
     from); one process's first session keeps env.seed, as before."""
-    from seedlocal.envs.spaces import describe
+    from helpers import prepared
     from seedlocal.pipeline.ranks import Ranks
+    from seedlocal.prepare import for_rank
+    from seedlocal.recipes import r2d2 as r2d2_recipe
+    from seedlocal.recipes import vtrace as vtrace_recipe
     from seedlocal.trainers import r2d2, vtrace
     from seedlocal.trainers.run import stream_seed
 
-    spec, cpu = describe("CartPole-v1"), torch.device("cpu")
+    cpu = torch.device("cpu")
+    q, a = prepared(r2d2_recipe.PRESETS["cartpole"]), prepared(vtrace_recipe.PRESETS["cartpole"])
     draws = []
     for r in range(2):
         ranks = Ranks(r, 2, r, 60.0)
-        t = r2d2.R2D2Trainer(ranks.share(r2d2.PRESETS["cartpole"]), spec, cpu, ranks)
-        v = vtrace.VTraceTrainer(ranks.share(vtrace.PRESETS["cartpole"]), spec, cpu, ranks)
+        t = r2d2.R2D2Trainer(for_rank(q, r, 2, ranks.share(q.config)), cpu, ranks)
+        v = vtrace.VTraceTrainer(for_rank(a, r, 2, ranks.share(a.config)), cpu, ranks)
         draws.append((t.replay.rng.integers(1 << 30, size=8).tolist(),
                       torch.rand(8, generator=t.policy().generator).tolist(), torch.randperm(64, generator=v.shuffle).tolist()))
     assert all(a != b for a, b in zip(*draws)), draws
-    solo = r2d2.R2D2Trainer(r2d2.PRESETS["cartpole"], spec, cpu)
-    first = np.random.default_rng(r2d2.PRESETS["cartpole"].env.seed).integers(1 << 30, size=8).tolist()
+    solo = r2d2.R2D2Trainer(q, cpu)
+    first = np.random.default_rng(q.config.env.seed).integers(1 << 30, size=8).tolist()
     assert solo.replay.rng.integers(1 << 30, size=8).tolist() == first
     purposes = ("process", "replay", "epsilon", "shuffle")
     seeds = {stream_seed(1, r, what, start) for r in range(4) for what in purposes for start in (0, 5_000, 10_000)}
@@ -225,18 +229,19 @@ def test_ranks_sample_and_explore_from_streams_of_their_own():
 
 
 def test_a_run_its_ranks_cannot_divide_is_refused_before_any_rank_starts():
-    """What the command line and seedlocal.train ask before they start ranks (``families.check_learners``): the
+    """What the command line and seedlocal.train ask before they start ranks (``prepare.check_learners``): the
     run's envs divided among the ranks, and for R2D2 an env left to fill each rank's replay."""
+    from helpers import prepared
     from seedlocal.errors import ConfigError
-    from seedlocal.families import check_learners
-    from seedlocal.trainers.r2d2 import R2D2Run
-    from seedlocal.trainers.vtrace import VTraceRun
+    from seedlocal.prepare import check_learners
+    from seedlocal.recipes.r2d2 import R2D2Run
+    from seedlocal.recipes.vtrace import VTraceRun
 
-    assert check_learners(VTraceRun(learners=4)).name == "vtrace"  # 2 workers of 8: 1 worker of 4 a rank
+    check_learners(prepared(VTraceRun(learners=4)))  # 2 workers of 8: 1 worker of 4 a rank
     with pytest.raises(ConfigError, match=r"^pipeline.num_workers=2: 2 workers of 8 envs cannot be divided among 3 "):
-        check_learners(VTraceRun(learners=3))
+        check_learners(prepared(VTraceRun(learners=3)))
     with pytest.raises(ConfigError) as e:
-        check_learners(R2D2Run(learners=4))
+        check_learners(prepared(R2D2Run(learners=4)))
     assert str(e.value) == "algo.eval_envs=4: leaves no env of a learner rank's 4 to fill its replay (4 ranks)"
 
 
@@ -326,10 +331,11 @@ def test_a_target_met_by_an_all_reduce_after_the_last_log_gets_its_last_point():
     The final log must still be written, or the curve ends below the value that stopped the run."""
     from types import SimpleNamespace
 
-    from seedlocal.envs.spaces import describe
+    from helpers import prepared
+    from seedlocal.recipes.vtrace import PRESETS
     from seedlocal.trainers import vtrace
 
-    t = vtrace.VTraceTrainer(vtrace.PRESETS["cartpole"], describe("CartPole-v1"), torch.device("cpu"))
+    t = vtrace.VTraceTrainer(prepared(PRESETS["cartpole"]), torch.device("cpu"))
     stats = SimpleNamespace(forward_s=0.0, batches=0, batch_envs=0)
     t.iv = vtrace._Interval(0, stats, {"threads": 1, "wait_s": 0.0, "env_s": 0.0})
     assert not t.has_last_log()  # nothing since the last log: no final point
@@ -347,10 +353,11 @@ def test_r2d2_ranks_write_the_mean_over_ranks_of_their_returns():
     the last log gets a last point."""
     from types import SimpleNamespace
 
-    from seedlocal.envs.spaces import describe
+    from helpers import prepared
+    from seedlocal.recipes.r2d2 import PRESETS
     from seedlocal.trainers import r2d2
 
-    t = r2d2.R2D2Trainer(r2d2.PRESETS["cartpole"], describe("CartPole-v1"), torch.device("cpu"))
+    t = r2d2.R2D2Trainer(prepared(PRESETS["cartpole"]), torch.device("cpu"))
     t.feeder.recent_train.extend([10.0, 20.0])
     assert t._returns() == (15.0, None)  # one process: its own
     t.ranks = SimpleNamespace(world=2)
@@ -397,31 +404,36 @@ def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
     serve remote envs; its shape (the trainer's, from that config) the run's divided: 3 workers of 8 envs on 2
     ranks are 12 envs a rank, in 3 workers of 4 (whose groups of 2 divide the run's of 4). One process's config
     is left as it is."""
+    from helpers import prepared
     from seedlocal.config.schema import BridgeConfig, PipelineConfig
     from seedlocal.pipeline.ranks import Ranks
-    from seedlocal.shape import pipeline_shape
-    from seedlocal.trainers.vtrace import VTraceRun, shape_needs
+    from seedlocal.prepare import for_rank
+    from seedlocal.recipes.vtrace import PRESETS, VTraceRun
+
+    def rank(r: int, cfg):
+        run = prepared(cfg)
+        return for_rank(run, r, 2, Ranks(r, 2, r, 60.0).share(run.config))
 
     cfg = VTraceRun(pipeline=PipelineConfig(num_workers=3, envs_per_worker=8, device="cpu"),
                     bridge=BridgeConfig(listen="127.0.0.1:50051", remote_envs=8))
     assert Solo().share(cfg) is cfg
-    one = Ranks(1, 2, 1, 60.0).share(cfg)
+    one = rank(1, cfg)
     cores = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert one.pipeline.learner_threads == cores
-    assert one.bridge.listen == "127.0.0.1:50052" and one.bridge.remote_envs == 8
-    shape = pipeline_shape(one.pipeline, one.bridge, shape_needs(one), rank=1, ranks=2)
+    assert one.config.pipeline.learner_threads == cores
+    assert one.config.bridge.listen == "127.0.0.1:50052" and one.config.bridge.remote_envs == 8
+    shape = one.shape
     assert (shape.num_workers, shape.envs_per_worker, shape.num_local_envs, shape.num_envs) == (3, 4, 12, 20)
     assert cfg.pipeline.num_workers == 3 and cfg.algo.batch_size == 4  # the run's own config is untouched
-    assert one.algo.batch_size == 2  # the run's batch of one group of 4, split: a rank's group of 2
-    from seedlocal.trainers.vtrace import PRESETS
+    assert one.config.algo.batch_size == 2  # the run's batch of one group of 4, split: a rank's group of 2
+    assert one.saved_config == cfg  # what its checkpoints hold: the run's
 
-    minatar = Ranks(0, 2, 0, 60.0).share(PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
-    assert pipeline_shape(minatar.pipeline, ranks=2).num_workers == 1
-    assert minatar.algo.batch_size == 16  # the run's batch, split
-    assert Ranks(0, 2, 0, 60.0).share(PRESETS["cartpole"]).algo.batch_size == 4  # 2 is no whole group of 4
-    remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, device="cpu"),
+    minatar = rank(0, PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
+    assert minatar.shape.num_workers == 1
+    assert minatar.config.algo.batch_size == 16  # the run's batch, split
+    assert rank(0, PRESETS["cartpole"]).config.algo.batch_size == 4  # 2 is no whole group of 4
+    remote_only = VTraceRun(pipeline=PipelineConfig(num_workers=0, envs_per_worker=8, device="cpu"),
                             bridge=BridgeConfig(listen=":0", remote_envs=32))
-    shared = Ranks(0, 2, 0, 60.0).share(remote_only)
+    shared = rank(0, remote_only).config
     assert shared.pipeline.num_workers == 0 and shared.bridge.listen == ":0"
 
 
@@ -660,7 +672,7 @@ def test_ranks_whose_states_differ_stop_the_run():
     from seedlocal.envs.spaces import describe
     from seedlocal.networks import PolicyNet
     from seedlocal.trainers.evolvers import ESEvolver, RanksDiverged
-    from seedlocal.trainers.neuroevolution import ESRun
+    from seedlocal.recipes.neuroevolution import ESRun
 
     evolver = ESEvolver(ESRun(), ParamSpace(PolicyNet(describe("CartPole-v1"))))
     twin = ESEvolver(ESRun(), ParamSpace(PolicyNet(describe("CartPole-v1"))))

@@ -130,13 +130,14 @@ def test_ctrl_c_in_a_long_eval_prints_and_saves_the_returns_so_far(tmp_path):
 
     import psutil
     from conftest import seedlocal_segments
-    from helpers import TESTS, terminal_like
+    from helpers import prepared, TESTS, terminal_like
 
     from seedlocal.config.schema import EnvConfig, PipelineConfig
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.trainers.vtrace import train
 
-    train(VTraceRun(env=EnvConfig(id="faulty_envs:EvenSeedsEnd-v0"), total_steps=200, log_dir=str(tmp_path),
-                    run_name="e", progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=4)))
+    train(prepared(VTraceRun(env=EnvConfig(id="faulty_envs:EvenSeedsEnd-v0"), total_steps=200, log_dir=str(tmp_path),
+                    run_name="e", progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=4))))
     out_file = tmp_path / "returns" / "eval.json"
     env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "seedlocal", "eval", "--checkpoint", str(tmp_path / "e"),

@@ -10,6 +10,7 @@ import torch
 
 from seedlocal.algos.frames import FrameHistory, UnrollStacks, net_spec, stack_problem, stacking
 from seedlocal.spec import EnvSpec, TensorSpec
+from helpers import prepared
 
 S, E, T, H = 4, 2, 5, 2  # stack, envs per group, unroll length, frame side
 FRAME = TensorSpec((1, H, H), "uint8")
@@ -108,14 +109,15 @@ def test_a_sync_run_learns_from_the_stacks_its_actors_acted_on(tmp_path):
 
     from seedlocal.algos.vtrace import VTraceParams
     from seedlocal.config.schema import EnvConfig, PipelineConfig
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.trainers.vtrace import train
     from test_train_vtrace import scalars
 
     algo = dataclasses.replace(VTraceParams(), batch_size=4, precision="fp32")
     cfg = VTraceRun(env=EnvConfig(id="image_catch:ImageCatch1-v0"), frame_stack=4, algo=algo, total_steps=1500,
                     pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=16),
                     log_dir=str(tmp_path), run_name="s", progress=False, log_every_s=0.2)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["updates"] >= 10, summary
     rho = [v for _, v in scalars(tmp_path / "s")[0]["losses/mean_rho"]]
     assert rho and min(rho) > 0.99999, rho
@@ -128,19 +130,20 @@ def test_a_checkpoint_from_before_the_stacks_still_plays_and_resumes(tmp_path):
 
     from seedlocal import checkpoint
     from seedlocal.config.schema import EnvConfig, PipelineConfig
-    from seedlocal.trainers.vtrace import PRESETS, from_checkpoint, train
+    from seedlocal.recipes.vtrace import PRESETS
+    from seedlocal.trainers.vtrace import from_checkpoint, train
 
     preset = PRESETS["atari"]
     old = dataclasses.replace(preset, env=EnvConfig(id="Pong-v5"), frame_stack=0, total_steps=300,
                               algo=dataclasses.replace(preset.algo, batch_size=4, echo=1, minibatches=1),
                               pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=8),
                               log_dir=str(tmp_path), run_name="old", progress=False)
-    train(old)
+    train(prepared(old))
     state = checkpoint.load(tmp_path / "old")
     assert "frame_stack" not in state["identity"] and "env_frame_stack" not in state["identity"]
     policy = from_checkpoint(state, torch.device("cpu"))
     assert policy.frames is None and policy.model.encoder.conv[0].in_channels == 4
     actions, _, _ = policy.act({"": torch.zeros(2, 4, 84, 84, dtype=torch.uint8)}, None, np.arange(2), np.ones(2, bool))
     assert actions.shape == (2,)
-    again = train(dataclasses.replace(old, total_steps=600, resume=str(tmp_path / "old")))
+    again = train(prepared(dataclasses.replace(old, total_steps=600, resume=str(tmp_path / "old"))))
     assert again["steps"] >= 600

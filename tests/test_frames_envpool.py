@@ -26,7 +26,8 @@ from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shm.rollout import RolloutLayout
 from seedlocal.spec import TensorSpec, starts_episode
-from seedlocal.trainers import r2d2, vtrace
+from seedlocal.recipes import r2d2, vtrace
+from seedlocal.trainers.r2d2 import make_replay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder
 
 CPU = torch.device("cpu")
@@ -195,7 +196,7 @@ def _check_r2d2_replay(segments: list[Segment], groups: int, T: int, rng) -> Non
     preset = r2d2.PRESETS["atari"]
     cfg = dataclasses.replace(preset, algo=dataclasses.replace(preset.algo, burn_in=3, unroll_length=T,
                                                                replay_size=n * len(want)))
-    replay = r2d2.make_replay(cfg, describe("Pong-v5", "envpool", 1), n, CORE.shape)
+    replay = make_replay(cfg, describe("Pong-v5", "envpool", 1), n, CORE.shape, seed=0)
     feeder = ReplayFeeder(replay, np.zeros(n, bool), E, T, ["obs"], 1.0, 1, 1)
     rows_of = [[] for _ in range(n)]  # each stream's steps: (buffer, row)
     for b in _handed_on(order, rng):

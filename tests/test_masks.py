@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import leaked_segments
-from helpers import seedlocal_runs
+from helpers import prepared, seedlocal_runs
 
 from seedlocal.algos.distributions import Categorical
 from seedlocal.algos.r2d2 import double_q_bootstrap, inverse_value_rescale
@@ -152,11 +152,12 @@ MASKED_RETURN, MASKED_BUDGET = 15.0, 40_000
 def test_vtrace_learns_the_masked_game_within_budget(tmp_path):
     """Pick's best return is 20 and a uniformly random legal policy earns about 5.4; with its mask V-trace's
     defaults reach a mean of 15 over 20 episodes within 40k steps (about 6k in the runs of docs/masks.md)."""
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.trainers.vtrace import train
 
     cfg = VTraceRun(env=EnvConfig(id=PICK), total_steps=MASKED_BUDGET, stop_at_return=MASKED_RETURN,
                     log_dir=str(tmp_path), run_name="m", progress=False)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["steps_to_target"] is not None and summary["steps_to_target"] <= MASKED_BUDGET, summary
 
 

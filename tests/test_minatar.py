@@ -12,6 +12,7 @@ from seedlocal.envs import ids
 from seedlocal.envs.ids import register_namespace
 from seedlocal.envs.make import make_group
 from seedlocal.envs.spaces import describe
+from helpers import prepared
 
 needs_minatar = pytest.mark.skipif(importlib.util.find_spec("minatar") is None,
                                    reason="minatar is not installed (pip install -e '.[minatar]')")
@@ -95,11 +96,13 @@ def test_vtrace_minatar_preset_learns_breakout(tmp_path):
     (docs/minatar.md)."""
     import dataclasses
 
-    from seedlocal.trainers.vtrace import PRESETS, train
+    from seedlocal.recipes.vtrace import PRESETS
+
+    from seedlocal.trainers.vtrace import train
 
     cfg = dataclasses.replace(PRESETS["minatar"], total_steps=150_000, stop_at_return=3.0, log_dir=str(tmp_path),
                               run_name="bo", progress=False)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     # The 20-episode mean that stopped the run (episodes that end while it stops can leave the final one
     # below: 2.85 after 3.0 in one CI run).
     assert summary["steps_to_target"] is not None and summary["return_at_target"] >= 3.0, summary
@@ -114,9 +117,11 @@ def test_r2d2_minatar_preset_learns_breakout(tmp_path):
     steps; a SEED-shaped preset stayed at 0.4)."""
     import dataclasses
 
-    from seedlocal.trainers.r2d2 import PRESETS, train
+    from seedlocal.recipes.r2d2 import PRESETS
+
+    from seedlocal.trainers.r2d2 import train
 
     cfg = dataclasses.replace(PRESETS["minatar"], total_steps=300_000, stop_at_return=4.0, log_dir=str(tmp_path),
                               run_name="bo", progress=False)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["eval_return_last20"] is not None and summary["eval_return_last20"] >= 2.0, summary

@@ -1,6 +1,7 @@
 """Neuroevolution end to end: population inference, the work queue, GA and ES learning."""
 
 import contextlib
+import dataclasses
 import json
 import re
 from collections import deque
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import tiny_pipeline
+from helpers import prepared, tiny_pipeline
 from seedlocal import checkpoint
 from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.config.schema import EnvConfig
@@ -18,7 +19,8 @@ from seedlocal.envs.spaces import validate_env
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
 from seedlocal.networks import PolicyNet
-from seedlocal.trainers.neuroevolution import ESRun, GARun, RandomSearchRun, train
+from seedlocal.recipes.neuroevolution import ESRun, GARun, RandomSearchRun
+from seedlocal.trainers.neuroevolution import train
 from seedlocal.policies.population import PopulationForward, PopulationPolicy
 
 GA_FRAME_BUDGET = 1_000_000  # CartPole-v1: best member >= 475 over 5 episodes within this many frames
@@ -249,7 +251,7 @@ def test_a_job_normalises_every_step_by_the_statistics_it_was_submitted_with(str
 def test_ga_learns_cartpole(tmp_path):
     cfg = GARun(generations=0, total_frames=GA_FRAME_BUDGET, stop_at_return=475, log_dir=str(tmp_path),
                 run_name="ga", progress=False)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["frames_to_target"] is not None and summary["frames_to_target"] <= GA_FRAME_BUDGET, summary
     assert summary["best_member_return"] >= 475
     state = checkpoint.load(tmp_path / "ga")
@@ -264,7 +266,7 @@ def test_ga_learns_cartpole(tmp_path):
 def test_es_learns_cartpole(tmp_path):
     cfg = ESRun(generations=0, total_frames=ES_FRAME_BUDGET, stop_at_return=475, log_dir=str(tmp_path),
                 run_name="es", progress=False)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["frames_to_target"] is not None and summary["frames_to_target"] <= ES_FRAME_BUDGET, summary
 
 
@@ -276,9 +278,9 @@ def test_resume_restores_each_algorithm_bitwise_and_continues(tmp_path, run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from test_train_vtrace import assert_same_state
 
-    first = train(run(generations=2, log_dir=str(tmp_path), run_name="b", progress=False))
+    first = train(prepared(run(generations=2, log_dir=str(tmp_path), run_name="b", progress=False)))
     saved = checkpoint.load(tmp_path / "b")
-    train(run(generations=2, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False))
+    train(prepared(run(generations=2, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False)))
     restored = checkpoint.load(tmp_path / "b")
     for key in ("algo_state", "best_params", "best_return", "counters", "identity"):
         assert_same_state(saved[key], restored[key], key)
@@ -291,7 +293,7 @@ def test_resume_restores_each_algorithm_bitwise_and_continues(tmp_path, run):
     members = cfg.algo.population_size * cfg.episodes_per_member * 2
     assert members <= saved["counters"]["episodes"] <= saved["counters"]["frames"], saved["counters"]
 
-    second = train(run(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False))
+    second = train(prepared(run(generations=3, log_dir=str(tmp_path), resume=str(tmp_path / "b"), progress=False)))
     assert second["generations"] == 3
     if run is RandomSearchRun:  # keeps the best ever seen
         assert second["best_member_return"] >= first["best_member_return"]
@@ -457,8 +459,8 @@ def test_a_run_stopped_inside_its_first_generation_shows_progress_and_counts_its
     time budget, the run reports the frames it stepped (it reported 0)."""
     # The clock starts before the spawned workers have imported and made their envs: 6 s leaves a loaded
     # 2-core machine seconds of stepping after that.
-    summary = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=6.0, run_name="s",
-                                progress=True))
+    summary = train(prepared(_endless_ga(tmp_path, max_episode_frames=0, generations=0, seconds=6.0, run_name="s",
+                                progress=True)))
     err = capsys.readouterr().err
     shown = re.findall(r"gen +1  members +0/8 finished  frames +([\d,]+)  frames/s +[\d,]+  longest episode [\d,]+ "
                        r"frames", err)
@@ -473,8 +475,8 @@ def test_the_frame_budget_holds_inside_a_generation(tmp_path):
     """--total-frames sees a generation's frames as they are stepped: a
     generation that never ends is abandoned once they reach the budget."""
     # --seconds only so that a run that missed its frame budget ends (and fails) instead of hanging.
-    summary = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, total_frames=500, seconds=20.0,
-                                run_name="f"))
+    summary = train(prepared(_endless_ga(tmp_path, max_episode_frames=0, generations=0, total_frames=500, seconds=20.0,
+                                run_name="f")))
     assert summary["stopped_by"] == "frames" and summary["generations"] == 0, summary
     assert summary["frames"] >= 500, summary
 
@@ -486,11 +488,11 @@ def test_the_frame_cap_lets_endless_episodes_end_scored_on_their_return_so_far(t
     import gymnasium
 
     from seedlocal.trainers.evolvers import GAEvolver
-    from seedlocal.trainers.neuroevolution import build_policy
+    from seedlocal.recipes.neuroevolution import build_policy
 
     cap = 40
     cfg = _endless_ga(tmp_path, max_episode_frames=cap, generations=1, run_name="cap")
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["generations"] == 1, summary
     spec = validate_env(cfg.env)
     evolver = GAEvolver(cfg, ParamSpace(build_policy(cfg, spec)))  # generation 1's population, rebuilt
@@ -521,17 +523,17 @@ def test_counters_after_a_stop_inside_a_generation_and_a_resume(tmp_path):
     the checkpoint as it was, and a resumed run evaluates that generation
     again, counting its frames from the checkpoint's."""
     run_dir = tmp_path / "r"
-    first = train(_endless_ga(tmp_path, max_episode_frames=40, generations=1, run_name="r"))
+    first = train(prepared(_endless_ga(tmp_path, max_episode_frames=40, generations=1, run_name="r")))
     saved = checkpoint.load(run_dir)["counters"]
     assert first["frames"] == saved["frames"] > 0 and first["episodes"] == saved["episodes"] >= 10
     # Resumed without the cap, generation 2 cannot end: a frame budget stops the run inside it (a time budget
     # would leave what it stepped there to the machine's load; --seconds only ends a run that missed it).
-    stopped = train(_endless_ga(tmp_path, max_episode_frames=0, generations=0, total_frames=saved["frames"] + 200,
-                                seconds=60.0, resume=str(run_dir)))
+    stopped = train(prepared(_endless_ga(tmp_path, max_episode_frames=0, generations=0, total_frames=saved["frames"] + 200,
+                                seconds=60.0, resume=str(run_dir))))
     assert stopped["stopped_by"] == "frames" and stopped["generations"] == 1, stopped
     assert stopped["frames"] >= saved["frames"] + 200 and stopped["episodes"] == saved["episodes"], stopped
     assert checkpoint.load(run_dir)["counters"] == saved
-    done = train(_endless_ga(tmp_path, max_episode_frames=40, generations=2, resume=str(run_dir)))
+    done = train(prepared(_endless_ga(tmp_path, max_episode_frames=40, generations=2, resume=str(run_dir))))
     after = checkpoint.load(run_dir)["counters"]
     assert after["generation"] == done["generations"] == 2
     assert done["frames"] == after["frames"] and done["episodes"] == after["episodes"], (done, after)
@@ -547,15 +549,20 @@ def test_the_frame_cap_defaults_by_env_kind():
     step), no cap otherwise; 0 turns it off; below -1 is refused naming the
     field."""
     from seedlocal.errors import ConfigError
-    from seedlocal.trainers.neuroevolution import episode_frame_cap, episode_step_cap, validate
+    from seedlocal.recipes.neuroevolution import episode_frame_cap
+    from seedlocal.trainers.neuroevolution import episode_step_cap
 
-    atari, cartpole = validate_env(EnvConfig(id="Pong-v5")), validate_env(EnvConfig(id="CartPole-v1"))
-    assert (episode_frame_cap(GARun(), atari), episode_step_cap(GARun(), atari)) == (20_000, 5_000)
-    assert episode_step_cap(GARun(max_episode_frames=10_001), atari) == 2_501  # the step whose frames reach it
-    assert episode_frame_cap(GARun(max_episode_frames=0), atari) == 0
-    assert episode_frame_cap(ESRun(), cartpole) == 0
-    assert episode_frame_cap(GARun(max_episode_frames=500), cartpole) == 500
-    grid = validate_env(EnvConfig(id="grid_envs:BoolGrid-v0"))
-    assert (episode_frame_cap(ESRun(), grid), episode_step_cap(ESRun(), grid)) == (10_000, 10_000)
+    def run(cfg, env_id):
+        return prepared(dataclasses.replace(cfg, env=EnvConfig(id=env_id)))
+
+    atari = run(GARun(), "Pong-v5")
+    assert (episode_frame_cap(atari.config, atari.kind), episode_step_cap(atari)) == (20_000, 5_000)
+    assert episode_step_cap(run(GARun(max_episode_frames=10_001), "Pong-v5")) == 2_501  # the step reaching it
+    assert episode_frame_cap(GARun(max_episode_frames=0), atari.kind) == 0
+    cartpole = run(ESRun(), "CartPole-v1")
+    assert episode_frame_cap(cartpole.config, cartpole.kind) == 0
+    assert episode_frame_cap(GARun(max_episode_frames=500), cartpole.kind) == 500
+    grid = run(ESRun(), "grid_envs:BoolGrid-v0")
+    assert (episode_frame_cap(grid.config, grid.kind), episode_step_cap(grid)) == (10_000, 10_000)
     with pytest.raises(ConfigError, match="max_episode_frames=-2"):
-        validate(GARun(max_episode_frames=-2))
+        prepared(GARun(max_episode_frames=-2))

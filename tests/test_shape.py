@@ -110,19 +110,17 @@ def test_refusals_are_one_line_naming_the_field(pipe, bridge, needs, prefix, mes
 def test_each_trainer_declares_what_it_needs():
     """The defaults each trainer chose for itself before the shape existed: V-trace one unroll per group and at
     least a batch, R2D2 two per group of its own unroll length, neuroevolution three per group."""
-    from seedlocal.trainers import r2d2, vtrace
-    from seedlocal.trainers.neuroevolution import NeuroevoTrainer
-    from seedlocal.trainers.r2d2 import R2D2Run
-    from seedlocal.trainers.vtrace import VTraceRun
+    from seedlocal.families import recipe
 
-    for cfg in (VTraceRun(), vtrace.PRESETS["atari"]):
-        s = pipeline_shape(cfg.pipeline, cfg.bridge, vtrace.VTraceTrainer.needs(cfg))
+    vtrace, r2d2 = recipe("vtrace"), recipe("r2d2")
+    for cfg in (vtrace.run(), vtrace.presets["atari"]):
+        s = pipeline_shape(cfg.pipeline, cfg.bridge, vtrace.needs(cfg))
         k = cfg.algo.batch_size // s.envs_per_group
         assert (s.unrolls_per_batch, s.num_buffers) == (k, max(s.num_groups, k))
-    cfg = R2D2Run()
-    s = pipeline_shape(cfg.pipeline, cfg.bridge, r2d2.R2D2Trainer.needs(cfg))
+    cfg = r2d2.run()
+    s = pipeline_shape(cfg.pipeline, cfg.bridge, r2d2.needs(cfg))
     assert (s.unroll_length, s.num_buffers) == (cfg.algo.unroll_length, 2 * s.num_groups)
-    assert NeuroevoTrainer.needs(cfg) == ShapeNeeds()
+    assert recipe("ga").needs(cfg) == ShapeNeeds()
 
 
 # -- nowhere else ----------------------------------------------------------------------
@@ -229,16 +227,17 @@ def test_a_learner_ranks_shape_is_the_runs_divided():
     ranks together step the run's envs, and each waits for its share of the run's min batch, no more than half of
     its envs (a worker's other group steps meanwhile)."""
     from seedlocal.config.machine import Machine
+    from seedlocal.config.request import Request
+    from seedlocal.families import recipe
     from seedlocal.pipeline.ranks import Ranks
-    from seedlocal.trainers import r2d2
+    from seedlocal.prepare import for_rank, prepare
 
-    atari = r2d2.PRESETS["atari"].sized_for(Machine(16, True))
-    for cfg, G, want in [(atari, 2, (4, 16, 64, 32)), (atari, 4, (2, 16, 32, 16)),
-                         (r2d2.PRESETS["minatar"], 4, (1, 8, 8, 2))]:
-        run = pipeline_shape(cfg.pipeline, cfg.bridge, r2d2.shape_needs(cfg))
+    atari = prepare(Request("r2d2", {}, preset="atari"), recipe("r2d2"), Machine(16, True))
+    minatar = prepare(Request("r2d2", {}, preset="minatar"), recipe("r2d2"), Machine(2, False))
+    for prepared, G, want in [(atari, 2, (4, 16, 64, 32)), (atari, 4, (2, 16, 32, 16)), (minatar, 4, (1, 8, 8, 2))]:
+        cfg, run = prepared.config, prepared.shape
         for r in range(G):
-            share = Ranks(r, G, r, 60.0).share(cfg)
-            s = pipeline_shape(share.pipeline, share.bridge, r2d2.R2D2Trainer.needs(share), rank=r, ranks=G)
+            s = for_rank(prepared, r, G, Ranks(r, G, r, 60.0).share(cfg)).shape
             assert (s.num_workers, s.envs_per_worker, s.num_envs, s.min_batch_envs) == want, (cfg.env.id, G)
             assert G * s.num_envs == run.num_envs and G * s.min_batch_envs == run.min_batch_envs
             assert s.min_batch_envs <= s.num_envs // 2 and (s.rank, s.ranks) == (r, G)

@@ -1,6 +1,6 @@
 """Sized to the machine (issue 33, item 1): a preset's sizes follow the machine's cores and whether the run's
-device is a GPU (``RunConfig.sized_for``); the command line sizes the preset it picks, and what is given on it
-still wins. No test here starts an env or needs a GPU."""
+device is a GPU (each recipe's ``sizing`` rule, applied by ``prepare``); what the user gives still wins, and what
+follows from it is derived again (issue 44, item 8). No test here starts an env or needs a GPU."""
 
 from __future__ import annotations
 
@@ -9,16 +9,23 @@ import dataclasses
 import pytest
 
 from seedlocal.config.machine import Machine, usable_cores
+from seedlocal.config.request import Request
 from seedlocal.config.resume import config_changes
-from seedlocal.families import TABLE, family
+from seedlocal.families import TABLE, recipe
+from seedlocal.prepare import prepare
 
 CPU2, CPU16 = Machine(2, False), Machine(16, False)
 GPU8, GPU16, GPU64 = Machine(8, True), Machine(16, True), Machine(64, True)
 
 
+def _sized(name: str, preset: str, machine: Machine, **options):
+    """The run ``seedlocal train <name> --preset <preset>`` with ``options`` prepares on ``machine``."""
+    return prepare(Request(name, options, preset=preset), recipe(name), machine)
+
+
 def _changes(name: str, preset: str, machine: Machine) -> dict:
-    before = family(name).presets[preset]
-    return {c.split(":")[0]: c.split(" -> ")[1] for c in config_changes(before, before.sized_for(machine))}
+    before = recipe(name).presets[preset]
+    return {c.split(":")[0]: c.split(" -> ")[1] for c in config_changes(before, _sized(name, preset, machine).config)}
 
 
 @pytest.mark.parametrize("machine", [CPU2, CPU16], ids=str)
@@ -27,8 +34,8 @@ def test_a_cpu_machine_keeps_every_preset(machine):
     measured at their sizes: every preset of every family comes out equal to itself. A 16-core CPU without a
     GPU keeps them too: no CPU-only many-core run has been measured, so there is no sizing to give it."""
     for name in TABLE:
-        for preset, cfg in family(name).presets.items():
-            assert cfg.sized_for(machine) == cfg, (name, preset)
+        for preset, cfg in recipe(name).presets.items():
+            assert _sized(name, preset, machine).config == cfg, (name, preset)
 
 
 VTRACE_ATARI = {
@@ -60,38 +67,66 @@ def test_the_sizing_of_each_preset(name, preset, machine):
     assert _changes(name, preset, machine) == EXPECTED[name, preset].get(machine, {})
 
 
-def _check_shape(name: str, cfg) -> None:
-    """The checks ``validate`` makes of a config's sizes, without describing or starting an env."""
-    from seedlocal.shape import ShapeNeeds, pipeline_shape
-
-    module = __import__(TABLE[name][0], fromlist=["_"])
-    needs = getattr(module, "shape_needs", lambda cfg: ShapeNeeds())(cfg)
-    shape = pipeline_shape(cfg.pipeline, cfg.bridge, needs)
-    a = cfg.algo
-    if hasattr(a, "minibatches"):  # V-trace
-        assert a.minibatches <= (1 if cfg.network.lstm_size else shape.unroll_length) * a.batch_size
-    if hasattr(a, "eval_envs"):  # R2D2
-        assert a.eval_envs < shape.num_envs and cfg.pipeline.min_batch_envs <= shape.num_envs
-    if hasattr(cfg, "algo_module"):  # neuroevolution
-        cfg.algo_module.validate(a)
-
-
 @pytest.mark.parametrize("machine", [CPU2, GPU8, GPU16, GPU64, Machine(3, True), Machine(1000, True)], ids=str)
 def test_every_sized_preset_keeps_a_valid_shape(machine):
+    """Preparation builds and checks the sized run's shape and the family's checks (a V-trace batch of whole
+    groups, R2D2's evaluation envs, a valid population) on every machine."""
     for name in TABLE:
-        for cfg in family(name).presets.values():
-            _check_shape(name, cfg.sized_for(machine))
+        for preset in recipe(name).presets:
+            _sized(name, preset, machine)
 
 
 def test_remote_envs_stay_whole_workers():
     """bridge.remote_envs must be a multiple of a worker's envs: where the sized workers' 32 do not divide it,
     the preset's 16 stay (and the workers are counted in them)."""
-    preset = family("vtrace").presets["atari"]
     for remote, per_worker, workers in ((64, 32, 4), (48, 16, 8)):
-        cfg = dataclasses.replace(preset, bridge=dataclasses.replace(preset.bridge, listen=":1", remote_envs=remote))
-        sized = cfg.sized_for(GPU16)
+        sized = _sized("vtrace", "atari", GPU16, **{"bridge.listen": ":1", "bridge.remote_envs": remote}).config
         assert (sized.pipeline.envs_per_worker, sized.pipeline.num_workers) == (per_worker, workers)
-        _check_shape("vtrace", sized)
+
+
+def test_a_size_given_is_kept_and_what_follows_from_it_is_derived_again():
+    """Issue 44, item 8: ``--pipeline.num-workers 1`` on a sized GPU run kept the sized batch of 128 over its
+    32 envs. The batch (all local envs) and its minibatches (16 unrolls each) follow the size that holds."""
+    cfg = _sized("vtrace", "atari", GPU16, **{"pipeline.num_workers": 1}).config
+    assert (cfg.pipeline.num_workers, cfg.pipeline.envs_per_worker, cfg.algo.batch_size, cfg.algo.minibatches) == (
+        1, 32, 32, 2)
+    # Workers of the 32 envs given fill the machine's 128; the min batch (the preset's 8, of the 32 envs given)
+    # grows with them.
+    cfg = _sized("r2d2", "atari", GPU16, **{"pipeline.envs_per_worker": 32}).config
+    assert (cfg.pipeline.num_workers, cfg.pipeline.envs_per_worker, cfg.pipeline.min_batch_envs) == (4, 32, 32)
+    cfg = _sized("vtrace", "atari", GPU16, **{"pipeline.num_workers": 4, "pipeline.envs_per_worker": 32}).config
+    assert cfg.algo.batch_size == 16  # every size given: the machine sizes nothing, the preset's batch holds
+
+
+def test_sizing_reads_the_env_given_not_the_presets():
+    """Issue 44, item 8: the Atari preset run on a MinAtar game is sized as a MinAtar run (actors ahead on a GPU,
+    no Atari widening), not as the preset's own Pong."""
+    cfg = _sized("vtrace", "atari", GPU16, **{"env.id": "MinAtar/Breakout-v1", "env.frame_stack": 0,
+                                              "frame_stack": 0, "network.encoder": "minatar"}).config
+    preset = recipe("vtrace").presets["atari"]
+    assert (cfg.algo.sync, cfg.pipeline.num_workers, cfg.algo.batch_size) == ("off", preset.pipeline.num_workers,
+                                                                            preset.algo.batch_size)
+
+
+def test_a_pipeline_file_is_given_options_and_its_device_is_the_one_sized_for(tmp_path, monkeypatch):
+    """Issue 44, item 8: ``--pipeline-config`` was applied after sizing, and sizing read the preset's device.
+    Its fields are given options (beneath the command line's): the machine sizes none of them (every size is
+    given), the batch follows them (whole groups of its 12), and the machine is the one its device names."""
+    import json
+
+    path = tmp_path / "pipeline.json"
+    path.write_text(json.dumps({"pipeline": {"num_workers": 2, "envs_per_worker": 24, "device": "cuda"}}))
+    asked = []
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, device: asked.append(device) or GPU16))
+    import seedlocal.config.checks as checks
+
+    monkeypatch.setattr(checks, "resolve_device", lambda value: __import__("torch").device("cpu"))
+    prepared = prepare(Request("vtrace", {}, preset="atari", pipeline_config=str(path)), recipe("vtrace"))
+    cfg = prepared.config
+    assert asked == ["cuda"]
+    assert (cfg.pipeline.num_workers, cfg.pipeline.envs_per_worker, cfg.algo.batch_size) == (2, 24, 24)
+    assert "seedlocal: algo.batch_size 16 -> 24, to fit its groups" in prepared.notes, prepared.notes
+    assert not any("sized for this machine" in n for n in prepared.notes), prepared.notes
 
 
 def test_the_machine_is_read_from_this_process_and_the_device(monkeypatch):
@@ -112,17 +147,17 @@ def test_the_machine_is_read_from_this_process_and_the_device(monkeypatch):
 
 @pytest.fixture
 def gpu16(monkeypatch):
-    """A 16-core GPU machine, as far as sizing sees; nothing in the parse resolves a device for real."""
+    """A 16-core GPU machine, as far as sizing sees (the checks see this machine's CPU)."""
     import seedlocal.config.checks as checks
 
     monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, device: GPU16))
-    monkeypatch.setattr(checks, "resolve_device", lambda value: pytest.fail(f"the parse resolved {value!r}"))
+    monkeypatch.setattr(checks, "resolve_device", lambda value: __import__("torch").device("cpu"))
 
 
 def _parse(args: list[str]):
     from seedlocal.cli import _parse
 
-    return _parse(["train", *args])[1]
+    return _parse(["train", *args])[1].config
 
 
 def test_the_cli_sizes_the_preset_and_says_so_in_one_line(gpu16, capsys):
@@ -150,7 +185,7 @@ def test_options_given_win_over_the_sizing(gpu16, capsys):
 
 def test_no_machine_sizing_keeps_the_preset(gpu16, capsys):
     cfg = _parse(["vtrace", "--preset", "atari", "--no-machine-sizing"])
-    assert cfg == family("vtrace").presets["atari"]
+    assert cfg == recipe("vtrace").presets["atari"]
     assert "sized for" not in capsys.readouterr().out
 
 
@@ -164,7 +199,7 @@ def test_a_remote_envs_option_keeps_the_presets_workers_and_says_so(gpu16, capsy
 def test_a_resumed_run_keeps_its_saved_sizes(gpu16, tmp_path, capsys):
     from seedlocal import checkpoint
 
-    saved = family("vtrace").presets["atari"]
+    saved = recipe("vtrace").presets["atari"]
     run = tmp_path / "run"
     checkpoint.save(run, {"identity": {"algo": "vtrace"}, "config": dataclasses.asdict(saved),
                           "counters": {"steps": 10}}, 10, 40)

@@ -17,6 +17,7 @@ from seedlocal.networks import (ActorCritic, MinAtarCNN, PolicyNet, RecurrentQNe
 from seedlocal.policies.population import PopulationForward
 from seedlocal.shm.rollout import TensorSpec
 from seedlocal.spec import EnvSpec
+from helpers import prepared
 
 
 def grid_spec(shape=(10, 10, 4), dtype="bool", actions=3, **obs) -> EnvSpec:
@@ -246,7 +247,7 @@ def test_a_checkpoint_from_before_the_torso_evaluates_with_its_mlp(tmp_path):
     from seedlocal.config.schema import EnvConfig
     from seedlocal.envs.spaces import validate_env
     from seedlocal.evaluate import policy_of
-    from seedlocal.trainers.vtrace import VTraceRun, identity
+    from seedlocal.recipes.vtrace import VTraceRun, identity
 
     cfg = VTraceRun(env=EnvConfig(id="grid_envs:BoolGrid-v0"))
     spec = validate_env(cfg.env)
@@ -265,13 +266,14 @@ def test_vtrace_trains_on_a_bool_grid_env_through_the_pipeline(tmp_path):
 
     from seedlocal.algos.vtrace import VTraceParams
     from seedlocal.config.schema import EnvConfig, PipelineConfig
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.trainers.vtrace import train
 
     cfg = VTraceRun(env=EnvConfig(id="grid_envs:BoolGrid-v0"), total_steps=600, log_dir=str(tmp_path),
                     run_name="grid", progress=False,
                     pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, unroll_length=16),
                     algo=VTraceParams(batch_size=4))
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["steps"] >= 600
     state = checkpoint.load(tmp_path / "grid")
     assert state["identity"]["encoder"] == "auto" and state["identity"]["torso"] == "minatar"
@@ -293,11 +295,11 @@ def test_r2d2_and_ga_run_on_a_bool_grid_env(tmp_path):
                        pipeline=PipelineConfig(num_workers=1, envs_per_worker=4, min_batch_envs=2, unroll_length=0),
                        algo=R2D2Params(batch_size=4, burn_in=2, unroll_length=8, n_step=2, min_replay=8,
                                        replay_size=64, eval_envs=1), network=NetworkConfig(lstm_size=16))
-    assert r2d2.train(cfg)["steps"] >= 800
+    assert r2d2.train(prepared(cfg))["steps"] >= 800
     assert checkpoint.load(tmp_path / "r2d2")["identity"]["torso"] == "minatar"
     ga = neuroevolution.GARun(env=env, generations=1, log_dir=str(tmp_path), run_name="ga", progress=False,
                               best_episodes=1, algo=GAParams(population_size=8, truncation=4),
                               pipeline=PipelineConfig(num_workers=1, envs_per_worker=8))
-    neuroevolution.train(ga)
+    neuroevolution.train(prepared(ga))
     state = checkpoint.load(tmp_path / "ga")
     assert state["identity"]["torso"] == "minatar" and state["counters"]["generation"] >= 1

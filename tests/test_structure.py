@@ -53,7 +53,7 @@ def _names() -> set[str]:
     """Every family's command name and run configuration's class name."""
     from seedlocal.families import TABLE, family
 
-    return set(TABLE) | {family(name).run.__name__ for name in TABLE}
+    return set(TABLE) | {family(name).recipe.run.__name__ for name in TABLE}
 
 
 def _branches_on_a_name(tree: ast.AST, names: set[str]) -> list[int]:

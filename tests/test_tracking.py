@@ -9,7 +9,9 @@ import pytest
 pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'seedlocal[wandb]')")
 
 from seedlocal.config.schema import EnvConfig  # noqa: E402
-from seedlocal.trainers.vtrace import VTraceRun, train  # noqa: E402
+from seedlocal.recipes.vtrace import VTraceRun
+from seedlocal.trainers.vtrace import train  # noqa: E402
+from helpers import prepared
 from test_train_vtrace import scalars  # noqa: E402
 from wandb_files import offline_runs  # noqa: E402
 
@@ -33,7 +35,7 @@ def _cartpole(tmp_path, steps: int, **kw) -> VTraceRun:
 def test_a_tracked_run_sends_every_scalar_its_config_and_summary_and_a_resume_continues_it(tmp_path, monkeypatch,
                                                                                             capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    summary = train(_cartpole(tmp_path, 15_000))
+    summary = train(prepared(_cartpole(tmp_path, 15_000)))
     run_dir = tmp_path / "tracked"
     out = capsys.readouterr().out
     assert f"offline in {run_dir}/wandb/offline-run-" in out and "wandb sync" in out  # where the files went
@@ -51,7 +53,7 @@ def test_a_tracked_run_sends_every_scalar_its_config_and_summary_and_a_resume_co
     assert first.summary["status"] == "done" and first.summary["steps"] == summary["steps"]
     assert first.summary["mean_return_last20"] == pytest.approx(summary["mean_return_last20"])
 
-    train(_cartpole(tmp_path, 30_000, resume=str(run_dir)))
+    train(prepared(_cartpole(tmp_path, 30_000, resume=str(run_dir))))
     assert "continues W&B run " + first.id in capsys.readouterr().out
     assert not _wandb_processes()
     first_again, second = offline_runs(run_dir)
@@ -74,8 +76,8 @@ def test_track_without_wandb_stops_before_the_run_starts_and_names_the_extra(tmp
 def test_every_family_takes_cleanrls_tracking_flags(algo):
     from seedlocal.cli import _parse
 
-    _, cfg = _parse(["train", algo, "--track", "--wandb-project-name", "p", "--wandb-entity", "me",
-                     "--video-every-min", "2.5"])
+    cfg = _parse(["train", algo, "--track", "--wandb-project-name", "p", "--wandb-entity", "me",
+                  "--video-every-min", "2.5"])[1].config
     assert (cfg.track, cfg.wandb_project_name, cfg.wandb_entity, cfg.video_every_min) == (True, "p", "me", 2.5)
 
 

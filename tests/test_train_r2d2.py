@@ -12,7 +12,9 @@ from seedlocal.errors import ConfigError
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.networks import RecurrentQNet, encode_obs
 from seedlocal.envs.spaces import describe
-from seedlocal.trainers.r2d2 import PRESETS, R2D2Run, train, validate
+from seedlocal.recipes.r2d2 import PRESETS, R2D2Run
+from seedlocal.trainers.r2d2 import train
+from helpers import prepared
 
 
 def small(tmp_path, **algo) -> R2D2Run:
@@ -126,14 +128,14 @@ def test_r2d2_checkpoints_from_the_lstm_cell_core_still_load():
 def test_bad_r2d2_settings_fail_before_any_process_starts(change, message):
     cfg = dataclasses.replace(PRESETS["cartpole"], algo=dataclasses.replace(PRESETS["cartpole"].algo, **change))
     with pytest.raises(ConfigError) as e:
-        validate(cfg)
+        prepared(cfg)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_short_run_writes_summary_checkpoint_and_eval_plays_it(tmp_path, capsys):
     from seedlocal.cli import main
 
-    summary = train(small(tmp_path))
+    summary = train(prepared(small(tmp_path)))
     run = tmp_path / "r"
     assert summary["status"] == "done" and summary["steps"] >= 6000 and summary["updates"] > 0
     assert json.loads((run / "summary.json").read_text())["algo"] == "r2d2"
@@ -150,7 +152,7 @@ def test_short_run_writes_summary_checkpoint_and_eval_plays_it(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "epsilon" in out or "return" in out, out
     # Resume continues the counters (the replay restarts empty unless --checkpoint-replay).
-    again = train(dataclasses.replace(small(tmp_path), resume=str(run), total_steps=9000))
+    again = train(prepared(dataclasses.replace(small(tmp_path), resume=str(run), total_steps=9000)))
     assert again["steps"] >= 9000 and again["updates"] > summary["updates"]
 
 
@@ -174,7 +176,7 @@ def test_r2d2_learns_cartpole_within_budget(tmp_path, seed):
     within 300k steps with the defaults."""
     cfg = dataclasses.replace(PRESETS["cartpole"], env=EnvConfig(seed=seed), log_dir=str(tmp_path), run_name="c",
                               progress=False, total_steps=R2D2_CARTPOLE_BUDGET, stop_at_return=450.0)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["steps_to_target"] is not None, summary
     assert summary["return_at_target"] >= 450 and summary["target_return_source"] == "eval", summary
 
@@ -183,11 +185,11 @@ def test_checkpoint_replay_restores_the_replay_on_resume(tmp_path, capsys):
     """--checkpoint-replay saves the replay (lz4 frames included) and a resumed
     run samples from it at once; without it the replay restarts empty."""
     cfg = dataclasses.replace(small(tmp_path), checkpoint_replay=True, compress=True)
-    first = train(cfg)
+    first = train(prepared(cfg))
     saved = torch.load(first["checkpoint"], map_location="cpu", weights_only=True)
     assert "replay" in saved
     capsys.readouterr()
-    train(dataclasses.replace(cfg, resume=str(tmp_path / "r"), total_steps=8000))
+    train(prepared(dataclasses.replace(cfg, resume=str(tmp_path / "r"), total_steps=8000)))
     out = capsys.readouterr().out
     restored = [ln for ln in out.splitlines() if "replay restored with" in ln]
     assert restored and int(restored[0].split("with ")[1].split()[0].replace(",", "")) > 0, out
@@ -204,7 +206,7 @@ def test_evaluation_slots_are_local_and_neither_fill_nor_count_in_the_replay(tmp
     assert eval_env_ids(num_local=0, num_envs=16, eval_envs=2).tolist() == [14, 15]  # every env remote
     cfg = small(tmp_path, eval_envs=4, replay_ratio=1.0, batch_size=8, min_replay=8, replay_size=200)
     cfg = dataclasses.replace(cfg, total_steps=4000)
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     acting_steps = summary["steps"] / 2  # 8 envs, the last 4 (one group) evaluate
     learned_rows = summary["updates"] * cfg.algo.batch_size * cfg.algo.unroll_length
     assert summary["updates"] > 0 and summary["eval_return_last20"] is not None

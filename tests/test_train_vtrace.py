@@ -14,14 +14,15 @@ import pytest
 import torch
 
 from conftest import seedlocal_segments
-from helpers import terminal_like
+from helpers import prepared, terminal_like
 from seedlocal import checkpoint
 from seedlocal.checkpoint import CheckpointError
 from seedlocal.errors import ConfigError
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig
 from seedlocal.evaluate import EvalConfig
 from seedlocal.evaluate import main as evaluate
-from seedlocal.trainers.vtrace import PRESETS, VTraceRun, train
+from seedlocal.recipes.vtrace import PRESETS, VTraceRun
+from seedlocal.trainers.vtrace import train
 
 STEP_BUDGET = 400_000  # CartPole-v1 must reach a mean return of 450 (last 20 episodes) within this many agent steps
 TAGS = [
@@ -54,7 +55,7 @@ def cartpole_run(tmp_path_factory):
     for seed in (1, 2):
         cfg = VTraceRun(total_steps=STEP_BUDGET, stop_at_return=450, log_dir=str(log_dir), run_name=f"cp{seed}",
                         progress=False, log_every_s=1.0, env=EnvConfig(seed=seed))
-        summary = train(cfg)
+        summary = train(prepared(cfg))
         tries.append(summary)
         if summary["steps_to_target"] is not None:
             break
@@ -110,14 +111,14 @@ def _tiny(tmp_path, **kw) -> VTraceRun:
 
 
 def test_resume_continues_the_same_curve(tmp_path):
-    first = train(_tiny(tmp_path))
+    first = train(prepared(_tiny(tmp_path)))
     state = checkpoint.load(tmp_path / "tiny")
     assert state["counters"]["steps"] == first["steps"] > 0
     # The first run's last loss point: at its checkpoint's step when it updated after its last regular log,
     # before that step when its last interval only stepped (CI saw 3,064 with the checkpoint at 3,104).
     last = max(s for s, _ in scalars(tmp_path / "tiny")[0]["losses/total_loss"])
     assert last <= first["steps"]
-    second = train(_tiny(tmp_path, total_steps=first["steps"] + 3000, resume=str(tmp_path / "tiny")))
+    second = train(prepared(_tiny(tmp_path, total_steps=first["steps"] + 3000, resume=str(tmp_path / "tiny"))))
     assert second["steps"] >= first["steps"] + 3000 - 200
     found, _ = scalars(tmp_path / "tiny")
     steps = [s for s, _ in found["charts/steps_per_s"]]
@@ -138,7 +139,7 @@ def test_a_new_run_in_the_folder_of_one_that_saved_nothing_replaces_its_curve(tm
         dead.add_scalar("charts/steps_per_s", -1.0, step)
     dead.close()
     older = set((tmp_path / "tiny").glob("events.out.tfevents.*"))
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     assert "holds the TensorBoard files of a run that saved no checkpoint" in capsys.readouterr().out
     assert older <= set((tmp_path / "tiny").glob("events.out.tfevents.*"))  # kept
     found, _ = scalars(tmp_path / "tiny")
@@ -164,10 +165,10 @@ def assert_same_state(a, b, path=""):
 
 
 def test_resume_restores_weights_optimizer_and_counters_bitwise(tmp_path):
-    first = train(_tiny(tmp_path))
+    first = train(prepared(_tiny(tmp_path)))
     saved = checkpoint.load(tmp_path / "tiny")
     # A budget that is already spent: the run restores, does no update, saves again.
-    again = train(_tiny(tmp_path, total_steps=first["steps"], resume=str(tmp_path / "tiny")))
+    again = train(prepared(_tiny(tmp_path, total_steps=first["steps"], resume=str(tmp_path / "tiny"))))
     assert again["updates"] == saved["counters"]["updates"]
     restored = checkpoint.load(tmp_path / "tiny")
     for key in ("model", "optimizer", "counters", "identity"):
@@ -195,7 +196,7 @@ def test_cli_resume_keeps_the_saved_config_and_names_what_changed(tmp_path, caps
 
 
 def test_summary_json_is_written_at_every_end(tmp_path, capsys):
-    s = train(_tiny(tmp_path, stop_at_return=15.0))  # random CartPole play averages ~22
+    s = train(prepared(_tiny(tmp_path, stop_at_return=15.0)))  # random CartPole play averages ~22
     assert s["return_at_target"] >= 15.0, s
     assert (f"seedlocal: done: reached the target return (mean {s['return_at_target']:.1f} over 20 episodes) at "
             f"{s['frames_to_target']:,d} frames;") in capsys.readouterr().out
@@ -236,22 +237,22 @@ def test_train_help_lists_the_algorithms():
 
 
 def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     with pytest.raises(ConfigError, match="already holds checkpoints"):
-        train(_tiny(tmp_path))
+        train(prepared(_tiny(tmp_path)))
 
 
 def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     cfg = _tiny(tmp_path, resume=str(tmp_path / "tiny"))
     cfg.network.hidden = (32,)
     with pytest.raises(CheckpointError, match=r"incompatible.*hidden: checkpoint has \[64, 64\], this run has \[32\]"):
-        train(cfg)
+        train(prepared(cfg))
     newest = checkpoint.resolve(tmp_path / "tiny")
     good = newest.read_bytes()
     newest.write_bytes(good[: len(good) // 2])
     with pytest.raises(CheckpointError, match="not a readable seedlocal checkpoint"):
-        train(_tiny(tmp_path, resume=str(newest)))
+        train(prepared(_tiny(tmp_path, resume=str(newest))))
     older = newest.parent / "ckpt_000000000001_1.pt"
     older.write_bytes(good)
     with pytest.raises(CheckpointError, match=rf"truncated or corrupt\); the run's next newest is {older}: pass"):
@@ -267,13 +268,13 @@ def test_incompatible_and_corrupt_checkpoints_are_refused(tmp_path):
     partial = {k: v for k, v in checkpoint.load(newest).items() if k not in ("optimizer", "path")}
     torch.save(partial, tmp_path / "partial.pt")
     with pytest.raises(CheckpointError, match=r"partial.pt: lacks optimizer, so it cannot be resumed"):
-        train(_tiny(tmp_path, resume=str(tmp_path / "partial.pt")))
+        train(prepared(_tiny(tmp_path, resume=str(tmp_path / "partial.pt"))))
 
 
 def test_eval_refuses_a_checkpoint_whose_env_has_changed(tmp_path):
     """A user's env may change between training and eval: the network is not
     loaded into a mismatched shape, the difference is named."""
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     newest = checkpoint.resolve(tmp_path / "tiny")
     state = checkpoint.load(newest)
     state["identity"]["obs"] = {"": [5]}  # as if CartPole had observed 5 numbers in training
@@ -287,7 +288,7 @@ def test_diverged_weights_are_not_saved_over_good_ones(tmp_path):
     """NaN or inf in a checkpoint's tensors (a diverged run) is refused by
     save(), naming them and the last good checkpoint; summary.json stays
     strict JSON (NaN written as null)."""
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     run = tmp_path / "tiny"
     good = checkpoint.all_checkpoints(run / "checkpoints")
     state = checkpoint.load(good[-1])
@@ -304,11 +305,11 @@ def test_diverged_weights_are_not_saved_over_good_ones(tmp_path):
 def test_a_checkpoint_copied_elsewhere_resumes_beside_itself(tmp_path):
     """--resume of a checkpoint file outside <run>/checkpoints writes the
     continued run next to that file, never into the folders above it."""
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     elsewhere = tmp_path / "kept" / "best.pt"
     elsewhere.parent.mkdir()
     elsewhere.write_bytes(checkpoint.resolve(tmp_path / "tiny").read_bytes())
-    train(_tiny(tmp_path, resume=str(elsewhere), total_steps=6000))
+    train(prepared(_tiny(tmp_path, resume=str(elsewhere), total_steps=6000)))
     assert checkpoint.all_checkpoints(tmp_path / "kept" / "checkpoints")
     assert (tmp_path / "kept" / "summary.json").exists() and not (tmp_path / "summary.json").exists()
 
@@ -320,14 +321,14 @@ def test_one_run_per_folder_at_a_time(tmp_path):
     in_use = rf"tiny is in use by another seedlocal run \(pid {os.getpid()}\)"
     held = checkpoint.lock_run(tmp_path / "tiny")  # as a live run holds it
     with pytest.raises(ConfigError, match=in_use):
-        train(_tiny(tmp_path))
+        train(prepared(_tiny(tmp_path)))
     with pytest.raises(CheckpointError, match=rf"no checkpoint yet: this run is still going \(pid {os.getpid()}\)"):
-        train(_tiny(tmp_path, resume=str(tmp_path / "tiny")))
+        train(prepared(_tiny(tmp_path, resume=str(tmp_path / "tiny"))))
     held.close()
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     held = checkpoint.lock_run(tmp_path / "tiny")
     with pytest.raises(ConfigError, match=in_use):
-        train(_tiny(tmp_path, resume=str(tmp_path / "tiny"), total_steps=6000))
+        train(prepared(_tiny(tmp_path, resume=str(tmp_path / "tiny"), total_steps=6000)))
     held.close()
 
 
@@ -342,7 +343,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(tmp_
 
     from seedlocal.cli import main
 
-    train(_tiny(tmp_path))
+    train(prepared(_tiny(tmp_path)))
     good = checkpoint.newest(tmp_path / "tiny")
 
     def full_disk(obj, f):
@@ -399,7 +400,7 @@ def test_the_time_budget_holds_while_a_large_batch_fills(tmp_path, capsys):
     last line says why nothing was learned."""
     cfg = _tiny(tmp_path, total_steps=0, seconds=3.0)
     cfg.algo.batch_size = 40_000  # 10,000 unrolls of 16 steps x 4 envs
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     # The steps a loaded machine makes in 3 s are its own affair: not asserted beyond the batch they stayed below.
     assert summary["stopped_by"] == "seconds" and summary["updates"] == 0, summary
     assert summary["steps"] < 40_000 * cfg.pipeline.unroll_length, summary
@@ -412,9 +413,9 @@ def test_bad_training_config_is_refused_before_start(tmp_path):
                                           r"of pipeline.envs_per_worker=8\)"):
         cfg = _tiny(tmp_path)
         cfg.algo.batch_size = 6
-        train(cfg)
+        train(prepared(cfg))
     with pytest.raises(ConfigError, match=r"total_steps=0: with seconds=0"):
-        train(_tiny(tmp_path, total_steps=0))
+        train(prepared(_tiny(tmp_path, total_steps=0)))
     assert not (tmp_path / "tiny").exists()
 
 
@@ -426,7 +427,7 @@ def test_atari_preset_trains_and_records_a_video(tmp_path):
     cfg = VTraceRun(env=cfg.env, frame_stack=cfg.frame_stack, algo=algo, total_steps=400, log_dir=str(tmp_path),
                     run_name="pong",
                     progress=False, pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=5))
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["updates"] >= 1 and summary["frames"] == 4 * summary["steps"]
     gif = tmp_path / "pong.gif"
     out = evaluate(EvalConfig(checkpoint=str(tmp_path / "pong"), episodes=1, video=str(gif), video_max_steps=50,
@@ -493,7 +494,7 @@ def test_vtrace_lstm_learns_cartpole(tmp_path):
                     progress=False)
     cfg.network.lstm_size = 64
     cfg.algo.learning_rate = 3e-3
-    summary = train(cfg)
+    summary = train(prepared(cfg))
     assert summary["steps_to_target"] is not None, summary
 
 
@@ -507,7 +508,7 @@ def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
     for name, preset in PRESETS.items():
         assert actors_wait(preset.algo), name
     assert actors_wait(VTraceParams(sync="auto")) and not actors_wait(VTraceParams(sync="off"))
-    train(VTraceRun(total_steps=600, log_dir=str(tmp_path), progress=False))
+    train(prepared(VTraceRun(total_steps=600, log_dir=str(tmp_path), progress=False)))
     assert "actors wait for each update, algo.sync on" in capsys.readouterr().out
 
 
@@ -519,7 +520,7 @@ def test_resume_continues_the_generators_instead_of_replaying_the_seed(tmp_path,
 
     from seedlocal.trainers import run as run_module
 
-    train(_tiny(tmp_path, total_steps=1500))
+    train(prepared(_tiny(tmp_path, total_steps=1500)))
     saved = checkpoint.load(tmp_path / "tiny")
     restored, restore = {}, run_module.restore_generators
 
@@ -529,7 +530,7 @@ def test_resume_continues_the_generators_instead_of_replaying_the_seed(tmp_path,
                         python=random.getstate())
 
     monkeypatch.setattr(run_module, "restore_generators", restore_and_look)
-    train(_tiny(tmp_path, total_steps=3000, resume=str(tmp_path / "tiny")))
+    train(prepared(_tiny(tmp_path, total_steps=3000, resume=str(tmp_path / "tiny"))))
     assert torch.equal(restored["torch"], saved["rng"]["torch"])
     assert (restored["numpy"] == saved["rng"]["numpy"]["key"].numpy()).all()
     assert restored["python"] == saved["rng"]["python"]
@@ -587,7 +588,7 @@ def test_a_sync_learner_recomputes_the_policy_the_actors_acted_with(tmp_path):
     from seedlocal.algos.vtrace import VTraceParams
 
     # A batch of every env: no group acts on while the learner works (that would be ordinary policy lag).
-    train(_tiny(tmp_path, total_steps=4000, algo=dataclasses.replace(VTraceParams(), batch_size=8), network=NetworkConfig(obs_norm=True),
-                pipeline=PipelineConfig(num_workers=1, envs_per_worker=8)))
+    train(prepared(_tiny(tmp_path, total_steps=4000, algo=dataclasses.replace(VTraceParams(), batch_size=8), network=NetworkConfig(obs_norm=True),
+                pipeline=PipelineConfig(num_workers=1, envs_per_worker=8))))
     rho = [v for _, v in scalars(tmp_path / "tiny")[0]["losses/mean_rho"]]
     assert rho and min(rho) > 0.99999, rho

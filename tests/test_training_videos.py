@@ -8,7 +8,9 @@ from PIL import Image
 
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.trainers.videos import TAG
-from seedlocal.trainers.vtrace import VTraceRun, train
+from seedlocal.recipes.vtrace import VTraceRun
+from seedlocal.trainers.vtrace import train
+from helpers import prepared
 
 
 def _images(run_dir) -> list:
@@ -35,8 +37,8 @@ def test_videos_during_training_go_to_the_run_folder_tensorboard_and_wandb(tmp_p
     from wandb_files import offline_runs
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    train(VTraceRun(total_steps=20_000, log_dir=str(tmp_path), run_name="v", progress=False, track=True,
-                    video_every_min=0.01, env=EnvConfig(seed=4)))
+    train(prepared(VTraceRun(total_steps=20_000, log_dir=str(tmp_path), run_name="v", progress=False, track=True,
+                    video_every_min=0.01, env=EnvConfig(seed=4))))
     run_dir = tmp_path / "v"
     gifs = sorted((run_dir / "videos").glob("steps_*.gif"))
     assert gifs, "no video was written"
@@ -60,9 +62,9 @@ def test_an_env_that_cannot_render_is_said_once_and_the_run_goes_on(tmp_path, ca
     original = faulty_envs.ActionStart.render
     faulty_envs.ActionStart.render = no_renderer  # in this process only: the env workers step the real class
     try:
-        summary = train(VTraceRun(env=EnvConfig(id="faulty_envs:ActionStart-v0"), total_steps=6_000,
+        summary = train(prepared(VTraceRun(env=EnvConfig(id="faulty_envs:ActionStart-v0"), total_steps=6_000,
                                   log_dir=str(tmp_path), run_name="r", progress=False, video_every_min=0.002,
-                                  pipeline=PipelineConfig(num_workers=1, envs_per_worker=8)))
+                                  pipeline=PipelineConfig(num_workers=1, envs_per_worker=8))))
     finally:
         faulty_envs.ActionStart.render = original
     out = capsys.readouterr().out
@@ -106,14 +108,15 @@ def test_a_video_leaves_the_trainings_random_stream_as_it_was(tmp_path, family, 
 
     import torch
 
-    from seedlocal.envs.spaces import validate_env
     from seedlocal.monitor import RunMonitor
     from seedlocal.trainers.run import _videos
 
     module = importlib.import_module(f"seedlocal.trainers.{family}")
-    cfg = getattr(module, run)(video_every_min=1.0, env=EnvConfig(seed=5), log_dir=str(tmp_path), run_name="v")
-    spec = validate_env(cfg.env)
-    t = getattr(module, trainer)(cfg, spec, torch.device("cpu"))
+    recipe = importlib.import_module(f"seedlocal.recipes.{family}")
+    cfg = getattr(recipe, run)(video_every_min=1.0, env=EnvConfig(seed=5), log_dir=str(tmp_path), run_name="v")
+    p = prepared(cfg)
+    spec = p.spec
+    t = getattr(module, trainer)(p, torch.device("cpu"))
     (tmp_path / "v").mkdir()
     monitor = RunMonitor(tmp_path / "v")
     try:

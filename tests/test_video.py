@@ -14,6 +14,7 @@ from seedlocal.evaluate import Acting, encode_gif, record
 from seedlocal.networks import ActorCritic
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.video import RenderUnavailable
+from helpers import prepared
 
 
 class Painted(gym.Env):
@@ -155,10 +156,11 @@ def test_an_env_that_cannot_render_still_reports_its_returns(tmp_path, capsys):
     """No renderer: one line says why and what to install; the episodes are played and scored."""
     from seedlocal.evaluate import EvalConfig
     from seedlocal.evaluate import main as evaluate
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+    from seedlocal.trainers.vtrace import train
 
-    train(VTraceRun(env=EnvConfig(id="faulty_envs:ActionStart-v0"), total_steps=600, log_dir=str(tmp_path),
-                    run_name="r", progress=False))
+    train(prepared(VTraceRun(env=EnvConfig(id="faulty_envs:ActionStart-v0"), total_steps=600, log_dir=str(tmp_path),
+                    run_name="r", progress=False)))
     import faulty_envs
 
     original = faulty_envs.ActionStart.render
@@ -179,11 +181,13 @@ def test_a_video_of_a_run_on_a_read_only_file_system_is_written_and_said_so(tmp_
     import subprocess
     import sys
 
-    from seedlocal.trainers.vtrace import VTraceRun, train
+    from seedlocal.recipes.vtrace import VTraceRun
+
+    from seedlocal.trainers.vtrace import train
 
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
         pytest.skip("no mount namespace here to make a read-only run folder in")
-    train(VTraceRun(total_steps=600, log_dir=str(tmp_path), run_name="r", progress=False))
+    train(prepared(VTraceRun(total_steps=600, log_dir=str(tmp_path), run_name="r", progress=False)))
     run, gif = tmp_path / "r", tmp_path / "out" / "v.gif"
     script = (f"mount --bind {run} {run} && mount -o remount,bind,ro {run} && exec {sys.executable} -m seedlocal "
               f"eval --checkpoint {run} --episodes 2 --max-steps 50 --video {gif}")

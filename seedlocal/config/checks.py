@@ -34,6 +34,21 @@ def _floats(obj, prefix: str = ""):
 THREADS_PER_CORE = 8
 
 
+def _check_choices(cfg, prefix: str = "") -> None:
+    """Every option with a fixed set of values (a ``Literal``) holds one of them, also where a config was built
+    in Python or read from a checkpoint, which tyro never parsed."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, kind = getattr(cfg, f.name), hints.get(f.name)
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, f"{prefix}{f.name}.")
+        elif typing.get_origin(kind) is typing.Literal and value not in typing.get_args(kind):
+            fail(prefix + f.name, value, "expected " + ", ".join(map(str, typing.get_args(kind))))
+
+
 def validate_run_options(cfg) -> None:
     """What every trainer's config shares: numbers that are numbers, and a
     run folder that can be written. Fails before any process starts."""
@@ -57,6 +72,13 @@ def validate_run_options(cfg) -> None:
         fail("log_dir", "", "must name a folder (e.g. runs)")
     if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
+    _check_choices(cfg)
+    if hasattr(cfg, "total_steps"):  # a run counted in steps (V-trace, R2D2)
+        for name in ("total_steps", "seconds"):
+            if getattr(cfg, name) < 0:
+                fail(name, getattr(cfg, name), "must be >= 0")
+        if cfg.total_steps == 0 and cfg.seconds == 0:
+            fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
     if getattr(cfg, "learners", 1) < 1:
         fail("learners", cfg.learners, "must be >= 1 (data-parallel learner ranks)")
     if getattr(cfg, "dist_timeout_s", 1.0) <= 0:
@@ -169,22 +191,6 @@ def resolve_device(value: str) -> torch.device:
     elif dev.type != "cpu":
         fail("device", value, "only cpu and cuda devices are supported")
     return dev
-
-
-def task_kind(spec) -> str:
-    """The kind of task an env is, named as the presets that fit it are:
-    'football' for Google Research Football (envpool's gfootball/ ids),
-    'atari' for other frames of 36 x 36 and up (Nature CNN), 'minatar' for
-    smaller image grids with Discrete actions (MinAtar's 10 x 10 x C),
-    'mujoco' for Box actions, 'cartpole' for the rest (small vectors)."""
-    from seedlocal.networks import is_grid, is_image
-
-    single = spec.obs.get("")
-    if single is not None and is_image(single):
-        return "football" if spec.env_id.startswith("gfootball/") else "atari"
-    if spec.num_actions is None:
-        return "mujoco"
-    return "minatar" if single is not None and is_grid(single) else "cartpole"
 
 
 def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:

@@ -1,8 +1,9 @@
 """The machine a run is sized for: its usable cores and whether the run's device is a GPU.
 
 A preset is a learning recipe; its sizes (workers, envs, batch) follow the machine (DESIGN.md, decision 9).
-Each family's run configuration sizes itself (``RunConfig.sized_for``); what was measured and what was not is
-in docs/tuning.md ("Sized to the machine"). The command line applies it to a preset; the Python API does not.
+Each family's recipe holds its sizing rule (``recipes/``: ``Recipe.sizing``), which preparation applies
+(``seedlocal/prepare.py``) for the command line and the Python API alike; what was measured and what was not is
+in docs/tuning.md ("Sized to the machine").
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Machine:
 
     def gpu_envs(self) -> int:
         """Local envs for a GPU run: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``; 0 without a GPU (a CPU run
-        keeps its preset's sizes). A family sizes its pipeline to them with ``shape.widened``."""
+        keeps its preset's sizes). A family sizes its pipeline to them with ``shape.sized_pipeline``."""
         return min(MAX_ENVS, ENVS_PER_CORE * self.cores) if self.accelerator else 0
 
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import json
 import numbers
 import os
 import typing
+from pathlib import Path
 
+from seedlocal.config.schema import PipelineConfig
 from seedlocal.errors import ConfigError
 
 
@@ -118,3 +121,29 @@ def apply(cfg, values: dict[str, object]):
     for head, sub in nested.items():
         top[head] = apply(getattr(cfg, head), sub)
     return dataclasses.replace(copy.deepcopy(cfg), **top)
+
+
+def load_pipeline_file(path: str) -> dict:
+    """The pipeline fields of an autotune file (or of a plain PipelineConfig JSON)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"pipeline_config={path!r}: no such file (write one with seedlocal bench --autotune)") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"pipeline_config={path!r}: not readable JSON ({e})") from None
+    fields = data.get("pipeline", data) if isinstance(data, dict) else None
+    known = set(PipelineConfig.__dataclass_fields__)
+    if not isinstance(fields, dict) or not fields or set(fields) - known:
+        bad = sorted(set(fields) - known) if isinstance(fields, dict) else data
+        raise ConfigError(f"pipeline_config={path!r}: expected PipelineConfig fields, got {bad!r}")
+    # Each value must have its field's type (JSON gives int, float, bool, str):
+    # a "8" for envs_per_worker would otherwise fail deep in validation.
+    defaults = PipelineConfig()
+    for name, value in fields.items():
+        want = type(getattr(defaults, name))
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ConfigError(f"pipeline_config={path!r}: {name}={value!r} should be a {want.__name__}")
+    return fields

@@ -7,10 +7,7 @@ Only the fields and their one-line docs live here; what checks them is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from seedlocal.config.machine import Machine
+from typing import Literal
 
 
 @dataclass
@@ -170,24 +167,6 @@ class RunConfig:
         if algo:
             rest["algo"] = {k: v for k, v in algo.items() if k not in NETWORK_OPTIONS}
         return {**rest, "network": network}
-
-    def fit_to_groups(self, envs_per_group: int) -> RunConfig:
-        """This config made to fit a pipeline of groups of ``envs_per_group`` envs (``--pipeline-config``); a
-        family whose options depend on the group size (V-trace's batch) extends this."""
-        return self
-
-    def per_rank(self, ranks: int) -> RunConfig:
-        """One of ``ranks`` data-parallel learners' share of what this config learns from at once (its
-        workers and cores are ``pipeline/ranks.py``'s). Unchanged here: each rank learns from the whole batch;
-        a family that can keep the run's batch whole across the ranks (V-trace) overrides this."""
-        return self
-
-    def sized_for(self, machine: Machine) -> RunConfig:
-        """This config sized for ``machine`` (its cores, and whether the run's device is a GPU): workers, envs,
-        batch. Unchanged here; a family whose presets have something to size on some machine overrides this
-        (docs/tuning.md, "Sized to the machine"). The command line sizes the preset it picks, before the options
-        given, which win."""
-        return self
 
     def budget_spent(self, counters: dict) -> None:
         """Fail (ConfigError) if a resumed run whose checkpoint holds ``counters`` has no budget left: it

@@ -22,20 +22,21 @@ import os
 import time
 from pathlib import Path
 
-from seedlocal.config.schema import PipelineConfig
+from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
-from seedlocal.shape import pipeline_shape
 
 
-def candidates(total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
-    """(num_workers, envs_per_worker, min_batch_envs) settings worth measuring."""
+def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
+    """(num_workers, envs_per_worker, min_batch_envs) settings of ``env`` (an ``EnvConfig``) worth measuring."""
+    from seedlocal.prepare import prepare_pipeline
+
     out = []
     for w in sorted({1, 2, cpus, 2 * cpus}):
         if total_envs % w:
             continue
         per_worker = total_envs // w
         try:
-            shape = pipeline_shape(PipelineConfig(num_workers=w, envs_per_worker=per_worker))
+            _, shape = prepare_pipeline(env, PipelineConfig(num_workers=w, envs_per_worker=per_worker))
         except ConfigError:  # envs that make no two equal groups per worker
             continue
         for min_batch in sorted({shape.min_batch_envs, shape.envs_per_group}):
@@ -61,7 +62,7 @@ def autotune(cfg, spec) -> dict:
         with RawEnvpool(cfg.env, spec, total, threads) as raw:
             raw_best = max(raw.measure(0.5, seconds).values())
     rows = []
-    for w, per_worker, min_batch in candidates(total, cpus):
+    for w, per_worker, min_batch in candidates(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), total, cpus):
         pipe_cfg = PipelineConfig(num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,
                                   env_threads=cfg.env_threads, device=cfg.device,
                                   batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=preset.pipeline.unroll_length)
@@ -88,29 +89,4 @@ def autotune(cfg, spec) -> dict:
     print(json.dumps(result, default=float))
     return result
 
-
-def load_pipeline_file(path: str) -> dict:
-    """The pipeline fields of an autotune file (or of a plain PipelineConfig JSON)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"pipeline_config={path!r}: no such file (write one with seedlocal bench --autotune)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"pipeline_config={path!r}: not readable JSON ({e})") from None
-    fields = data.get("pipeline", data) if isinstance(data, dict) else None
-    known = set(PipelineConfig.__dataclass_fields__)
-    if not isinstance(fields, dict) or not fields or set(fields) - known:
-        bad = sorted(set(fields) - known) if isinstance(fields, dict) else data
-        raise ConfigError(f"pipeline_config={path!r}: expected PipelineConfig fields, got {bad!r}")
-    # Each value must have its field's type (JSON gives int, float, bool, str):
-    # a "8" for envs_per_worker would otherwise fail deep in validation.
-    defaults = PipelineConfig()
-    for name, value in fields.items():
-        want = type(getattr(defaults, name))
-        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise ConfigError(f"pipeline_config={path!r}: {name}={value!r} should be a {want.__name__}")
-    return fields
 

@@ -43,11 +43,10 @@ import torch
 
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
-from seedlocal.config.checks import check_writable, resolve_device, validate_pipeline
-from seedlocal.envs.spaces import validate_env
+from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.errors import ConfigError
 from seedlocal.measure.raw import RawEnvpool, ceiling
-from seedlocal.shape import pipeline_shape
+from seedlocal.prepare import prepare_pipeline
 
 
 @dataclass
@@ -101,24 +100,20 @@ class BenchConfig:
     time); empty = 1, 2, 4 ... --env-threads"""
 
 
-def training_frames(env_id: str) -> int:
-    """envpool's frames per observation as ``seedlocal train vtrace --env.id ENV`` runs it (its preset,
-    ``vtrace.preset_for``, fitted to the env: Atari's single frames, 0 where they do not fit)."""
-    from seedlocal.algos.frames import fit_frames
-    from seedlocal.envs.spaces import describe
-    from seedlocal.trainers.vtrace import preset_for
+def training_preset(env_id: str):
+    """The V-trace preset ``seedlocal train vtrace --env.id ENV`` starts from (``prepare.preset_for``: the one
+    made for the env's kind, fitted to its frames: Atari's single frames, 0 where they do not fit)."""
+    from seedlocal.families import recipe
+    from seedlocal.prepare import preset_for
 
-    spec = validate_env(EnvConfig(id=env_id), id_field="bench.env")
-    preset = preset_for(spec)
-    return fit_frames(preset, spec, lambda: describe(env_id, "auto", preset.env.frame_stack)).env.frame_stack
+    return preset_for(recipe("vtrace"), env_id)
 
 
 def training_model(spec, device: torch.device):
-    """The network (and arithmetic) ``seedlocal train vtrace`` uses by default
-    for this env: the preset of its kind (``vtrace.preset_for``)."""
-    from seedlocal.trainers.vtrace import build_model, preset_for
+    """The network (and arithmetic) ``seedlocal train vtrace`` uses by default for this env: its preset's."""
+    from seedlocal.recipes.vtrace import build_model
 
-    preset = preset_for(spec)
+    preset = training_preset(spec.env_id)
     return preset, build_model(preset, spec).to(device)
 
 
@@ -139,7 +134,9 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs,
                            stack=stacking(spec, getattr(preset, "frame_stack", 0)))
 
-    with Pipeline(EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack), pipe_cfg, make_policy) as pipe:
+    env = EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack)
+    spec, shape = prepare_pipeline(env, pipe_cfg, prefix="bench", env_field="bench.env")
+    with Pipeline(env, pipe_cfg, make_policy, spec, shape) as pipe:
         pipe.loop.run(cfg.warmup)
         while not pipe.loop.stats.batches:  # workers still starting on a loaded machine: the warm-up waits for them
             pipe.loop.step()
@@ -206,11 +203,14 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
     after the warm-up (so worker start-up is not counted)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from seedlocal.families import recipe
+    from seedlocal.prepare import prepare_run
     from seedlocal.trainers.vtrace import train
 
-    spec = validate_env(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), id_field="bench.env")
-    preset, _ = training_model(spec, torch.device("cpu"))
-    batch, why = learning_batch(preset.algo, pipe_cfg, preset.network.lstm_size)
+    spec, shape = prepare_pipeline(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), pipe_cfg, prefix="bench",
+                                   env_field="bench.env")
+    preset = training_preset(cfg.env)
+    batch, why = learning_batch(preset.algo, shape, preset.network.lstm_size)
     with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
         run_cfg = dataclasses.replace(
             preset, env=EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack),
@@ -219,7 +219,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
             total_steps=0, seconds=cfg.warmup + 1.0 + cfg.seconds, log_dir=tmp, run_name="bench",
             log_every_s=0.5, progress=False, checkpoint_every_min=1e6)
         t0 = time.time()
-        summary = train(run_cfg)
+        summary = train(prepare_run(run_cfg, recipe("vtrace")))
         ea = EventAccumulator(str(Path(tmp) / "bench"), size_guidance={"scalars": 0})
         ea.Reload()
         points = ea.Scalars("charts/steps_per_s") if "charts/steps_per_s" in ea.Tags()["scalars"] else []
@@ -245,18 +245,17 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
                 "batch_size": run_cfg.algo.batch_size, "batch_size_why": why, "unroll_length": pipe_cfg.unroll_length}
 
 
-def learning_batch(algo, pipe_cfg: PipelineConfig, lstm_size: int = 0) -> tuple[int, str]:
-    """The learner's batch (envs per update) for the envs this bench was given, and why: the
+def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
+    """The learner's batch (envs per update) for the envs this bench was given (their ``shape``), and why: the
     preset's own where it is whole groups (half a worker's envs each), else the nearest number of
     whole groups, at least one and at most all of them (an LSTM's minibatches need as many unrolls)."""
-    shape = pipeline_shape(pipe_cfg)
     group, groups = shape.envs_per_group, shape.num_groups
     if algo.batch_size % group == 0 and algo.batch_size // group <= groups:
         return algo.batch_size, f"the preset's {algo.batch_size}"
     k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if lstm_size else 1)
     k = min(k, groups)
     return k * group, (f"the preset's {algo.batch_size}, as {k} whole group(s) of {group} envs "
-                       f"(half of envs_per_worker {pipe_cfg.envs_per_worker})")
+                       f"(half of envs_per_worker {shape.envs_per_worker})")
 
 
 def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
@@ -309,18 +308,20 @@ def check(cfg: BenchConfig):
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")
-    training = training_frames(cfg.env)
+    training = training_preset(cfg.env).env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
         raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: the raw, transport and policy rows only (the "
                           f"learner, the bridge and --autotune run the env as training does: {training})")
     cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
-    spec = validate_env(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), id_field="bench.env")
+    from seedlocal.prepare import env_spec
+
+    spec = env_spec(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), "bench.env")
     workers, envs, unroll = _sizes(cfg, spec)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
                               device=cfg.device, cuda_graphs=cfg.cuda_graphs, min_batch_envs=cfg.min_batch_envs,
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
-    validate_pipeline(pipe_cfg, prefix="bench")
-    pipeline_shape(pipe_cfg, prefix="bench")
+    prepare_pipeline(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), pipe_cfg, prefix="bench",
+                     env_field="bench.env")
     resolve_device(cfg.device)
     return spec, pipe_cfg
 

@@ -41,20 +41,30 @@ def _measure(pipe, seconds: float) -> tuple[float, float]:
     return (loop.stats.env_steps - s0) / dt, (int(c["host_bytes"].sum()) - b0) / dt
 
 
-def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
-    from seedlocal.policies import RandomPolicy
-    from seedlocal.pipeline.pipeline import Pipeline
+def _local_and_remote(cfg, workers: int, envs: int):
+    """The same envs stepped by local workers, and by one actor host through the bridge: (env, their two
+    pipelines' configs and shapes, the bridge, the spec), prepared."""
+    from seedlocal.prepare import prepare_pipeline
 
-    backend = "null" if cfg.transport_only else "auto"
-    env = EnvConfig(id=cfg.env, backend=backend, frame_stack=cfg.frame_stack)
+    env = EnvConfig(id=cfg.env, backend="null" if cfg.transport_only else "auto", frame_stack=cfg.frame_stack)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
                               device=cfg.device, min_batch_envs=cfg.min_batch_envs,
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=32)
     remote_cfg = PipelineConfig(**{**pipe_cfg.__dict__, "num_workers": 0})
     bridge = BridgeConfig(listen="127.0.0.1:0", remote_envs=workers * envs)
+    spec, shape = prepare_pipeline(env, pipe_cfg)
+    _, remote_shape = prepare_pipeline(env, remote_cfg, bridge)
+    return env, (pipe_cfg, shape), (remote_cfg, remote_shape), bridge, spec
+
+
+def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
+    from seedlocal.policies import RandomPolicy
+    from seedlocal.pipeline.pipeline import Pipeline
+
+    env, (pipe_cfg, shape), (remote_cfg, remote_shape), bridge, spec = _local_and_remote(cfg, workers, envs)
     local_rates, bridge_rates, mbs = [], [], []
-    with Pipeline(env, pipe_cfg, RandomPolicy) as local, \
-            Pipeline(env, remote_cfg, RandomPolicy, bridge=bridge) as remote:
+    with Pipeline(env, pipe_cfg, RandomPolicy, spec, shape) as local, \
+            Pipeline(env, remote_cfg, RandomPolicy, spec, remote_shape, bridge=bridge) as remote:
         host = subprocess.Popen(
             [sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{remote.pool.bridge_port}",
              "--num-workers", str(workers), "--envs-per-worker", str(envs), "--env-threads", str(cfg.env_threads),

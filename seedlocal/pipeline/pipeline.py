@@ -1,11 +1,11 @@
 """One object that owns a run's data path: workers, shared memory, inference.
 
-    with Pipeline(env_cfg, pipe_cfg, make_policy) as pipe:
+    spec, shape = prepare_pipeline(env_cfg, pipe_cfg)   # seedlocal/prepare.py: checked, described, shaped
+    with Pipeline(env_cfg, pipe_cfg, make_policy, spec, shape) as pipe:
         pipe.loop.run(seconds=10)
 
-Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``): a trainer's,
-built and checked with what the trainer needs, or else one made here from
-``pipe_cfg`` alone.
+Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation: a trainer's, with what the
+trainer needs, or a bare pipeline's (``prepare_pipeline``).
 
 Leaving the ``with`` block, by return, exception or Ctrl-C, stops the workers
 and unlinks the shared memory.
@@ -18,14 +18,13 @@ from typing import Callable
 import torch
 
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
-from seedlocal.config.checks import resolve_device, short_of_memory, validate_bridge, validate_pipeline
-from seedlocal.envs.spaces import validate_env
+from seedlocal.config.checks import resolve_device, short_of_memory
 from seedlocal.errors import ConfigError
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.envs.make import SEED_END
 from seedlocal.spec import EnvSpec
 from seedlocal.pipeline.inference import InferenceLoop
-from seedlocal.shape import PipelineShape, pipeline_shape
+from seedlocal.shape import PipelineShape
 from seedlocal.shm.rollout import RolloutLayout
 
 
@@ -63,22 +62,17 @@ class Pipeline:
         env: EnvConfig,
         pipe: PipelineConfig,
         make_policy: Callable[[EnvSpec, torch.device], object],
+        spec: EnvSpec,
+        shape: PipelineShape,
         consume: bool = False,
-        spec: EnvSpec | None = None,
         bridge: BridgeConfig | None = None,
-        shape: PipelineShape | None = None,
         errors_file: str = "",
     ):
-        """``shape``: the trainer's, built and checked from this config (the
-        config is not checked again); without one, the config is checked and
-        shaped here. ``errors_file``: where env workers' tracebacks go (``ActorPool``)."""
-        if shape is None:
-            validate_pipeline(pipe)
-            shape = pipeline_shape(pipe, bridge)
-            if bridge is not None:
-                validate_bridge(bridge, pipe)
+        """``spec`` and ``shape``: the env's and the pipeline's sizes, as preparation made and checked them from
+        this config (``seedlocal/prepare.py``; nothing is checked or derived again here). ``errors_file``: where
+        env workers' tracebacks go (``ActorPool``)."""
         self.shape = shape
-        self.spec = spec or validate_env(env)
+        self.spec = spec
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)
         self.layout = RolloutLayout(

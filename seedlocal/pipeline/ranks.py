@@ -106,8 +106,8 @@ class Ranks(Solo):
         """This rank's config: its share of the CPU's cores for its learner (learner threads left at 0 are
         cores / G; its workers, envs and envpool threads are its shape's, ``shape.pipeline_shape``), its own
         GPU (cuda:LOCAL_RANK, wrapping round the GPUs there are), its own bridge port (bridge.listen's + RANK:
-        each rank serves bridge.remote_envs envs to the actor hosts that connect to it), and its share of the
-        batch where the family can split it (``per_rank``)."""
+        each rank serves bridge.remote_envs envs to the actor hosts that connect to it). Its shape and its share
+        of the batch are preparation's (``prepare.for_rank``)."""
         p = cfg.pipeline
         cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
                     // self.world)
@@ -120,7 +120,7 @@ class Ranks(Solo):
             host, _, port = bridge.listen.rpartition(":")
             if int(port):  # port 0 picks a free one on every rank
                 bridge = dataclasses.replace(bridge, listen=f"{host}:{int(port) + self.rank}")
-        return dataclasses.replace(cfg, pipeline=p, bridge=bridge).per_rank(self.world)
+        return dataclasses.replace(cfg, pipeline=p, bridge=bridge)
 
     def _call(self, what: str, fn, *args, **kw):
         try:

@@ -6,7 +6,7 @@ inference thread in batched forward passes, ``policies/population.py``),
 waits for every return, tells the algorithm (``algos/ga.py``, ``es.py``,
 ``ars.py``, ``random_search.py``), logs and checkpoints, once per
 generation. Each run config names its algorithm's parts (``GARun.name``,
-``.algo_module``, ``.evolver``); the evolver (``trainers/evolvers.py``) runs
+``.algo_module``; its evolver here, ``EVOLVERS``); the evolver (``trainers/evolvers.py``) runs
 its generations. The run's life around this is ``trainers/run.py``'s.
 
 Counters: ``generation``, ``frames`` and ``episodes`` advance by whole
@@ -27,291 +27,31 @@ generations, together.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Callable, ClassVar
+from typing import Callable
 
 import torch
 
-from seedlocal.algos import ars, es, ga, random_search
-from seedlocal.algos.neuroevo import NOISE_TABLE_SEED, ParamSpace
-from seedlocal.config.checks import (check_network_fits, network_error, task_kind, validate_bridge,
-                                     validate_pipeline, validate_run_options)
-from seedlocal.config.resume import budget_left
-from seedlocal.config.machine import Machine
-from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
-from seedlocal.envs.spaces import validate_env
-from seedlocal.errors import ConfigError, fail
-from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, encoder_identity, obs_identity
+from seedlocal.algos.neuroevo import ParamSpace
+from seedlocal.networks import checkpoint_network
 from seedlocal.pipeline.ranks import Solo
-from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
-from seedlocal.shape import pipeline_shape, widened
+from seedlocal.policies.population import MemberPolicy, PopulationPolicy
+from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.recipes.neuroevolution import (ARSRun, ESRun, GARun, NeuroevoRun, RandomSearchRun, build_policy,
+                                              episode_frame_cap, fitness_shift, identity)
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
-from seedlocal.trainers.run import Family, Run, Trainer, blank, checkpoint_env, image_frames, rebuilding, run
+from seedlocal.trainers.run import Run, Trainer, blank, rebuilding, run
 
 
-def _pipeline_default() -> PipelineConfig:
-    # Slots are scratch here (no learner reads them): short unrolls, few buffers.
-    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
-
-
-@dataclass
-class NeuroevoRun(RunConfig):
-    # Each algorithm's run names its own parts (class attributes: neither a dataclass field nor a tyro option).
-    name: ClassVar[str]
-    """the command's name (``seedlocal train <name>``), the checkpoint identity's algo and the run name's part"""
-    algo_module: ClassVar[ModuleType]
-    """the algorithm's math (``algos/``), whose ``validate`` checks ``algo``"""
-    evolver: ClassVar[type[Evolver]]
-    """what runs its generations (``trainers/evolvers.py``)"""
-
-    pipeline: PipelineConfig = field(default_factory=_pipeline_default)
-    generations: int = 100
-    """generations to run (0 = until another budget ends); a checkpoint is written after each"""
-    total_frames: int = 0
-    """emulator frames to spend (0 = no frame budget)"""
-    episodes_per_member: int = 1
-    """episodes averaged into each member's fitness"""
-    best_episodes: int = 5
-    """episodes that score the best member each generation (ES centre, random-search winner)"""
-    max_episode_frames: int = -1
-    """end an evaluation episode after this many emulator frames (steps x frame skip), scored on its return so
-    far: -1 = by env kind (20,000 for image frames, as the deep-GA paper's Atari runs; 10,000 for small grids;
-    none otherwise), 0 = never"""
-    greedy: bool = True
-    """act by argmax (the deep-GA convention) rather than sampling (Discrete actions)"""
-    action_noise: float = 0.0
-    """Box actions: std of Gaussian noise added to each action while evaluating (Salimans et al.: 0.01)"""
-    reward_shift: float = 0.0
-    """taken from every step's reward in the fitness, not in the returns reported"""
-    remove_survival_bonus: bool = False
-    """take MuJoCo locomotion's survival bonus out of the fitness (Hopper, Walker2d, Ant: 1 per step; Humanoid:
-    5), as ARS does, so that standing still scores nothing; other envs are unchanged"""
-    forward: str = "auto"
-    """population forward: auto (times the others on the first batches and keeps the fastest);
-    MLPs: bmm, mulsum, vmap; the MinAtar and Nature CNNs: bmm, vmap, loop; the IMPALA ResNet: vmap, loop"""
-
-    def budget_spent(self, counters: dict) -> None:
-        budget_left("generations", self.generations, counters.get("generation", 0), "generations")
-        budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
-
-    def per_rank(self, ranks: int) -> NeuroevoRun:
-        """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``) on
-        its shape's envs (the run's divided). More ranks than members, or than the envs divide among, are refused
-        (the command line asks before it starts any rank)."""
-        if ranks > self.algo.population_size:
-            fail("learners", ranks, f"each rank evaluates a part of the population of {self.algo.population_size}: "
-                 "give at most that many ranks")
-        pipeline_shape(self.pipeline, self.bridge, ranks=ranks)
-        return self
-
-    def sized_for(self, machine: Machine) -> NeuroevoRun:
-        """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 32 and a population of at least 256
-        (issue 33's GA target: P >= 256 Nature CNNs in one batched forward) and at least one member per env;
-        everything else, and every CPU run, keeps the preset's sizes (docs/tuning.md)."""
-        if not machine.accelerator or not hasattr(self.algo, "population_size") or not image_frames(self.env):
-            return self
-        # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the population is the issue's target.
-        p = widened(self.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
-        population = max(GPU_POPULATION, self.algo.population_size, pipeline_shape(p).num_local_envs)
-        return dataclasses.replace(self, pipeline=p, algo=dataclasses.replace(self.algo, population_size=population))
-
-
-GPU_ENVS_PER_WORKER = 32  # the default pipeline's workers
-GPU_POPULATION = 256  # even, as ES's antithetic pairs need
-
-
-@dataclass
-class GARun(NeuroevoRun):
-    name: ClassVar[str] = "ga"
-    algo_module: ClassVar[ModuleType] = ga
-    evolver: ClassVar[type[Evolver]] = GAEvolver
-
-    algo: ga.GAParams = field(default_factory=ga.GAParams)
-
-
-@dataclass
-class ESRun(NeuroevoRun):
-    name: ClassVar[str] = "es"
-    algo_module: ClassVar[ModuleType] = es
-    evolver: ClassVar[type[Evolver]] = ESEvolver
-
-    algo: es.ESParams = field(default_factory=es.ESParams)
-
-
-@dataclass
-class RandomSearchRun(NeuroevoRun):
-    name: ClassVar[str] = "random-search"
-    algo_module: ClassVar[ModuleType] = random_search
-    evolver: ClassVar[type[Evolver]] = RandomSearchEvolver
-
-    algo: random_search.RSParams = field(default_factory=random_search.RSParams)
-
-
-@dataclass
-class ARSRun(NeuroevoRun):
-    name: ClassVar[str] = "ars"
-    algo_module: ClassVar[ModuleType] = ars
-    evolver: ClassVar[type[Evolver]] = ARSEvolver
-
-    algo: ars.ARSParams = field(default_factory=ars.ARSParams)
-
-
-def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
-    # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
-    return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
-
-
-def _grid_pipeline() -> PipelineConfig:
-    # MinAtar's games step in Python at tens of thousands of steps/s: every member's episode at once.
-    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
-
-
-# Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/
-# ga_atari_config.json and es_atari_config.json): GA mutation power 0.002 (P = 1,000, the top 20 as parents,
-# 10 elite candidates over 30 episodes there); ES sigma 0.02, Adam 0.01, L2 0.005 (P = 5,000 there, on a
-# network with virtual batch norm, which seedlocal's Nature CNN has not). Populations of 64, one env slot per
-# member; a generation takes many minutes on a CPU, so runs are bounded by time.
-# Small grids (MinAtar, docs/minatar.md): the one-conv torso as both learners use it; sticky actions make
-# every episode noisy, so the ES centre and the GA elite are scored over 5 episodes.
-# Continuous control (docs/mujoco.md): the networks, noise and normalisation of each paper, the populations
-# scaled to a workstation's cores (the papers ran hundreds to thousands of CPUs). ES takes the survival bonus out
-# of the fitness, as ARS does: with it in, ES on Hopper-v5 stood still at ~1,000 for 10 minutes; without it three
-# seeds climbed to 1,136-2,892 in the same time (docs/mujoco.md).
-ES_PRESETS: dict[str, ESRun] = {
-    "cartpole": ESRun(),
-    "atari": ESRun(
-        env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0, best_episodes=5,
-        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
-    "minatar": ESRun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
-        best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
-    "mujoco": ESRun(
-        env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
-        network=NetworkConfig(hidden=(64, 64), obs_norm=True), action_noise=0.01, best_episodes=3,
-        remove_survival_bonus=True,
-        algo=es.ESParams(population_size=40, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
-}
-GA_PRESETS: dict[str, GARun] = {
-    "cartpole": GARun(),
-    "atari": GARun(
-        env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0,
-        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.002, elite_candidates=4, elite_episodes=5)),
-    "minatar": GARun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
-        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
-    "mujoco": GARun(
-        env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
-        network=NetworkConfig(hidden=(64, 64), obs_norm=True),
-        algo=ga.GAParams(population_size=64, truncation=16, sigma=0.02, elite_candidates=4, elite_episodes=3)),
-}
-RANDOM_SEARCH_PRESETS: dict[str, RandomSearchRun] = {"cartpole": RandomSearchRun()}
-# ARS V2-t: a linear policy on normalised states, the survival bonus out of the fitness.
-ARS_PRESETS: dict[str, ARSRun] = {
-    "cartpole": ARSRun(),
-    "mujoco": ARSRun(
-        env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(16), generations=0, seconds=3600.0,
-        network=NetworkConfig(hidden=(), obs_norm=True), remove_survival_bonus=True, best_episodes=2,
-        algo=ars.ARSParams(directions=8, top=4, step_size=0.02, noise=0.03)),
-}
-
-
-def validate(cfg: NeuroevoRun):
-    validate_run_options(cfg)
-    validate_pipeline(cfg.pipeline)
-    shape = pipeline_shape(cfg.pipeline, cfg.bridge)
-    if cfg.pipeline.cuda_graphs:
-        fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
-    validate_bridge(cfg.bridge, cfg.pipeline)
-    spec = validate_env(cfg.env)
-    cfg.algo_module.validate(cfg.algo)
-    for name in ("generations", "total_frames"):
-        if getattr(cfg, name) < 0:
-            fail(name, getattr(cfg, name), "must be >= 0")
-    if cfg.seconds < 0:
-        fail("seconds", cfg.seconds, "must be >= 0")
-    if not (cfg.generations or cfg.total_frames or cfg.seconds):
-        fail("generations", 0, "with no frame or time budget the run would never end")
-    for name in ("episodes_per_member", "best_episodes"):
-        if getattr(cfg, name) < 1:
-            fail(name, getattr(cfg, name), "must be positive")
-    if cfg.max_episode_frames < -1:
-        fail("max_episode_frames", cfg.max_episode_frames, "must be >= 0 (0 = no cap), or -1 (by env kind)")
-    for name in ("action_noise", "reward_shift"):
-        if not getattr(cfg, name) >= 0:
-            fail(name, getattr(cfg, name), "must be >= 0")
-    if cfg.action_noise and spec.num_actions is not None:
-        fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
-    if cfg.network.lstm_size:
-        fail("network.lstm_size", cfg.network.lstm_size, "a genome is a feed-forward network here: leave it 0")
-    try:
-        # The population's vectors and one row per env slot, at least.
-        copies = cfg.algo.population_size + shape.num_envs
-        net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
-                                 f"{copies:,} copies (the population's vectors and one per env slot)")
-    except ValueError as e:
-        raise ConfigError(network_error(e)) from None
-    forwards = ("auto",) + strategies(net)
-    if cfg.forward not in forwards:
-        fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
-    return spec
-
-
-# The per-step survival bonus ("healthy reward") of Gymnasium's MuJoCo locomotion tasks (v4, v5), by name.
-SURVIVAL_BONUS = {"Hopper": 1.0, "Walker2d": 1.0, "Ant": 1.0, "Humanoid": 5.0}
-
-
-def fitness_shift(cfg: NeuroevoRun, spec) -> float:
-    """What the fitness takes from every step's reward."""
-    base = spec.env_id.split(":")[-1].split("-")[0]
-    return cfg.reward_shift + (SURVIVAL_BONUS.get(base, 0.0) if cfg.remove_survival_bonus else 0.0)
-
-
-# Atari episodes end after this many frames unless --max-episode-frames says otherwise. The deep GA (Such et al.
-# 2017, arXiv:1712.06567) capped them at 20,000 frames, as we recall the paper; Uber's released code agrees
-# (uber-research/deep-neuroevolution: configurations/frostbite_ga.json and
-# gpu_implementation/configurations/ga_atari_config.json set episode_cutoff_mode 5000 steps, and
-# gpu_implementation/ga.py evaluates with max_frames = 5000 * 4). Salimans et al. 2017's ES code also cuts
-# episodes at a timestep limit (an adaptive one, as we recall); we do not recall a number of theirs, so none
-# is used here. Without a cap, one member that survives without scoring holds its whole generation up to the
-# emulator's own limit (envpool's Atari v5: 27,000 steps, 108,000 frames).
-ATARI_EPISODE_FRAMES = 20_000
-# MinAtar's games have no time limit but Freeway's 2,500 frames, and a member that keeps Breakout's ball in play
-# never ends its episode: 10,000 frames (= steps) is four Freeway episodes, far past what the papers' agents
-# reach per episode in 5M frames.
-GRID_EPISODE_FRAMES = 10_000
-
-
-def episode_frame_cap(cfg: NeuroevoRun, spec) -> int:
-    """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the
-    deep-GA cap for image frames (Atari; football too, whose episodes envpool ends first, at 400 to 3,000
-    steps), ``GRID_EPISODE_FRAMES`` for small grids (MinAtar) and none for other envs."""
-    if cfg.max_episode_frames >= 0:
-        return cfg.max_episode_frames
-    kind = task_kind(spec)
-    return ATARI_EPISODE_FRAMES if kind in ("atari", "football") else GRID_EPISODE_FRAMES if kind == "minatar" else 0
-
-
-def episode_step_cap(cfg: NeuroevoRun, spec) -> int:
+def episode_step_cap(prepared: Prepared) -> int:
     """``episode_frame_cap`` in agent steps: an episode ends at the first step whose frames reach the cap."""
-    return -(-episode_frame_cap(cfg, spec) // spec.frames_per_step)
+    return -(-episode_frame_cap(prepared.config, prepared.kind) // prepared.spec.frames_per_step)
 
 
-def build_policy(cfg: NeuroevoRun, spec) -> PolicyNet:
-    n = cfg.network
-    return PolicyNet(spec, n.encoder, tuple(n.hidden), obs_norm=n.obs_norm)
-
-
-def identity(cfg: NeuroevoRun, spec) -> dict:
-    return {"algo": cfg.name, "env_id": spec.env_id, "num_actions": spec.num_actions,
-            **obs_identity(spec), **action_identity(spec), "network": "policy",
-            **encoder_identity(spec, cfg.network.encoder), "hidden": list(cfg.network.hidden),
-            **({"obs_norm": True} if cfg.network.obs_norm else {}),
-            # Genomes name slices of this table: vectors rebuilt from another would differ.
-            "noise": f"table seed {NOISE_TABLE_SEED:#x}"}
+# Each algorithm's generations (what runs them, trainers/evolvers.py), by its run configuration.
+EVOLVERS: dict[type, type[Evolver]] = {GARun: GAEvolver, ESRun: ESEvolver, ARSRun: ARSEvolver,
+                                       RandomSearchRun: RandomSearchEvolver}
 
 
 LONG_GENERATION_S = 120.0  # a generation this long is told about, once
@@ -330,12 +70,13 @@ class NeuroevoTrainer(Trainer):
     def algo_name(cls, cfg) -> str:
         return cfg.name
 
-    def __init__(self, cfg: NeuroevoRun, spec, device, ranks: Solo = Solo()):
-        super().__init__(cfg, spec, device, ranks)
+    def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        cfg, spec = self.cfg, self.spec
         self.algo = cfg.name
         self.template = build_policy(cfg, spec)
         self.space = ParamSpace(self.template)
-        self.evolver = cfg.evolver(cfg, self.space)
+        self.evolver = EVOLVERS[type(cfg)](cfg, self.space)
         self.counters = {"generation": 0, "frames": 0, "episodes": 0}
         self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
         self.reached, self.generated = False, False
@@ -378,7 +119,7 @@ class NeuroevoTrainer(Trainer):
         self.evolver.ranks = ranks
 
     def describe(self) -> str:
-        cap = episode_frame_cap(self.cfg, self.spec)
+        cap = episode_frame_cap(self.cfg, self.prepared.kind)
         return (f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
                 + (f", episodes cut at {cap:,d} frames" if cap else ""))
 
@@ -388,7 +129,7 @@ class NeuroevoTrainer(Trainer):
                                            self.shape.num_groups, self.device, greedy=cfg.greedy,
                                            strategy=cfg.forward, action_noise=cfg.action_noise,
                                            reward_shift=fitness_shift(cfg, self.spec),
-                                           max_episode_steps=episode_step_cap(cfg, self.spec))
+                                           max_episode_steps=episode_step_cap(self.prepared))
         if self.ranks.world > 1:
             self.population.pool_stats = self.ranks.pool_moments
         return self.population
@@ -563,8 +304,8 @@ class NeuroevoTrainer(Trainer):
                 None if g else "stopped before the first generation ended")
 
 
-def train(cfg: NeuroevoRun) -> dict:
-    return run(NeuroevoTrainer, cfg, validate(cfg), from_checkpoint)
+def train(prepared: Prepared) -> dict:
+    return run(NeuroevoTrainer, prepared, from_checkpoint)
 
 
 def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> MemberPolicy:
@@ -572,7 +313,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
     the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""
     ident = state.get("identity", {})
-    spec = checkpoint_env(state)
+    spec = checkpoint_spec(state)
     with rebuilding(state):
         cfg = NeuroevoRun(network=checkpoint_network(ident, spec))
         net = blank(lambda: build_policy(cfg, spec))
@@ -583,5 +324,3 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     return MemberPolicy(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
 
 
-FAMILIES = tuple(Family(cls.name, cls, presets, train, from_checkpoint, data_parallel=True) for cls, presets in (
-    (GARun, GA_PRESETS), (ESRun, ES_PRESETS), (ARSRun, ARS_PRESETS), (RandomSearchRun, RANDOM_SEARCH_PRESETS)))

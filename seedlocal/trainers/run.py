@@ -36,32 +36,15 @@ from seedlocal import checkpoint
 from seedlocal.config.checks import resolve_device, split_address
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
-from seedlocal.networks import action_identity, obs_identity
 from seedlocal.pipeline.actors import start_server
 from seedlocal.pipeline.bridge.server import BridgeMeter
-from seedlocal.envs.spaces import describe, with_box_actions
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
 from seedlocal.pipeline.ranks import Solo, join
-from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
+from seedlocal.prepare import Prepared, for_rank
+from seedlocal.shape import PipelineShape
 from seedlocal.trainers.videos import TrainingVideos
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """One algorithm family as the command line and ``seedlocal eval`` see it (``families.py`` lists them):
-    ``seedlocal train <name>`` parses ``run`` (a config dataclass) over one of ``presets`` and calls
-    ``train``; eval plays a checkpoint of it through ``from_checkpoint(state, device, greedy, epsilon)``, the
-    policy training's inference serves (``greedy`` None: acting as the run acted in training)."""
-
-    name: str
-    run: type
-    presets: dict
-    train: Callable[..., dict]
-    from_checkpoint: Callable[..., Policy]
-    data_parallel: bool = False
-    """whether ``--learners G`` > 1 can train it (its trainer's ``join_ranks``; docs/distributed.md)"""
-
 
 WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting)
 
@@ -85,20 +68,15 @@ class Trainer(abc.ABC):
         """The algorithm's name in run folders and summaries."""
         return cls.algo
 
-    def __init__(self, cfg, spec, device: torch.device, ranks: Solo = Solo()):
-        """``ranks``: the data-parallel learner ranks this trainer is one of (``cfg`` is its share of the run's)."""
-        self.cfg, self.spec, self.device, self.ranks = cfg, spec, device, ranks
+    def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
+        """``prepared``: the run (a data-parallel rank's share of it, one of ``ranks``: ``prepare.for_rank``)."""
+        self.prepared = prepared
+        self.cfg, self.spec, self.device, self.ranks = prepared.config, prepared.spec, device, ranks
         self.counters: dict[str, int] = {}
-        self.frames_per_step = spec.frames_per_step
+        self.frames_per_step = prepared.spec.frames_per_step
         # The pipeline's sizes (a rank's: the run's divided): the trainer sizes its own parts by them, and the
         # pipeline takes them.
-        self.shape: PipelineShape = pipeline_shape(cfg.pipeline, cfg.bridge, self.needs(cfg), rank=ranks.rank,
-                                                   ranks=ranks.world)
-
-    @staticmethod
-    def needs(cfg) -> ShapeNeeds:
-        """What this trainer asks of the pipeline's shape (its validate checks the same)."""
-        return ShapeNeeds()
+        self.shape: PipelineShape = prepared.shape
 
     # -- building and saving ----------------------------------------------------
 
@@ -310,18 +288,6 @@ def restore_generators(saved: dict | None) -> None:
             torch.cuda.set_rng_state(state, i)
 
 
-def checkpoint_env(state: dict):
-    """The env a checkpoint was trained on, as it is here now, refused (CheckpointError) unless its observations
-    and actions are still those the checkpoint's network was trained on (a user's own env may have changed)."""
-    ident = state.get("identity", {})
-    with rebuilding(state):
-        spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
-        # Its Box actions meet their bounds as they did in training (an older checkpoint's were clipped).
-        spec = with_box_actions(spec, ident.get("box_actions", checkpoint.IDENTITY_BEFORE_KEY["box_actions"]))
-    checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec), **action_identity(spec)})
-    return spec
-
-
 @contextmanager
 def rebuilding(state: dict):
     """Rebuild a checkpoint's network: what a damaged or foreign checkpoint raises becomes a CheckpointError
@@ -343,32 +309,18 @@ def blank(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     return net.to_empty(device="cpu")
 
 
-def env_kind(env) -> str:
-    """The kind of task ``env`` (an ``EnvConfig``) is (``config.checks.task_kind``: the names the presets go by),
-    what a family's ``sized_for`` decides by; "" for one that cannot be described (validation names it)."""
-    from seedlocal.config.checks import task_kind
-
-    try:
-        return task_kind(describe(env.id, env.backend, env.frame_stack))
-    except Exception:
-        return ""
-
-
-def image_frames(env) -> bool:
-    """Whether ``env`` steps image frames (Atari's, Football's minimaps): the runs a GPU machine sizes up."""
-    return env_kind(env) in ("atari", "football")
-
-
 def default_run_name(spec, algo: str, seed: int) -> str:
     return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _start_or_resume(trainer_cls: type[Trainer], cfg, spec, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
-    """The trainer (on ``ranks``' share of ``cfg``), seeded from the run's seed or, with ``cfg.resume``,
+def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
+    """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``,
     restored from its checkpoint (counters, state, generators); the
     checkpoint (None for a new run) and the run folder it writes to."""
-    share = ranks.share(cfg)
-    device = resolve_device(share.pipeline.device)
+    cfg, spec = prepared.config, prepared.spec
+    if ranks.world > 1:
+        prepared = for_rank(prepared, ranks.rank, ranks.world, ranks.share(cfg))
+    device = resolve_device(prepared.config.pipeline.device)
     seed_generators(cfg.env.seed)  # the trainer's networks start from it; a resume restores them
     resumed = checkpoint.load(cfg.resume) if cfg.resume else None
     if resumed is not None:
@@ -376,7 +328,7 @@ def _start_or_resume(trainer_cls: type[Trainer], cfg, spec, ranks: Solo = Solo()
     else:
         name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
-    t = trainer_cls(share, spec, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
+    t = trainer_cls(prepared, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
     if resumed is not None:
         if ranks.main:
             print(resume_line(resumed.get("config"), cfg, resumed["path"]), flush=True)
@@ -437,12 +389,13 @@ class _Quiet:
         pass
 
 
-def _join(trainer_cls: type[Trainer], cfg, spec):
+def _join(trainer_cls: type[Trainer], prepared: Prepared):
     """This process's ranks (``Solo`` for one process: no torch.distributed call), its trainer on its share of
-    ``cfg``, started or resumed with parameters equal on every rank; the checkpoint and the run folder."""
+    the run, started or resumed with parameters equal on every rank; the checkpoint and the run folder."""
+    cfg = prepared.config
     ranks = join(cfg, resolve_device(cfg.pipeline.device).type)
     try:
-        t, resumed, run_dir = _start_or_resume(trainer_cls, cfg, spec, ranks)
+        t, resumed, run_dir = _start_or_resume(trainer_cls, prepared, ranks)
         if ranks.rank:  # each rank samples its own actions (rank 0's parameters come by broadcast)
             seed_generators(stream_seed(cfg.env.seed, ranks.rank, "process", t.counters[t.x_axis]))
         t.join_ranks(ranks)
@@ -452,13 +405,13 @@ def _join(trainer_cls: type[Trainer], cfg, spec):
     return ranks, t, resumed, run_dir
 
 
-def run(trainer_cls: type[Trainer], cfg, spec, from_checkpoint: Callable | None = None) -> dict:
-    """Train ``cfg`` (validated; ``spec`` its env) until a budget ends;
-    returns the summary (also on Ctrl-C, re-raised after saving).
-    ``from_checkpoint``: the family's (``Family``), which plays the videos."""
+def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable | None = None) -> dict:
+    """Train the ``prepared`` run until a budget ends; returns the summary (also on Ctrl-C, re-raised after
+    saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
+    cfg, spec = prepared.config, prepared.spec
     if cfg.pipeline.num_workers > 0:
         start_server()  # the config and env are valid: a process may start, and it starts beside the learner's
-    ranks, t, resumed, run_dir = _join(trainer_cls, cfg, spec)
+    ranks, t, resumed, run_dir = _join(trainer_cls, prepared)
     try:
         policy = t.policy()
         if ranks.main:
@@ -498,8 +451,8 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
-    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, consume=t.consume, spec=spec,
-                           bridge=t.cfg.bridge, shape=t.shape, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
+    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
+                           bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)
         r.summary = summary

@@ -11,160 +11,30 @@ The run's life around this is ``trainers/run.py``'s.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from seedlocal.algos.frames import UnrollStacks, net_spec, stack_problem, stacking
+from seedlocal.algos.frames import UnrollStacks, net_spec, stacking
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.config.machine import Machine
-from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
-from seedlocal.config.checks import (check_network_fits, network_error, validate_bridge, validate_pipeline,
-                                     validate_run_options)
 from seedlocal.dtypes import torch_dtype
-from seedlocal.envs.spaces import validate_env
-from seedlocal.errors import ConfigError, fail
 from seedlocal.monitor import nothing_stepped
-from seedlocal.networks import ActorCritic, action_identity, checkpoint_network, encoder_identity, obs_identity
+from seedlocal.networks import checkpoint_network
 from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.shape import ShapeNeeds, pipeline_shape, widened
-from seedlocal.trainers.run import (WAIT_S, Family, Run, Trainer, blank, checkpoint_env, env_kind, image_frames,
-                                    rebuilding, run)
+from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.recipes.vtrace import VTraceRun, build_model, identity
+from seedlocal.trainers.run import WAIT_S, Run, Trainer, blank, rebuilding, run
 
 # Learner statistics measured once per logging interval (see learner_step).
 DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
-
-
-@dataclass
-class VTraceRun(StepRunConfig):
-    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
-        num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
-    algo: VTraceParams = field(default_factory=VTraceParams)
-
-    def fit_to_groups(self, envs_per_group: int) -> VTraceRun:
-        """V-trace batches whole groups: the batch rounded up to a multiple of the group size."""
-        batch = self.algo.batch_size
-        if envs_per_group <= 0 or batch % envs_per_group == 0:
-            return self
-        return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=-(-batch // envs_per_group)
-                                                                   * envs_per_group))
-
-    def per_rank(self, ranks: int) -> VTraceRun:
-        """A rank's batch: algo.batch_size / G unrolls where that is a whole number of its groups (its shape's:
-        the run's divided, refused here where it cannot be), so that G ranks' update is the one-process recipe's
-        (the same rows per update and per minibatch); else the whole batch on every rank (G x the unrolls per
-        update)."""
-        group = pipeline_shape(self.pipeline, self.bridge, ranks=ranks).envs_per_group
-        if not self.pipeline.num_workers:  # every env remote: its groups' size is the bridge's
-            return self
-        batch = self.algo.batch_size
-        # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
-        share = batch // ranks
-        if ranks > 1 and batch % ranks == 0 and share % group == 0 and self.algo.minibatches <= share:
-            return dataclasses.replace(self, algo=dataclasses.replace(self.algo, batch_size=share))
-        return self
-
-    def sized_for(self, machine: Machine) -> VTraceRun:
-        """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of
-        every local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
-        budget: issue 33's H200 run (16 cores: 4 x 32 envs, batch 128, 8 minibatches, constant rate) reached
-        +18.1 on Pong at 12.3M frames, past the preset's 10M, where its rate has decayed to 0. MinAtar's
-        preset on a GPU lets the actors run ahead (algo.sync off). Everything else, and every CPU run, keeps the
-        preset (docs/tuning.md, "Sized to the machine")."""
-        if machine.accelerator and self.algo.sync != "off" and env_kind(self.env) == "minatar":
-            # Issue 33's rule: actors run ahead on a GPU where that reaches the target in no more frames than
-            # sync on (within 10%, mean of 3 seeds). MinAtar Breakout with this preset, 2-core CPU: >= 10 at
-            # 0.62 / 0.95 / 0.59M steps against 1.07M / not by 1.9M / 1.30M (docs/tuning.md). Its sizes stay
-            # (measured on no GPU). Atari keeps sync on: its clip 0.1 and 4 x 4 passes are unmeasured at a lag.
-            return dataclasses.replace(self, algo=dataclasses.replace(self.algo, sync="off"))
-        pipeline = widened(self.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, self.bridge.remote_envs)
-        if pipeline == self.pipeline or not image_frames(self.env):
-            return self
-        # Measured at 16 cores on Atari only (128 envs): other core counts, and Football, are unmeasured on a GPU.
-        # The budget is unmeasured too: the H200 run had no step limit (total_steps 0) and was stopped by hand
-        # after +19.4 at 16M frames; twice the Atari preset's 2.5M steps (20M frames) covers that, at the rate
-        # it ran with (a decay over 5M steps would have halved it by 12.3M frames: never tried).
-        batch = pipeline_shape(pipeline).num_local_envs
-        algo = dataclasses.replace(self.algo, batch_size=batch, minibatches=max(1, batch // UNROLLS_PER_MINIBATCH),
-                                   lr_decay=False)
-        return dataclasses.replace(self, pipeline=pipeline, algo=algo, total_steps=2 * self.total_steps)
-
-
-GPU_ENVS_PER_WORKER = 32  # a sized run's workers (issue 33's H200 run: 4 workers of 32)
-UNROLLS_PER_MINIBATCH = 16  # the H200 run's 128 unrolls in 8 minibatches; the 2-core Atari preset's are 4
-
-
-PRESETS: dict[str, VTraceRun] = {
-    "cartpole": VTraceRun(),
-    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
-    # small batches and many updates, a mean loss with Adam, orthogonal init,
-    # on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
-    # beside the network from single frames (algos/frames.py, docs/pipeline.md).
-    "atari": VTraceRun(
-        env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
-        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
-        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
-                          learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
-                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
-                          init="orthogonal"),
-        network=NetworkConfig(encoder="nature"), total_steps=2_500_000,
-    ),
-    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
-    # clipped surrogate on 1,024-step batches, but from more and shorter unrolls (64 envs x 32 steps), in 2
-    # passes instead of 4, at a larger step size: the network is tiny, so the CPU learner's cost is per
-    # minibatch, not per weight.
-    "minatar": VTraceRun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"),
-        pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
-        algo=VTraceParams(batch_size=32, echo=2, minibatches=4, clip=0.2, normalize_advantages=True,
-                          learning_rate=1e-3, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.01, max_grad_norm=0.5, separate_critic=False, init="orthogonal"),
-        network=NetworkConfig(encoder="minatar"), total_steps=5_000_000,
-    ),
-    # SEED's Google Research Football (docs/football.md) on envpool's gfootball/ ids: one 72 x 96 x 4 minimap
-    # (SMM) frame and the scoring reward; the Atari preset's rhythm and Nature CNN, with the longer horizon
-    # and smaller entropy bonus of GRF's own PPO scripts (gamma 0.993, entropy 0.003), 19 actions.
-    "football": VTraceRun(
-        env=EnvConfig(id="gfootball/academy_empty_goal_close-v1"),
-        pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=32),
-        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
-                          learning_rate=3.4e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.993,
-                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
-                          init="orthogonal"),
-        network=NetworkConfig(encoder="nature"), total_steps=1_000_000,
-    ),
-    # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
-    # (docs/mujoco.md): separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent
-    # std, observation normalisation, reward scaling, clip 0.2, 10 passes of 32 minibatches over each
-    # 2,048-step batch, Adam 3e-4 decayed to 0.
-    "mujoco": VTraceRun(
-        env=EnvConfig(id="HalfCheetah-v5"),
-        pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=128),
-        algo=VTraceParams(batch_size=16, echo=10, minibatches=32, clip=0.2, normalize_advantages=True,
-                          learning_rate=3e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.0, max_grad_norm=0.5, separate_critic=True, init="orthogonal",
-                          reward_scale=True, init_std=0.5),
-        network=NetworkConfig(obs_norm=True), total_steps=1_000_000,
-    ),
-}
-
-
-def preset_for(spec) -> VTraceRun:
-    """The preset made for an env's kind (``config.checks.task_kind``): Atari's for images, Football's for
-    gfootball's minimaps, MinAtar's for small grids, MuJoCo's for Box actions, else CartPole's."""
-    from seedlocal.config.checks import task_kind
-
-    return PRESETS[task_kind(spec)]
 
 
 def actors_wait(a: VTraceParams) -> bool:
@@ -175,88 +45,6 @@ def actors_wait(a: VTraceParams) -> bool:
     rows outside the clip range, where they give no gradient. A GPU that
     chose the other rhythm by itself would run another algorithm."""
     return a.sync != "off"
-
-
-def identity(cfg: VTraceRun, spec) -> dict:
-    """What a checkpoint must match to be resumed or evaluated with this config."""
-    a, n, stack = cfg.algo, cfg.network, stacking(spec, cfg.frame_stack)
-    # The frame stacks only where set: checkpoints from before them keep the identity they were saved with.
-    stacks = {**({"env_frame_stack": spec.frame_stack} if spec.frame_stack else {}),
-              **({"frame_stack": stack} if stack > 1 else {})}
-    return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
-            **obs_identity(spec), **action_identity(spec), **stacks,
-            **encoder_identity(net_spec(spec, stack), n.encoder), "hidden": list(n.hidden), "lstm_size": n.lstm_size,
-            "separate_critic": a.separate_critic, **({"obs_norm": True} if n.obs_norm else {}),
-            "optimizer": a.optimizer}
-
-
-def build_model(cfg: VTraceRun, spec) -> ActorCritic:
-    a, n = cfg.algo, cfg.network
-    return ActorCritic(net_spec(spec, stacking(spec, cfg.frame_stack)), encoder=n.encoder, hidden=tuple(n.hidden),
-                       lstm_size=n.lstm_size, separate_critic=a.separate_critic, init=a.init, obs_norm=n.obs_norm,
-                       init_std=a.init_std)
-
-
-def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
-    """Batches of whole groups (k unrolls), and one unroll per group, at least a batch: while the learner works
-    on a batch, actors fill the next one (or, with algo.sync, wait), no more, so the policy lag stays about one
-    batch of updates."""
-    return ShapeNeeds(batch_envs=cfg.algo.batch_size, buffers_per_group=1)
-
-
-def validate(cfg: VTraceRun):
-    validate_run_options(cfg)
-    validate_pipeline(cfg.pipeline)
-    pipeline_shape(cfg.pipeline, cfg.bridge, shape_needs(cfg))
-    validate_bridge(cfg.bridge, cfg.pipeline)
-    spec = validate_env(cfg.env)
-    a, p = cfg.algo, cfg.pipeline
-    if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
-        fail("frame_stack", cfg.frame_stack, problem)
-    if not a.init_std > 0:
-        fail("algo.init_std", a.init_std, "must be > 0")
-    if a.precision not in ("auto", "fp32", "tf32", "bf16"):
-        fail("algo.precision", a.precision, "expected auto, fp32, tf32 or bf16")
-    if a.echo < 1:
-        fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
-    if a.minibatches < 1:
-        fail("algo.minibatches", a.minibatches, "must be >= 1 (updates per pass over a batch)")
-    if cfg.network.lstm_size and a.minibatches > a.batch_size:
-        fail("algo.minibatches", a.minibatches,
-             f"with an LSTM a minibatch holds whole unrolls: at most algo.batch_size ({a.batch_size})")
-    if a.minibatches > a.batch_size * p.unroll_length:
-        fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
-    if a.sync not in ("auto", "on", "off"):
-        fail("algo.sync", a.sync, "expected on or off")
-    if a.proximal not in ("behaviour", "batch"):
-        fail("algo.proximal", a.proximal, "expected behaviour or batch")
-    if a.proximal == "batch" and a.clip == 0:
-        fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
-    if not 0 <= a.clip < 1:
-        fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
-    for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
-        if getattr(a, name) <= 0:
-            fail(f"algo.{name}", getattr(a, name), "must be positive")
-    if not 0 <= a.discount <= 1:
-        fail("algo.discount", a.discount, "must be in [0, 1]")
-    if not 0 <= a.lam <= 1:
-        fail("algo.lam", a.lam, "must be in [0, 1]")
-    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
-        if getattr(a, name) < 0:
-            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
-    if cfg.total_steps < 0 or cfg.seconds < 0:
-        fail("total_steps" if cfg.total_steps < 0 else "seconds",
-             cfg.total_steps if cfg.total_steps < 0 else cfg.seconds, "must be >= 0")
-    if cfg.total_steps == 0 and cfg.seconds == 0:
-        fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
-    if not 0 < a.rmsprop_alpha < 1:
-        fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
-    try:
-        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
-                           "its weights, gradients, Adam state and the actors' copy")
-    except ValueError as e:
-        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
-    return spec
 
 
 class _Interval:
@@ -329,10 +117,10 @@ class _Interval:
 class VTraceTrainer(Trainer):
     algo = "vtrace"
     checkpoint_parts = ("model", "optimizer", "counters")
-    needs = staticmethod(shape_needs)
 
-    def __init__(self, cfg: VTraceRun, spec, device, ranks: Solo = Solo()):
-        super().__init__(cfg, spec, device, ranks)
+    def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        cfg, spec = self.cfg, self.spec
         a = cfg.algo
         self.model = build_model(cfg, spec).to(device)
         self.optimizer = make_optimizer(self.model.parameters(), a)
@@ -608,9 +396,9 @@ class VTraceTrainer(Trainer):
                 f"{'-' if ret is None else f'{ret:.1f}'}", None if summary["steps"] else nothing_stepped(self.cfg))
 
 
-def train(cfg: VTraceRun) -> dict:
+def train(prepared: Prepared) -> dict:
     """Train until a budget ends; returns a summary (also on Ctrl-C, re-raised after saving)."""
-    return run(VTraceTrainer, cfg, validate(cfg), from_checkpoint)
+    return run(VTraceTrainer, prepared, from_checkpoint)
 
 
 def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> ModelPolicy:
@@ -618,7 +406,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     or False), or its distribution's mode (True). ``epsilon`` is R2D2's; V-trace acts without it. The network
     is sized by the checkpoint's identity, as it was saved."""
     ident = state.get("identity", {})
-    spec = checkpoint_env(state)
+    spec = checkpoint_spec(state)
     stack = int(ident.get("frame_stack", 1))
     with rebuilding(state):
         cfg = VTraceRun(network=checkpoint_network(ident, net_spec(spec, stack)), frame_stack=stack,
@@ -628,4 +416,3 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     return ModelPolicy(model.to(device).eval(), spec, greedy=bool(greedy), stack=stack)
 
 
-FAMILIES = (Family("vtrace", VTraceRun, PRESETS, train, from_checkpoint, data_parallel=True),)

@@ -173,8 +173,8 @@ class _HostGroups:
 class _Session:
     """One connection: a local ActorPool served over one gRPC stream."""
 
-    def __init__(self, cfg: ActorsConfig, token: str):
-        self.cfg, self.token = cfg, token
+    def __init__(self, cfg: ActorsConfig, token: str, describe):
+        self.cfg, self.token, self.describe = cfg, token, describe
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.pool = None
         self.ended: str | None = None  # why the stream ended
@@ -277,7 +277,7 @@ class _Session:
     def _accept(self, answer: dict):
         """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
         never imported, and an env whose spaces differ from the learner's is not run."""
-        from seedlocal.envs.spaces import describe, with_box_actions
+        from seedlocal.envs.spaces import with_box_actions
 
         env_id = str(answer.get("env_id", ""))
         module = _env_module(env_id)
@@ -285,7 +285,7 @@ class _Session:
             self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
                          f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
         try:
-            spec = describe(env_id, str(answer.get("backend", "")), int(answer.get("frame_stack", 0)))
+            spec = self.describe(env_id, str(answer.get("backend", "")), int(answer.get("frame_stack", 0)))
             spec = with_box_actions(spec, str(answer.get("box_actions")))
         except ValueError as e:
             self._refuse(f"cannot run {env_id!r} here: {e}")
@@ -478,15 +478,17 @@ def _checked(cfg: ActorsConfig) -> str:
     return token
 
 
-def run(cfg: ActorsConfig) -> int:
-    """Serve learners until one stops us; returns the process exit code."""
+def run(cfg: ActorsConfig, describe) -> int:
+    """Serve learners until one stops us; returns the process exit code. ``describe(env_id, backend,
+    frame_stack)``: the learner's env as this host would run it (``prepare.host_env``), its spaces checked
+    against the learner's before any worker starts."""
     token = _checked(cfg)
     # Now, not when a learner first answers (this host makes its segments
     # only then): a predecessor killed with its process group left its own.
     sweep_once()
     lost_since, backoff, why = None, 0.5, ""
     while True:
-        session = _Session(cfg, token)
+        session = _Session(cfg, token, describe)
         try:
             session.run()
         except KeyboardInterrupt:

@@ -1,0 +1,101 @@
+"""Each family's recipe: its options (the run configuration tyro parses), its presets, and the rules that
+preparation (``seedlocal/prepare.py``) applies to them. A rule here is a plain function of values it is given:
+it describes no env, builds no shape and starts nothing; preparation hands it the env's kind, the machine
+and which options the user gave.
+
+    sizing(cfg, kind, machine, given) -> changes   the machine's sizes, where the user gave none (DESIGN.md,
+                                                    decision 9); what follows from a size is derived again
+                                                    from the size that holds, the user's or the machine's
+    derive(cfg, given) -> changes                   what follows from the options whatever the machine (V-trace:
+                                                    a batch of whole groups)
+    per_rank(cfg, ranks, shape_of) -> cfg          one of G data-parallel learners' share (V-trace: its batch),
+                                                    given how to build a rank's shape of a config
+    needs(cfg) -> ShapeNeeds                        what the family asks of the pipeline's shape
+    check(cfg, spec, shape)                         the family's own refusals, one line naming the field
+
+A change is ``{dotted option name: value}``. ``KINDS`` is the one table of env kinds the presets and rules
+go by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from seedlocal.config.machine import Machine
+from seedlocal.networks import is_grid, is_image
+from seedlocal.shape import ShapeNeeds
+
+Given = Callable[[str], bool]
+"""whether an option (dotted name, or a group such as ``pipeline``) was given by the user"""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of task, named as the presets made for it are."""
+
+    name: str
+    what: str
+    """how the first line says it ("a preset made for ...")"""
+    frames: bool
+    """image frames, which a GPU machine sizes up (more envs, larger batches)"""
+    episode_frames: int
+    """neuroevolution's evaluation episode cap by default (0: none): the deep-GA paper's 20,000 frames for
+    image frames (football's episodes end first, at 400 to 3,000 steps); for small grids 10,000, four of
+    Freeway's 2,500-frame episodes, far past what a MinAtar agent reaches per episode in 5M frames (a member
+    that keeps Breakout's ball in play never ends its episode)"""
+
+
+KINDS = {k.name: k for k in (
+    Kind("atari", "image frames", True, 20_000),
+    Kind("football", "Google Research Football's minimap frames", True, 20_000),
+    Kind("minatar", "small image grids", False, 10_000),
+    Kind("mujoco", "a Box action space", False, 0),
+    Kind("cartpole", "small vectors", False, 0),
+)}
+
+
+def kind_of(spec) -> Kind:
+    """The kind of task an env (its ``EnvSpec``) is: 'football' for Google Research Football (envpool's
+    gfootball/ ids), 'atari' for other frames of 36 x 36 and up (Nature CNN), 'minatar' for smaller image
+    grids with Discrete actions (MinAtar's 10 x 10 x C), 'mujoco' for Box actions, 'cartpole' for the rest."""
+    single = spec.obs.get("")
+    if single is not None and is_image(single):
+        return KINDS["football" if spec.env_id.startswith("gfootball/") else "atari"]
+    if spec.num_actions is None:
+        return KINDS["mujoco"]
+    return KINDS["minatar" if single is not None and is_grid(single) else "cartpole"]
+
+
+def no_needs(cfg) -> ShapeNeeds:
+    return ShapeNeeds()
+
+
+def no_sizing(cfg, kind: Kind, machine: Machine, given: Given) -> dict:
+    return {}
+
+
+def no_changes(cfg, given: Given) -> dict:
+    return {}
+
+
+def whole(cfg, ranks: int, shape_of):
+    return cfg
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One family's options, presets and rules (module docstring)."""
+
+    name: str
+    """the ``seedlocal train`` command"""
+    run: type
+    """its run configuration (a ``RunConfig`` dataclass)"""
+    presets: dict
+    check: Callable[..., None]
+    needs: Callable[..., ShapeNeeds] = no_needs
+    sizing: Callable[..., dict] = no_sizing
+    derive: Callable[..., dict] = no_changes
+    per_rank: Callable[..., object] = whole
+    data_parallel: bool = True
+    """whether ``--learners G`` > 1 can train it (docs/distributed.md)"""

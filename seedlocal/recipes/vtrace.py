@@ -1,0 +1,203 @@
+"""V-trace's recipe (``seedlocal train vtrace``): its options, its presets and the rules preparation applies to
+them (``recipes/__init__.py``). The trainer is ``trainers/vtrace.py``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from seedlocal.algos.frames import net_spec, stack_problem, stacking
+from seedlocal.algos.vtrace import VTraceParams
+from seedlocal.config.checks import check_network_fits, network_error
+from seedlocal.config.machine import Machine
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
+from seedlocal.errors import ConfigError, fail
+from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
+from seedlocal.recipes import Given, Kind, Recipe
+from seedlocal.shape import ShapeNeeds, sized_pipeline, whole_groups
+
+
+@dataclass
+class VTraceRun(StepRunConfig):
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
+    algo: VTraceParams = field(default_factory=VTraceParams)
+
+
+GPU_ENVS_PER_WORKER = 32  # a sized run's workers (issue 33's H200 run: 4 workers of 32)
+UNROLLS_PER_MINIBATCH = 16  # the H200 run's 128 unrolls in 8 minibatches; the 2-core Atari preset's are 4
+
+
+def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
+    """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of every
+    local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
+    budget: issue 33's H200 run (16 cores: 4 x 32 envs, batch 128, 8 minibatches, constant rate) reached +18.1 on
+    Pong at 12.3M frames, past the preset's 10M, where its rate has decayed to 0 (and issue 43's, sized so by
+    itself: +18.6 at 13.2M frames, docs/gpu.md). MinAtar's preset on a GPU lets the actors run ahead (algo.sync
+    off). Everything else, and every CPU run, keeps the preset (docs/tuning.md, "Sized to the machine")."""
+    if not machine.accelerator:
+        return {}
+    if kind.name == "minatar":
+        # Issue 33's rule: actors run ahead on a GPU where that reaches the target in no more frames than
+        # sync on (within 10%, mean of 3 seeds). MinAtar Breakout with this preset, 2-core CPU: >= 10 at
+        # 0.62 / 0.95 / 0.59M steps against 1.07M / not by 1.9M / 1.30M (docs/tuning.md). Its sizes stay
+        # (measured on no GPU). Atari keeps sync on: its clip 0.1 and 4 x 4 passes are unmeasured at a lag.
+        return {} if given("algo.sync") or cfg.algo.sync == "off" else {"algo.sync": "off"}
+    pipe, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs,
+                                 given)
+    if not kind.frames or not pipe:
+        return {}
+    # Measured at 16 cores on Atari only (128 envs): other core counts, and Football, are unmeasured on a GPU.
+    # The budget is unmeasured too: the H200 run had no step limit (total_steps 0) and was stopped by hand
+    # after +19.4 at 16M frames; twice the Atari preset's 2.5M steps (20M frames) covers that, at the rate
+    # it ran with (a decay over 5M steps would have halved it by 12.3M frames: never tried).
+    batch = cfg.algo.batch_size if given("algo.batch_size") else local
+    out = {**pipe, "algo.batch_size": batch, "algo.minibatches": max(1, batch // UNROLLS_PER_MINIBATCH),
+           "algo.lr_decay": False, "total_steps": 2 * cfg.total_steps}
+    return {k: v for k, v in out.items() if not given(k)}
+
+
+def derive(cfg: VTraceRun, given: Given) -> dict:
+    """V-trace batches whole groups: a batch the user did not give is rounded up to whole groups of the
+    pipeline that holds (a pipeline file's, an option's)."""
+    batch = whole_groups(cfg.algo.batch_size, cfg.pipeline)
+    return {} if given("algo.batch_size") or batch == cfg.algo.batch_size else {"algo.batch_size": batch}
+
+
+def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
+    """A rank's batch: algo.batch_size / G unrolls where that is a whole number of its groups (of its shape,
+    ``shape_of(cfg)``: the run's divided), so that G ranks' update is the one-process recipe's
+    (the same rows per update and per minibatch); else the whole batch on every rank (G x the unrolls per
+    update). Every env remote: the groups' size is the bridge's, and the batch stays whole."""
+    import dataclasses
+
+    batch, share = cfg.algo.batch_size, cfg.algo.batch_size // ranks
+    # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
+    if cfg.pipeline.num_workers and ranks > 1 and batch % ranks == 0 and share % shape_of(cfg).envs_per_group == 0 \
+            and cfg.algo.minibatches <= share:
+        return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, batch_size=share))
+    return cfg
+
+
+PRESETS: dict[str, VTraceRun] = {
+    "cartpole": VTraceRun(),
+    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
+    # small batches and many updates, a mean loss with Adam, orthogonal init,
+    # on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
+    # beside the network from single frames (algos/frames.py, docs/pipeline.md).
+    "atari": VTraceRun(
+        env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
+        pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
+        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
+                          learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
+                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
+                          init="orthogonal"),
+        network=NetworkConfig(encoder="nature"), total_steps=2_500_000,
+    ),
+    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
+    # clipped surrogate on 1,024-step batches, but from more and shorter unrolls (64 envs x 32 steps), in 2
+    # passes instead of 4, at a larger step size: the network is tiny, so the CPU learner's cost is per
+    # minibatch, not per weight.
+    "minatar": VTraceRun(
+        env=EnvConfig(id="MinAtar/Breakout-v1"),
+        pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
+        algo=VTraceParams(batch_size=32, echo=2, minibatches=4, clip=0.2, normalize_advantages=True,
+                          learning_rate=1e-3, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
+                          entropy_cost=0.01, max_grad_norm=0.5, separate_critic=False, init="orthogonal"),
+        network=NetworkConfig(encoder="minatar"), total_steps=5_000_000,
+    ),
+    # SEED's Google Research Football (docs/football.md) on envpool's gfootball/ ids: one 72 x 96 x 4 minimap
+    # (SMM) frame and the scoring reward; the Atari preset's rhythm and Nature CNN, with the longer horizon
+    # and smaller entropy bonus of GRF's own PPO scripts (gamma 0.993, entropy 0.003), 19 actions.
+    "football": VTraceRun(
+        env=EnvConfig(id="gfootball/academy_empty_goal_close-v1"),
+        pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=32),
+        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
+                          learning_rate=3.4e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.993,
+                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
+                          init="orthogonal"),
+        network=NetworkConfig(encoder="nature"), total_steps=1_000_000,
+    ),
+    # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
+    # (docs/mujoco.md): separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent
+    # std, observation normalisation, reward scaling, clip 0.2, 10 passes of 32 minibatches over each
+    # 2,048-step batch, Adam 3e-4 decayed to 0.
+    "mujoco": VTraceRun(
+        env=EnvConfig(id="HalfCheetah-v5"),
+        pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=128),
+        algo=VTraceParams(batch_size=16, echo=10, minibatches=32, clip=0.2, normalize_advantages=True,
+                          learning_rate=3e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
+                          entropy_cost=0.0, max_grad_norm=0.5, separate_critic=True, init="orthogonal",
+                          reward_scale=True, init_std=0.5),
+        network=NetworkConfig(obs_norm=True), total_steps=1_000_000,
+    ),
+}
+
+
+def identity(cfg: VTraceRun, spec) -> dict:
+    """What a checkpoint must match to be resumed or evaluated with this config."""
+    a, n, stack = cfg.algo, cfg.network, stacking(spec, cfg.frame_stack)
+    # The frame stacks only where set: checkpoints from before them keep the identity they were saved with.
+    stacks = {**({"env_frame_stack": spec.frame_stack} if spec.frame_stack else {}),
+              **({"frame_stack": stack} if stack > 1 else {})}
+    return {"algo": "vtrace", "env_id": spec.env_id, "num_actions": spec.num_actions,
+            **obs_identity(spec), **action_identity(spec), **stacks,
+            **encoder_identity(net_spec(spec, stack), n.encoder), "hidden": list(n.hidden), "lstm_size": n.lstm_size,
+            "separate_critic": a.separate_critic, **({"obs_norm": True} if n.obs_norm else {}),
+            "optimizer": a.optimizer}
+
+
+def build_model(cfg: VTraceRun, spec) -> ActorCritic:
+    a, n = cfg.algo, cfg.network
+    return ActorCritic(net_spec(spec, stacking(spec, cfg.frame_stack)), encoder=n.encoder, hidden=tuple(n.hidden),
+                       lstm_size=n.lstm_size, separate_critic=a.separate_critic, init=a.init, obs_norm=n.obs_norm,
+                       init_std=a.init_std)
+
+
+def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
+    """Batches of whole groups (k unrolls), and one unroll per group, at least a batch: while the learner works
+    on a batch, actors fill the next one (or, with algo.sync, wait), no more, so the policy lag stays about one
+    batch of updates."""
+    return ShapeNeeds(batch_envs=cfg.algo.batch_size, buffers_per_group=1)
+
+
+def check(cfg: VTraceRun, spec, shape) -> None:
+    """V-trace's own refusals, one line each naming the field."""
+    a, p = cfg.algo, cfg.pipeline
+    if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
+        fail("frame_stack", cfg.frame_stack, problem)
+    if not a.init_std > 0:
+        fail("algo.init_std", a.init_std, "must be > 0")
+    if a.echo < 1:
+        fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
+    if a.minibatches < 1:
+        fail("algo.minibatches", a.minibatches, "must be >= 1 (updates per pass over a batch)")
+    if cfg.network.lstm_size and a.minibatches > a.batch_size:
+        fail("algo.minibatches", a.minibatches,
+             f"with an LSTM a minibatch holds whole unrolls: at most algo.batch_size ({a.batch_size})")
+    if a.minibatches > a.batch_size * p.unroll_length:
+        fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
+    if a.proximal == "batch" and a.clip == 0:
+        fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
+    if not 0 <= a.clip < 1:
+        fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
+    for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
+        if getattr(a, name) <= 0:
+            fail(f"algo.{name}", getattr(a, name), "must be positive")
+    if not 0 <= a.discount <= 1:
+        fail("algo.discount", a.discount, "must be in [0, 1]")
+    if not 0 <= a.lam <= 1:
+        fail("algo.lam", a.lam, "must be in [0, 1]")
+    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
+        if getattr(a, name) < 0:
+            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    if not 0 < a.rmsprop_alpha < 1:
+        fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
+    try:
+        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
+                           "its weights, gradients, Adam state and the actors' copy")
+    except ValueError as e:
+        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
+
+
+RECIPES = (Recipe("vtrace", VTraceRun, PRESETS, check, needs=shape_needs, sizing=sizing, derive=derive,
+                 per_rank=per_rank),)
