@@ -37,7 +37,7 @@ from seedlocal.config.checks import resolve_device
 from seedlocal.envs.spaces import validate_env
 from seedlocal.networks import PolicyNet
 from seedlocal.trainers.neuroevolution import ESRun, GARun, train
-from seedlocal.policies.population import PopulationForward
+from seedlocal.policies.population_forward import PopulationForward
 
 
 @dataclass

@@ -47,7 +47,8 @@ from seedlocal.envs.spaces import validate_env
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, checkpoint_network, encoder_identity, obs_identity
 from seedlocal.pipeline.ranks import Solo
-from seedlocal.policies.population import MemberPolicy, PopulationPolicy, strategies
+from seedlocal.policies.population import PopulationPolicy
+from seedlocal.policies.population_forward import strategies
 from seedlocal.shape import pipeline_shape, widened
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
 from seedlocal.trainers.run import Family, Run, Trainer, blank, checkpoint_env, image_frames, rebuilding, run
@@ -567,7 +568,7 @@ def train(cfg: NeuroevoRun) -> dict:
     return run(NeuroevoTrainer, cfg, validate(cfg), from_checkpoint)
 
 
-def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> MemberPolicy:
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> PopulationPolicy:
     """A checkpoint's best member acting alone by the population's rule: argmax or a sample over Discrete
     actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
     the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""
@@ -580,7 +581,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
         if net.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
             net.obs_norm.load_state_dict(state["obs_norm"])
     trained = bool(state.get("config", {}).get("greedy", True))
-    return MemberPolicy(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
+    return PopulationPolicy.serving(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
 
 
 FAMILIES = tuple(Family(cls.name, cls, presets, train, from_checkpoint, data_parallel=True) for cls, presets in (
