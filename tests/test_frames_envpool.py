@@ -7,7 +7,7 @@ on (``FrameHistory`` inside ``policy.act``), V-trace's learner builds (``UnrollS
 ``Batcher`` copies out of the unroll store) and R2D2's replay returns (``ReplayFeeder`` into
 ``SequenceReplay``, sampled and staged) must equal envpool's, bit for bit. The flags that say where
 episodes start come from the worker's own writer (``_GroupWriter``) and the inference loop's rule
-(``starts_episode``), so what is compared is what training computes.
+(an observation after an ignored step starts one), so what is compared is what training computes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from seedlocal.pipeline.worker import _GroupWriter
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shm.rollout import RolloutLayout
-from seedlocal.spec import TensorSpec, starts_episode
+from seedlocal.spec import TensorSpec
 from seedlocal.trainers import r2d2, vtrace
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder
 
@@ -119,7 +119,7 @@ def _check_acting(policy, segments: list[Segment], groups: int, rng) -> None:
     core = None if policy.core_state is None else torch.zeros((E,) + policy.core_state.shape)
     for seg in segments:
         for t in range(len(seg.frames)):
-            first = np.ones(n, bool) if t == 0 else starts_episode(seg.ignored[t - 1])
+            first = np.ones(n, bool) if t == 0 else seg.ignored[t - 1]
             for g in rng.permutation(groups):
                 cols = np.arange(g * E, (g + 1) * E)
                 policy.act({"": torch.from_numpy(seg.frames[t, cols])}, core, cols, first[cols])
@@ -195,7 +195,7 @@ def _check_r2d2_replay(segments: list[Segment], groups: int, T: int, rng) -> Non
     preset = r2d2.PRESETS["atari"]
     cfg = dataclasses.replace(preset, algo=dataclasses.replace(preset.algo, burn_in=3, unroll_length=T,
                                                                replay_size=n * len(want)))
-    replay = r2d2.make_replay(cfg, describe("Pong-v5", "envpool", 1), n, CORE.shape)
+    replay = r2d2.make_replay(cfg, describe("Pong-v5", "envpool", 1), n, CORE.shape, seed=0)
     feeder = ReplayFeeder(replay, np.zeros(n, bool), E, T, ["obs"], 1.0, 1, 1)
     rows_of = [[] for _ in range(n)]  # each stream's steps: (buffer, row)
     for b in _handed_on(order, rng):
