@@ -130,6 +130,37 @@ def time_precisions(a: Args, cfg, algo, spec) -> None:
                       "ran_as": resolved, "last_loss": losses, "fastest": fastest}), flush=True)
 
 
+def time_learner(model, optimizer, batch: dict, algo, precision: str, repeats: int, thread_counts) -> dict:
+    """The learner step's median seconds per batch on each thread count."""
+    learn = {}
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        learner_step(model, optimizer, batch, algo, precision=precision)  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            learner_step(model, optimizer, batch, algo, precision=precision)
+            times.append(time.perf_counter() - t0)
+        learn[threads] = _median(times)
+    return learn
+
+
+def time_act(model, obs: dict, group: int, device: torch.device, precision: str) -> float:
+    """The inference forward's median seconds for one group's envs, on one thread as the loop runs it."""
+    torch.set_num_threads(1)  # the inference loop's default (pipeline.inference_threads)
+    x = {k: v[0, :group] for k, v in obs.items()}
+    core = None if model.lstm is None else torch.zeros(group, 2, model.lstm.hidden_size)
+    with torch.inference_mode():
+        times = []
+        for i in range(33):
+            t0 = time.perf_counter()
+            with autocast(device, precision, cache=False):
+                model.step(x, core)
+            if i >= 3:  # the first calls warm oneDNN up
+                times.append(time.perf_counter() - t0)
+    return _median(times)
+
+
 def main(a: Args) -> None:
     cfg = PRESETS[a.preset]
     if a.env:
@@ -147,30 +178,9 @@ def main(a: Args) -> None:
     L, B = cfg.pipeline.unroll_length + 1, algo.batch_size
     obs, batch = synthetic_batch(spec, model, L, B)
 
-    learn = {}
-    for threads in sorted({1, cores}):
-        torch.set_num_threads(threads)
-        learner_step(model, optimizer, batch, algo, precision=precision)  # warm-up
-        times = []
-        for _ in range(a.repeats):
-            t0 = time.perf_counter()
-            learner_step(model, optimizer, batch, algo, precision=precision)
-            times.append(time.perf_counter() - t0)
-        learn[threads] = _median(times)
-
+    learn = time_learner(model, optimizer, batch, algo, precision, a.repeats, sorted({1, cores}))
     group = shape.envs_per_group
-    torch.set_num_threads(1)  # the inference loop's default (pipeline.inference_threads)
-    x = {k: v[0, :group] for k, v in obs.items()}
-    core = None if model.lstm is None else torch.zeros(group, 2, model.lstm.hidden_size)
-    with torch.inference_mode():
-        times = []
-        for i in range(33):
-            t0 = time.perf_counter()
-            with autocast(device, precision, cache=False):
-                model.step(x, core)
-            if i >= 3:  # the first calls warm oneDNN up
-                times.append(time.perf_counter() - t0)
-    act_batch = _median(times)
+    act_batch = time_act(model, obs, group, device, precision)
 
     n_envs = shape.num_local_envs
     with RawEnvpool(spec.env_id, spec, n_envs, cfg.pipeline.env_threads or cores) as raw:

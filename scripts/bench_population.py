@@ -39,7 +39,7 @@ from seedlocal.networks import PolicyNet
 from seedlocal.families import recipe
 from seedlocal.recipes.neuroevolution import ESRun, GARun
 from seedlocal.trainers.neuroevolution import train
-from seedlocal.policies.population import PopulationForward
+from seedlocal.policies.population_forward import PopulationForward
 
 
 @dataclass

@@ -70,7 +70,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -270,181 +270,267 @@ def curve_figures(rec: dict, ctx: dict) -> dict:
                                    "png_note"))
 
 
-def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
-    dry = a.cpu_dry_run
-    env = a.env or ("CartPole-v1" if dry else "Pong-v5")
-    dev = "cpu" if dry else "cuda"
-    cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    runs = out / "runs"
-    # The probe imports everything (torch, envpool, gymnasium, matplotlib ...): 5-6 s on a busy 2-core box.
-    probe = Step("env", lambda t: [PY, str(SCRIPT), "--probe", env], timeout=90, min_s=15 if dry else 20,
-                 figures=env_figures,
-                 show=("torch", "cuda", "cudnn", "gpu", "cuda_available", "missing", "missing_optional"))
-    if a.curve:
-        seconds = a.curve_seconds or (6 if dry else 520)
-        overhead = 8 if dry else 20  # start-up (torch, CUDA, workers) and the exit's checkpoint
+MODEL_KEYS = ("ratio_model", "model_policy_steps_per_s", "raw_best_steps_per_s", "raw_best", "ratio_random",
+              "random_policy_steps_per_s", "num_workers", "envs_per_worker", "env_threads", "frames_per_step",
+              "cuda_graphs", "device")
+LEARN_KEYS = ("ratio_learning", "learning_steps_per_s", "raw_best_steps_per_s", "num_workers", "envs_per_worker",
+              "env_threads", "cuda_graphs", "device")
+TRANS_KEYS = ("transport_steps_per_s", "transport_batches_per_s", "collect_ms_p50", "collect_ms_p99",
+              "envs_per_worker", "device")
+GRAPHS = ["--cuda-graphs"]
 
-        def curve_cmd(t):
-            # What a user types (issue 33): the preset is picked by the env's kind and sized for this machine
-            # (its first lines say so); only the time budget and the log folder are added.
-            s = max(1.0, min(seconds, t - overhead))
-            return [*SEEDLOCAL, "train", "vtrace", "--env.id", env, *(["--pipeline.device", dev] if dry else []),
-                    "--seconds", f"{s:g}", "--log-dir", str(runs / "curve")]
 
-        return [probe,
-                Step("curve_train", curve_cmd, timeout=seconds + overhead, min_s=overhead + (2 if dry else 60),
-                     figures=train_figures, run_dir=runs / "curve",
-                     show=("steps", "frames", "episodes", "mean_return_last20", "frames_per_s")),
-                Step("curve_post", lambda t: [PY, str(SCRIPT), "--curve-post", str(runs / "curve"), str(out),
-                                              str(a.curve_target)],
-                     timeout=60, min_s=5 if dry else 15, figures=curve_figures,
-                     targets=[("best_return_mean20", ">=", a.curve_target)],
-                     show=("final_return_mean20", "final_minutes", "reached_target_minutes", "png_note"))]
+@dataclass(frozen=True)
+class Sizes:
+    """The checklist's sizes: tiny ones for the CPU dry run (the mechanics, not the figures), a GPU box's otherwise."""
+    b_model: list[str]
+    b_learn: list[str]
+    b_trans: list[str]
+    b_ceiling: list[str]
+    pytest: list[str]
+    pop_fwd: list[str]
+    pop_train: list[str]
+    precisions: list[str]
+    trains: dict[str, list[str]]
+    """each trainer's command head"""
+    train_s: float
+    """a trainer's --seconds at most"""
+    overhead: float
+    """a trainer's start-up and exit, kept out of its --seconds"""
+    t_bench: float
+    t_small: float
+    t_ceiling: float
+    t_train: float
+    m_bench: float
+    m_train: float
 
-    if a.peer:
-        seconds = a.curve_seconds or (8 if dry else 520)
-        overhead = 5 if dry else 15
 
-        def peer_cmd(t):
-            # CleanRL's defaults as they are; on the CPU (dry run) --no-cuda, CleanRL's own flag.
-            s = max(1.0, min(seconds, t - overhead))
-            return [PY, "scripts/peer_cleanrl_atari.py", "--seconds", f"{s:g}", "--target", f"{a.curve_target:g}",
-                    "--log-dir", str(runs / "peer"), "--", "--env-id", a.env or "Pong-v5",
-                    *(["--no-cuda"] if dry else [])]
-
-        return [probe, Step("peer_cleanrl", peer_cmd, timeout=seconds + overhead, min_s=overhead + 2,
-                            figures=peer_figures, targets=[("return_mean20", ">=", a.curve_target)],
-                            show=("frames_per_s", "games", "return_mean20", "reached_target_minutes"),
-                            note="CleanRL's ppo_atari_envpool.py, unmodified, behind the envpool 1.x shim; "
-                                 "compare with --curve's run of the same seconds on the same box")]
-
-    if dry:  # tiny sizes: the mechanics, not the figures
-        b_model = ["--envs-per-worker", "16", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
-        b_learn = ["--learning", "--skip-model", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
-        b_trans = ["--envs-per-worker", "64", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"]
-        b_ceiling = ["--env-threads", "2", "--envs-per-worker", "16", "--seconds", "0.05", "--warmup", "0.02"]
-        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "--collect-only", "-q",
-                  "tests/test_cuda.py"]
-        pop_fwd = ["--network", "mlp", "--part", "forward", "--population", "16", "--active", "1.0", "0.5",
-                   "--repeats", "2"]
+def dry_sizes() -> Sizes:
+    overhead = 6.0
+    return Sizes(
+        b_model=["--envs-per-worker", "16", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"],
+        b_learn=["--learning", "--skip-model", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"],
+        b_trans=["--envs-per-worker", "64", "--seconds", "0.3", "--warmup", "0.2", "--rounds", "1"],
+        b_ceiling=["--env-threads", "2", "--envs-per-worker", "16", "--seconds", "0.05", "--warmup", "0.02"],
+        pytest=[PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "--collect-only", "-q",
+                "tests/test_cuda.py"],
+        pop_fwd=["--network", "mlp", "--part", "forward", "--population", "16", "--active", "1.0", "0.5",
+                 "--repeats", "2"],
         # Two generations, whatever the time: two seconds of them made none under two pytest processes (issue 44).
-        pop_train = ["--part", "train", "--algos", "ga", "--population", "16", "--generations", "2", "--seconds", "0",
-                     "--raw-seconds", "0.3", "--num-workers", "1", "--envs-per-worker", "16"]
-        overhead = 6.0
-        trains = {"vtrace": ["train", "vtrace"], "r2d2": ["train", "r2d2"], "ga": ["train", "ga"]}
-        t_bench, t_small, t_train, m_bench, m_train = 60, 60, 40, 5, overhead + 1
-        precisions = ["--preset", "cartpole", "--precisions", "fp32", "bf16", "--repeats", "1"]
-    else:
-        b_model = ["--seconds", "1.5", "--warmup", "1", "--rounds", "2"]
-        b_learn = ["--learning", "--skip-model", "--seconds", "3", "--warmup", "3", "--rounds", "1"]
-        b_trans = ["--seconds", "2", "--warmup", "1", "--rounds", "2"]
-        # 12 of envpool's settings at 1, 2, 4, 8 and all threads, 0.8 s each: about 80 s on 16 cores.
-        b_ceiling = ["--num-workers", "2", "--envs-per-worker", "64", "--seconds", "0.6", "--warmup", "0.2"]
-        graphs = ["--cuda-graphs"]
+        pop_train=["--part", "train", "--algos", "ga", "--population", "16", "--generations", "2", "--seconds", "0",
+                   "--raw-seconds", "0.3", "--num-workers", "1", "--envs-per-worker", "16"],
+        precisions=["--preset", "cartpole", "--precisions", "fp32", "bf16", "--repeats", "1"],
+        trains={"vtrace": ["train", "vtrace"], "r2d2": ["train", "r2d2"], "ga": ["train", "ga"]},
+        # No cap on a trainer's --seconds, only the room its timeout leaves: the dry run's trainers end at their
+        # work bound (seconds of CartPole), and the timeout (40 + 26) is room for a slow machine.
+        train_s=math.inf, overhead=overhead,
+        t_bench=60, t_small=60, t_ceiling=60, t_train=40 + 26, m_bench=5, m_train=overhead + 1)
+
+
+def gpu_sizes() -> Sizes:
+    train_s, overhead = 60.0, 25.0
+    return Sizes(
+        b_model=["--seconds", "1.5", "--warmup", "1", "--rounds", "2"],
+        b_learn=["--learning", "--skip-model", "--seconds", "3", "--warmup", "3", "--rounds", "1"],
+        b_trans=["--seconds", "2", "--warmup", "1", "--rounds", "2"],
+        b_ceiling=["--num-workers", "2", "--envs-per-worker", "64", "--seconds", "0.6", "--warmup", "0.2"],
         # --timeout: a hung test fails alone instead of eating the step (and every count) at pyproject's 600 s.
         # -v: each test's name and outcome as it ends, so a step cut off by the budget still says which failed
         # (the H200's first run lost that); --tb=short keeps the tracebacks that follow inside the log.
-        pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "-v", "--tb=short", "-rfEs",
-                  "--timeout", "90", "--durations", "5", "tests/test_cuda.py"]
-        pop_fwd = ["--network", "nature", "--part", "forward", "--population", "256"]
-        pop_train = ["--part", "train", "--algos", "ga", "--population", "256", "--seconds", "8"]
-        train_s, overhead = 60.0, 25.0
-        trains = {"vtrace": ["train", "vtrace", "--preset", "atari"], "r2d2": ["train", "r2d2", "--preset", "atari"],
-                  "ga": ["train", "ga"]}
-        t_bench, t_small, t_train, m_bench, m_train = 80, 50, train_s + overhead + 5, 25, overhead + 10
-        precisions = ["--precisions", "fp32", "tf32", "bf16", "--repeats", "5"]  # the Atari preset's update
+        pytest=[PY, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-m", "cuda", "-v", "--tb=short", "-rfEs",
+                "--timeout", "90", "--durations", "5", "tests/test_cuda.py"],
+        pop_fwd=["--network", "nature", "--part", "forward", "--population", "256"],
+        pop_train=["--part", "train", "--algos", "ga", "--population", "256", "--seconds", "8"],
+        precisions=["--precisions", "fp32", "tf32", "bf16", "--repeats", "5"],  # the Atari preset's update
+        trains={"vtrace": ["train", "vtrace", "--preset", "atari"], "r2d2": ["train", "r2d2", "--preset", "atari"],
+                "ga": ["train", "ga"]},
+        train_s=train_s, overhead=overhead,
+        # raw_ceiling: 12 of envpool's settings at 1, 2, 4, 8 and all threads, 0.8 s each: about 80 s on 16 cores.
+        t_bench=80, t_small=50, t_ceiling=50 + 60, t_train=train_s + overhead + 5, m_bench=25, m_train=overhead + 10)
 
-    bench = [*SEEDLOCAL, "bench", "--device", dev, "--env-threads", cores]
-    more = shlex.split(a.bench_args)  # appended to every bench command: the last value given wins
-    model_keys = ("ratio_model", "model_policy_steps_per_s", "raw_best_steps_per_s", "raw_best", "ratio_random",
-                  "random_policy_steps_per_s", "num_workers", "envs_per_worker", "env_threads", "frames_per_step",
-                  "cuda_graphs", "device")
-    learn_keys = ("ratio_learning", "learning_steps_per_s", "raw_best_steps_per_s", "num_workers", "envs_per_worker",
-                  "env_threads", "cuda_graphs", "device")
-    trans_keys = ("transport_steps_per_s", "transport_batches_per_s", "collect_ms_p50", "collect_ms_p99",
-                  "envs_per_worker", "device")
-    steps = [probe,
-             Step("pytest_cuda", lambda t: pytest, timeout=60 if dry else 150, min_s=5 if dry else 30,
-                  figures=pytest_figures, targets=[] if dry else [("failed", "==", 0), ("errors", "==", 0)],
-                  show=("collected", "passed", "failed", "errors", "skipped"),
-                  note="--collect-only: no CUDA here" if dry else "")]
-    steps.append(Step("learner_precision", lambda t: [PY, "scripts/bench_learner_budget.py", "--device", dev,
-                                                      *precisions],
-                      timeout=t_small, min_s=m_bench, figures=precision_figures,
-                      show=("learn_s", "fastest"),
-                      note="one V-trace update per arithmetic: what --algo.precision auto should be on this GPU"))
+
+@dataclass(frozen=True)
+class Plan:
+    """What every step's command is built from."""
+    dry: bool
+    env: str
+    dev: str
+    cores: str
+    runs: Path
+    """the trainers' run folders"""
+    z: Sizes
+    bench_args: list[str] = field(default_factory=list)
+    """appended to every bench command: the last value given wins"""
+
+    @property
+    def bench(self) -> list[str]:
+        return [*SEEDLOCAL, "bench", "--device", self.dev, "--env-threads", self.cores]
+
+
+def build_steps(a: argparse.Namespace, out: Path) -> list[Step]:
+    dry = a.cpu_dry_run
+    env = a.env or ("CartPole-v1" if dry else "Pong-v5")
+    cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    plan = Plan(dry=dry, env=env, dev="cpu" if dry else "cuda", cores=cores, runs=out / "runs",
+                z=dry_sizes() if dry else gpu_sizes())
+    if a.curve:
+        return [probe_step(plan), *curve_steps(plan, a, out)]
+    if a.peer:
+        return [probe_step(plan), peer_step(plan, a)]
+    plan = replace(plan, bench_args=shlex.split(a.bench_args))
+    return [probe_step(plan), *check_steps(plan), *bench_steps(plan), *population_steps(plan), *train_steps(plan)]
+
+
+def probe_step(p: Plan) -> Step:
+    # The probe imports everything (torch, envpool, gymnasium, matplotlib ...): 5-6 s on a busy 2-core box.
+    return Step("env", lambda t: [PY, str(SCRIPT), "--probe", p.env], timeout=90, min_s=15 if p.dry else 20,
+                figures=env_figures,
+                show=("torch", "cuda", "cudnn", "gpu", "cuda_available", "missing", "missing_optional"))
+
+
+def curve_steps(p: Plan, a: argparse.Namespace, out: Path) -> list[Step]:
+    seconds = a.curve_seconds or (6 if p.dry else 520)
+    overhead = 8 if p.dry else 20  # start-up (torch, CUDA, workers) and the exit's checkpoint
+
+    def curve_cmd(t):
+        # What a user types (issue 33): the preset is picked by the env's kind and sized for this machine
+        # (its first lines say so); only the time budget and the log folder are added.
+        s = max(1.0, min(seconds, t - overhead))
+        return [*SEEDLOCAL, "train", "vtrace", "--env.id", p.env, *(["--pipeline.device", p.dev] if p.dry else []),
+                "--seconds", f"{s:g}", "--log-dir", str(p.runs / "curve")]
+
+    return [Step("curve_train", curve_cmd, timeout=seconds + overhead, min_s=overhead + (2 if p.dry else 60),
+                 figures=train_figures, run_dir=p.runs / "curve",
+                 show=("steps", "frames", "episodes", "mean_return_last20", "frames_per_s")),
+            Step("curve_post", lambda t: [PY, str(SCRIPT), "--curve-post", str(p.runs / "curve"), str(out),
+                                          str(a.curve_target)],
+                 timeout=60, min_s=5 if p.dry else 15, figures=curve_figures,
+                 targets=[("best_return_mean20", ">=", a.curve_target)],
+                 show=("final_return_mean20", "final_minutes", "reached_target_minutes", "png_note"))]
+
+
+def peer_step(p: Plan, a: argparse.Namespace) -> Step:
+    seconds = a.curve_seconds or (8 if p.dry else 520)
+    overhead = 5 if p.dry else 15
+
+    def peer_cmd(t):
+        # CleanRL's defaults as they are; on the CPU (dry run) --no-cuda, CleanRL's own flag.
+        s = max(1.0, min(seconds, t - overhead))
+        return [PY, "scripts/peer_cleanrl_atari.py", "--seconds", f"{s:g}", "--target", f"{a.curve_target:g}",
+                "--log-dir", str(p.runs / "peer"), "--", "--env-id", a.env or "Pong-v5",
+                *(["--no-cuda"] if p.dry else [])]
+
+    return Step("peer_cleanrl", peer_cmd, timeout=seconds + overhead, min_s=overhead + 2,
+                figures=peer_figures, targets=[("return_mean20", ">=", a.curve_target)],
+                show=("frames_per_s", "games", "return_mean20", "reached_target_minutes"),
+                note="CleanRL's ppo_atari_envpool.py, unmodified, behind the envpool 1.x shim; "
+                     "compare with --curve's run of the same seconds on the same box")
+
+
+def check_steps(p: Plan) -> list[Step]:
+    """The CUDA tests, and the learner's update in each arithmetic."""
+    return [Step("pytest_cuda", lambda t: p.z.pytest, timeout=60 if p.dry else 150, min_s=5 if p.dry else 30,
+                 figures=pytest_figures, targets=[] if p.dry else [("failed", "==", 0), ("errors", "==", 0)],
+                 show=("collected", "passed", "failed", "errors", "skipped"),
+                 note="--collect-only: no CUDA here" if p.dry else ""),
+            Step("learner_precision", lambda t: [PY, "scripts/bench_learner_budget.py", "--device", p.dev,
+                                                 *p.z.precisions],
+                 timeout=p.z.t_small, min_s=p.z.m_bench, figures=precision_figures,
+                 show=("learn_s", "fastest"),
+                 note="one V-trace update per arithmetic: what --algo.precision auto should be on this GPU")]
+
+
+def bench_steps(p: Plan) -> list[Step]:
+    """seedlocal bench: the model, learning and transport ratios to raw envpool, and envpool's own ceiling."""
+    return [*bench_model_steps(p), *bench_learning_steps(p), *bench_transport_steps(p),
+            # Issue 33, item 4: is bench_model's raw limit envpool's real ceiling here, or a setting the bench chose?
+            Step("raw_ceiling", lambda t: [*SEEDLOCAL, "bench", "--env", p.env, "--raw-ceiling",
+                                           *(["--env-threads", p.cores] if not p.dry else []), *p.z.b_ceiling],
+                 timeout=p.z.t_ceiling, min_s=p.z.m_bench, figures=ceiling_figures,
+                 targets=[("bench_best_over_ceiling", ">=", 0.95)],
+                 show=("ceiling_steps_per_s", "bench_raw_best_steps_per_s", "scaling_efficiency", "best_setting"),
+                 note="envpool's own settings (async, batch ~ threads, num_envs 2-3 x batch, pinned or not) "
+                      "against the bench's three kinds, per thread count")]
+
+
+def bench_model_steps(p: Plan) -> list[Step]:
     # _wide: the presets and the bench's default are sized for 2 cores (16-32 envs in one worker); on the H200's
     # 16 cores that left ratio_model at 0.363 with batches of 16 (docs/gpu.md). The same bench with a worker per
     # 8 cores and 64 envs each is the figure a GPU-sized preset would start from.
     wide = ["--num-workers", str(max(1, (os.cpu_count() or 1) // 8)), "--envs-per-worker", "64"]
     # Without CUDA the _graphs variants would run the very commands of the plain ones: the dry run leaves them out.
-    model_variants = [("", [], "")] if dry else [
-        ("", [], ""), ("_graphs", graphs, ""),
+    variants = [("", [], "")] if p.dry else [
+        ("", [], ""), ("_graphs", GRAPHS, ""),
         ("_wide", wide, "a worker per 8 cores, 64 envs each: sizes for a many-core machine")]
-    for suffix, extra, why in model_variants:
-        steps.append(Step(f"bench_model{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_model, *extra, *more],
-                          timeout=t_bench, min_s=m_bench, figures=bench_figures(model_keys, "model_detail", (
-                              "forward_ms_per_batch", "mean_batch", "worker_wait_share")),
-                          targets=[("ratio_model", ">=", 0.9)],
-                          show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random", "num_workers",
-                                "envs_per_worker", "model_forward_ms_per_batch"), note=why))
-    for suffix, extra in (("", []),) if dry else (("", []), ("_graphs", graphs)):
-        steps.append(Step(f"bench_learning{suffix}", lambda t, extra=extra: [*bench, "--env", env, *b_learn, *extra, *more],
-                          timeout=t_bench, min_s=m_bench, figures=bench_figures(learn_keys, "learning_detail", (
-                              "updates_per_s", "learner_wait_share", "worker_wait_share")),
-                          targets=[("ratio_learning", ">=", 0.8)],
-                          show=("learning_steps_per_s", "raw_best_steps_per_s", "learning_updates_per_s",
-                                "learning_learner_wait_share")))
-    steps.append(Step("bench_transport", lambda t: [*bench, "--env", "CartPole-v1", "--transport-only", *b_trans, *more],
-                      timeout=t_small, min_s=m_bench, figures=bench_figures(trans_keys),
-                      targets=[("transport_steps_per_s", ">=", 1e6)],
-                      show=("transport_batches_per_s", "collect_ms_p50", "envs_per_worker")))
-    if not dry:  # Pong's 28 KB observations through the same transport: a figure, no target
-        steps.append(Step("bench_transport_pong", lambda t: [*bench, "--env", env, "--transport-only", *b_trans, *more],
-                          timeout=t_small, min_s=15, figures=bench_figures(trans_keys),
+    return [Step(f"bench_model{suffix}", lambda t, extra=extra: [*p.bench, "--env", p.env, *p.z.b_model, *extra,
+                                                                 *p.bench_args],
+                 timeout=p.z.t_bench, min_s=p.z.m_bench, figures=bench_figures(MODEL_KEYS, "model_detail", (
+                     "forward_ms_per_batch", "mean_batch", "worker_wait_share")),
+                 targets=[("ratio_model", ">=", 0.9)],
+                 show=("model_policy_steps_per_s", "raw_best_steps_per_s", "ratio_random", "num_workers",
+                       "envs_per_worker", "model_forward_ms_per_batch"), note=why)
+            for suffix, extra, why in variants]
+
+
+def bench_learning_steps(p: Plan) -> list[Step]:
+    return [Step(f"bench_learning{suffix}", lambda t, extra=extra: [*p.bench, "--env", p.env, *p.z.b_learn, *extra,
+                                                                    *p.bench_args],
+                 timeout=p.z.t_bench, min_s=p.z.m_bench, figures=bench_figures(LEARN_KEYS, "learning_detail", (
+                     "updates_per_s", "learner_wait_share", "worker_wait_share")),
+                 targets=[("ratio_learning", ">=", 0.8)],
+                 show=("learning_steps_per_s", "raw_best_steps_per_s", "learning_updates_per_s",
+                       "learning_learner_wait_share"))
+            for suffix, extra in ((("", []),) if p.dry else (("", []), ("_graphs", GRAPHS)))]
+
+
+def bench_transport_steps(p: Plan) -> list[Step]:
+    steps = [Step("bench_transport", lambda t: [*p.bench, "--env", "CartPole-v1", "--transport-only", *p.z.b_trans,
+                                                *p.bench_args],
+                  timeout=p.z.t_small, min_s=p.z.m_bench, figures=bench_figures(TRANS_KEYS),
+                  targets=[("transport_steps_per_s", ">=", 1e6)],
+                  show=("transport_batches_per_s", "collect_ms_p50", "envs_per_worker"))]
+    if not p.dry:  # Pong's 28 KB observations through the same transport: a figure, no target
+        steps.append(Step("bench_transport_pong", lambda t: [*p.bench, "--env", p.env, "--transport-only",
+                                                             *p.z.b_trans, *p.bench_args],
+                          timeout=p.z.t_small, min_s=15, figures=bench_figures(TRANS_KEYS),
                           show=("transport_steps_per_s", "transport_batches_per_s", "collect_ms_p50")))
-    # Issue 33, item 4: is bench_model's raw limit envpool's real ceiling here, or a setting the bench chose?
-    steps.append(Step("raw_ceiling", lambda t: [*SEEDLOCAL, "bench", "--env", env, "--raw-ceiling",
-                                                 *(["--env-threads", cores] if not dry else []), *b_ceiling],
-                      timeout=t_small + (0 if dry else 60), min_s=m_bench, figures=ceiling_figures,
-                      targets=[("bench_best_over_ceiling", ">=", 0.95)],
-                      show=("ceiling_steps_per_s", "bench_raw_best_steps_per_s", "scaling_efficiency", "best_setting"),
-                      note="envpool's own settings (async, batch ~ threads, num_envs 2-3 x batch, pinned or not) "
-                           "against the bench's three kinds, per thread count"))
-    pop = [PY, "scripts/bench_population.py", "--device", dev]
-    steps.append(Step("population_forward", lambda t: [*pop, *pop_fwd], timeout=t_small, min_s=m_bench,
-                      figures=population_forward_figures, targets=[("forward_over_raw", ">=", 0.8)],
-                      show=("forward_steps_per_s", "raw_best_steps_per_s", "best_ms_active_1", "best_active_1"),
-                      note="forward only (bench_population refuses --part train with --network nature); "
-                           "forward_over_raw: its steps/s ceiling over bench_model's raw envpool"))
-    steps.append(Step("population_train", lambda t: [*pop, *pop_train], timeout=t_small, min_s=m_bench,
-                      figures=population_train_figures, targets=[("ga_ratio_raw", ">=", 0.8)],
-                      show=("ga_eval_frames_per_s", "raw_envpool_steps_per_s", "ga_generations", "envs"),
-                      note="GA on CartPole-v1 MLPs, the only end-to-end population bench"))
-    for algo, head in trains.items():
-        log_dir = runs / f"train_{algo}"
-
-        def cmd(t, head=head, log_dir=log_dir, algo=algo):
-            if dry:
-                # Work, not seconds: a CartPole member that balances for 500 steps can hold GA's first generation
-                # open past 3 s on a 2-core machine, and a loaded one may step nothing in a few seconds; the
-                # figures then say nothing. --seconds is only the room the step's timeout leaves.
-                stop = ["--generations", "1"] if algo == "ga" else ["--total-steps", str(DRY_TRAIN_STEPS)]
-                s = max(1.0, t - overhead)
-            else:
-                stop = ["--generations", "0"] if algo == "ga" else ["--total-steps", "0"]
-                s = max(1.0, min(train_s, t - overhead))
-            return [*SEEDLOCAL, *head, "--env.id", env, "--pipeline.device", dev, "--seconds", f"{s:g}",
-                    *stop, "--log-dir", str(log_dir)]
-
-        # The dry run's trainers end at their work bound (seconds of CartPole); the cap is room for a slow machine.
-        steps.append(Step(f"train_{algo}", cmd, timeout=t_train + (26 if dry else 0), min_s=m_train,
-                          figures=over_raw_figures, targets=[] if dry else TRAIN_TARGETS[algo],
-                          run_dir=log_dir,
-                          show=("status", "steps", "frames_per_s", "over_raw", "population", "episodes",
-                                "mean_return_last20", "eval_return_last20", "best_member_return", "generations"),
-                          note="over_raw: the run's frames/s, start-up included, over bench_model's raw envpool"))
     return steps
+
+
+def population_steps(p: Plan) -> list[Step]:
+    pop = [PY, "scripts/bench_population.py", "--device", p.dev]
+    return [Step("population_forward", lambda t: [*pop, *p.z.pop_fwd], timeout=p.z.t_small, min_s=p.z.m_bench,
+                 figures=population_forward_figures, targets=[("forward_over_raw", ">=", 0.8)],
+                 show=("forward_steps_per_s", "raw_best_steps_per_s", "best_ms_active_1", "best_active_1"),
+                 note="forward only (bench_population refuses --part train with --network nature); "
+                      "forward_over_raw: its steps/s ceiling over bench_model's raw envpool"),
+            Step("population_train", lambda t: [*pop, *p.z.pop_train], timeout=p.z.t_small, min_s=p.z.m_bench,
+                 figures=population_train_figures, targets=[("ga_ratio_raw", ">=", 0.8)],
+                 show=("ga_eval_frames_per_s", "raw_envpool_steps_per_s", "ga_generations", "envs"),
+                 note="GA on CartPole-v1 MLPs, the only end-to-end population bench")]
+
+
+def train_command(p: Plan, algo: str, t: float) -> list[str]:
+    """A trainer's command with ``t`` seconds allotted. The dry run stops by work, not seconds: a CartPole member
+    that balances for 500 steps can hold GA's first generation open past 3 s on a 2-core machine, and a loaded one
+    may step nothing in a few seconds; the figures then say nothing."""
+    if p.dry:
+        stop = ["--generations", "1"] if algo == "ga" else ["--total-steps", str(DRY_TRAIN_STEPS)]
+    else:
+        stop = ["--generations", "0"] if algo == "ga" else ["--total-steps", "0"]
+    s = max(1.0, min(p.z.train_s, t - p.z.overhead))
+    return [*SEEDLOCAL, *p.z.trains[algo], "--env.id", p.env, "--pipeline.device", p.dev, "--seconds", f"{s:g}",
+            *stop, "--log-dir", str(p.runs / f"train_{algo}")]
+
+
+def train_steps(p: Plan) -> list[Step]:
+    return [Step(f"train_{algo}", lambda t, algo=algo: train_command(p, algo, t), timeout=p.z.t_train,
+                 min_s=p.z.m_train, figures=over_raw_figures, targets=[] if p.dry else TRAIN_TARGETS[algo],
+                 run_dir=p.runs / f"train_{algo}",
+                 show=("status", "steps", "frames_per_s", "over_raw", "population", "episodes",
+                       "mean_return_last20", "eval_return_last20", "best_member_return", "generations"),
+                 note="over_raw: the run's frames/s, start-up included, over bench_model's raw envpool")
+            for algo in p.z.trains]
 
 
 # ---------------------------------------------------------------- running
@@ -506,12 +592,7 @@ class Runner:
         if step.note:
             rec["note"] = step.note
         if allotted < step.min_s:
-            rec.update(status="skipped", reason=f"budget: {max(0.0, allotted):.0f} s left for it, "
-                                                 f"it needs at least {step.min_s:.0f} s")
-            rec["command"] = shlex.join(step.argv(step.timeout))
-            self.echo(f"[{index}/{total}] {step.name}: skipped ({rec['reason']})")
-            self.write_log(f"\n==== [{index}/{total}] {step.name}: skipped ({rec['reason']})\n")
-            return self.finish(step, rec)
+            return self.skip(step, rec, allotted, f"[{index}/{total}] {step.name}")
         argv = step.argv(allotted)
         rec["command"] = shlex.join(argv)
         self.echo(f"[{index}/{total}] {step.name} (at most {allotted:.0f} s, suite at {self.elapsed():.0f} s): "
@@ -520,18 +601,6 @@ class Runner:
                        f"$ {rec['command']}\n")
         stdout: list[str] = []
         tail: list[str] = []
-
-        def read(pipe, keep: list[str] | None):
-            for raw in iter(pipe.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                self.write_log(line + "\n")
-                with self.lock:
-                    if keep is not None:
-                        keep.append(line)
-                    tail.append(line)
-                    del tail[:-200]
-            pipe.close()
-
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -540,8 +609,44 @@ class Runner:
             rec.update(status="failed", reason=f"could not start: {e}")
             self.write_log(f"could not start: {e}\n")
             return self.finish(step, rec)
-        readers = [threading.Thread(target=read, args=(proc.stdout, stdout), daemon=True),
-                   threading.Thread(target=read, args=(proc.stderr, None), daemon=True)]
+        rc, timed_out, interrupted = self.watch(proc, allotted, stdout, tail)
+        rec["seconds"] = round(time.monotonic() - t0, 1)
+        rec["rc"] = rc
+        rec["status"] = ("interrupted" if interrupted else "timeout" if timed_out else "ok" if rc == 0 else "failed")
+        if timed_out:
+            rec["reason"] = f"timed out after {allotted:.0f} s"
+        self.read_output(step, rec, stdout, tail)
+        rec = self.finish(step, rec)
+        if interrupted:
+            raise interrupted
+        return rec
+
+    def skip(self, step: Step, rec: dict, allotted: float, head: str) -> dict:
+        """The step is not started: the budget left has less than its least."""
+        rec.update(status="skipped", reason=f"budget: {max(0.0, allotted):.0f} s left for it, "
+                                             f"it needs at least {step.min_s:.0f} s")
+        rec["command"] = shlex.join(step.argv(step.timeout))
+        self.echo(f"{head}: skipped ({rec['reason']})")
+        self.write_log(f"\n==== {head}: skipped ({rec['reason']})\n")
+        return self.finish(step, rec)
+
+    def read_lines(self, pipe, keep: list[str] | None, tail: list[str]) -> None:
+        """One of the step's pipes into the log, and into ``keep`` (stdout) and the last 200 lines of both."""
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.write_log(line + "\n")
+            with self.lock:
+                if keep is not None:
+                    keep.append(line)
+                tail.append(line)
+                del tail[:-200]
+        pipe.close()
+
+    def watch(self, proc: subprocess.Popen, allotted: float, stdout: list[str], tail: list[str]):
+        """Read the step's output until it exits, or stop it at its timeout or on a signal to the suite:
+        (rc, timed out, the signal's exception)."""
+        readers = [threading.Thread(target=self.read_lines, args=(proc.stdout, stdout, tail), daemon=True),
+                   threading.Thread(target=self.read_lines, args=(proc.stderr, None, tail), daemon=True)]
         for r in readers:
             r.start()
         timed_out = interrupted = None
@@ -559,23 +664,18 @@ class Runner:
             _kill_group(proc.pid, signal.SIGKILL)
             for r in readers:
                 r.join(timeout=2)
-        rec["seconds"] = round(time.monotonic() - t0, 1)
-        rec["rc"] = rc
-        rec["status"] = ("interrupted" if interrupted else "timeout" if timed_out else "ok" if rc == 0 else "failed")
-        if timed_out:
-            rec["reason"] = f"timed out after {allotted:.0f} s"
+        return rc, timed_out, interrupted
+
+    def read_output(self, step: Step, rec: dict, stdout: list[str], tail: list[str]) -> None:
+        """The JSON lines the step printed, its last other lines and, for a trainer, its run."""
         rec["json"] = [j for j in (_json_line(s) for s in stdout) if j is not None]
         with self.lock:  # the JSON is in rec["json"] already
             rec["tail"] = [ln[:300] for ln in tail if _json_line(ln) is None][-12:]
-        self.write_log(f"==== {step.name}: {rec['status']}, rc {rc}, {rec['seconds']} s\n")
+        self.write_log(f"==== {step.name}: {rec['status']}, rc {rec['rc']}, {rec['seconds']} s\n")
         if step.run_dir is not None:
             with self.lock:
                 lines = list(tail)
             self.read_run(step, rec, lines)
-        rec = self.finish(step, rec)
-        if interrupted:
-            raise interrupted
-        return rec
 
     def stop(self, proc: subprocess.Popen) -> int | None:
         """SIGTERM to the step (seedlocal checkpoints and cleans up on it),
@@ -756,13 +856,31 @@ def prune(step: Step, rec: dict, out: Path, curve: bool) -> None:
 
 def probe(env_id: str) -> int:
     """Import everything, print what is missing, the versions, nvidia-smi; the last line is JSON."""
-    import importlib
     import platform
 
     info: dict = {"python": platform.python_version(), "cpu_count": os.cpu_count(), "missing": {},
                   "missing_optional": {}, "versions": {},
                   "pythonpath": os.environ.get("PYTHONPATH", ""),
                   "envpool_assets_path": os.environ.get("ENVPOOL_ASSETS_PATH")}
+    probe_imports(info)
+    probe_torch(info)
+    if "envpool" not in info["missing"]:
+        probe_env(info, env_id)
+    probe_nvidia_smi(info)
+    for name, v in sorted(info["versions"].items()):
+        print(f"  {name:26s} {v or '(imported)'}")
+    print("missing: " + ("; ".join(f"{k} ({v})" for k, v in info["missing"].items()) or "nothing"))
+    print("missing, optional: " + ("; ".join(f"{k} ({v})" for k, v in info["missing_optional"].items()) or "nothing"))
+    print(f"torch {info.get('torch')}, CUDA {info.get('cuda')}, cuDNN {info.get('cudnn')}, "
+          f"cuda available: {info.get('cuda_available')}, GPU {info.get('gpu')}")
+    print(json.dumps(info, default=str), flush=True)
+    return 1 if info["missing"] else 0
+
+
+def probe_imports(info: dict) -> None:
+    """Each module the suite needs, imported: its version, or why it is missing."""
+    import importlib
+
     for group, key in ((REQUIRED, "missing"), (OPTIONAL, "missing_optional")):
         for name, why in group.items():
             try:
@@ -770,6 +888,10 @@ def probe(env_id: str) -> int:
                 info["versions"][name] = str(getattr(m, "__version__", "") or "")
             except BaseException as e:  # noqa: BLE001  (an import can raise anything, SystemExit included)
                 info[key][name] = f"{type(e).__name__}: {e} (needed by {why})"
+
+
+def probe_torch(info: dict) -> None:
+    """torch's CUDA and cuDNN, the GPU, and one kernel run on it."""
     try:
         import torch
 
@@ -787,37 +909,36 @@ def probe(env_id: str) -> int:
     except BaseException as e:  # noqa: BLE001
         info.setdefault("cuda_available", False)
         info["torch_error"] = f"{type(e).__name__}: {e}"
-    if "envpool" not in info["missing"]:
-        try:
-            import envpool
 
-            e = envpool.make(env_id, env_type="gymnasium", num_envs=1)
-            obs, _ = e.reset()
-            e.close()
-            info["env_made"] = f"{env_id} {getattr(obs, 'shape', '?')}"
-        except BaseException as e:  # noqa: BLE001
-            info["missing"][f"{env_id} (envpool.make)"] = f"{type(e).__name__}: {e}"
+
+def probe_env(info: dict, env_id: str) -> None:
+    """The suite's env made once by envpool."""
+    try:
+        import envpool
+
+        e = envpool.make(env_id, env_type="gymnasium", num_envs=1)
+        obs, _ = e.reset()
+        e.close()
+        info["env_made"] = f"{env_id} {getattr(obs, 'shape', '?')}"
+    except BaseException as e:  # noqa: BLE001
+        info["missing"][f"{env_id} (envpool.make)"] = f"{type(e).__name__}: {e}"
+
+
+def probe_nvidia_smi(info: dict) -> None:
+    """nvidia-smi printed whole, and its per-GPU query kept."""
     smi = shutil.which("nvidia-smi")
-    if smi:
-        for args, key in (([], None), (["--query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu,"
-                                        "temperature.gpu,power.limit,clocks.max.sm", "--format=csv"], "nvidia_smi")):
-            try:
-                r = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
-                print(r.stdout + r.stderr, flush=True)
-                if key:
-                    info[key] = r.stdout.strip().splitlines()
-            except (OSError, subprocess.TimeoutExpired) as e:
-                info["nvidia_smi_error"] = str(e)
-    else:
+    if not smi:
         info["nvidia_smi"] = None
-    for name, v in sorted(info["versions"].items()):
-        print(f"  {name:26s} {v or '(imported)'}")
-    print("missing: " + ("; ".join(f"{k} ({v})" for k, v in info["missing"].items()) or "nothing"))
-    print("missing, optional: " + ("; ".join(f"{k} ({v})" for k, v in info["missing_optional"].items()) or "nothing"))
-    print(f"torch {info.get('torch')}, CUDA {info.get('cuda')}, cuDNN {info.get('cudnn')}, "
-          f"cuda available: {info.get('cuda_available')}, GPU {info.get('gpu')}")
-    print(json.dumps(info, default=str), flush=True)
-    return 1 if info["missing"] else 0
+        return
+    for args, key in (([], None), (["--query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu,"
+                                    "temperature.gpu,power.limit,clocks.max.sm", "--format=csv"], "nvidia_smi")):
+        try:
+            r = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
+            print(r.stdout + r.stderr, flush=True)
+            if key:
+                info[key] = r.stdout.strip().splitlines()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            info["nvidia_smi_error"] = str(e)
 
 
 def curve_post(log_dir: str, out: str, target: float) -> int:

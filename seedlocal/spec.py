@@ -1,6 +1,6 @@
 """The words every floor of seedlocal shares: what a tensor is (``TensorSpec``),
 what an environment is to the pipeline (``EnvSpec``), and where an episode
-starts (``starts_episode``, ``episode_starts``), and where an env's action
+starts (``episode_starts``), and where an env's action
 mask travels (``MASK_KEY``). Nothing here imports from seedlocal, so
 algorithms, networks, shared memory and the pipeline all may.
 """
@@ -59,20 +59,16 @@ class EnvSpec:
     box_actions: str = "rescale"
 
 
-def starts_episode(prev_ignored):
-    """Whether an observation starts an episode, from the ``ignored`` flag of
-    the step before it: envpool and Gymnasium's next-step auto-reset ignore
-    the action after an episode's end and return the next episode's first
-    observation. numpy or torch, any shape."""
-    return prev_ignored
-
-
 def episode_starts(ignored, before=False):
     """``first`` flags of T consecutive rows (numpy or torch, [T, ...]) from
-    their ``ignored`` flags: row t > 0 by ``starts_episode(ignored[t - 1])``,
-    row 0 by ``before`` (what the row before it said; False: the caller's
-    recurrent state already starts there, as in a learner's unroll)."""
+    their ``ignored`` flags. The rule: an observation starts an episode where
+    the step before it was ignored (envpool and Gymnasium's next-step
+    auto-reset ignore the action after an episode's end and return the next
+    episode's first observation); the inference loop, which sees one step at
+    a time, reads the flag the same way. Row t > 0 by ``ignored[t - 1]``,
+    row 0 by ``before`` (the ``ignored`` of the row before it; False: the
+    caller's recurrent state already starts there, as in a learner's unroll)."""
     first = ignored.copy() if isinstance(ignored, np.ndarray) else ignored.clone()
     first[0] = before
-    first[1:] = starts_episode(ignored[:-1])
+    first[1:] = ignored[:-1]
     return first

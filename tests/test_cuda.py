@@ -16,7 +16,7 @@ from seedlocal.networks import ActorCritic, PolicyNet
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.pipeline.batches import Batcher, Prefetcher
-from seedlocal.policies.population import PopulationForward
+from seedlocal.policies.population_forward import PopulationForward
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]

@@ -69,7 +69,7 @@ def test_obs_norm_takes_the_vector_fields_beside_the_image():
 @pytest.mark.parametrize("obs_norm", [False, True])
 @pytest.mark.parametrize("strategy", ["vmap", "loop"])
 def test_the_population_forward_gives_each_member_s_own_output(strategy, obs_norm):
-    from seedlocal.policies.population import PopulationForward, strategies
+    from seedlocal.policies.population_forward import PopulationForward, strategies
 
     spec = validate_env(EnvConfig(id=CATCH))
     nets = [PolicyNet(spec, obs_norm=obs_norm) for _ in range(3)]
@@ -115,7 +115,8 @@ def test_every_family_trains_on_a_dict_image_and_eval_plays_it_with_its_cnn(algo
     state = checkpoint.load(tmp_path / algo)
     assert state["identity"]["encoder"] == "auto" and state["identity"]["torso"] == "multi", state["identity"]
     policy = policy_of(state, torch.device("cpu"))
-    net = getattr(policy, "model", None) or policy.net  # V-trace's ModelPolicy; R2D2's and a member's
+    # V-trace's ModelPolicy, R2D2's policy, the population's (serving the member)
+    net = getattr(policy, "model", None) or getattr(policy, "net", None) or policy.forward.template
     assert net.kind == "multi" and isinstance(net.encoder.convs[0], MinAtarCNN), type(policy)
     played = evaluate(EvalConfig(checkpoint=str(tmp_path / algo), episodes=2, max_steps=50))
     assert len(played["returns"]) == 2 and all(0 <= r <= 6 for r in played["returns"]), played

@@ -5,23 +5,25 @@ device, actions come back to the host."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from seedlocal import checkpoint, families
 from seedlocal.errors import ConfigError
 from seedlocal.evaluate import Acting, play, policy_of
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.policies.population import MemberPolicy
+from seedlocal.policies.population import PopulationPolicy
 from seedlocal.policies.q_greedy import R2D2Policy
 
 SAVED = Path(__file__).parent / "fixtures" / "saved_runs"  # one checkpoint per family, from older code
-# The class each family's trainer serves to the inference loop (neuroevolution: its population's member, by the
-# population's action rule, member_actions).
-SERVED = {"vtrace": ModelPolicy, "r2d2": R2D2Policy, "es": MemberPolicy, "ga": MemberPolicy}
+# The class each family's trainer serves to the inference loop (neuroevolution: its population, serving the
+# checkpoint's member on every env slot).
+SERVED = {"vtrace": ModelPolicy, "r2d2": R2D2Policy, "es": PopulationPolicy, "ga": PopulationPolicy}
 
 
 def _state(name: str) -> dict:
@@ -56,9 +58,9 @@ def test_the_network_is_sized_by_the_checkpoint_not_by_todays_defaults():
     assert vtrace.lstm is not None and vtrace.lstm.hidden_size == 8 and vtrace.obs_norm is not None
     r2d2 = policy_of(_state("r2d2"), torch.device("cpu")).net
     assert r2d2.lstm.hidden_size == 8
-    ga = policy_of(_state("ga"), torch.device("cpu")).net
+    ga = policy_of(_state("ga"), torch.device("cpu")).forward.template
     assert [m.out_features for m in ga.modules() if isinstance(m, torch.nn.Linear)] == [8, 4, 2]
-    es = policy_of(_state("es"), torch.device("cpu")).net
+    es = policy_of(_state("es"), torch.device("cpu")).forward.template
     assert es.obs_norm is not None and float(es.obs_norm.count) > 0  # the population's statistics came too
 
 
@@ -175,3 +177,62 @@ def test_ctrl_c_in_a_long_eval_prints_and_saves_the_returns_so_far(tmp_path):
     _, alive = psutil.wait_procs(kids, timeout=20)  # the resource tracker ends just after eval: a give-up limit
     assert not alive, alive
     assert not seedlocal_segments(proc.pid)
+
+
+def _training_policy(evaluating: PopulationPolicy, params: torch.Tensor, n: int, greedy: bool,
+                     noise: float) -> PopulationPolicy:
+    """Training's policy on a copy of eval's network, as the trainer makes it, with the member's episodes
+    queued and started on every slot of its one group of ``n`` envs (``plan``, as the loop calls it)."""
+    template = copy.deepcopy(evaluating.forward.template)
+    training = PopulationPolicy(template, n, 1, torch.device("cpu"), greedy=greedy,
+                                strategy=evaluating.forward.strategy, action_noise=noise)
+    training.submit(params.unsqueeze(0), episodes=n)
+    nobody = np.zeros((1, n), bool)
+    training.plan(np.array([0]), ~nobody, nobody, np.zeros((1, n), np.float32))
+    assert (training.assign == 0).all()
+    return training
+
+
+@pytest.mark.parametrize("source, greedy, noise", [("ga", True, 0.0), ("ga", False, 0.0), ("es", True, 0.0),
+                                                   ("Pendulum-v1", True, 0.0), ("Pendulum-v1", True, 0.3)])
+def test_eval_and_training_act_by_one_rule(source, greedy, noise):
+    """Issue 45: eval played a neuroevolution member through a class of its own beside training's. Now eval's
+    policy is training's ``PopulationPolicy`` serving the member: on the same observations, with one member's
+    episodes on every slot, training and eval choose the same argmax, the same sample from the same seed (with
+    the population's observation statistics, ES), the same Box output, and training's action noise is drawn
+    onto that same output."""
+    from seedlocal.config.schema import EnvConfig
+    from seedlocal.envs.spaces import validate_env
+    from seedlocal.networks import PolicyNet
+
+    if source in SERVED:  # a checkpoint, through seedlocal eval's door
+        state = _state(source)
+        evaluating = policy_of(state, torch.device("cpu"), greedy)
+        params = state["best_params"].float()
+    else:
+        spec = validate_env(EnvConfig(id=source))
+        torch.manual_seed(0)
+        net = PolicyNet(spec)
+        evaluating, params = PopulationPolicy.serving(net, spec, greedy), parameters_to_vector(net.parameters())
+    n = 6
+    training = _training_policy(evaluating, params, n, greedy, noise)
+    obs = {"": torch.randn(n, *evaluating.spec.obs[""].shape, generator=torch.Generator().manual_seed(2))}
+    torch.manual_seed(1)
+    trained = training.act(obs, env_ids=np.arange(n))[0]
+    torch.manual_seed(1)
+    played = evaluating.act(obs, env_ids=np.arange(n))[0]
+    if noise:
+        assert evaluating.acting == "its output" and training.acting == f"its output plus noise of std {noise:g}"
+        played = played + noise * torch.randn_like(played)
+    torch.testing.assert_close(trained, played, rtol=0, atol=0)
+
+
+def test_a_neuroevolution_checkpoint_plays_the_returns_it_played_before():
+    """Issue 45 moved eval from the member's own network to training's batched forward: each fixture's member
+    plays, argmax, the very returns it played through the old path (recorded at 4b9544c)."""
+    before = {"ga": [9.0, 10.0, 8.0, 10.0, 9.0, 8.0, 10.0, 9.0],
+              "es": [111.0, 12.0, 12.0, 11.0, 11.0, 109.0, 12.0, 10.0]}
+    for name, returns in before.items():
+        played, cut = play(policy_of(_state(name), torch.device("cpu"), greedy=True), episodes=8, seed=1,
+                           max_steps=500)
+        assert played.tolist() == returns and cut == 0, name

@@ -7,7 +7,7 @@ on (``FrameHistory`` inside ``policy.act``), V-trace's learner builds (``UnrollS
 ``Batcher`` copies out of the unroll store) and R2D2's replay returns (``ReplayFeeder`` into
 ``SequenceReplay``, sampled and staged) must equal envpool's, bit for bit. The flags that say where
 episodes start come from the worker's own writer (``_GroupWriter``) and the inference loop's rule
-(``starts_episode``), so what is compared is what training computes.
+(an observation after an ignored step starts one), so what is compared is what training computes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from seedlocal.pipeline.worker import _GroupWriter
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.shm.rollout import RolloutLayout
-from seedlocal.spec import TensorSpec, starts_episode
+from seedlocal.spec import TensorSpec
 from seedlocal.recipes import r2d2, vtrace
 from seedlocal.trainers.r2d2 import make_replay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder
@@ -120,7 +120,7 @@ def _check_acting(policy, segments: list[Segment], groups: int, rng) -> None:
     core = None if policy.core_state is None else torch.zeros((E,) + policy.core_state.shape)
     for seg in segments:
         for t in range(len(seg.frames)):
-            first = np.ones(n, bool) if t == 0 else starts_episode(seg.ignored[t - 1])
+            first = np.ones(n, bool) if t == 0 else seg.ignored[t - 1]
             for g in rng.permutation(groups):
                 cols = np.arange(g * E, (g + 1) * E)
                 policy.act({"": torch.from_numpy(seg.frames[t, cols])}, core, cols, first[cols])

@@ -22,7 +22,7 @@ from seedlocal.networks import ILLEGAL, ActorCritic, PolicyNet, RecurrentQNet
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies import RandomPolicy
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.policies.population import MemberPolicy
+from seedlocal.policies.population import PopulationPolicy
 from seedlocal.policies.q_greedy import R2D2Policy
 from seedlocal.spec import MASK_KEY
 
@@ -64,7 +64,8 @@ def test_every_policy_acts_legally():
     policies = [ModelPolicy(ActorCritic(spec), spec), ModelPolicy(ActorCritic(spec), spec, greedy=True),
                 R2D2Policy(net, spec, 1.0, WeightLock("cpu"), "cpu", stack=1, seed=0),
                 R2D2Policy(net, spec, 0.0, WeightLock("cpu"), "cpu", stack=1, seed=0),
-                MemberPolicy(PolicyNet(spec), spec, greedy=True), MemberPolicy(PolicyNet(spec), spec, greedy=False),
+                PopulationPolicy.serving(PolicyNet(spec), spec, greedy=True),
+                PopulationPolicy.serving(PolicyNet(spec), spec, greedy=False),
                 RandomPolicy(spec, torch.device("cpu"))]
     for policy in policies:
         actions, out, _ = policy.act(obs, core if policy.core_state is not None else None)

@@ -21,7 +21,8 @@ from seedlocal.evaluate import main as evaluate
 from seedlocal.networks import PolicyNet
 from seedlocal.recipes.neuroevolution import ESRun, GARun, RandomSearchRun
 from seedlocal.trainers.neuroevolution import train
-from seedlocal.policies.population import PopulationForward, PopulationPolicy
+from seedlocal.policies.population import PopulationPolicy
+from seedlocal.policies.population_forward import PopulationForward
 
 GA_FRAME_BUDGET = 1_000_000  # CartPole-v1: best member >= 475 over 5 episodes within this many frames
 ES_FRAME_BUDGET = 3_000_000
@@ -210,7 +211,7 @@ def test_a_job_normalises_every_step_by_the_statistics_it_was_submitted_with(str
     submitted after the commit reads the new ones, in the same batch. Driven
     through plan, act and commit_obs_stats by hand, on a Box env so that the
     actions are the networks' outputs."""
-    from seedlocal.policies.population import OBS_STATS_EVERY
+    from seedlocal.policies.population_norm import OBS_STATS_EVERY
 
     with population_pipeline(1, {"strategy": strategy}, env="Pendulum-v1", net_options={"obs_norm": True},
                              num_workers=1, envs_per_worker=8) as (spec, policy, pipe):

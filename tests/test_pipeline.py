@@ -215,7 +215,7 @@ def test_episode_counts_and_means_are_exact_at_high_episode_rates():
     assert by_workers - 2 * 256 <= eps.count <= by_workers
     assert eps.count > 4096
     assert eps.return_sum == eps.length_sum
-    assert 12 <= eps.mean_length <= 40  # random CartPole play
+    assert 12 <= eps.length_sum / eps.count <= 40  # random CartPole play
 
 
 def test_groups_park_while_the_learner_holds_every_unroll():

@@ -14,7 +14,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.networks import (ActorCritic, MinAtarCNN, PolicyNet, RecurrentQNet, auto_encoder, build_encoder,
                                 checkpoint_encoder, encode_obs, encoder_identity, flatten_obs, image_layout)
-from seedlocal.policies.population import PopulationForward
+from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.shm.rollout import TensorSpec
 from seedlocal.spec import EnvSpec
 from helpers import prepared

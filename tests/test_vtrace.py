@@ -5,9 +5,11 @@ import math
 import pytest
 import torch
 
-from seedlocal.algos.vtrace import impala_loss, log_prob_of, vtrace
+from seedlocal.algos.distributions import Categorical
+from seedlocal.algos.vtrace import impala_loss, vtrace
 
 GAMMA = 0.99
+log_prob = Categorical.log_prob  # log pi(a|x) as the learner step takes it (its ``dist.log_prob``)
 
 
 def reference_vtrace(mu_lp, pi_lp, rewards, discounts, values, bootstrap, valid,
@@ -208,7 +210,7 @@ def _loss_setup(seed=4, T=6, B=4, A=5):
 
 
 def _full_loss(logits, behaviour_logits, actions, values, rewards, discounts, valid, bootstrap):
-    returns = vtrace(log_prob_of(behaviour_logits, actions), log_prob_of(logits, actions),
+    returns = vtrace(log_prob(behaviour_logits, actions), log_prob(logits, actions),
                      rewards, discounts, values, bootstrap, valid)
     return impala_loss(logits, actions, values, returns, valid)
 
@@ -246,7 +248,7 @@ def test_impala_loss_ignores_invalid_rows():
     assert total2.item() == pytest.approx(total.item(), abs=1e-10)
 
     # With the v-trace targets held fixed, the loss itself never reads invalid rows.
-    returns = vtrace(log_prob_of(beh, actions), log_prob_of(logits, actions),
+    returns = vtrace(log_prob(beh, actions), log_prob(logits, actions),
                      rewards, discounts, values, bootstrap, valid)
     a, _ = impala_loss(logits, actions, values, returns, valid)
     b, _ = impala_loss(logits2, actions, values2, returns, valid)
@@ -260,7 +262,7 @@ def test_impala_loss_uniform_entropy_and_empty_mask():
     values = torch.zeros(T, B, dtype=torch.float64)
     valid = torch.ones(T, B, dtype=torch.bool)
     valid[1, 2] = False
-    lp = log_prob_of(logits, actions)
+    lp = log_prob(logits, actions)
     returns = vtrace(lp, lp, torch.zeros(T, B, dtype=torch.float64),
                      torch.full((T, B), GAMMA, dtype=torch.float64), values,
                      torch.zeros(B, dtype=torch.float64), valid)
@@ -334,11 +336,11 @@ def test_the_proximal_clip_is_ppos_when_the_learner_acted_and_a_weighted_referen
     With no lag (mu = pi_prox) it is exactly PPO's clip against mu; with lag it matches a hand computation."""
     logits, beh, actions, values, rewards, discounts, valid, bootstrap = _loss_setup(seed=7)
     clip = 0.2
-    prox_lp = log_prob_of(logits, actions)
+    prox_lp = log_prob(logits, actions)
 
     def loss(mu_logits, prox, pi_logits):
-        returns = vtrace(log_prob_of(mu_logits, actions), prox_lp, rewards, discounts, values, bootstrap, valid)
-        return impala_loss(pi_logits, actions, values, returns, valid, behaviour_log_probs=log_prob_of(mu_logits,
+        returns = vtrace(log_prob(mu_logits, actions), prox_lp, rewards, discounts, values, bootstrap, valid)
+        return impala_loss(pi_logits, actions, values, returns, valid, behaviour_log_probs=log_prob(mu_logits,
                            actions), clip=clip, proximal_log_probs=prox)[1]["policy_loss"], returns
 
     moved = logits + 0.3 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(1), dtype=logits.dtype)
@@ -347,8 +349,8 @@ def test_the_proximal_clip_is_ppos_when_the_learner_acted_and_a_weighted_referen
     assert no_lag.item() == pytest.approx(ppo.item(), abs=1e-12)
 
     lagged, returns = loss(beh, prox_lp, moved)
-    ratio = torch.exp(log_prob_of(moved, actions) - prox_lp)
-    weight = torch.clamp(torch.exp(prox_lp - log_prob_of(beh, actions)), max=1.0)
+    ratio = torch.exp(log_prob(moved, actions) - prox_lp)
+    weight = torch.clamp(torch.exp(prox_lp - log_prob(beh, actions)), max=1.0)
     adv = returns.advantages
     surrogate = weight * torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     expected = -(torch.where(valid, surrogate, 0.0).sum() / valid.sum())
@@ -364,13 +366,13 @@ def test_a_lagged_batch_still_gives_a_gradient_with_the_proximal_clip():
     mu = logits.clone()
     mu.scatter_(-1, actions.unsqueeze(-1), -4.0)  # the actors gave the taken actions little probability
     rewards = rewards.abs() + 1.0
-    returns = vtrace(log_prob_of(mu, actions), log_prob_of(logits, actions), rewards, discounts, values, bootstrap,
+    returns = vtrace(log_prob(mu, actions), log_prob(logits, actions), rewards, discounts, values, bootstrap,
                      valid)
     grads = {}
-    for name, prox in (("behaviour", None), ("batch", log_prob_of(logits, actions))):
+    for name, prox in (("behaviour", None), ("batch", log_prob(logits, actions))):
         pi = logits.clone().requires_grad_(True)
         loss, stats = impala_loss(pi, actions, values, returns, valid, entropy_cost=0.0, baseline_cost=0.0,
-                                  behaviour_log_probs=log_prob_of(mu, actions), clip=0.1, proximal_log_probs=prox)
+                                  behaviour_log_probs=log_prob(mu, actions), clip=0.1, proximal_log_probs=prox)
         loss.backward()
         grads[name] = (pi.grad.abs().sum(-1), stats["clip_fraction"].item())
     positive = valid & (returns.advantages > 0)

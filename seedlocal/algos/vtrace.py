@@ -52,11 +52,6 @@ def masked(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x, torch.zeros_like(x))
 
 
-def log_prob_of(logits: Tensor, actions: Tensor) -> Tensor:
-    """log pi(a|x) for integer ``actions`` [T, B] under ``logits`` [T, B, A]."""
-    return Categorical.log_prob(logits, actions)
-
-
 @torch.no_grad()
 def vtrace(
     behaviour_log_probs: Tensor,

@@ -43,7 +43,6 @@ from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
 from seedlocal.pipeline.unrolls import UnrollAllocator
-from seedlocal.spec import starts_episode
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 
 
@@ -88,14 +87,6 @@ class Episodes(NamedTuple):
     return_sum: float
     length_sum: int
     recent: list[tuple[float, int]]  # the last (return, length) pairs, oldest first, at most EpisodeLog.keep
-
-    @property
-    def mean_return(self) -> float | None:
-        return self.return_sum / self.count if self.count else None
-
-    @property
-    def mean_length(self) -> float | None:
-        return self.length_sum / self.count if self.count else None
 
 
 class LoopStats:
@@ -409,11 +400,12 @@ class InferenceLoop:
         prev = (bufs * self.L + rows)[stepped] - 1
         ignored = flat["ignored"].take(prev, axis=0)
         n_stepped = len(prev)
+        # An observation starts an episode where the step before it was ignored (spec.py's episode_starts).
         if n_stepped == len(ready):  # (take made a new array: first is the batch's own)
-            first = starts_episode(ignored)
+            first = ignored
         else:
             first = np.ones((len(ready), E), bool)  # a fresh unroll's row 0: a reset
-            first[stepped] = starts_episode(ignored)
+            first[stepped] = ignored
             for i in np.flatnonzero(~stepped):
                 resumed = self.unrolls.take_resume_first(int(ready[i]))
                 if resumed is not None:  # a parked group going on with its episodes

@@ -62,10 +62,6 @@ class UnrollAllocator:
     def waiting(self, g: int) -> bool:
         return self.state[g] == WAITING
 
-    def free_count(self) -> int:
-        with self._lock:
-            return len(self._free)
-
     def take_resume_first(self, g: int) -> np.ndarray | None:
         """The episode-start flags a parked group stopped with (once, at its first serve after unparking)."""
         return self._resume_first.pop(g, None)

@@ -6,8 +6,8 @@ Reference: PureJaxRL (Lu et al. 2022, "Discovered Policy Optimisation"):
 ``vmap`` over agents' stacked parameters, here ``torch.func.vmap`` over
 ``functional_call`` on an ``algos/member_stack.py`` ``MemberStack``.
 
-Why not ``PopulationForward`` (``population.py``), neuroevolution's batched
-forward: it keeps a copy of a network per *env slot* and runs each row
+Why not ``PopulationForward`` (``population_forward.py``), neuroevolution's
+batched forward: it keeps a copy of a network per *env slot* and runs each row
 through its own copy (a batched matrix-vector product per row), because a
 neuroevolution member plays one episode on one slot and moves on. A learner
 owns whole env groups for the whole run, and its weights change at every

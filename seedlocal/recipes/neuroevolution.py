@@ -16,7 +16,7 @@ from seedlocal.config.resume import budget_left
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
-from seedlocal.policies.population import strategies
+from seedlocal.policies.population_forward import strategies
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import sized_pipeline
 

@@ -23,7 +23,7 @@ Row ``length - 1`` holds only an observation: it is copied to row 0 of the
 group's next unroll, so consecutive unrolls share it as in IMPALA.
 
 Where episodes start is not stored: it follows from ``ignored``, by one rule
-(``seedlocal/spec.py``'s ``starts_episode``) that the inference loop, the
+(``seedlocal/spec.py``'s ``episode_starts``) that the inference loop, the
 learners and the replay all use.
 """
 

@@ -36,7 +36,7 @@ import torch
 from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.networks import checkpoint_network
 from seedlocal.pipeline.ranks import Solo
-from seedlocal.policies.population import MemberPolicy, PopulationPolicy
+from seedlocal.policies.population import PopulationPolicy
 from seedlocal.prepare import Prepared, checkpoint_spec
 from seedlocal.recipes.neuroevolution import (ARSRun, ESRun, GARun, NeuroevoRun, RandomSearchRun, build_policy,
                                               episode_frame_cap, fitness_shift, identity)
@@ -308,7 +308,7 @@ def train(prepared: Prepared) -> dict:
     return run(NeuroevoTrainer, prepared, from_checkpoint)
 
 
-def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> MemberPolicy:
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> PopulationPolicy:
     """A checkpoint's best member acting alone by the population's rule: argmax or a sample over Discrete
     actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
     the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""
@@ -321,6 +321,6 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
         if net.obs_norm is not None:  # the population's shared statistics, saved beside the genomes
             net.obs_norm.load_state_dict(state["obs_norm"])
     trained = bool(state.get("config", {}).get("greedy", True))
-    return MemberPolicy(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
+    return PopulationPolicy.serving(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
 
 

@@ -33,7 +33,7 @@ from collections import deque
 
 import numpy as np
 
-from seedlocal.spec import episode_starts, starts_episode
+from seedlocal.spec import episode_starts
 
 PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
 
@@ -214,7 +214,7 @@ class SequenceReplay:
                 self.data[name][env, pos] = values
         ign = np.asarray(rows["ignored"], bool)
         abs_steps = self.count[env] + np.arange(n)
-        first = episode_starts(ign, before=starts_episode(self.after_ignored[env]))
+        first = episode_starts(ign, before=self.after_ignored[env])
         # Each row's episode began at the latest start at or before it (or where the last append's did).
         latest = np.maximum.accumulate(np.where(first, np.arange(n), -1))
         self.ep_start[env, pos] = np.where(latest >= 0, abs_steps[np.maximum(latest, 0)], self.cur_ep[env])

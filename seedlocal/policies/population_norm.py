@@ -1,0 +1,98 @@
+"""A population's shared observation statistics: gathered while it plays, taken into use between generations.
+
+Every member of a population normalises its observations by the same
+statistics (ARS's V2, Mania et al. 2018), whatever member saw them. The inference
+thread adds the rows of every ``OBS_STATS_EVERY``-th batch it serves
+(``see``); the learner thread, between generations, merges them into the
+template's ``obs_norm`` (``commit``), which jobs submitted from then on copy
+(``PopulationForward.stats_of``). On CUDA the rows are written on the
+inference thread's stream and read on the learner's: a CUDA event recorded
+after each write hands them over.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+from torch import nn
+
+from seedlocal.normalize import RunningNorm, merge_moments
+
+OBS_STATS_EVERY = 4  # with shared observation statistics: every this many batches adds its rows
+
+
+class PopulationNorm:
+    """Observations seen since the last commit (``size`` features each), and the commit."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.size, self.device = size, device
+        # Made, written and (through ``_written``, a CUDA event) handed over by the inference thread.
+        self._seen: RunningNorm | None = None
+        self._written = None
+        self._lock = threading.Lock()
+        self._batches = 0
+
+    def see(self, rows: Callable[[], torch.Tensor]) -> None:
+        """One batch served (inference thread): every ``OBS_STATS_EVERY``-th adds its rows (``rows()``, [n,
+        size], made only then)."""
+        self._batches += 1
+        if self._batches % OBS_STATS_EVERY:
+            return
+        with self._lock:
+            if self._seen is None:  # made here, on this thread's stream, as its updates are
+                self._seen = RunningNorm(self.size).to(self.device)
+                self._written = torch.cuda.Event() if self._seen.count.is_cuda else None
+            self._seen.update(rows())
+            if self._written is not None:  # what commit waits for before it reads
+                self._written.record(torch.cuda.current_stream(self.device))
+
+    def commit(self, template: nn.Module, pool: Callable | None = None) -> None:
+        """Take the observations gathered since the last commit into ``template.obs_norm``, the statistics
+        that jobs submitted from now on normalise by (a new module swapped in whole: the one a checkpoint or a
+        submission holds is never written again). ``pool``: data-parallel ranks' ``pool_moments``, which merges
+        every rank's observations, so that every rank's jobs normalise by the same statistics."""
+        with self._lock:
+            seen, written = self._seen, self._written
+            self._seen = self._written = None
+        if seen is not None and written is not None:
+            # The inference stream wrote ``seen``; this (the learner's) stream
+            # reads it only after that write, and the allocator reuses its
+            # memory only after these reads.
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(written)
+            for t in seen.buffers():
+                t.record_stream(stream)
+        if pool is not None:
+            seen = self._pooled(seen, pool)  # on every rank at every commit, with or without rows of its own
+        if seen is None or float(seen.count) == 0:
+            return
+        current = template.obs_norm
+        merged = RunningNorm(current.mean.numel(), current.clip, current.eps).to(self.device)
+        merged.load_state_dict(current.state_dict())
+        if float(current.count) == 0:
+            merged.load_state_dict(seen.state_dict())
+        else:
+            count, mean, var = merge_moments(float(current.count), current.mean, current.var, float(seen.count),
+                                             seen.mean, seen.var)
+            merged.count.fill_(count)
+            merged.mean.copy_(mean)
+            merged.var.copy_(var)
+        template.obs_norm = merged
+
+    def _pooled(self, seen: RunningNorm | None, pool: Callable) -> RunningNorm | None:
+        """Every rank's observations since the last commit (``pool``), merged in rank order."""
+        if seen is None:
+            n, mean, var = 0.0, torch.zeros(self.size, dtype=torch.float64), torch.ones(self.size,
+                                                                                        dtype=torch.float64)
+        else:
+            n, mean, var = float(seen.count), seen.mean.cpu(), seen.var.cpu()
+        n, mean, var = pool(n, mean, var)
+        if not n:
+            return None
+        pooled = RunningNorm(self.size).to(self.device)
+        pooled.count.fill_(n)
+        pooled.mean.copy_(mean)
+        pooled.var.copy_(var)
+        return pooled
