@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from seedlocal import checkpoint
-from seedlocal.algos.frames import fit_frames
 from seedlocal.config.checks import validate_bridge, validate_pipeline, validate_run_options
 from seedlocal.config.machine import Machine
 from seedlocal.config.overrides import apply, load_pipeline_file
@@ -169,6 +167,7 @@ def host_env(env_id: str, backend: str, frame_stack: int) -> EnvSpec:
 def checkpoint_spec(state: dict) -> EnvSpec:
     """The env a checkpoint was trained on, as it is here now, refused (CheckpointError) unless its observations
     and actions are still those the checkpoint's network was trained on (a user's own env may have changed)."""
+    from seedlocal import checkpoint
     from seedlocal.networks import action_identity, obs_identity
 
     ident = state.get("identity", {})
@@ -190,6 +189,8 @@ def _resumed(request: Request, recipe: Recipe) -> Resumed | None:
     path = request.options.get("resume")
     if not path:
         return None
+    from seedlocal import checkpoint  # torch: not for an actor host, which imports this module for host_env
+
     state = checkpoint.load(path)
     wrote = state.get("identity", {}).get("algo")
     if wrote != recipe.name:
@@ -239,6 +240,8 @@ def _base(request: Request, recipe: Recipe, resumed: Resumed | None, notes: list
         notes.append(f"seedlocal: --preset cartpole, the plain defaults: no other preset of this algorithm is made "
                      f"for {env_id}'s kind{_dict_images(spec)}")
         return recipe.presets["cartpole"]
+    from seedlocal.algos.frames import fit_frames  # torch, which an actor host (host_env) never needs
+
     fitted = fit_frames(preset, spec, lambda: describe(env_id, backend, preset.env.frame_stack))
     frames = ("" if fitted is preset else f", its frames as the env sends them, stacked {fitted.frame_stack} deep "
               "beside the network" if getattr(fitted, "frame_stack", 0) > 1 else ", its frames as the env sends them")

@@ -933,6 +933,21 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
         assert tag in tags, tag
 
 
+def test_an_actor_host_starts_without_torch():
+    """An actor host only steps envs: ``seedlocal actors`` imports no torch, which took 3-4 s of a host's start
+    here (and made a host joining a short run late) when the run's preparation pulled it in."""
+    probe = ("import sys, seedlocal.cli\nsys.argv = ['seedlocal', 'actors', '--connect', '127.0.0.1:1', "
+             "'--retry-s', '0.1']\ncode = seedlocal.cli.main()\nprint('torch' in sys.modules, code)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "1"], out.stdout + out.stderr  # 1: no learner there, it gave up
+
+
+# The actor host's own command (``seedlocal actors``), entered once its imports are done and a line arrives: the
+# test starts it with the learner and lets it connect the moment the learner listens, so a host slowed by a loaded
+# machine (importing torch took longer than the GA's 6 generations once) still joins before the run ends.
+PRIMED_HOST = "import sys, seedlocal.cli, seedlocal.pipeline.bridge.client; sys.stdin.readline(); seedlocal.cli.run()"
+
+
 def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
     from seedlocal.recipes.neuroevolution import GARun
     from seedlocal.trainers.neuroevolution import train
@@ -940,33 +955,38 @@ def test_ga_learns_cartpole_with_half_its_envs_remote(tmp_path):
     import threading
 
     port = free_port()
-    hosts = []
+    host = subprocess.Popen([sys.executable, "-c", PRIMED_HOST, "actors", "--connect", f"127.0.0.1:{port}",
+                             "--retry-s", "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(TESTS)})
 
-    def host_once_listening():  # a host started with the learner retried at up to 8 s intervals, and under
-        deadline = time.monotonic() + 120  # load the GA could reach 475 on its local half before it joined
+    def release_once_listening():
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
-                    hosts.append(actors(port, "--retry-s", "60"))
+                    stdin, host.stdin = host.stdin, None  # so that finish's communicate leaves it alone
+                    stdin.write("go\n")
+                    stdin.close()
                     return
-            time.sleep(0.05)
+            time.sleep(0.02)
 
-    starter = threading.Thread(target=host_once_listening, daemon=True)
+    starter = threading.Thread(target=release_once_listening, daemon=True)
     starter.start()
     try:
         # A fixed number of generations (not a stop at 475, reached in 3 on the local half alone), so the run
-        # lasts past the host's start (it joins in about a second) and ends with its goodbye.
+        # lasts past the host's joining and ends with its goodbye.
         cfg = GARun(pipeline=PipelineConfig(num_workers=1, envs_per_worker=32, unroll_length=8),
                     bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=32),
                     generations=6, log_dir=str(tmp_path), run_name="ga", progress=False)
         summary = train(prepared(cfg))
     finally:
         starter.join(130)
-        out = finish(hosts[0]) if hosts else "no host was started"
+        out = finish(host)
     print("bridge ga summary:", summary)
     assert summary["best_member_return"] >= 475, summary
     # The host served to the end: the learner's goodbye, not a retry budget, ended it.
-    assert hosts and hosts[0].returncode == 0 and f"the learner at 127.0.0.1:{port} stopped; exiting" in out, out
+    assert host.returncode == 0 and f"the learner at 127.0.0.1:{port} stopped; exiting" in out, out
 
 
 def test_emulated_delay_shows_in_the_round_trip():

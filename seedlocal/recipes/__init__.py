@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from seedlocal.config.machine import Machine
-from seedlocal.networks import is_grid, is_image
 from seedlocal.shape import ShapeNeeds
 
 Given = Callable[[str], bool]
@@ -59,6 +58,8 @@ def kind_of(spec) -> Kind:
     """The kind of task an env (its ``EnvSpec``) is: 'football' for Google Research Football (envpool's
     gfootball/ ids), 'atari' for other frames of 36 x 36 and up (Nature CNN), 'minatar' for smaller image
     grids with Discrete actions (MinAtar's 10 x 10 x C), 'mujoco' for Box actions, 'cartpole' for the rest."""
+    from seedlocal.networks import is_grid, is_image  # torch: not at import, where an actor host reaches here
+
     single = spec.obs.get("")
     if single is not None and is_image(single):
         return KINDS["football" if spec.env_id.startswith("gfootball/") else "atari"]
