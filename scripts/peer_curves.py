@@ -299,6 +299,21 @@ def plot(env: str, runs: list[Run], path: Path, log_time: bool, target: float | 
     return True
 
 
+def run_line(run: Run, tail: int = 50) -> str:
+    """A run's end in one line: its last point, the mean of its last ``tail`` points (steadier), its
+    evaluation return where it logs one (R2D2), and where it stood at 1M steps (item 16's random-play check)."""
+    last, rows = run.rows[-1], run.rows[-tail:]
+    line = (f"{run.label}: {last['return_mean20']:.1f} at {last['steps']:,d} steps, {last['seconds'] / 60:.1f} min "
+            f"({last['steps'] / max(last['seconds'], 1e-9):,.0f} steps/s over the run); last {len(rows)} points "
+            f"{sum(r['return_mean20'] for r in rows) / len(rows):.1f}")
+    evals = [r["eval_return"] for r in rows if r.get("eval_return", "") != ""]
+    if evals:
+        line += f"; evaluation {evals[-1]:.1f} (last {len(evals)}: {sum(evals) / len(evals):.1f})"
+    if last["steps"] >= 1_000_000:
+        line += f"; {value_at(run.rows, 'steps', 1_000_000):.1f} at 1M steps"
+    return line
+
+
 def main(args: Args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -322,9 +337,7 @@ def main(args: Args) -> None:
         written.add(name)
         write_csv(run.rows, out / f"{name}.csv")
         by_env.setdefault(run.env, []).append(run)
-        last = run.rows[-1]
-        print(f"{run.label}: {last['return_mean20']:.1f} at {last['steps']:,d} steps, {last['seconds'] / 60:.1f} min "
-              f"({last['steps'] / max(last['seconds'], 1e-9):,.0f} steps/s over the run); {out / name}.csv  [{path}]")
+        print(f"{run_line(run)}; {out / name}.csv  [{path}]")
     for env, runs in by_env.items():
         steps = min(r.rows[-1]["steps"] for r in runs)
         seconds = min(r.rows[-1]["seconds"] for r in runs)
