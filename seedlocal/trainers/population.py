@@ -1,0 +1,420 @@
+"""``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46, docs/populations.md).
+
+Each member is a learner of its own: its network, optimizer, hyperparameters (a ``VTraceParams``), minibatch
+and sampling generators, counters and episodes, and a contiguous block of whole env groups. The networks'
+tensors are rows of one ``MemberStack``, so the inference thread serves every member's rows in one vmapped call
+(``policies/members.py``: ``MembersPolicy``) while each learner writes its own rows in place. The learner
+thread routes each finished unroll by the group that filled it to its member's batch (``algo.batch_size / P``
+envs' unrolls, whole groups) and runs ``learner_step`` on a member's batch as soon as it is full: on the CPU
+the members update one after another, each as a single learner would.
+
+The three modes (``population.mode``): seeds (same hyperparameters, seeds env.seed + m), sweep (one value set
+of ``population.sweep`` each, ``pbt.sweep_values``) and PBT (every ``population.interval`` of a member's env
+steps, ``pbt.pbt_round`` over the members' recent returns: the bottom copy a top member's weights and
+optimizer state, ``pbt.copy_member``, then perturb; each record kept as the lineage).
+
+Not yet: one batched update over the stack on a GPU (``algos/population_vtrace.py`` exists; the trainer does
+not call it), data-parallel ranks, LSTM cores, observation normalisation and reward scaling (refused by the
+recipe).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal.algos import pbt
+from seedlocal.algos.frames import UnrollStacks, stacking
+from seedlocal.algos.member_stack import MemberStack
+from seedlocal.algos.population_stats import iqm, summarize
+from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
+from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.dtypes import torch_dtype
+from seedlocal.monitor import nothing_stepped
+from seedlocal.pipeline.batches import Batcher
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.inference import EpisodeLog
+from seedlocal.pipeline.ranks import Solo
+from seedlocal.policies.members import MembersPolicy
+from seedlocal.prepare import Prepared
+from seedlocal.recipes.vtrace import build_model, identity, member_values, pbt_space
+from seedlocal.trainers.run import WAIT_S, Run, Trainer, stream_seed
+from seedlocal.trainers.vtrace_interval import Interval, actors_wait
+
+CURVES = "population.csv"  # in the run folder: each member's mean of its last 20 episodes at each log
+PLOT = "population.png"  # beside it, where matplotlib is installed: the members' curves and their IQM
+
+
+class Member:
+    """One learner of the population (module docstring)."""
+
+    def __init__(self, index: int, model, params: VTraceParams, names: list[str], seed: int, start: int, device):
+        self.index, self.model, self.params = index, model, params
+        self.optimizer = make_optimizer(model.parameters(), params)
+        self.names = names  # the hyperparameters it has of its own (a sweep's, PBT's)
+        self.shuffle = torch.Generator().manual_seed(stream_seed(seed, 0, "shuffle", start))
+        self.sampling = torch.Generator(device).manual_seed(stream_seed(seed, 0, "sampling", start))
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        self.recent: deque[float] = deque(maxlen=20)
+        self.episodes = EpisodeLog()  # filled by the inference thread (MembersPolicy.plan)
+        self.pending: list[int] = []  # finished unrolls of its groups, waiting for a batch
+        self.lr = params.learning_rate
+        self.restart_interval()
+
+    def restart_interval(self) -> None:
+        self.loss_sum, self.n, self.ep_n, self.ep_sum = 0.0, 0, 0, 0.0
+
+    @property
+    def values(self) -> dict:
+        return {n: getattr(self.params, n) for n in self.names}
+
+    def set_values(self, values: dict) -> None:
+        self.params = dataclasses.replace(self.params, **values)
+
+    def score(self) -> float | None:
+        """The mean of its last 20 episodes (None before its first)."""
+        return float(np.mean(self.recent)) if self.recent else None
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "shuffle": self.shuffle.get_state(), "sampling": self.sampling.get_state(), "values": self.values,
+                "counters": dict(self.counters), "recent": list(self.recent)}
+
+    def restore(self, saved: dict) -> None:
+        self.model.load_state_dict(saved["model"])  # in place: its tensors stay rows of the stack
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.shuffle.set_state(saved["shuffle"])
+        self.sampling.set_state(saved["sampling"].to(self.sampling.device) if self.sampling.device.type == "cuda"
+                                else saved["sampling"])
+        self.set_values(saved["values"])
+        self.counters.update(saved["counters"])
+        self.recent.extend(saved["recent"])
+
+
+class PopulationTrainer(Trainer):
+    algo = "vtrace"
+    checkpoint_parts = ("members", "population", "counters")
+
+    def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        cfg, spec, pop = self.cfg, self.spec, self.cfg.population
+        self.space = pbt_space(cfg) if pop.mode == "pbt" else {}
+        values = member_values(cfg)
+        names = list(dict.fromkeys([*values[0], *self.space]))
+        self.members = []
+        for m in range(pop.size):
+            torch.manual_seed(cfg.env.seed + m)  # member 0 starts as the single learner of this seed would
+            model = build_model(cfg, spec).to(device)
+            self.members.append(Member(m, model, dataclasses.replace(cfg.algo, **values[m]), names,
+                                       cfg.env.seed + m, 0, device))
+        torch.manual_seed(cfg.env.seed)
+        self.stack = MemberStack([mb.model for mb in self.members])
+        self.precision = resolve_precision(cfg.algo.precision, self.members[0].model.kind, device)
+        apply_precision(self.precision, device)
+        self.sync, self.lock = actors_wait(cfg.algo), WeightLock(device)
+        self.k = self.shape.unrolls_per_batch // pop.size  # unrolls per member batch
+        self.groups_per_member = self.shape.num_groups // pop.size
+        self.rows_per_batch = self.k * self.shape.envs_per_group * cfg.pipeline.unroll_length
+        self.frame_stack = stacking(spec, cfg.frame_stack)
+        self.stacks = None
+        self.pbt = pbt.PBTParams(pop.quantile, pop.resample_probability)
+        self.pbt_rng = np.random.default_rng(pop.seed)
+        self.lineage: list[dict] = []
+        self.next_round = pop.interval
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        self.recent: deque[float] = deque(maxlen=20)  # every member's episodes, for the run's own curve
+        self.iv = None
+        self.curves: list[tuple[int, int, int, float]] = []  # (run steps, member, its steps, its mean of 20)
+
+    # -- what a checkpoint holds -------------------------------------------------------------------------------
+
+    def identity(self) -> dict:
+        return {**identity(self.cfg, self.spec), "population": len(self.members)}
+
+    def best(self) -> int:
+        """The member whose last 20 episodes' mean is highest (members without episodes last)."""
+        scores = [mb.score() for mb in self.members]
+        return max(range(len(scores)), key=lambda m: (scores[m] is not None, scores[m] or 0.0, -m))
+
+    def state(self) -> dict:
+        return {"members": [mb.state() for mb in self.members],
+                "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": self.best(),
+                               "lineage": json.dumps(self.lineage), "next_round": self.next_round,
+                               "pbt_rng": json.dumps(self.pbt_rng.bit_generator.state)}}
+
+    def restore(self, saved: dict) -> None:
+        if len(saved["members"]) != len(self.members):
+            raise ValueError(f"the checkpoint holds {len(saved['members'])} members, this run {len(self.members)}")
+        start = self.counters["steps"]
+        for mb, own in zip(self.members, saved["members"]):
+            mb.restore(own)
+            # A resumed session draws minibatches and actions of its own (as a single learner's does).
+            mb.shuffle.manual_seed(stream_seed(self.cfg.env.seed + mb.index, 0, "shuffle", start))
+        self.stack.check()
+        p = saved["population"]
+        self.lineage, self.next_round = json.loads(p["lineage"]), int(p["next_round"])
+        self.pbt_rng.bit_generator.state = json.loads(p["pbt_rng"])
+
+    def acting_state(self) -> dict:
+        return {"model": self.members[self.best()].model.state_dict()}
+
+    # -- running -----------------------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        pop = self.cfg.population
+        mode = {"seeds": f"seeds {self.cfg.env.seed}..{self.cfg.env.seed + pop.size - 1}",
+                "sweep": f"a sweep of {', '.join(self.members[0].names)}",
+                "pbt": f"PBT over {', '.join(self.space)} every {pop.interval:,d} steps a member"}[pop.mode]
+        return (f"training a population of {pop.size} V-trace learners on {self.spec.env_id} ({mode}; each "
+                f"{self.groups_per_member} env groups and batches of {self.k} unrolls; one inference call for "
+                f"all, {self.precision} on {self.device}, members updating one after another)")
+
+    def policy(self) -> MembersPolicy:
+        return MembersPolicy(self.stack, self.spec, self.groups_per_member * self.shape.envs_per_group,
+                             [mb.sampling for mb in self.members], self.lock, self.precision, self.frame_stack,
+                             episodes=[mb.episodes for mb in self.members])
+
+    def learner_threads(self) -> int:
+        import os
+
+        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
+
+    def start(self, run: Run) -> None:
+        keys = run.pipe.layout.obs_keys()
+        for mb in self.members:
+            mb.batcher = Batcher(run.pipe.store, keys, self.k, self.device, sets=1)
+        if self.frame_stack > 1:
+            frame = self.spec.obs[""]
+            self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
+                                       frame.shape[1:], torch_dtype(frame.dtype), self.device)
+        self.steps0 = self.counters["steps"]
+        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+
+    def _steps(self, run: Run) -> int:
+        return self.steps0 + run.loop.stats.env_steps
+
+    def spent(self, run: Run) -> str | None:
+        self.counters["steps"] = self._steps(run)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if run.out_of_time():
+            return "seconds"
+        target = self.cfg.stop_at_return
+        full = [mb for mb in self.members if len(mb.recent) == mb.recent.maxlen]
+        if target and any(mb.score() >= target for mb in full):
+            return "target"
+        return None
+
+    def _ready(self, run: Run, t0: float) -> Member | str:
+        """The first member whose batch is full, routing finished unrolls to their members meanwhile; or
+        "seconds" if the time budget ends while waiting."""
+        import queue
+
+        group = run.pipe.store["unroll_group"]
+        while True:
+            for mb in self.members:
+                if len(mb.pending) >= self.k:
+                    return mb
+            try:
+                buf = run.loop.completed.get(timeout=WAIT_S)
+            except queue.Empty:
+                if run.waiting(t0):
+                    return "seconds"
+                continue
+            self.members[int(group[buf]) // self.groups_per_member].pending.append(buf)
+
+    def advance(self, run: Run) -> str | None:
+        """Wait for a member's batch, learn from it with that member's learner; a PBT round when one is due."""
+        t0 = time.monotonic()
+        run.watch.start()
+        mb = self._ready(run, t0)
+        if isinstance(mb, str):
+            return mb
+        t1 = time.monotonic()
+        if not self.iv.begun:
+            self.iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
+        else:
+            self.iv.wait_s += t1 - t0
+        bufs, mb.pending = mb.pending[:self.k], mb.pending[self.k:]
+        fetched = mb.batcher.fill(bufs, 0)
+        if not self.sync:  # copied: the actors may refill them while the member learns
+            for b in bufs:
+                run.loop.release(b)
+        self._learn(run, mb, fetched)
+        mb.batcher.done(fetched)
+        if self.sync:
+            for b in bufs:
+                run.loop.release(b)
+        self.iv.learn_s += time.monotonic() - t1
+        self._take_episodes(run)
+        if self.cfg.population.mode == "pbt" and min(m.counters["steps"] for m in self.members) >= self.next_round:
+            self.pbt_step(run.monitor)
+        return None
+
+    def _learn(self, run: Run, mb: Member, fetched) -> None:
+        cfg = self.cfg
+        batch = mb.batcher.use(fetched)
+        if self.stacks is not None:
+            frames = self.stacks(batch["obs"][""], batch["ignored"], fetched.groups, fetched.epochs)
+            batch = {**batch, "obs": {**batch["obs"], "": frames}}
+        mb.lr = mb.params.learning_rate
+        share = cfg.total_steps / len(self.members)  # a member's share of the step budget
+        if mb.params.lr_decay and share:
+            mb.lr *= max(0.0, 1.0 - mb.counters["steps"] / share)
+        for g in mb.optimizer.param_groups:
+            g["lr"] = mb.lr
+        acted_version, version0 = float(batch["policy_version"].mean()), run.loop.version
+
+        def bump_version() -> None:
+            run.loop.version += 1
+
+        stats = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock, precision=self.precision,
+                             after_update=bump_version, shuffle=mb.shuffle)
+        n_updates = stats.pop("updates")
+        stats["policy_lag"] = version0 + (n_updates - 1) / 2 - acted_version
+        self.iv.add(stats, self.rows_per_batch * mb.params.echo)
+        mb.counters["updates"] += n_updates
+        mb.counters["steps"] += self.rows_per_batch
+        self.counters["updates"] += n_updates
+        mb.loss_sum += float(stats["total_loss"])
+        mb.n += 1
+
+    def pbt_step(self, monitor) -> list[pbt.Exploit]:
+        """One round of PBT now (every member has an episode; else at its next batch): the bottom members take a
+        top member's weights and optimizer state under the weight lock, then their explored hyperparameters;
+        each record goes to the lineage and TensorBoard's text."""
+        scores = [mb.score() for mb in self.members]
+        if any(s is None for s in scores):
+            return []
+        step = min(mb.counters["steps"] for mb in self.members)
+        values, records = pbt.pbt_round(scores, [mb.values for mb in self.members], self.space, self.pbt,
+                                        self.pbt_rng, step)
+        with self.lock:
+            for r in records:
+                donor, member = self.members[r.donor], self.members[r.member]
+                pbt.copy_member(donor.model, donor.optimizer, member.model, member.optimizer)
+        for r in records:
+            member = self.members[r.member]
+            member.set_values(values[r.member])
+            member.recent.clear()  # its returns were its old weights'
+            self.lineage.append(r.as_dict())
+            moves = ", ".join(f"{k} {r.copied[k]:.4g} -> {r.new[k]:.4g} ({r.how[k]})" for k in r.how)
+            monitor.text("population/lineage", f"member {r.member} ({r.score:.2f}) <- member {r.donor} "
+                         f"({r.donor_score:.2f}): {moves}", self.counters["steps"])
+        self.next_round = (step // self.cfg.population.interval + 1) * self.cfg.population.interval
+        return records
+
+    def _take_episodes(self, run: Run) -> None:
+        self.iv.add_episodes(run.loop.stats.episodes.take())
+        for mb in self.members:
+            eps = mb.episodes.take()
+            mb.counters["episodes"] += eps.count
+            self.counters["episodes"] += eps.count
+            mb.ep_n += eps.count
+            mb.ep_sum += eps.return_sum
+            mb.recent.extend(r for r, _ in eps.recent[-mb.recent.maxlen:])
+            self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
+
+    def log(self, run: Run, now: float, last: bool = False) -> None:
+        step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
+        rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4
+        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
+        values["charts/episodes"] = self.counters["episodes"]
+        values.update(self._member_scalars(step_now))
+        iv.restart(now, step_now, run.loop.stats, workers)
+        run.monitor.scalars(step_now, values)
+        if not last:
+            best, iqm_ = values.get("population/best"), values.get("population/iqm")
+            shown = "      -" if best is None else f"best {best:7.1f}  IQM {iqm_:7.1f}"
+            run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
+                                 f"return(20) {shown}  updates {self.counters['updates']:,d}")
+
+    def _member_scalars(self, step_now: int) -> dict:
+        """Each member's curve (``member_<m>/...``) and the population's best, median and IQM of the members'
+        last-20 means (once every member has episodes)."""
+        out: dict = {}
+        for mb in self.members:
+            tag, score = f"member_{mb.index}/", mb.score()
+            out[tag + "charts/episode_return"] = mb.ep_sum / mb.ep_n if mb.ep_n else None
+            out[tag + "charts/return_mean20"] = score
+            out[tag + "charts/steps"] = mb.counters["steps"]
+            out[tag + "charts/learning_rate"] = mb.lr
+            out[tag + "losses/total_loss"] = mb.loss_sum / mb.n if mb.n else None
+            out.update({f"{tag}hyper/{k}": float(v) for k, v in mb.values.items()})
+            if score is not None:
+                self.curves.append((step_now, mb.index, mb.counters["steps"], score))
+            mb.restart_interval()
+        scores = [mb.score() for mb in self.members]
+        if all(s is not None for s in scores):
+            out.update({"population/best": max(scores), "population/median": float(np.median(scores)),
+                        "population/iqm": iqm(scores)})
+        return out
+
+    def has_last_log(self) -> bool:
+        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
+
+    def settle(self, run: Run) -> None:
+        if self.iv is not None:
+            self.counters["steps"] = self._steps(run)
+            self._take_episodes(run)
+
+    def results(self, run: Run) -> dict:
+        c, best = self.counters, self.best()
+        finals = [mb.score() for mb in self.members]
+        stats = summarize(finals).as_dict() if all(f is not None for f in finals) else None
+        members = [{"member": mb.index, "values": mb.values, "steps": mb.counters["steps"],
+                    "updates": mb.counters["updates"], "episodes": mb.counters["episodes"],
+                    "mean_return_last20": finals[mb.index]} for mb in self.members]
+        write_curves(run.run_dir, self.curves)
+        return {"algo": "vtrace", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
+                "updates": c["updates"], "episodes": c["episodes"], "mean_return_last20": finals[best],
+                "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": best,
+                               "summary": stats, "members": members, "lineage": self.lineage}}
+
+    def outcome(self, summary: dict) -> tuple[str, str | None]:
+        pop = summary["population"]
+        line = f"{summary['steps']:,d} steps, {summary['updates']:,d} updates over {pop['size']} members"
+        s = pop["summary"]
+        if s is None:
+            line += "; not every member finished an episode: no population statistics"
+        else:
+            line += (f"; members' mean return (last 20 each): mean {s['mean']:.1f} [{s['mean_ci'][0]:.1f}, "
+                     f"{s['mean_ci'][1]:.1f}], IQM {s['iqm']:.1f} [{s['iqm_ci'][0]:.1f}, {s['iqm_ci'][1]:.1f}] "
+                     f"(95% bootstrap CI); best member {pop['best']}: {summary['mean_return_last20']:.1f}")
+        return line, None if summary["steps"] else nothing_stepped(self.cfg)
+
+
+def write_curves(run_dir: Path, curves: list[tuple[int, int, int, float]]) -> None:
+    """population.csv (run steps, member, member steps, mean of its last 20) and, where matplotlib is installed,
+    population.png: each member's curve and the IQM of the members' latest values at each log."""
+    if not curves:
+        return
+    lines = ["run_steps,member,member_steps,return_mean20"] + [f"{a},{m},{b},{r:.6g}" for a, m, b, r in curves]
+    (run_dir / CURVES).write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in sorted({c[1] for c in curves}):
+        pts = [(a, r) for a, mm, _, r in curves if mm == m]
+        ax.plot(*zip(*pts), lw=0.8, alpha=0.6, label=f"member {m}")
+    by_step: dict[int, list[float]] = {}
+    for a, _, _, r in curves:
+        by_step.setdefault(a, []).append(r)
+    steps = sorted(by_step)
+    ax.plot(steps, [iqm(by_step[s]) for s in steps], color="black", lw=2, label="IQM")
+    ax.set_xlabel("run steps (all members)")
+    ax.set_ylabel("mean return (last 20)")
+    ax.legend(fontsize=6)
+    fig.savefig(run_dir / PLOT, dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,123 @@
+"""A population of V-trace learners in one run (issue 46): members own whole env groups and learn only from
+their own unrolls, act from their own networks and generators in one inference call, report rliable's
+statistics, sweep, run PBT through the trainer's own step, resume whole, and refuse what does not fit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import seedlocal
+from conftest import leaked_segments, live_children
+from seedlocal.api import _prepared
+
+# Two workers of 8 envs: 4 groups of 4, one or two per member; each member's batch one or two unrolls.
+SMALL = dict(pipeline={"num_workers": 2, "envs_per_worker": 8, "unroll_length": 16}, algo={"batch_size": 16},
+             network={"hidden": (16,)}, progress=False, log_every_s=0.5)
+
+
+def _trainer(**population):
+    from seedlocal.trainers.population import PopulationTrainer
+
+    prepared = _prepared("vtrace", {**SMALL, "population": population, "log_dir": "unused"})
+    return PopulationTrainer(prepared, torch.device("cpu"))
+
+
+def _train(tmp_path, **overrides) -> dict:
+    s = seedlocal.train("vtrace", **{**SMALL, "log_dir": str(tmp_path), **overrides})
+    assert not live_children() and not leaked_segments()
+    return s.data
+
+
+def test_each_members_batches_hold_only_its_own_groups_unrolls(tmp_path, monkeypatch):
+    """Routing (the production run): every batch a member learns from was filled by its own groups only, every
+    member learned, and each member's episodes are counted apart and add up to the run's."""
+    from seedlocal.trainers.population import PopulationTrainer
+
+    seen: list[tuple[int, list[int], int]] = []
+    learn = PopulationTrainer._learn
+
+    def spy(self, run, mb, fetched):
+        seen.append((mb.index, list(fetched.groups), self.groups_per_member))
+        return learn(self, run, mb, fetched)
+
+    monkeypatch.setattr(PopulationTrainer, "_learn", spy)
+    data = _train(tmp_path, total_steps=6_000, population={"size": 4})
+    assert {m for m, _, _ in seen} == {0, 1, 2, 3}
+    for member, groups, per in seen:
+        assert all(g // per == member for g in groups), (member, groups)
+    members = data["population"]["members"]
+    assert sum(m["episodes"] for m in members) == data["episodes"] and all(m["episodes"] for m in members)
+
+
+def test_a_members_actions_do_not_depend_on_the_other_members_rows():
+    """The one inference call: each row is its own member's network's output, and a member's sampled actions
+    are the same whether its rows are served alone or beside another member's rows (its own generator)."""
+    t = _trainer(size=2)
+    policy = t.policy()
+    E = policy.envs_per_member
+    obs = {"": torch.randn(2 * E, 4)}
+    ids = np.arange(2 * E)
+    for mb in t.members:
+        mb.sampling.manual_seed(7)
+    actions, out, _ = policy.act(obs, None, ids, np.zeros(2 * E, bool))
+    for m, mb in enumerate(t.members):
+        with torch.no_grad():
+            own, _ = mb.model({"": obs[""][m * E:(m + 1) * E]})
+        torch.testing.assert_close(out["logits"][m * E:(m + 1) * E], own.float())
+    assert not torch.equal(out["logits"][:E], out["logits"][E:])  # two networks, not one
+    t.members[1].sampling.manual_seed(7)
+    alone, _, _ = policy.act({"": obs[""][E:]}, None, ids[E:], np.zeros(E, bool))
+    assert torch.equal(alone, actions[E:])
+
+
+def _reference_summary(scores):
+    """rliable's IQM (trim floor(n/4) each end) and the percentile bootstrap over members, written out."""
+    x = np.sort(np.asarray(scores, dtype=np.float64))
+    cut = len(x) // 4
+    draws = np.random.default_rng(0).integers(0, len(x), size=(2000, len(x)))
+    boot = np.sort(np.asarray(scores)[draws], axis=1)[:, cut:len(x) - cut].mean(axis=1)
+    return x[cut:len(x) - cut].mean(), tuple(np.percentile(boot, [2.5, 97.5]))
+
+
+def test_seeds_summary_matches_a_reference_computation(tmp_path):
+    data = _train(tmp_path, total_steps=6_000, population={"size": 4})
+    pop = data["population"]
+    finals = [m["mean_return_last20"] for m in pop["members"]]
+    iqm, ci = _reference_summary(finals)
+    s = pop["summary"]
+    assert s["members"] == 4 and s["iqm"] == pytest.approx(iqm) and s["iqm_ci"] == pytest.approx(list(ci))
+    assert s["mean"] == pytest.approx(np.mean(finals))
+    assert pop["best"] == int(np.argmax(finals)) and data["mean_return_last20"] == max(finals)
+    assert (tmp_path.glob("*/population.csv").__next__()).read_text().startswith("run_steps,member")
+    saved = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert saved["population"]["summary"] == s
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(population={"size": 8}), "members own whole env groups: the run's 4 groups"),
+    (dict(population={"size": 3}), "do not divide among 3 members"),
+    (dict(population={"size": 4}, algo={"batch_size": 8}), "algo.batch_size=8: each member learns"),
+    (dict(population={"size": 2}, learners=2), "not yet supported"),
+    (dict(population={"size": 2}, network={"lstm_size": 8}), "not yet with a population"),
+    (dict(population={"size": 2, "sweep": ("learning_rate=1e-3,1e-4",)}), "is for --population.mode sweep or pbt"),
+    (dict(population={"size": 2, "mode": "sweep", "sweep": ("learnin_rate=1e-3,1e-4",)}),
+     "did you mean learning_rate"),
+    (dict(population={"size": 2, "mode": "sweep", "sweep": ("init_std=1,2",)}), "no hyperparameter init_std"),
+    (dict(population={"size": 2, "mode": "sweep", "sweep": ("clip=0.5,2",)}), "algo.clip=2"),
+    (dict(population={"size": 1, "mode": "pbt"}), "needs population.size >= 2"),
+    (dict(population={"size": 2, "mode": "pbt", "quantile": 0.7}), "population.quantile"),
+])
+def test_what_does_not_fit_is_refused_in_one_line(overrides, words, tmp_path):
+    with pytest.raises(seedlocal.SeedlocalError) as e:
+        seedlocal.train("vtrace", **{**SMALL, "log_dir": str(tmp_path), **overrides})
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_r2d2_refuses_a_population_not_yet(tmp_path):
+    with pytest.raises(seedlocal.SeedlocalError, match="population.size=2: not yet for R2D2"):
+        seedlocal.train("r2d2", log_dir=str(tmp_path), population={"size": 2})
