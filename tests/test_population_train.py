@@ -109,6 +109,7 @@ def test_seeds_summary_matches_a_reference_computation(tmp_path):
     (dict(population={"size": 2, "mode": "sweep", "sweep": ("init_std=1,2",)}), "no hyperparameter init_std"),
     (dict(population={"size": 2, "mode": "sweep", "sweep": ("clip=0.5,2",)}), "algo.clip=2"),
     (dict(population={"size": 1, "mode": "pbt"}), "needs population.size >= 2"),
+    (dict(population={"size": 2}, network={"hidden": (16,), "obs_norm": True}), "obs_norm=True: not yet"),
     (dict(population={"size": 2, "mode": "pbt", "quantile": 0.7}), "population.quantile"),
 ])
 def test_what_does_not_fit_is_refused_in_one_line(overrides, words, tmp_path):
@@ -121,3 +122,57 @@ def test_what_does_not_fit_is_refused_in_one_line(overrides, words, tmp_path):
 def test_r2d2_refuses_a_population_not_yet(tmp_path):
     with pytest.raises(seedlocal.SeedlocalError, match="population.size=2: not yet for R2D2"):
         seedlocal.train("r2d2", log_dir=str(tmp_path), population={"size": 2})
+
+
+def test_a_sweep_gives_each_member_its_values_and_ranks_them(tmp_path):
+    data = _train(tmp_path, total_steps=4_000,
+                  population={"size": 4, "mode": "sweep", "sweep": ("learning_rate=1e-3,3e-3", "entropy_cost=1e-3..1e-1")})
+    pop = data["population"]
+    lrs = [m["values"]["learning_rate"] for m in pop["members"]]
+    assert lrs == [1e-3, 3e-3, 1e-3, 3e-3]
+    costs = [m["values"]["entropy_cost"] for m in pop["members"]]
+    assert len(set(costs)) == 4 and all(1e-3 <= c <= 1e-1 for c in costs)
+    finals = [m["mean_return_last20"] for m in pop["members"]]
+    assert list(pop["summary"]["ranking"]) == sorted(range(4), key=lambda m: (-finals[m], m))
+
+
+class _Texts:
+    def __init__(self):
+        self.lines = []
+
+    def text(self, tag, value, step=0):
+        self.lines.append((tag, value))
+
+
+def test_a_pbt_exploit_copies_weights_and_optimizer_state_exactly():
+    """The trainer's own PBT step: the bottom member becomes its donor (every parameter, Adam's moments and step
+    counts), in its rows of the stack that inference reads; it then explores the donor's values; the lineage
+    and TensorBoard's text say so."""
+    t = _trainer(size=4, mode="pbt", sweep=("learning_rate=1e-4..1e-2",), quantile=0.25, interval=100)
+    for mb in t.members:  # optimizer state of its own for each member
+        loss = sum((p * torch.randn_like(p)).sum() for p in mb.model.parameters())
+        loss.backward()
+        mb.optimizer.step()
+        mb.optimizer.zero_grad()
+    for mb, scores in zip(t.members, ([1.0], [5.0], [9.0], [3.0])):
+        mb.recent.extend(scores)
+        mb.counters["steps"] = 100
+    texts = _Texts()
+    records = t.pbt_step(texts)
+    assert [(r.member, r.donor) for r in records] == [(0, 2)]
+    low, top = t.members[0], t.members[2]
+    for (name, a), b in zip(low.model.state_dict().items(), top.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    sa, sb = low.optimizer.state_dict()["state"], top.optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for i in sa:
+        for key in sa[i]:
+            assert torch.equal(sa[i][key], sb[i][key]), (i, key)
+            assert sa[i][key].data_ptr() != sb[i][key].data_ptr()  # a copy, not the donor's own tensors
+    for name, row in t.stack.params.items():
+        assert torch.equal(row[0], row[2]), name
+    t.stack.check()
+    r = records[0]
+    assert r.copied == top.values and low.values == r.new and t.lineage == [r.as_dict()]
+    assert texts.lines and texts.lines[0][0] == "population/lineage" and "member 0" in texts.lines[0][1]
+    assert not low.recent and t.next_round == 200

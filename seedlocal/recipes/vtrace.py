@@ -271,6 +271,9 @@ def check_population(cfg: VTraceRun, shape) -> None:
     if cfg.network.lstm_size:
         fail("network.lstm_size", cfg.network.lstm_size, "not yet with a population: its members' one inference "
              "call is vmapped, and torch.func has no vmap rule for an LSTM cell")
+    for name, on in (("network.obs_norm", cfg.network.obs_norm), ("algo.reward_scale", cfg.algo.reward_scale)):
+        if on:
+            fail(name, on, "not yet with a population (each member would keep running statistics of its own)")
     if groups < pop.size or groups % pop.size:
         fail("population.size", pop.size, f"members own whole env groups: the run's {groups} groups (2 per "
              f"worker) do not divide among {pop.size} members; give --pipeline.num-workers "
