@@ -230,7 +230,7 @@ class Evaluation:
 def evaluate(checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
     """``seedlocal eval`` from Python: play ``checkpoint`` (a checkpoint file, or a run folder: its newest) for
     ``episodes``. ``options`` are eval's other options by name (``policy``, ``video``, ``device``, ``seed``,
-    ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``); what the command line refuses in one line is
+    ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``, ``member``); what the command line refuses in one line is
     raised as a ``SeedlocalError`` with that line."""
     from seedlocal.config.overrides import apply, flatten
 

@@ -97,6 +97,17 @@ def test_seeds_summary_matches_a_reference_computation(tmp_path):
     assert saved["population"]["summary"] == s
 
 
+def test_eval_plays_the_best_member_by_default_or_the_one_asked(tmp_path, capsys):
+    data = _train(tmp_path, total_steps=3_000, population={"size": 2})
+    run_dir, best = data["run_dir"], data["population"]["best"]
+    seedlocal.evaluate(run_dir, episodes=1)
+    assert f"(member {best}) at" in capsys.readouterr().out
+    seedlocal.evaluate(run_dir, episodes=1, member=1 - best)
+    assert f"(member {1 - best}) at" in capsys.readouterr().out
+    with pytest.raises(seedlocal.SeedlocalError, match="member 2 is not there: its population has members 0..1"):
+        seedlocal.evaluate(run_dir, episodes=1, member=2)
+
+
 @pytest.mark.parametrize("overrides, words", [
     (dict(population={"size": 8}), "members own whole env groups: the run's 4 groups"),
     (dict(population={"size": 3}), "do not divide among 3 members"),
@@ -176,3 +187,35 @@ def test_a_pbt_exploit_copies_weights_and_optimizer_state_exactly():
     assert r.copied == top.values and low.values == r.new and t.lineage == [r.as_dict()]
     assert texts.lines and texts.lines[0][0] == "population/lineage" and "member 0" in texts.lines[0][1]
     assert not low.recent and t.next_round == 200
+
+
+def test_a_resumed_pbt_population_continues_every_members_curve_and_the_lineage(tmp_path):
+    """PBT rounds in a real run (the lineage in summary.json), then a resume from its checkpoint: every member goes
+    on from its own counters, its curve goes on past the checkpoint, and the lineage keeps the first session's
+    records ahead of the new ones."""
+    pbt = {"size": 2, "mode": "pbt", "interval": 600, "sweep": ("learning_rate=1e-4..1e-2",)}
+    first = seedlocal.train("vtrace", **{**SMALL, "log_dir": str(tmp_path)}, total_steps=6_000, population=pbt)
+    pop1 = first.data["population"]
+    assert pop1["lineage"] and all(r["member"] != r["donor"] for r in pop1["lineage"])
+    second = seedlocal.train("vtrace", resume=str(first.run_dir), total_steps=12_000, progress=False)
+    pop2 = second.data["population"]
+    assert pop2["lineage"][:len(pop1["lineage"])] == pop1["lineage"]
+    assert len(pop2["lineage"]) > len(pop1["lineage"])
+    for a, b in zip(pop1["members"], pop2["members"]):
+        assert b["steps"] > a["steps"] and b["updates"] > a["updates"] and b["episodes"] > a["episodes"]
+    for m in range(2):
+        steps, _ = second.scalars(f"member_{m}/charts/steps")
+        assert min(steps) <= first.data["steps"] < max(steps)
+    assert not live_children() and not leaked_segments()
+
+
+def test_the_command_line_builds_the_population_the_keywords_build():
+    from seedlocal.cli import _parse
+
+    argv = ["train", "vtrace", "--population.size", "2", "--population.mode", "pbt", "--population.sweep",
+            "learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03", "--population.perturb", "learning_rate"]
+    cfg = _parse(argv)[1].config
+    assert cfg == seedlocal.run_config("vtrace", population={
+        "size": 2, "mode": "pbt", "sweep": ("learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03"),
+        "perturb": ("learning_rate",)})
+    assert cfg.population.sweep == ("learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03")

@@ -63,8 +63,9 @@ def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
 
 def derive(cfg: VTraceRun, given: Given) -> dict:
     """V-trace batches whole groups: a batch the user did not give is rounded up to whole groups of the
-    pipeline that holds (a pipeline file's, an option's)."""
-    batch = whole_groups(cfg.algo.batch_size, cfg.pipeline)
+    pipeline that holds (a pipeline file's, an option's), for each member of a population."""
+    members = max(1, cfg.population.size)
+    batch = whole_groups(-(-cfg.algo.batch_size // members), cfg.pipeline) * members
     return {} if given("algo.batch_size") or batch == cfg.algo.batch_size else {"algo.batch_size": batch}
 
 
