@@ -206,6 +206,9 @@ def test_a_resumed_pbt_population_continues_every_members_curve_and_the_lineage(
     for m in range(2):
         steps, _ = second.scalars(f"member_{m}/charts/steps")
         assert min(steps) <= first.data["steps"] < max(steps)
+        assert second.scalars(f"member_{m}/hyper/learning_rate")[1]
+    for tag in ("population/best", "population/median", "population/iqm"):
+        assert max(second.scalars(tag)[0]) > first.data["steps"]
     assert not live_children() and not leaked_segments()
 
 
@@ -219,3 +222,17 @@ def test_the_command_line_builds_the_population_the_keywords_build():
         "size": 2, "mode": "pbt", "sweep": ("learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03"),
         "perturb": ("learning_rate",)})
     assert cfg.population.sweep == ("learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03")
+
+
+def test_pbt_perturbs_within_the_sweeps_range_or_a_decade_each_side_capped():
+    from seedlocal.algos.pbt import LogUniform
+    from seedlocal.recipes.vtrace import pbt_space
+
+    cfg = seedlocal.run_config("vtrace", preset="minatar", population={
+        "size": 2, "mode": "pbt", "sweep": ("learning_rate=1e-4..1e-2",),
+        "perturb": ("learning_rate", "entropy_cost", "clip", "reward_clip")})
+    space = pbt_space(cfg)
+    assert space["learning_rate"] == LogUniform(1e-4, 1e-2)
+    assert space["entropy_cost"] == LogUniform(0.001, 0.1)
+    assert space["clip"] == LogUniform(pytest.approx(0.02), 0.99)
+    assert "reward_clip" not in space  # 0 in this preset, and no range given
