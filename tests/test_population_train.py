@@ -92,7 +92,8 @@ def test_seeds_summary_matches_a_reference_computation(tmp_path):
     assert s["members"] == 4 and s["iqm"] == pytest.approx(iqm) and s["iqm_ci"] == pytest.approx(list(ci))
     assert s["mean"] == pytest.approx(np.mean(finals))
     assert pop["best"] == int(np.argmax(finals)) and data["mean_return_last20"] == max(finals)
-    assert (tmp_path.glob("*/population.csv").__next__()).read_text().startswith("run_steps,member")
+    assert next(tmp_path.glob("*/population.csv")).read_text().startswith("run_steps,member")
+    assert next(tmp_path.glob("*/population.svg")).read_text().count("<polyline") == 5  # 4 members and the IQM
     saved = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert saved["population"]["summary"] == s
 

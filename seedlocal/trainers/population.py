@@ -48,7 +48,7 @@ from seedlocal.trainers.run import WAIT_S, Run, Trainer, stream_seed
 from seedlocal.trainers.vtrace_interval import Interval, actors_wait
 
 CURVES = "population.csv"  # in the run folder: each member's mean of its last 20 episodes at each log
-PLOT = "population.png"  # beside it, where matplotlib is installed: the members' curves and their IQM
+PLOT = "population.svg"  # beside it: the members' curves and their IQM
 
 
 class Member:
@@ -391,30 +391,30 @@ class PopulationTrainer(Trainer):
 
 
 def write_curves(run_dir: Path, curves: list[tuple[int, int, int, float]]) -> None:
-    """population.csv (run steps, member, member steps, mean of its last 20) and, where matplotlib is installed,
-    population.png: each member's curve and the IQM of the members' latest values at each log."""
+    """population.csv (run steps, member, member steps, mean of its last 20) and population.svg: each member's
+    curve (grey) and the IQM of the members' values at each log (black), drawn as plain SVG so that the plot
+    needs no plotting library."""
     if not curves:
         return
     lines = ["run_steps,member,member_steps,return_mean20"] + [f"{a},{m},{b},{r:.6g}" for a, m, b, r in curves]
     (run_dir / CURVES).write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for m in sorted({c[1] for c in curves}):
-        pts = [(a, r) for a, mm, _, r in curves if mm == m]
-        ax.plot(*zip(*pts), lw=0.8, alpha=0.6, label=f"member {m}")
     by_step: dict[int, list[float]] = {}
     for a, _, _, r in curves:
         by_step.setdefault(a, []).append(r)
-    steps = sorted(by_step)
-    ax.plot(steps, [iqm(by_step[s]) for s in steps], color="black", lw=2, label="IQM")
-    ax.set_xlabel("run steps (all members)")
-    ax.set_ylabel("mean return (last 20)")
-    ax.legend(fontsize=6)
-    fig.savefig(run_dir / PLOT, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    iqm_line = [(a, iqm(v)) for a, v in sorted(by_step.items())]
+    x0, x1 = min(by_step), max(max(by_step), min(by_step) + 1)
+    y0, y1 = min(r for *_, r in curves), max(max(r for *_, r in curves), min(r for *_, r in curves) + 1e-9)
+    W, H, M = 640, 360, 40
+
+    def path(points, style: str) -> str:
+        xy = " ".join(f"{M + (a - x0) / (x1 - x0) * (W - 2 * M):.1f},{H - M - (r - y0) / (y1 - y0) * (H - 2 * M):.1f}"
+                      for a, r in points)
+        return f'<polyline fill="none" {style} points="{xy}"/>'
+
+    members = sorted({m for _, m, _, _ in curves})
+    body = [path([(a, r) for a, mm, _, r in curves if mm == m], 'stroke="#999" stroke-width="1"') for m in members]
+    body.append(path(iqm_line, 'stroke="black" stroke-width="2.5"'))
+    text = (f'<text x="{M}" y="20" font-size="12">mean return (last 20) of {len(members)} members (grey) and their '
+            f'IQM (black), {y0:.3g} .. {y1:.3g}, over run steps {x0:,d} .. {x1:,d}</text>')
+    (run_dir / PLOT).write_text(f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
+                                f'<rect width="100%" height="100%" fill="white"/>{text}{"".join(body)}</svg>\n')
