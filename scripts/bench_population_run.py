@@ -48,6 +48,14 @@ def _runs(a: Args) -> dict[str, dict]:
                                   "algo": {"batch_size": a.members * 32}, "population": {"size": a.members}}}
 
 
+def _cpu() -> str:
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+        return f"{names[0]} x {len(names)}"
+    except (OSError, IndexError):
+        return platform.processor() or platform.machine()
+
+
 def main(a: Args) -> None:
     rates: dict[str, list[float]] = {}
     for r in range(a.rounds):
@@ -59,7 +67,7 @@ def main(a: Args) -> None:
             print(json.dumps({"run": name, "round": r, "frames": s["frames"], "seconds": s["seconds"],
                               "frames_per_s": round(rate), "return20": s["mean_return_last20"]}), flush=True)
     med = {k: float(np.median(v)) for k, v in rates.items()}
-    print(json.dumps({"cpu": platform.processor() or platform.machine(), "median_frames_per_s": med,
+    print(json.dumps({"cpu": _cpu(), "median_frames_per_s": med,
                       **{f"{k}/single": v / med["single"] for k, v in med.items() if k != "single"}}), flush=True)
 
 
