@@ -38,13 +38,13 @@ def test_each_members_batches_hold_only_its_own_groups_unrolls(tmp_path, monkeyp
     from seedlocal.trainers.population import PopulationTrainer
 
     seen: list[tuple[int, list[int], int]] = []
-    learn = PopulationTrainer._learn
+    batch = PopulationTrainer._batch
 
-    def spy(self, run, mb, fetched):
+    def spy(self, mb, fetched):
         seen.append((mb.index, list(fetched.groups), self.groups_per_member))
-        return learn(self, run, mb, fetched)
+        return batch(self, mb, fetched)
 
-    monkeypatch.setattr(PopulationTrainer, "_learn", spy)
+    monkeypatch.setattr(PopulationTrainer, "_batch", spy)
     data = _train(tmp_path, total_steps=6_000, population={"size": 4})
     assert {m for m, _, _ in seen} == {0, 1, 2, 3}
     for member, groups, per in seen:
@@ -237,3 +237,23 @@ def test_pbt_perturbs_within_the_sweeps_range_or_a_decade_each_side_capped():
     assert space["entropy_cost"] == LogUniform(0.001, 0.1)
     assert space["clip"] == LogUniform(pytest.approx(0.02), 0.99)
     assert "reward_clip" not in space  # 0 in this preset, and no range given
+
+
+def test_members_learn_together_in_one_batched_update_where_asked(tmp_path, monkeypatch):
+    """The GPU's path (``together``), run here on the CPU: every update is one ``population_learner_step`` for
+    all members, so each member makes as many updates as the others, from its own batches."""
+    from seedlocal.trainers import population
+
+    calls = []
+    step = population.population_learner_step
+
+    def spy(stack, optimizers, batches, params, **kw):
+        calls.append(len(batches))
+        return step(stack, optimizers, batches, params, **kw)
+
+    monkeypatch.setattr(population.PopulationTrainer, "together", lambda self: True)
+    monkeypatch.setattr(population, "population_learner_step", spy)
+    data = _train(tmp_path, total_steps=3_000, population={"size": 2})
+    members = data["population"]["members"]
+    assert calls and set(calls) == {2} and members[0]["updates"] == members[1]["updates"] == data["updates"] / 2
+    assert all(m["episodes"] for m in members)
