@@ -51,6 +51,8 @@ def test_each_members_batches_hold_only_its_own_groups_unrolls(tmp_path, monkeyp
         assert all(g // per == member for g in groups), (member, groups)
     members = data["population"]["members"]
     assert sum(m["episodes"] for m in members) == data["episodes"] and all(m["episodes"] for m in members)
+    steps = [m["steps"] for m in members]
+    assert max(steps) - min(steps) <= 2 * 256, steps  # each member's share: none starved by the others
 
 
 def test_a_members_actions_do_not_depend_on_the_other_members_rows():

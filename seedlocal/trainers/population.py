@@ -228,22 +228,28 @@ class PopulationTrainer(Trainer):
         return True
 
     def _ready(self, run: Run, t0: float, every: bool) -> list[Member] | str:
-        """The members whose batch is full (the first one; ``every``: all of them, once each is), routing
-        finished unrolls to their members meanwhile; or "seconds" if the time budget ends while waiting."""
+        """The member to learn now: of those whose batch is full, the one with the fewest steps learned (``every``:
+        all of them, once each is full), routing finished unrolls to their members meanwhile; or "seconds" if
+        the time budget ends while waiting. Fewest steps first, not lowest index: freed unrolls go to the lowest
+        parked group (``pipeline/unrolls.py``), so members chosen by index would keep the low groups' unrolls
+        circulating and starve the others (8 MinAtar members: 3 of them learned from 99.8% of the steps)."""
         import queue
 
         group = run.pipe.store["unroll_group"]
+        timeout = 0.0
         while True:
-            full = [mb for mb in self.members if len(mb.pending) >= self.k]
-            if full and (not every or len(full) == len(self.members)):
-                return full if every else full[:1]
             try:
-                buf = run.loop.completed.get(timeout=WAIT_S)
+                buf = run.loop.completed.get(timeout=timeout) if timeout else run.loop.completed.get_nowait()
             except queue.Empty:
-                if run.waiting(t0):
+                full = [mb for mb in self.members if len(mb.pending) >= self.k]
+                if full and (not every or len(full) == len(self.members)):
+                    return full if every else [min(full, key=lambda mb: (mb.counters["steps"], mb.index))]
+                if timeout and run.waiting(t0):
                     return "seconds"
+                timeout = WAIT_S
                 continue
             self.members[int(group[buf]) // self.groups_per_member].pending.append(buf)
+            timeout = 0.0
 
     def advance(self, run: Run) -> str | None:
         """Wait for a member's batch (every member's, learning together), learn; a PBT round when one is due."""
