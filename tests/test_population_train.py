@@ -259,3 +259,14 @@ def test_members_learn_together_in_one_batched_update_where_asked(tmp_path, monk
     members = data["population"]["members"]
     assert calls and set(calls) == {2} and members[0]["updates"] == members[1]["updates"] == data["updates"] / 2
     assert all(m["episodes"] for m in members)
+
+
+@pytest.mark.slow
+def test_eight_minatar_members_share_the_steps(tmp_path):
+    """Issue 46's measured case: 8 MinAtar learners on 8 groups of 8 envs, one unroll per group. With freed unrolls
+    going to the lowest parked group, member 0 learned from 8,192 of 12,000 steps and five members from 256 each;
+    first parked, first resumed (``pipeline/unrolls.py``) gives every member its share."""
+    data = _train(tmp_path, preset="minatar", pipeline={"num_workers": 4, "envs_per_worker": 16},
+                  algo={"batch_size": 64}, network={}, total_steps=12_000, population={"size": 8})
+    steps = [m["steps"] for m in data["population"]["members"]]
+    assert 2 * min(steps) >= max(steps), steps
