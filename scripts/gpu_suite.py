@@ -33,6 +33,8 @@ Steps (``--print-steps`` lists them with their commands):
   population_forward     scripts/bench_population.py --network nature, P = 256 (forward only: the script
                          refuses --part train for nature); its steps/s ceiling against bench_model's raw Pong
   population_train       scripts/bench_population.py --part train (GA, CartPole MLPs, P = 256): >= 0.8 x raw
+  population_learners    scripts/bench_population_run.py: 16 MinAtar V-trace learners in one run against one
+                         learner of the preset, total frames/s (issue 46; >= 0.8 reported, not enforced)
   train_vtrace / train_r2d2 / train_ga   60-second runs on Pong-v5 at the machine-sized presets: summary.json,
                          the last progress line, frames/s over bench_model's raw (issue 33's targets: V-trace >= 0.75
                          and >= 70K frames/s, R2D2 >= 0.5, GA >= 0.75 with P >= 256)
@@ -290,6 +292,8 @@ class Sizes:
     pytest: list[str]
     pop_fwd: list[str]
     pop_train: list[str]
+    pop_learners: list[str]
+    """scripts/bench_population_run.py's options: a population of V-trace learners against one (issue 46)"""
     precisions: list[str]
     trains: dict[str, list[str]]
     """each trainer's command head"""
@@ -319,6 +323,7 @@ def dry_sizes() -> Sizes:
         # Two generations, whatever the time: two seconds of them made none under two pytest processes (issue 44).
         pop_train=["--part", "train", "--algos", "ga", "--population", "16", "--generations", "2", "--seconds", "0",
                    "--raw-seconds", "0.3", "--num-workers", "1", "--envs-per-worker", "16"],
+        pop_learners=["--members", "2", "--steps", "2048", "--rounds", "1", "--runs", "single", "population-preset"],
         precisions=["--preset", "cartpole", "--precisions", "fp32", "bf16", "--repeats", "1"],
         trains={"vtrace": ["train", "vtrace"], "r2d2": ["train", "r2d2"], "ga": ["train", "ga"]},
         # No cap on a trainer's --seconds, only the room its timeout leaves: the dry run's trainers end at their
@@ -341,6 +346,8 @@ def gpu_sizes() -> Sizes:
                 "--timeout", "90", "--durations", "5", "tests/test_cuda.py"],
         pop_fwd=["--network", "nature", "--part", "forward", "--population", "256"],
         pop_train=["--part", "train", "--algos", "ga", "--population", "256", "--seconds", "8"],
+        # 16 MinAtar learners of the preset's batch shape (8 workers of 64 envs) against the preset's one learner.
+        pop_learners=["--members", "16", "--steps", "500000", "--rounds", "1", "--runs", "single", "population-preset"],
         precisions=["--precisions", "fp32", "tf32", "bf16", "--repeats", "5"],  # the Atari preset's update
         trains={"vtrace": ["train", "vtrace", "--preset", "atari"], "r2d2": ["train", "r2d2", "--preset", "atari"],
                 "ga": ["train", "ga"]},
@@ -507,7 +514,25 @@ def population_steps(p: Plan) -> list[Step]:
             Step("population_train", lambda t: [*pop, *p.z.pop_train], timeout=p.z.t_small, min_s=p.z.m_bench,
                  figures=population_train_figures, targets=[("ga_ratio_raw", ">=", 0.8)],
                  show=("ga_eval_frames_per_s", "raw_envpool_steps_per_s", "ga_generations", "envs"),
-                 note="GA on CartPole-v1 MLPs, the only end-to-end population bench")]
+                 note="GA on CartPole-v1 MLPs, the only end-to-end population bench"),
+            Step("population_learners", lambda t: [PY, "scripts/bench_population_run.py", *p.z.pop_learners,
+                                                   "--log-dir", str(p.runs / "population_learners")],
+                 timeout=90 if p.dry else 240, min_s=p.z.m_bench, figures=population_learners_figures,
+                 targets=[("population_over_single", ">=", 0.8)], run_dir=p.runs / "population_learners",
+                 show=("single_frames_per_s", "population_frames_per_s", "members"),
+                 note="P MinAtar Breakout V-trace learners in one run (one inference call, one batched update "
+                      "on CUDA), total frames/s over one learner's; issue 46")]
+
+
+def population_learners_figures(rec: dict, ctx: dict) -> dict:
+    j = _last_json(rec)
+    med = j.get("median_frames_per_s") or {}
+    argv = shlex.split(rec.get("command", ""))
+    members = int(argv[argv.index("--members") + 1]) if "--members" in argv else None
+    return {k: v for k, v in {"single_frames_per_s": med.get("single"),
+                              "population_frames_per_s": med.get("population-preset"),
+                              "population_over_single": j.get("population-preset/single"),
+                              "members": members}.items() if v is not None}
 
 
 def train_command(p: Plan, algo: str, t: float) -> list[str]:

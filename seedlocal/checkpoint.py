@@ -370,3 +370,19 @@ def check_compatible(state: dict, expected: dict, needs: tuple[str, ...] = ()) -
              for k, v in expected.items() if have.get(k, IDENTITY_BEFORE_KEY.get(k)) != v]
     if diffs:
         raise CheckpointError(f"{state.get('path')}: incompatible with this configuration; " + "; ".join(diffs))
+
+
+def member_of(state: dict, member: int = -1) -> dict:
+    """A population's checkpoint (``trainers/population.py``) as one learner's: member ``member``'s network and
+    optimizer in place of the population's (-1: the member best at the save, by its last 20 episodes' mean), for
+    the family's ``from_checkpoint``. One learner's checkpoint is itself (and refuses a member's index)."""
+    members = state.get("members")
+    if members is None:
+        if member >= 0:
+            raise CheckpointError(f"{state.get('path')}: holds one learner, not a population: give no --member")
+        return state
+    k = int(state["population"]["best"]) if member < 0 else member
+    if k >= len(members):
+        raise CheckpointError(f"{state.get('path')}: member {k} is not there: its population has members "
+                              f"0..{len(members) - 1}")
+    return {**state, **members[k], "member": k}

@@ -53,6 +53,9 @@ class EvalConfig:
     out: str = ""
     """write the returns and their summary here as JSON (e.g. returns.json); on Ctrl-C, those of the episodes
     that had ended"""
+    member: int = -1
+    """a population's checkpoint (--population.size > 1): the member to play, by index (-1: the best at the save,
+    by its last 20 training episodes)"""
     device: str = "auto"
     """where the network runs: auto (cuda if present, else cpu), cpu, cuda, cuda:N (as train's
     --pipeline.device)"""
@@ -114,7 +117,7 @@ def main(cfg: EvalConfig) -> dict:
             check_writable(name, getattr(cfg, name), folder=False)
     if not 0 <= cfg.epsilon <= 1:
         fail("epsilon", cfg.epsilon, "must be in [0, 1]")
-    state = checkpoint.load(cfg.checkpoint)
+    state = checkpoint.member_of(checkpoint.load(cfg.checkpoint), cfg.member)
     trained, device = cfg.policy == "trained", resolve_device(cfg.device)
     acting = (state, device, None if trained else cfg.policy == "argmax", cfg.epsilon if trained else 0.0)
     policy = policy_of(*acting)
@@ -181,10 +184,12 @@ def _report(cfg: EvalConfig, state: dict, policy: Policy, returns: np.ndarray, c
     played = f"{stopped} after {n} of {cfg.episodes} episodes" if stopped else f"{n} episodes"
     stats = (f"return mean {returns.mean():.2f} std {returns.std():.2f} (min {returns.min():.1f}, "
              f"max {returns.max():.1f})") if n else "no episode had ended"
-    print(f"{policy.spec.env_id}: {played} ({policy.acting} actions), {stats}; checkpoint {state['path']} at "
+    member = f" (member {state['member']})" if "member" in state else ""
+    print(f"{policy.spec.env_id}: {played} ({policy.acting} actions), {stats}; checkpoint {state['path']}{member} at "
           f"{at:,d} {unit}", flush=True)
     out = {"mean": float(returns.mean()) if n else None, "std": float(returns.std()) if n else None,
-           "returns": returns.tolist(), "policy": policy.acting, "cut_short": cut}
+           "returns": returns.tolist(), "policy": policy.acting, "cut_short": cut,
+           **({"member": state["member"]} if "member" in state else {})}
     if cfg.out:
         checkpoint.write_json(cfg.out, {"env": policy.spec.env_id, "checkpoint": str(state["path"]), unit: at,
                                         "episodes": n, "episodes_asked": cfg.episodes, "interrupted": bool(stopped),
@@ -225,7 +230,7 @@ class Evaluation:
 def evaluate(checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
     """``seedlocal eval`` from Python: play ``checkpoint`` (a checkpoint file, or a run folder: its newest) for
     ``episodes``. ``options`` are eval's other options by name (``policy``, ``video``, ``device``, ``seed``,
-    ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``); what the command line refuses in one line is
+    ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``, ``member``); what the command line refuses in one line is
     raised as a ``SeedlocalError`` with that line."""
     from seedlocal.config.overrides import apply, flatten
 

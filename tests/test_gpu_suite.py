@@ -123,6 +123,8 @@ def test_cpu_dry_run_runs_every_step_and_parses_what_it_prints(tmp_path):
     assert recs["population_forward"]["figures"]["forward_steps_per_s"] > 0
     pop_argv = shlex.split(recs["population_train"]["command"])  # its generations, whatever the time (issue 44)
     assert recs["population_train"]["figures"]["ga_generations"] == int(pop_argv[pop_argv.index("--generations") + 1])
+    learners = recs["population_learners"]["figures"]  # issue 46: P learners in one run against one
+    assert learners["members"] == 2 and learners["population_over_single"] > 0
     for algo in ("vtrace", "r2d2", "ga"):
         t = recs[f"train_{algo}"]
         assert t["summary"]["status"] == "done" and t["summary"]["algo"] == algo, t

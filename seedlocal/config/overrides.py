@@ -91,6 +91,9 @@ def checked(name: str, value, kind):
         value = os.fspath(value) if ok else value
     elif origin is typing.Literal:
         ok, want = value in args, "one of " + ", ".join(map(repr, args))
+    elif origin is tuple and args and args[0] is str:
+        ok = isinstance(value, tuple | list) and all(isinstance(v, str) for v in value)
+        value, want = tuple(value) if ok else value, "a tuple of strs, e.g. ('learning_rate=1e-4..1e-2',)"
     elif origin is tuple:
         ok = isinstance(value, tuple | list) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
                                                    for v in value)

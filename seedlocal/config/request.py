@@ -185,5 +185,5 @@ def _other(v, kind):
     if typing.get_origin(kind) is typing.Literal:
         return next(c for c in typing.get_args(kind) if c != v)
     if typing.get_origin(kind) is tuple:
-        return (*v, 1)
+        return (*v, "\x00" if typing.get_args(kind)[:1] == (str,) else 1)
     raise TypeError(f"no other value of {kind!r} to tell a given option from a default")  # a new option's type

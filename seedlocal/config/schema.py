@@ -100,6 +100,32 @@ class NetworkConfig:
     network and its checkpoints (continuous control presets; a population shares them between generations)"""
 
 
+@dataclass
+class PopulationConfig:
+    """Several learners in one run (``--population.*``; docs/populations.md): each member its own network,
+    optimizer, hyperparameters, random streams and whole env groups, all served in one inference call."""
+
+    size: int = 1
+    """members (1 = one learner, the run as without a population); each owns groups / size whole env groups"""
+    mode: Literal["seeds", "sweep", "pbt"] = "seeds"
+    """seeds: the same hyperparameters, seeds seed, seed+1, ...; sweep: one value set of --population.sweep per
+    member; pbt: population-based training over --population.perturb (starting from --population.sweep's draws)"""
+    sweep: tuple[str, ...] = ()
+    """hyperparameters to vary, NAME=a,b,c (a list) or NAME=lo..hi (log-uniform), e.g. learning_rate=1e-4..1e-2
+    (names are algo.* options; sweep and pbt)"""
+    perturb: tuple[str, ...] = ("learning_rate", "entropy_cost", "clip", "max_grad_norm")
+    """pbt: the hyperparameters an exploited member perturbs (x0.8 or x1.2, within --population.sweep's range
+    where it gives one, else within /10 .. x10 of the start value)"""
+    interval: int = 50_000
+    """pbt: a member's env steps between rounds of exploit and explore"""
+    quantile: float = 0.25
+    """pbt: share of members in the bottom (they copy a top member's weights and optimizer) and in the top"""
+    resample_probability: float = 0.25
+    """pbt: chance that a perturbed hyperparameter is drawn afresh from its distribution instead"""
+    seed: int = 0
+    """the sweep's draws and PBT's choices (the members' own seeds are env.seed + member)"""
+
+
 # Options of the network that older runs saved (and older command lines gave) elsewhere: under algo.
 # (V-trace, R2D2) or at the top (neuroevolution).
 NETWORK_OPTIONS = ("encoder", "hidden", "lstm_size", "obs_norm")

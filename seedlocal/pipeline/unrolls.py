@@ -19,7 +19,14 @@ Invariants (``tests/test_unrolls.py`` checks each):
   batch server goes on serving the others, so a consumer waiting for more
   unrolls always gets them from the groups still bound;
 * a parked group continues from the observation it stopped at; a waiting one
-  starts fresh (its old rows are never handed on).
+  starts fresh (its old rows are never handed on);
+* first parked, first resumed: unbound groups are bound in the order they
+  became unbound, and with a consumer a group that fills its unroll while
+  others wait joins the back of the line instead of taking a free unroll
+  ahead of them. Without it, freed unrolls went to the lowest groups, which
+  a consumer that releases one owner's unrolls at a time (a population's
+  members, ``trainers/population.py``) kept circulating: 3 of 8 MinAtar
+  members learned from 99.8% of the steps.
 
 Everything here runs on the inference loop's thread except ``release``
 (the consumer's), which only touches the free list under its lock.
@@ -52,6 +59,8 @@ class UnrollAllocator:
         self.state = np.full(num_groups, WAITING, np.int8)
         self._parked_obs: dict[int, dict[str, np.ndarray]] = {}
         self._resume_first: dict[int, np.ndarray] = {}
+        self._since = np.zeros(num_groups, np.int64)  # when each unbound group became unbound (a count)
+        self._unbound_count = 0
 
     # -- queries ------------------------------------------------------------------
 
@@ -78,6 +87,11 @@ class UnrollAllocator:
         with self._lock:
             return self._free.popleft() if self._free else None
 
+    def _unbind(self, g: int, state: int) -> None:
+        self.state[g] = state
+        self._unbound_count += 1
+        self._since[g] = self._unbound_count
+
     def _bind(self, g: int, buf: int, row: int = 0) -> None:
         self._tbuf[g], self._trow[g] = buf, row
         self.store["unroll_group"][buf] = g
@@ -98,11 +112,12 @@ class UnrollAllocator:
         Returns the new unroll, or None when none is free: ``g`` is parked,
         its observation and episode starts (``first``) kept aside."""
         old = int(self._tbuf[g])
-        new = self._take()
+        queued = self._hand_on is not None and bool(self.unbound().any())
+        new = None if queued else self._take()  # behind the groups that wait for one (module docstring)
         if new is None:
             self._parked_obs[g] = {k: self.store[k][old, self.L - 1].copy() for k in self.obs_keys}
             self._resume_first[g] = first.copy()
-            self.state[g] = PARKED
+            self._unbind(g, PARKED)
         else:
             self._bind(g, new)
             for k in self.obs_keys:
@@ -124,18 +139,19 @@ class UnrollAllocator:
         self._resume_first.pop(g, None)
         buf = self._take()
         if buf is None:
-            self.state[g] = WAITING
+            self._unbind(g, WAITING)
             return False
         self._bind(g, buf)
         return True
 
     def resume(self) -> list[int]:
-        """Bind parked and waiting groups while unrolls are free, lowest
-        group first. Parked groups continue at once (row 0 is their kept
-        observation); returns the waiting groups just bound, which the
-        caller starts on fresh episodes."""
+        """Bind parked and waiting groups while unrolls are free, in the
+        order they became unbound. Parked groups continue at once (row 0 is
+        their kept observation); returns the waiting groups just bound, which
+        the caller starts on fresh episodes."""
         started = []
-        for g in np.flatnonzero(self.state != BOUND).tolist():
+        unbound = np.flatnonzero(self.state != BOUND)
+        for g in unbound[np.argsort(self._since[unbound], kind="stable")].tolist():
             buf = self._take()
             if buf is None:
                 break

@@ -56,16 +56,22 @@ class ModelPolicy(Policy):
 
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
+        env_ids = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         if self.frames is not None:
             n = obs[""].shape[0]
-            env_ids = env_ids if env_ids is not None else np.arange(n)
             starts = torch.from_numpy(first if first is not None else np.zeros(n, bool)).to(self.device)
             obs = {**obs, "": self.frames(obs[""], torch.from_numpy(env_ids).to(self.device), starts,
                                           int(env_ids.max()) + 1)}
         with self.lock.reading():
-            params, value, core = self._step(obs, core)
+            params, value, core = self._forward(obs, core, env_ids)
         params, value = params.float(), value.float()
         if core is not None:
             core = core.float()
-        actions = self.dist.mode(params) if self.greedy else self.dist.sample(params, self.generator)
-        return actions, {self.dist.field: params, "value": value}, core
+        return self._actions(params, env_ids), {self.dist.field: params, "value": value}, core
+
+    def _forward(self, obs, core, env_ids: np.ndarray):
+        """(policy parameters, values, new core) for the rows (``env_ids``: their env slots)."""
+        return self._step(obs, core)
+
+    def _actions(self, params, env_ids: np.ndarray):
+        return self.dist.mode(params) if self.greedy else self.dist.sample(params, self.generator)

@@ -38,6 +38,10 @@ from torch.func import vmap
 from seedlocal.algos.member_stack import MemberStack
 from seedlocal.arithmetic import autocast
 from seedlocal.normalize import occurrence
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.policy import SERVE
+from seedlocal.policies.actor_critic import ModelPolicy
+from seedlocal.spec import EnvSpec
 
 
 def row_layout(members: np.ndarray, num_members: int) -> tuple[np.ndarray, int, np.ndarray | None, np.ndarray | None]:
@@ -101,3 +105,51 @@ def _unpad(x: Tensor, pos: Tensor | None) -> Tensor:
     """[members present, per, ...] -> rows [n, ...] in the caller's order."""
     flat = x.reshape((-1,) + tuple(x.shape[2:]))
     return flat if pos is None else flat.index_select(0, pos)
+
+
+class MembersPolicy(ModelPolicy):
+    """A population of learners acting (``trainers/population.py``): member m owns the env slots
+    ``m * envs_per_member`` .. ``(m + 1) * envs_per_member - 1`` (its whole groups); every batch's rows go through
+    their own member's network in one ``MembersForward`` call, and each member's actions are sampled from its
+    own ``generators[m]``, so that a member's acting does not depend on which other rows shared its batch.
+    Frame stacks, precision and Box actions are ``ModelPolicy``'s. With ``episodes`` (one ``EpisodeLog`` per
+    member) it ``plans``: every ready group is offered to it with its episode ends, which it adds to its
+    member's log and serves (the loop's own log pools every member's episodes)."""
+
+    def __init__(self, stack: MemberStack, spec: EnvSpec, envs_per_member: int, generators: list,
+                 lock: WeightLock | None = None, precision: str = "fp32", frames: int = 1, episodes=None):
+        super().__init__(stack.members[0], spec, lock, precision=precision, stack=frames)
+        self.forward = MembersForward(stack, precision)
+        self.envs_per_member, self.generators = envs_per_member, generators
+        self.episodes, self.plans = episodes, episodes is not None
+
+    def plan(self, groups, first, done, ep_return, ep_length=None) -> np.ndarray:
+        if done.any():
+            E = done.shape[1]
+            members = np.asarray(groups, dtype=np.int64) * E // self.envs_per_member
+            for m in np.unique(members[done.any(axis=1)]).tolist():
+                ended = done & (members == m)[:, None]
+                self.episodes[m].add(ep_return[ended], ep_length[ended] if ep_length is not None
+                                     else np.zeros(int(ended.sum()), np.int64))
+        return np.full(len(groups), SERVE, np.int8)
+
+    def members_of(self, env_ids: np.ndarray) -> np.ndarray:
+        return np.asarray(env_ids, dtype=np.int64) // self.envs_per_member
+
+    def _forward(self, obs, core, env_ids: np.ndarray):
+        params, values = self.forward(self.members_of(env_ids), obs)
+        return params, values, None
+
+    def _actions(self, params, env_ids: np.ndarray):
+        members = self.members_of(env_ids)
+        present = np.unique(members)
+        if len(present) == 1:
+            return self.dist.sample(params, self.generators[int(present[0])])
+        out = None
+        for m in present.tolist():
+            rows = torch.from_numpy(np.flatnonzero(members == m)).to(params.device)
+            drawn = self.dist.sample(params.index_select(0, rows), self.generators[m])
+            if out is None:
+                out = drawn.new_empty((len(members),) + tuple(drawn.shape[1:]))
+            out[rows] = drawn
+        return out

@@ -13,7 +13,7 @@ from seedlocal.algos.r2d2 import R2D2Params
 from seedlocal.arithmetic import resolve_precision
 from seedlocal.config.checks import check_network_fits, network_error, resolve_device, short_of_memory
 from seedlocal.config.machine import Machine
-from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import RecurrentQNet, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
@@ -28,6 +28,8 @@ class R2D2Run(StepRunConfig):
     algo: R2D2Params = field(default_factory=R2D2Params)
     compress: bool = False
     """lz4-compress stored frames in replay"""
+    population: PopulationConfig = field(default_factory=PopulationConfig)
+    """several learners in one run: V-trace's only, not yet R2D2's (size 1)"""
     checkpoint_replay: bool = False
     """also save the replay with checkpoints (otherwise a resumed run starts with an empty replay)"""
 
@@ -167,6 +169,9 @@ def _validate_algo(a: R2D2Params) -> None:
 def check(cfg: R2D2Run, spec, shape) -> None:
     """R2D2's own refusals, one line each naming the field."""
     a, p = cfg.algo, cfg.pipeline
+    if cfg.population.size != 1:
+        fail("population.size", cfg.population.size, "not yet for R2D2: its replay and evaluation slots are one "
+             "learner's (populations train with seedlocal train vtrace)")
     if spec.num_actions is None:
         fail("env.id", cfg.env.id, "R2D2 is Q-learning over a Discrete action space, and this env's actions are a "
              "Box: use seedlocal train vtrace --preset mujoco (a Gaussian policy), or es / ars / ga")

@@ -3,13 +3,16 @@ them (``recipes/__init__.py``). The trainer is ``trainers/vtrace.py``."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from seedlocal.algos.frames import net_spec, stack_problem, stacking
 from seedlocal.algos.vtrace import VTraceParams
 from seedlocal.config.checks import check_network_fits, network_error
 from seedlocal.config.machine import Machine
-from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, StepRunConfig
+from seedlocal.algos import pbt
+from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
 from seedlocal.errors import ConfigError, fail
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
@@ -21,6 +24,8 @@ class VTraceRun(StepRunConfig):
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=8, unroll_length=16, min_batch_envs=4))
     algo: VTraceParams = field(default_factory=VTraceParams)
+    population: PopulationConfig = field(default_factory=PopulationConfig)
+    """several learners in one run (docs/populations.md)"""
 
 
 GPU_ENVS_PER_WORKER = 32  # a sized run's workers (issue 33's H200 run: 4 workers of 32)
@@ -58,8 +63,9 @@ def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
 
 def derive(cfg: VTraceRun, given: Given) -> dict:
     """V-trace batches whole groups: a batch the user did not give is rounded up to whole groups of the
-    pipeline that holds (a pipeline file's, an option's)."""
-    batch = whole_groups(cfg.algo.batch_size, cfg.pipeline)
+    pipeline that holds (a pipeline file's, an option's), for each member of a population."""
+    members = max(1, cfg.population.size)
+    batch = whole_groups(-(-cfg.algo.batch_size // members), cfg.pipeline) * members
     return {} if given("algo.batch_size") or batch == cfg.algo.batch_size else {"algo.batch_size": batch}
 
 
@@ -162,20 +168,33 @@ def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
 
 def check(cfg: VTraceRun, spec, shape) -> None:
     """V-trace's own refusals, one line each naming the field."""
-    a, p = cfg.algo, cfg.pipeline
+    a = cfg.algo
     if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
         fail("frame_stack", cfg.frame_stack, problem)
+    check_population(cfg, shape)
+    for values in member_values(cfg):  # each member's hyperparameters (the run's own without a population)
+        _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size,
+                      member_batch(cfg))
+    try:
+        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
+                           "its weights, gradients, Adam state and the actors' copy")
+    except ValueError as e:
+        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
+
+
+def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
+    """One learner's hyperparameters (each member's in a population), its batch of ``batch`` unrolls."""
     if not a.init_std > 0:
         fail("algo.init_std", a.init_std, "must be > 0")
     if a.echo < 1:
         fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
     if a.minibatches < 1:
         fail("algo.minibatches", a.minibatches, "must be >= 1 (updates per pass over a batch)")
-    if cfg.network.lstm_size and a.minibatches > a.batch_size:
+    if lstm and a.minibatches > batch:
         fail("algo.minibatches", a.minibatches,
-             f"with an LSTM a minibatch holds whole unrolls: at most algo.batch_size ({a.batch_size})")
-    if a.minibatches > a.batch_size * p.unroll_length:
-        fail("algo.minibatches", a.minibatches, f"more than the {a.batch_size * p.unroll_length} rows of a batch")
+             f"with an LSTM a minibatch holds whole unrolls: at most a batch's ({batch})")
+    if a.minibatches > batch * unroll:
+        fail("algo.minibatches", a.minibatches, f"more than the {batch * unroll} rows of a batch")
     if a.proximal == "batch" and a.clip == 0:
         fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
     if not 0 <= a.clip < 1:
@@ -192,12 +211,91 @@ def check(cfg: VTraceRun, spec, shape) -> None:
             fail(f"algo.{name}", getattr(a, name), "must be >= 0")
     if not 0 < a.rmsprop_alpha < 1:
         fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
-    try:
-        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
-                           "its weights, gradients, Adam state and the actors' copy")
-    except ValueError as e:
-        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
 
+
+# The hyperparameters a member may have of its own (a sweep's and PBT's names): the ones learner_step reads at
+# each batch. The network's (init, separate_critic), the batch's shape and the optimizer's kind are the run's.
+MEMBER_HYPERPARAMETERS = ("learning_rate", "entropy_cost", "baseline_cost", "clip", "max_grad_norm", "discount",
+                          "lam", "rho_bar", "c_bar", "reward_clip")
+# Where PBT perturbs a hyperparameter with no range of --population.sweep: /10 .. x10 of its start value, capped
+# where the value has a ceiling of its own.
+PBT_SPAN, PBT_CAPS = 10.0, {"clip": 0.99, "discount": 1.0, "lam": 1.0}
+
+
+def member_batch(cfg: VTraceRun) -> int:
+    """Unrolls in one member's batch: its share of algo.batch_size (the whole batch without a population)."""
+    return cfg.algo.batch_size // max(1, cfg.population.size)
+
+
+def _space(cfg: VTraceRun) -> dict:
+    return pbt.parse_space(cfg.population.sweep, "population.sweep", known=MEMBER_HYPERPARAMETERS)
+
+
+def member_values(cfg: VTraceRun) -> list[dict]:
+    """Each member's own hyperparameters (names of ``algo``): none of its own in mode seeds, one value set of
+    --population.sweep each in sweep and pbt (``pbt.sweep_values``, drawn from population.seed)."""
+    pop = cfg.population
+    if pop.size <= 1 or pop.mode == "seeds":
+        return [{} for _ in range(max(1, pop.size))]
+    return pbt.sweep_values(_space(cfg), pop.size, pop.seed)
+
+
+def pbt_space(cfg: VTraceRun) -> dict:
+    """What PBT's explore perturbs: each --population.perturb name within --population.sweep's distribution
+    where it gives one, else log-uniform over /10 .. x10 of its start value (capped, ``PBT_CAPS``); a name whose
+    start value is 0 and has no range is left alone (a factor cannot move 0)."""
+    sweep, out = _space(cfg), {}
+    for name in cfg.population.perturb:
+        if name in sweep:
+            out[name] = sweep[name]
+            continue
+        value = float(getattr(cfg.algo, name))
+        if value > 0:
+            high = min(value * PBT_SPAN, PBT_CAPS.get(name, math.inf))
+            out[name] = pbt.LogUniform(value / PBT_SPAN, max(high, value))
+    return out
+
+
+def check_population(cfg: VTraceRun, shape) -> None:
+    """A population's refusals: members own whole env groups and whole groups of the batch; one process;
+    feed-forward networks; options of the mode that is on."""
+    pop, groups = cfg.population, shape.num_groups
+    if pop.size < 1:
+        fail("population.size", pop.size, "must be >= 1 (1 = one learner)")
+    if pop.size == 1:
+        if pop.mode != "seeds":
+            fail("population.mode", pop.mode, "a sweep or PBT needs population.size >= 2")
+        return
+    if cfg.learners > 1:
+        fail("learners", cfg.learners, "a population with --learners > 1 is not yet supported (its members "
+             "would split across ranks): give --learners 1")
+    if cfg.network.lstm_size:
+        fail("network.lstm_size", cfg.network.lstm_size, "not yet with a population: its members' one inference "
+             "call is vmapped, and torch.func has no vmap rule for an LSTM cell")
+    for name, on in (("network.obs_norm", cfg.network.obs_norm), ("algo.reward_scale", cfg.algo.reward_scale)):
+        if on:
+            fail(name, on, "not yet with a population (each member would keep running statistics of its own)")
+    if groups < pop.size or groups % pop.size:
+        fail("population.size", pop.size, f"members own whole env groups: the run's {groups} groups (2 per "
+             f"worker) do not divide among {pop.size} members; give --pipeline.num-workers "
+             f"{math.ceil(pop.size / 2)} (or a multiple)")
+    k = shape.unrolls_per_batch
+    if k % pop.size:
+        fail("algo.batch_size", cfg.algo.batch_size, f"each member learns from algo.batch_size / {pop.size} envs' "
+             f"unrolls, whole groups of {shape.envs_per_group}: give a multiple of {pop.size * shape.envs_per_group}")
+    if pop.mode == "seeds" and pop.sweep:
+        fail("population.sweep", " ".join(pop.sweep), "is for --population.mode sweep or pbt")
+    if pop.mode == "sweep" and not pop.sweep:
+        fail("population.sweep", "", "mode sweep needs at least one NAME=a,b,c or NAME=lo..hi")
+    if pop.mode == "pbt":
+        pbt.PBTParams(pop.quantile, pop.resample_probability).check()
+        if pop.interval < 1:
+            fail("population.interval", pop.interval, "must be >= 1 (a member's env steps between PBT rounds)")
+        for name in pop.perturb:
+            pbt.parse_space([f"{name}=1"], "population.perturb", known=MEMBER_HYPERPARAMETERS)
+        if not pbt_space(cfg):
+            fail("population.perturb", " ".join(pop.perturb), "leaves PBT nothing to perturb (each is 0 here and "
+                 "has no --population.sweep range)")
 
 RECIPES = (Recipe("vtrace", VTraceRun, PRESETS, check, needs=shape_needs, sizing=sizing, derive=derive,
                  per_rank=per_rank),)

@@ -1,0 +1,461 @@
+"""``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46, docs/populations.md).
+
+Each member is a learner of its own: its network, optimizer, hyperparameters (a ``VTraceParams``), minibatch
+and sampling generators, counters and episodes, and a contiguous block of whole env groups. The networks'
+tensors are rows of one ``MemberStack``, so the inference thread serves every member's rows in one vmapped call
+(``policies/members.py``: ``MembersPolicy``) while each learner writes its own rows in place. The learner
+thread routes each finished unroll by the group that filled it to its member's batch (``algo.batch_size / P``
+envs' unrolls, whole groups) and runs ``learner_step`` on a member's batch as soon as it is full: on the CPU
+the members update one after another, each as a single learner would. On CUDA it waits for every member's batch
+and runs one ``population_learner_step`` (``together``): one vmapped update for all, unmeasured on a GPU.
+
+The three modes (``population.mode``): seeds (same hyperparameters, seeds env.seed + m), sweep (one value set
+of ``population.sweep`` each, ``pbt.sweep_values``) and PBT (every ``population.interval`` of a member's env
+steps, ``pbt.pbt_round`` over the members' recent returns: the bottom copy a top member's weights and
+optimizer state, ``pbt.copy_member``, then perturb; each record kept as the lineage).
+
+Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation, reward scaling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seedlocal.algos import pbt
+from seedlocal.algos.frames import UnrollStacks, stacking
+from seedlocal.algos.member_stack import MemberStack
+from seedlocal.algos.population_stats import iqm, summarize
+from seedlocal.algos.population_vtrace import population_learner_step, shared_params
+from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
+from seedlocal.arithmetic import apply_precision, resolve_precision
+from seedlocal.dtypes import torch_dtype
+from seedlocal.errors import ConfigError
+from seedlocal.monitor import nothing_stepped
+from seedlocal.pipeline.batches import Batcher
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.inference import EpisodeLog
+from seedlocal.pipeline.ranks import Solo
+from seedlocal.policies.members import MembersPolicy
+from seedlocal.prepare import Prepared
+from seedlocal.recipes.vtrace import build_model, identity, member_values, pbt_space
+from seedlocal.trainers.run import WAIT_S, Run, Trainer, stream_seed
+from seedlocal.trainers.vtrace_interval import Interval, actors_wait
+
+CURVES = "population.csv"  # in the run folder: each member's mean of its last 20 episodes at each log
+PLOT = "population.svg"  # beside it: the members' curves and their IQM
+
+
+class Member:
+    """One learner of the population (module docstring)."""
+
+    def __init__(self, index: int, model, params: VTraceParams, names: list[str], seed: int, start: int, device):
+        self.index, self.model, self.params = index, model, params
+        self.optimizer = make_optimizer(model.parameters(), params)
+        self.names = names  # the hyperparameters it has of its own (a sweep's, PBT's)
+        self.shuffle = torch.Generator().manual_seed(stream_seed(seed, 0, "shuffle", start))
+        self.sampling = torch.Generator(device).manual_seed(stream_seed(seed, 0, "sampling", start))
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        self.recent: deque[float] = deque(maxlen=20)
+        self.episodes = EpisodeLog()  # filled by the inference thread (MembersPolicy.plan)
+        self.pending: list[int] = []  # finished unrolls of its groups, waiting for a batch
+        self.lr = params.learning_rate
+        self.restart_interval()
+
+    def restart_interval(self) -> None:
+        self.loss_sum, self.n, self.ep_n, self.ep_sum = 0.0, 0, 0, 0.0
+
+    @property
+    def values(self) -> dict:
+        return {n: getattr(self.params, n) for n in self.names}
+
+    def set_values(self, values: dict) -> None:
+        self.params = dataclasses.replace(self.params, **values)
+
+    def score(self) -> float | None:
+        """The mean of its last 20 episodes (None before its first)."""
+        return float(np.mean(self.recent)) if self.recent else None
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "shuffle": self.shuffle.get_state(), "sampling": self.sampling.get_state(), "values": self.values,
+                "counters": dict(self.counters), "recent": list(self.recent)}
+
+    def restore(self, saved: dict) -> None:
+        self.model.load_state_dict(saved["model"])  # in place: its tensors stay rows of the stack
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.shuffle.set_state(saved["shuffle"])
+        self.sampling.set_state(saved["sampling"].to(self.sampling.device) if self.sampling.device.type == "cuda"
+                                else saved["sampling"])
+        self.set_values(saved["values"])
+        self.counters.update(saved["counters"])
+        self.recent.extend(saved["recent"])
+
+
+class PopulationTrainer(Trainer):
+    algo = "vtrace"
+    checkpoint_parts = ("members", "population", "counters")
+
+    def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        cfg, spec, pop = self.cfg, self.spec, self.cfg.population
+        self.space = pbt_space(cfg) if pop.mode == "pbt" else {}
+        values = member_values(cfg)
+        names = list(dict.fromkeys([*values[0], *self.space]))
+        self.members = []
+        for m in range(pop.size):
+            torch.manual_seed(cfg.env.seed + m)  # member 0 starts as the single learner of this seed would
+            model = build_model(cfg, spec).to(device)
+            self.members.append(Member(m, model, dataclasses.replace(cfg.algo, **values[m]), names,
+                                       cfg.env.seed + m, 0, device))
+        torch.manual_seed(cfg.env.seed)
+        self.stack = MemberStack([mb.model for mb in self.members])
+        self.precision = resolve_precision(cfg.algo.precision, self.members[0].model.kind, device)
+        apply_precision(self.precision, device)
+        self.sync, self.lock = actors_wait(cfg.algo), WeightLock(device)
+        self.k = self.shape.unrolls_per_batch // pop.size  # unrolls per member batch
+        self.groups_per_member = self.shape.num_groups // pop.size
+        self.rows_per_batch = self.k * self.shape.envs_per_group * cfg.pipeline.unroll_length
+        self.frame_stack = stacking(spec, cfg.frame_stack)
+        self.stacks = None
+        self.pbt = pbt.PBTParams(pop.quantile, pop.resample_probability)
+        self.pbt_rng = np.random.default_rng(pop.seed)
+        self.lineage: list[dict] = []
+        self.next_round = pop.interval
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        self.recent: deque[float] = deque(maxlen=20)  # every member's episodes, for the run's own curve
+        self.iv = None
+        self.curves: list[tuple[int, int, int, float]] = []  # (run steps, member, its steps, its mean of 20)
+
+    # -- what a checkpoint holds -------------------------------------------------------------------------------
+
+    def identity(self) -> dict:
+        return {**identity(self.cfg, self.spec), "population": len(self.members)}
+
+    def best(self) -> int:
+        """The member whose last 20 episodes' mean is highest (members without episodes last)."""
+        scores = [mb.score() for mb in self.members]
+        return max(range(len(scores)), key=lambda m: (scores[m] is not None, scores[m] or 0.0, -m))
+
+    def state(self) -> dict:
+        return {"members": [mb.state() for mb in self.members],
+                "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": self.best(),
+                               "lineage": json.dumps(self.lineage), "next_round": self.next_round,
+                               "pbt_rng": json.dumps(self.pbt_rng.bit_generator.state)}}
+
+    def restore(self, saved: dict) -> None:
+        if len(saved["members"]) != len(self.members):
+            raise ValueError(f"the checkpoint holds {len(saved['members'])} members, this run {len(self.members)}")
+        start = self.counters["steps"]
+        for mb, own in zip(self.members, saved["members"]):
+            mb.restore(own)
+            # A resumed session draws minibatches and actions of its own (as a single learner's does).
+            mb.shuffle.manual_seed(stream_seed(self.cfg.env.seed + mb.index, 0, "shuffle", start))
+        self.stack.check()
+        p = saved["population"]
+        self.lineage, self.next_round = json.loads(p["lineage"]), int(p["next_round"])
+        self.pbt_rng.bit_generator.state = json.loads(p["pbt_rng"])
+
+    def acting_state(self) -> dict:
+        return {"model": self.members[self.best()].model.state_dict()}
+
+    # -- running -----------------------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        pop = self.cfg.population
+        mode = {"seeds": f"seeds {self.cfg.env.seed}..{self.cfg.env.seed + pop.size - 1}",
+                "sweep": f"a sweep of {', '.join(self.members[0].names)}",
+                "pbt": f"PBT over {', '.join(self.space)} every {pop.interval:,d} steps a member"}[pop.mode]
+        return (f"training a population of {pop.size} V-trace learners on {self.spec.env_id} ({mode}; each "
+                f"{self.groups_per_member} env groups and batches of {self.k} unrolls; one inference call for "
+                f"all, {self.precision} on {self.device}, members updating "
+                f"{'in one batched update' if self.device.type == 'cuda' else 'one after another'})")
+
+    def policy(self) -> MembersPolicy:
+        return MembersPolicy(self.stack, self.spec, self.groups_per_member * self.shape.envs_per_group,
+                             [mb.sampling for mb in self.members], self.lock, self.precision, self.frame_stack,
+                             episodes=[mb.episodes for mb in self.members])
+
+    def learner_threads(self) -> int:
+        import os
+
+        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
+
+    def start(self, run: Run) -> None:
+        keys = run.pipe.layout.obs_keys()
+        for mb in self.members:
+            mb.batcher = Batcher(run.pipe.store, keys, self.k, self.device, sets=1)
+        if self.frame_stack > 1:
+            frame = self.spec.obs[""]
+            self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
+                                       frame.shape[1:], torch_dtype(frame.dtype), self.device)
+        self.steps0 = self.counters["steps"]
+        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+
+    def _steps(self, run: Run) -> int:
+        return self.steps0 + run.loop.stats.env_steps
+
+    def spent(self, run: Run) -> str | None:
+        self.counters["steps"] = self._steps(run)
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if run.out_of_time():
+            return "seconds"
+        target = self.cfg.stop_at_return
+        full = [mb for mb in self.members if len(mb.recent) == mb.recent.maxlen]
+        if target and any(mb.score() >= target for mb in full):
+            return "target"
+        return None
+
+    def together(self) -> bool:
+        """Whether every member learns in one batched update (``population_learner_step``) now: on CUDA, where P
+        small updates would be P rounds of kernel launches, and while the members' hyperparameters share the
+        update's shape (PBT may move them apart: then one after another). On the CPU one after another: one
+        batched update measured 1.4-4.0x faster there for 8 MinAtar torsos (``algos/population_vtrace.py``),
+        but waiting for every member's batch would hold the members that are ready."""
+        if self.device.type != "cuda":
+            return False
+        try:
+            shared_params([mb.params for mb in self.members])
+        except ConfigError:
+            return False
+        return True
+
+    def _ready(self, run: Run, t0: float, every: bool) -> list[Member] | str:
+        """The member to learn now: of those whose batch is full, the one with the fewest steps learned (``every``:
+        all of them, once each is full), routing finished unrolls to their members meanwhile; or "seconds" if
+        the time budget ends while waiting. Fewest steps first, not lowest index: freed unrolls go to the lowest
+        parked group (``pipeline/unrolls.py``), so members chosen by index would keep the low groups' unrolls
+        circulating and starve the others (8 MinAtar members: 3 of them learned from 99.8% of the steps)."""
+        import queue
+
+        group = run.pipe.store["unroll_group"]
+        timeout = 0.0
+        while True:
+            try:
+                buf = run.loop.completed.get(timeout=timeout) if timeout else run.loop.completed.get_nowait()
+            except queue.Empty:
+                full = [mb for mb in self.members if len(mb.pending) >= self.k]
+                if full and (not every or len(full) == len(self.members)):
+                    return full if every else [min(full, key=lambda mb: (mb.counters["steps"], mb.index))]
+                if timeout and run.waiting(t0):
+                    return "seconds"
+                timeout = WAIT_S
+                continue
+            self.members[int(group[buf]) // self.groups_per_member].pending.append(buf)
+            timeout = 0.0
+
+    def advance(self, run: Run) -> str | None:
+        """Wait for a member's batch (every member's, learning together), learn; a PBT round when one is due."""
+        t0 = time.monotonic()
+        run.watch.start()
+        together = self.together()
+        ready = self._ready(run, t0, together)
+        if isinstance(ready, str):
+            return ready
+        t1 = time.monotonic()
+        if not self.iv.begun:
+            self.iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
+        else:
+            self.iv.wait_s += t1 - t0
+        taken = []
+        for mb in ready:
+            bufs, mb.pending = mb.pending[:self.k], mb.pending[self.k:]
+            taken.append((mb, bufs, mb.batcher.fill(bufs, 0)))
+            if not self.sync:  # copied: the actors may refill them while the member learns
+                for b in bufs:
+                    run.loop.release(b)
+        self._learn(run, [(mb, self._batch(mb, fetched)) for mb, _, fetched in taken], together)
+        for mb, bufs, fetched in taken:
+            mb.batcher.done(fetched)
+            for b in bufs if self.sync else ():
+                run.loop.release(b)
+        self.iv.learn_s += time.monotonic() - t1
+        self._take_episodes(run)
+        if self.cfg.population.mode == "pbt" and min(m.counters["steps"] for m in self.members) >= self.next_round:
+            self.pbt_step(run.monitor)
+        return None
+
+    def _batch(self, mb: Member, fetched) -> dict:
+        """A member's batch as its learner takes it (frames stacked), its learning rate set for it."""
+        batch = mb.batcher.use(fetched)
+        if self.stacks is not None:
+            frames = self.stacks(batch["obs"][""], batch["ignored"], fetched.groups, fetched.epochs)
+            batch = {**batch, "obs": {**batch["obs"], "": frames}}
+        mb.lr = mb.params.learning_rate
+        share = self.cfg.total_steps / len(self.members)  # a member's share of the step budget
+        if mb.params.lr_decay and share:
+            mb.lr *= max(0.0, 1.0 - mb.counters["steps"] / share)
+        for g in mb.optimizer.param_groups:
+            g["lr"] = mb.lr
+        return batch
+
+    def _learn(self, run: Run, work: list[tuple[Member, dict]], together: bool) -> None:
+        """Each member's ``learner_step`` in turn, or (``together``) one ``population_learner_step`` for all."""
+        version0 = run.loop.version
+
+        def bump_version() -> None:
+            run.loop.version += 1
+
+        if together:
+            batches = [{k: v for k, v in b.items() if k != "policy_version"} for _, b in work]  # (a host array)
+            stats = population_learner_step(self.stack, [mb.optimizer for mb, _ in work], batches,
+                                            [mb.params for mb, _ in work], step_lock=self.lock,
+                                            precision=self.precision, after_update=bump_version,
+                                            shuffles=[mb.shuffle for mb, _ in work])
+            n = stats.pop("updates")
+            each = [({k: v[i] for k, v in stats.items()}, n) for i in range(len(work))]
+        else:
+            each = []
+            for mb, batch in work:
+                one = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock,
+                                   precision=self.precision, after_update=bump_version, shuffle=mb.shuffle)
+                each.append((one, one.pop("updates")))
+        for (mb, batch), (stats, n) in zip(work, each):
+            stats["policy_lag"] = version0 + (n - 1) / 2 - float(batch["policy_version"].mean())
+            self.iv.add(stats, self.rows_per_batch * mb.params.echo)
+            mb.counters["updates"] += n
+            mb.counters["steps"] += self.rows_per_batch
+            self.counters["updates"] += n
+            mb.loss_sum += float(stats["total_loss"])
+            mb.n += 1
+
+    def pbt_step(self, monitor) -> list[pbt.Exploit]:
+        """One round of PBT now (every member has an episode; else at its next batch): the bottom members take a
+        top member's weights and optimizer state under the weight lock, then their explored hyperparameters;
+        each record goes to the lineage and TensorBoard's text."""
+        scores = [mb.score() for mb in self.members]
+        if any(s is None for s in scores):
+            return []
+        step = min(mb.counters["steps"] for mb in self.members)
+        values, records = pbt.pbt_round(scores, [mb.values for mb in self.members], self.space, self.pbt,
+                                        self.pbt_rng, step)
+        with self.lock:
+            for r in records:
+                donor, member = self.members[r.donor], self.members[r.member]
+                pbt.copy_member(donor.model, donor.optimizer, member.model, member.optimizer)
+        for r in records:
+            member = self.members[r.member]
+            member.set_values(values[r.member])
+            member.recent.clear()  # its returns were its old weights'
+            self.lineage.append(r.as_dict())
+            moves = ", ".join(f"{k} {r.copied[k]:.4g} -> {r.new[k]:.4g} ({r.how[k]})" for k in r.how)
+            monitor.text("population/lineage", f"member {r.member} ({r.score:.2f}) <- member {r.donor} "
+                         f"({r.donor_score:.2f}): {moves}", self.counters["steps"])
+        self.next_round = (step // self.cfg.population.interval + 1) * self.cfg.population.interval
+        return records
+
+    def _take_episodes(self, run: Run) -> None:
+        self.iv.add_episodes(run.loop.stats.episodes.take())
+        for mb in self.members:
+            eps = mb.episodes.take()
+            mb.counters["episodes"] += eps.count
+            self.counters["episodes"] += eps.count
+            mb.ep_n += eps.count
+            mb.ep_sum += eps.return_sum
+            mb.recent.extend(r for r, _ in eps.recent[-mb.recent.maxlen:])
+            self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
+
+    def log(self, run: Run, now: float, last: bool = False) -> None:
+        step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
+        rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4
+        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
+        values["charts/episodes"] = self.counters["episodes"]
+        values.update(self._member_scalars(step_now))
+        iv.restart(now, step_now, run.loop.stats, workers)
+        run.monitor.scalars(step_now, values)
+        if not last:
+            best, iqm_ = values.get("population/best"), values.get("population/iqm")
+            shown = "      -" if best is None else f"best {best:7.1f}  IQM {iqm_:7.1f}"
+            run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
+                                 f"return(20) {shown}  updates {self.counters['updates']:,d}")
+
+    def _member_scalars(self, step_now: int) -> dict:
+        """Each member's curve (``member_<m>/...``) and the population's best, median and IQM of the members'
+        last-20 means (once every member has episodes)."""
+        out: dict = {}
+        for mb in self.members:
+            tag, score = f"member_{mb.index}/", mb.score()
+            out[tag + "charts/episode_return"] = mb.ep_sum / mb.ep_n if mb.ep_n else None
+            out[tag + "charts/return_mean20"] = score
+            out[tag + "charts/steps"] = mb.counters["steps"]
+            out[tag + "charts/learning_rate"] = mb.lr
+            out[tag + "losses/total_loss"] = mb.loss_sum / mb.n if mb.n else None
+            out.update({f"{tag}hyper/{k}": float(v) for k, v in mb.values.items()})
+            if score is not None:
+                self.curves.append((step_now, mb.index, mb.counters["steps"], score))
+            mb.restart_interval()
+        scores = [mb.score() for mb in self.members]
+        if all(s is not None for s in scores):
+            out.update({"population/best": max(scores), "population/median": float(np.median(scores)),
+                        "population/iqm": iqm(scores)})
+        return out
+
+    def has_last_log(self) -> bool:
+        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
+
+    def settle(self, run: Run) -> None:
+        if self.iv is not None:
+            self.counters["steps"] = self._steps(run)
+            self._take_episodes(run)
+
+    def results(self, run: Run) -> dict:
+        c, best = self.counters, self.best()
+        finals = [mb.score() for mb in self.members]
+        stats = summarize(finals).as_dict() if all(f is not None for f in finals) else None
+        members = [{"member": mb.index, "values": mb.values, "steps": mb.counters["steps"],
+                    "updates": mb.counters["updates"], "episodes": mb.counters["episodes"],
+                    "mean_return_last20": finals[mb.index]} for mb in self.members]
+        write_curves(run.run_dir, self.curves)
+        return {"algo": "vtrace", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
+                "updates": c["updates"], "episodes": c["episodes"], "mean_return_last20": finals[best],
+                "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": best,
+                               "summary": stats, "members": members, "lineage": self.lineage}}
+
+    def outcome(self, summary: dict) -> tuple[str, str | None]:
+        pop = summary["population"]
+        line = f"{summary['steps']:,d} steps, {summary['updates']:,d} updates over {pop['size']} members"
+        s = pop["summary"]
+        if s is None:
+            line += "; not every member finished an episode: no population statistics"
+        else:
+            line += (f"; members' mean return (last 20 each): mean {s['mean']:.1f} [{s['mean_ci'][0]:.1f}, "
+                     f"{s['mean_ci'][1]:.1f}], IQM {s['iqm']:.1f} [{s['iqm_ci'][0]:.1f}, {s['iqm_ci'][1]:.1f}] "
+                     f"(95% bootstrap CI); best member {pop['best']}: {summary['mean_return_last20']:.1f}")
+        return line, None if summary["steps"] else nothing_stepped(self.cfg)
+
+
+def write_curves(run_dir: Path, curves: list[tuple[int, int, int, float]]) -> None:
+    """population.csv (run steps, member, member steps, mean of its last 20) and population.svg: each member's
+    curve (grey) and the IQM of the members' values at each log (black), drawn as plain SVG so that the plot
+    needs no plotting library."""
+    if not curves:
+        return
+    lines = ["run_steps,member,member_steps,return_mean20"] + [f"{a},{m},{b},{r:.6g}" for a, m, b, r in curves]
+    (run_dir / CURVES).write_text("\n".join(lines) + "\n")
+    by_step: dict[int, list[float]] = {}
+    for a, _, _, r in curves:
+        by_step.setdefault(a, []).append(r)
+    iqm_line = [(a, iqm(v)) for a, v in sorted(by_step.items())]
+    x0, x1 = min(by_step), max(max(by_step), min(by_step) + 1)
+    y0, y1 = min(r for *_, r in curves), max(max(r for *_, r in curves), min(r for *_, r in curves) + 1e-9)
+    W, H, M = 640, 360, 40
+
+    def path(points, style: str) -> str:
+        xy = " ".join(f"{M + (a - x0) / (x1 - x0) * (W - 2 * M):.1f},{H - M - (r - y0) / (y1 - y0) * (H - 2 * M):.1f}"
+                      for a, r in points)
+        return f'<polyline fill="none" {style} points="{xy}"/>'
+
+    members = sorted({m for _, m, _, _ in curves})
+    body = [path([(a, r) for a, mm, _, r in curves if mm == m], 'stroke="#999" stroke-width="1"') for m in members]
+    body.append(path(iqm_line, 'stroke="black" stroke-width="2.5"'))
+    text = (f'<text x="{M}" y="20" font-size="12">mean return (last 20) of {len(members)} members (grey) and their '
+            f'IQM (black), {y0:.3g} .. {y1:.3g}, over run steps {x0:,d} .. {x1:,d}</text>')
+    (run_dir / PLOT).write_text(f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
+                                f'<rect width="100%" height="100%" fill="white"/>{text}{"".join(body)}</svg>\n')
