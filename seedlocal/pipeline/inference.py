@@ -346,8 +346,12 @@ class InferenceLoop:
             if len(ready) * self.E >= need:
                 break
             if deadline is not None and now >= deadline:
-                self.stats.timeouts += 1
-                break
+                if len(ready):
+                    self.stats.timeouts += 1
+                    break
+                # The groups it began waiting with are gone (a dead worker's, un-owned by _check_workers): an
+                # empty batch has nothing to act on, so wait afresh.
+                deadline = None
             if len(ready) and deadline is None:
                 deadline = now + self.batch_timeout_s
             woke = self.pool.obs_ready.wait(self.poll_s if deadline is None else max(0.0, deadline - now))
