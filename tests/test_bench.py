@@ -12,6 +12,8 @@ import contextlib
 import io
 import json
 
+import pytest
+
 from seedlocal import checkpoint
 from seedlocal.cli import main
 
@@ -124,6 +126,7 @@ def test_raw_ceiling_refuses_the_modes_that_measure_the_pipeline(capsys):
     assert "drop --transport-only" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 16 s: three Pong benches; the training-network row below runs single Pong frames by default
 def test_frame_stack_sets_what_raw_envpool_and_the_transport_carry():
     """Issue 33, item 3: the transport's cost per batch with single Atari frames against envpool's stack of 4."""
     one, text = bench("--env", "Pong-v5", "--transport-only", "--envs-per-worker", "4", *FAST)  # as training

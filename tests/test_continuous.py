@@ -294,6 +294,7 @@ def test_vtrace_learns_inverted_pendulum_through_the_pipeline(tmp_path):
     assert "reward_scaler" in saved
 
 
+@pytest.mark.slow  # 16 s; ES learns CartPole in the default suite and V-trace this env
 def test_es_learns_inverted_pendulum_with_shared_observation_statistics(tmp_path):
     from seedlocal import checkpoint
     from seedlocal.algos.es import ESParams

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "scripts" / "gpu_suite.py"
@@ -96,6 +98,7 @@ def test_runner_records_each_outcome_as_one_json_line(tmp_path):
 
 
 # Issue 33: with no GPU lent, the suite's steps are dry-run in CI, every one of them (about a minute on 2 cores).
+@pytest.mark.slow  # 13 steps' processes, 86 s of the default suite: run it before a GPU session (docs/gpu.md)
 def test_cpu_dry_run_runs_every_step_and_parses_what_it_prints(tmp_path):
     listed = _run("--cpu-dry-run", "--print-steps", str(tmp_path / "unused"))
     names = [json.loads(line)["name"] for line in listed.stdout.splitlines()]

@@ -358,7 +358,7 @@ def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch):
 
     # multiprocessing's own record of its server (a private attribute): without it workers fall back to racing.
     assert actors.forkserver_pid() > 0
-    monkeypatch.setattr(actors, "forkserver_pid", os.getpid)
+    monkeypatch.setattr(actors, "forkserver_pid", lambda envpool=True: os.getpid())
     # (Its own line goes to the forkserver's stderr, which an earlier test's server may hold.)
     with pytest.raises(WorkerDied, match="exited with code 1 before its envs produced a first step"):
         with tiny_pipeline(RandomPolicy) as pipe:
@@ -378,6 +378,19 @@ def test_the_forkserver_preloads_every_env_module_a_worker_steps_with_and_no_tor
     assert "torch" not in loaded
     assert {"seedlocal.envs.make", "seedlocal.envs.envpool_group", "seedlocal.envs.gymnasium_group",
             "seedlocal.envs.null_group", "seedlocal.envs.bounds", "seedlocal.envs.ids"} <= set(loaded), loaded
+
+
+def test_a_gymnasium_envs_run_imports_no_envpool_in_any_process(tmp_path):
+    """A user's Gymnasium env: neither the learner nor the workers' forkserver imports envpool (its registry
+    cost 1.0-1.4 s of a core at every such run's start, for nothing). -X importtime reaches every process."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "seedlocal", "train", "vtrace", "--env.id",
+                          "mask_envs:PickNoMask-v0", "--total-steps", "500", "--log-dir", str(tmp_path),
+                          "--no-progress"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time")}
+    assert {"seedlocal.pipeline.worker", "seedlocal.pipeline.forkserver_exit"} <= imported  # the server's are here
+    assert "envpool" not in imported, sorted(m for m in imported if "envpool" in m)
 
 
 def test_the_forkserver_ignores_ctrl_c_and_sighup_from_its_first_preload(tmp_path):

@@ -35,27 +35,37 @@ SERVER_GOODBYE_S = GOODBYE_S + 2.0
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
 # What every env worker imports before its first step (the worker module brings the env backends of
-# seedlocal/envs/ with it: tests/test_lifecycle.py checks). A spawned worker paid for these itself (about 1.5 s of
-# CPU, envpool's registry most of it) at every start and restart; forked from a server that has them already,
-# it starts at once. The server starts with a process's first pool, outlives its runs, and exits with it, at
-# once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner within milliseconds.
-WORKER_PRELOAD = ["seedlocal.pipeline.forkserver_exit", "seedlocal.pipeline.worker", "envpool"]
+# seedlocal/envs/ with it: tests/test_lifecycle.py checks), and envpool where the workers step envpool's envs. A
+# spawned worker paid for these itself (about 1.5 s of CPU, envpool's registry most of it) at every start and
+# restart; forked from a server that has them already, it starts at once. The server starts with a process's
+# first pool, outlives its runs, and exits with it, at once (forkserver_exit), so that its workers'
+# PR_SET_PDEATHSIG follows a killed learner within milliseconds.
+WORKER_PRELOAD = ["seedlocal.pipeline.forkserver_exit", "seedlocal.pipeline.worker"]
+ENVPOOL_PRELOAD = "envpool"
 
 
-def worker_context():
+def worker_context(envpool: bool = True):
     """The multiprocessing context env workers start from: a forkserver (never a fork of the learner, whose
-    threads and CUDA state a child must not inherit) with the workers' imports preloaded."""
+    threads and CUDA state a child must not inherit) with the workers' imports preloaded, envpool's with
+    ``envpool`` (a Gymnasium env's workers never import it: 1.0-1.4 s of a core saved at every run's start).
+    The preloads are the server's first start's: a later run of another backend in the same process imports
+    what its workers lack at their start."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(WORKER_PRELOAD)
+    ctx.set_forkserver_preload(WORKER_PRELOAD + ([ENVPOOL_PRELOAD] if envpool else []))
     return ctx
 
 
-def start_server() -> None:
+def uses_envpool(spec: EnvSpec) -> bool:
+    """Whether ``spec``'s workers step envpool's envs (``envs/make.py``), and so import it."""
+    return spec.backend == "envpool"
+
+
+def start_server(envpool: bool = True) -> None:
     """Start the workers' forkserver now rather than with the first worker. Its imports (about 1 s of one core
     here: envpool's registry, numpy, the worker module) then run on another core while the learner builds its
     trainer (torch's optimiser brings in torch._dynamo: another second), instead of delaying the first step.
-    Nothing waits for it: the first worker's start does."""
-    forkserver_pid()
+    Nothing waits for it: the first worker's start does. ``envpool``: whether the workers step envpool's envs."""
+    forkserver_pid(envpool)
 
 
 def _main_has_file() -> bool:
@@ -91,12 +101,13 @@ def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> i
     return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 
 
-def forkserver_pid() -> int:
-    """The pid of the forkserver the workers are forked from (started now if need be; 0 where
-    multiprocessing does not say), which a worker checks is still its parent once it is set to die with it."""
+def forkserver_pid(envpool: bool = True) -> int:
+    """The pid of the forkserver the workers are forked from (started now if need be, ``envpool`` preloaded
+    or not; 0 where multiprocessing does not say), which a worker checks is still its parent once it is set to
+    die with it."""
     from multiprocessing import forkserver
 
-    worker_context()  # the server, if this starts it, preloads what the workers import
+    worker_context(envpool)  # the server, if this starts it, preloads what the workers import
     forkserver.ensure_running()
     return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
 
@@ -126,7 +137,7 @@ class ActorPool:
         self.threads_per_group = shape.threads_per_group
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self.errors_file, self._shown_traceback = errors_file, False
-        self._ctx = worker_context()
+        self._ctx = worker_context(uses_envpool(spec))
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
@@ -223,7 +234,7 @@ class ActorPool:
             wake=tuple(self.wake[g] for g in groups),
             ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready,
-            parent_pid=forkserver_pid(),
+            parent_pid=forkserver_pid(uses_envpool(self.spec)),
             errors_file=self.errors_file,
         )
         for g in groups:
