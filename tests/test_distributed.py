@@ -371,6 +371,7 @@ def test_r2d2_ranks_write_the_mean_over_ranks_of_their_returns():
     assert not t.has_last_log()
 
 
+@pytest.mark.slow  # 15 s: the ranks --learners starts are the default suite's; torchrun only launches them
 def test_torchrun_starts_the_same_ranks_and_they_end_their_step_budget_together(tmp_path):
     """Under torchrun --nproc-per-node 2 the ranks come from its environment variables. The step budget is judged
     on the all-reduced count: a rank that re-read its own counter (which its inference thread moves on meanwhile)
