@@ -97,7 +97,7 @@ def test_runner_records_each_outcome_as_one_json_line(tmp_path):
     assert "boom" in log and "==== hangs: timeout" in log
 
 
-# Issue 33: with no GPU lent, the suite's steps are dry-run in CI, every one of them (about a minute on 2 cores).
+# Issue 33: with no GPU lent, the suite's steps are dry-run on the CPU, every one of them (about 90 s on 2 cores).
 @pytest.mark.slow  # 13 steps' processes, 86 s of the default suite: run it before a GPU session (docs/gpu.md)
 def test_cpu_dry_run_runs_every_step_and_parses_what_it_prints(tmp_path):
     listed = _run("--cpu-dry-run", "--print-steps", str(tmp_path / "unused"))

@@ -137,7 +137,8 @@ class ActorPool:
         self.threads_per_group = shape.threads_per_group
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self.errors_file, self._shown_traceback = errors_file, False
-        self._ctx = worker_context(uses_envpool(spec))
+        self._envpool = uses_envpool(spec)  # what the workers' forkserver preloads
+        self._ctx = worker_context(self._envpool)
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
@@ -234,7 +235,7 @@ class ActorPool:
             wake=tuple(self.wake[g] for g in groups),
             ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready,
-            parent_pid=forkserver_pid(uses_envpool(self.spec)),
+            parent_pid=forkserver_pid(self._envpool),
             errors_file=self.errors_file,
         )
         for g in groups:
