@@ -133,8 +133,8 @@ def test_row_layout_groups_rows_per_member_and_skips_the_gather_when_already_gro
 @pytest.mark.parametrize("kind, kw", [("mlp", {}), ("mlp", {"separate_critic": True, "obs_norm": True}),
                                       ("minatar", {}), ("nature", {}), ("box", {"separate_critic": True})])
 def test_one_call_serves_every_members_rows_as_its_own_network_would(kind, kw):
-    """Rows in contiguous runs, in a shuffled order, with a member absent: each row's logits and value are its own
-    member's (members never see each other's rows)."""
+    """Rows in contiguous runs, in a shuffled order, with a member absent, and one member's alone (its own network's
+    path): each row's logits and value are its own member's (members never see each other's rows)."""
     nets = members(kind, 4, **kw)
     if kw.get("obs_norm"):
         for i, n in enumerate(nets):  # different statistics per member: the stacked buffers are read too
@@ -144,7 +144,7 @@ def test_one_call_serves_every_members_rows_as_its_own_network_would(kind, kw):
     g = torch.Generator().manual_seed(1)
     runs = np.repeat(np.arange(4), 3)
     rng = np.random.default_rng(0)
-    for rows in (runs, rng.permutation(runs), np.array([2, 0, 2, 2, 0, 3])):
+    for rows in (runs, rng.permutation(runs), np.array([2, 0, 2, 2, 0, 3]), np.full(5, 1)):
         obs = random_obs(SPECS[kind], (len(rows),), g)
         logits, values = forward(rows, obs)
         assert logits.shape == (len(rows), SPECS[kind].num_actions or 4) and values.shape == (len(rows),)
