@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seedlocal.algos.neuroevo import generation_rng, nan_to_worst, new_seeds, noise
+from seedlocal.algos.neuroevo import antithetic, generation_rng, nan_to_worst, new_seeds, noise_sum
 from seedlocal.errors import fail
 
 
@@ -92,11 +92,7 @@ def init(size: int, seed: int) -> ARSState:
 def ask(state: ARSState, p: ARSParams) -> tuple[list[int], Tensor]:
     """N direction seeds and the [2N, size] perturbed parameters (pairs +, -)."""
     seeds = new_seeds(generation_rng(state.rng["seed"], state.generation), p.directions)
-    rows = []
-    for s in seeds:
-        step = p.noise * noise(s, state.theta.numel())
-        rows += [state.theta + step, state.theta - step]
-    return seeds, torch.stack(rows)
+    return seeds, antithetic(state.theta, seeds, p.noise)
 
 
 def top_directions(fitness: Tensor, b: int) -> Tensor:
@@ -121,10 +117,8 @@ def step(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> Tensor:
     pairs = f.reshape(-1, 2)[keep]
     sigma = float(pairs.std(unbiased=False))
     sigma = sigma if sigma > 0 else 1.0  # every kept return equal: every weight is 0 anyway
-    g = torch.zeros_like(state.theta)
-    # One direction at a time rather than a stacked [b, size]: memory stays O(size).
-    for k, (plus, minus) in zip(keep.tolist(), pairs.tolist()):
-        g.add_(noise(seeds[k], g.numel()), alpha=plus - minus)
+    g = noise_sum([plus - minus for plus, minus in pairs.tolist()], [seeds[k] for k in keep.tolist()],
+                  state.theta.numel())
     return g * (p.step_size / (len(keep) * sigma))
 
 

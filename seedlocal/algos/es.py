@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seedlocal.algos.neuroevo import centered_ranks, generation_rng, nan_to_worst, new_seeds, noise
+from seedlocal.algos.neuroevo import antithetic, centered_ranks, generation_rng, nan_to_worst, new_seeds, noise_sum
 from seedlocal.errors import fail
 
 
@@ -91,11 +91,7 @@ def init(theta0: Tensor, seed: int) -> ESState:
 def ask(state: ESState, p: ESParams) -> tuple[list[int], Tensor]:
     """P/2 noise seeds and the [P, size] perturbed parameters (pairs +, -)."""
     seeds = new_seeds(generation_rng(state.rng["seed"], state.generation), p.population_size // 2)
-    rows = []
-    for s in seeds:
-        step = p.sigma * noise(s, state.theta.numel())
-        rows += [state.theta + step, state.theta - step]
-    return seeds, torch.stack(rows)
+    return seeds, antithetic(state.theta, seeds, p.sigma)
 
 
 def gradient(state: ESState, p: ESParams, seeds: list[int], fitness) -> Tensor:
@@ -103,12 +99,7 @@ def gradient(state: ESState, p: ESParams, seeds: list[int], fitness) -> Tensor:
     ranks = centered_ranks(nan_to_worst(fitness))
     if ranks.numel() != 2 * len(seeds):
         raise ValueError(f"{ranks.numel()} fitness values for {len(seeds)} antithetic pairs")
-    weights = (ranks[0::2] - ranks[1::2]).tolist()
-    # Regenerate eps one seed at a time rather than stacking [P/2, size]:
-    # memory stays O(size) however large the population.
-    g = torch.zeros_like(state.theta)
-    for w, s in zip(weights, seeds):
-        g.add_(noise(s, g.numel()), alpha=w)
+    g = noise_sum((ranks[0::2] - ranks[1::2]).tolist(), seeds, state.theta.numel())
     return g / (ranks.numel() * p.sigma)
 
 

@@ -6,12 +6,11 @@ Reinforcement Learning", arXiv:1712.06567 (section 3 and Algorithm 1).
 
 Conventions:
   * A genome is a tuple of ints: ``genome[0]`` seeds the initialisation and
-    each later element one mutation, so
+    each later element one mutation (``mutate``), so
     theta = init(g[0]) + sigma * eps(g[1]) + sigma * eps(g[2]) + ...
     with eps(s) = ``noise(s, size)``. The sum is taken in order, one addition
-    at a time, so ``rebuild(genome)`` equals ``mutate(rebuild(genome[:-1]),
-    genome[-1])`` bit for bit: a worker that keeps last generation's vectors
-    (keyed by genome) builds each child with a single mutation.
+    at a time, so a worker that keeps last generation's vectors (keyed by
+    genome) builds each child bit for bit with a single mutation.
   * Storage: a genome grows by one seed per generation, 8 bytes as an int64
     (+ the tuple's overhead); pickled, a 31-bit seed takes 5 bytes.
   * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seedlocal.algos.neuroevo import ParamSpace, generation_rng, nan_to_worst, new_seeds, noise
+from seedlocal.algos.neuroevo import generation_rng, nan_to_worst, new_seeds, noise
 from seedlocal.errors import fail
 
 Genome = tuple[int, ...]
@@ -73,14 +72,6 @@ def mutate(parent_vec: Tensor, seed: int, sigma: float) -> Tensor:
     """One mutation: ``parent_vec + sigma * noise(seed)`` (a new tensor)."""
     step = sigma * noise(seed, parent_vec.numel())
     return parent_vec + step.to(parent_vec.device).view_as(parent_vec)
-
-
-def rebuild(genome: Genome, space: ParamSpace, sigma: float) -> Tensor:
-    """The parameter vector a genome stands for (cost: one noise draw per generation)."""
-    vec = space.init(genome[0])
-    for s in genome[1:]:
-        vec = mutate(vec, s, sigma)
-    return vec
 
 
 @dataclass(frozen=True)

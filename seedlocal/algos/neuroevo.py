@@ -93,6 +93,23 @@ def noise(seed: int, size: int) -> Tensor:
     return table[offset:offset + size]
 
 
+def antithetic(theta: Tensor, seeds: list[int], scale: float) -> Tensor:
+    """[2 len(seeds), size]: theta + scale * noise(s), then theta - scale * noise(s), for each seed in turn."""
+    rows = []
+    for s in seeds:
+        step = scale * noise(s, theta.numel())
+        rows += [theta + step, theta - step]
+    return torch.stack(rows)
+
+
+def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
+    """sum_i weights[i] * noise(seeds[i], size), one seed at a time: memory stays O(size), however many seeds."""
+    g = torch.zeros(size, dtype=torch.float32)
+    for w, s in zip(weights, seeds):
+        g.add_(noise(s, size), alpha=w)
+    return g
+
+
 def centered_ranks(x: Tensor) -> Tensor:
     """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.).
 
