@@ -57,9 +57,9 @@ def image_layout(spec: TensorSpec) -> str | None:
 def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
     """(C, H, W) of an observation ``image_layout`` reads as an image, else None."""
     layout = image_layout(spec)
-    if layout is None:
-        return None
-    return tuple(spec.shape) if layout == "chw" else (spec.shape[2], *spec.shape[:2])
+    if layout == "hwc":
+        return (spec.shape[2], *spec.shape[:2])
+    return tuple(spec.shape) if layout == "chw" else None
 
 
 def is_image(spec: TensorSpec) -> bool:
@@ -84,11 +84,8 @@ def image_fields(spec: EnvSpec) -> list[str]:
 
 
 def auto_encoder(spec: EnvSpec) -> str:
-    """The torso ``auto`` picks: for one image observation the Nature CNN
-    from 36 x 36 pixels up, MinAtar's one-convolution torso for a smaller
-    grid; for a Dict with image fields, a torso of that kind for each of
-    them beside an MLP for the others (``MULTI``); an MLP for everything
-    else (vectors, Dicts of them)."""
+    """The torso ``auto`` picks: ``conv_kind`` of one image observation; for a Dict with image fields
+    ``MULTI`` (a torso of that kind for each, an MLP for the rest); an MLP for everything else."""
     single = spec.obs.get("")  # the key of a single (not Dict) observation
     if single is None:
         return MULTI if image_fields(spec) else "mlp"
@@ -116,7 +113,22 @@ class MLPEncoder(nn.Module):
         return self.net(x)
 
 
-class MinAtarCNN(nn.Module):
+class _ConvTorso(nn.Module):
+    """A flattening convolution stack ``conv`` over (C, H, W) images, then ``out_dim`` ReLU units."""
+
+    def __init__(self, conv: nn.Sequential, in_shape: tuple[int, int, int], out_dim: int):
+        super().__init__()
+        self.conv = conv
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, *in_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x))
+
+
+class MinAtarCNN(_ConvTorso):
     """The torso of MinAtar's DQN and actor-critic agents (Young & Tian
     2019, arXiv 1903.03176): one 3x3 convolution with 16 filters, stride 1,
     no padding, a ReLU, then 128 ReLU units; a quarter of the Nature CNN's
@@ -124,35 +136,20 @@ class MinAtarCNN(nn.Module):
     features into the hidden layer)."""
 
     def __init__(self, in_shape: tuple[int, int, int], channels: int = 16, out_dim: int = 128):
-        super().__init__()
-        c, h, w = in_shape
-        self.conv = nn.Sequential(nn.Conv2d(c, channels, 3, stride=1), nn.ReLU(), nn.Flatten())
-        self.fc = nn.Sequential(nn.Linear(channels * (h - 2) * (w - 2), out_dim), nn.ReLU())
-        self.out_dim = out_dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x))
+        super().__init__(nn.Sequential(nn.Conv2d(in_shape[0], channels, 3, stride=1), nn.ReLU(), nn.Flatten()),
+                         in_shape, out_dim)
 
 
-class NatureCNN(nn.Module):
+class NatureCNN(_ConvTorso):
     """The DQN torso (Mnih et al. 2015) for stacked 84x84 frames."""
 
     def __init__(self, in_shape: tuple[int, int, int], out_dim: int = 512):
-        super().__init__()
-        c, h, w = in_shape
-        self.conv = nn.Sequential(
-            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+        super().__init__(nn.Sequential(
+            nn.Conv2d(in_shape[0], 32, 8, stride=4), nn.ReLU(),
             nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
             nn.Flatten(),
-        )
-        with torch.no_grad():
-            n = self.conv(torch.zeros(1, c, h, w)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
-        self.out_dim = out_dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x))
+        ), in_shape, out_dim)
 
 
 class _ResidualBlock(nn.Module):
@@ -165,26 +162,17 @@ class _ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-class ImpalaResNet(nn.Module):
+class ImpalaResNet(_ConvTorso):
     """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of
     conv + max-pool + two residual blocks, 16/32/32 channels, then 256 units."""
 
     def __init__(self, in_shape: tuple[int, int, int], channels=(16, 32, 32), out_dim: int = 256):
-        super().__init__()
-        c, h, w = in_shape
-        stages = []
+        stages, c = [], in_shape[0]
         for out_c in channels:
             stages += [nn.Conv2d(c, out_c, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResidualBlock(out_c), _ResidualBlock(out_c)]
             c = out_c
-        self.conv = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            n = self.conv(torch.zeros(1, *in_shape)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
-        self.out_dim = out_dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x))
+        super().__init__(nn.Sequential(*stages, nn.ReLU(), nn.Flatten()), in_shape, out_dim)
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
@@ -352,17 +340,15 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
     """Every observation field as floats, flattened and side by side: an MLP's
     input. Fields in ``classes`` (Discrete spaces: key -> (n, start)) enter
     one-hot: a state index is a category, not a magnitude."""
-    flat = []
-    for k in obs_keys:
-        x = obs[k]
-        if classes and k in classes:
-            n, start = classes[k]
-            # A comparison, not F.one_hot: that one reads the max value, which vmap cannot.
-            idx = x.reshape(-1, 1).long() - start
-            flat.append((idx == torch.arange(n, device=x.device)).float())
-        else:
-            flat.append(as_float(x).reshape(x.shape[0], -1))
+    flat = [_one_hot(obs[k], *classes[k]) if classes and k in classes
+            else as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
+
+
+def _one_hot(x: torch.Tensor, n: int, start: int) -> torch.Tensor:
+    """[N] indices from ``start`` as [N, n] one-hot floats: a comparison, not F.one_hot, which reads the
+    max value (vmap cannot)."""
+    return (x.reshape(-1, 1).long() - start == torch.arange(n, device=x.device)).float()
 
 
 def conv_features(torso: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -457,15 +443,14 @@ def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
 class ActorCritic(nn.Module):
     """Encoder → optional LSTM core → (policy parameters, state value).
 
-    The policy parameters are the logits of a categorical (Discrete actions)
-    or, for a Box, a diagonal Gaussian's mean and log standard deviation
-    (``algos/distributions.py``), the log-std one learned vector for every
-    state, starting at ``log(init_std)``: the form of SEED's MuJoCo agents,
-    with "What Matters in On-Policy RL"'s initial std of 0.5.
+    The policy parameters are a categorical's logits (Discrete actions) or a
+    diagonal Gaussian's mean and log-std (Box, ``algos/distributions.py``),
+    the log-std one learned vector starting at ``log(init_std)``: SEED's
+    MuJoCo agents' form, with "What Matters in On-Policy RL"'s std of 0.5.
 
     ``forward`` serves feed-forward batches; ``step`` one time step with a
-    recurrent state ``core`` of shape [B, 2, H] (h and c); ``unroll`` a whole
-    time-major unroll for the learner, zeroing the state where ``first``.
+    recurrent state ``core`` [B, 2, H] (h and c); ``unroll`` a time-major
+    unroll for the learner, zeroing the state where ``first``.
     """
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
@@ -474,17 +459,14 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.obs_keys = list(net_obs(spec))
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
-        encoder = self.kind
         self.obs_norm = _obs_norm(self, obs_norm)
         # A critic with its own MLP: value regression then cannot steer the
         # policy's features (CartPole: 450 in ~90-150k steps instead of >300k).
         # Image torsos and LSTM cores stay shared, as in IMPALA.
-        separate = separate_critic and encoder == "mlp" and not lstm_size
+        separate = separate_critic and self.kind == "mlp" and not lstm_size
         self.critic = MLPEncoder(self.encoder.in_dim, hidden) if separate else None
-        d = self.encoder.out_dim
-        self.lstm = nn.LSTMCell(d, lstm_size) if lstm_size else None
-        if self.lstm is not None:
-            d = lstm_size
+        self.lstm = nn.LSTMCell(self.encoder.out_dim, lstm_size) if lstm_size else None
+        d = lstm_size or self.encoder.out_dim
         self.continuous = spec.num_actions is None
         self.policy = nn.Linear(d, action_size(spec))
         self.log_std = nn.Parameter(torch.full((action_size(spec),), math.log(init_std))) if self.continuous else None
@@ -493,19 +475,16 @@ class ActorCritic(nn.Module):
             orthogonal_init(self)
         elif init != "torch":
             raise ValueError(f"init={init!r}: expected orthogonal or torch")
-        if has_conv(encoder):
+        if has_conv(self.kind):
             use_channels_last(self.encoder)  # after init: orthogonal_ needs contiguous weights
 
     @property
     def core_spec(self) -> TensorSpec | None:
         return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
 
-    def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return encode(self, obs)
-
-    def _heads(self, h: torch.Tensor, hv: torch.Tensor | None = None,
-               obs: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        params = self.policy(h) if obs is None else legal_only(self.policy(h), obs)
+    def _heads(self, h: torch.Tensor, obs: dict[str, torch.Tensor],
+               hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        params = legal_only(self.policy(h), obs)
         if self.log_std is not None:  # a Gaussian: [mean, log std], the std at least 1e-3
             log_std = self.log_std.clamp(min=MIN_LOG_STD).to(params.dtype)
             params = torch.cat([params, log_std.expand_as(params)], dim=-1)
@@ -514,17 +493,14 @@ class ActorCritic(nn.Module):
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.critic is not None:
             x = mlp_input(self, obs)
-            return self._heads(self.encoder(x), self.critic(x), obs)
-        return self._heads(self.encode(obs), obs=obs)
+            return self._heads(self.encoder(x), obs, self.critic(x))
+        return self._heads(encode(self, obs), obs)
 
     def step(self, obs: dict[str, torch.Tensor], core: torch.Tensor | None):
-        if self.critic is not None:
+        if self.lstm is None:  # a separate critic has none
             return (*self.forward(obs), None)
-        h = self.encode(obs)
-        if self.lstm is None:
-            return (*self._heads(h, obs=obs), None)
-        hx, cx = self.lstm(h, _state_pair(core))
-        return (*self._heads(hx, obs=obs), torch.stack([hx, cx], dim=1))
+        hx, cx = self.lstm(encode(self, obs), _state_pair(core))
+        return (*self._heads(hx, obs), torch.stack([hx, cx], dim=1))
 
     @torch.no_grad()
     def update_obs_norm(self, obs: dict[str, torch.Tensor], pool=None) -> None:
@@ -541,8 +517,7 @@ class ActorCritic(nn.Module):
         if self.lstm is None:
             logits, values = self.forward(flat_obs)
             return logits.reshape(L, B, -1), values.reshape(L, B)
-        h = self.encode(flat_obs)
-        h = h.reshape(L, B, -1)
+        h = encode(self, flat_obs).reshape(L, B, -1)
         hx, cx = _state_pair(core)
         keep = (~first).float().unsqueeze(-1)
         outs = []
@@ -551,8 +526,7 @@ class ActorCritic(nn.Module):
                 hx, cx = hx * keep[t], cx * keep[t]
             hx, cx = self.lstm(h[t], (hx, cx))
             outs.append(hx)
-        logits, values = self._heads(torch.stack(outs), obs=obs)
-        return logits, values
+        return self._heads(torch.stack(outs), obs)
 
 
 def _state_pair(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -578,15 +552,15 @@ def orthogonal_init(model: "ActorCritic") -> None:
 
 class RecurrentQNet(nn.Module):
     """R2D2's network: encoder → LSTM → dueling head Q = V + A - mean(A)
-    (Wang et al. 2016). ``step`` serves one time step of a batch with state
-    ``core`` [B, 2, H]; ``unroll`` a time-major sequence from the state
-    before its row 0 (already reset if row 0 starts an episode), zeroing the
-    state where ``first`` marks later episode starts. Returns (Q, final core).
+    (Wang et al. 2016). ``step`` serves one time step with state ``core``
+    [B, 2, H]; ``unroll`` a time-major sequence from the state before its
+    row 0 (already reset if row 0 starts an episode), zeroing it where
+    ``first`` marks later episode starts. Both return (Q, final core).
 
     The core is an ``nn.LSTM``: on CUDA its weights live in the one flat
     buffer cuDNN's RNN kernel reads (``flatten_parameters``, redone by every
-    ``.to()``), so no call repacks them; ``step`` runs the same weights
-    through the fused single-step cell kernel, which CUDA graphs capture.
+    ``.to()``); ``step`` runs them through the fused single-step cell kernel,
+    which CUDA graphs capture.
     """
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
