@@ -26,12 +26,11 @@ in one line otherwise), whether the policy term is clipped at all included:
 a vmapped loss cannot branch per member.
 
 On a GPU this is the intended path, P small networks in about the kernels
-of one; it is unmeasured there (``scripts/bench_population_learners.py
---device cuda``). On the 2-core development CPU (Intel Xeon, shared, fp32)
-one batched update of P = 8 MinAtar torsos took 1.4-4.0x less time than 8
-``learner_step`` calls in three runs of that script; members may as well
-update one after another there. Not here: ``learner_step``'s ``diagnose`` and data-parallel ranks (a
-population splits its members across ranks instead; no gradient crosses
+of one; unmeasured there (``scripts/bench_population_learners.py --device
+cuda``). On the 2-core development CPU one update of P = 8 MinAtar torsos
+took 1.4-4.0x less time than 8 ``learner_step`` calls (three runs of that
+script). Not here: ``learner_step``'s ``diagnose`` and data-parallel ranks
+(a population splits its members across ranks instead; no gradient crosses
 them), and LSTM cores (``MemberStack.refuse_recurrent``).
 """
 
@@ -47,8 +46,8 @@ from torch import Tensor
 from torch.func import grad, vmap
 
 from seedlocal.algos.member_stack import MemberStack
-from seedlocal.algos.vtrace import (VTraceParams, as_rows, batch_targets, mean_rho, network_outputs, policy_dist,
-                                    update_loss)
+from seedlocal.algos.vtrace import (VTraceParams, add_stats, as_rows, batch_targets, grad_clip, mean_rho,
+                                    network_outputs, policy_dist, update_loss)
 from seedlocal.arithmetic import autocast
 from seedlocal.errors import fail
 from seedlocal.spec import episode_starts
@@ -85,15 +84,8 @@ def _member_costs(params: Sequence[VTraceParams], device: torch.device) -> dict[
 def _stacked_batch(batches: Sequence[dict]) -> dict:
     """P members' batches (``learner_step``'s layout, one shape) as one with a leading member dimension; without
     ``core_state``, which is None for the feed-forward networks a stack batches."""
-    out = {}
-    for key, value in batches[0].items():
-        if key == "core_state":
-            continue
-        if isinstance(value, dict):
-            out[key] = {f: torch.stack([b[key][f] for b in batches]) for f in value}
-        else:
-            out[key] = torch.stack([b[key] for b in batches])
-    return out
+    return {key: {f: torch.stack([b[key][f] for b in batches]) for f in value} if isinstance(value, dict)
+            else torch.stack([b[key] for b in batches]) for key, value in batches[0].items() if key != "core_state"}
 
 
 class _Member:
@@ -147,7 +139,7 @@ class _Steps:
 
     def __init__(self, stack: MemberStack, optimizers, params: Sequence[VTraceParams], step_lock, after_update):
         self.stack, self.optimizers = stack, list(optimizers)
-        self.max_norms = [p.max_grad_norm if p.max_grad_norm > 0 else float("inf") for p in params]
+        self.max_norms = [grad_clip(p) for p in params]
         self.step_lock, self.after_update = step_lock, after_update
         self.totals: dict[str, Tensor] = {}
         self.count = 0
@@ -167,8 +159,7 @@ class _Steps:
         for member in self.stack.members:
             for prm in member.parameters():
                 prm.grad = None  # views of this update's stacked gradients: not kept alive
-        for k, v in {**stats, "grad_norm": torch.stack(norms)}.items():
-            self.totals[k] = self.totals.get(k, 0.0) + v.detach()
+        add_stats(self.totals, {**stats, "grad_norm": torch.stack(norms)})
         self.count += 1
 
 

@@ -70,15 +70,9 @@ def vtrace(
     rhos = torch.clamp(ratios, max=rho_bar)
     cs = lam * torch.clamp(ratios, max=c_bar)
 
-    # V(x_{t+1}) for every row: the next row's value, and the bootstrap at the end.
-    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    # Zeroing delta at invalid rows means the ignored action and its (zero)
-    # reward never leak into the targets.
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)  # V(x_{t+1})
     deltas = masked(rhos * (rewards + discounts * next_values - values), valid)
-
-    # Backward recursion on the correction vs_t - V(x_t). Masking after each
-    # step both forces vs = V on invalid rows and cuts the trace, since the
-    # row before only ever sees the (zero) correction of that row.
+    # Backward recursion on vs_t - V(x_t); masking each step forces vs = V on invalid rows and cuts the trace.
     corrections = torch.zeros_like(values)
     acc = torch.zeros_like(bootstrap_value)  # vs_T - V(x_T) = 0
     for t in reversed(range(values.shape[0])):
@@ -108,22 +102,18 @@ def impala_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
-    Means are taken over valid rows only, so invalid (auto-reset) rows neither
-    contribute nor dilute the loss. ``values`` must carry the baseline's graph;
-    ``target_params`` (the policy's parameters under ``dist``, a
-    ``Categorical``'s logits or a ``DiagGaussian``'s mean and log-std) the
-    policy's graph.
+    Means are over valid rows only: invalid (auto-reset) rows neither
+    contribute nor dilute. ``values`` carries the baseline's graph,
+    ``target_params`` (the policy's parameters under ``dist``) the policy's.
 
     With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et
-    al. 2017) on the ratio r = pi/mu to the behaviour policy, with the V-trace
-    advantages (as in APPO): min(r A, clip(r, 1 - clip, 1 + clip) A). It
-    bounds how far one batch can pull the policy, which is what makes using a
-    batch in several updates (``echo``) safe; IMPALA's plain rho-weighted
-    gradient keeps pushing however far the policy already moved. With
-    ``proximal_log_probs`` (the learner's policy at the batch's start) the
-    clip is decoupled PPO's (Hilton et al. 2021; ``_clipped_surrogate``).
-    ``normalize_advantages`` rescales A to zero mean, unit variance over the
-    valid rows (or ``moments``): the policy step is then independent of scale.
+    al. 2017) on r = pi/mu with the V-trace advantages (as in APPO). It bounds
+    how far one batch can pull the policy, which makes reusing a batch
+    (``echo``) safe; IMPALA's rho-weighted gradient keeps pushing however far
+    the policy already moved. With ``proximal_log_probs`` the clip is
+    decoupled PPO's (``_clipped_surrogate``). ``normalize_advantages``
+    rescales A to zero mean, unit variance over the valid rows (or by
+    ``moments``): the policy step is then independent of scale.
     """
     valid_f = valid.to(values.dtype)
     n_valid = valid_f.sum().clamp(min=1.0)
@@ -140,17 +130,11 @@ def impala_loss(
             vtrace_returns.rhos)
     else:
         policy_loss = -masked_mean(action_log_probs * adv)
-
     baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
     entropy = masked_mean(dist.entropy(target_params))
-
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
-    stats.update({
-        "policy_loss": policy_loss.detach(),
-        "baseline_loss": baseline_loss.detach(),
-        "entropy": entropy.detach(),
-        "total_loss": total_loss.detach(),
-    })
+    stats.update(policy_loss=policy_loss.detach(), baseline_loss=baseline_loss.detach(), entropy=entropy.detach(),
+                 total_loss=total_loss.detach())
     return total_loss, stats
 
 
@@ -163,34 +147,29 @@ def clipped(clip: float | Tensor) -> bool:
 
 def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bool, masked_mean, moments=None,
                        valid: Tensor | None = None) -> Tensor:
-    """The advantages of ``impala_loss``'s policy term: V-trace's rho-weighted
-    ones, or with ``clip`` > 0 the plain ones (the surrogate's ratio weights
-    them); with ``normalize`` rescaled to zero mean and unit variance over
-    the valid rows (``masked_mean``; or by ``moments(adv, valid)``, which
-    data-parallel ranks take over every rank's rows). Detached."""
+    """The detached advantages of ``impala_loss``'s policy term: V-trace's rho-weighted ones, or with ``clip``
+    the plain ones (the surrogate's ratio weights them); with ``normalize`` standardised over the valid rows
+    (or by ``moments(adv, valid)``, which data-parallel ranks take over every rank's rows)."""
     adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
-    if normalize and moments is not None:
+    if not normalize:
+        return adv
+    if moments is not None:
         mean, std = moments(adv, valid)
-        adv = (adv - mean) / (std + 1e-8)
-    elif normalize:
+    else:
         mean = masked_mean(adv)
         std = masked_mean((adv - mean) ** 2).sqrt()
-        adv = (adv - mean) / (std + 1e-8)
-    return adv
+    return (adv - mean) / (std + 1e-8)
 
 
 def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, masked_mean, dtype: torch.dtype,
                        behaviour_log_probs: Tensor | None, proximal_log_probs: Tensor | None = None,
                        rhos: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A)
-    averaged over the valid rows, on r = pi/mu; or, with
-    ``proximal_log_probs`` (log pi_prox, the learner's policy at the batch's
-    start), on r = pi/pi_prox with each row weighted by ``rhos`` (V-trace's
-    min(rho_bar, pi_prox/mu) under pi_prox): decoupled PPO. With no lag it is
-    PPO's; with actors running ahead (algo.sync off) a stale row no longer
-    starts outside the clip range, and the truncated weight corrects for mu.
-    Also the share of valid rows whose ratio lies outside the clip range
-    (detached, in ``dtype``)."""
+    """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A) over the valid rows, on r = pi/mu;
+    or, with ``proximal_log_probs`` (the learner's policy at the batch's start), decoupled PPO (Hilton et
+    al. 2021): r = pi/pi_prox, each row weighted by ``rhos`` (V-trace's min(rho_bar, pi_prox/mu)). With no lag
+    that is PPO's; with actors running ahead (algo.sync off) a stale row no longer starts outside the clip
+    range, and the truncated weight corrects for mu. Also the share of valid rows whose ratio lies outside
+    the clip range (detached, in ``dtype``)."""
     anchor, weights = (proximal_log_probs, rhos) if proximal_log_probs is not None else (behaviour_log_probs, None)
     if anchor is None:
         raise ValueError("clip > 0 needs behaviour_log_probs")
@@ -285,9 +264,13 @@ class _Targets(NamedTuple):
     returns: VTraceReturns
     proximal_log_probs: Tensor
 
+    def map(self, fn) -> "_Targets":
+        """``fn`` applied to every tensor."""
+        return _Targets(fn(self.actions), fn(self.behaviour_log_probs), fn(self.valid),
+                        VTraceReturns(*map(fn, self.returns)), fn(self.proximal_log_probs))
+
     def select(self, index) -> "_Targets":
-        return _Targets(self.actions[index], self.behaviour_log_probs[index], self.valid[index],
-                        VTraceReturns(*(x[index] for x in self.returns)), self.proximal_log_probs[index])
+        return self.map(lambda x: x[index])
 
 
 def network_outputs(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
@@ -331,32 +314,29 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
     rows), ``action``, ``reward``, ``terminated``, ``ignored``,
     ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state``
-    ([B, 2, H] or None). ``step_lock`` guards only each parameter write,
-    which is all the inference thread must not see half done;
-    ``after_update`` is called after each one.
+    ([B, 2, H] or None). ``step_lock`` guards only each parameter write (what
+    the inference thread must not see half done); ``after_update`` is called
+    after each one.
 
     With one pass of one minibatch (IMPALA) the V-trace targets come from the
-    forward pass that is differentiated. Otherwise a no-grad pass over the
-    whole batch computes them first and they stay fixed for all its updates,
-    as PPO's advantages do; each update recomputes pi (the clipped ratio
-    pi/mu and the entropy) on its own minibatch. Minibatches are shuffled
-    rows, or whole unrolls when an LSTM needs the time order. Their order is
-    drawn on the CPU, from ``shuffle`` (torch's default CPU generator if
-    None), whatever the device: the same seed gives the same minibatches on
-    a CPU and a GPU (a CUDA generator draws another sequence).
+    differentiated forward pass. Otherwise a no-grad pass over the whole batch
+    computes them once, fixed for all its updates as PPO's advantages are;
+    each update recomputes pi on its own minibatch of shuffled rows (whole
+    unrolls with an LSTM). Their order is drawn on the CPU from ``shuffle``
+    (torch's default CPU generator if None), so a seed gives the same
+    minibatches on a CPU and a GPU.
 
-    With ``diagnose`` the first update also measures what tells a stuck
-    learner from a working one: the size of each weight tensor's update
-    relative to the tensor (``update_ratio/<name>``; about 1e-3 is healthy for
-    Adam/RMSProp, 1e-5 and below means the optimiser barely moves it), the
-    scale of the policy-gradient advantages and how much of the V-trace
-    targets' variance the value head explains. ``precision`` ``bf16`` runs
-    the network under autocast; V-trace and the loss stay fp32.
+    ``diagnose``: the first update also measures what tells a stuck learner
+    from a working one: each weight tensor's update relative to the tensor
+    (``update_ratio/<name>``; about 1e-3 is healthy for Adam/RMSProp, 1e-5 and
+    below barely moves), the advantages' scale and the variance of the
+    V-trace targets the value head explains. ``precision`` ``bf16`` runs the
+    network under autocast; V-trace and the loss stay fp32.
 
-    With ``ranks`` (data-parallel learners, ``pipeline/ranks.py``) each
-    update's gradients are averaged over every rank's valid rows before they
-    are clipped, and normalised advantages take every rank's mean and std:
-    G ranks' halves of a batch make the update one process makes of it all.
+    ``ranks`` (data-parallel learners, ``pipeline/ranks.py``): gradients are
+    averaged over every rank's valid rows before clipping, and normalised
+    advantages take every rank's moments, so G ranks' parts of a batch make
+    the update one process makes of it all.
 
     Returns 0-dim device tensors (the diagnostics excepted, which are floats)
     and ``updates``: nothing in an update waits for the device.
@@ -370,14 +350,10 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
         update(logits[:T], values[:T], targets)
     else:
         targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
-    n_updates = update.count  # the updates made, whatever the split: the mean, the counter and the lag agree
-    # Device tensors, not floats: reading them here would make the host wait
-    # for the update to finish. The caller sums them and reads once per log.
-    out = {k: v / n_updates for k, v in update.totals.items()}
-    out["mean_rho"] = mean_rho(targets)
-    out["updates"] = n_updates
-    if update.diag is not None:
-        out.update(update.diag)
+    # Device tensors, not floats: reading them here would make the host wait for the update to finish. The
+    # mean is over the updates made, whatever the split, so the mean, the counter and the lag agree.
+    out = {k: v / update.count for k, v in update.totals.items()}
+    out.update(mean_rho=mean_rho(targets), updates=update.count, **(update.diag or {}))
     return out
 
 
@@ -400,10 +376,8 @@ def update_loss(p: VTraceParams, dist, logits: Tensor, values: Tensor, t: _Targe
 
 
 class _Updater:
-    """One optimiser update per call, on a minibatch's network outputs and
-    V-trace targets; sums each update's statistics into ``totals`` and, with
-    ``diagnose``, measures the first update into ``diag`` (see
-    ``learner_step``)."""
+    """One optimiser update per call on a minibatch's outputs and targets; sums the statistics into ``totals``
+    and, with ``diagnose``, measures the first update into ``diag`` (see ``learner_step``)."""
 
     def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool,
                  ranks=None):
@@ -415,45 +389,49 @@ class _Updater:
         self.diag: dict[str, float] | None = None
 
     def __call__(self, logits: Tensor, values: Tensor, t: _Targets) -> None:
-        model, optimizer, p, step_lock = self.model, self.optimizer, self.p, self.step_lock
+        model, p = self.model, self.p
         moments = None if self.ranks is None else self.ranks.masked_moments
         loss, stats = update_loss(p, self.dist, logits, values, t, moments)
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.ranks is not None:  # the masked means' gradients, each rank weighted by its valid rows
             self.ranks.average_gradients(model.parameters(), t.valid.sum())
-        max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
-        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip(p))
         before = None
         if self.diagnose and self.diag is None:
             before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
-        with step_lock if step_lock is not None else contextlib.nullcontext():
-            optimizer.step()
+        with self.step_lock if self.step_lock is not None else contextlib.nullcontext():
+            self.optimizer.step()
             if self.after_update is not None:
                 self.after_update()  # inside: no forward runs between the write and the version bump
         if before is not None:
             self.diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
-        for k, v in stats.items():
-            self.totals[k] = self.totals.get(k, 0.0) + v.detach()
+        add_stats(self.totals, stats)
         self.count += 1
+
+
+def grad_clip(p) -> float:
+    """The norm a learner's gradients are clipped to: ``p.max_grad_norm``, no clip at 0."""
+    return p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
+
+
+def add_stats(totals: dict[str, Tensor], stats: dict[str, Tensor]) -> None:
+    """Sum one update's statistics into ``totals`` (device tensors, detached)."""
+    for k, v in stats.items():
+        totals[k] = totals.get(k, 0.0) + v.detach()
 
 
 def as_rows(obs: dict, targets: _Targets) -> tuple[dict, _Targets]:
     """A batch's observations of its T targeted steps and its targets as rows: [T, B, ...] -> [T * B, ...], the
     rows a feed-forward network's minibatches index."""
-    T, B = targets.valid.shape
-    obs = {k: v[:T].reshape((T * B,) + v.shape[2:]) for k, v in obs.items()}
-    return obs, _Targets(*(x.reshape((T * B,) + x.shape[2:]) for x in targets[:3]),
-                         VTraceReturns(*(x.reshape(T * B) for x in targets.returns)),
-                         targets.proximal_log_probs.reshape(T * B))
+    T = targets.valid.shape[0]
+    return {k: v[:T].flatten(0, 1) for k, v in obs.items()}, targets.map(lambda x: x.flatten(0, 1))
 
 
 def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precision: str,
                       shuffle: torch.Generator | None, update: _Updater) -> _Targets:
-    """``p.echo`` shuffled passes of ``p.minibatches`` updates each, on
-    V-trace targets computed once, without gradients, over the whole batch
-    (see ``learner_step``); returns those targets (as rows [T * B] without
-    an LSTM)."""
+    """``p.echo`` shuffled passes of ``p.minibatches`` updates on V-trace targets computed once, without
+    gradients (see ``learner_step``); returns those targets (as rows [T * B] without an LSTM)."""
     ignored = batch["ignored"]
     L, B = ignored.shape
     T = L - 1
@@ -465,11 +443,9 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
         obs, targets = as_rows(batch["obs"], targets)
     for _ in range(p.echo):
         order = torch.randperm(n, generator=shuffle).to(ignored.device, non_blocking=True)
-        # tensor_split, not chunk: chunk makes pieces of ceil(n / k) and so fewer than k of them (16 unrolls
-        # into 7 gave 6, the last of one unroll), which broke the promise of algo.minibatches updates per pass
-        # and, with data-parallel ranks, would let ranks of different sizes disagree on how many collectives
-        # an update makes. These pieces differ by at most one row (unroll); each update's loss is its own
-        # piece's mean, so every update is a whole step and the logged statistics are means over updates.
+        # tensor_split, not chunk: chunk's pieces of ceil(n / k) can be fewer than k (16 unrolls into 7 gave 6),
+        # breaking algo.minibatches updates per pass and, with data-parallel ranks, the count of collectives
+        # ranks of different sizes make. These pieces differ by at most one row (unroll).
         for idx in order.tensor_split(p.minibatches):
             if recurrent:
                 logits, values = network_outputs(model, batch, first, precision, cols=idx)
@@ -484,13 +460,9 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
 @torch.no_grad()
 def _diagnostics(model, before: dict[str, Tensor], returns: VTraceReturns, values: Tensor,
                  valid: Tensor) -> dict[str, float]:
-    out = {}
-    ratios = []
-    for name, w in model.named_parameters():
-        if name in before:
-            r = float((w - before[name]).norm() / before[name].norm().clamp(min=1e-12))
-            out[f"update_ratio/{name}"] = r
-            ratios.append(r)
+    out = {f"update_ratio/{name}": float((w - before[name]).norm() / before[name].norm().clamp(min=1e-12))
+           for name, w in model.named_parameters() if name in before}
+    ratios = list(out.values())
     out["update_ratio"] = float(torch.tensor(ratios).median()) if ratios else 0.0
     adv = returns.pg_advantages[valid]
     vs, v = returns.vs[valid], values[valid]
