@@ -45,13 +45,10 @@ class RunningNorm(nn.Module):
     def update(self, x: torch.Tensor, pool=None) -> None:
         """Fold the rows of ``x`` in; with ``pool`` (data-parallel ranks' ``pool_moments``) every rank's rows."""
         rows = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        n, batch_mean, batch_var = _moments(rows if pool is None else rows.cpu())
         if pool is not None:
-            n, batch_mean, batch_var = pool(*_moments(rows.cpu()))
+            n, batch_mean, batch_var = pool(n, batch_mean, batch_var)
             batch_mean, batch_var = batch_mean.to(self.mean.device), batch_var.to(self.mean.device)
-        elif not len(rows):
-            return
-        else:
-            n, batch_mean, batch_var = float(len(rows)), rows.mean(0), rows.var(0, unbiased=False)
         if not n:
             return
         # All on the statistics' device, the count included: reading it on the host (is this the first batch?)
@@ -105,18 +102,14 @@ def occurrence(ids: np.ndarray) -> np.ndarray:
 
 class RewardScaler:
     """Rewards divided by the running standard deviation of each env's
-    discounted return (the scaling OpenAI Baselines' VecNormalize and
-    CleanRL's PPO use), then clipped to ``[-clip, clip]``. Logged returns stay
-    raw: only the learner's copy is scaled.
+    discounted return (as OpenAI Baselines' VecNormalize and CleanRL's PPO),
+    clipped to ``[-clip, clip]``; only the learner's copy is scaled.
 
-    ``update`` takes a learner batch's rewards, episode ends and counted rows
-    [T, B] (host arrays, rows in time order) with the env slot of each
-    column: each env's discounted return runs on across unrolls and batches,
-    so the statistics are those of the returns the env actually saw. A batch
-    may hold two unrolls of one env group (the later one after the earlier,
-    as they completed): they are chained, not started from the same return.
-    Rows an auto-reset ignored (reward 0 by convention, no step of the game)
-    enter neither the return nor the statistics."""
+    ``update`` takes a batch's rewards, episode ends and counted rows [T, B]
+    (host arrays, time order) with each column's env slot: each env's
+    discounted return runs on across unrolls and batches, two unrolls of one
+    env in a batch chained in the order they completed. Rows an auto-reset
+    ignored enter neither the return nor the statistics."""
 
     def __init__(self, num_envs: int, discount: float, clip: float = 10.0, eps: float = 1e-8):
         self.discount, self.clip, self.eps = discount, clip, eps

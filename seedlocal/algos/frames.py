@@ -25,6 +25,7 @@ import torch
 
 from seedlocal.dtypes import torch_dtype
 from seedlocal.networks import image_layout
+from seedlocal.normalize import occurrence
 
 
 def net_spec(spec, frame_stack: int):
@@ -124,14 +125,8 @@ class UnrollStacks:
         filled in ``epochs[j]`` -> [L, k*E, S, H, W]."""
         out = torch.empty(frames.shape[:2] + (self.S,) + frames.shape[3:], dtype=frames.dtype, device=frames.device)
         # A group that filled two unrolls of one batch: its second continues from its first, so in waves.
-        seen: dict[int, int] = {}
-        waves: list[list[int]] = []
-        for j, g in enumerate(groups):
-            w = seen[g] = seen.get(g, -1) + 1
-            if w == len(waves):
-                waves.append([])
-            waves[w].append(j)
-        for js in waves:
+        nth = occurrence(np.asarray(groups))
+        for js in (np.flatnonzero(nth == w).tolist() for w in range(int(nth.max(initial=-1)) + 1)):
             cols = torch.from_numpy((np.asarray(js)[:, None] * self.E + np.arange(self.E)).ravel()).to(frames.device)
             envs = [g * self.E + e for g in (groups[j] for j in js) for e in range(self.E)]
             out[:, cols] = self._wave(frames[:, cols, 0], ignored[:, cols], envs, [groups[j] for j in js],
