@@ -65,8 +65,7 @@ class DiagGaussian:
 
     @staticmethod
     def split(params: Tensor) -> tuple[Tensor, Tensor]:
-        mean, log_std = params.chunk(2, dim=-1)
-        return mean, log_std
+        return params.chunk(2, dim=-1)
 
     @staticmethod
     def log_prob(params: Tensor, actions: Tensor) -> Tensor:

@@ -16,9 +16,10 @@ Conventions:
   * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite
     candidates) -> evaluate each candidate ``elite_episodes`` times ->
     ``advance``. The next generation's children (``children``) are known
-    once the fitness is, so their evaluation may overlap the candidates'. Fitness is higher-is-better; NaN counts as the worst.
-  * The next population is [elite] + children; fitness ties go to the lower
-    index, so an elite that ties with a child stays ahead of it.
+    once the fitness is, so their evaluation may overlap the candidates'.
+  * Fitness is higher-is-better; NaN counts as the worst. The next population
+    is [elite] + children; fitness ties go to the lower index, so an elite
+    that ties with a child stays ahead of it.
   * The state holds plain types only (``dataclasses.asdict`` of it loads with
     ``torch.load(weights_only=True)``); the draws of generation g come from
     ``generation_rng(seed, g)``.

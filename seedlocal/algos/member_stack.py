@@ -3,10 +3,9 @@ batched call over all of them reads.
 
 Reference: PureJaxRL (C. Lu, J. Kuba, A. Letcher, L. Metz, C. Schroeder de
 Witt and J. Foerster, 2022, "Discovered Policy Optimisation", NeurIPS;
-github.com/luchris429/purejaxrl) trains many agents at once on one GPU by
-``vmap`` over their stacked parameters, so that P small networks cost about
-what one does. ``torch.func``'s ``functional_call`` and ``vmap`` do the same
-here, over P networks of one architecture.
+github.com/luchris429/purejaxrl) trains many agents at once by ``vmap`` over
+their stacked parameters, so that P small networks cost about what one does;
+here with ``torch.func``.
 
 Each member stays an ordinary module, so its own ``learner_step``, optimizer,
 checkpoint and PBT copy (``algos/pbt.py``'s ``copy_member``) work on it as on
@@ -86,13 +85,12 @@ class MemberStack:
         self.members = list(members)
         if not self.members:
             raise ValueError("a population needs at least one member")
-        first = self.members[0]
-        shapes = {n: (t.shape, t.dtype, t.device) for n, t in (*first.named_parameters(), *first.named_buffers())}
-        for i, m in enumerate(self.members[1:], 1):
-            theirs = {n: (t.shape, t.dtype, t.device) for n, t in (*m.named_parameters(), *m.named_buffers())}
-            if theirs != shapes:
+        layouts = [{n: (t.shape, t.dtype, t.device) for n, t in (*m.named_parameters(), *m.named_buffers())}
+                   for m in self.members]
+        for i, theirs in enumerate(layouts[1:], 1):
+            if theirs != layouts[0]:
                 raise ValueError(f"member {i}'s network differs from member 0's (names, shapes, dtypes or devices)")
-        self._template = _template(first)
+        self._template = _template(self.members[0])
         self._local = threading.local()
         self.params = self._stack([dict(m.named_parameters()) for m in self.members])
         self.buffers = self._stack([dict(m.named_buffers()) for m in self.members])
@@ -125,10 +123,9 @@ class MemberStack:
         """This thread's copy of the template: ``functional_call`` puts the tensors it is given into the module
         for the length of the call, so the inference thread's forward and the learner's update must never run
         on one module at once."""
-        mine = getattr(self._local, "template", None)
-        if mine is None:
-            mine = self._local.template = copy.deepcopy(self._template)
-        return mine
+        if getattr(self._local, "template", None) is None:
+            self._local.template = copy.deepcopy(self._template)
+        return self._local.template
 
     def refuse_recurrent(self) -> None:
         """Batched calls are for feed-forward members: torch.func has no vmap rule for an LSTM cell."""

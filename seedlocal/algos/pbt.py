@@ -124,11 +124,8 @@ def sweep_values(space: dict[str, Distribution], members: int, seed: int = 0,
         fail(field, " ".join(f"{k}={','.join(map(str, v))}" for k, v in lists.items()),
              f"the lists make {len(grid)} combinations, which do not divide the {members} members")
     rng = np.random.default_rng(seed)
-    out = []
-    for m in range(members):
-        combo = dict(zip(lists, grid[m % len(grid)]))
-        out.append({k: combo[k] if k in combo else d.sample(rng) for k, d in space.items()})
-    return out
+    combos = [dict(zip(lists, grid[m % len(grid)])) for m in range(members)]
+    return [{k: c[k] if k in c else d.sample(rng) for k, d in space.items()} for c in combos]
 
 
 # -- PBT ---------------------------------------------------------------------------------------------------------

@@ -57,15 +57,13 @@ def n_step_returns(rewards: Tensor, terminated: Tensor, truncated: Tensor, boots
     (the final observation). Without an end it adds discount^m bootstrap[t+m]
     with m = min(n, L - 1 - t): the sequence's last row bounds the horizon.
     """
-    L = rewards.shape[0]
-    T = L - 1
+    T = rewards.shape[0] - 1
     dtype = bootstrap.dtype
-    pad = (n,) + rewards.shape[1:]
-    # Shifted views: row t + k for every t, past the end padded (never used: alive stops there).
-    r = torch.cat([rewards.to(dtype), rewards.new_zeros(pad, dtype=dtype)])
-    te = torch.cat([terminated, terminated.new_zeros(pad)])
-    tr = torch.cat([truncated, truncated.new_zeros(pad)])
-    v = torch.cat([bootstrap, bootstrap.new_zeros(pad)])
+
+    def padded(x: Tensor) -> Tensor:  # row t + k for every t: past the end zeros (never used: alive stops there)
+        return torch.cat([x, x.new_zeros((n,) + x.shape[1:])])
+
+    r, te, tr, v = padded(rewards.to(dtype)), padded(terminated), padded(truncated), padded(bootstrap)
     t_index = torch.arange(T, device=rewards.device).view(-1, *([1] * (rewards.dim() - 1)))
     returns = torch.zeros((T,) + rewards.shape[1:], dtype=dtype, device=rewards.device)
     alive = torch.ones_like(returns, dtype=torch.bool)
@@ -204,9 +202,8 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     if batch.get("ignored_host") is not None:
         first_host = episode_starts(batch["ignored_host"])
         head_starts, tail_starts = cut_rows(first_host[:b]), cut_rows(first_host[b:])
-    obs = batch["obs"]
-    head = {k: v[:b] for k, v in obs.items()}
-    tail = {k: v[b:] for k, v in obs.items()}
+    head = {k: v[:b] for k, v in batch["obs"].items()}
+    tail = {k: v[b:] for k, v in batch["obs"].items()}
     core = batch["core_state"]
     with torch.no_grad():
         if b:
