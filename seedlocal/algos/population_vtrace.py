@@ -84,8 +84,12 @@ def _member_costs(params: Sequence[VTraceParams], device: torch.device) -> dict[
 def _stacked_batch(batches: Sequence[dict]) -> dict:
     """P members' batches (``learner_step``'s layout, one shape) as one with a leading member dimension; without
     ``core_state``, which is None for the feed-forward networks a stack batches."""
-    return {key: {f: torch.stack([b[key][f] for b in batches]) for f in value} if isinstance(value, dict)
-            else torch.stack([b[key] for b in batches]) for key, value in batches[0].items() if key != "core_state"}
+    def stacked(key: str, value):
+        if isinstance(value, dict):
+            return {f: torch.stack([b[key][f] for b in batches]) for f in value}
+        return torch.stack([b[key] for b in batches])
+
+    return {key: stacked(key, value) for key, value in batches[0].items() if key != "core_state"}
 
 
 class _Member:
