@@ -44,7 +44,7 @@ import torch
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail
 from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.prepare import prepare_pipeline
 
@@ -274,44 +274,35 @@ def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
 def check(cfg: BenchConfig):
     """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
     if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
-        raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive and finite")
-    if not cfg.warmup >= 0 or not math.isfinite(cfg.warmup):
-        raise ConfigError(f"bench.warmup={cfg.warmup!r}: must be >= 0 and finite")
-    if not cfg.batch_timeout_ms >= 0 or not math.isfinite(cfg.batch_timeout_ms):
-        raise ConfigError(f"bench.batch_timeout_ms={cfg.batch_timeout_ms!r}: must be >= 0 and finite")
+        fail("bench.seconds", cfg.seconds, "must be positive and finite")
+    for name in ("warmup", "batch_timeout_ms"):
+        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
+            fail(f"bench.{name}", getattr(cfg, name), "must be >= 0 and finite")
     if cfg.autotune:  # before minutes of trials, not after
         check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
     if cfg.rounds < 1:
-        raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
-    if cfg.raw_ceiling:
-        others = [f"--{n.replace('_', '-')}" for n in ("transport_only", "learning", "bridge", "autotune")
-                  if getattr(cfg, n)]
-        if others:
-            raise ConfigError(f"bench.raw_ceiling measures raw envpool alone: drop {', '.join(others)}")
+        fail("bench.rounds", cfg.rounds, "must be positive")
+    _refuse_with("raw_ceiling", cfg, "measures raw envpool alone", ("transport_only", "learning", "bridge", "autotune"))
     if cfg.ceiling_threads and not cfg.raw_ceiling:
-        raise ConfigError(f"bench.ceiling_threads={cfg.ceiling_threads}: only with --raw-ceiling")
+        fail("bench.ceiling_threads", cfg.ceiling_threads, "only with --raw-ceiling")
     bad = [t for t in cfg.ceiling_threads if t < 1]
     if bad:
-        raise ConfigError(f"bench.ceiling_threads={cfg.ceiling_threads}: every thread count must be positive "
-                          f"({bad[0]} is not)")
-    if cfg.transport_only:  # without --bridge it returns before every other row
-        others = [f"--{n.replace('_', '-')}" for n in ("learning", "autotune") if getattr(cfg, n)]
-        if others:
-            raise ConfigError(f"bench.transport_only measures the pipeline without envs or model: drop "
-                              f"{', '.join(others)}")
+        fail("bench.ceiling_threads", cfg.ceiling_threads, f"every thread count must be positive ({bad[0]} is not)")
+    # Without --bridge, --transport-only returns before every other row.
+    _refuse_with("transport_only", cfg, "measures the pipeline without envs or model", ("learning", "autotune"))
     if cfg.frame_stack < 0:
-        raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: must be >= 0")
+        fail("bench.frame_stack", cfg.frame_stack, "must be >= 0")
     if cfg.bridge_delay_ms and not cfg.bridge:
-        raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: only with --bridge")
+        fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "only with --bridge")
     if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
-        raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: must be >= 0 and finite")
+        fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "must be >= 0 and finite")
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
-            raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")
+            fail(f"bench.{name}", getattr(cfg, name), "must be 0 (automatic) or positive")
     training = training_preset(cfg.env).env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
-        raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: the raw, transport and policy rows only (the "
-                          f"learner, the bridge and --autotune run the env as training does: {training})")
+        fail("bench.frame_stack", cfg.frame_stack, "the raw, transport and policy rows only (the learner, the "
+             f"bridge and --autotune run the env as training does: {training})")
     cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
     from seedlocal.prepare import env_spec
 
@@ -324,6 +315,13 @@ def check(cfg: BenchConfig):
                      env_field="bench.env")
     resolve_device(cfg.device)
     return spec, pipe_cfg
+
+
+def _refuse_with(mode: str, cfg: BenchConfig, what: str, others: tuple[str, ...]) -> None:
+    """ConfigError where ``mode`` is on together with any of ``others``, which it has no row for."""
+    given = [f"--{n.replace('_', '-')}" for n in others if getattr(cfg, n)]
+    if getattr(cfg, mode) and given:
+        raise ConfigError(f"bench.{mode} {what}: drop {', '.join(given)}")
 
 
 def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
@@ -371,9 +369,7 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
                             ("two_groups", "two half pools, 2 threads")):
             rows.append((f"raw envpool, {label}", p["raw"][kind], p["raw"][kind] / best, ""))
         result.update({"raw_best_steps_per_s": best, "raw_best": max(p["raw"], key=p["raw"].get),
-                       "raw_sync_steps_per_s": p["raw"]["sync"],
-                       "raw_async_half_steps_per_s": p["raw"]["async_half"],
-                       "raw_two_groups_steps_per_s": p["raw"]["two_groups"]})
+                       **{f"raw_{kind}_steps_per_s": v for kind, v in p["raw"].items()}})
     rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
     result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
                    "random_detail": p, "device": p["device"]})

@@ -17,6 +17,16 @@ def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np
     return [rng.uniform(low, high, (n,) + spec.box_shape).astype(np.float32) for _ in range(k)]
 
 
+def _async_step(env, acts: list[np.ndarray], batch: int):
+    """One step of an async pool: the batch that is ready, sent its actions back; ``batch`` env steps."""
+    def one(i):
+        *_, info = env.recv()
+        env.send(acts[i % len(acts)], info["env_id"])
+        return batch
+
+    return one
+
+
 def _timed(step, warmup: float, seconds: float) -> float:
     i, end = 0, time.perf_counter() + warmup
     while time.perf_counter() < end:
@@ -94,14 +104,6 @@ class RawEnvpool:
 
         return _timed(one, warmup, seconds)
 
-    def _async_half(self, warmup: float, seconds: float) -> float:
-        def one(i):
-            *_, info = self.async_env.recv()
-            self.async_env.send(self.half_acts[i % len(self.half_acts)], info["env_id"])
-            return self.half
-
-        return _timed(one, warmup, seconds)
-
     def _two_groups(self, warmup: float, seconds: float) -> float:
         """Two pools of n/2 envs, each driven by its own thread (the worker's way)."""
         counts, phase = [0, 0], {"measure": False, "stop": False}
@@ -132,7 +134,8 @@ class RawEnvpool:
         return total / dt
 
     def measure(self, warmup: float, seconds: float) -> dict[str, float]:
-        return {"sync": self._sync(warmup, seconds), "async_half": self._async_half(warmup, seconds),
+        return {"sync": self._sync(warmup, seconds),
+                "async_half": _timed(_async_step(self.async_env, self.half_acts, self.half), warmup, seconds),
                 "two_groups": self._two_groups(warmup, seconds)}
 
 
@@ -161,12 +164,7 @@ def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affi
     acts = _raw_actions(spec, batch, np.random.default_rng(0))
     env.async_reset()
     try:
-        def one(i):
-            *_, info = env.recv()
-            env.send(acts[i % len(acts)], info["env_id"])
-            return batch
-
-        return _timed(one, warmup, seconds)
+        return _timed(_async_step(env, acts, batch), warmup, seconds)
     finally:
         env.recv()  # the step in flight, before the pool goes (see RawEnvpool)
         env.close()
