@@ -97,7 +97,7 @@ class Job:
 class PopulationPolicy(Policy):
     """The inference loop's policy during neuroevolution (see module docstring).
 
-    ``submit``/``evaluate`` (learner thread) post jobs; ``plan``/``act``
+    ``submit`` (learner thread) posts jobs; ``plan``/``act``
     (inference thread) run them.
     """
 
@@ -188,10 +188,6 @@ class PopulationPolicy(Policy):
         """Steps of the longest job episode still playing (0: none): what a
         generation waits for at its end."""
         return int(self.steps.max(initial=0))
-
-    def evaluate(self, params: torch.Tensor, episodes: int, check=None) -> list[list[float]]:
-        """Returns, per member (row of ``params``), the returns of ``episodes`` episodes."""
-        return self.submit(params, episodes).wait(check)
 
     def commit_obs_stats(self) -> None:
         """Take the observations gathered since the last commit into the statistics that jobs submitted from
