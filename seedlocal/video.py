@@ -79,27 +79,28 @@ def _free_gl() -> None:
         _GL.pop().free()
 
 
-def draws_with_opengl(spec: EnvSpec) -> bool:
-    """envpool's MuJoCo and dm_control envs draw into the caller's OpenGL
-    context (MuJoCo exits the process if there is none: it must be made first)."""
+def _envpool_family(spec: EnvSpec) -> str:
+    """Where envpool registers the env's spec ("envpool.atari...", "envpool.mujoco..."), or "" for other envs."""
     if spec.backend != "envpool":
-        return False
+        return ""
     from envpool.registration import registry
 
     entry = registry.specs.get(spec.env_id)
-    return bool(entry) and str(entry[0]).startswith("envpool.mujoco")
+    return str(entry[0]) if entry else ""
+
+
+def draws_with_opengl(spec: EnvSpec) -> bool:
+    """envpool's MuJoCo and dm_control envs draw into the caller's OpenGL
+    context (MuJoCo exits the process if there is none: it must be made first)."""
+    return _envpool_family(spec).startswith("envpool.mujoco")
 
 
 def steps_per_second(spec: EnvSpec) -> float:
     """Env steps in one second of the real thing: an Atari console's 60 frames
     over the frame skip, else the Gymnasium twin's ``render_fps`` (MuJoCo:
     1 / dt), else ``DEFAULT_FPS``."""
-    if spec.backend == "envpool":
-        from envpool.registration import registry
-
-        entry = registry.specs.get(spec.env_id)
-        if entry and str(entry[0]).startswith("envpool.atari"):
-            return 60.0 / max(1, spec.frames_per_step)
+    if _envpool_family(spec).startswith("envpool.atari"):
+        return 60.0 / max(1, spec.frames_per_step)
     try:
         import gymnasium
         from gymnasium.envs.registration import load_env_creator
@@ -117,16 +118,18 @@ def steps_per_second(spec: EnvSpec) -> float:
         return DEFAULT_FPS
 
 
-def _hint(spec: EnvSpec, e: BaseException) -> str:
-    text = str(e).lower()
+def _cannot_render(spec: EnvSpec, e: BaseException) -> RenderUnavailable:
+    """Why ``spec``'s env cannot draw (``e``), with what to install or change."""
+    text, why = str(e).lower(), f"cannot render {spec.env_id} ({type(e).__name__}: {e}); "
     if "pygame" in text:
-        return "; for classic control install pygame (pip install pygame)"
+        return RenderUnavailable(why + "for classic control install pygame (pip install pygame)")
     if "mujoco" in text or "opengl" in text or "egl" in text:
-        return ("; MuJoCo renders through the mujoco package with EGL or OSMesa (pip install mujoco; apt install "
-                "libegl1 or libosmesa6)")
+        return RenderUnavailable(why + "MuJoCo renders through the mujoco package with EGL or OSMesa (pip install "
+                                 "mujoco; apt install libegl1 or libosmesa6)")
     if spec.backend == "envpool":
-        return "; envpool draws its Atari, MuJoCo, dm_control and classic control envs, not this one"
-    return "; the env must take render_mode='rgb_array' and return frames from render()"
+        return RenderUnavailable(why + "envpool draws its Atari, MuJoCo, dm_control and classic control envs, not "
+                                 "this one")
+    return RenderUnavailable(why + "the env must take render_mode='rgb_array' and return frames from render()")
 
 
 def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
@@ -142,8 +145,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
         env = make_group(spec, 1, 1, seed, render=True)
     except Exception as e:
         if not image_obs:
-            raise RenderUnavailable(f"cannot render {spec.env_id} ({type(e).__name__}: {e}){_hint(spec, e)}") \
-                from None
+            raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     else:
         draw = env.render
@@ -158,8 +160,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
             except RenderUnavailable:
                 raise
             except Exception as e:
-                raise RenderUnavailable(f"cannot render {spec.env_id} ({type(e).__name__}: {e}){_hint(spec, e)}") \
-                    from None
+                raise _cannot_render(spec, e) from None
         else:
             first = _observed(obs)
         frames = Clip([first], fps / every)
