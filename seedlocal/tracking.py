@@ -37,10 +37,7 @@ def run_id(run_dir: Path) -> tuple[str, bool]:
     import string
 
     path = Path(run_dir) / ID_FILE
-    try:
-        saved = path.read_text().strip()
-    except FileNotFoundError:
-        saved = ""
+    saved = path.read_text().strip() if path.exists() else ""
     if saved:
         return saved, True
     new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # as W&B's own ids
