@@ -36,6 +36,7 @@ a handshake message by HANDSHAKE_BYTES; streams by one per connection and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -72,18 +73,6 @@ _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
 # A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
 # on any network, and a peer that has not proven itself by then is cut off.
 HANDSHAKE_S = 5.0
-
-
-def server_options(largest: int) -> list[tuple[str, int]]:
-    """gRPC's own limits for the learner's end, ``largest`` the longest message a host sends in the run: see the
-    module's docstring."""
-    ms = int(HANDSHAKE_S * 1000)
-    return _KEEPALIVE + [
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ("grpc.max_receive_message_length", largest),
-        ("grpc.max_send_message_length", -1),  # what the learner builds itself
-        ("grpc.max_concurrent_streams", 1),  # an actor host opens one stream per connection
-        ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
 
 
 def remote_seed(base: int, assignment: int, first_index: int, shape: PipelineShape) -> int:
@@ -489,16 +478,23 @@ def _bind_error(host: str, port: int) -> str:
 
 
 def _grpc_server(srv: BridgeServer):
-    """A gRPC server for ``srv``'s one RPC, with its limits; not yet listening."""
+    """A gRPC server for ``srv``'s one RPC, with its limits (see the module's docstring); not yet listening."""
     import grpc
 
     handler = grpc.stream_stream_rpc_method_handler(srv.stream)
     # Each host takes a whole worker's groups, so remote groups cover every host and one old stream of each not
     # yet noticed gone; handshakes_per_peer more leave room for hosts beside one stranger's handshakes.
     streams = len(srv.a.groups) + srv.a.handshakes_per_peer
+    ms = int(HANDSHAKE_S * 1000)
+    options = _KEEPALIVE + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.max_receive_message_length", srv.largest),  # the longest message a host sends in the run
+        ("grpc.max_send_message_length", -1),  # what the learner builds itself
+        ("grpc.max_concurrent_streams", 1),  # an actor host opens one stream per connection
+        ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
     return grpc.server(futures.ThreadPoolExecutor(max_workers=streams + 2),
                        handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
-                       options=server_options(srv.largest), maximum_concurrent_rpcs=streams)
+                       options=options, maximum_concurrent_rpcs=streams)
 
 
 def run_bridge_server(a: ServerArgs) -> None:
@@ -543,10 +539,8 @@ def run_bridge_server(a: ServerArgs) -> None:
         server.stop(grace=GOODBYE_S + 0.5).wait(GOODBYE_S + 1.0)
     except BaseException as e:
         code = 1
-        try:
+        with contextlib.suppress(Exception):
             a.started.send(("error", f"{type(e).__name__}: {e}"))
-        except Exception:
-            pass
         import traceback
 
         traceback.print_exc()
