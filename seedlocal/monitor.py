@@ -80,6 +80,7 @@ the checkpoint path and ``status`` (done, interrupted, error).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -257,7 +258,5 @@ class RunMonitor:
         if all(f.is_file() and (f.name == ".lock" or f.name.startswith("events.out.tfevents")) for f in files):
             for f in files:
                 f.unlink(missing_ok=True)
-            try:
+            with contextlib.suppress(OSError):
                 self.run_dir.rmdir()
-            except OSError:
-                pass

@@ -3,6 +3,7 @@ pipeline ratio divides by (``seedlocal bench``, ``--autotune``, the scripts)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -79,17 +80,11 @@ class RawEnvpool:
     def close(self) -> None:
         pools, self._in_flight = self._in_flight, []
         for env in pools:
-            try:
+            with contextlib.suppress(Exception):
                 env.recv()
-            except Exception:
-                pass
         for env in [self.sync, *pools]:
-            close = getattr(env, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
+            with contextlib.suppress(Exception):  # an envpool without close() too
+                env.close()
 
     def __enter__(self) -> "RawEnvpool":
         return self
