@@ -95,12 +95,9 @@ class MembersForward:
         src_t = None if src is None else torch.from_numpy(src).to(device)
         padded = {k: _pad(v, src_t, per) for k, v in obs.items()}
         with autocast(device, self.precision, cache=False):
-            params, values = vmap(self._member)(tensors, padded)
+            params, values = vmap(lambda t, o: self.stack.call(t, "forward", o))(tensors, padded)
         pos_t = None if pos is None else torch.from_numpy(pos).to(device)
         return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
-
-    def _member(self, tensors: dict[str, Tensor], obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return self.stack.call(tensors, "forward", obs)
 
 
 def _pad(x: Tensor, src: Tensor | None, per: int) -> Tensor:
