@@ -1,25 +1,14 @@
-"""Eval's videos: what a person sees, the env's own colour frames.
+"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph).
 
 The episode recorded is the one the policy plays: one env of the policy's
 own backend, made to render as well (``make_group(..., render=True)``), so
-the network gets its usual observations (Atari's 84 x 84 grey stacks) while
-the video gets the game's 210 x 160 colour frames, MuJoCo's 480 x 480
-camera, or a Gymnasium env's ``render()``.
-
-MuJoCo draws with OpenGL. Without a display it needs a headless context:
-EGL (the ``libegl1`` Debian/Ubuntu package, Mesa's software renderer is
-enough) or OSMesa (``libosmesa6``), through the ``mujoco`` Python package
-(``pip install mujoco``); ``MUJOCO_GL`` picks one (default here: egl). An env
-that cannot render at all is no error: ``RenderUnavailable`` says why, and
-eval still plays its episodes and reports their returns. An image env that
-only lacks ``render()`` is recorded from its observations instead.
-
-A video plays in real time: Atari at 60 frames a second over its frame
-skip (Pong-v5: 15 steps a second), a Gymnasium env at its ``render_fps``
-(MuJoCo: one over its step's duration, Hopper-v5 125, HalfCheetah-v5 20).
-A GIF shows at most 50 frames a second (browsers slow shorter delays to
-100 ms), so a faster env is drawn every k-th step only, which also spares
-the software renderer most of its work.
+the network gets its usual observations while the video gets the env's
+colour frames. Without a display MuJoCo needs a headless OpenGL context
+(``MUJOCO_GL``: egl here by default, or osmesa). An env that cannot render is
+no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
+an image env that only lacks ``render()`` is recorded from its observations.
+A GIF shows at most 50 frames a second (browsers slow shorter delays), so a
+faster env is drawn every k-th step only, which also spares the renderer.
 """
 
 from __future__ import annotations

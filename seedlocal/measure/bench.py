@@ -1,29 +1,9 @@
-"""Pipeline efficiency, measured in one run on one machine.
-
-For one env configuration it measures, one after the other so they never
-share the cores:
-
-- raw envpool stepped with random actions and no model, three ways, with the
-  same env count and total threads: one pool stepped synchronously, one pool
-  in async mode (``batch_size = num_envs / 2``), and two fixed half pools on
-  two threads. The best of the three is the limit every ratio divides by: the
-  pipeline can beat plain sync stepping, so sync alone is no limit.
-- the seedlocal pipeline with a random policy, and with the network that
-  training uses by default for this env, each alternating with the raw
-  references for ``--rounds`` rounds so that drift on a shared machine
-  affects both sides of each ratio alike;
-- with ``--learning``, the real V-trace learner on the pipeline (the sizes
-  of the env's training preset unless given), for the same seconds.
-
-``--raw-ceiling`` checks that limit: envpool's own best settings at the same
-threads (``raw.ceiling``), and how raw envpool scales per thread.
-
-``--transport-only`` replaces environments with a null backend: the ceiling
-of the shared-memory transport. ``--autotune`` tries a bounded set of worker,
-env and batch settings and writes the best to a file that ``seedlocal train
---pipeline-config FILE`` loads.
-
-The last line printed is one JSON object (keys documented in the README).
+"""Pipeline efficiency, measured in one run on one machine: raw envpool three ways (``raw.RawEnvpool``; the best
+is the limit every ratio divides by), then the pipeline with a random policy and with training's network, each
+alternating with the raw references for ``--rounds`` rounds so that drift on a shared machine affects both sides
+of each ratio alike; with ``--learning`` the V-trace learner too. ``--raw-ceiling`` checks the limit against
+envpool's own best settings (``raw.ceiling``). The modes and the last line's JSON keys: the README's "Benchmark:
+pipeline efficiency".
 """
 
 from __future__ import annotations

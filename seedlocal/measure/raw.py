@@ -135,10 +135,8 @@ class RawEnvpool:
 
 
 # -- envpool's own best settings --------------------------------------------------------------------------------
-# envpool's benchmark (its benchmark/README.md and test_envpool.py) reaches its published peaks in async mode with
-# batch_size about the thread count, num_envs 2.5-3 x batch_size and threads pinned (thread_affinity_offset 0,
-# where envpool's own default is -1: unpinned). ``ceiling`` tries that neighbourhood, so the bench's three kinds,
-# sized by the pipeline's env count, can be checked against the best envpool itself reaches at the same threads.
+# The neighbourhood of envpool's benchmark recipe (async, batch_size ~ threads, num_envs 2-3 x batch, pinned or
+# not), against which the bench's three kinds are checked (docs/pipeline.md, "The raw limit is envpool's own").
 
 def ceiling_grid(threads: int) -> list[tuple[int, int, int]]:
     """(num_envs, batch_size, thread_affinity_offset) around envpool's recipe for ``threads`` threads."""
