@@ -10,23 +10,13 @@ publication order are exactly those of a single-host run
 
 The learner decides what runs here (env id, backend, group size, seeds) in
 its answer to HELLO; a host whose env cannot produce the learner's spaces
-refuses the assignment and says why on both ends. If the learner goes away
-without a word (a crash), the host stops its workers and retries with
-backoff for ``--retry-s`` seconds, waiting for a resume, then exits with a
-clear message; so it does with a learner that says nothing for
-``--answer-timeout-s`` (a stranger at its address, a wedged one: gRPC alone
-would wait for good). If the learner ends its run on purpose (its budget,
-Ctrl-C or SIGTERM there), it says so and the host exits at once, status 0. Ctrl-C
-here is a disconnect: the learner restarts this host's envs on fresh
-episodes when a host takes them again.
-
-What the learner sends is used only once the learner is verified, as far
-as this host can: by its TLS certificate (``--tls-ca``) and, where this host
-has a token, by proving that it holds the token too, over the assignment it
-sends (``wire`` describes the exchange); beyond loopback one of the two is
-required. Even then an env id of the ``module:EnvId`` form runs only if
-this host's own ``--allow-module`` names the module: running it imports the
-module, code the learner picked.
+refuses the assignment. A learner that goes away without a word, or says
+nothing for ``--answer-timeout-s``, is retried for ``--retry-s``; one that
+ends its run on purpose says so, and the host exits at once, status 0
+(docs/multihost.md, "Faults"). What the learner sends is used only once it
+is verified as far as this host can, by TLS or the token; a ``module:EnvId``
+env id runs only if ``--allow-module`` names the module (docs/multihost.md,
+"Trust").
 """
 
 from __future__ import annotations
