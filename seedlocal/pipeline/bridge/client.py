@@ -277,9 +277,7 @@ class _Session:
         store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
         self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
         ctl = pool.control
-        state, tbuf, trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-        for i in range(G):
-            state[i], tbuf[i], trow[i] = STEPPING, i, 0
+        ctl["state"][:G], ctl["target_buf"][:G], ctl["target_row"][:G] = STEPPING, np.arange(G), 0
         pool.start()
         if cfg.progress:
             print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
