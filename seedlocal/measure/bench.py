@@ -313,14 +313,13 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
               "env_threads": threads, "frames_per_step": spec.frames_per_step, "frame_stack": cfg.frame_stack,
               "obs_bytes_per_env": int(sum(np.prod(o.shape) * np.dtype(o.dtype).itemsize for o in spec.obs.values())),
-              "cpu_count": os.cpu_count(),
-              "cuda_graphs": cfg.cuda_graphs}
+              "cpu_count": os.cpu_count(), "cuda_graphs": cfg.cuda_graphs}
 
     if cfg.transport_only:
         p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)
-        result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"], "transport_batches_per_s": p["batches_per_s"],
-                       "collect_ms_p50": p["collect_ms_p50"], "collect_ms_p99": p["collect_ms_p99"],
-                       "batch_fill": p["batch_fill"], "device": p["device"]})
+        result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"],
+                       "transport_batches_per_s": p["batches_per_s"], "collect_ms_p50": p["collect_ms_p50"],
+                       "collect_ms_p99": p["collect_ms_p99"], "batch_fill": p["batch_fill"], "device": p["device"]})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
         raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
