@@ -17,12 +17,8 @@ go through its weights together (a matrix product per member), read in
 place from the stack the learners write, and an actor-critic's two heads
 come out as they do from ``ActorCritic.forward``.
 
-Rows arrive in any order with the member each belongs to (whole env groups:
-usually contiguous runs). They are grouped per member and padded to the
-largest member's count, [members present, rows, ...], for one vmapped call;
-a padded position rereads its member's first row and its output is dropped.
-When the rows already are that layout (every member present, contiguous, in
-member order, equally many) nothing is gathered or scattered. On the 2-core
+Rows arrive in any order (whole env groups: usually contiguous runs) and are
+padded per member for one vmapped call (``row_layout``). On the 2-core
 development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in
 one call than in 8 (``scripts/bench_population_learners.py``); on a GPU,
 where P calls are P rounds of kernel launches, it is unmeasured. A batch of
