@@ -46,11 +46,8 @@ perf/env_time_s, perf/inference_time_s   time in env stepping (per group) and in
 perf/capped_share         share of the generation's evaluation episodes ended by --max-episode-frames
 perf/worker_restarts      env workers restarted so far
 
-While a generation runs, the progress line shows its members finished of P,
-frames, frames/s and the longest episode still playing, and the frame budget
-counts its frames as they are stepped; summary.json's frames (and steps,
-episodes) add those of a generation the run stopped inside, which its
-checkpoint does not hold (a resumed run evaluates that generation again).
+summary.json's frames (and steps, episodes) add those of a generation the run stopped inside, which its
+checkpoint does not hold (the README's "Neuroevolution" says what its progress line shows meanwhile).
 
 R2D2 (``train r2d2``) logs, against agent steps: charts/episode_return,
 charts/eval_return (the evaluation slots' return, epsilon ``eval_epsilon``),
@@ -63,11 +60,8 @@ With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected,
 bridge/disconnects and per actor host bridge/host<N>/steps_per_s, mb_per_s,
 rtt_ms_p50, rtt_ms_p99.
 
-With ``--video-every-min M`` every trainer adds, every M minutes, one episode of its current policy as an
-animated GIF under Images: videos/episode (also ``<run>/videos/<steps|generation>_<n>.gif``;
-``trainers/videos.py``). With ``--track`` every scalar above goes to Weights & Biases under the same name, with
-the run's x axis as its step metric (``steps``, or ``generation``), and the videos, the config and the summary
-too (``tracking.py``).
+With ``--video-every-min M`` every trainer adds videos/episode, an animated GIF under Images; with ``--track``
+every scalar above goes to Weights & Biases under the same name (docs/tracking.md says both).
 
 Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
 target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
@@ -80,6 +74,7 @@ the checkpoint path and ``status`` (done, interrupted, error).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -257,7 +252,5 @@ class RunMonitor:
         if all(f.is_file() and (f.name == ".lock" or f.name.startswith("events.out.tfevents")) for f in files):
             for f in files:
                 f.unlink(missing_ok=True)
-            try:
+            with contextlib.suppress(OSError):
                 self.run_dir.rmdir()
-            except OSError:
-                pass

@@ -1,24 +1,8 @@
-"""Weights & Biases tracking (``--track``), as CleanRL's ``--track`` does it.
-
-One W&B run per seedlocal run: the full config at the start, every scalar
-``RunMonitor`` writes to TensorBoard under the same name, the training
-videos (``--video-every-min``) as they are made, and summary.json's values
-at the end. The x axis is the run's own counter (``steps``, or
-``generation`` for neuroevolution), logged with every point and declared
-as every metric's step (``define_metric``), so W&B's internal step never
-has to match it: a resumed run logs steps it had logged before its last
-checkpoint again, and W&B keeps both points where TensorBoard purges.
-
-The W&B run's id is kept in the run folder (``wandb_run_id``): ``--resume``
-continues the same W&B run. Offline (``WANDB_MODE=offline``, or no
-network) the files go under ``<run>/wandb/``, and the first line says so
-and how to upload them (``wandb sync``). The service process W&B starts
-(wandb-core) ends with the run, not with the interpreter: a notebook
-that trains twice holds none between runs.
-
-wandb is an optional extra (``pip install 'seedlocal[wandb]'``); the
-config's checks (``config/checks.py``) refuse ``--track`` without it
-before any process starts.
+"""Weights & Biases tracking (``--track``), as CleanRL's ``--track`` does it: one W&B run per seedlocal run, fed
+the config, every scalar ``RunMonitor`` writes, the training videos and summary.json (docs/tracking.md says what
+is sent, how a resume continues the run, and offline use). The x axis is the run's own counter (``steps``, or
+``generation``), declared as every metric's step (``define_metric``), so W&B's internal step never has to match
+it. wandb is an optional extra; ``config/checks.py`` refuses ``--track`` without it.
 """
 
 from __future__ import annotations
@@ -37,10 +21,7 @@ def run_id(run_dir: Path) -> tuple[str, bool]:
     import string
 
     path = Path(run_dir) / ID_FILE
-    try:
-        saved = path.read_text().strip()
-    except FileNotFoundError:
-        saved = ""
+    saved = path.read_text().strip() if path.exists() else ""
     if saved:
         return saved, True
     new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # as W&B's own ids

@@ -1,25 +1,14 @@
-"""Eval's videos: what a person sees, the env's own colour frames.
+"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph).
 
 The episode recorded is the one the policy plays: one env of the policy's
 own backend, made to render as well (``make_group(..., render=True)``), so
-the network gets its usual observations (Atari's 84 x 84 grey stacks) while
-the video gets the game's 210 x 160 colour frames, MuJoCo's 480 x 480
-camera, or a Gymnasium env's ``render()``.
-
-MuJoCo draws with OpenGL. Without a display it needs a headless context:
-EGL (the ``libegl1`` Debian/Ubuntu package, Mesa's software renderer is
-enough) or OSMesa (``libosmesa6``), through the ``mujoco`` Python package
-(``pip install mujoco``); ``MUJOCO_GL`` picks one (default here: egl). An env
-that cannot render at all is no error: ``RenderUnavailable`` says why, and
-eval still plays its episodes and reports their returns. An image env that
-only lacks ``render()`` is recorded from its observations instead.
-
-A video plays in real time: Atari at 60 frames a second over its frame
-skip (Pong-v5: 15 steps a second), a Gymnasium env at its ``render_fps``
-(MuJoCo: one over its step's duration, Hopper-v5 125, HalfCheetah-v5 20).
-A GIF shows at most 50 frames a second (browsers slow shorter delays to
-100 ms), so a faster env is drawn every k-th step only, which also spares
-the software renderer most of its work.
+the network gets its usual observations while the video gets the env's
+colour frames. Without a display MuJoCo needs a headless OpenGL context
+(``MUJOCO_GL``: egl here by default, or osmesa). An env that cannot render is
+no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
+an image env that only lacks ``render()`` is recorded from its observations.
+A GIF shows at most 50 frames a second (browsers slow shorter delays), so a
+faster env is drawn every k-th step only, which also spares the renderer.
 """
 
 from __future__ import annotations
@@ -79,27 +68,28 @@ def _free_gl() -> None:
         _GL.pop().free()
 
 
-def draws_with_opengl(spec: EnvSpec) -> bool:
-    """envpool's MuJoCo and dm_control envs draw into the caller's OpenGL
-    context (MuJoCo exits the process if there is none: it must be made first)."""
+def _envpool_family(spec: EnvSpec) -> str:
+    """Where envpool registers the env's spec ("envpool.atari...", "envpool.mujoco..."), or "" for other envs."""
     if spec.backend != "envpool":
-        return False
+        return ""
     from envpool.registration import registry
 
     entry = registry.specs.get(spec.env_id)
-    return bool(entry) and str(entry[0]).startswith("envpool.mujoco")
+    return str(entry[0]) if entry else ""
+
+
+def draws_with_opengl(spec: EnvSpec) -> bool:
+    """envpool's MuJoCo and dm_control envs draw into the caller's OpenGL
+    context (MuJoCo exits the process if there is none: it must be made first)."""
+    return _envpool_family(spec).startswith("envpool.mujoco")
 
 
 def steps_per_second(spec: EnvSpec) -> float:
     """Env steps in one second of the real thing: an Atari console's 60 frames
     over the frame skip, else the Gymnasium twin's ``render_fps`` (MuJoCo:
     1 / dt), else ``DEFAULT_FPS``."""
-    if spec.backend == "envpool":
-        from envpool.registration import registry
-
-        entry = registry.specs.get(spec.env_id)
-        if entry and str(entry[0]).startswith("envpool.atari"):
-            return 60.0 / max(1, spec.frames_per_step)
+    if _envpool_family(spec).startswith("envpool.atari"):
+        return 60.0 / max(1, spec.frames_per_step)
     try:
         import gymnasium
         from gymnasium.envs.registration import load_env_creator
@@ -117,16 +107,18 @@ def steps_per_second(spec: EnvSpec) -> float:
         return DEFAULT_FPS
 
 
-def _hint(spec: EnvSpec, e: BaseException) -> str:
-    text = str(e).lower()
+def _cannot_render(spec: EnvSpec, e: BaseException) -> RenderUnavailable:
+    """Why ``spec``'s env cannot draw (``e``), with what to install or change."""
+    text, why = str(e).lower(), f"cannot render {spec.env_id} ({type(e).__name__}: {e}); "
     if "pygame" in text:
-        return "; for classic control install pygame (pip install pygame)"
+        return RenderUnavailable(why + "for classic control install pygame (pip install pygame)")
     if "mujoco" in text or "opengl" in text or "egl" in text:
-        return ("; MuJoCo renders through the mujoco package with EGL or OSMesa (pip install mujoco; apt install "
-                "libegl1 or libosmesa6)")
+        return RenderUnavailable(why + "MuJoCo renders through the mujoco package with EGL or OSMesa (pip install "
+                                 "mujoco; apt install libegl1 or libosmesa6)")
     if spec.backend == "envpool":
-        return "; envpool draws its Atari, MuJoCo, dm_control and classic control envs, not this one"
-    return "; the env must take render_mode='rgb_array' and return frames from render()"
+        return RenderUnavailable(why + "envpool draws its Atari, MuJoCo, dm_control and classic control envs, not "
+                                 "this one")
+    return RenderUnavailable(why + "the env must take render_mode='rgb_array' and return frames from render()")
 
 
 def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
@@ -142,8 +134,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
         env = make_group(spec, 1, 1, seed, render=True)
     except Exception as e:
         if not image_obs:
-            raise RenderUnavailable(f"cannot render {spec.env_id} ({type(e).__name__}: {e}){_hint(spec, e)}") \
-                from None
+            raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     else:
         draw = env.render
@@ -158,8 +149,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
             except RenderUnavailable:
                 raise
             except Exception as e:
-                raise RenderUnavailable(f"cannot render {spec.env_id} ({type(e).__name__}: {e}){_hint(spec, e)}") \
-                    from None
+                raise _cannot_render(spec, e) from None
         else:
             first = _observed(obs)
         frames = Clip([first], fps / every)

@@ -139,8 +139,8 @@ def test_work_queue_serves_every_job_once_and_nothing_else():
         t.start()
         try:
             params = torch.stack([torch.nn.utils.parameters_to_vector(PolicyNet(spec).parameters()) for _ in range(7)])
-            results = policy.evaluate(params, episodes=3)  # 21 jobs on 16 slots: a queue, then a tail
-            second = policy.evaluate(params[:2], episodes=1)  # held groups come back on fresh episodes
+            results = policy.submit(params, episodes=3).wait()  # 21 jobs on 16 slots: a queue, then a tail
+            second = policy.submit(params[:2], episodes=1).wait()  # held groups come back on fresh episodes
         finally:
             pipe.loop.request_stop()
             t.join(10)
@@ -363,9 +363,9 @@ def test_a_few_busy_groups_do_not_wait_for_held_ones():
         t.start()
         try:
             params = torch.stack([torch.nn.utils.parameters_to_vector(PolicyNet(spec).parameters()) for _ in range(2)])
-            policy.evaluate(params, episodes=1)  # the first call holds the idle groups
+            policy.submit(params, episodes=1).wait()  # the first call holds the idle groups
             before, batches = pipe.loop.stats.timeouts, pipe.loop.stats.batches
-            results = policy.evaluate(params, episodes=2)  # 4 jobs: at most 1-2 groups busy
+            results = policy.submit(params, episodes=2).wait()  # 4 jobs: at most 1-2 groups busy
             timeouts, batches = pipe.loop.stats.timeouts - before, pipe.loop.stats.batches - batches
         finally:
             pipe.loop.request_stop()

@@ -1,9 +1,5 @@
-"""Measurement: what the pipeline costs on this machine, as ratios taken in one run.
-
-``seedlocal bench`` (``main``): raw envpool against the pipeline with a random
-policy, the training network and the learner (``bench.py``, ``raw.py``); the
-bridge's cost (``bridge.py``); sizes for this machine (``autotune.py``).
-"""
+"""Measurement: what the pipeline costs on this machine, as ratios taken in one run (``seedlocal bench``: ``main``;
+its files are listed in docs/architecture.md)."""
 
 from __future__ import annotations
 

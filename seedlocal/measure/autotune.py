@@ -45,12 +45,10 @@ def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
 
 
 def autotune(cfg, spec) -> dict:
-    import torch
-
-    from seedlocal.measure.bench import pipeline_run, training_model
+    from seedlocal.measure.bench import pipeline_run, training_preset
     from seedlocal.measure.raw import RawEnvpool
 
-    preset, _ = training_model(spec, torch.device("cpu"))
+    preset = training_preset(spec.env_id)
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (
         preset.pipeline.num_workers * preset.pipeline.envs_per_worker)
     cpus = os.cpu_count() or 1
@@ -66,8 +64,7 @@ def autotune(cfg, spec) -> dict:
         pipe_cfg = PipelineConfig(num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,
                                   env_threads=cfg.env_threads, device=cfg.device,
                                   batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=preset.pipeline.unroll_length)
-        one = type(cfg)(**{**cfg.__dict__, "seconds": seconds, "warmup": min(cfg.warmup, 1.0),
-                                        "rounds": 1})
+        one = type(cfg)(**{**cfg.__dict__, "seconds": seconds, "warmup": min(cfg.warmup, 1.0), "rounds": 1})
         p = pipeline_run(one, pipe_cfg, "auto", model=False, raw=None)
         ratio = p["steps_per_s"] / raw_best if raw_best else None
         rows.append({"num_workers": w, "envs_per_worker": per_worker, "min_batch_envs": min_batch,

@@ -1,29 +1,9 @@
-"""Pipeline efficiency, measured in one run on one machine.
-
-For one env configuration it measures, one after the other so they never
-share the cores:
-
-- raw envpool stepped with random actions and no model, three ways, with the
-  same env count and total threads: one pool stepped synchronously, one pool
-  in async mode (``batch_size = num_envs / 2``), and two fixed half pools on
-  two threads. The best of the three is the limit every ratio divides by: the
-  pipeline can beat plain sync stepping, so sync alone is no limit.
-- the seedlocal pipeline with a random policy, and with the network that
-  training uses by default for this env, each alternating with the raw
-  references for ``--rounds`` rounds so that drift on a shared machine
-  affects both sides of each ratio alike;
-- with ``--learning``, the real V-trace learner on the pipeline (the sizes
-  of the env's training preset unless given), for the same seconds.
-
-``--raw-ceiling`` checks that limit: envpool's own best settings at the same
-threads (``raw.ceiling``), and how raw envpool scales per thread.
-
-``--transport-only`` replaces environments with a null backend: the ceiling
-of the shared-memory transport. ``--autotune`` tries a bounded set of worker,
-env and batch settings and writes the best to a file that ``seedlocal train
---pipeline-config FILE`` loads.
-
-The last line printed is one JSON object (keys documented in the README).
+"""Pipeline efficiency, measured in one run on one machine: raw envpool three ways (``raw.RawEnvpool``; the best
+is the limit every ratio divides by), then the pipeline with a random policy and with training's network, each
+alternating with the raw references for ``--rounds`` rounds so that drift on a shared machine affects both sides
+of each ratio alike; with ``--learning`` the V-trace learner too. ``--raw-ceiling`` checks the limit against
+envpool's own best settings (``raw.ceiling``). The modes and the last line's JSON keys: the README's "Benchmark:
+pipeline efficiency".
 """
 
 from __future__ import annotations
@@ -44,7 +24,7 @@ import torch
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail
 from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.prepare import prepare_pipeline
 
@@ -274,44 +254,35 @@ def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
 def check(cfg: BenchConfig):
     """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
     if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
-        raise ConfigError(f"bench.seconds={cfg.seconds!r}: must be positive and finite")
-    if not cfg.warmup >= 0 or not math.isfinite(cfg.warmup):
-        raise ConfigError(f"bench.warmup={cfg.warmup!r}: must be >= 0 and finite")
-    if not cfg.batch_timeout_ms >= 0 or not math.isfinite(cfg.batch_timeout_ms):
-        raise ConfigError(f"bench.batch_timeout_ms={cfg.batch_timeout_ms!r}: must be >= 0 and finite")
+        fail("bench.seconds", cfg.seconds, "must be positive and finite")
+    for name in ("warmup", "batch_timeout_ms"):
+        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
+            fail(f"bench.{name}", getattr(cfg, name), "must be >= 0 and finite")
     if cfg.autotune:  # before minutes of trials, not after
         check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
     if cfg.rounds < 1:
-        raise ConfigError(f"bench.rounds={cfg.rounds!r}: must be positive")
-    if cfg.raw_ceiling:
-        others = [f"--{n.replace('_', '-')}" for n in ("transport_only", "learning", "bridge", "autotune")
-                  if getattr(cfg, n)]
-        if others:
-            raise ConfigError(f"bench.raw_ceiling measures raw envpool alone: drop {', '.join(others)}")
+        fail("bench.rounds", cfg.rounds, "must be positive")
+    _refuse_with("raw_ceiling", cfg, "measures raw envpool alone", ("transport_only", "learning", "bridge", "autotune"))
     if cfg.ceiling_threads and not cfg.raw_ceiling:
-        raise ConfigError(f"bench.ceiling_threads={cfg.ceiling_threads}: only with --raw-ceiling")
+        fail("bench.ceiling_threads", cfg.ceiling_threads, "only with --raw-ceiling")
     bad = [t for t in cfg.ceiling_threads if t < 1]
     if bad:
-        raise ConfigError(f"bench.ceiling_threads={cfg.ceiling_threads}: every thread count must be positive "
-                          f"({bad[0]} is not)")
-    if cfg.transport_only:  # without --bridge it returns before every other row
-        others = [f"--{n.replace('_', '-')}" for n in ("learning", "autotune") if getattr(cfg, n)]
-        if others:
-            raise ConfigError(f"bench.transport_only measures the pipeline without envs or model: drop "
-                              f"{', '.join(others)}")
+        fail("bench.ceiling_threads", cfg.ceiling_threads, f"every thread count must be positive ({bad[0]} is not)")
+    # Without --bridge, --transport-only returns before every other row.
+    _refuse_with("transport_only", cfg, "measures the pipeline without envs or model", ("learning", "autotune"))
     if cfg.frame_stack < 0:
-        raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: must be >= 0")
+        fail("bench.frame_stack", cfg.frame_stack, "must be >= 0")
     if cfg.bridge_delay_ms and not cfg.bridge:
-        raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: only with --bridge")
+        fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "only with --bridge")
     if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
-        raise ConfigError(f"bench.bridge_delay_ms={cfg.bridge_delay_ms!r}: must be >= 0 and finite")
+        fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "must be >= 0 and finite")
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
-            raise ConfigError(f"bench.{name}={getattr(cfg, name)!r}: must be 0 (automatic) or positive")
+            fail(f"bench.{name}", getattr(cfg, name), "must be 0 (automatic) or positive")
     training = training_preset(cfg.env).env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
-        raise ConfigError(f"bench.frame_stack={cfg.frame_stack}: the raw, transport and policy rows only (the "
-                          f"learner, the bridge and --autotune run the env as training does: {training})")
+        fail("bench.frame_stack", cfg.frame_stack, "the raw, transport and policy rows only (the learner, the "
+             f"bridge and --autotune run the env as training does: {training})")
     cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
     from seedlocal.prepare import env_spec
 
@@ -326,6 +297,13 @@ def check(cfg: BenchConfig):
     return spec, pipe_cfg
 
 
+def _refuse_with(mode: str, cfg: BenchConfig, what: str, others: tuple[str, ...]) -> None:
+    """ConfigError where ``mode`` is on together with any of ``others``, which it has no row for."""
+    given = [f"--{n.replace('_', '-')}" for n in others if getattr(cfg, n)]
+    if getattr(cfg, mode) and given:
+        raise ConfigError(f"bench.{mode} {what}: drop {', '.join(given)}")
+
+
 def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     """Raw envpool against the pipeline (or the transport alone): the table and the JSON line."""
     workers, envs = pipe_cfg.num_workers, pipe_cfg.envs_per_worker
@@ -335,14 +313,13 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
               "env_threads": threads, "frames_per_step": spec.frames_per_step, "frame_stack": cfg.frame_stack,
               "obs_bytes_per_env": int(sum(np.prod(o.shape) * np.dtype(o.dtype).itemsize for o in spec.obs.values())),
-              "cpu_count": os.cpu_count(),
-              "cuda_graphs": cfg.cuda_graphs}
+              "cpu_count": os.cpu_count(), "cuda_graphs": cfg.cuda_graphs}
 
     if cfg.transport_only:
         p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)
-        result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"], "transport_batches_per_s": p["batches_per_s"],
-                       "collect_ms_p50": p["collect_ms_p50"], "collect_ms_p99": p["collect_ms_p99"],
-                       "batch_fill": p["batch_fill"], "device": p["device"]})
+        result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"],
+                       "transport_batches_per_s": p["batches_per_s"], "collect_ms_p50": p["collect_ms_p50"],
+                       "collect_ms_p99": p["collect_ms_p99"], "batch_fill": p["batch_fill"], "device": p["device"]})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
         raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
@@ -371,9 +348,7 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
                             ("two_groups", "two half pools, 2 threads")):
             rows.append((f"raw envpool, {label}", p["raw"][kind], p["raw"][kind] / best, ""))
         result.update({"raw_best_steps_per_s": best, "raw_best": max(p["raw"], key=p["raw"].get),
-                       "raw_sync_steps_per_s": p["raw"]["sync"],
-                       "raw_async_half_steps_per_s": p["raw"]["async_half"],
-                       "raw_two_groups_steps_per_s": p["raw"]["two_groups"]})
+                       **{f"raw_{kind}_steps_per_s": v for kind, v in p["raw"].items()}})
     rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
     result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
                    "random_detail": p, "device": p["device"]})

@@ -1,21 +1,12 @@
 """``seedlocal bench --bridge``: what the gRPC bridge costs, in one run.
 
 Two set-ups with the same envs and a random policy, alternating for
-``--rounds`` rounds so that drift on a shared machine hits both alike:
-
-- local: the usual pipeline, ``W`` workers of ``E`` envs on this host;
-- bridge: a learner with no local workers and ``W x E`` remote envs,
-  listening on loopback, and one ``seedlocal actors`` process stepping them
-  (a second "host" on the same cores, so this is a floor).
-
-``ratio_bridge`` = bridge steps/s / local steps/s. MB/s counts both
-directions of the stream; the round trip (p50, p99) is measured by the
-actor host from sending a group's step to receiving its actions.
-``--transport-only`` replaces the envs with the null backend on both sides.
-``--bridge-delay-ms D`` makes the actor host hold each message D ms before
-sending (an emulated network round trip where ``tc netem`` is unavailable):
-with more groups per host (more workers, fewer envs each) more steps are in
-flight and the delay is hidden.
+``--rounds`` rounds so that drift on a shared machine hits both alike: the
+usual pipeline, ``W`` workers of ``E`` envs on this host, and a learner with
+``W x E`` remote envs only, on loopback, stepped by one ``seedlocal actors``
+process (a second "host" on the same cores, so this is a floor).
+``ratio_bridge`` = bridge steps/s / local steps/s; MB/s counts both
+directions. The keys and ``--bridge-delay-ms``: docs/multihost.md, "What to watch".
 """
 
 from __future__ import annotations

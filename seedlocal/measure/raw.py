@@ -3,6 +3,7 @@ pipeline ratio divides by (``seedlocal bench``, ``--autotune``, the scripts)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -15,6 +16,16 @@ def _raw_actions(spec, n: int, rng: np.random.Generator, k: int = 64) -> list[np
     # Raw envpool is stepped directly: in the space's own shape, not the pipeline's flat one.
     low, high = (np.reshape(b, spec.box_shape) for b in (spec.action_low, spec.action_high))
     return [rng.uniform(low, high, (n,) + spec.box_shape).astype(np.float32) for _ in range(k)]
+
+
+def _async_step(env, acts: list[np.ndarray], batch: int):
+    """One step of an async pool: the batch that is ready, sent its actions back; ``batch`` env steps."""
+    def one(i):
+        *_, info = env.recv()
+        env.send(acts[i % len(acts)], info["env_id"])
+        return batch
+
+    return one
 
 
 def _timed(step, warmup: float, seconds: float) -> float:
@@ -69,17 +80,11 @@ class RawEnvpool:
     def close(self) -> None:
         pools, self._in_flight = self._in_flight, []
         for env in pools:
-            try:
+            with contextlib.suppress(Exception):
                 env.recv()
-            except Exception:
-                pass
         for env in [self.sync, *pools]:
-            close = getattr(env, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
+            with contextlib.suppress(Exception):  # an envpool without close() too
+                env.close()
 
     def __enter__(self) -> "RawEnvpool":
         return self
@@ -91,14 +96,6 @@ class RawEnvpool:
         def one(i):
             self.sync.step(self.acts[i % len(self.acts)])
             return self.n
-
-        return _timed(one, warmup, seconds)
-
-    def _async_half(self, warmup: float, seconds: float) -> float:
-        def one(i):
-            *_, info = self.async_env.recv()
-            self.async_env.send(self.half_acts[i % len(self.half_acts)], info["env_id"])
-            return self.half
 
         return _timed(one, warmup, seconds)
 
@@ -132,15 +129,14 @@ class RawEnvpool:
         return total / dt
 
     def measure(self, warmup: float, seconds: float) -> dict[str, float]:
-        return {"sync": self._sync(warmup, seconds), "async_half": self._async_half(warmup, seconds),
+        return {"sync": self._sync(warmup, seconds),
+                "async_half": _timed(_async_step(self.async_env, self.half_acts, self.half), warmup, seconds),
                 "two_groups": self._two_groups(warmup, seconds)}
 
 
 # -- envpool's own best settings --------------------------------------------------------------------------------
-# envpool's benchmark (its benchmark/README.md and test_envpool.py) reaches its published peaks in async mode with
-# batch_size about the thread count, num_envs 2.5-3 x batch_size and threads pinned (thread_affinity_offset 0,
-# where envpool's own default is -1: unpinned). ``ceiling`` tries that neighbourhood, so the bench's three kinds,
-# sized by the pipeline's env count, can be checked against the best envpool itself reaches at the same threads.
+# The neighbourhood of envpool's benchmark recipe (async, batch_size ~ threads, num_envs 2-3 x batch, pinned or
+# not), against which the bench's three kinds are checked (docs/pipeline.md, "The raw limit is envpool's own").
 
 def ceiling_grid(threads: int) -> list[tuple[int, int, int]]:
     """(num_envs, batch_size, thread_affinity_offset) around envpool's recipe for ``threads`` threads."""
@@ -161,12 +157,7 @@ def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affi
     acts = _raw_actions(spec, batch, np.random.default_rng(0))
     env.async_reset()
     try:
-        def one(i):
-            *_, info = env.recv()
-            env.send(acts[i % len(acts)], info["env_id"])
-            return batch
-
-        return _timed(one, warmup, seconds)
+        return _timed(_async_step(env, acts, batch), warmup, seconds)
     finally:
         env.recv()  # the step in flight, before the pool goes (see RawEnvpool)
         env.close()

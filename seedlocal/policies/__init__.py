@@ -1,10 +1,6 @@
 """Policies: what the inference loop runs on each batch of env rows, each
 one class behind the loop's ``Policy`` protocol (``pipeline/policy.py``,
-which says what a policy reads and writes).
-
-Implementations: ``RandomPolicy`` (here), ``ModelPolicy`` (an actor-critic,
-``actor_critic.py``), ``R2D2Policy`` (R2D2's epsilon-greedy Q-network,
-``q_greedy.py``), ``PopulationPolicy`` (many networks, ``population.py``).
+which says what a policy reads and writes); docs/architecture.md lists them.
 """
 
 from __future__ import annotations

@@ -17,12 +17,8 @@ go through its weights together (a matrix product per member), read in
 place from the stack the learners write, and an actor-critic's two heads
 come out as they do from ``ActorCritic.forward``.
 
-Rows arrive in any order with the member each belongs to (whole env groups:
-usually contiguous runs). They are grouped per member and padded to the
-largest member's count, [members present, rows, ...], for one vmapped call;
-a padded position rereads its member's first row and its output is dropped.
-When the rows already are that layout (every member present, contiguous, in
-member order, equally many) nothing is gathered or scattered. On the 2-core
+Rows arrive in any order (whole env groups: usually contiguous runs) and are
+padded per member for one vmapped call (``row_layout``). On the 2-core
 development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in
 one call than in 8 (``scripts/bench_population_learners.py``); on a GPU,
 where P calls are P rounds of kernel launches, it is unmeasured. A batch of
@@ -95,12 +91,9 @@ class MembersForward:
         src_t = None if src is None else torch.from_numpy(src).to(device)
         padded = {k: _pad(v, src_t, per) for k, v in obs.items()}
         with autocast(device, self.precision, cache=False):
-            params, values = vmap(self._member)(tensors, padded)
+            params, values = vmap(lambda t, o: self.stack.call(t, "forward", o))(tensors, padded)
         pos_t = None if pos is None else torch.from_numpy(pos).to(device)
         return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
-
-    def _member(self, tensors: dict[str, Tensor], obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return self.stack.call(tensors, "forward", obs)
 
 
 def _pad(x: Tensor, src: Tensor | None, per: int) -> Tensor:

@@ -1,21 +1,13 @@
-"""A population of networks playing episodes: the work queue of (member, episode) jobs.
+"""A population of networks playing episodes: the work queue of (member, episode) jobs (the README's
+"Neuroevolution": slots, held groups, asynchronous jobs, the episode cap).
 
-Every env slot of the pipeline plays one (member, episode) job at a time,
-taken from a work queue when its episode begins; when the queue is empty the
-slot idles, and no forward pass is spent on it. A group whose envs all idle
-is *held* (its worker sleeps) until more work arrives, and then restarts on
-fresh episodes. The members' networks run in one batched forward over
-per-slot parameter rows (``policies/population_forward.py``); with
-``obs_norm`` they share observation statistics
-(``policies/population_norm.py``).
-
-Jobs are asynchronous (``submit`` returns a ``Job``), so the next population
-or an elite's re-evaluation can play beside the episodes still running.
-
-With ``max_episode_steps`` set, a job's episode that reaches that many steps
-ends there for its job (truncated): the return so far is scored, the slot is
-free. Its env plays on unserved until its episode ends or its group restarts,
-as any idle slot's does (the pipeline resets groups, not single envs).
+Every env slot plays one (member, episode) job at a time, taken from the
+queue when its episode begins; an idle slot gets no forward pass, and a group
+whose envs all idle is *held* until more work arrives, then restarts on fresh
+episodes. The forward is ``policies/population_forward.py``'s, the shared
+observation statistics ``policies/population_norm.py``'s. A job's episode
+that reaches ``max_episode_steps`` ends there for its job, scored on its
+return so far; its env plays on unserved, as an idle slot's does.
 
 ``seedlocal eval`` plays a checkpoint's member through the same class
 (``PopulationPolicy.serving``: that one member on every slot), so eval acts
@@ -97,7 +89,7 @@ class Job:
 class PopulationPolicy(Policy):
     """The inference loop's policy during neuroevolution (see module docstring).
 
-    ``submit``/``evaluate`` (learner thread) post jobs; ``plan``/``act``
+    ``submit`` (learner thread) posts jobs; ``plan``/``act``
     (inference thread) run them.
     """
 
@@ -188,10 +180,6 @@ class PopulationPolicy(Policy):
         """Steps of the longest job episode still playing (0: none): what a
         generation waits for at its end."""
         return int(self.steps.max(initial=0))
-
-    def evaluate(self, params: torch.Tensor, episodes: int, check=None) -> list[list[float]]:
-        """Returns, per member (row of ``params``), the returns of ``episodes`` episodes."""
-        return self.submit(params, episodes).wait(check)
 
     def commit_obs_stats(self) -> None:
         """Take the observations gathered since the last commit into the statistics that jobs submitted from

@@ -2,14 +2,9 @@
 
 Uber's GPU deep neuroevolution (Such et al. 2017) evaluates a population of
 *different* networks in one accelerator call while CPUs step environments.
-Parameters live per env slot: when a job starts on a slot
-(``policies/population.py``), its member's flat vector is copied into that
-slot's row of ``PopulationForward.slots`` once (MLP weights transposed to
-[in, out] on the way, see ``PopulationForward``), and every step reads the
-rows in place. A batch's slots come in runs of consecutive ids (whole groups
-while the queue is full), each run a view of the slot rows: no parameter is
-copied per step. Only a batch broken into many short runs (a generation's
-tail) gathers its few rows.
+Here a job's member is copied once into its slot's row of
+``PopulationForward.slots``, and every step reads the rows in place, a run of
+consecutive slots as a view (the README's "Neuroevolution").
 """
 
 from __future__ import annotations
@@ -114,15 +109,11 @@ def _offsets(template: nn.Module) -> dict[str, int]:
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
-    Strategies (``auto`` runs every candidate on each of its first few
-    batches and keeps the one with the lowest median time): for networks of
-    plain layers (MLPs, the MinAtar and Nature torsos, see ``_layer_plan``)
-    ``bmm`` (batched matmuls straight from the slot rows; a convolution as
-    one grouped convolution, a group per row); for MLPs also ``mulsum`` (the
-    Linear products as a broadcast multiply and a sum); ``vmap`` over
-    ``functional_call`` (convolutions become grouped convolutions); ``loop``,
-    one call per row on views, for networks bmm cannot take.
-    ``scripts/bench_population.py`` times them all.
+    Strategies (the README's "Neuroevolution" describes them; a network's
+    candidates are ``strategies(template)``): ``bmm`` (plain layers, see
+    ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``. ``auto`` runs every
+    candidate on each of its first few batches and keeps the lowest median
+    time (``scripts/bench_population.py`` times them all).
 
     Slot rows hold each Linear weight transposed, [in, out]: a row's product is
     then a vector-matrix product over contiguous ``out`` vectors. On the

@@ -69,17 +69,12 @@ class PopulationNorm:
         if seen is None or float(seen.count) == 0:
             return
         current = template.obs_norm
-        merged = RunningNorm(current.mean.numel(), current.clip, current.eps).to(self.device)
-        merged.load_state_dict(current.state_dict())
         if float(current.count) == 0:
-            merged.load_state_dict(seen.state_dict())
+            moments = float(seen.count), seen.mean, seen.var
         else:
-            count, mean, var = merge_moments(float(current.count), current.mean, current.var, float(seen.count),
-                                             seen.mean, seen.var)
-            merged.count.fill_(count)
-            merged.mean.copy_(mean)
-            merged.var.copy_(var)
-        template.obs_norm = merged
+            moments = merge_moments(float(current.count), current.mean, current.var, float(seen.count), seen.mean,
+                                    seen.var)
+        template.obs_norm = self._holding(*moments, current.clip, current.eps)
 
     def _pooled(self, seen: RunningNorm | None, pool: Callable) -> RunningNorm | None:
         """Every rank's observations since the last commit (``pool``), merged in rank order."""
@@ -89,10 +84,12 @@ class PopulationNorm:
         else:
             n, mean, var = float(seen.count), seen.mean.cpu(), seen.var.cpu()
         n, mean, var = pool(n, mean, var)
-        if not n:
-            return None
-        pooled = RunningNorm(self.size).to(self.device)
-        pooled.count.fill_(n)
-        pooled.mean.copy_(mean)
-        pooled.var.copy_(var)
-        return pooled
+        return self._holding(n, mean, var) if n else None
+
+    def _holding(self, count: float, mean: torch.Tensor, var: torch.Tensor, *clip_eps: float) -> RunningNorm:
+        """A new RunningNorm of ``size`` features holding these moments (``clip_eps``: RunningNorm's defaults)."""
+        norm = RunningNorm(self.size, *clip_eps).to(self.device)
+        norm.count.fill_(count)
+        norm.mean.copy_(mean)
+        norm.var.copy_(var)
+        return norm

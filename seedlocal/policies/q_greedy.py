@@ -17,12 +17,9 @@ from seedlocal.spec import MASK_KEY
 
 
 class R2D2Policy(Policy):
-    """Epsilon-greedy on the online network's Q-values: ``epsilons`` holds
-    one epsilon per env slot (training's schedule), or is one number for
-    every env (seedlocal eval). Stacks each env's frames itself when
-    ``stack`` > 1. Its random draws come from a generator seeded with
-    ``seed`` on ``draws_on`` (default: the policy's device; eval draws on the
-    host, so that it explores alike on every device)."""
+    """``epsilons``: one per env slot (training's schedule), or one number for every env (seedlocal eval). The
+    random draws come from a generator seeded with ``seed`` on ``draws_on`` (default: the policy's device; eval
+    draws on the host, so that it explores alike on every device)."""
 
     def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor | float, lock: WeightLock, device,
                  stack: int, seed: int, cuda_graphs: bool = False, draws_on: str | None = None):

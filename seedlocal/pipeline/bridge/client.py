@@ -10,23 +10,13 @@ publication order are exactly those of a single-host run
 
 The learner decides what runs here (env id, backend, group size, seeds) in
 its answer to HELLO; a host whose env cannot produce the learner's spaces
-refuses the assignment and says why on both ends. If the learner goes away
-without a word (a crash), the host stops its workers and retries with
-backoff for ``--retry-s`` seconds, waiting for a resume, then exits with a
-clear message; so it does with a learner that says nothing for
-``--answer-timeout-s`` (a stranger at its address, a wedged one: gRPC alone
-would wait for good). If the learner ends its run on purpose (its budget,
-Ctrl-C or SIGTERM there), it says so and the host exits at once, status 0. Ctrl-C
-here is a disconnect: the learner restarts this host's envs on fresh
-episodes when a host takes them again.
-
-What the learner sends is used only once the learner is verified, as far
-as this host can: by its TLS certificate (``--tls-ca``) and, where this host
-has a token, by proving that it holds the token too, over the assignment it
-sends (``wire`` describes the exchange); beyond loopback one of the two is
-required. Even then an env id of the ``module:EnvId`` form runs only if
-this host's own ``--allow-module`` names the module: running it imports the
-module, code the learner picked.
+refuses the assignment. A learner that goes away without a word, or says
+nothing for ``--answer-timeout-s``, is retried for ``--retry-s``; one that
+ends its run on purpose says so, and the host exits at once, status 0
+(docs/multihost.md, "Faults"). What the learner sends is used only once it
+is verified as far as this host can, by TLS or the token; a ``module:EnvId``
+env id runs only if ``--allow-module`` names the module (docs/multihost.md,
+"Trust").
 """
 
 from __future__ import annotations
@@ -133,21 +123,6 @@ def _channel(cfg: ActorsConfig):
     return grpc.insecure_channel(address, CHANNEL_OPTIONS)
 
 
-def _env_module(env_id: str) -> str:
-    """The module that running ``env_id`` imports ('' for a registered id)."""
-    return env_id.partition(":")[0] if ":" in env_id else ""
-
-
-def _check_spaces(assign: dict, spec) -> str | None:
-    """Why this host's env cannot produce the learner's spaces, or None."""
-    want = wire.GroupLayout.from_json(assign["layout"])
-    if dict(want.obs) != dict(spec.obs):
-        return f"observations here are {spec.obs}, the learner's are {want.obs}"
-    if want.action != spec.action:
-        return f"actions here are {spec.action}, the learner's are {want.action}"
-    return None
-
-
 @dataclass
 class _HostGroups:
     """The learner's groups on this host, by local index, and where each one's exchange stands."""
@@ -165,10 +140,6 @@ class _HostGroups:
         return cls(list(answer["groups"]), list(answer["epochs"]), wire.GroupLayout.from_json(answer["layout"]),
                    np.zeros(G, np.int64), np.zeros(G), np.zeros(G, bool))
 
-    @property
-    def local(self) -> dict[int, int]:
-        return {gid: i for i, gid in enumerate(self.ids)}
-
 
 class _Session:
     """One connection: a local ActorPool served over one gRPC stream."""
@@ -180,7 +151,6 @@ class _Session:
         self.ended: str | None = None  # why the stream ended
         self.final = False
         self.rtts: deque[float] = deque(maxlen=4096)
-        self.bytes = 0
         self.connected = False  # the learner spoke after its ASSIGN: it was up, whatever ends the session
         self.heard = 0.0  # when it last did (monotonic)
         self.timed_out = False  # the handshake's deadline cancelled the call
@@ -280,7 +250,7 @@ class _Session:
         from seedlocal.envs.spaces import with_box_actions
 
         env_id = str(answer.get("env_id", ""))
-        module = _env_module(env_id)
+        module = env_id.partition(":")[0] if ":" in env_id else ""  # '' for a registered id
         if module and module not in self.cfg.allow_module:
             self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
                          f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
@@ -289,9 +259,11 @@ class _Session:
             spec = with_box_actions(spec, str(answer.get("box_actions")))
         except ValueError as e:
             self._refuse(f"cannot run {env_id!r} here: {e}")
-        why = _check_spaces(answer, spec)
-        if why is not None:
-            self._refuse(why)
+        want = wire.GroupLayout.from_json(answer["layout"])
+        if dict(want.obs) != dict(spec.obs):
+            self._refuse(f"observations here are {spec.obs}, the learner's are {want.obs}")
+        if want.action != spec.action:
+            self._refuse(f"actions here are {spec.action}, the learner's are {want.action}")
         return spec
 
     def _start_workers(self, answer: dict, spec) -> _HostGroups:
@@ -305,9 +277,7 @@ class _Session:
         store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
         self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
         ctl = pool.control
-        state, tbuf, trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-        for i in range(G):
-            state[i], tbuf[i], trow[i] = STEPPING, i, 0
+        ctl["state"][:G], ctl["target_buf"][:G], ctl["target_row"][:G] = STEPPING, np.arange(G), 0
         pool.start()
         if cfg.progress:
             print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
@@ -319,8 +289,7 @@ class _Session:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
         pool = self.pool
-        self.reader = threading.Thread(target=self._read, daemon=True,
-                                       args=(call, groups.local, groups.sent_at, groups.in_flight))
+        self.reader = threading.Thread(target=self._read, args=(call, groups), daemon=True)
         self.heard = t_stats = t_line = time.monotonic()  # what came while the workers started is read now
         self.reader.start()
         steps = steps_line = 0
@@ -335,9 +304,9 @@ class _Session:
                 t_stats = now
                 self._each_second()
             if self.cfg.progress and now - t_line >= 10.0:
-                rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
+                p50, p99 = self._rtt_ms()
                 print(f"seedlocal actors: {(steps - steps_line) / (now - t_line):,.0f} steps/s, round trip "
-                      f"p50 {np.percentile(rtt, 50):.2f} ms, p99 {np.percentile(rtt, 99):.2f} ms", flush=True)
+                      f"p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
                 t_line, steps_line = now, steps
 
     def _send_ready_groups(self, groups: _HostGroups, spec) -> int:
@@ -361,7 +330,6 @@ class _Session:
                             groups.layout.encode(kind, arrays))
             groups.in_flight[i] = True
             groups.sent_at[i] = time.perf_counter()
-            self.bytes += len(msg)
             self._put(msg)
         return steps
 
@@ -372,9 +340,13 @@ class _Session:
             w = pool.dead_workers()[0]
             raise HostStopped(f"{pool.describe_exit(w)}; disconnecting so that the learner "
                               "restarts these envs", 1)
+        p50, p99 = self._rtt_ms()
+        self._put(wire.pack_json(wire.STATS, {"rtt_ms_p50": p50, "rtt_ms_p99": p99}))
+
+    def _rtt_ms(self) -> tuple[float, float]:
+        """The round trip's p50 and p99 over the last 4,096 answers (0 before the first)."""
         rtt = np.array(self.rtts) if self.rtts else np.zeros(1)
-        self._put(wire.pack_json(wire.STATS, {
-            "rtt_ms_p50": float(np.percentile(rtt, 50)), "rtt_ms_p99": float(np.percentile(rtt, 99))}))
+        return float(np.percentile(rtt, 50)), float(np.percentile(rtt, 99))
 
     def _next(self, call) -> tuple[wire.Header, dict]:
         """The learner's next handshake message, or why there is none."""
@@ -382,6 +354,7 @@ class _Session:
 
         try:
             h, payload = wire.unpack(next(call))
+            return h, wire.unpack_json(payload)
         except grpc.RpcError as e:
             if self.timed_out:
                 raise _Lost(f"the learner at {self.cfg.connect} did not answer the handshake within "
@@ -397,10 +370,6 @@ class _Session:
             raise _Lost("the learner closed the connection") from None
         except wire.WireError as e:
             raise HostStopped(f"the learner at {self.cfg.connect} broke the handshake: {e}", 2) from None
-        try:
-            return h, wire.unpack_json(payload)
-        except wire.WireError as e:
-            raise HostStopped(f"the learner at {self.cfg.connect} broke the handshake: {e}", 2) from None
 
     def _refuse(self, why: str):
         """Turn the learner's assignment down: it logs ``why``, and this host exits saying it."""
@@ -412,8 +381,8 @@ class _Session:
         time.sleep(0.5)  # let the refusal reach the learner
         raise HostStopped(f"this host cannot serve the learner at {self.cfg.connect}: {why}", 2)
 
-    def _read(self, call, local: dict, sent_at: np.ndarray, in_flight: np.ndarray) -> None:
-        pool = self.pool
+    def _read(self, call, groups: _HostGroups) -> None:
+        pool, local = self.pool, {gid: i for i, gid in enumerate(groups.ids)}
         ctl, store = pool.control, pool.store
         state, trow = ctl["state"], ctl["target_row"]
         try:
@@ -438,8 +407,8 @@ class _Session:
                 else:
                     trow[i] = 0
                     state[i] = RESET
-                self.rtts.append((time.perf_counter() - sent_at[i]) * 1e3)
-                in_flight[i] = False
+                self.rtts.append((time.perf_counter() - groups.sent_at[i]) * 1e3)
+                groups.in_flight[i] = False
                 pool.wake[i].post()  # release: publishes the action row and state
             self.ended = "the learner closed the stream"
         except wire.WireError as e:

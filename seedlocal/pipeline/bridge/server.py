@@ -26,22 +26,17 @@ before the loss is stitched to one after it.
 
 A host is let in only once it has proven the learner's token (when there is
 one; ``wire`` describes the exchange); the learner then proves it back in
-its ASSIGN, and the token itself never travels. Anyone who reaches the port
-can try, so what a peer can make the server hold is bounded before it has
-proven anything (docs/multihost.md, "Limits"):
-
-- a message: gRPC refuses one over ``wire.largest_from_host`` (this run's
-  STEP, or a handshake message) from its length prefix, before reading it;
-  a handshake message is then held to HANDSHAKE_BYTES;
-- streams: one per connection, ``handshakes_per_peer`` in the handshake at
-  once per address, remote groups + ``handshakes_per_peer`` in all;
-- time: HANDSHAKE_S for the whole handshake (keepalive would keep a silent
-  stream open for good), and for a connection to set up TLS and HTTP/2 or,
-  carrying no stream, to stay open.
+its ASSIGN, and the token itself never travels. What a peer that has proven
+nothing can make the server hold is bounded (docs/multihost.md, "Limits"):
+a message by ``wire.largest_from_host`` (gRPC refuses a longer one unread),
+a handshake message by HANDSHAKE_BYTES; streams by one per connection and
+``handshakes_per_peer`` per address in the handshake; time by HANDSHAKE_S
+(keepalive alone would keep a silent stream open for good).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -50,6 +45,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -77,18 +73,6 @@ _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
 # A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
 # on any network, and a peer that has not proven itself by then is cut off.
 HANDSHAKE_S = 5.0
-
-
-def server_options(largest: int) -> list[tuple[str, int]]:
-    """gRPC's own limits for the learner's end, ``largest`` the longest message a host sends in the run: see the
-    module's docstring."""
-    ms = int(HANDSHAKE_S * 1000)
-    return _KEEPALIVE + [
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ("grpc.max_receive_message_length", largest),
-        ("grpc.max_send_message_length", -1),  # what the learner builds itself
-        ("grpc.max_concurrent_streams", 1),  # an actor host opens one stream per connection
-        ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
 
 
 def remote_seed(base: int, assignment: int, first_index: int, shape: PipelineShape) -> int:
@@ -384,11 +368,8 @@ class BridgeServer:
         try:
             answer = self.assign(host, hello)
         except (ValueError, TypeError) as e:
-            log(f"refused {peer}: bad handshake: {e}")
-            self.drop(host, "bad handshake")
-            yield wire.pack_json(wire.REFUSE, {"reason": f"bad handshake: {e}"})
-            return None
-        if "reason" in answer:
+            answer = {"reason": f"bad handshake: {e}"}
+        if "reason" in answer:  # the host holds no groups yet: dropping it frees its slot alone
             log(f"refused {peer}: {answer['reason']}")
             self.drop(host, "refused")
             yield wire.pack_json(wire.REFUSE, answer)
@@ -465,25 +446,15 @@ def _credentials(a: ServerArgs):
 
     if not a.tls_cert:
         return None
-    with open(a.tls_key, "rb") as f:
-        key = f.read()
-    with open(a.tls_cert, "rb") as f:
-        cert = f.read()
-    return grpc.ssl_server_credentials([(key, cert)])
+    return grpc.ssl_server_credentials([(Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes())])
 
 
 def _on_sigterm(a: ServerArgs, made: list):
-    """SIGTERM ends this process at once only when there is no goodbye left
-    to say: the learner died (PR_SET_PDEATHSIG: a crash, so the hosts wait
-    for a resume), or the goodbye is out and ActorPool.close() escalates.
-    Before the goodbye, while the learner lives, it is a SIGTERM sent to the
-    learner's whole process group (``kill -TERM -PGID``, a scheduler,
-    systemd): the learner got it too and ends its run cleanly, and this
-    process must live to tell the hosts (dying here left them retrying an
-    address nobody listens on). That holds even where the learner has set
-    ``stop`` before this handler runs (the signal reaches the processes of
-    a group in no set order): the main loop says the goodbye at its next
-    poll, and only then may a SIGTERM end it."""
+    """SIGTERM ends this process at once only when there is no goodbye left to say: the learner died
+    (PR_SET_PDEATHSIG: a crash, so the hosts wait for a resume), or the goodbye is out and ActorPool.close()
+    escalates. Before the goodbye, while the learner lives, it was sent to the learner's whole process group
+    (a scheduler, systemd): the learner ends its run cleanly, and this process must live to tell the hosts,
+    even where the learner set ``stop`` first; the main loop says the goodbye at its next poll."""
 
     def handler(signum, frame):
         if os.getppid() != a.parent_pid or (made and made[0].said_goodbye.is_set()):
@@ -507,16 +478,23 @@ def _bind_error(host: str, port: int) -> str:
 
 
 def _grpc_server(srv: BridgeServer):
-    """A gRPC server for ``srv``'s one RPC, with its limits; not yet listening."""
+    """A gRPC server for ``srv``'s one RPC, with its limits (see the module's docstring); not yet listening."""
     import grpc
 
     handler = grpc.stream_stream_rpc_method_handler(srv.stream)
     # Each host takes a whole worker's groups, so remote groups cover every host and one old stream of each not
     # yet noticed gone; handshakes_per_peer more leave room for hosts beside one stranger's handshakes.
     streams = len(srv.a.groups) + srv.a.handshakes_per_peer
+    ms = int(HANDSHAKE_S * 1000)
+    options = _KEEPALIVE + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.max_receive_message_length", srv.largest),  # the longest message a host sends in the run
+        ("grpc.max_send_message_length", -1),  # what the learner builds itself
+        ("grpc.max_concurrent_streams", 1),  # an actor host opens one stream per connection
+        ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
     return grpc.server(futures.ThreadPoolExecutor(max_workers=streams + 2),
                        handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
-                       options=server_options(srv.largest), maximum_concurrent_rpcs=streams)
+                       options=options, maximum_concurrent_rpcs=streams)
 
 
 def run_bridge_server(a: ServerArgs) -> None:
@@ -538,12 +516,11 @@ def run_bridge_server(a: ServerArgs) -> None:
         server = _grpc_server(srv)
         address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
         creds = _credentials(a)
+        err = ""
         try:
             port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
         except RuntimeError as e:
             port, err = 0, str(e)
-        else:
-            err = ""
         if not port:
             why = _bind_error(a.host, a.port) or err or "address in use or not local"
             a.started.send(("error", f"cannot listen on {address}: {why}"))
@@ -562,10 +539,8 @@ def run_bridge_server(a: ServerArgs) -> None:
         server.stop(grace=GOODBYE_S + 0.5).wait(GOODBYE_S + 1.0)
     except BaseException as e:
         code = 1
-        try:
+        with contextlib.suppress(Exception):
             a.started.send(("error", f"{type(e).__name__}: {e}"))
-        except Exception:
-            pass
         import traceback
 
         traceback.print_exc()

@@ -35,17 +35,12 @@ to each other that they hold it, and neither sends the token itself:
     host     PROOF      {proof: HMAC(token, "host" Nh Nl)}     learner checks it
     learner  ASSIGN     {proof: HMAC(token, "learner" Nh Nl D), ...}  host checks it
 
-where D is :func:`assign_digest` of the ASSIGN's other fields. Each side's
-proof covers the nonce the other side just drew, so a recorded exchange
-proves nothing later, and the two roles' proofs differ, so one cannot be
-replayed as the other. The learner's also covers what it assigns (env id,
-seeds, layout): without TLS, someone on the path could otherwise pass the
-proof on and change the assignment. The host proves first: the learner is
-the end anyone can reach, and it shows nothing derived from the token to a
-peer that has not shown it holds the token. A learner without a token
-answers HELLO with ASSIGN at once (no proof: a host that has a token
-refuses it). Without TLS this authenticates the two ends and the
-assignment, not the messages that follow.
+where D is :func:`assign_digest` of the ASSIGN's other fields. Each proof
+covers the nonce the other side just drew (a recorded exchange proves
+nothing later) and its role (one cannot be replayed as the other); why the
+host proves first, and what this does without TLS: docs/multihost.md,
+"Trust". A learner without a token answers HELLO with ASSIGN at once (no
+proof: a host that has a token refuses it).
 """
 
 from __future__ import annotations
@@ -63,10 +58,8 @@ import numpy as np
 from seedlocal.shm.rollout import STEP_FIELDS, TensorSpec
 
 MAGIC = b"SL"
-# 2: the token is proven by HMAC over nonces (CHALLENGE, PROOF), never sent. 3: the learner's proof covers
-# its ASSIGN (a new version, so that a host of version 2 says so instead of calling the proof wrong). 4: ALIVE
-# (a host of version 3 would call it a protocol error mid-run, not a version mismatch at its handshake). 5: the
-# ASSIGN says how Box actions meet their bounds (``box_actions``), which a host of version 4 would not read.
+# Each bump makes an older peer say "version" at the handshake, not misread the new messages: 2 proves the token
+# by HMAC over nonces, 3 covers the ASSIGN in the learner's proof, 4 adds ALIVE, 5 the ASSIGN's ``box_actions``.
 VERSION = 5
 HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
