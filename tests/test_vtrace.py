@@ -276,6 +276,18 @@ def test_impala_loss_uniform_entropy_and_empty_mask():
     assert total.item() == 0.0 and all(v.item() == 0.0 for v in stats.values())
 
 
+def test_the_tanh_speed_check_draws_nothing_from_torchs_global_generator():
+    """The check runs at the first large MLP forward, mid-run: a draw there would shift every later draw from
+    the global generator (a seeded run's later network inits), so it must leave the generator as it found it."""
+    from seedlocal.arithmetic import _cpu_tanh_is_slow
+
+    _cpu_tanh_is_slow.cache_clear()
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    _cpu_tanh_is_slow()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_mlp_tanh_matches_torch_in_values_and_gradients():
     """The MLP torsos' Tanh may compute 2 sigmoid(2x) - 1 (faster on some CPU
     builds): it must stay torch.tanh in value and gradient, with and without
