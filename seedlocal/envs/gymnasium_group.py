@@ -1,6 +1,5 @@
-"""The Gymnasium fallback: ids envpool lacks, stepped in turn by the worker
-itself, with envpool's auto-reset, and refused in one line where they break
-the Gymnasium contract (old Gym returns, non-finite rewards or observations,
+"""The Gymnasium fallback: ids envpool lacks, stepped in turn by the worker itself, with envpool's auto-reset, and
+refused in one line where they break the Gymnasium contract (old Gym returns, non-finite rewards or observations,
 observations of another shape than their space's)."""
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ _unseen_mask_said = False  # whether this process said that an env's info gives 
 
 
 def quiet_gymnasium() -> None:
-    """Silence Gymnasium's per-env-creation warning that a float64 Box bound
-    was cast to float32 (classic control): harmless, and printed by every
-    worker at every start. Other warnings stay on."""
+    """Silence Gymnasium's per-env-creation warning that a float64 Box bound was cast to float32 (classic control):
+    harmless, and printed by every worker at every start. Other warnings stay on."""
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")

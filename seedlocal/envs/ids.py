@@ -1,8 +1,6 @@
-"""Which backend runs an env id: envpool's registry first, then Gymnasium's
-(``module:EnvId`` ids import their module, which registers them; namespaces
-such as ``MinAtar/`` are registered through their package's entry point).
-Refusals name ``env.id`` or ``env.backend`` and, for an unknown id, the ids
-it may have meant."""
+"""Which backend runs an env id: envpool's registry first, then Gymnasium's (``module:EnvId`` ids import their
+module, which registers them; namespaces such as ``MinAtar/`` are registered through their package's entry point).
+Refusals name ``env.id`` or ``env.backend`` and, for an unknown id, the ids it may have meant."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ def _gymnasium_ids() -> frozenset[str]:
 
 
 def _unknown_id(env_id: str, why: str, otherwise: str = "") -> ValueError:
-    """The error for an id nothing registered, with the ids it may have meant:
-    the same name's latest version first (seedlocal wants the version
-    spelled out: a run's checkpoints are for one version), then near spellings."""
+    """The error for an id nothing registered, with the ids it may have meant: the same name's latest version first
+    (seedlocal wants the version spelled out: a run's checkpoints are for one version), then near spellings."""
     import difflib
     import re
 
@@ -48,11 +45,10 @@ _registered: set[str] = set()  # namespaces this process has registered
 
 
 def register_namespace(env_id: str) -> None:
-    """Register the ids of ``env_id``'s namespace (``MinAtar/Breakout-v1``)
-    through the package that declares it as a ``gymnasium.envs`` entry point
-    (the plugin hook Gymnasium 0.x loaded by itself and 1.x no longer does),
-    so no shim module is needed. Called wherever Gymnasium makes an env,
-    worker processes included (they start fresh: spawn). Other ids: nothing."""
+    """Register the ids of ``env_id``'s namespace (``MinAtar/Breakout-v1``) through the package that declares it as
+    a ``gymnasium.envs`` entry point (the plugin hook Gymnasium 0.x loaded by itself and 1.x no longer does), so no
+    shim module is needed. Called wherever Gymnasium makes an env, worker processes included (they start fresh:
+    spawn). Other ids: nothing."""
     namespace, slash, _ = env_id.partition("/")
     if not slash or ":" in env_id or namespace in _registered or env_id in _gymnasium_ids():
         return

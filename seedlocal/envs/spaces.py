@@ -141,12 +141,10 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
 
 
 def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
-    """The shape of Gymnasium's ``info["action_mask"]`` where a Discrete env
-    without one in its Dict observation gives it, read from one ``reset``; None
-    otherwise. Only an env whose code names the mask is reset here
-    (``_names_the_mask``): a reset that hangs or crashes natively in this
-    process would take the run with it, where a worker's is reported in one
-    line. A reset that raises is the worker's to report, not this one's."""
+    """The shape of Gymnasium's ``info["action_mask"]`` where a Discrete env without one in its Dict observation
+    gives it, read from one ``reset``; None otherwise. Only an env whose code names the mask is reset here
+    (``_names_the_mask``): a reset that hangs or crashes natively in this process would take the run with it, where
+    a worker's is reported in one line. A reset that raises is the worker's to report, not this one's."""
     from gymnasium import spaces
 
     if not isinstance(act_space, spaces.Discrete):
@@ -181,9 +179,8 @@ def _names_the_mask(env) -> bool:
 
 def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
                info_mask: tuple[int, ...] | None) -> dict[str, TensorSpec]:
-    """``obs`` with the action mask as a bool field of one flag per Discrete
-    action (``spec.MASK_KEY``), where the env gives one in its observation or
-    in ``info``."""
+    """``obs`` with the action mask as a bool field of one flag per Discrete action (``spec.MASK_KEY``), where the
+    env gives one in its observation or in ``info``."""
     if MASK_KEY not in obs and info_mask is None:
         return obs
     shape = obs[MASK_KEY].shape if MASK_KEY in obs else info_mask

@@ -1,13 +1,10 @@
 """Unrolls to learner batches: one copy per field, one batch ahead.
 
-The store keeps unrolls as [buffers, L, E, ...]; the learner wants one
-time-major batch [L, k*E, ...] of k of them on its device. ``Batcher``
-copies each unroll once, straight into its columns of a preallocated
-time-major host buffer (pinned when the device is CUDA, so the copy to the
-device runs asynchronously on a side stream); on a CPU learner that buffer
-*is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the
-learner, with two buffer sets: while the learner works on one batch, the
-next is collected and copied into the other set.
+The store keeps unrolls as [buffers, L, E, ...]; the learner wants one time-major batch [L, k*E, ...] of k of them
+on its device. ``Batcher`` copies each unroll once, straight into its columns of a preallocated time-major host
+buffer (pinned when the device is CUDA, so the copy to the device runs asynchronously on a side stream); on a CPU
+learner that buffer *is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the learner, with two
+buffer sets: while the learner works on one batch, the next is collected and copied into the other set.
 """
 
 from __future__ import annotations
@@ -122,10 +119,9 @@ class Batcher:
 
 
 class Prefetcher(threading.Thread):
-    """Collects k completed unrolls, fills a free set and queues the batch,
-    one batch ahead of the learner. With ``release_early`` the unrolls go
-    back to the actors as soon as they are copied; otherwise (``algo.sync``)
-    only when the learner is done with the batch."""
+    """Collects k completed unrolls, fills a free set and queues the batch, one batch ahead of the learner. With
+    ``release_early`` the unrolls go back to the actors as soon as they are copied; otherwise (``algo.sync``) only
+    when the learner is done with the batch."""
 
     def __init__(self, loop, batcher: Batcher, release_early: bool):
         super().__init__(name="seedlocal-prefetch", daemon=True)
@@ -165,9 +161,8 @@ class Prefetcher(threading.Thread):
     def next(self, timeout: float) -> Batch | None:
         """The next batch, or None after ``timeout`` seconds without one.
 
-        Without the thread started (``algo.sync``: the actors wait for every
-        update, so there is no next batch to fetch ahead) the caller collects
-        and copies the batch itself."""
+        Without the thread started (``algo.sync``: the actors wait for every update, so there is no next batch to
+        fetch ahead) the caller collects and copies the batch itself."""
         if not self.is_alive() and not self.release_early:
             return self._collect_here(timeout)
         try:
@@ -179,9 +174,8 @@ class Prefetcher(threading.Thread):
         return item
 
     def _collect_here(self, timeout: float) -> Batch | None:
-        # None after ``timeout`` in all, even while unrolls keep arriving: the
-        # caller checks its budget and its workers between calls (a batch of
-        # many unrolls may take minutes to fill). What came stays pending.
+        # None after ``timeout`` in all, even while unrolls keep arriving: the caller checks its budget and its
+        # workers between calls (a batch of many unrolls may take minutes to fill). What came stays pending.
         pending, end = self._pending, time.monotonic() + timeout
         while len(pending) < self.batcher.k:
             try:

@@ -1,11 +1,9 @@
 """The contract between the inference loop and what it runs on each batch.
 
-Every policy implements one protocol, ``Policy``; the loop calls it the same
-way whatever the algorithm, so a new kind of acting (a Gaussian for
-continuous actions, a population of networks) is one more class in
-``seedlocal/policies/`` and no branch in the loop. It lives here, beside the
-loop, so that the pipeline depends on no policy and the policies depend on
-the pipeline, not both ways. What a policy reads and writes is declared:
+Every policy implements one protocol, ``Policy``; the loop calls it the same way whatever the algorithm, so a new
+kind of acting (a Gaussian for continuous actions, a population of networks) is one more class in
+``seedlocal/policies/`` and no branch in the loop. It lives here, beside the loop, so that the pipeline depends on
+no policy and the policies depend on the pipeline, not both ways. What a policy reads and writes is declared:
 
 * it **reads** a batch: the observations of ``n`` env rows (a dict of
   tensors on its device), their recurrent state (``core``, zeroed by the
@@ -41,12 +39,10 @@ SERVE, HOLD, RESTART = 0, 1, 2
 
 
 class Unhold:
-    """A planning policy's request, from any thread, that the loop serve its
-    held groups again.
+    """A planning policy's request, from any thread, that the loop serve its held groups again.
 
-    The policy makes it when it is built; the loop built around that policy
-    connects its wake-up to it. So the policy holds no reference to the
-    loop that holds the policy."""
+    The policy makes it when it is built; the loop built around that policy connects its wake-up to it. So the
+    policy holds no reference to the loop that holds the policy."""
 
     def __init__(self) -> None:
         self._asked = threading.Event()
@@ -96,9 +92,8 @@ class Policy(abc.ABC):
     def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
              ep_length: np.ndarray | None = None) -> np.ndarray:
         """SERVE, HOLD or RESTART for each ready group (only if ``plans``):
-        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its
-        envs' episode starts, and the episode ends, returns and lengths of
-        the step just taken."""
+        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its envs' episode starts, and the episode
+        ends, returns and lengths of the step just taken."""
         return np.full(len(groups), SERVE, np.int8)
 
     @abc.abstractmethod

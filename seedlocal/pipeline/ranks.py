@@ -1,9 +1,8 @@
 """Data-parallel learner ranks on one box, on torch.distributed (docs/distributed.md).
 
-A run of G ranks is G copies of the single-process run: each rank has its own
-env workers, inference loop, learner and share of the envs (its own env
-seeds), and they meet in collectives only where the update must be the
-same everywhere:
+A run of G ranks is G copies of the single-process run: each rank has its own env workers, inference loop, learner
+and share of the envs (its own env seeds), and they meet in collectives only where the update must be the same
+everywhere:
 
 * the parameters start equal (``broadcast_``, from rank 0);
 * each update's gradients are averaged, weighted by each rank's valid rows
@@ -15,18 +14,16 @@ same everywhere:
 * whether to stop is decided together once per update (``sum``), so that no
   rank stops alone and leaves the others waiting in a collective.
 
-Scalars (the stop decision, pooled statistics, a population's scores) go
-over a CPU group: with NCCL, a gloo group beside it (``scalar_group``), so
-that reading them back never waits for the GPU's queue; NCCL carries only
-what lives on the GPU (gradients, advantage moments).
+Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group: with NCCL, a gloo group
+beside it (``scalar_group``), so that reading them back never waits for the GPU's queue; NCCL carries only what
+lives on the GPU (gradients, advantage moments).
 
-``Solo`` is the single-process run: every method returns its input and no
-torch.distributed call is made. A peer that dies or hangs makes the next
-collective fail (at once for a closed socket, after ``--dist-timeout-s`` for a
+``Solo`` is the single-process run: every method returns its input and no torch.distributed call is made. A peer
+that dies or hangs makes the next collective fail (at once for a closed socket, after ``--dist-timeout-s`` for a
 silent peer): it becomes ``PeerLost``, one line naming the rank.
 
-``launch`` is ``--learners G`` without torchrun: G copies of this command
-line, each told its rank in torchrun's environment variables.
+``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
+environment variables.
 """
 
 from __future__ import annotations
@@ -311,12 +308,11 @@ def free_port() -> int:
 
 def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | None = None,
            interrupt_ranks: bool = False) -> int:
-    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them.
-    When one ends with an error or a signal, it is named in one line, and the others (whose next collective
-    fails) get 2 x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On
-    Ctrl-C, the ranks got the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a
-    notebook's interrupt reaches this process alone) they are sent SIGTERM, a clean stop, here. Returns the
-    exit status (130 after Ctrl-C)."""
+    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them. When
+    one ends with an error or a signal, it is named in one line, and the others (whose next collective fails) get 2
+    x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On Ctrl-C, the ranks got
+    the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a notebook's interrupt reaches this
+    process alone) they are sent SIGTERM, a clean stop, here. Returns the exit status (130 after Ctrl-C)."""
     # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
     # the launcher's one line names the rank instead.
     warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))

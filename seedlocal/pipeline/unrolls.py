@@ -1,8 +1,7 @@
 """Which unroll each group writes into: the allocator beside the batch server.
 
-The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is
-*free*, *bound* to the one group that fills it, or *held* by the consumer
-(the learner) between its hand-off and its ``release``. Each group is in
+The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is *free*, *bound* to the one group that
+fills it, or *held* by the consumer (the learner) between its hand-off and its ``release``. Each group is in
 exactly one of three states:
 
     bound     it writes into one unroll: ``target_buf[g]``, row ``target_row[g]``
@@ -28,8 +27,8 @@ Invariants (``tests/test_unrolls.py`` checks each):
   members, ``trainers/population.py``) kept circulating: 3 of 8 MinAtar
   members learned from 99.8% of the steps.
 
-Everything here runs on the inference loop's thread except ``release``
-(the consumer's), which only touches the free list under its lock.
+Everything here runs on the inference loop's thread except ``release`` (the consumer's), which only touches the
+free list under its lock.
 """
 
 from __future__ import annotations
@@ -107,10 +106,9 @@ class UnrollAllocator:
             self._bind(g, buf)
 
     def rotate(self, g: int, first: np.ndarray) -> int | None:
-        """Group ``g`` filled its unroll's bootstrap row: hand the unroll on
-        and continue in a free one whose row 0 is that same observation.
-        Returns the new unroll, or None when none is free: ``g`` is parked,
-        its observation and episode starts (``first``) kept aside."""
+        """Group ``g`` filled its unroll's bootstrap row: hand the unroll on and continue in a free one whose row 0
+        is that same observation. Returns the new unroll, or None when none is free: ``g`` is parked, its
+        observation and episode starts (``first``) kept aside."""
         old = int(self._tbuf[g])
         queued = self._hand_on is not None and bool(self.unbound().any())
         new = None if queued else self._take()  # behind the groups that wait for one (module docstring)
@@ -129,10 +127,9 @@ class UnrollAllocator:
         return new
 
     def restart(self, g: int) -> bool:
-        """Group ``g`` starts over on fresh episodes: its partial unroll (if
-        it holds one) is given up, and it takes a fresh one if any is free
-        (True). Otherwise it waits (False) and ``resume`` binds it later;
-        until then its envs must not write (they have nowhere to)."""
+        """Group ``g`` starts over on fresh episodes: its partial unroll (if it holds one) is given up, and it
+        takes a fresh one if any is free (True). Otherwise it waits (False) and ``resume`` binds it later; until
+        then its envs must not write (they have nowhere to)."""
         if self.state[g] == BOUND:
             self.release(int(self._tbuf[g]))
         self._parked_obs.pop(g, None)
@@ -145,10 +142,9 @@ class UnrollAllocator:
         return True
 
     def resume(self) -> list[int]:
-        """Bind parked and waiting groups while unrolls are free, in the
-        order they became unbound. Parked groups continue at once (row 0 is
-        their kept observation); returns the waiting groups just bound, which
-        the caller starts on fresh episodes."""
+        """Bind parked and waiting groups while unrolls are free, in the order they became unbound. Parked groups
+        continue at once (row 0 is their kept observation); returns the waiting groups just bound, which the caller
+        starts on fresh episodes."""
         started = []
         unbound = np.flatnonzero(self.state != BOUND)
         for g in unbound[np.argsort(self._since[unbound], kind="stable")].tolist():

@@ -1,10 +1,9 @@
 """The env worker process: steps environments, nothing else.
 
-A worker holds two groups of environments, each driven by its own thread:
-while one group waits for its actions, the other steps (envpool steps in its
-own threads, without the GIL). Results go straight into the rows of the
-unroll store that the inference loop assigned (``target_buf``,
-``target_row``). It never imports torch and never allocates shared memory.
+A worker holds two groups of environments, each driven by its own thread: while one group waits for its actions,
+the other steps (envpool steps in its own threads, without the GIL). Results go straight into the rows of the
+unroll store that the inference loop assigned (``target_buf``, ``target_row``). It never imports torch and never
+allocates shared memory.
 """
 
 from __future__ import annotations
@@ -164,9 +163,8 @@ def run_worker(args: WorkerArgs) -> None:
 def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
     """One thread per group, so each blocks on its own env and its own slot.
 
-    envpool releases the GIL while its threads step, so the other group's
-    thread can publish and send meanwhile (measured: two threads on two pools
-    step Pong and CartPole as fast as raw envpool; one thread alternating
+    envpool releases the GIL while its threads step, so the other group's thread can publish and send meanwhile
+    (measured: two threads on two pools step Pong and CartPole as fast as raw envpool; one thread alternating
     ``recv`` calls serialises the groups and halves Pong).
     """
     try:

@@ -1,12 +1,10 @@
 """Named, typed arrays packed into one shared-memory segment.
 
-One process (the owner) creates a segment from a list of :class:`ArraySpec`
-and is the only one that unlinks it; any other process attaches by the
-segment's name and the same specs. Every array is a zero-copy numpy view of
-the segment (``torch.from_numpy`` on it is zero-copy too).
+One process (the owner) creates a segment from a list of :class:`ArraySpec` and is the only one that unlinks it;
+any other process attaches by the segment's name and the same specs. Every array is a zero-copy numpy view of the
+segment (``torch.from_numpy`` on it is zero-copy too).
 
-This module is the only place in seedlocal that allocates or names shared
-memory.
+This module is the only place in seedlocal that allocates or names shared memory.
 """
 
 from __future__ import annotations
@@ -63,18 +61,14 @@ _CREATION_LOCK_WAIT_S = 2.0
 
 @contextlib.contextmanager
 def _creation_lock(exclusive: bool):
-    """A ``flock`` on the /dev/shm folder itself: creators hold it shared
-    from creating a segment until they hold its own lock; the sweeper holds
-    it exclusively. So a segment without an owner's lock is, while the
-    sweeper looks, one whose owner died, never one being born.
+    """A ``flock`` on the /dev/shm folder itself: creators hold it shared from creating a segment until they hold
+    its own lock; the sweeper holds it exclusively. So a segment without an owner's lock is, while the sweeper
+    looks, one whose owner died, never one being born.
 
-    Yields whether the lock is held. Either side waits at most
-    ``_CREATION_LOCK_WAIT_S`` (both hold it for a millisecond or so): a
-    process stopped while holding it (Ctrl-Z) must not stall every seedlocal
-    start on the machine. A sweeper then skips its sweep (the next start
-    sweeps); a creator goes on unlocked, which only a sweeper resumed within
-    its few microseconds between creating and locking the segment could
-    catch."""
+    Yields whether the lock is held. Either side waits at most ``_CREATION_LOCK_WAIT_S`` (both hold it for a
+    millisecond or so): a process stopped while holding it (Ctrl-Z) must not stall every seedlocal start on the
+    machine. A sweeper then skips its sweep (the next start sweeps); a creator goes on unlocked, which only a
+    sweeper resumed within its few microseconds between creating and locking the segment could catch."""
     try:
         fd = os.open(_SHM_DIR, os.O_RDONLY)
     except OSError:
@@ -101,16 +95,13 @@ def _creation_lock(exclusive: bool):
 def sweep_stale_segments() -> list[str]:
     """Unlink seedlocal segments that no live process owns; returns their names.
 
-    Every owner holds a shared ``flock`` on its segment for as long as the
-    segment is open; the kernel drops it when the owner dies, however it
-    dies. Normally the owner (or Python's resource tracker) unlinks on exit,
-    but a SIGKILL of a whole process group (a job scheduler, ``killpg``, a
-    machine's supervisor) takes the tracker too. Each process that makes
-    segments (a learner, an actor host) therefore first sweeps those whose
-    lock nobody holds, however young (``_creation_lock`` keeps segments
-    being made out of it; ``sweep_once`` says when). The lock, not the PID
-    in the name, decides: containers that share ``/dev/shm`` across PID
-    namespaces cannot make a live segment look stale.
+    Every owner holds a shared ``flock`` on its segment for as long as the segment is open; the kernel drops it
+    when the owner dies, however it dies. Normally the owner (or Python's resource tracker) unlinks on exit, but a
+    SIGKILL of a whole process group (a job scheduler, ``killpg``, a machine's supervisor) takes the tracker too.
+    Each process that makes segments (a learner, an actor host) therefore first sweeps those whose lock nobody
+    holds, however young (``_creation_lock`` keeps segments being made out of it; ``sweep_once`` says when). The
+    lock, not the PID in the name, decides: containers that share ``/dev/shm`` across PID namespaces cannot make a
+    live segment look stale.
     """
     removed = []
     with _creation_lock(exclusive=True) as held:
@@ -127,10 +118,9 @@ def sweep_stale_segments() -> list[str]:
 
 
 def sweep_once() -> None:
-    """Sweep, unless this process did already: at the first segment it
-    makes, and where a process will make segments only later (an actor
-    host, once a learner answers) as soon as it starts, so that what a
-    killed predecessor left does not wait for a learner to come up."""
+    """Sweep, unless this process did already: at the first segment it makes, and where a process will make
+    segments only later (an actor host, once a learner answers) as soon as it starts, so that what a killed
+    predecessor left does not wait for a learner to come up."""
     global _swept
     if not _swept:
         _swept = True
@@ -164,10 +154,9 @@ _NAME_BYTES = 64
 
 
 def record_semaphores(names: list[str]) -> "SharedArrays":
-    """A segment listing the named POSIX semaphores a pipeline created
-    (multiprocessing's, ``sem.mp-*`` in /dev/shm). They outlive a SIGKILL of
-    the whole process group as the segments do, but carry no owner lock and
-    no recognisable name; the sweep that removes this segment removes them."""
+    """A segment listing the named POSIX semaphores a pipeline created (multiprocessing's, ``sem.mp-*`` in
+    /dev/shm). They outlive a SIGKILL of the whole process group as the segments do, but carry no owner lock and no
+    recognisable name; the sweep that removes this segment removes them."""
     seg = SharedArrays.create([ArraySpec("names", (max(1, len(names)), _NAME_BYTES), "uint8")], SEMAPHORES_TAG)
     for i, n in enumerate(names):
         raw = n.encode()[:_NAME_BYTES]
@@ -189,9 +178,8 @@ def _unlink_recorded_semaphores(fd: int) -> None:
 class SharedArrays:
     """A shared-memory segment seen as a dict of numpy arrays.
 
-    ``SharedArrays.create(specs, tag)`` allocates (fill value ``fill``) and owns;
-    ``SharedArrays.attach(name, specs)`` maps an existing segment. ``close()``
-    unmaps; the owner's ``close()`` also unlinks.
+    ``SharedArrays.create(specs, tag)`` allocates (fill value ``fill``) and owns; ``SharedArrays.attach(name,
+    specs)`` maps an existing segment. ``close()`` unmaps; the owner's ``close()`` also unlinks.
     """
 
     def __init__(self, shm: shared_memory.SharedMemory, specs: list[ArraySpec], owner: bool):

@@ -1,7 +1,7 @@
 """Unroll storage: the one place a step's data lives, from env to learner.
 
-The store holds ``num_buffers`` unrolls. An unroll is ``length`` rows (T steps
-plus one bootstrap row) of one group of ``envs`` environments:
+The store holds ``num_buffers`` unrolls. An unroll is ``length`` rows (T steps plus one bootstrap row) of one group
+of ``envs`` environments:
 
     obs[k]        observation the policy acted on at row t   (worker)
     action        action chosen at row t                     (inference loop)
@@ -19,12 +19,11 @@ plus one bootstrap row) of one group of ``envs`` environments:
     unroll_group  the group that filled the unroll          (inference loop)
     unroll_epoch  that group's worker restarts when it began (inference loop)
 
-Row ``length - 1`` holds only an observation: it is copied to row 0 of the
-group's next unroll, so consecutive unrolls share it as in IMPALA.
+Row ``length - 1`` holds only an observation: it is copied to row 0 of the group's next unroll, so consecutive
+unrolls share it as in IMPALA.
 
-Where episodes start is not stored: it follows from ``ignored``, by one rule
-(``seedlocal/spec.py``'s ``episode_starts``) that the inference loop, the
-learners and the replay all use.
+Where episodes start is not stored: it follows from ``ignored``, by one rule (``seedlocal/spec.py``'s
+``episode_starts``) that the inference loop, the learners and the replay all use.
 """
 
 from __future__ import annotations
