@@ -19,8 +19,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-# Each array starts on a cache-line (and AVX-512) boundary so that two arrays
-# never share a line that two processes write.
+# Each array starts on a cache-line (and AVX-512) boundary so that two arrays never share a line two processes write.
 _ALIGN = 64
 
 SEGMENT_PREFIX = "seedlocal_"
@@ -76,15 +75,13 @@ def _creation_lock(exclusive: bool):
         return
     try:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        deadline = time.monotonic() + _CREATION_LOCK_WAIT_S
-        while True:
+        deadline, held = time.monotonic() + _CREATION_LOCK_WAIT_S, False
+        while not held:
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
                 held = True
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    held = False
                     break
                 time.sleep(0.005)
         yield held
@@ -178,32 +175,25 @@ def _unlink_recorded_semaphores(fd: int) -> None:
 class SharedArrays:
     """A shared-memory segment seen as a dict of numpy arrays.
 
-    ``SharedArrays.create(specs, tag)`` allocates (fill value ``fill``) and owns; ``SharedArrays.attach(name,
-    specs)`` maps an existing segment. ``close()`` unmaps; the owner's ``close()`` also unlinks.
+    ``SharedArrays.create(specs, tag)`` allocates (zeroed) and owns; ``SharedArrays.attach(name, specs)`` maps an
+    existing segment. ``close()`` unmaps; the owner's ``close()`` also unlinks.
     """
 
     def __init__(self, shm: shared_memory.SharedMemory, specs: list[ArraySpec], owner: bool):
-        self._shm = shm
-        self.specs = {s.name: s for s in specs}
-        self.owner = owner
+        self._shm, self.owner, self.specs = shm, owner, {s.name: s for s in specs}
         offsets, _ = _layout(specs)
         self.arrays: dict[str, np.ndarray] = {
-            s.name: np.ndarray(s.shape, dtype=s.dtype, buffer=shm.buf, offset=offsets[s.name])
-            for s in specs
-        }
+            s.name: np.ndarray(s.shape, dtype=s.dtype, buffer=shm.buf, offset=offsets[s.name]) for s in specs}
 
     @classmethod
-    def create(cls, specs: list[ArraySpec], tag: str, fill: int = 0) -> "SharedArrays":
+    def create(cls, specs: list[ArraySpec], tag: str) -> "SharedArrays":
         sweep_once()  # what crashed runs left behind goes before we add to it
         _, size = _layout(specs)
         with _creation_lock(exclusive=False):
             shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
             # Held until the segment is closed or this process dies: what tells sweep_stale_segments it is live.
             fcntl.flock(shm._fd, fcntl.LOCK_SH)
-        self = cls(shm, specs, owner=True)
-        if fill:
-            np.frombuffer(shm.buf, dtype=np.uint8)[:] = fill
-        return self
+        return cls(shm, specs, owner=True)
 
     @classmethod
     def attach(cls, name: str, specs: list[ArraySpec]) -> "SharedArrays":
@@ -212,10 +202,6 @@ class SharedArrays:
     @property
     def name(self) -> str:
         return self._shm.name
-
-    @property
-    def nbytes(self) -> int:
-        return self._shm.size
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.arrays[key]
@@ -236,8 +222,8 @@ class SharedArrays:
         try:
             shm.close()
         except BufferError:
-            # Someone still holds a view (e.g. a torch tensor). The mapping is
-            # freed when that view dies; unlinking below still removes the name.
+            # Someone still holds a view (e.g. a torch tensor): the mapping is freed when that view dies, and
+            # unlinking below still removes the name.
             pass
         if self.owner:
             try:

@@ -3,17 +3,15 @@
 A *group* is half of one worker's environments. Each group owns one slot in a small control segment; the slot's
 state says who may touch the group's rows:
 
-    STEPPING      the worker: it is stepping the group's envs and will write
-                  the results into row ``target_row`` of unroll ``target_buf``
+    STEPPING      the worker: it is stepping the group's envs and will write the results into row ``target_row``
+                  of unroll ``target_buf``
     OBS_READY     the inference loop: observations are in that row
     ACTION_READY  the worker: actions are in row ``target_row - 1``
-    RESET         the worker: reset every env of the group and write the
-                  first observations into row 0 of ``target_buf`` (a fresh
-                  unroll); neuroevolution starts each generation this way
-    UNBOUND       the worker, before its first reset: wait for the wake
-                  token; the group has no unroll yet (a restarted worker
-                  whose group found every unroll held by the learner). The
-                  loop binds one, then says RESET
+    RESET         the worker: reset every env of the group and write the first observations into row 0 of
+                  ``target_buf`` (a fresh unroll); neuroevolution starts each generation this way
+    UNBOUND       the worker, before its first reset: wait for the wake token; the group has no unroll yet (a
+                  restarted worker whose group found every unroll held by the learner). The loop binds one, then
+                  says RESET
 
 Publication order (correct on weakly ordered CPUs such as ARM, not only x86): a side reads the rows a state guards
 only after an *acquiring* operation that pairs with the other side's *releasing* operation made after it wrote
@@ -39,11 +37,7 @@ import multiprocessing as mp
 
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 
-STEPPING = 0
-OBS_READY = 1
-ACTION_READY = 2
-RESET = 3
-UNBOUND = 4
+STEPPING, OBS_READY, ACTION_READY, RESET, UNBOUND = range(5)  # a slot's states (the table above)
 ERROR_BYTES = 400
 TRACE_BYTES = 4096  # the env's own frames of a traceback: a user's env's, a few hundred bytes to a few KB
 
