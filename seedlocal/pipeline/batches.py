@@ -45,24 +45,19 @@ class Batcher:
         self.fields = {name: key for name, key in FIELDS.items() if name in store}
         self.obs_keys = list(obs_keys)
         self.cuda = device.type == "cuda"
-        self.host: list[dict[str, np.ndarray]] = []
-        self.host_t: list[dict[str, torch.Tensor]] = []
-        self.dev: list[dict[str, torch.Tensor]] = []
-        for _ in range(sets):
-            h, ht, d = {}, {}, {}
-            for name in self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else []):
-                src = store[name]
-                if name == "core_state":  # [buffers, E, 2, H] -> [k*E, 2, H]
-                    shape = (k * src.shape[1],) + src.shape[2:]
-                else:  # [buffers, L, E, ...] -> [L, k*E, ...]
-                    shape = (src.shape[1], k * src.shape[2]) + src.shape[3:]
-                t = torch.empty(shape, dtype=torch_dtype(src.dtype), pin_memory=self.cuda)
-                ht[name], h[name] = t, t.numpy()
-                if self.cuda:
-                    d[name] = torch.empty(shape, dtype=t.dtype, device=device)
-            self.host.append(h)
-            self.host_t.append(ht)
-            self.dev.append(d)
+        shapes = {}
+        for name in self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else []):
+            src = store[name]
+            if name == "core_state":  # [buffers, E, 2, H] -> [k*E, 2, H]
+                shapes[name] = (k * src.shape[1],) + src.shape[2:]
+            else:  # [buffers, L, E, ...] -> [L, k*E, ...]
+                shapes[name] = (src.shape[1], k * src.shape[2]) + src.shape[3:]
+        self.host_t: list[dict[str, torch.Tensor]] = [
+            {n: torch.empty(shape, dtype=torch_dtype(store[n].dtype), pin_memory=self.cuda)
+             for n, shape in shapes.items()} for _ in range(sets)]
+        self.host = [{n: t.numpy() for n, t in ht.items()} for ht in self.host_t]
+        self.dev = [{n: torch.empty_like(t, device=device) for n, t in ht.items()} if self.cuda else {}
+                    for ht in self.host_t]
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._released = [None] * sets  # CUDA events: the learner's last use of each device set
         self._copied = [None] * sets  # CUDA events: the last host-to-device copy out of each host set
@@ -73,8 +68,8 @@ class Batcher:
             raise ValueError(f"{len(bufs)} unrolls for a batch of {self.k}")
         host = self.host[slot]
         if self._copied[slot] is not None:
-            # The last copy out of this pinned set may still be in flight: the
-            # learner waited for it on the device, the host never did.
+            # The last copy out of this pinned set may still be in flight: the learner waited for it on the device,
+            # the host never did.
             self._copied[slot].synchronize()
         for name, dst in host.items():
             src = self.store[name]
@@ -137,9 +132,7 @@ class Prefetcher(threading.Thread):
         try:
             while not self._halt.is_set():
                 slot = self._get(self._free)
-                bufs = []
-                while len(bufs) < self.batcher.k:
-                    bufs.append(self._get(self.loop.completed))
+                bufs = [self._get(self.loop.completed) for _ in range(self.batcher.k)]
                 batch = self.batcher.fill(bufs, slot)
                 if self.release_early:
                     for b in bufs:

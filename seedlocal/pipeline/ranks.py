@@ -5,23 +5,17 @@ and share of the envs (its own env seeds), and they meet in collectives only whe
 everywhere:
 
 * the parameters start equal (``broadcast_``, from rank 0);
-* each update's gradients are averaged, weighted by each rank's valid rows
-  (``average_gradients``), so that G half-batches give the whole batch's
-  gradient, before clipping;
-* statistics that shape the update are pooled: observation normalisation and
-  the reward scaler (``pool_moments``), advantage normalisation
-  (``masked_moments``);
-* whether to stop is decided together once per update (``sum``), so that no
-  rank stops alone and leaves the others waiting in a collective.
+* each update's gradients are averaged, weighted by each rank's valid rows (``average_gradients``), so that G
+  half-batches give the whole batch's gradient, before clipping;
+* statistics that shape the update are pooled: observation normalisation and the reward scaler
+  (``pool_moments``), advantage normalisation (``masked_moments``);
+* whether to stop is decided together once per update (``sum``), so that no rank stops alone and leaves the
+  others waiting in a collective.
 
-Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group: with NCCL, a gloo group
-beside it (``scalar_group``), so that reading them back never waits for the GPU's queue; NCCL carries only what
-lives on the GPU (gradients, advantage moments).
-
-``Solo`` is the single-process run: every method returns its input and no torch.distributed call is made. A peer
-that dies or hangs makes the next collective fail (at once for a closed socket, after ``--dist-timeout-s`` for a
-silent peer): it becomes ``PeerLost``, one line naming the rank.
-
+Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group (``scalar_group``);
+NCCL carries only what lives on the GPU. ``Solo`` is the single-process run: every method returns its input and no
+torch.distributed call is made. A peer that dies or hangs makes the next collective fail (at once for a closed
+socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank.
 ``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
 environment variables.
 """
@@ -145,18 +139,15 @@ class Ranks(Solo):
 
         grads = [p.grad for p in params if p.grad is not None]
         flat = self._flat_for(grads)
-        i = 0
-        for g in grads:
-            flat[i:i + g.numel()].copy_(g.reshape(-1))
-            i += g.numel()
+        parts = flat[:-1].split([g.numel() for g in grads])
+        for g, part in zip(grads, parts):
+            part.copy_(g.reshape(-1))
         flat[-1:].copy_(torch.as_tensor(weight, dtype=flat.dtype).reshape(1))
         flat[:-1].mul_(flat[-1])
         self._call("the gradient all-reduce", dist.all_reduce, flat)
         flat[:-1].div_(flat[-1].clamp(min=1))
-        i = 0
-        for g in grads:
-            g.copy_(flat[i:i + g.numel()].view_as(g))
-            i += g.numel()
+        for g, part in zip(grads, parts):
+            g.copy_(part.view_as(g))
 
     def _flat_for(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """The all-reduce buffer for ``grads`` (and the weight after them): the last update's where it fits."""
@@ -289,9 +280,8 @@ def _stop_with_launcher(launcher: int, rank: int) -> None:
 
 def scalar_group(backend: str, timeout: timedelta):
     """The process group for the collectives of host numbers (``Ranks.sum``, ``gather``, ``pool_moments``):
-    beside NCCL, a gloo group of the same ranks, so that they travel as CPU tensors; NCCL's would be GPU
-    tensors queued behind the update's kernels, and reading one back (every update, for the stop decision)
-    would make the host wait for the whole update. None (the default group) when that is gloo already."""
+    beside NCCL, a gloo group of the same ranks, so that reading them back never waits for the GPU's queue
+    (docs/distributed.md, "Backends"). None (the default group) when that is gloo already."""
     import torch.distributed as dist
 
     return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
@@ -332,8 +322,8 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
                 except subprocess.TimeoutExpired:
                     continue
                 if rc < 0:  # a rank that fails names itself; one killed cannot (whichever of them ended first)
-                    print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
-                          file=sys.stderr, flush=True)
+                    print(f"seedlocal: learner rank {r} (pid {p.pid}) was killed by {_signal_name(-rc)}; the other "
+                          "ranks stop", file=sys.stderr, flush=True)
                 if rc != 0 and deadline is None:
                     deadline = time.monotonic() + 2 * timeout_s
                     status = 1 if rc < 0 else rc
@@ -350,13 +340,11 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
     return status
 
 
-def _ended(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with status {rc}"
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _wait_all(procs: list, seconds: float) -> None:
