@@ -27,8 +27,7 @@ def quiet_gymnasium() -> None:
 
 
 class GymnasiumGroup:
-    """Fallback for Gymnasium ids that envpool lacks: plain envs stepped in turn
-    by the worker itself, with envpool's next-step auto-reset."""
+    """Plain Gymnasium envs stepped in turn by the worker itself, with envpool's next-step auto-reset."""
 
     def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
@@ -45,11 +44,9 @@ class GymnasiumGroup:
         self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
         self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
         self._reward = np.zeros(envs_per_group, np.float32)
-        self._terminated = np.zeros(envs_per_group, bool)
-        self._truncated = np.zeros(envs_per_group, bool)
+        self._terminated, self._truncated = np.zeros(envs_per_group, bool), np.zeros(envs_per_group, bool)
         self._needs_reset = np.ones(envs_per_group, bool)
-        self._first = True
-        self._masked = MASK_KEY in spec.obs
+        self._first, self._masked = True, MASK_KEY in spec.obs
         self._t = np.zeros(envs_per_group, np.int64)  # steps into each env's episode, for a mask's error
 
     def _put_obs(self, i: int, obs, info) -> None:

@@ -95,15 +95,14 @@ class GraphedStep:
                 self._capture(size, obs, core)
 
     def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
-        # Everything on the configured device (cuda:1 included): the capture
-        # stream torch.cuda.graph makes by default belongs to the current one.
+        # Everything on the configured device (cuda:1 included): torch.cuda.graph's capture stream belongs to the
+        # current one.
         with torch.cuda.device(self.device):
             static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device)
                           for k, v in obs.items()}
             static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
                                                                  device=self.device)
-            # Warm-up off the capturing stream (lazy initialisation, cuDNN's
-            # algorithm choice), as torch.cuda.graphs asks.
+            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as torch.cuda.graphs asks.
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
