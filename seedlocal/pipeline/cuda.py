@@ -102,7 +102,8 @@ class GraphedStep:
                           for k, v in obs.items()}
             static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
                                                                  device=self.device)
-            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as torch.cuda.graphs asks.
+            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as
+            # torch.cuda.graphs asks.
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):

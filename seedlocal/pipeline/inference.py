@@ -204,9 +204,13 @@ class InferenceLoop:
         if self.unrolls.unbound().any():
             self.pool.obs_ready.post()  # wake the loop to move a parked or waiting group on
 
-    def _fresh_core(self, g: int) -> None:
+    def _start_fresh(self, g: int) -> bool:
+        """Group ``g`` drops its partial unroll and its recurrent state for fresh episodes; whether it found a free
+        unroll to start in (else it waits for one: ``UnrollAllocator.restart``)."""
+        self._owned[g] = False
         if self.core is not None:
             self.core[g].zero_()
+        return self.unrolls.restart(g)
 
     def _resume(self) -> None:
         """Unrolls were released: parked groups go on, waiting ones start fresh."""
@@ -243,11 +247,7 @@ class InferenceLoop:
             print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", file=sys.stderr,
                   flush=True)
             for g in self.pool.groups_of(w):
-                # Its partial unroll is dropped. With no free unroll to start in, the group waits for one, and its
-                # new worker for it (UNBOUND), while the other groups run on.
-                self._owned[g] = False
-                self._fresh_core(g)
-                if not self.unrolls.restart(g):
+                if not self._start_fresh(g):  # its new worker waits for an unroll (UNBOUND), the others run on
                     self._state[g] = UNBOUND
             self.pool.spawn(w)
             self.stats.restarts += 1
@@ -255,13 +255,11 @@ class InferenceLoop:
     def _restart_remote(self, g: int) -> None:
         """Remote group ``g`` lost its actor host: like a dead worker's group, it starts fresh; the bridge server
         is told (``_ack_remote``) once it has an unroll, and until then no host can take the group."""
-        self._owned[g] = False
         self.pool.ready[g].drain()
         self.pool.wake[g].drain()
         self._state[g] = STEPPING
-        self._fresh_core(g)
         self.stats.restarts += 1
-        if self.unrolls.restart(g):
+        if self._start_fresh(g):
             self._ack_remote(g)
 
     def _ack_remote(self, g: int) -> None:
@@ -456,10 +454,8 @@ class InferenceLoop:
             if code == HOLD:
                 self._held[g] = True
             elif code == RESTART:
-                # Fresh episodes in a fresh unroll: the partial one is dropped (free again: the group finds one).
-                started = self.unrolls.restart(g)
-                assert started, "a served group held an unroll"
-                self._fresh_core(g)
+                started = self._start_fresh(g)
+                assert started, "a served group held an unroll, free again now"
                 self._hand_back(g, RESET)
 
     def unhold(self) -> None:

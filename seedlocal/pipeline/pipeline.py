@@ -55,46 +55,25 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
 
 
 class Pipeline:
-    def __init__(
-        self,
-        env: EnvConfig,
-        pipe: PipelineConfig,
-        make_policy: Callable[[EnvSpec, torch.device], object],
-        spec: EnvSpec,
-        shape: PipelineShape,
-        consume: bool = False,
-        bridge: BridgeConfig | None = None,
-        errors_file: str = "",
-    ):
+    def __init__(self, env: EnvConfig, pipe: PipelineConfig, make_policy: Callable[[EnvSpec, torch.device], object],
+                 spec: EnvSpec, shape: PipelineShape, consume: bool = False, bridge: BridgeConfig | None = None,
+                 errors_file: str = ""):
         """``spec`` and ``shape``: the env's and the pipeline's sizes, as preparation made and checked them from
         this config (``seedlocal/prepare.py``; nothing is checked or derived again here). ``errors_file``: where
         env workers' tracebacks go (``ActorPool``)."""
-        self.shape = shape
-        self.spec = spec
+        self.shape, self.spec = shape, spec
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)
         self.layout = RolloutLayout(
-            num_buffers=shape.num_buffers,
-            length=shape.unroll_length + 1,
-            envs=shape.envs_per_group,
-            obs=self.spec.obs,
-            action=self.spec.action,
-            outputs=self.policy.outputs,
-            core_state=self.policy.core_state,
-        )
+            num_buffers=shape.num_buffers, length=shape.unroll_length + 1, envs=shape.envs_per_group, obs=spec.obs,
+            action=spec.action, outputs=self.policy.outputs, core_state=self.policy.core_state)
         _check_fits(env, self.spec, shape, self.layout)
-        self.pool = ActorPool(
-            self.spec, self.layout, shape, env.seed, pipe.max_restarts,
-            bridge=bridge, restart_window_s=pipe.restart_window_s, errors_file=errors_file,
-        )
+        self.pool = ActorPool(self.spec, self.layout, shape, env.seed, pipe.max_restarts, bridge=bridge,
+                              restart_window_s=pipe.restart_window_s, errors_file=errors_file)
         try:
-            self.loop = InferenceLoop(
-                self.pool, self.policy, self.device,
-                min_batch_envs=shape.min_batch_envs,
-                batch_timeout_s=pipe.batch_timeout_ms / 1000.0,
-                consume=consume,
-                threads=pipe.inference_threads,
-            )
+            self.loop = InferenceLoop(self.pool, self.policy, self.device, min_batch_envs=shape.min_batch_envs,
+                                      batch_timeout_s=pipe.batch_timeout_ms / 1000.0, consume=consume,
+                                      threads=pipe.inference_threads)
             self.loop.start()
         except BaseException:
             self.pool.close()

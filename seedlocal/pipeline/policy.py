@@ -5,22 +5,17 @@ kind of acting (a Gaussian for continuous actions, a population of networks) is 
 ``seedlocal/policies/`` and no branch in the loop. It lives here, beside the loop, so that the pipeline depends on
 no policy and the policies depend on the pipeline, not both ways. What a policy reads and writes is declared:
 
-* it **reads** a batch: the observations of ``n`` env rows (a dict of
-  tensors on its device), their recurrent state (``core``, zeroed by the
-  loop where an episode starts; None when ``core_state`` is None), each
-  row's env slot (``env_ids``: group g's envs are g*E .. g*E + E - 1) and
-  whether its observation starts an episode (``first``);
-* it **writes** the actions, the ``outputs`` it declares (stored beside each
-  step as ``out.<name>``: what a learner needs, e.g. behaviour logits and
-  values for V-trace) and the new recurrent state of shape ``core_state``,
-  which the loop keeps per env and stores at the start of each unroll;
-* a policy that ``plans`` is offered every ready group before it is served,
-  with its episode ends and returns, and may hold it (its worker sleeps) or
-  restart it on fresh episodes (neuroevolution's work queue), and calls its
-  ``unhold`` (an ``Unhold``, made with the policy) to have held groups
-  served again;
-* ``prepare`` runs once before any worker or learner starts, with every
-  batch size the loop will serve (CUDA graph capture).
+* it **reads** a batch: the observations of ``n`` env rows (a dict of tensors on its device), their recurrent state
+  (``core``, zeroed by the loop where an episode starts; None when ``core_state`` is None), each row's env slot
+  (``env_ids``: group g's envs are g*E .. g*E + E - 1) and whether its observation starts an episode (``first``);
+* it **writes** the actions, the ``outputs`` it declares (stored beside each step as ``out.<name>``: what a learner
+  needs, e.g. behaviour logits and values for V-trace) and the new recurrent state of shape ``core_state``, which
+  the loop keeps per env and stores at the start of each unroll;
+* a policy that ``plans`` is offered every ready group before it is served, with its episode ends and returns, and
+  may hold it (its worker sleeps) or restart it on fresh episodes (neuroevolution's work queue), and calls its
+  ``unhold`` (an ``Unhold``, made with the policy) to have held groups served again;
+* ``prepare`` runs once before any worker or learner starts, with every batch size the loop will serve (CUDA graph
+  capture).
 """
 
 from __future__ import annotations

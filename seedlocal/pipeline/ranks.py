@@ -32,6 +32,7 @@ import time
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from seedlocal.errors import ConfigError, WorkerDied
 from seedlocal.normalize import merge_moments
@@ -125,8 +126,6 @@ class Ranks(Solo):
 
     def broadcast_(self, module: torch.nn.Module) -> None:
         """Rank 0's parameters and buffers (observation statistics) on every rank."""
-        import torch.distributed as dist
-
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 self._call("the start (broadcast of the parameters)", dist.broadcast, t.data, 0)
@@ -135,8 +134,6 @@ class Ranks(Solo):
         """Every rank's gradients, each weighted by ``weight`` (its valid rows), averaged: one all-reduce of
         one flat tensor, allocated once and reused (a Nature CNN's is 6.7 MB). ``weight`` of 0 (no valid row)
         contributes nothing; with no valid row on any rank the gradients are zero, as one process's would be."""
-        import torch.distributed as dist
-
         grads = [p.grad for p in params if p.grad is not None]
         flat = self._flat_for(grads)
         parts = flat[:-1].split([g.numel() for g in grads])
@@ -159,8 +156,6 @@ class Ranks(Solo):
 
     def masked_moments(self, x: torch.Tensor, valid: torch.Tensor):
         """Mean and (population) standard deviation of ``x`` over every rank's valid rows."""
-        import torch.distributed as dist
-
         first = torch.stack([torch.where(valid, x, 0.0).sum(), valid.sum().to(x.dtype)])
         self._call("advantage normalisation", dist.all_reduce, first)
         n = first[1].clamp(min=1)
@@ -172,8 +167,6 @@ class Ranks(Solo):
     def pool_moments(self, n: float, mean: torch.Tensor, var: torch.Tensor):
         """(count, mean, var) of every rank's rows, from each rank's (float64 vectors on the CPU): gathered
         and merged in rank order, so that every rank computes the same numbers."""
-        import torch.distributed as dist
-
         k = len(mean)
         mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
         got = [torch.empty_like(mine) for _ in range(self.world)]
@@ -191,8 +184,6 @@ class Ranks(Solo):
 
     def sum(self, values: list[float]) -> list[float]:
         """Every rank's ``values`` added, on the CPU group: the host never waits here for the GPU's queue."""
-        import torch.distributed as dist
-
         t = torch.tensor([float(v) for v in values], dtype=torch.float64)
         self._call("the stop decision", dist.all_reduce, t, group=self.scalars)
         return t.tolist()
@@ -200,8 +191,6 @@ class Ranks(Solo):
     def gather(self, values: list[float]) -> list[list[float]]:
         """Every rank's ``values`` (float64, any number each), in rank order: their lengths all-gathered, then
         the values padded to the longest."""
-        import torch.distributed as dist
-
         n = torch.tensor([len(values)], dtype=torch.int64)
         sizes = [torch.empty_like(n) for _ in range(self.world)]
         self._call("the population's fitness", dist.all_gather, sizes, n, group=self.scalars)
@@ -213,8 +202,6 @@ class Ranks(Solo):
         return [g[:k].tolist() for g, k in zip(got, sizes)]
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -252,8 +239,6 @@ def join(cfg, device_kind: str = "cpu") -> Solo:
     if cfg.learners > 1 and cfg.learners != world:
         raise ConfigError(f"learners={cfg.learners}: torchrun started {world} ranks (WORLD_SIZE); give "
                           f"--learners {world} or leave it out")
-    import torch.distributed as dist
-
     cuda = device_kind == "cuda"
     backend = "nccl" if cuda and torch.cuda.device_count() >= world else "gloo"
     if cuda:
@@ -282,8 +267,6 @@ def scalar_group(backend: str, timeout: timedelta):
     """The process group for the collectives of host numbers (``Ranks.sum``, ``gather``, ``pool_moments``):
     beside NCCL, a gloo group of the same ranks, so that reading them back never waits for the GPU's queue
     (docs/distributed.md, "Backends"). None (the default group) when that is gloo already."""
-    import torch.distributed as dist
-
     return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
 
 

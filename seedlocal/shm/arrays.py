@@ -100,18 +100,14 @@ def sweep_stale_segments() -> list[str]:
     lock, not the PID in the name, decides: containers that share ``/dev/shm`` across PID namespaces cannot make a
     live segment look stale.
     """
-    removed = []
     with _creation_lock(exclusive=True) as held:
         if not held:
-            return removed
+            return []
         try:
             names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
         except OSError:
-            return removed
-        for name in names:
-            if _unlink_if_orphaned(name):
-                removed.append(name)
-    return removed
+            return []
+        return [name for name in names if _unlink_if_orphaned(name)]
 
 
 def sweep_once() -> None:

@@ -9,9 +9,8 @@ of ``envs`` environments:
     reward        reward of stepping ``action[t]``           (worker)
     terminated    the episode ended in a terminal state      (worker)
     truncated     the episode was cut by a time limit        (worker)
-    ignored       ``action[t]`` was discarded by an auto-reset; reward[t]
-                  is 0 and obs[t+1] is the first of a new episode. Learners
-                  must mask row t; no return is attributed to it.
+    ignored       ``action[t]`` was discarded by an auto-reset; reward[t] is 0 and obs[t+1] is the first of a new
+                  episode. Learners must mask row t; no return is attributed to it.
     ep_return     episode return, valid where terminated|truncated (worker)
     ep_length     episode length in steps, same rows            (worker)
     core_state    recurrent state at row 0, one per env     (inference loop)
@@ -35,14 +34,8 @@ import numpy as np
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.spec import TensorSpec
 
-STEP_FIELDS = {
-    "reward": "float32",
-    "terminated": "bool",
-    "truncated": "bool",
-    "ignored": "bool",
-    "ep_return": "float32",
-    "ep_length": "int32",
-}
+STEP_FIELDS = {"reward": "float32", "terminated": "bool", "truncated": "bool", "ignored": "bool",
+               "ep_return": "float32", "ep_length": "int32"}
 
 
 @dataclass(frozen=True)
