@@ -102,14 +102,12 @@ class GymnasiumGroup:
             actions = self._bounds(actions)
         for i, env in enumerate(self._envs):
             if self._needs_reset[i]:
-                seed = self._seed + i if self._first else None
-                out = env.reset(seed=seed)
+                out = env.reset(seed=self._seed + i if self._first else None)
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise EnvContractError(f"{self._id}: reset() returned {_what(out)}; Gymnasium envs return "
                                            "(observation, info) (an old Gym env needs porting to that API)")
                 obs, info = out
-                self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
-                self._t[i] = 0
+                self._reward[i], self._terminated[i], self._truncated[i], self._t[i] = 0.0, False, False, 0
             else:
                 try:
                     out = None

@@ -70,12 +70,9 @@ def register_namespace(env_id: str) -> None:
 
 
 def import_env_module(env_id: str) -> str:
-    """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose
-    import registers the id) and return the bare id; other ids pass through.
-
-    ``gymnasium.make`` accepts the same form and imports the module itself,
-    so worker processes and ``eval`` need nothing but the id string.
-    """
+    """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose import registers the id) and return
+    the bare id; other ids pass through. ``gymnasium.make`` accepts the same form and imports the module itself,
+    so worker processes and ``eval`` need nothing but the id string."""
     if ":" not in env_id:
         register_namespace(env_id)
         return env_id
@@ -101,7 +98,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
         raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
     import_env_module(env_id)
     if ":" in env_id:  # a user's own Gymnasium env, registered by its module
-        if backend in ("envpool",):
+        if backend == "envpool":
             raise ValueError(f"env.id={env_id!r}: a module:EnvId id is a Gymnasium env, not an envpool one")
         return "gymnasium" if backend == "auto" else backend
     in_envpool = env_id in envpool_ids()

@@ -294,12 +294,8 @@ class ActorPool:
         done = float(c["group_wait_s"].sum())
         since = c["group_wait_since"].copy()
         now = time.perf_counter()
-        return {
-            "wait_s": done + float((now - since[since > 0]).sum()),
-            "env_s": float(c["group_env_s"].sum()),
-            "steps": int(c["group_steps"].sum()),
-            "threads": self.num_local_groups,
-        }
+        return {"wait_s": done + float((now - since[since > 0]).sum()), "env_s": float(c["group_env_s"].sum()),
+                "steps": int(c["group_steps"].sum()), "threads": self.num_local_groups}
 
     def close(self, timeout: float = 3.0) -> None:
         """Stop every worker (gently, then by force) and unlink shared memory."""
@@ -320,8 +316,7 @@ class ActorPool:
                 if p.is_alive():
                     end()
                     p.join(1.0)
-        self.procs = [None] * self.num_workers
-        self.server = None
+        self.procs, self.server = [None] * self.num_workers, None
         for sig in (self.obs_ready, *self.ready, *self.wake):  # before the segment that records their names
             sig.close()
         for seg in (self.store, self.control, self.semaphores):
