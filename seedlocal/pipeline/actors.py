@@ -139,16 +139,10 @@ class ActorPool:
             self.close()
             raise
 
-    def groups_of(self, worker: int) -> range:
-        return self.shape.groups_of(worker)
-
-    def worker_of(self, group: int) -> int:
-        return self.shape.worker_of(group)
-
     def epoch_of(self, group: int) -> int:
         """How often the group's envs restarted from scratch (worker restarts; lost actor hosts)."""
         if group < self.num_local_groups:
-            return self.restarts[self.worker_of(group)]
+            return self.restarts[self.shape.worker_of(group)]
         return int(self.control["group_lost"][group])
 
     def start(self) -> None:
@@ -203,7 +197,7 @@ class ActorPool:
 
     def spawn(self, w: int) -> None:
         """Start worker ``w`` (again, after ``begin_restart``) on its groups."""
-        groups = self.groups_of(w)
+        groups = self.shape.groups_of(w)
         args = WorkerArgs(
             index=w, groups=tuple(groups), envs_per_group=self.envs_per_group,
             threads_per_group=self.threads_per_group, seed=local_seed(self.seed, w, self.restarts[w], self.shape),
@@ -219,7 +213,7 @@ class ActorPool:
         self.procs[w] = proc
 
     def _group_steps(self, w: int) -> int:
-        groups = self.groups_of(w)
+        groups = self.shape.groups_of(w)
         return int(self.control["group_steps"][groups.start:groups.stop].sum())
 
     def dead_workers(self) -> list[int]:
@@ -230,7 +224,7 @@ class ActorPool:
         p = self.procs[w]
         code = p.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        errors = [e for e in (read_error(self.control, g) for g in self.groups_of(w)) if e]
+        errors = [e for e in (read_error(self.control, g) for g in self.shape.groups_of(w)) if e]
         why = f" ({errors[0]})" if errors else ""
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
 
@@ -240,7 +234,7 @@ class ActorPool:
         the caller's one line. Without a file the worker printed its whole traceback itself."""
         if not self.errors_file or self._shown_traceback:
             return
-        trace = next((t for t in (read_trace(self.control, g) for g in self.groups_of(w)) if t), "")
+        trace = next((t for t in (read_trace(self.control, g) for g in self.shape.groups_of(w)) if t), "")
         if trace:
             self._shown_traceback = True
             print(f"seedlocal: env worker {w}'s env raised (every worker's whole traceback goes to "
@@ -275,7 +269,7 @@ class ActorPool:
         self.procs[w].join(0)
         self.restarts[w] += 1
         since = self.control["group_wait_since"]
-        for g in self.groups_of(w):
+        for g in self.shape.groups_of(w):
             if (began := since[g]) > 0:  # it died waiting: that wait ends now (nothing else writes these any more)
                 since[g] = 0.0  # first, as the worker does (see worker_stats)
                 self.control["group_wait_s"][g] += time.perf_counter() - began

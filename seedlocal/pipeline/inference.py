@@ -246,7 +246,7 @@ class InferenceLoop:
             self.pool.begin_restart(w)  # raises WorkerDied once restarts are spent
             print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", file=sys.stderr,
                   flush=True)
-            for g in self.pool.groups_of(w):
+            for g in self.pool.shape.groups_of(w):
                 if not self._start_fresh(g):  # its new worker waits for an unroll (UNBOUND), the others run on
                     self._state[g] = UNBOUND
             self.pool.spawn(w)
@@ -527,7 +527,7 @@ class StallWatch:
         self._group_t[candidate & ~self._candidate] = now
         self._group_steps, self._candidate = steps, candidate
         stuck = candidate & (now - self._group_t >= over)
-        workers = sorted({pool.worker_of(g) for g in np.flatnonzero(stuck).tolist()})
+        workers = sorted({pool.shape.worker_of(g) for g in np.flatnonzero(stuck).tolist()})
         return [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
 
     def poll(self) -> bool:
