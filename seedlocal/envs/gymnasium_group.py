@@ -1,6 +1,5 @@
-"""The Gymnasium fallback: ids envpool lacks, stepped in turn by the worker
-itself, with envpool's auto-reset, and refused in one line where they break
-the Gymnasium contract (old Gym returns, non-finite rewards or observations,
+"""The Gymnasium fallback: ids envpool lacks, stepped in turn by the worker itself, with envpool's auto-reset, and
+refused in one line where they break the Gymnasium contract (old Gym returns, non-finite rewards or observations,
 observations of another shape than their space's)."""
 
 from __future__ import annotations
@@ -20,17 +19,15 @@ _unseen_mask_said = False  # whether this process said that an env's info gives 
 
 
 def quiet_gymnasium() -> None:
-    """Silence Gymnasium's per-env-creation warning that a float64 Box bound
-    was cast to float32 (classic control): harmless, and printed by every
-    worker at every start. Other warnings stay on."""
+    """Silence Gymnasium's per-env-creation warning that a float64 Box bound was cast to float32 (classic control):
+    harmless, and printed by every worker at every start. Other warnings stay on."""
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")
 
 
 class GymnasiumGroup:
-    """Fallback for Gymnasium ids that envpool lacks: plain envs stepped in turn
-    by the worker itself, with envpool's next-step auto-reset."""
+    """Plain Gymnasium envs stepped in turn by the worker itself, with envpool's next-step auto-reset."""
 
     def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
@@ -47,11 +44,9 @@ class GymnasiumGroup:
         self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
         self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
         self._reward = np.zeros(envs_per_group, np.float32)
-        self._terminated = np.zeros(envs_per_group, bool)
-        self._truncated = np.zeros(envs_per_group, bool)
+        self._terminated, self._truncated = np.zeros(envs_per_group, bool), np.zeros(envs_per_group, bool)
         self._needs_reset = np.ones(envs_per_group, bool)
-        self._first = True
-        self._masked = MASK_KEY in spec.obs
+        self._first, self._masked = True, MASK_KEY in spec.obs
         self._t = np.zeros(envs_per_group, np.int64)  # steps into each env's episode, for a mask's error
 
     def _put_obs(self, i: int, obs, info) -> None:
@@ -107,14 +102,12 @@ class GymnasiumGroup:
             actions = self._bounds(actions)
         for i, env in enumerate(self._envs):
             if self._needs_reset[i]:
-                seed = self._seed + i if self._first else None
-                out = env.reset(seed=seed)
+                out = env.reset(seed=self._seed + i if self._first else None)
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise EnvContractError(f"{self._id}: reset() returned {_what(out)}; Gymnasium envs return "
                                            "(observation, info) (an old Gym env needs porting to that API)")
                 obs, info = out
-                self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
-                self._t[i] = 0
+                self._reward[i], self._terminated[i], self._truncated[i], self._t[i] = 0.0, False, False, 0
             else:
                 try:
                     out = None

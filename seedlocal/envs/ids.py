@@ -1,8 +1,6 @@
-"""Which backend runs an env id: envpool's registry first, then Gymnasium's
-(``module:EnvId`` ids import their module, which registers them; namespaces
-such as ``MinAtar/`` are registered through their package's entry point).
-Refusals name ``env.id`` or ``env.backend`` and, for an unknown id, the ids
-it may have meant."""
+"""Which backend runs an env id: envpool's registry first, then Gymnasium's (``module:EnvId`` ids import their
+module, which registers them; namespaces such as ``MinAtar/`` are registered through their package's entry point).
+Refusals name ``env.id`` or ``env.backend`` and, for an unknown id, the ids it may have meant."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ def _gymnasium_ids() -> frozenset[str]:
 
 
 def _unknown_id(env_id: str, why: str, otherwise: str = "") -> ValueError:
-    """The error for an id nothing registered, with the ids it may have meant:
-    the same name's latest version first (seedlocal wants the version
-    spelled out: a run's checkpoints are for one version), then near spellings."""
+    """The error for an id nothing registered, with the ids it may have meant: the same name's latest version first
+    (seedlocal wants the version spelled out: a run's checkpoints are for one version), then near spellings."""
     import difflib
     import re
 
@@ -48,11 +45,10 @@ _registered: set[str] = set()  # namespaces this process has registered
 
 
 def register_namespace(env_id: str) -> None:
-    """Register the ids of ``env_id``'s namespace (``MinAtar/Breakout-v1``)
-    through the package that declares it as a ``gymnasium.envs`` entry point
-    (the plugin hook Gymnasium 0.x loaded by itself and 1.x no longer does),
-    so no shim module is needed. Called wherever Gymnasium makes an env,
-    worker processes included (they start fresh: spawn). Other ids: nothing."""
+    """Register the ids of ``env_id``'s namespace (``MinAtar/Breakout-v1``) through the package that declares it as
+    a ``gymnasium.envs`` entry point (the plugin hook Gymnasium 0.x loaded by itself and 1.x no longer does), so no
+    shim module is needed. Called wherever Gymnasium makes an env, worker processes included (they start fresh:
+    spawn). Other ids: nothing."""
     namespace, slash, _ = env_id.partition("/")
     if not slash or ":" in env_id or namespace in _registered or env_id in _gymnasium_ids():
         return
@@ -74,12 +70,9 @@ def register_namespace(env_id: str) -> None:
 
 
 def import_env_module(env_id: str) -> str:
-    """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose
-    import registers the id) and return the bare id; other ids pass through.
-
-    ``gymnasium.make`` accepts the same form and imports the module itself,
-    so worker processes and ``eval`` need nothing but the id string.
-    """
+    """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose import registers the id) and return
+    the bare id; other ids pass through. ``gymnasium.make`` accepts the same form and imports the module itself,
+    so worker processes and ``eval`` need nothing but the id string."""
     if ":" not in env_id:
         register_namespace(env_id)
         return env_id
@@ -105,7 +98,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
         raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
     import_env_module(env_id)
     if ":" in env_id:  # a user's own Gymnasium env, registered by its module
-        if backend in ("envpool",):
+        if backend == "envpool":
             raise ValueError(f"env.id={env_id!r}: a module:EnvId id is a Gymnasium env, not an envpool one")
         return "gymnasium" if backend == "auto" else backend
     in_envpool = env_id in envpool_ids()

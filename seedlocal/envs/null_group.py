@@ -8,8 +8,7 @@ from seedlocal.spec import EnvSpec
 
 
 class NullGroup:
-    """No environment at all: returns the previous arrays at once. Measures
-    the ceiling of the transport (slots, notification, gather, write-back)."""
+    """Returns the previous arrays at once: the transport's own cost (slots, notification, gather, write-back)."""
 
     def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec):
         self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}

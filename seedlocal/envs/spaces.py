@@ -1,8 +1,9 @@
-"""An env's spaces read into an ``EnvSpec`` by building one instance of it
-(``describe``, cached), and a config's env checked that way (``validate_env``)."""
+"""An env's spaces read into an ``EnvSpec`` by building one instance of it (``describe``, cached), and a config's
+env checked that way (``validate_env``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import TYPE_CHECKING
@@ -33,8 +34,7 @@ def validate_env(env: EnvConfig, id_field: str = "env.id") -> EnvSpec:
 
 
 def with_box_actions(spec: EnvSpec, box_actions: str) -> EnvSpec:
-    """``spec`` whose Box actions meet their bounds by ``box_actions`` (``envs/bounds.py``); a Discrete one
-    as it is."""
+    """``spec`` whose Box actions meet their bounds by ``box_actions`` (``envs/bounds.py``); a Discrete one as is."""
     if box_actions not in BOX_ACTIONS:
         raise ConfigError(f"env.box_actions={box_actions!r}: expected one of {', '.join(BOX_ACTIONS)}")
     if spec.num_actions is not None or spec.box_actions == box_actions:
@@ -61,19 +61,17 @@ def _leaf_spec(space) -> TensorSpec:
     raise ValueError(f"a {type(space).__name__} inside it")
 
 
-def _space_spec(space) -> dict[str, TensorSpec]:
+def _leaves(space) -> list:
+    """(key, space) of each field of an observation space: a Dict's, or ("", the space) for a plain one."""
     from gymnasium import spaces
 
-    if isinstance(space, spaces.Dict):
-        return {k: _leaf_spec(sub) for k, sub in space.spaces.items()}
-    return {"": _leaf_spec(space)}
+    return list(space.spaces.items()) if isinstance(space, spaces.Dict) else [("", space)]
 
 
 def _obs_classes(space) -> dict[str, tuple[int, int]]:
     from gymnasium import spaces
 
-    leaves = space.spaces.items() if isinstance(space, spaces.Dict) else [("", space)]
-    return {k: (int(sub.n), int(sub.start)) for k, sub in leaves if isinstance(sub, spaces.Discrete)}
+    return {k: (int(sub.n), int(sub.start)) for k, sub in _leaves(space) if isinstance(sub, spaces.Discrete)}
 
 
 def _action_spec(space) -> dict:
@@ -127,7 +125,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         info_mask = _info_mask(env, obs_space, act_space)
         _close_quietly(env)
     try:
-        obs = _space_spec(obs_space)
+        obs = {k: _leaf_spec(sub) for k, sub in _leaves(obs_space)}
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: observation space {obs_space} is not supported ({e}): seedlocal "
                          "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
@@ -141,19 +139,14 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
 
 
 def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
-    """The shape of Gymnasium's ``info["action_mask"]`` where a Discrete env
-    without one in its Dict observation gives it, read from one ``reset``; None
-    otherwise. Only an env whose code names the mask is reset here
-    (``_names_the_mask``): a reset that hangs or crashes natively in this
-    process would take the run with it, where a worker's is reported in one
-    line. A reset that raises is the worker's to report, not this one's."""
+    """The shape of Gymnasium's ``info["action_mask"]`` where a Discrete env without one in its Dict observation
+    gives it, read from one ``reset``; None otherwise. Only an env whose code names the mask is reset here
+    (``_names_the_mask``): a reset that hangs or crashes natively in this process would take the run with it, where
+    a worker's is reported in one line. A reset that raises is the worker's to report, not this one's."""
     from gymnasium import spaces
 
-    if not isinstance(act_space, spaces.Discrete):
-        return None
-    if isinstance(obs_space, spaces.Dict) and MASK_KEY in obs_space.spaces:
-        return None
-    if not _names_the_mask(env):
+    in_obs = isinstance(obs_space, spaces.Dict) and MASK_KEY in obs_space.spaces
+    if not isinstance(act_space, spaces.Discrete) or in_obs or not _names_the_mask(env):
         return None
     try:
         out = env.reset(seed=0)
@@ -165,8 +158,8 @@ def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
 
 
 def _names_the_mask(env) -> bool:
-    """Whether the module of the env's class, or of one of its wrappers', names
-    ``action_mask`` in its source (Gymnasium's own wrappers do not)."""
+    """Whether the module of the env's class, or of one of its wrappers', names ``action_mask`` in its source
+    (Gymnasium's own wrappers do not)."""
     import inspect
 
     while env is not None:
@@ -181,9 +174,8 @@ def _names_the_mask(env) -> bool:
 
 def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
                info_mask: tuple[int, ...] | None) -> dict[str, TensorSpec]:
-    """``obs`` with the action mask as a bool field of one flag per Discrete
-    action (``spec.MASK_KEY``), where the env gives one in its observation or
-    in ``info``."""
+    """``obs`` with the action mask as a bool field of one flag per Discrete action (``spec.MASK_KEY``), where the
+    env gives one in its observation or in ``info``."""
     if MASK_KEY not in obs and info_mask is None:
         return obs
     shape = obs[MASK_KEY].shape if MASK_KEY in obs else info_mask
@@ -196,17 +188,14 @@ def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
 
 
 def _close_quietly(env, timeout_s: float = 5.0) -> None:
-    """Close the env built only to read its spaces: the spaces are what was
-    wanted, so a ``close()`` that raises or hangs must not stop the run."""
+    """Close the env built only to read its spaces: the spaces are what was wanted, so a ``close()`` that raises
+    or hangs must not stop the run."""
     import threading
 
-    t = threading.Thread(target=lambda: _ignore_errors(env.close), daemon=True, name="env-close")
+    def close() -> None:
+        with contextlib.suppress(Exception):
+            env.close()
+
+    t = threading.Thread(target=close, daemon=True, name="env-close")
     t.start()
     t.join(timeout_s)
-
-
-def _ignore_errors(fn) -> None:
-    try:
-        fn()
-    except Exception:
-        pass

@@ -1,10 +1,9 @@
 """Starting, watching and stopping env worker processes.
 
-``ActorPool`` owns the shared memory of a run (control block and unroll
-store) and the worker processes, and, with a bridge, the bridge server
-process that serves the remote groups (numbered after the local ones). Whatever way the run ends (return,
-exception, Ctrl-C, SIGTERM), ``close()`` stops the workers within a few
-seconds, escalating to SIGKILL, and unlinks every segment.
+``ActorPool`` owns the shared memory of a run (control block and unroll store) and the worker processes, and,
+with a bridge, the bridge server process that serves the remote groups (numbered after the local ones). Whatever
+way the run ends (return, exception, Ctrl-C, SIGTERM), ``close()`` stops the workers within a few seconds,
+escalating to SIGKILL, and unlinks every segment.
 """
 
 from __future__ import annotations
@@ -27,29 +26,24 @@ from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error, read_trace
 
-# The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's
-# half-second grace on top, and its exit (bridge/server.py's run_bridge_server).
+# The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's half-second grace on top, and its exit.
 SERVER_GOODBYE_S = GOODBYE_S + 2.0
-
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
-# What every env worker imports before its first step (the worker module brings the env backends of
-# seedlocal/envs/ with it: tests/test_lifecycle.py checks), and envpool where the workers step envpool's envs. A
-# spawned worker paid for these itself (about 1.5 s of CPU, envpool's registry most of it) at every start and
-# restart; forked from a server that has them already, it starts at once. The server starts with a process's
-# first pool, outlives its runs, and exits with it, at once (forkserver_exit), so that its workers'
-# PR_SET_PDEATHSIG follows a killed learner within milliseconds.
+# What every env worker imports before its first step (the worker module brings seedlocal/envs/ with it), and
+# envpool where the workers step envpool's envs: forked from a server that has them already, a worker starts at
+# once rather than paying about 1.5 s of CPU at every start and restart. The server outlives a process's runs and
+# exits with it, at once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner.
 WORKER_PRELOAD = ["seedlocal.pipeline.forkserver_exit", "seedlocal.pipeline.worker"]
 ENVPOOL_PRELOAD = "envpool"
 
 
 def worker_context(envpool: bool = True):
     """The multiprocessing context env workers start from: a forkserver (never a fork of the learner, whose
-    threads and CUDA state a child must not inherit) with the workers' imports preloaded, envpool's with
-    ``envpool`` (a Gymnasium env's workers never import it: 1.0-1.4 s of a core saved at every run's start).
-    The preloads are the server's first start's: a later run of another backend in the same process imports
-    what its workers lack at their start."""
+    threads and CUDA state a child must not inherit) with the workers' imports preloaded, envpool too with
+    ``envpool`` (a Gymnasium env's workers never import it). The preloads are the server's first start's: a
+    later run of another backend in the same process imports what its workers lack at their start."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(WORKER_PRELOAD + ([ENVPOOL_PRELOAD] if envpool else []))
     return ctx
@@ -61,10 +55,9 @@ def uses_envpool(spec: EnvSpec) -> bool:
 
 
 def start_server(envpool: bool = True) -> None:
-    """Start the workers' forkserver now rather than with the first worker. Its imports (about 1 s of one core
-    here: envpool's registry, numpy, the worker module) then run on another core while the learner builds its
-    trainer (torch's optimiser brings in torch._dynamo: another second), instead of delaying the first step.
-    Nothing waits for it: the first worker's start does. ``envpool``: whether the workers step envpool's envs."""
+    """Start the workers' forkserver now rather than with the first worker, so that its imports (about a second)
+    run on another core while the learner builds its trainer. Nothing waits for it: the first worker's start
+    does. ``envpool``: whether the workers step envpool's envs."""
     forkserver_pid(envpool)
 
 
@@ -76,9 +69,8 @@ def _main_has_file() -> bool:
 
 @contextmanager
 def main_file_hidden_if_missing():
-    """Starting a process, multiprocessing has it run the parent's ``__main__`` file again (which is why a script
-    that trains needs its ``if __name__ == "__main__":`` guard). Read from standard input (``python -``), that
-    file is "<stdin>", which no child can open: every worker died before its first step. Such a ``__main__`` is
+    """A child process runs the parent's ``__main__`` file again; read from standard input (``python -``), that
+    file is "<stdin>", which no child can open (every worker died before its first step). Such a ``__main__`` is
     hidden while a process starts, as ``python -c``'s, which has no file, always is."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
@@ -95,16 +87,15 @@ def main_file_hidden_if_missing():
 def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> int:
     """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j): its
     envs' place in the block of seeds of this rank and start (``PipelineShape.seed_block``), so that no restart
-    of any rank's worker takes another's seeds. The blocks wrap below envpool's int32 end, since restarts are a
+    of any rank's worker takes another's seeds. The blocks wrap below envpool's int32 end: restarts are a
     rate, not a count, over a long run."""
     offset = shape.groups_of(worker).start * shape.envs_per_group
     return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 
 
 def forkserver_pid(envpool: bool = True) -> int:
-    """The pid of the forkserver the workers are forked from (started now if need be, ``envpool`` preloaded
-    or not; 0 where multiprocessing does not say), which a worker checks is still its parent once it is set to
-    die with it."""
+    """The pid of the workers' forkserver (started now if need be; 0 where multiprocessing does not say), which
+    a worker checks is still its parent once it is set to die with it."""
     from multiprocessing import forkserver
 
     worker_context(envpool)  # the server, if this starts it, preloads what the workers import
@@ -113,34 +104,25 @@ def forkserver_pid(envpool: bool = True) -> int:
 
 
 class ActorPool:
-    def __init__(
-        self,
-        spec: EnvSpec,
-        layout: RolloutLayout,
-        shape: PipelineShape,
-        seed: int,
-        max_restarts: int,
-        bridge=None,
-        restart_window_s: float = 0.0,
-        errors_file: str = "",
-    ):
+    def __init__(self, spec: EnvSpec, layout: RolloutLayout, shape: PipelineShape, seed: int, max_restarts: int,
+                 bridge=None, restart_window_s: float = 0.0, errors_file: str = ""):
         """``bridge``: where actor hosts connect, for ``shape``'s remote groups. ``errors_file``: where the
         workers append their tracebacks (the run's env_errors.log; "": each on the worker's stderr)."""
         self.spec, self.layout, self.shape = spec, layout, shape
         num_workers = self.num_workers = shape.num_workers
-        self.envs_per_group = shape.envs_per_group
+        self.envs_per_group, self.threads_per_group = shape.envs_per_group, shape.threads_per_group
         self.num_local_groups, self.num_remote_groups = shape.num_local_groups, shape.num_remote_groups
         self.num_groups = shape.num_groups
         self.bridge = bridge if bridge is not None and bridge.listen else None
         self.server: mp.Process | None = None
         self.bridge_port: int | None = None
-        self.threads_per_group = shape.threads_per_group
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self.errors_file, self._shown_traceback = errors_file, False
         self._envpool = uses_envpool(spec)  # what the workers' forkserver preloads
         self._ctx = worker_context(self._envpool)
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
+        self.semaphores: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
         self.restarts = [0] * num_workers
         self._restarted_at: list[list[float]] = [[] for _ in range(num_workers)]  # monotonic times, per worker
@@ -148,7 +130,6 @@ class ActorPool:
         self.obs_ready = Signal(self._ctx)  # a wake-up hint for the inference loop
         self.ready = [Signal(self._ctx) for _ in range(self.num_groups)]  # per group: its rows are published
         self.wake = [Signal(self._ctx) for _ in range(self.num_groups)]
-        self.semaphores: SharedArrays | None = None
         try:
             signals = [self.obs_ready, *self.ready, *self.wake]
             self.semaphores = record_semaphores([s.name for s in signals if s.name])
@@ -158,23 +139,17 @@ class ActorPool:
             self.close()
             raise
 
-    def groups_of(self, worker: int) -> range:
-        return self.shape.groups_of(worker)
-
-    def worker_of(self, group: int) -> int:
-        return self.shape.worker_of(group)
-
     def epoch_of(self, group: int) -> int:
         """How often the group's envs restarted from scratch (worker restarts; lost actor hosts)."""
         if group < self.num_local_groups:
-            return self.restarts[self.worker_of(group)]
+            return self.restarts[self.shape.worker_of(group)]
         return int(self.control["group_lost"][group])
 
     def start(self) -> None:
         if self.num_workers and registered_in_main(self.spec.env_id) and not _main_has_file():
             raise ConfigError("env.id=" + main_registration_problem(self.spec.env_id, False))
         for w in range(self.num_workers):
-            self._spawn(w)
+            self.spawn(w)
         if self.bridge is not None:
             self._start_server()
 
@@ -220,27 +195,17 @@ class ActorPool:
             raise WorkerDied(f"the bridge server (pid {self.server.pid}) exited with code {self.server.exitcode}; "
                              "stopping (its actor hosts lost their connection)")
 
-    def _spawn(self, w: int) -> None:
-        groups = self.groups_of(w)
-        seed = local_seed(self.seed, w, self.restarts[w], self.shape)
+    def spawn(self, w: int) -> None:
+        """Start worker ``w`` (again, after ``begin_restart``) on its groups."""
+        groups = self.shape.groups_of(w)
         args = WorkerArgs(
-            index=w,
-            groups=tuple(groups),
-            envs_per_group=self.envs_per_group,
-            threads_per_group=self.threads_per_group,
-            seed=seed,
-            spec=self.spec,
-            control=self.control.handle(),
-            rollout=self.store.handle(),
-            wake=tuple(self.wake[g] for g in groups),
-            ready=tuple(self.ready[g] for g in groups),
-            obs_ready=self.obs_ready,
-            parent_pid=forkserver_pid(self._envpool),
-            errors_file=self.errors_file,
-        )
-        for g in groups:
-            self.control["group_error"][g] = 0
-            self.control["group_trace"][g] = 0
+            index=w, groups=tuple(groups), envs_per_group=self.envs_per_group,
+            threads_per_group=self.threads_per_group, seed=local_seed(self.seed, w, self.restarts[w], self.shape),
+            spec=self.spec, control=self.control.handle(), rollout=self.store.handle(),
+            wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
+            obs_ready=self.obs_ready, parent_pid=forkserver_pid(self._envpool), errors_file=self.errors_file)
+        self.control["group_error"][groups.start:groups.stop] = 0
+        self.control["group_trace"][groups.start:groups.stop] = 0
         self._steps_at_spawn[w] = self._group_steps(w)
         proc = self._ctx.Process(target=run_worker, args=(args,), name=f"seedlocal-env-{w}", daemon=True)
         with main_file_hidden_if_missing():
@@ -248,18 +213,18 @@ class ActorPool:
         self.procs[w] = proc
 
     def _group_steps(self, w: int) -> int:
-        return int(sum(self.control["group_steps"][g] for g in self.groups_of(w)))
+        groups = self.shape.groups_of(w)
+        return int(self.control["group_steps"][groups.start:groups.stop].sum())
 
     def dead_workers(self) -> list[int]:
         return [w for w, p in enumerate(self.procs) if p is not None and p.exitcode is not None]
 
     def describe_exit(self, w: int, when: str = "") -> str:
-        """One line: which worker, how it ended (``when``, e.g. "before ..."), and
-        the exception it recorded, if any."""
+        """One line: which worker, how it ended (``when``, e.g. "before ..."), and the exception it recorded."""
         p = self.procs[w]
         code = p.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        errors = [e for e in (read_error(self.control, g) for g in self.groups_of(w)) if e]
+        errors = [e for e in (read_error(self.control, g) for g in self.shape.groups_of(w)) if e]
         why = f" ({errors[0]})" if errors else ""
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
 
@@ -269,7 +234,7 @@ class ActorPool:
         the caller's one line. Without a file the worker printed its whole traceback itself."""
         if not self.errors_file or self._shown_traceback:
             return
-        trace = next((t for t in (read_trace(self.control, g) for g in self.groups_of(w)) if t), "")
+        trace = next((t for t in (read_trace(self.control, g) for g in self.shape.groups_of(w)) if t), "")
         if trace:
             self._shown_traceback = True
             print(f"seedlocal: env worker {w}'s env raised (every worker's whole traceback goes to "
@@ -278,15 +243,14 @@ class ActorPool:
     def begin_restart(self, w: int) -> None:
         """Take dead worker ``w``'s slots back, or raise ``WorkerDied``.
 
-        The caller then rebinds the worker's groups to fresh unrolls and calls
-        ``spawn(w)``; the new worker sees only what was bound after this.
+        The caller then rebinds the worker's groups to fresh unrolls and calls ``spawn(w)``; the new worker sees
+        only what was bound after this.
         """
         code = self.procs[w].exitcode
         if self._group_steps(w) == self._steps_at_spawn[w] and (code > 0 or -code in _CRASH_SIGNALS):
-            # It failed before its envs produced a first step (making or
-            # resetting them; an exception, or native code aborting or
-            # crashing): a restart would fail the same way. A kill from
-            # outside (SIGKILL, SIGTERM) says nothing about the env.
+            # It failed before its envs produced a first step (an exception, or native code aborting or crashing,
+            # while making or resetting them): a restart would fail the same way. A kill from outside (SIGKILL,
+            # SIGTERM) says nothing about the env.
             hint = (f"; {main_registration_problem(self.spec.env_id, _main_has_file())}"
                     if registered_in_main(self.spec.env_id) else "")
             raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "
@@ -305,7 +269,7 @@ class ActorPool:
         self.procs[w].join(0)
         self.restarts[w] += 1
         since = self.control["group_wait_since"]
-        for g in self.groups_of(w):
+        for g in self.shape.groups_of(w):
             if (began := since[g]) > 0:  # it died waiting: that wait ends now (nothing else writes these any more)
                 since[g] = 0.0  # first, as the worker does (see worker_stats)
                 self.control["group_wait_s"][g] += time.perf_counter() - began
@@ -313,28 +277,19 @@ class ActorPool:
             self.wake[g].drain()
             self.ready[g].drain()
 
-    def spawn(self, w: int) -> None:
-        self._spawn(w)
-
     def worker_stats(self) -> dict[str, float]:
-        """Totals over the local groups' threads (remote hosts keep their own):
-        seconds waiting for actions (a wait under way counted up to now),
-        seconds in the env, steps; ``threads`` divides a span's seconds into shares."""
+        """Totals over the local groups' threads (remote hosts keep their own): seconds waiting for actions (a wait
+        under way counted up to now), seconds in the env, steps; ``threads`` divides a span's seconds into shares."""
         c = self.control
-        # The totals first, then one copy of the start times: a worker ends a
-        # wait by zeroing its start and then adding the wait to its total, so
-        # this order never counts a wait twice, and the copy keeps the mask and
-        # the values from one read (masking the live array, then indexing it
-        # again, could take a 0.0 written in between: ``now - 0.0``, the uptime).
+        # The totals first, then one copy of the start times: a worker ends a wait by zeroing its start and then
+        # adding the wait to its total, so this order never counts a wait twice, and the copy keeps the mask and
+        # the values from one read (masking the live array, then indexing it again, could take a 0.0 written in
+        # between: ``now - 0.0``, the uptime).
         done = float(c["group_wait_s"].sum())
         since = c["group_wait_since"].copy()
         now = time.perf_counter()
-        return {
-            "wait_s": done + float((now - since[since > 0]).sum()),
-            "env_s": float(c["group_env_s"].sum()),
-            "steps": int(c["group_steps"].sum()),
-            "threads": self.num_local_groups,
-        }
+        return {"wait_s": done + float((now - since[since > 0]).sum()), "env_s": float(c["group_env_s"].sum()),
+                "steps": int(c["group_steps"].sum()), "threads": self.num_local_groups}
 
     def close(self, timeout: float = 3.0) -> None:
         """Stop every worker (gently, then by force) and unlink shared memory."""
@@ -347,20 +302,15 @@ class ActorPool:
             if p is not None:
                 p.join(max(0.0, deadline - time.monotonic()))
         if self.server is not None:
-            # Its own time, whatever the workers took: it tells each actor host
-            # that the run ended (they then exit rather than retry), and gRPC
-            # gets its grace to deliver that before the server stops.
+            # Its own time, whatever the workers took: it tells each actor host that the run ended (they then exit
+            # rather than retry), and gRPC gets its grace to deliver that before the server stops.
             self.server.join(max(SERVER_GOODBYE_S, deadline - time.monotonic()))
-        procs = self.procs + ([self.server] if self.server is not None else [])
-        for p in procs:
-            if p is not None and p.is_alive():
-                p.terminate()
-                p.join(1.0)
-            if p is not None and p.is_alive():
-                p.kill()
-                p.join(1.0)
-        self.procs = [None] * self.num_workers
-        self.server = None
+        for p in [p for p in self.procs + [self.server] if p is not None]:
+            for end in (p.terminate, p.kill):
+                if p.is_alive():
+                    end()
+                    p.join(1.0)
+        self.procs, self.server = [None] * self.num_workers, None
         for sig in (self.obs_ready, *self.ready, *self.wake):  # before the segment that records their names
             sig.close()
         for seg in (self.store, self.control, self.semaphores):

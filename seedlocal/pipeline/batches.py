@@ -1,13 +1,10 @@
 """Unrolls to learner batches: one copy per field, one batch ahead.
 
-The store keeps unrolls as [buffers, L, E, ...]; the learner wants one
-time-major batch [L, k*E, ...] of k of them on its device. ``Batcher``
-copies each unroll once, straight into its columns of a preallocated
-time-major host buffer (pinned when the device is CUDA, so the copy to the
-device runs asynchronously on a side stream); on a CPU learner that buffer
-*is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the
-learner, with two buffer sets: while the learner works on one batch, the
-next is collected and copied into the other set.
+The store keeps unrolls as [buffers, L, E, ...]; the learner wants one time-major batch [L, k*E, ...] of k of them
+on its device. ``Batcher`` copies each unroll once, straight into its columns of a preallocated time-major host
+buffer (pinned when the device is CUDA, so the copy to the device runs asynchronously on a side stream); on a CPU
+learner that buffer *is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the learner, with two
+buffer sets: while the learner works on one batch, the next is collected and copied into the other set.
 """
 
 from __future__ import annotations
@@ -48,24 +45,19 @@ class Batcher:
         self.fields = {name: key for name, key in FIELDS.items() if name in store}
         self.obs_keys = list(obs_keys)
         self.cuda = device.type == "cuda"
-        self.host: list[dict[str, np.ndarray]] = []
-        self.host_t: list[dict[str, torch.Tensor]] = []
-        self.dev: list[dict[str, torch.Tensor]] = []
-        for _ in range(sets):
-            h, ht, d = {}, {}, {}
-            for name in self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else []):
-                src = store[name]
-                if name == "core_state":  # [buffers, E, 2, H] -> [k*E, 2, H]
-                    shape = (k * src.shape[1],) + src.shape[2:]
-                else:  # [buffers, L, E, ...] -> [L, k*E, ...]
-                    shape = (src.shape[1], k * src.shape[2]) + src.shape[3:]
-                t = torch.empty(shape, dtype=torch_dtype(src.dtype), pin_memory=self.cuda)
-                ht[name], h[name] = t, t.numpy()
-                if self.cuda:
-                    d[name] = torch.empty(shape, dtype=t.dtype, device=device)
-            self.host.append(h)
-            self.host_t.append(ht)
-            self.dev.append(d)
+        shapes = {}
+        for name in self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else []):
+            src = store[name]
+            if name == "core_state":  # [buffers, E, 2, H] -> [k*E, 2, H]
+                shapes[name] = (k * src.shape[1],) + src.shape[2:]
+            else:  # [buffers, L, E, ...] -> [L, k*E, ...]
+                shapes[name] = (src.shape[1], k * src.shape[2]) + src.shape[3:]
+        self.host_t: list[dict[str, torch.Tensor]] = [
+            {n: torch.empty(shape, dtype=torch_dtype(store[n].dtype), pin_memory=self.cuda)
+             for n, shape in shapes.items()} for _ in range(sets)]
+        self.host = [{n: t.numpy() for n, t in ht.items()} for ht in self.host_t]
+        self.dev = [{n: torch.empty_like(t, device=device) for n, t in ht.items()} if self.cuda else {}
+                    for ht in self.host_t]
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._released = [None] * sets  # CUDA events: the learner's last use of each device set
         self._copied = [None] * sets  # CUDA events: the last host-to-device copy out of each host set
@@ -76,8 +68,8 @@ class Batcher:
             raise ValueError(f"{len(bufs)} unrolls for a batch of {self.k}")
         host = self.host[slot]
         if self._copied[slot] is not None:
-            # The last copy out of this pinned set may still be in flight: the
-            # learner waited for it on the device, the host never did.
+            # The last copy out of this pinned set may still be in flight: the learner waited for it on the device,
+            # the host never did.
             self._copied[slot].synchronize()
         for name, dst in host.items():
             src = self.store[name]
@@ -122,10 +114,9 @@ class Batcher:
 
 
 class Prefetcher(threading.Thread):
-    """Collects k completed unrolls, fills a free set and queues the batch,
-    one batch ahead of the learner. With ``release_early`` the unrolls go
-    back to the actors as soon as they are copied; otherwise (``algo.sync``)
-    only when the learner is done with the batch."""
+    """Collects k completed unrolls, fills a free set and queues the batch, one batch ahead of the learner. With
+    ``release_early`` the unrolls go back to the actors as soon as they are copied; otherwise (``algo.sync``) only
+    when the learner is done with the batch."""
 
     def __init__(self, loop, batcher: Batcher, release_early: bool):
         super().__init__(name="seedlocal-prefetch", daemon=True)
@@ -141,9 +132,7 @@ class Prefetcher(threading.Thread):
         try:
             while not self._halt.is_set():
                 slot = self._get(self._free)
-                bufs = []
-                while len(bufs) < self.batcher.k:
-                    bufs.append(self._get(self.loop.completed))
+                bufs = [self._get(self.loop.completed) for _ in range(self.batcher.k)]
                 batch = self.batcher.fill(bufs, slot)
                 if self.release_early:
                     for b in bufs:
@@ -165,9 +154,8 @@ class Prefetcher(threading.Thread):
     def next(self, timeout: float) -> Batch | None:
         """The next batch, or None after ``timeout`` seconds without one.
 
-        Without the thread started (``algo.sync``: the actors wait for every
-        update, so there is no next batch to fetch ahead) the caller collects
-        and copies the batch itself."""
+        Without the thread started (``algo.sync``: the actors wait for every update, so there is no next batch to
+        fetch ahead) the caller collects and copies the batch itself."""
         if not self.is_alive() and not self.release_early:
             return self._collect_here(timeout)
         try:
@@ -179,9 +167,8 @@ class Prefetcher(threading.Thread):
         return item
 
     def _collect_here(self, timeout: float) -> Batch | None:
-        # None after ``timeout`` in all, even while unrolls keep arriving: the
-        # caller checks its budget and its workers between calls (a batch of
-        # many unrolls may take minutes to fill). What came stays pending.
+        # None after ``timeout`` in all, even while unrolls keep arriving: the caller checks its budget and its
+        # workers between calls (a batch of many unrolls may take minutes to fill). What came stays pending.
         pending, end = self._pending, time.monotonic() + timeout
         while len(pending) < self.batcher.k:
             try:

@@ -1,9 +1,8 @@
-"""CUDA plumbing of the inference loop: how it shares the learner's weights
-(``WeightLock``) and replays its forward passes (``GraphedStep``).
+"""CUDA plumbing of the inference loop: how it shares the learner's weights (``WeightLock``) and replays its
+forward passes (``GraphedStep``).
 
-Both are for a learner and an inference thread in one process on one
-device, as in SEED: the inference thread reads the learner's own weights.
-On a CPU ``WeightLock`` is a plain lock and graphs are refused.
+Both are for a learner and an inference thread in one process on one device, as in SEED: the inference thread reads
+the learner's own weights. On a CPU ``WeightLock`` is a plain lock and graphs are refused.
 """
 
 from __future__ import annotations
@@ -15,20 +14,15 @@ import torch
 
 
 class WeightLock:
-    """A lock, plus CUDA events, between the optimiser's writes of the
-    learner's weights and the inference thread's reads of them: inference
-    reads the learner's own weights, as in SEED, with no copy (DESIGN
-    decision 4).
+    """A lock, plus CUDA events, between the optimiser's writes of the learner's weights and the inference thread's
+    reads of them: inference reads the learner's own weights, as in SEED, with no copy (DESIGN decision 4).
 
-    The learner wraps each ``optimizer.step()`` in ``with lock:``; the
-    inference thread wraps each forward in ``with lock.reading():``. The two
-    exclude each other in Python, which is all a CPU needs. On CUDA the
-    inference thread enqueues on a stream of its own (``InferenceLoop``), so
-    Python order is not GPU order: a read first waits for the event recorded
-    after the last write, and a write for the event recorded after the last
-    read. A forward then never sees a step half applied and a step never
-    overwrites weights a queued forward still reads, while the learner's
-    forward and backward passes (which only read) overlap inference.
+    The learner wraps each ``optimizer.step()`` in ``with lock:``; the inference thread wraps each forward in
+    ``with lock.reading():``. The two exclude each other in Python, which is all a CPU needs. On CUDA the inference
+    thread enqueues on a stream of its own (``InferenceLoop``), so Python order is not GPU order: a read first
+    waits for the event recorded after the last write, and a write for the event recorded after the last read. A
+    forward then never sees a step half applied and a step never overwrites weights a queued forward still reads,
+    while the learner's forward and backward passes (which only read) overlap inference.
     """
 
     def __init__(self, device: torch.device | str = "cpu"):
@@ -70,20 +64,16 @@ class WeightLock:
 
 
 class GraphedStep:
-    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA
-    graphs: one per batch size rounded up to a power of two, into one shared
-    memory pool. ``capture`` takes every size a run will serve at start-up,
-    before the learner starts: capturing synchronises the device and empties
-    the allocator's cache, which in the middle of a run would stall the
-    learner and throw away its cached blocks. A size that still comes
-    unannounced is captured when it comes. Inputs are
-    copied into the graph's static buffers (pad rows keep stale data; their
-    outputs are dropped) and outputs are cloned out, so the caller may hold
-    them past the next call. Parameters are read where they live, so an
-    optimiser step that updates them in place is seen by the next replay.
+    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs: one per batch size rounded up
+    to a power of two, into one shared memory pool. ``capture`` takes every size a run will serve at start-up,
+    before the learner starts: capturing synchronises the device and empties the allocator's cache, which in the
+    middle of a run would stall the learner and throw away its cached blocks. A size that still comes unannounced
+    is captured when it comes. Inputs are copied into the graph's static buffers (pad rows keep stale data; their
+    outputs are dropped) and outputs are cloned out, so the caller may hold them past the next call. Parameters are
+    read where they live, so an optimiser step that updates them in place is seen by the next replay.
 
-    A graph saves the per-kernel launch cost of a small forward, which is
-    what a batch of a few dozen env rows spends most of its time on.
+    A graph saves the per-kernel launch cost of a small forward, which is what a batch of a few dozen env rows
+    spends most of its time on.
     """
 
     def __init__(self, step, device: torch.device):
@@ -105,15 +95,15 @@ class GraphedStep:
                 self._capture(size, obs, core)
 
     def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
-        # Everything on the configured device (cuda:1 included): the capture
-        # stream torch.cuda.graph makes by default belongs to the current one.
+        # Everything on the configured device (cuda:1 included): torch.cuda.graph's capture stream belongs to the
+        # current one.
         with torch.cuda.device(self.device):
             static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device)
                           for k, v in obs.items()}
             static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
                                                                  device=self.device)
-            # Warm-up off the capturing stream (lazy initialisation, cuDNN's
-            # algorithm choice), as torch.cuda.graphs asks.
+            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as
+            # torch.cuda.graphs asks.
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):

@@ -1,16 +1,14 @@
 """Imported by the env workers' forkserver only (``actors.WORKER_PRELOAD``): the server exits at once.
 
-The server leaves when its owner (the learner or the actor host) does: it sees the end of its keep-alive pipe
-and raises SystemExit. An ordinary interpreter exit then tears down every module it preloaded (numpy, envpool,
-the worker), about 0.35 s of CPU here and seconds on a loaded machine, and only when the server is gone does
-Linux send its workers their PR_SET_PDEATHSIG. The server holds nothing that needs that teardown (it owns no
-segments and flushes nothing), so it ends with os._exit at the start of its exit instead: 0.02 s.
+The server leaves when its owner (the learner or the actor host) does, by SystemExit. An ordinary interpreter exit
+then tears down every module it preloaded (numpy, envpool, the worker: seconds on a loaded machine), and only when
+the server is gone does Linux send its workers their PR_SET_PDEATHSIG. The server holds nothing that needs that
+teardown (no segments, nothing to flush), so it ends with os._exit at the start of its exit instead.
 
-It also ignores SIGINT and SIGHUP from its import on. The server ignores SIGINT itself only once its preloads are
-imported, so a Ctrl-C in the first second of a run printed a KeyboardInterrupt traceback from envpool's import; and
-a SIGHUP to the process group (a closed terminal) killed the server, whose workers then died of their
-PR_SET_PDEATHSIG and were restarted while the learner was saving and stopping. Its workers (its only children,
-which inherit this) ignore both anyway: the learner stops them, and the server still exits with the learner.
+It also ignores SIGINT and SIGHUP from its import on: the server ignores SIGINT itself only once its preloads are
+imported (a Ctrl-C in a run's first second printed a traceback from envpool's import), and a SIGHUP to the process
+group (a closed terminal) killed it, so that its workers died of their PR_SET_PDEATHSIG while the learner was
+saving and stopping. Its workers ignore both anyway; the server still exits with the learner.
 
 Anywhere else, importing this module does nothing.
 """

@@ -2,27 +2,18 @@
 
 Each call of :meth:`InferenceLoop.step`
 
-1. waits (in the kernel) until ``min_batch_envs`` observations are ready or
-   ``batch_timeout_s`` has passed since the first one was (dynamic batching:
-   ``_collect``);
-2. hands every group that filled its unroll's last row to the consumer and
-   rebinds it to a free unroll, whose row 0 is the same observation. When
-   the consumer holds every other unroll, such a group is *parked*: left
-   unanswered (its worker sleeps) until an unroll is released, while the
-   other groups are served on. This back-pressure bounds how far actors run
-   ahead of the learner (its policy lag) by the number of unrolls. Which
-   unroll a group writes into is the ``UnrollAllocator``'s business
-   (``pipeline/unrolls.py``); no call of it blocks (``_rotate``);
-3. gathers the observations with one ``np.take`` per field into a staging
-   buffer (pinned when the device is CUDA) and copies it to the device
-   (``_stage``);
+1. waits (in the kernel) until ``min_batch_envs`` observations are ready or ``batch_timeout_s`` has passed
+   since the first one was (``_collect``);
+2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll
+   (``pipeline/unrolls.py``), whose row 0 is the same observation. With none free the group is *parked*
+   (its worker sleeps) until one is released: this bounds the learner's policy lag by the number of
+   unrolls. No call blocks; the other groups are served on (``_rotate``);
+3. gathers the observations into a staging buffer (pinned on CUDA) and copies it to the device (``_stage``);
 4. runs the policy (``_act``);
-5. scatters actions and outputs into the same rows and gives the slots back
-   to their workers (``_scatter``).
+5. scatters actions and outputs into the same rows and gives the slots back to their workers (``_scatter``).
 
-It also watches the workers: a dead one is restarted on fresh episodes (its
-partial unrolls are dropped and its recurrent state is zeroed) or, once
-``max_restarts`` is spent, the loop raises ``WorkerDied`` naming it.
+A dead worker is restarted on fresh episodes (its partial unrolls dropped, its recurrent state zeroed) or,
+once ``max_restarts`` is spent, the loop raises ``WorkerDied`` naming it.
 """
 
 from __future__ import annotations
@@ -33,6 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -53,11 +45,9 @@ class LoopStopped(Exception):
 class EpisodeLog:
     """Finished episodes, counted exactly at any episode rate.
 
-    The inference thread ``add``s each batch's finished episodes; a reader
-    ``take``s what finished since its last take: the exact count and sums
-    (so means are exact however many episodes end between two reads) and the
-    most recent ``keep`` episodes themselves. Memory stays bounded whether
-    or not anyone reads.
+    The inference thread ``add``s each batch's finished episodes; a reader ``take``s what finished since its
+    last take: the exact count and sums (so means are exact however many episodes end between two reads) and
+    the most recent ``keep`` episodes themselves. Memory stays bounded whether or not anyone reads.
     """
 
     def __init__(self, keep: int = 1000):
@@ -89,26 +79,25 @@ class Episodes(NamedTuple):
     recent: list[tuple[float, int]]  # the last (return, length) pairs, oldest first, at most EpisodeLog.keep
 
 
+@dataclass
 class LoopStats:
     """Counters the loop updates per batch; read and reset by loggers."""
 
-    def __init__(self, window: int = 4096):
-        self.env_steps = 0
-        self.batches = 0
-        self.batch_envs = 0
-        self.forward_s = 0.0
-        self.collect_s: deque[float] = deque(maxlen=window)
-        self.episodes = EpisodeLog()
-        self.restarts = 0
-        self.timeouts = 0  # batches served short because batch_timeout_s ran out
+    env_steps: int = 0
+    batches: int = 0
+    batch_envs: int = 0
+    forward_s: float = 0.0
+    collect_s: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    episodes: EpisodeLog = field(default_factory=EpisodeLog)
+    restarts: int = 0
+    timeouts: int = 0  # batches served short because batch_timeout_s ran out
 
 
 def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
             pack: bool | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """What the workers need of a batch, as numpy. On an accelerator (``pack``
-    defaults to that) the actions and every output go in one float32 block,
-    so a batch costs one device-to-host copy and one wait rather than one per
-    field; integer actions survive the round trip exactly (< 2**24)."""
+    """What the workers need of a batch, as numpy. On an accelerator (``pack`` defaults to that) the actions and
+    every output go in one float32 block, so a batch costs one device-to-host copy and one wait rather than one
+    per field; integer actions survive the round trip exactly (< 2**24)."""
     if pack is None:
         pack = actions.device.type != "cpu"
     if not pack:
@@ -125,118 +114,87 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     return out[0], dict(zip(outputs, out[1:]))
 
 
+@dataclass(slots=True)
 class _Batch:
-    """One batch, passed between the phases of ``InferenceLoop.step``: the
-    ready groups [k] and, for each, its unroll and row, and whether each of
-    its envs' observations starts an episode [k, E]. What the step that
-    produced them ended (``stepped`` [k] groups: their rows ``prev``, as
-    ``buf * L + row``, and ``done`` [stepped, E]) is read by ``_plan``;
-    ``steps`` counts the env steps answered; ``_act`` adds the batch's own
-    rows as ``buf * L + row`` (``flat``) and the policy's answers on the
-    host. One object per batch, no copy per phase."""
+    """One batch, passed between the phases of ``InferenceLoop.step`` (one object, no copy per phase)."""
 
-    __slots__ = ("groups", "bufs", "rows", "first", "stepped", "prev", "done", "steps", "flat", "actions",
-                 "outputs")
-
-    def __init__(self, groups, bufs, rows, first, stepped, prev, done, steps):
-        self.groups, self.bufs, self.rows, self.first = groups, bufs, rows, first
-        self.stepped, self.prev, self.done, self.steps = stepped, prev, done, steps
-        self.flat: np.ndarray | None = None  # [k], set by _act once _rotate moved no group any more
-        self.actions: np.ndarray | None = None  # [k * E, ...] and {name: [k * E, ...]}, set by _act
-        self.outputs: dict[str, np.ndarray] | None = None
+    groups: np.ndarray  # [k] the ready groups
+    bufs: np.ndarray  # [k] each one's unroll
+    rows: np.ndarray  # [k] and row
+    first: np.ndarray  # [k, E] whether each env's observation starts an episode
+    # The step that produced them, read by _plan only: the groups it ``stepped`` [k] (bool), their rows
+    # ``prev`` (as buf * L + row) and ``done`` [stepped, E]; ``steps`` counts the env steps answered.
+    stepped: np.ndarray
+    prev: np.ndarray
+    done: np.ndarray
+    steps: int
+    flat: np.ndarray | None = None  # [k] buf * L + row, set by _act once _rotate moved no group any more
+    actions: np.ndarray | None = None  # [k * E, ...] and {name: [k * E, ...]}, set by _act
+    outputs: dict[str, np.ndarray] | None = None
 
     def keep(self, mask: np.ndarray) -> bool:
-        """Only the groups where ``mask`` is True stay; whether any does.
-        ``stepped``, ``prev`` and ``done`` stay as ``_gather``
-        made them: only ``_plan`` reads them, before any group leaves."""
+        """Only the groups where ``mask`` is True stay; whether any does (``stepped``, ``prev`` and ``done``
+        stay as they were: only ``_plan`` reads them, before any group leaves)."""
         self.groups, self.bufs, self.rows, self.first = (
             self.groups[mask], self.bufs[mask], self.rows[mask], self.first[mask])
         return bool(len(self.groups))
 
 
 class InferenceLoop:
-    def __init__(
-        self,
-        pool: ActorPool,
-        policy: Policy,
-        device: torch.device,
-        min_batch_envs: int,
-        batch_timeout_s: float,
-        consume: bool = False,
-        poll_s: float = 0.25,
-        check_every_s: float = 0.1,
-        threads: int = 1,
-    ):
-        self.pool, self.policy, self.device = pool, policy, device
-        # torch's CPU thread count is per OS thread (OpenMP): whichever thread
-        # serves batches sets it for itself, so a learner in another thread
-        # keeps its own count.
-        self.threads = threads
-        self.store, ctl = pool.store, pool.control
+    poll_s = 0.25  # the longest a wait for ready groups sleeps before it checks the workers anyway
+    check_every_s = 0.1  # a waitpid per worker: cheap
+
+    def __init__(self, pool: ActorPool, policy: Policy, device: torch.device, min_batch_envs: int,
+                 batch_timeout_s: float, consume: bool = False, threads: int = 1):
+        """``consume``: full unrolls go to ``completed`` for a consumer, which ``release``s each (else they are
+        free again at once). ``threads``: torch's CPU threads for whichever thread serves batches (a count per
+        OS thread, so a learner in another thread keeps its own)."""
+        self.pool, self.policy, self.device, self.threads = pool, policy, device, threads
+        self.store, ctl, self.layout = pool.store, pool.control, pool.layout
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-        self.layout = pool.layout
-        self.E, self.L = pool.envs_per_group, pool.layout.length
-        self.G = pool.num_groups
-        self.min_batch_envs = max(1, min_batch_envs)
-        self.batch_timeout_s = batch_timeout_s
-        self.poll_s = poll_s
-        self.check_every_s = check_every_s  # a waitpid per worker: cheap
+        self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.num_groups
+        self.min_batch_envs, self.batch_timeout_s = max(1, min_batch_envs), batch_timeout_s
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
-        self.consume = consume
-        # Full unrolls for the consumer, which releases each when done with it.
         self.completed: queue.Queue[int] = queue.Queue()
         self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
                                        hand_on=self.completed.put if consume else None)
         self._last_check = 0.0
         self._stop = threading.Event()
-        # Groups a planning policy parked: left unanswered (their workers
-        # sleep) until ``unhold``.
-        self._held = np.zeros(self.G, bool)
-        # Groups whose ready token the loop took: their rows are published to
-        # this thread (shm/slots.py) until it hands them back to the worker.
+        self._held = np.zeros(self.G, bool)  # parked by a planning policy (their workers sleep) until ``unhold``
+        # Groups whose ready token the loop took: their rows are published to this thread (shm/slots.py) until it
+        # hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
-        # A planning policy's requests to serve held groups again (its own
-        # Unhold, so that it need not hold this loop), which wake the loop.
+        # A planning policy's requests to serve held groups again (its own Unhold, so that it need not hold this
+        # loop), which wake the loop.
         self._unhold = policy.unhold if policy.unhold is not None else Unhold()
         self._unhold.connect(pool.obs_ready.post)
-        # Which groups are remote (stepped by actor hosts behind the bridge).
-        self._remote = None
+        self._remote = None  # which groups actor hosts step, behind the bridge
         if pool.num_remote_groups:
             self._remote = np.zeros(self.G, bool)
             self._remote[pool.num_local_groups:] = True
         self._batch_buffers()
 
     def _batch_buffers(self) -> None:
-        """What every batch reuses, made once: flat views of the observation
-        fields, a staging buffer per field (pinned on CUDA) and the
-        recurrent state of every env (when the policy has one)."""
-        pin = self.device.type == "cuda"
+        """What every batch reuses, made once: flat views of the store's fields, a staging buffer per
+        observation field (pinned on CUDA) and the recurrent state of every env (when the policy has one)."""
         self._obs_keys = self.layout.obs_keys()
-        # Flat [buffers * rows, envs, ...] views of every field a batch reads
-        # or writes, so one index per row (buf * L + row) reaches it: one
-        # np.take gathers a batch's observations, and each other field is one
-        # small read or write rather than a two-array fancy index.
+        # [buffers * rows, envs, ...] views, so that one index per row (buf * L + row) reaches a field: one
+        # np.take gathers a batch's observations, every other field is one small read or write.
         fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
         fields += [f"out.{name}" for name in self.layout.outputs]
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
         self._flat_version = self.store["policy_version"].reshape(-1)
-        # Group g's env slots, g*E .. g*E + E - 1 (the policy's env_ids).
-        self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)
-        self._staging = {
-            k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=torch_dtype(self.store[k].dtype),
-                           pin_memory=pin)
-            for k in self._obs_keys
-        }
+        self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)  # group g's env slots (env_ids)
+        self._staging = {k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=torch_dtype(self.store[k].dtype),
+                                        pin_memory=self.device.type == "cuda") for k in self._obs_keys}
         self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
-        # What the policy reads of a batch of k groups: views [k * E, ...] of
-        # the staging buffer, made once for every k.
+        # What the policy reads of a batch of k groups: views [k * E, ...] of the staging buffer, for every k.
         self._staged = {key: [None] + [v[:k].reshape((k * self.E,) + v.shape[2:]) for k in range(1, self.G + 1)]
                         for key, v in self._staging.items()}
         self.core = None
         if self.policy.core_state is not None:
-            shape = (self.G, self.E) + self.policy.core_state.shape
-            self.core = torch.zeros(shape, device=self.device)
+            self.core = torch.zeros((self.G, self.E) + self.policy.core_state.shape, device=self.device)
 
     # -- unrolls -------------------------------------------------------------------
 
@@ -246,9 +204,13 @@ class InferenceLoop:
         if self.unrolls.unbound().any():
             self.pool.obs_ready.post()  # wake the loop to move a parked or waiting group on
 
-    def _fresh_core(self, g: int) -> None:
+    def _start_fresh(self, g: int) -> bool:
+        """Group ``g`` drops its partial unroll and its recurrent state for fresh episodes; whether it found a free
+        unroll to start in (else it waits for one: ``UnrollAllocator.restart``)."""
+        self._owned[g] = False
         if self.core is not None:
             self.core[g].zero_()
+        return self.unrolls.restart(g)
 
     def _resume(self) -> None:
         """Unrolls were released: parked groups go on, waiting ones start fresh."""
@@ -260,13 +222,9 @@ class InferenceLoop:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def batch_sizes(self) -> list[int]:
-        """Every number of env rows a batch can have: whole groups, 1 to all."""
-        return [k * self.E for k in range(1, self.G + 1)]
-
     def start(self) -> None:
-        # e.g. CUDA graph capture, before any learner or worker runs
-        self.policy.prepare(self.batch_sizes(), {("" if k == "obs" else k[4:]): torch.zeros(
+        # Every batch size (whole groups, 1 to all), e.g. for CUDA graph capture, before any learner or worker runs.
+        self.policy.prepare([k * self.E for k in range(1, self.G + 1)], {("" if k == "obs" else k[4:]): torch.zeros(
             (1,) + tuple(self.store[k].shape[3:]), dtype=self._staging[k].dtype, device=self.device)
             for k in self._obs_keys})
         self._state[:] = STEPPING
@@ -288,30 +246,20 @@ class InferenceLoop:
             self.pool.begin_restart(w)  # raises WorkerDied once restarts are spent
             print(f"seedlocal: {self.pool.describe_exit(w)}; restarted it on fresh episodes", file=sys.stderr,
                   flush=True)
-            for g in self.pool.groups_of(w):
-                # Drop the partial unroll: nothing before the crash is kept. A
-                # group with no free unroll to start in (parked, the consumer
-                # holding every other) waits for one, and its new worker
-                # waits for it (UNBOUND) while the other groups run on.
-                self._owned[g] = False
-                self._fresh_core(g)
-                if not self.unrolls.restart(g):
+            for g in self.pool.shape.groups_of(w):
+                if not self._start_fresh(g):  # its new worker waits for an unroll (UNBOUND), the others run on
                     self._state[g] = UNBOUND
             self.pool.spawn(w)
             self.stats.restarts += 1
 
     def _restart_remote(self, g: int) -> None:
-        """Remote group ``g`` lost its actor host: like a dead worker's group,
-        drop its partial unroll and start it fresh, then tell the bridge
-        server (``_ack_remote``), at once or once an unroll is free for it:
-        until the acknowledgement no host can take the group."""
-        self._owned[g] = False
+        """Remote group ``g`` lost its actor host: like a dead worker's group, it starts fresh; the bridge server
+        is told (``_ack_remote``) once it has an unroll, and until then no host can take the group."""
         self.pool.ready[g].drain()
         self.pool.wake[g].drain()
         self._state[g] = STEPPING
-        self._fresh_core(g)
         self.stats.restarts += 1
-        if self.unrolls.restart(g):
+        if self._start_fresh(g):
             self._ack_remote(g)
 
     def _ack_remote(self, g: int) -> None:
@@ -334,9 +282,8 @@ class InferenceLoop:
                 self._resume()
                 unbound = self.unrolls.unbound()
             self._claim()
-            # Held, parked, waiting and host-less remote groups cannot become ready:
-            # waiting for them would cost a full timeout per batch whenever only a
-            # few groups have work.
+            # Held, parked, waiting and host-less remote groups cannot become ready: waiting for them would cost
+            # a full timeout per batch whenever only a few groups have work.
             idle = self._held | unbound
             ready = np.flatnonzero(self._owned & ~idle)
             now = time.perf_counter()
@@ -361,8 +308,7 @@ class InferenceLoop:
         return ready
 
     def _claim(self) -> None:
-        """Take the ready token of every group that says OBS_READY and has
-        posted it; only those groups' rows may be read (acquire order)."""
+        """Take the ready token of every OBS_READY group that posted it: only those rows may be read (acquire)."""
         for g in np.flatnonzero((self._state == OBS_READY) & ~self._owned).tolist():
             if self.pool.ready[g].try_acquire():
                 self._owned[g] = True
@@ -375,14 +321,9 @@ class InferenceLoop:
             self.pool.wake[one].post()  # release: publishes the rows written for it
 
     def step(self) -> int:
-        """Serve one batch; returns the number of env steps it answered.
-
-        Its phases: wait for ready groups (``_collect``); read where their
-        rows are and the episodes their last step ended (``_gather``); let a
-        planning policy hold or restart groups (``_plan``); move groups whose
-        unroll is full to a fresh one (``_rotate``); run the policy
-        (``_act``); write its answers into the rows and hand the groups back
-        (``_scatter``). A phase that leaves no group ends the batch there."""
+        """Serve one batch; returns the number of env steps it answered. Its phases are the module docstring's,
+        with ``_gather`` (where the rows are, the episodes the last step ended) and a planning policy's ``_plan``
+        (hold or restart groups) after the wait; a phase that leaves no group ends the batch there."""
         batch = self._gather(self._collect())
         if self.policy.plans and not self._plan(batch):
             return batch.steps
@@ -393,9 +334,8 @@ class InferenceLoop:
         return batch.steps
 
     def _gather(self, ready: np.ndarray) -> _Batch:
-        """The ready groups' rows, whether each env's observation starts an
-        episode, and the episode ends of the step that produced them (added
-        to ``stats.episodes``)."""
+        """The ready groups' rows, whether each env's observation starts an episode, and the episode ends of the
+        step that produced them (added to ``stats.episodes``)."""
         flat, E = self._flat, self.E
         bufs = self._tbuf[ready].astype(np.int64)
         rows = self._trow[ready].astype(np.int64)
@@ -422,9 +362,8 @@ class InferenceLoop:
         return _Batch(ready, bufs, rows, first, stepped, prev, done, n_stepped * E)
 
     def _plan(self, b: _Batch) -> bool:
-        """Offer the groups to the policy's ``plan`` with their envs' episode
-        ends, returns and lengths; the groups it holds or restarts leave the
-        batch. False once none is left."""
+        """Offer the groups to the policy's ``plan`` with their envs' episode ends, returns and lengths; the
+        groups it holds or restarts leave the batch. False once none is left."""
         flat, shape = self._flat, (len(b.groups), self.E)
         done, ret, length = np.zeros(shape, bool), np.zeros(shape, np.float32), np.zeros(shape, np.int32)
         done[b.stepped] = b.done
@@ -437,9 +376,8 @@ class InferenceLoop:
         return True
 
     def _rotate(self, b: _Batch) -> bool:
-        """Groups whose unroll is full hand it on and go on in row 0 of a
-        free one; with none free they leave the batch, parked. False once
-        none is left."""
+        """Groups whose unroll is full hand it on and go on in row 0 of a free one; with none free they leave the
+        batch, parked. False once none is left."""
         full = []
         for i in np.flatnonzero(b.rows == self.L - 1).tolist():
             new = self.unrolls.rotate(int(b.groups[i]), b.first[i])
@@ -454,9 +392,8 @@ class InferenceLoop:
         return b.keep(keep)
 
     def _act(self, b: _Batch) -> None:
-        """The forward: the batch's recurrent state and observations on the
-        device, the policy, its actions and outputs back on the host (into
-        ``b.actions``, ``b.outputs``)."""
+        """The forward: the batch's recurrent state and observations on the device, the policy, its actions and
+        outputs back on the host (into ``b.actions``, ``b.outputs``)."""
         E = self.E
         b.flat = b.bufs * self.L + b.rows
         core = self._batch_core(b)
@@ -476,8 +413,8 @@ class InferenceLoop:
         b.actions, b.outputs = host_actions, host_out
 
     def _batch_core(self, b: _Batch) -> torch.Tensor | None:
-        """The groups' recurrent state [k, E, ...], zeroed where an episode
-        starts; stored as the start state of each unroll that starts here."""
+        """The groups' recurrent state [k, E, ...], zeroed where an episode starts; stored as the start state of
+        each unroll that starts here."""
         if self.core is None:
             return None
         core = self.core[torch.from_numpy(b.groups)]
@@ -488,21 +425,20 @@ class InferenceLoop:
         return core
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
-        """The observations of the batch's rows: one ``np.take`` per field
-        into the staging buffer, then to the device."""
+        """The observations of the batch's rows: one ``np.take`` per field into the staging buffer, then to the
+        device."""
         k = len(b.groups)
         obs = {}
         for key in self._obs_keys:
-            # mode="clip": with out= and the default mode="raise", numpy
-            # gathers into a temporary and copies that (3x a memcpy for Pong
-            # frames); the rows are the allocator's own, always in range.
+            # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
+            # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.
             np.take(self._flat[key], b.flat, axis=0, out=self._staging_np[key][:k], mode="clip")
             obs[key[4:] if key != "obs" else ""] = self._staged[key][k].to(self.device, non_blocking=True)
         return obs
 
     def _scatter(self, b: _Batch) -> None:
-        """Actions, outputs and the policy version into the batch's rows; the
-        groups move to their next row and go back to their workers."""
+        """Actions, outputs and the policy version into the batch's rows; the groups move to their next row and
+        go back to their workers."""
         flat, k, E = self._flat, len(b.groups), self.E
         flat["action"][b.flat] = b.actions.reshape((k, E) + b.actions.shape[1:])
         for name, v in b.outputs.items():
@@ -518,11 +454,8 @@ class InferenceLoop:
             if code == HOLD:
                 self._held[g] = True
             elif code == RESTART:
-                # Fresh episodes in a fresh unroll: the partial one is dropped
-                # (and is free again, so the group always finds one).
-                started = self.unrolls.restart(g)
-                assert started, "a served group held an unroll"
-                self._fresh_core(g)
+                started = self._start_fresh(g)
+                assert started, "a served group held an unroll, free again now"
                 self._hand_back(g, RESET)
 
     def unhold(self) -> None:
@@ -543,18 +476,15 @@ class InferenceLoop:
     def run_until_stopped(self) -> None:
         """Serve batches until ``request_stop``; for an inference thread.
 
-        On CUDA the thread enqueues on a stream of its own, so its copies and
-        forwards do not queue behind the learner's kernels on the default
-        stream. What it shares with the learner is ordered explicitly: the
-        weights by the policy's ``WeightLock``, everything created before
-        it starts (recurrent state, frame stacks) by one wait here."""
+        On CUDA the thread enqueues on a stream of its own, so its copies and forwards do not queue behind the
+        learner's kernels on the default stream. What it shares with the learner is ordered explicitly: the
+        weights by the policy's ``WeightLock``, everything created before it starts (recurrent state, frame
+        stacks) by one wait here."""
         torch.set_num_threads(self.threads)
-        stream = contextlib.nullcontext()
-        if self.device.type == "cuda":
-            stream = torch.cuda.stream(torch.cuda.Stream(self.device))
+        cuda = self.device.type == "cuda"
         try:
-            with stream:
-                if self.device.type == "cuda":
+            with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else contextlib.nullcontext():
+                if cuda:
                     torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
                 while True:
                     self.step()
@@ -565,16 +495,12 @@ class InferenceLoop:
 class StallWatch:
     """Notices a learner waiting on envs that make no progress (a hung env).
 
-    The learner calls ``start`` when it begins to wait and ``poll`` while it
-    waits. Once no env step has arrived for ``after`` seconds, ``poll`` says
-    so (every ``every`` seconds), naming the local workers whose groups are
-    still inside their envs' step or reset, and returns True, so a run loop
-    can stop at its time budget instead of waiting for ever. A single worker
-    stuck while the others keep the run going is named too (after
-    ``3 x after`` seconds), though the run goes on. With a bridge it watches
-    the local workers only: a whole-run stall is said only where a local
-    worker is stuck, since waiting for actor hosts is expected there (the
-    bridge meter reports it).
+    The learner calls ``start`` when it begins to wait and ``poll`` while it waits. Once no env step has arrived
+    for ``after`` seconds, ``poll`` says so (every ``every`` seconds), naming the local workers whose groups are
+    still inside their envs' step or reset, and returns True, so a run loop can stop at its time budget instead
+    of waiting for ever. A single worker stuck while the others run on is named too (after ``3 x after``
+    seconds). With a bridge a whole-run stall is said only where a local worker is stuck: waiting for actor
+    hosts is expected there (the bridge meter reports it).
     """
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
@@ -591,10 +517,9 @@ class StallWatch:
         self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
 
     def _stuck_workers(self, now: float, over: float) -> list[str]:
-        """Workers with a group inside its env (STEPPING) or not taking its
-        actions (ACTION_READY: a stopped or starved process), without a step,
-        at every poll for ``over`` s (timed from the first poll that saw it
-        so: polls may be far apart while the learner works)."""
+        """Workers with a group inside its env (STEPPING) or not taking its actions (ACTION_READY: a stopped or
+        starved process), without a step, at every poll for ``over`` s (timed from the first poll that saw it so:
+        polls may be far apart while the learner works)."""
         pool = self.loop.pool
         n = pool.num_local_groups
         steps, state = pool.control["group_steps"][:n].copy(), pool.control["state"][:n]
@@ -602,7 +527,7 @@ class StallWatch:
         self._group_t[candidate & ~self._candidate] = now
         self._group_steps, self._candidate = steps, candidate
         stuck = candidate & (now - self._group_t >= over)
-        workers = sorted({pool.worker_of(g) for g in np.flatnonzero(stuck).tolist()})
+        workers = sorted({pool.shape.worker_of(g) for g in np.flatnonzero(stuck).tolist()})
         return [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
 
     def poll(self) -> bool:

@@ -4,11 +4,10 @@
     with Pipeline(env_cfg, pipe_cfg, make_policy, spec, shape) as pipe:
         pipe.loop.run(seconds=10)
 
-Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation: a trainer's, with what the
-trainer needs, or a bare pipeline's (``prepare_pipeline``).
+Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation: a trainer's, with what the trainer
+needs, or a bare pipeline's (``prepare_pipeline``).
 
-Leaving the ``with`` block, by return, exception or Ctrl-C, stops the workers
-and unlinks the shared memory.
+Leaving the ``with`` block, by return, exception or Ctrl-C, stops the workers and unlinks the shared memory.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ SEED_LIMIT = SEED_END - 1  # envpool (and most envs) take int32 seeds
 
 
 def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: RolloutLayout) -> None:
-    """Refuse sizes this machine cannot hold, before a worker starts (a
-    thousand workers, or a store of billions of rows, would end in the OOM
-    killer minutes later, with no message)."""
+    """Refuse sizes this machine cannot hold, before a worker starts (a thousand workers, or a store of billions of
+    rows, would end in the OOM killer minutes later, with no message)."""
     store = sum(s.nbytes for s in layout.specs())
     need = store + shape.num_workers * WORKER_BYTES
     if (have := short_of_memory(need)) is not None:
@@ -48,7 +46,7 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
     if env.seed < 0:
         raise ConfigError(f"env.seed={env.seed}: must be >= 0")
     # Env i of a rank's local worker's k-th start is seeded from its block (PipelineShape.seed_block), wrapping
-    # below int32's end (ActorPool._spawn); envpool asserts they fit (Gymnasium envs take any size): one start of
+    # below int32's end (ActorPool.spawn); envpool asserts they fit (Gymnasium envs take any size): one start of
     # every env of every rank must.
     used = shape.ranks * shape.num_envs
     if spec.backend == "envpool" and env.seed + used - 1 > SEED_LIMIT:
@@ -57,46 +55,25 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
 
 
 class Pipeline:
-    def __init__(
-        self,
-        env: EnvConfig,
-        pipe: PipelineConfig,
-        make_policy: Callable[[EnvSpec, torch.device], object],
-        spec: EnvSpec,
-        shape: PipelineShape,
-        consume: bool = False,
-        bridge: BridgeConfig | None = None,
-        errors_file: str = "",
-    ):
+    def __init__(self, env: EnvConfig, pipe: PipelineConfig, make_policy: Callable[[EnvSpec, torch.device], object],
+                 spec: EnvSpec, shape: PipelineShape, consume: bool = False, bridge: BridgeConfig | None = None,
+                 errors_file: str = ""):
         """``spec`` and ``shape``: the env's and the pipeline's sizes, as preparation made and checked them from
         this config (``seedlocal/prepare.py``; nothing is checked or derived again here). ``errors_file``: where
         env workers' tracebacks go (``ActorPool``)."""
-        self.shape = shape
-        self.spec = spec
+        self.shape, self.spec = shape, spec
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)
         self.layout = RolloutLayout(
-            num_buffers=shape.num_buffers,
-            length=shape.unroll_length + 1,
-            envs=shape.envs_per_group,
-            obs=self.spec.obs,
-            action=self.spec.action,
-            outputs=self.policy.outputs,
-            core_state=self.policy.core_state,
-        )
+            num_buffers=shape.num_buffers, length=shape.unroll_length + 1, envs=shape.envs_per_group, obs=spec.obs,
+            action=spec.action, outputs=self.policy.outputs, core_state=self.policy.core_state)
         _check_fits(env, self.spec, shape, self.layout)
-        self.pool = ActorPool(
-            self.spec, self.layout, shape, env.seed, pipe.max_restarts,
-            bridge=bridge, restart_window_s=pipe.restart_window_s, errors_file=errors_file,
-        )
+        self.pool = ActorPool(self.spec, self.layout, shape, env.seed, pipe.max_restarts, bridge=bridge,
+                              restart_window_s=pipe.restart_window_s, errors_file=errors_file)
         try:
-            self.loop = InferenceLoop(
-                self.pool, self.policy, self.device,
-                min_batch_envs=shape.min_batch_envs,
-                batch_timeout_s=pipe.batch_timeout_ms / 1000.0,
-                consume=consume,
-                threads=pipe.inference_threads,
-            )
+            self.loop = InferenceLoop(self.pool, self.policy, self.device, min_batch_envs=shape.min_batch_envs,
+                                      batch_timeout_s=pipe.batch_timeout_ms / 1000.0, consume=consume,
+                                      threads=pipe.inference_threads)
             self.loop.start()
         except BaseException:
             self.pool.close()

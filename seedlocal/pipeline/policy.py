@@ -1,28 +1,21 @@
 """The contract between the inference loop and what it runs on each batch.
 
-Every policy implements one protocol, ``Policy``; the loop calls it the same
-way whatever the algorithm, so a new kind of acting (a Gaussian for
-continuous actions, a population of networks) is one more class in
-``seedlocal/policies/`` and no branch in the loop. It lives here, beside the
-loop, so that the pipeline depends on no policy and the policies depend on
-the pipeline, not both ways. What a policy reads and writes is declared:
+Every policy implements one protocol, ``Policy``; the loop calls it the same way whatever the algorithm, so a new
+kind of acting (a Gaussian for continuous actions, a population of networks) is one more class in
+``seedlocal/policies/`` and no branch in the loop. It lives here, beside the loop, so that the pipeline depends on
+no policy and the policies depend on the pipeline, not both ways. What a policy reads and writes is declared:
 
-* it **reads** a batch: the observations of ``n`` env rows (a dict of
-  tensors on its device), their recurrent state (``core``, zeroed by the
-  loop where an episode starts; None when ``core_state`` is None), each
-  row's env slot (``env_ids``: group g's envs are g*E .. g*E + E - 1) and
-  whether its observation starts an episode (``first``);
-* it **writes** the actions, the ``outputs`` it declares (stored beside each
-  step as ``out.<name>``: what a learner needs, e.g. behaviour logits and
-  values for V-trace) and the new recurrent state of shape ``core_state``,
-  which the loop keeps per env and stores at the start of each unroll;
-* a policy that ``plans`` is offered every ready group before it is served,
-  with its episode ends and returns, and may hold it (its worker sleeps) or
-  restart it on fresh episodes (neuroevolution's work queue), and calls its
-  ``unhold`` (an ``Unhold``, made with the policy) to have held groups
-  served again;
-* ``prepare`` runs once before any worker or learner starts, with every
-  batch size the loop will serve (CUDA graph capture).
+* it **reads** a batch: the observations of ``n`` env rows (a dict of tensors on its device), their recurrent state
+  (``core``, zeroed by the loop where an episode starts; None when ``core_state`` is None), each row's env slot
+  (``env_ids``: group g's envs are g*E .. g*E + E - 1) and whether its observation starts an episode (``first``);
+* it **writes** the actions, the ``outputs`` it declares (stored beside each step as ``out.<name>``: what a learner
+  needs, e.g. behaviour logits and values for V-trace) and the new recurrent state of shape ``core_state``, which
+  the loop keeps per env and stores at the start of each unroll;
+* a policy that ``plans`` is offered every ready group before it is served, with its episode ends and returns, and
+  may hold it (its worker sleeps) or restart it on fresh episodes (neuroevolution's work queue), and calls its
+  ``unhold`` (an ``Unhold``, made with the policy) to have held groups served again;
+* ``prepare`` runs once before any worker or learner starts, with every batch size the loop will serve (CUDA graph
+  capture).
 """
 
 from __future__ import annotations
@@ -41,12 +34,10 @@ SERVE, HOLD, RESTART = 0, 1, 2
 
 
 class Unhold:
-    """A planning policy's request, from any thread, that the loop serve its
-    held groups again.
+    """A planning policy's request, from any thread, that the loop serve its held groups again.
 
-    The policy makes it when it is built; the loop built around that policy
-    connects its wake-up to it. So the policy holds no reference to the
-    loop that holds the policy."""
+    The policy makes it when it is built; the loop built around that policy connects its wake-up to it. So the
+    policy holds no reference to the loop that holds the policy."""
 
     def __init__(self) -> None:
         self._asked = threading.Event()
@@ -96,9 +87,8 @@ class Policy(abc.ABC):
     def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
              ep_length: np.ndarray | None = None) -> np.ndarray:
         """SERVE, HOLD or RESTART for each ready group (only if ``plans``):
-        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its
-        envs' episode starts, and the episode ends, returns and lengths of
-        the step just taken."""
+        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its envs' episode starts, and the episode
+        ends, returns and lengths of the step just taken."""
         return np.full(len(groups), SERVE, np.int8)
 
     @abc.abstractmethod

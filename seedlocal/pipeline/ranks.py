@@ -1,32 +1,23 @@
 """Data-parallel learner ranks on one box, on torch.distributed (docs/distributed.md).
 
-A run of G ranks is G copies of the single-process run: each rank has its own
-env workers, inference loop, learner and share of the envs (its own env
-seeds), and they meet in collectives only where the update must be the
-same everywhere:
+A run of G ranks is G copies of the single-process run: each rank has its own env workers, inference loop, learner
+and share of the envs (its own env seeds), and they meet in collectives only where the update must be the same
+everywhere:
 
 * the parameters start equal (``broadcast_``, from rank 0);
-* each update's gradients are averaged, weighted by each rank's valid rows
-  (``average_gradients``), so that G half-batches give the whole batch's
-  gradient, before clipping;
-* statistics that shape the update are pooled: observation normalisation and
-  the reward scaler (``pool_moments``), advantage normalisation
-  (``masked_moments``);
-* whether to stop is decided together once per update (``sum``), so that no
-  rank stops alone and leaves the others waiting in a collective.
+* each update's gradients are averaged, weighted by each rank's valid rows (``average_gradients``), so that G
+  half-batches give the whole batch's gradient, before clipping;
+* statistics that shape the update are pooled: observation normalisation and the reward scaler
+  (``pool_moments``), advantage normalisation (``masked_moments``);
+* whether to stop is decided together once per update (``sum``), so that no rank stops alone and leaves the
+  others waiting in a collective.
 
-Scalars (the stop decision, pooled statistics, a population's scores) go
-over a CPU group: with NCCL, a gloo group beside it (``scalar_group``), so
-that reading them back never waits for the GPU's queue; NCCL carries only
-what lives on the GPU (gradients, advantage moments).
-
-``Solo`` is the single-process run: every method returns its input and no
-torch.distributed call is made. A peer that dies or hangs makes the next
-collective fail (at once for a closed socket, after ``--dist-timeout-s`` for a
-silent peer): it becomes ``PeerLost``, one line naming the rank.
-
-``launch`` is ``--learners G`` without torchrun: G copies of this command
-line, each told its rank in torchrun's environment variables.
+Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group (``scalar_group``);
+NCCL carries only what lives on the GPU. ``Solo`` is the single-process run: every method returns its input and no
+torch.distributed call is made. A peer that dies or hangs makes the next collective fail (at once for a closed
+socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank.
+``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
+environment variables.
 """
 
 from __future__ import annotations
@@ -41,6 +32,7 @@ import time
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from seedlocal.errors import ConfigError, WorkerDied
 from seedlocal.normalize import merge_moments
@@ -134,8 +126,6 @@ class Ranks(Solo):
 
     def broadcast_(self, module: torch.nn.Module) -> None:
         """Rank 0's parameters and buffers (observation statistics) on every rank."""
-        import torch.distributed as dist
-
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 self._call("the start (broadcast of the parameters)", dist.broadcast, t.data, 0)
@@ -144,22 +134,17 @@ class Ranks(Solo):
         """Every rank's gradients, each weighted by ``weight`` (its valid rows), averaged: one all-reduce of
         one flat tensor, allocated once and reused (a Nature CNN's is 6.7 MB). ``weight`` of 0 (no valid row)
         contributes nothing; with no valid row on any rank the gradients are zero, as one process's would be."""
-        import torch.distributed as dist
-
         grads = [p.grad for p in params if p.grad is not None]
         flat = self._flat_for(grads)
-        i = 0
-        for g in grads:
-            flat[i:i + g.numel()].copy_(g.reshape(-1))
-            i += g.numel()
+        parts = flat[:-1].split([g.numel() for g in grads])
+        for g, part in zip(grads, parts):
+            part.copy_(g.reshape(-1))
         flat[-1:].copy_(torch.as_tensor(weight, dtype=flat.dtype).reshape(1))
         flat[:-1].mul_(flat[-1])
         self._call("the gradient all-reduce", dist.all_reduce, flat)
         flat[:-1].div_(flat[-1].clamp(min=1))
-        i = 0
-        for g in grads:
-            g.copy_(flat[i:i + g.numel()].view_as(g))
-            i += g.numel()
+        for g, part in zip(grads, parts):
+            g.copy_(part.view_as(g))
 
     def _flat_for(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """The all-reduce buffer for ``grads`` (and the weight after them): the last update's where it fits."""
@@ -171,8 +156,6 @@ class Ranks(Solo):
 
     def masked_moments(self, x: torch.Tensor, valid: torch.Tensor):
         """Mean and (population) standard deviation of ``x`` over every rank's valid rows."""
-        import torch.distributed as dist
-
         first = torch.stack([torch.where(valid, x, 0.0).sum(), valid.sum().to(x.dtype)])
         self._call("advantage normalisation", dist.all_reduce, first)
         n = first[1].clamp(min=1)
@@ -184,8 +167,6 @@ class Ranks(Solo):
     def pool_moments(self, n: float, mean: torch.Tensor, var: torch.Tensor):
         """(count, mean, var) of every rank's rows, from each rank's (float64 vectors on the CPU): gathered
         and merged in rank order, so that every rank computes the same numbers."""
-        import torch.distributed as dist
-
         k = len(mean)
         mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
         got = [torch.empty_like(mine) for _ in range(self.world)]
@@ -203,8 +184,6 @@ class Ranks(Solo):
 
     def sum(self, values: list[float]) -> list[float]:
         """Every rank's ``values`` added, on the CPU group: the host never waits here for the GPU's queue."""
-        import torch.distributed as dist
-
         t = torch.tensor([float(v) for v in values], dtype=torch.float64)
         self._call("the stop decision", dist.all_reduce, t, group=self.scalars)
         return t.tolist()
@@ -212,8 +191,6 @@ class Ranks(Solo):
     def gather(self, values: list[float]) -> list[list[float]]:
         """Every rank's ``values`` (float64, any number each), in rank order: their lengths all-gathered, then
         the values padded to the longest."""
-        import torch.distributed as dist
-
         n = torch.tensor([len(values)], dtype=torch.int64)
         sizes = [torch.empty_like(n) for _ in range(self.world)]
         self._call("the population's fitness", dist.all_gather, sizes, n, group=self.scalars)
@@ -225,8 +202,6 @@ class Ranks(Solo):
         return [g[:k].tolist() for g, k in zip(got, sizes)]
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -264,8 +239,6 @@ def join(cfg, device_kind: str = "cpu") -> Solo:
     if cfg.learners > 1 and cfg.learners != world:
         raise ConfigError(f"learners={cfg.learners}: torchrun started {world} ranks (WORLD_SIZE); give "
                           f"--learners {world} or leave it out")
-    import torch.distributed as dist
-
     cuda = device_kind == "cuda"
     backend = "nccl" if cuda and torch.cuda.device_count() >= world else "gloo"
     if cuda:
@@ -292,11 +265,8 @@ def _stop_with_launcher(launcher: int, rank: int) -> None:
 
 def scalar_group(backend: str, timeout: timedelta):
     """The process group for the collectives of host numbers (``Ranks.sum``, ``gather``, ``pool_moments``):
-    beside NCCL, a gloo group of the same ranks, so that they travel as CPU tensors; NCCL's would be GPU
-    tensors queued behind the update's kernels, and reading one back (every update, for the stop decision)
-    would make the host wait for the whole update. None (the default group) when that is gloo already."""
-    import torch.distributed as dist
-
+    beside NCCL, a gloo group of the same ranks, so that reading them back never waits for the GPU's queue
+    (docs/distributed.md, "Backends"). None (the default group) when that is gloo already."""
     return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
 
 
@@ -311,12 +281,11 @@ def free_port() -> int:
 
 def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | None = None,
            interrupt_ranks: bool = False) -> int:
-    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them.
-    When one ends with an error or a signal, it is named in one line, and the others (whose next collective
-    fails) get 2 x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On
-    Ctrl-C, the ranks got the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a
-    notebook's interrupt reaches this process alone) they are sent SIGTERM, a clean stop, here. Returns the
-    exit status (130 after Ctrl-C)."""
+    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them. When
+    one ends with an error or a signal, it is named in one line, and the others (whose next collective fails) get 2
+    x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On Ctrl-C, the ranks got
+    the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a notebook's interrupt reaches this
+    process alone) they are sent SIGTERM, a clean stop, here. Returns the exit status (130 after Ctrl-C)."""
     # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
     # the launcher's one line names the rank instead.
     warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))
@@ -336,8 +305,8 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
                 except subprocess.TimeoutExpired:
                     continue
                 if rc < 0:  # a rank that fails names itself; one killed cannot (whichever of them ended first)
-                    print(f"seedlocal: learner rank {r} (pid {p.pid}) {_ended(rc)}; the other ranks stop",
-                          file=sys.stderr, flush=True)
+                    print(f"seedlocal: learner rank {r} (pid {p.pid}) was killed by {_signal_name(-rc)}; the other "
+                          "ranks stop", file=sys.stderr, flush=True)
                 if rc != 0 and deadline is None:
                     deadline = time.monotonic() + 2 * timeout_s
                     status = 1 if rc < 0 else rc
@@ -354,13 +323,11 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
     return status
 
 
-def _ended(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with status {rc}"
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _wait_all(procs: list, seconds: float) -> None:

@@ -1,35 +1,30 @@
 """Which unroll each group writes into: the allocator beside the batch server.
 
-The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is
-*free*, *bound* to the one group that fills it, or *held* by the consumer
-(the learner) between its hand-off and its ``release``. Each group is in
+The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is *free*, *bound* to the one group that
+fills it, or *held* by the consumer (the learner) between its hand-off and its ``release``. Each group is in
 exactly one of three states:
 
     bound     it writes into one unroll: ``target_buf[g]``, row ``target_row[g]``
-    parked    it filled its unroll, which went on to the consumer, and found
-              no free one to continue in: its last observation and episode
-              starts wait aside (its worker sleeps on its slot) until one is
-    waiting   it must restart on fresh episodes (a dead worker, a lost actor
-              host) and found no free unroll to start in
+    parked    it filled its unroll, which went on to the consumer, and found no free one to continue in: its last
+              observation and episode starts wait aside (its worker sleeps on its slot) until one is
+    waiting   it must restart on fresh episodes (a dead worker, a lost actor host) and found no free unroll to
+              start in
 
 Invariants (``tests/test_unrolls.py`` checks each):
 
 * buffers are conserved: free + bound + held = ``num_buffers``, each once;
-* no call blocks: a group that finds no free unroll parks or waits, and the
-  batch server goes on serving the others, so a consumer waiting for more
-  unrolls always gets them from the groups still bound;
-* a parked group continues from the observation it stopped at; a waiting one
-  starts fresh (its old rows are never handed on);
-* first parked, first resumed: unbound groups are bound in the order they
-  became unbound, and with a consumer a group that fills its unroll while
-  others wait joins the back of the line instead of taking a free unroll
-  ahead of them. Without it, freed unrolls went to the lowest groups, which
-  a consumer that releases one owner's unrolls at a time (a population's
-  members, ``trainers/population.py``) kept circulating: 3 of 8 MinAtar
-  members learned from 99.8% of the steps.
+* no call blocks: a group that finds no free unroll parks or waits, and the batch server goes on serving the
+  others, so a consumer waiting for more unrolls always gets them from the groups still bound;
+* a parked group continues from the observation it stopped at; a waiting one starts fresh (its old rows are never
+  handed on);
+* first parked, first resumed: unbound groups are bound in the order they became unbound, and with a consumer a
+  group that fills its unroll while others wait joins the back of the line instead of taking a free unroll ahead
+  of them. Without it, freed unrolls went to the lowest groups, which a consumer that releases one owner's unrolls
+  at a time (a population's members, ``trainers/population.py``) kept circulating: 3 of 8 MinAtar members learned
+  from 99.8% of the steps.
 
-Everything here runs on the inference loop's thread except ``release``
-(the consumer's), which only touches the free list under its lock.
+Everything here runs on the inference loop's thread except ``release`` (the consumer's), which only touches the
+free list under its lock.
 """
 
 from __future__ import annotations
@@ -107,10 +102,9 @@ class UnrollAllocator:
             self._bind(g, buf)
 
     def rotate(self, g: int, first: np.ndarray) -> int | None:
-        """Group ``g`` filled its unroll's bootstrap row: hand the unroll on
-        and continue in a free one whose row 0 is that same observation.
-        Returns the new unroll, or None when none is free: ``g`` is parked,
-        its observation and episode starts (``first``) kept aside."""
+        """Group ``g`` filled its unroll's bootstrap row: hand the unroll on and continue in a free one whose row 0
+        is that same observation. Returns the new unroll, or None when none is free: ``g`` is parked, its
+        observation and episode starts (``first``) kept aside."""
         old = int(self._tbuf[g])
         queued = self._hand_on is not None and bool(self.unbound().any())
         new = None if queued else self._take()  # behind the groups that wait for one (module docstring)
@@ -129,10 +123,9 @@ class UnrollAllocator:
         return new
 
     def restart(self, g: int) -> bool:
-        """Group ``g`` starts over on fresh episodes: its partial unroll (if
-        it holds one) is given up, and it takes a fresh one if any is free
-        (True). Otherwise it waits (False) and ``resume`` binds it later;
-        until then its envs must not write (they have nowhere to)."""
+        """Group ``g`` starts over on fresh episodes: its partial unroll (if it holds one) is given up, and it
+        takes a fresh one if any is free (True). Otherwise it waits (False) and ``resume`` binds it later; until
+        then its envs must not write (they have nowhere to)."""
         if self.state[g] == BOUND:
             self.release(int(self._tbuf[g]))
         self._parked_obs.pop(g, None)
@@ -145,10 +138,9 @@ class UnrollAllocator:
         return True
 
     def resume(self) -> list[int]:
-        """Bind parked and waiting groups while unrolls are free, in the
-        order they became unbound. Parked groups continue at once (row 0 is
-        their kept observation); returns the waiting groups just bound, which
-        the caller starts on fresh episodes."""
+        """Bind parked and waiting groups while unrolls are free, in the order they became unbound. Parked groups
+        continue at once (row 0 is their kept observation); returns the waiting groups just bound, which the caller
+        starts on fresh episodes."""
         started = []
         unbound = np.flatnonzero(self.state != BOUND)
         for g in unbound[np.argsort(self._since[unbound], kind="stable")].tolist():
@@ -163,13 +155,3 @@ class UnrollAllocator:
             else:
                 started.append(g)
         return started
-
-    def check(self, held: int) -> None:
-        """Assert the conservation invariant, given the unrolls the consumer
-        holds (for tests: the loop cannot know what a consumer still holds)."""
-        with self._lock:
-            free = list(self._free)
-        bound = [int(self._tbuf[g]) for g in range(self.G) if self.state[g] == BOUND]
-        assert len(set(free)) == len(free) and not set(free) & set(bound), (free, bound)
-        assert len(set(bound)) == len(bound), bound
-        assert len(free) + len(bound) + held == self.num_buffers, (len(free), len(bound), held, self.num_buffers)

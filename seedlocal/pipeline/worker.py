@@ -1,10 +1,9 @@
 """The env worker process: steps environments, nothing else.
 
-A worker holds two groups of environments, each driven by its own thread:
-while one group waits for its actions, the other steps (envpool steps in its
-own threads, without the GIL). Results go straight into the rows of the
-unroll store that the inference loop assigned (``target_buf``,
-``target_row``). It never imports torch and never allocates shared memory.
+A worker holds two groups of environments, each driven by its own thread: while one group waits for its actions,
+the other steps (envpool steps in its own threads, without the GIL). Results go straight into the rows of the
+unroll store that the inference loop assigned (``target_buf``, ``target_row``). It never imports torch and never
+allocates shared memory.
 """
 
 from __future__ import annotations
@@ -70,8 +69,7 @@ def _leave_forkserver() -> None:
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM us if the learner dies, even by SIGKILL."""
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
@@ -110,8 +108,8 @@ class _GroupWriter:
 
 
 def run_worker(args: WorkerArgs) -> None:
-    # Ctrl-C and a closed terminal (SIGHUP) reach the whole process group;
-    # the learner decides how to stop (it checkpoints, then stops the workers).
+    # Ctrl-C and a closed terminal (SIGHUP) reach the whole process group; the learner decides how to stop (it
+    # checkpoints, then stops the workers).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The parent is the learner's forkserver (actors.worker_context), which exits with the learner.
@@ -126,18 +124,12 @@ def run_worker(args: WorkerArgs) -> None:
         os._exit(1)
     control = SharedArrays.attach(*args.control)
     store = SharedArrays.attach(*args.rollout)
-    envs = []
     code = 0
     try:
-        envs = [
-            make_group(args.spec, args.envs_per_group, args.threads_per_group, args.seed + i * args.envs_per_group)
-            for i in range(len(args.groups))
-        ]
-        threads = [
-            threading.Thread(target=_run_group, args=(args, g, env, control, store), daemon=True,
-                             name=f"group-{g}")
-            for g, env in zip(args.groups, envs)
-        ]
+        envs = [make_group(args.spec, args.envs_per_group, args.threads_per_group, args.seed + i * args.envs_per_group)
+                for i in range(len(args.groups))]
+        threads = [threading.Thread(target=_run_group, args=(args, g, env, control, store), daemon=True,
+                                    name=f"group-{g}") for g, env in zip(args.groups, envs)]
         for t in threads:
             t.start()
         # The main thread only watches: for the stop flag and for an orphaning.
@@ -164,9 +156,8 @@ def run_worker(args: WorkerArgs) -> None:
 def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
     """One thread per group, so each blocks on its own env and its own slot.
 
-    envpool releases the GIL while its threads step, so the other group's
-    thread can publish and send meanwhile (measured: two threads on two pools
-    step Pong and CartPole as fast as raw envpool; one thread alternating
+    envpool releases the GIL while its threads step, so the other group's thread can publish and send meanwhile
+    (measured: two threads on two pools step Pong and CartPole as fast as raw envpool; one thread alternating
     ``recv`` calls serialises the groups and halves Pong).
     """
     try:
@@ -174,8 +165,8 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
     except BaseException as e:
         _report(args, control, g, e)
         sys.stderr.flush()
-        # A half-dead worker must look dead to the inference loop; a broken env
-        # contract says so by its exit code (no restart would help).
+        # A half-dead worker must look dead to the inference loop; a broken env contract says so by its exit code
+        # (no restart would help).
         os._exit(CONTRACT_EXIT if isinstance(e, EnvContractError) else 1)
 
 
@@ -219,10 +210,8 @@ def _env_traceback(e: BaseException) -> str:
 
 def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
     state, target_buf, target_row = control["state"], control["target_buf"], control["target_row"]
-    stop = control["stop"]
+    stop, wait_since, episodes = control["stop"], control["group_wait_since"], control["group_episodes"]
     wait_s, env_s, steps = control["group_wait_s"], control["group_env_s"], control["group_steps"]
-    wait_since = control["group_wait_since"]
-    episodes = control["group_episodes"]
     i = g - args.groups[0]
     wake, ready, n = args.wake[i], args.ready[i], args.envs_per_group
     writer = _GroupWriter(n)
@@ -242,8 +231,8 @@ def _group_loop(args: WorkerArgs, g: int, env, control: SharedArrays, store: Sha
         ready.post()  # release: publishes the rows above (see shm/slots.py)
         args.obs_ready.post()
         t0 = wait_since[g] = time.perf_counter()
-        # Read the state and the action only after taking the token the loop
-        # posted once it wrote them (acquire); never on the state alone.
+        # Read the state and the action only after taking the token the loop posted once it wrote them (acquire);
+        # never on the state alone.
         while not (wake.wait(args.poll_s) and state[g] in (ACTION_READY, RESET)):
             if stop[0]:
                 return

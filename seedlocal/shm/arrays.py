@@ -1,12 +1,10 @@
 """Named, typed arrays packed into one shared-memory segment.
 
-One process (the owner) creates a segment from a list of :class:`ArraySpec`
-and is the only one that unlinks it; any other process attaches by the
-segment's name and the same specs. Every array is a zero-copy numpy view of
-the segment (``torch.from_numpy`` on it is zero-copy too).
+One process (the owner) creates a segment from a list of :class:`ArraySpec` and is the only one that unlinks it;
+any other process attaches by the segment's name and the same specs. Every array is a zero-copy numpy view of the
+segment (``torch.from_numpy`` on it is zero-copy too).
 
-This module is the only place in seedlocal that allocates or names shared
-memory.
+This module is the only place in seedlocal that allocates or names shared memory.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-# Each array starts on a cache-line (and AVX-512) boundary so that two arrays
-# never share a line that two processes write.
+# Each array starts on a cache-line (and AVX-512) boundary so that two arrays never share a line two processes write.
 _ALIGN = 64
 
 SEGMENT_PREFIX = "seedlocal_"
@@ -63,18 +60,14 @@ _CREATION_LOCK_WAIT_S = 2.0
 
 @contextlib.contextmanager
 def _creation_lock(exclusive: bool):
-    """A ``flock`` on the /dev/shm folder itself: creators hold it shared
-    from creating a segment until they hold its own lock; the sweeper holds
-    it exclusively. So a segment without an owner's lock is, while the
-    sweeper looks, one whose owner died, never one being born.
+    """A ``flock`` on the /dev/shm folder itself: creators hold it shared from creating a segment until they hold
+    its own lock; the sweeper holds it exclusively. So a segment without an owner's lock is, while the sweeper
+    looks, one whose owner died, never one being born.
 
-    Yields whether the lock is held. Either side waits at most
-    ``_CREATION_LOCK_WAIT_S`` (both hold it for a millisecond or so): a
-    process stopped while holding it (Ctrl-Z) must not stall every seedlocal
-    start on the machine. A sweeper then skips its sweep (the next start
-    sweeps); a creator goes on unlocked, which only a sweeper resumed within
-    its few microseconds between creating and locking the segment could
-    catch."""
+    Yields whether the lock is held. Either side waits at most ``_CREATION_LOCK_WAIT_S`` (both hold it for a
+    millisecond or so): a process stopped while holding it (Ctrl-Z) must not stall every seedlocal start on the
+    machine. A sweeper then skips its sweep (the next start sweeps); a creator goes on unlocked, which only a
+    sweeper resumed within its few microseconds between creating and locking the segment could catch."""
     try:
         fd = os.open(_SHM_DIR, os.O_RDONLY)
     except OSError:
@@ -82,15 +75,13 @@ def _creation_lock(exclusive: bool):
         return
     try:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        deadline = time.monotonic() + _CREATION_LOCK_WAIT_S
-        while True:
+        deadline, held = time.monotonic() + _CREATION_LOCK_WAIT_S, False
+        while not held:
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
                 held = True
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    held = False
                     break
                 time.sleep(0.005)
         yield held
@@ -101,36 +92,28 @@ def _creation_lock(exclusive: bool):
 def sweep_stale_segments() -> list[str]:
     """Unlink seedlocal segments that no live process owns; returns their names.
 
-    Every owner holds a shared ``flock`` on its segment for as long as the
-    segment is open; the kernel drops it when the owner dies, however it
-    dies. Normally the owner (or Python's resource tracker) unlinks on exit,
-    but a SIGKILL of a whole process group (a job scheduler, ``killpg``, a
-    machine's supervisor) takes the tracker too. Each process that makes
-    segments (a learner, an actor host) therefore first sweeps those whose
-    lock nobody holds, however young (``_creation_lock`` keeps segments
-    being made out of it; ``sweep_once`` says when). The lock, not the PID
-    in the name, decides: containers that share ``/dev/shm`` across PID
-    namespaces cannot make a live segment look stale.
+    Every owner holds a shared ``flock`` on its segment for as long as the segment is open; the kernel drops it
+    when the owner dies, however it dies. Normally the owner (or Python's resource tracker) unlinks on exit, but a
+    SIGKILL of a whole process group (a job scheduler, ``killpg``, a machine's supervisor) takes the tracker too.
+    Each process that makes segments (a learner, an actor host) therefore first sweeps those whose lock nobody
+    holds, however young (``_creation_lock`` keeps segments being made out of it; ``sweep_once`` says when). The
+    lock, not the PID in the name, decides: containers that share ``/dev/shm`` across PID namespaces cannot make a
+    live segment look stale.
     """
-    removed = []
     with _creation_lock(exclusive=True) as held:
         if not held:
-            return removed
+            return []
         try:
             names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
         except OSError:
-            return removed
-        for name in names:
-            if _unlink_if_orphaned(name):
-                removed.append(name)
-    return removed
+            return []
+        return [name for name in names if _unlink_if_orphaned(name)]
 
 
 def sweep_once() -> None:
-    """Sweep, unless this process did already: at the first segment it
-    makes, and where a process will make segments only later (an actor
-    host, once a learner answers) as soon as it starts, so that what a
-    killed predecessor left does not wait for a learner to come up."""
+    """Sweep, unless this process did already: at the first segment it makes, and where a process will make
+    segments only later (an actor host, once a learner answers) as soon as it starts, so that what a killed
+    predecessor left does not wait for a learner to come up."""
     global _swept
     if not _swept:
         _swept = True
@@ -164,10 +147,9 @@ _NAME_BYTES = 64
 
 
 def record_semaphores(names: list[str]) -> "SharedArrays":
-    """A segment listing the named POSIX semaphores a pipeline created
-    (multiprocessing's, ``sem.mp-*`` in /dev/shm). They outlive a SIGKILL of
-    the whole process group as the segments do, but carry no owner lock and
-    no recognisable name; the sweep that removes this segment removes them."""
+    """A segment listing the named POSIX semaphores a pipeline created (multiprocessing's, ``sem.mp-*`` in
+    /dev/shm). They outlive a SIGKILL of the whole process group as the segments do, but carry no owner lock and no
+    recognisable name; the sweep that removes this segment removes them."""
     seg = SharedArrays.create([ArraySpec("names", (max(1, len(names)), _NAME_BYTES), "uint8")], SEMAPHORES_TAG)
     for i, n in enumerate(names):
         raw = n.encode()[:_NAME_BYTES]
@@ -189,33 +171,25 @@ def _unlink_recorded_semaphores(fd: int) -> None:
 class SharedArrays:
     """A shared-memory segment seen as a dict of numpy arrays.
 
-    ``SharedArrays.create(specs, tag)`` allocates (fill value ``fill``) and owns;
-    ``SharedArrays.attach(name, specs)`` maps an existing segment. ``close()``
-    unmaps; the owner's ``close()`` also unlinks.
+    ``SharedArrays.create(specs, tag)`` allocates (zeroed) and owns; ``SharedArrays.attach(name, specs)`` maps an
+    existing segment. ``close()`` unmaps; the owner's ``close()`` also unlinks.
     """
 
     def __init__(self, shm: shared_memory.SharedMemory, specs: list[ArraySpec], owner: bool):
-        self._shm = shm
-        self.specs = {s.name: s for s in specs}
-        self.owner = owner
+        self._shm, self.owner, self.specs = shm, owner, {s.name: s for s in specs}
         offsets, _ = _layout(specs)
         self.arrays: dict[str, np.ndarray] = {
-            s.name: np.ndarray(s.shape, dtype=s.dtype, buffer=shm.buf, offset=offsets[s.name])
-            for s in specs
-        }
+            s.name: np.ndarray(s.shape, dtype=s.dtype, buffer=shm.buf, offset=offsets[s.name]) for s in specs}
 
     @classmethod
-    def create(cls, specs: list[ArraySpec], tag: str, fill: int = 0) -> "SharedArrays":
+    def create(cls, specs: list[ArraySpec], tag: str) -> "SharedArrays":
         sweep_once()  # what crashed runs left behind goes before we add to it
         _, size = _layout(specs)
         with _creation_lock(exclusive=False):
             shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
             # Held until the segment is closed or this process dies: what tells sweep_stale_segments it is live.
             fcntl.flock(shm._fd, fcntl.LOCK_SH)
-        self = cls(shm, specs, owner=True)
-        if fill:
-            np.frombuffer(shm.buf, dtype=np.uint8)[:] = fill
-        return self
+        return cls(shm, specs, owner=True)
 
     @classmethod
     def attach(cls, name: str, specs: list[ArraySpec]) -> "SharedArrays":
@@ -224,10 +198,6 @@ class SharedArrays:
     @property
     def name(self) -> str:
         return self._shm.name
-
-    @property
-    def nbytes(self) -> int:
-        return self._shm.size
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.arrays[key]
@@ -248,8 +218,8 @@ class SharedArrays:
         try:
             shm.close()
         except BufferError:
-            # Someone still holds a view (e.g. a torch tensor). The mapping is
-            # freed when that view dies; unlinking below still removes the name.
+            # Someone still holds a view (e.g. a torch tensor): the mapping is freed when that view dies, and
+            # unlinking below still removes the name.
             pass
         if self.owner:
             try:

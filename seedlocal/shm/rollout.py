@@ -1,7 +1,7 @@
 """Unroll storage: the one place a step's data lives, from env to learner.
 
-The store holds ``num_buffers`` unrolls. An unroll is ``length`` rows (T steps
-plus one bootstrap row) of one group of ``envs`` environments:
+The store holds ``num_buffers`` unrolls. An unroll is ``length`` rows (T steps plus one bootstrap row) of one group
+of ``envs`` environments:
 
     obs[k]        observation the policy acted on at row t   (worker)
     action        action chosen at row t                     (inference loop)
@@ -9,9 +9,8 @@ plus one bootstrap row) of one group of ``envs`` environments:
     reward        reward of stepping ``action[t]``           (worker)
     terminated    the episode ended in a terminal state      (worker)
     truncated     the episode was cut by a time limit        (worker)
-    ignored       ``action[t]`` was discarded by an auto-reset; reward[t]
-                  is 0 and obs[t+1] is the first of a new episode. Learners
-                  must mask row t; no return is attributed to it.
+    ignored       ``action[t]`` was discarded by an auto-reset; reward[t] is 0 and obs[t+1] is the first of a new
+                  episode. Learners must mask row t; no return is attributed to it.
     ep_return     episode return, valid where terminated|truncated (worker)
     ep_length     episode length in steps, same rows            (worker)
     core_state    recurrent state at row 0, one per env     (inference loop)
@@ -19,12 +18,11 @@ plus one bootstrap row) of one group of ``envs`` environments:
     unroll_group  the group that filled the unroll          (inference loop)
     unroll_epoch  that group's worker restarts when it began (inference loop)
 
-Row ``length - 1`` holds only an observation: it is copied to row 0 of the
-group's next unroll, so consecutive unrolls share it as in IMPALA.
+Row ``length - 1`` holds only an observation: it is copied to row 0 of the group's next unroll, so consecutive
+unrolls share it as in IMPALA.
 
-Where episodes start is not stored: it follows from ``ignored``, by one rule
-(``seedlocal/spec.py``'s ``episode_starts``) that the inference loop, the
-learners and the replay all use.
+Where episodes start is not stored: it follows from ``ignored``, by one rule (``seedlocal/spec.py``'s
+``episode_starts``) that the inference loop, the learners and the replay all use.
 """
 
 from __future__ import annotations
@@ -36,14 +34,8 @@ import numpy as np
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.spec import TensorSpec
 
-STEP_FIELDS = {
-    "reward": "float32",
-    "terminated": "bool",
-    "truncated": "bool",
-    "ignored": "bool",
-    "ep_return": "float32",
-    "ep_length": "int32",
-}
+STEP_FIELDS = {"reward": "float32", "terminated": "bool", "truncated": "bool", "ignored": "bool",
+               "ep_return": "float32", "ep_length": "int32"}
 
 
 @dataclass(frozen=True)

@@ -1,39 +1,33 @@
 """The slot protocol between env workers and the inference loop.
 
-A *group* is half of one worker's environments. Each group owns one slot in a
-small control segment; the slot's state says who may touch the group's rows:
+A *group* is half of one worker's environments. Each group owns one slot in a small control segment; the slot's
+state says who may touch the group's rows:
 
-    STEPPING      the worker: it is stepping the group's envs and will write
-                  the results into row ``target_row`` of unroll ``target_buf``
+    STEPPING      the worker: it is stepping the group's envs and will write the results into row ``target_row``
+                  of unroll ``target_buf``
     OBS_READY     the inference loop: observations are in that row
     ACTION_READY  the worker: actions are in row ``target_row - 1``
-    RESET         the worker: reset every env of the group and write the
-                  first observations into row 0 of ``target_buf`` (a fresh
-                  unroll); neuroevolution starts each generation this way
-    UNBOUND       the worker, before its first reset: wait for the wake
-                  token; the group has no unroll yet (a restarted worker
-                  whose group found every unroll held by the learner). The
-                  loop binds one, then says RESET
+    RESET         the worker: reset every env of the group and write the first observations into row 0 of
+                  ``target_buf`` (a fresh unroll); neuroevolution starts each generation this way
+    UNBOUND       the worker, before its first reset: wait for the wake token; the group has no unroll yet (a
+                  restarted worker whose group found every unroll held by the learner). The loop binds one, then
+                  says RESET
 
-Publication order (correct on weakly ordered CPUs such as ARM, not only
-x86): a side reads the rows a state guards only after an *acquiring*
-operation that pairs with the other side's *releasing* operation made after
-it wrote them. The state array alone is never trusted for that: a plain
-store to ``state`` may become visible to another core before the stores to
-the rows it guards. The pairs are POSIX semaphores (glibc's ``sem_post`` is a
-release RMW, ``sem_wait``/``sem_trywait`` an acquire RMW on the same counter):
+Publication order (correct on weakly ordered CPUs such as ARM, not only x86): a side reads the rows a state guards
+only after an *acquiring* operation that pairs with the other side's *releasing* operation made after it wrote
+them. The state array alone is never trusted for that: a plain store to ``state`` may become visible to another
+core before the stores to the rows it guards. The pairs are POSIX semaphores (glibc's ``sem_post`` is a release
+RMW, ``sem_wait``/``sem_trywait`` an acquire RMW on the same counter):
 
     worker:  write obs/reward rows; state = OBS_READY; ready[g].post()
     loop:    ready[g].try_acquire() succeeds  ->  read those rows
     loop:    write action rows; state = ACTION_READY (or RESET); wake[g].post()
     worker:  wake[g].wait() succeeds  ->  read state and the action row
 
-Each transition posts exactly one token to the group's own semaphore, and
-the reader takes exactly one per transition, so a token it takes is always
-the one posted after the rows it is about to read. ``obs_ready`` is only a
-wake-up hint for the inference loop (one post per transition, plus control
-posts such as stop); it orders nothing. Waiting sides block in
-``sem_timedwait`` (never spin), always with a timeout so that a dead peer is
+Each transition posts exactly one token to the group's own semaphore, and the reader takes exactly one per
+transition, so a token it takes is always the one posted after the rows it is about to read. ``obs_ready`` is only
+a wake-up hint for the inference loop (one post per transition, plus control posts such as stop); it orders
+nothing. Waiting sides block in ``sem_timedwait`` (never spin), always with a timeout so that a dead peer is
 noticed.
 """
 
@@ -43,11 +37,7 @@ import multiprocessing as mp
 
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 
-STEPPING = 0
-OBS_READY = 1
-ACTION_READY = 2
-RESET = 3
-UNBOUND = 4
+STEPPING, OBS_READY, ACTION_READY, RESET, UNBOUND = range(5)  # a slot's states (the table above)
 ERROR_BYTES = 400
 TRACE_BYTES = 4096  # the env's own frames of a traceback: a user's env's, a few hundred bytes to a few KB
 
@@ -89,17 +79,15 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("stop", (1,), "int32"),
         # Per-group counters that only the group's own thread writes.
         ArraySpec("group_wait_s", (num_groups,), "float64"),
-        # perf_counter() when the group began waiting for actions, 0 while it
-        # is not: readers count a wait still under way up to now, so a share
-        # of one interval's time never takes in a wait begun before it.
+        # perf_counter() when the group began waiting for actions, 0 while it is not: readers count a wait still
+        # under way up to now, so a share of one interval's time never takes in a wait begun before it.
         ArraySpec("group_wait_since", (num_groups,), "float64"),
         ArraySpec("group_env_s", (num_groups,), "float64"),
         ArraySpec("group_steps", (num_groups,), "int64"),
         ArraySpec("group_episodes", (num_groups,), "int64"),
-        # Remote groups (the bridge, pipeline/bridge/server.py): the server
-        # bumps group_lost when the host stepping a group goes away; the loop
-        # drops the group's partial unroll, rebinds it fresh and sets
-        # group_lost_ack to match, then posts the group's wake token.
+        # Remote groups (the bridge, pipeline/bridge/server.py): the server bumps group_lost when the host stepping
+        # a group goes away; the loop drops the group's partial unroll, rebinds it fresh and sets group_lost_ack to
+        # match, then posts the group's wake token.
         ArraySpec("group_lost", (num_groups,), "int64"),
         ArraySpec("group_lost_ack", (num_groups,), "int64"),
         ArraySpec("group_connected", (num_groups,), "int8"),
@@ -124,9 +112,8 @@ def create_control(num_groups: int) -> SharedArrays:
 class Signal:
     """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel.
 
-    Tokens may outnumber real events (a waiter re-checks the slot states after
-    waking), so a spurious wake-up is harmless; a missed one costs at most the
-    waiter's timeout.
+    Tokens may outnumber real events (a waiter re-checks the slot states after waking), so a spurious wake-up is
+    harmless; a missed one costs at most the waiter's timeout.
     """
 
     def __init__(self, ctx: mp.context.BaseContext):
