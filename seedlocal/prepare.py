@@ -20,12 +20,12 @@ by the caller once.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from seedlocal.config.checks import validate_bridge, validate_pipeline, validate_run_options
 from seedlocal.config.machine import Machine
 from seedlocal.config.overrides import apply, load_pipeline_file
-from seedlocal.config.request import Request
+from seedlocal.config.request import Request, is_given
 from seedlocal.config.resume import config_changes, saved_config
 from seedlocal.envs.spaces import describe, validate_env, with_box_actions
 from seedlocal.errors import CheckpointError, ConfigError
@@ -61,7 +61,7 @@ class Prepared:
     resumed: Resumed | None = None
     notes: tuple[str, ...] = ()
     """what preparation says, in order (the preset picked, the sizes chosen), one line each"""
-    run_config: object = field(default=None)
+    run_config: object = None
     """the whole run's configuration where ``config`` is a rank's share (what checkpoints hold)"""
 
     @property
@@ -74,17 +74,25 @@ def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) ->
     (default: this one, with the device the options name). A value that cannot run is refused here, in one
     line naming its field (ConfigError, CheckpointError), before any process starts."""
     notes: list[str] = []
-    resumed = _resumed(request, recipe)
-    given = _given(request, notes)
-    base = _base(request, recipe, resumed, notes)
-    cfg = apply(base, given)
-    machine = machine or Machine.detect(cfg.pipeline.device)
-    if resumed is None:
-        cfg = _sized(cfg, base, recipe, machine, request, given, notes)
-    cfg = _changed(cfg, recipe.derive(cfg, _is_given(given)), notes, why="to fit its groups")
+    cfg, resumed, given, machine = _configured(request, recipe, machine, notes)
+    derived = apply(cfg, recipe.derive(cfg, is_given(given)))
+    notes += [f"seedlocal: {c}, to fit its groups" for c in _changes(cfg, derived)]
+    cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
     return _checked(recipe, cfg, machine, resumed, notes)
+
+
+def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes: list[str]):
+    """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given, the
+    machine)."""
+    resumed = _resumed(request, recipe)
+    given = _given(request)
+    cfg = apply(_base(request, recipe, resumed, notes), given)
+    machine = machine or Machine.detect(cfg.pipeline.device)
+    if resumed is None:
+        cfg = _sized(cfg, recipe, machine, request, given, notes)
+    return cfg, resumed, given, machine
 
 
 def prepare_run(cfg, recipe: Recipe, machine: Machine | None = None) -> Prepared:
@@ -104,12 +112,7 @@ def for_help(request: Request, recipe: Recipe):
     """The defaults ``--help`` shows: the run ``request`` would prepare, as far as it can be prepared (the
     preset alone where its options do not make a run)."""
     try:
-        resumed = _resumed(request, recipe)
-        base = _base(request, recipe, resumed, [])
-        cfg = apply(base, _given(request, []))
-        if resumed is None:
-            cfg = _sized(cfg, base, recipe, Machine.detect(cfg.pipeline.device), request, _given(request, []), [])
-        return cfg
+        return _configured(request, recipe, None, [])[0]
     except (ConfigError, CheckpointError):
         return recipe.presets.get(request.preset) or next(iter(recipe.presets.values()))
 
@@ -204,16 +207,12 @@ def _resumed(request: Request, recipe: Recipe) -> Resumed | None:
                    dict(state.get("counters", {})))
 
 
-def _given(request: Request, notes: list[str]) -> dict:
+def _given(request: Request) -> dict:
     """The options given: a pipeline file's (``--pipeline-config``) beneath the command line's own."""
     if not request.pipeline_config:
         return dict(request.options)
     tuned = {f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}
     return {**tuned, **request.options}
-
-
-def _is_given(given: dict):
-    return lambda name: name in given or any(k.startswith(name + ".") for k in given)
 
 
 def _base(request: Request, recipe: Recipe, resumed: Resumed | None, notes: list[str]):
@@ -263,7 +262,7 @@ def _dict_images(spec) -> str:
             f"flattens {'them' if many else 'it'} into the MLP)")
 
 
-def _sized(cfg, base, recipe: Recipe, machine: Machine, request: Request, given: dict, notes: list[str]):
+def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict, notes: list[str]):
     """``cfg`` sized for ``machine`` where the user gave no size (``Recipe.sizing``), said in one line."""
     if not request.machine_sizing:
         return cfg
@@ -271,15 +270,15 @@ def _sized(cfg, base, recipe: Recipe, machine: Machine, request: Request, given:
         kind = kind_of(describe(cfg.env.id, cfg.env.backend, cfg.env.frame_stack))
     except Exception:
         return cfg  # validation names the env's problem
-    changes = recipe.sizing(cfg, kind, machine, _is_given(given))
+    changes = recipe.sizing(cfg, kind, machine, is_given(given))
     sized = apply(cfg, changes)
-    said = [c.replace(":", "", 1) for c in config_changes(cfg, sized)]
+    said = _changes(cfg, sized)
     if said:
         note = ""
         if "bridge.remote_envs" in given and "pipeline.envs_per_worker" not in given:
-            free = apply(cfg, recipe.sizing(apply(cfg, {"bridge.remote_envs": 0}), kind, machine, _is_given(
+            free = apply(cfg, recipe.sizing(apply(cfg, {"bridge.remote_envs": 0}), kind, machine, is_given(
                 {k: v for k, v in given.items() if k != "bridge.remote_envs"})))
-            unlike = [c.replace(":", "", 1) for c in config_changes(sized.pipeline, free.pipeline, "pipeline.")]
+            unlike = _changes(sized.pipeline, free.pipeline, "pipeline.")
             if unlike:
                 note = (f" (workers of the preset's size, so that --bridge.remote-envs {given['bridge.remote_envs']} "
                         f"makes whole ones; without it {', '.join(unlike)})")
@@ -287,12 +286,9 @@ def _sized(cfg, base, recipe: Recipe, machine: Machine, request: Request, given:
     return sized
 
 
-def _changed(cfg, changes: dict, notes: list[str], why: str):
-    """``cfg`` with ``changes`` that follow from the options, each said."""
-    out = apply(cfg, changes)
-    for c in config_changes(cfg, out):
-        notes.append(f"seedlocal: {c.replace(':', '', 1)}, {why}")
-    return out
+def _changes(old, new, prefix: str = "") -> list[str]:
+    """``field old -> new`` for each option that differs, as a note says it."""
+    return [c.replace(":", "", 1) for c in config_changes(old, new, prefix)]
 
 
 def _check_resume(cfg, resumed: Resumed) -> None:

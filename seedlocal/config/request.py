@@ -49,9 +49,11 @@ class Request:
     def __post_init__(self):
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
-    def given(self, name: str) -> bool:
-        """Whether option ``name`` (dotted) was given, itself or as part of a group (``pipeline``)."""
-        return name in self.options or any(k.startswith(name + ".") for k in self.options)
+
+def is_given(options: Mapping[str, object]):
+    """Whether an option (dotted name) is among ``options``, itself or as part of a group (``pipeline``): a
+    recipe's ``Given``."""
+    return lambda name: name in options or any(k.startswith(name + ".") for k in options)
 
 
 COMMAND_HELP = {
