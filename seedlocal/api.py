@@ -6,26 +6,17 @@
     steps, returns = summary.scalars("charts/episode_return")
     seedlocal.evaluate(summary.run_dir, episodes=5)
 
-``family`` is a ``seedlocal train`` command (``families.py``). The overrides
-are its options by name, a sub-config a dict of its own
-(``config/overrides.py``), applied as the command line applies options: over
-the preset (``preset=``, or the one the env's kind picks) sized for this
-machine (``machine_sizing=False`` keeps the preset's sizes), or over a
-resumed run's saved config (``resume=``); ``pipeline_config=`` is
-``--pipeline-config``. The same checks follow, and whatever the command line
-would print as one ``seedlocal: error:`` line is raised with that line as a
-``SeedlocalError`` (``errors.py``; its subclass says which kind). Ctrl-C (a
-notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt (a
-SIGTERM, SystemExit(143)), as any exception does once every process and
-shared-memory segment of the run is gone; the workers' forkserver stays for the next run and ends with the
-interpreter.
+``family`` is a ``seedlocal train`` command (``families.py``); the overrides are its options by name, a
+sub-config a dict of its own (``config/overrides.py``), prepared as the command line's (``preset=``,
+``machine_sizing=False``, ``resume=``, ``pipeline_config=`` are its command options). What the command line
+would print as one ``seedlocal: error:`` line is raised with that line as a ``SeedlocalError`` (``errors.py``).
+Ctrl-C (a notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt (a SIGTERM, SystemExit(143))
+once every process and shared-memory segment of the run is gone; the workers' forkserver stays for the next
+run.
 
-``learners=G`` > 1 (or a resumed run of G ranks) starts the G data-parallel
-learner ranks as the command line does (``pipeline/ranks.py``'s ``launch``),
-each a process of its own that trains the config built here
-(``_rank_main``), and returns rank 0's summary; what rank 0 stopped with is
-raised here as the same kind of ``SeedlocalError``, and an interrupt stops
-every rank cleanly (SIGTERM) before KeyboardInterrupt is raised.
+``learners=G`` > 1 starts G data-parallel learner ranks as the command line does, each a process training the
+run prepared here (``_rank_main``), and returns rank 0's summary; what rank 0 stopped with is raised here as the
+same kind of ``SeedlocalError``, and an interrupt stops every rank cleanly (SIGTERM) first.
 
 ``seedlocal.evaluate`` is ``evaluate.evaluate`` (``seedlocal eval``).
 """
@@ -42,7 +33,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from seedlocal.errors import ConfigError
-
 
 
 @dataclasses.dataclass(frozen=True)

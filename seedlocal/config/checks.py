@@ -8,52 +8,38 @@ actors``) reads this module and needs no torch.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seedlocal.config.schema import NETWORK_OPTIONS, BridgeConfig, NetworkConfig, PipelineConfig
+from seedlocal.config.overrides import options_of
+from seedlocal.config.resume import leaves
+from seedlocal.config.schema import NETWORK_OPTIONS, BridgeConfig, PipelineConfig
 from seedlocal.errors import ConfigError, fail
 
 if TYPE_CHECKING:
     import torch
 
 
-def _floats(obj, prefix: str = ""):
-    """(dotted field name, value) of every float field of a config, nested ones included."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _floats(value, f"{prefix}{f.name}.")
-        elif isinstance(value, float):
-            yield prefix + f.name, value
-
-
 THREADS_PER_CORE = 8
 
 
-def _check_choices(cfg, prefix: str = "") -> None:
+def _check_choices(cfg) -> None:
     """Every option with a fixed set of values (a ``Literal``) holds one of them, also where a config was built
     in Python or read from a checkpoint, which tyro never parsed."""
-    import dataclasses
-    import typing
-
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value, kind = getattr(cfg, f.name), hints.get(f.name)
-        if dataclasses.is_dataclass(value):
-            _check_choices(value, f"{prefix}{f.name}.")
-        elif typing.get_origin(kind) is typing.Literal and value not in typing.get_args(kind):
-            fail(prefix + f.name, value, "expected " + ", ".join(map(str, typing.get_args(kind))))
+    kinds = options_of(type(cfg))
+    for name, value in leaves(cfg).items():
+        if typing.get_origin(kinds[name]) is typing.Literal and value not in typing.get_args(kinds[name]):
+            fail(name, value, "expected " + ", ".join(map(str, typing.get_args(kinds[name]))))
 
 
 def validate_run_options(cfg) -> None:
     """What every trainer's config shares: numbers that are numbers, and a
     run folder that can be written. Fails before any process starts."""
-    for name, value in _floats(cfg):
-        if not math.isfinite(value):
+    for name, value in leaves(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
             fail(name, value, "must be a finite number")
     if getattr(cfg, "log_every_s", 1.0) <= 0:
         fail("log_every_s", cfg.log_every_s, "must be positive")
@@ -86,8 +72,8 @@ def validate_run_options(cfg) -> None:
     log_dir = getattr(cfg, "log_dir", None)
     if log_dir is not None and not getattr(cfg, "resume", ""):
         check_writable("log_dir", log_dir, folder=True)
-    if isinstance(getattr(cfg, "network", None), NetworkConfig):
-        validate_network(cfg.network)
+    if cfg.network.lstm_size < 0:  # what a family's network cannot be (R2D2's without an LSTM) is its own check
+        fail("network.lstm_size", cfg.network.lstm_size, "must be >= 0 (0 = no LSTM core)")
     _validate_tracking(cfg)
 
 
@@ -103,22 +89,6 @@ def _validate_tracking(cfg) -> None:
         except ImportError:
             raise ConfigError("track=True: the wandb package is not installed; pip install 'seedlocal[wandb]'") \
                 from None
-
-
-def validate_network(n: NetworkConfig) -> None:
-    """The network's sizes (what a family's network cannot be, e.g. R2D2's without an LSTM, its own check says;
-    what the env makes of the encoder, building it does: ``network_error``)."""
-    if n.lstm_size < 0:
-        fail("network.lstm_size", n.lstm_size, "must be >= 0 (0 = no LSTM core)")
-
-
-def network_error(e: ValueError, algo: tuple[str, ...] = ()) -> str:
-    """A network constructor's refusal (``encoder=...: why``) named by the option it came from: one of the
-    network's, or one of the family's own ``algo`` options (e.g. V-trace's separate_critic)."""
-    text = str(e)
-    if text.startswith(NETWORK_OPTIONS):
-        return f"network.{text}"
-    return f"algo.{text}" if algo and text.startswith(algo) else text
 
 
 def check_writable(field: str, value: str, folder: bool) -> None:
@@ -143,17 +113,21 @@ def short_of_memory(need: float) -> int | None:
     return have if have is not None and need > 0.8 * have else None
 
 
-def check_network_fits(make, copies: int, fields: str, what: str):
-    """Build ``make()`` on the meta device (shapes only, no memory) and refuse
-    a network whose ``copies`` float32 copies (``what``: weights, gradients,
-    optimiser state ...) would not fit in memory, naming the ``fields`` that
-    size it; otherwise torch would fail inside the allocator with a traceback.
-    Returns the meta network (its errors, e.g. a bad encoder, are raised as
-    building it for real would)."""
+def check_network_fits(make, copies: int, fields: str, what: str, algo: tuple[str, ...] = ()):
+    """Build ``make()`` on the meta device (shapes only, no memory) and refuse a network whose ``copies`` float32
+    copies (``what``: weights, gradients, optimiser state ...) would not fit in memory, naming the ``fields``
+    that size it; otherwise torch would fail inside the allocator with a traceback. Returns the meta network.
+    The constructor's refusal (``encoder=...: why``) is raised named by the option it came from: one of the
+    network's, or one of the family's own ``algo`` options (e.g. V-trace's separate_critic)."""
     import torch
 
-    with torch.device("meta"):
-        net = make()
+    try:
+        with torch.device("meta"):
+            net = make()
+    except ValueError as e:
+        text = str(e)
+        raise ConfigError(f"network.{text}" if text.startswith(NETWORK_OPTIONS) else
+                          f"algo.{text}" if algo and text.startswith(algo) else text) from None
     n = sum(p.numel() for p in net.parameters())
     need = n * 4 * copies
     if (have := short_of_memory(need)) is not None:

@@ -105,12 +105,6 @@ def checked(name: str, value, kind):
     return value
 
 
-def as_options(values: dict[str, object]) -> list[str]:
-    """``values`` (dotted names) spelt as the command line's options (``--bridge.remote-envs=16``), for the code
-    that reads which options were given and a few of their values."""
-    return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
-
-
 def apply(cfg, values: dict[str, object]):
     """A copy of ``cfg`` with ``values`` (dotted names) set; ``cfg`` and its sub-configs are left as they are."""
     top: dict[str, object] = {}

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Annotated, Mapping
 
 from seedlocal.config.overrides import checked, flatten, options_of
+from seedlocal.config.resume import leaves
 
 # Network options older command lines gave elsewhere (V-trace and R2D2 under --algo., neuroevolution at the
 # top), each with its one spelling now; a bool's negation too.
@@ -88,7 +89,7 @@ def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
     args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
     base = cls()
     one, two = _parse(cls, args, base), _parse(cls, args, _perturbed(base))
-    values, other = _leaves(one), _leaves(two)
+    values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
     command = {name: given.pop(name) for name in list(given) if name in COMMAND_HELP}
     return Request(family, {name.removeprefix("run."): v for name, v in given.items()}, **command)
@@ -149,17 +150,6 @@ def _parse(cls: type, args: list[str], default):
     import tyro
 
     return tyro.cli(cls, args=args, default=default, prog="seedlocal train")
-
-
-def _leaves(obj, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            out.update(_leaves(v, f"{prefix}{f.name}."))
-        else:
-            out[prefix + f.name] = v
-    return out
 
 
 def _perturbed(obj):

@@ -3,6 +3,8 @@ the saved dict, compared field by field, and the one line the run prints."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from seedlocal.errors import CheckpointError, fail
 
 
@@ -13,8 +15,6 @@ def from_dict(cls, d: dict, base=None):
     the dict lacks keep their defaults (those of ``base``, default ``cls()``:
     a nested config keeps its parent's default, e.g. R2D2's LSTM size, not its
     own class's), so older checkpoints stay resumable."""
-    import dataclasses
-
     base = cls() if base is None else base
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -36,19 +36,19 @@ def from_dict(cls, d: dict, base=None):
     return dataclasses.replace(base, **kwargs)
 
 
-def config_changes(old, new, prefix: str = "") -> list[str]:
-    """``field: old -> new`` for every leaf that differs between two configs."""
-    import dataclasses
-
-    out = []
-    for f in dataclasses.fields(new):
-        a, b = getattr(old, f.name, None), getattr(new, f.name)
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(b) and dataclasses.is_dataclass(a):
-            out += config_changes(a, b, name + ".")
-        elif a != b:
-            out.append(f"{name}: {a!r} -> {b!r}")
+def leaves(obj, prefix: str = "") -> dict[str, object]:
+    """Every option's value in the config ``obj`` by its dotted name, in field order."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        out.update(leaves(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value})
     return out
+
+
+def config_changes(old, new, prefix: str = "") -> list[str]:
+    """``field: old -> new`` for every option that differs between two configs of one class."""
+    before = leaves(old, prefix)
+    return [f"{name}: {before[name]!r} -> {b!r}" for name, b in leaves(new, prefix).items() if before[name] != b]
 
 
 def saved_config(cls, saved: dict, path: str):

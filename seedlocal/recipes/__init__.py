@@ -40,9 +40,8 @@ class Kind:
     """image frames, which a GPU machine sizes up (more envs, larger batches)"""
     episode_frames: int
     """neuroevolution's evaluation episode cap by default (0: none): the deep-GA paper's 20,000 frames for
-    image frames (football's episodes end first, at 400 to 3,000 steps); for small grids 10,000, four of
-    Freeway's 2,500-frame episodes, far past what a MinAtar agent reaches per episode in 5M frames (a member
-    that keeps Breakout's ball in play never ends its episode)"""
+    image frames; for small grids 10,000, four of Freeway's 2,500-frame episodes (a member that keeps
+    Breakout's ball in play never ends its episode)"""
 
 
 KINDS = {k.name: k for k in (

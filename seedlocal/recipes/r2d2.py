@@ -11,10 +11,10 @@ import torch
 from seedlocal.algos.frames import net_spec, stack_problem
 from seedlocal.algos.r2d2 import R2D2Params
 from seedlocal.arithmetic import resolve_precision
-from seedlocal.config.checks import check_network_fits, network_error, resolve_device, short_of_memory
+from seedlocal.config.checks import check_network_fits, resolve_device, short_of_memory
 from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import fail
 from seedlocal.networks import RecurrentQNet, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline
@@ -60,9 +60,8 @@ def sizing(cfg: R2D2Run, kind: Kind, machine: Machine, given: Given) -> dict:
 
 def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
     """Unchanged (each rank learns from its own replay, fed by its shape's envs, ``shape_of(cfg)``: the run's
-    divided), but a
-    replay in checkpoints is one process's only: a checkpoint would hold rank 0's, and a resume would give it
-    to every rank; and each rank keeps algo.eval_envs of its envs for evaluation."""
+    divided), but a replay in checkpoints is one process's only: a checkpoint would hold rank 0's, and a resume
+    would give it to every rank; and each rank keeps algo.eval_envs of its envs for evaluation."""
     if ranks > 1 and cfg.checkpoint_replay:
         fail("checkpoint_replay", True, f"with {ranks} learner ranks each rank keeps its own replay and a "
              "checkpoint holds one: give --no-checkpoint-replay (a resumed run's ranks start with empty replays)")
@@ -87,13 +86,10 @@ PRESETS: dict[str, R2D2Run] = {
         network=NetworkConfig(encoder="nature", lstm_size=512), frame_stack=4, compress=True, total_steps=5_000_000,
     ),
     # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso under a 128-unit LSTM,
-    # no frame stack (MinAtar's trail channel already shows motion). MinAtar's DQN trains 32 rows per frame;
-    # here 8 (replay ratio 8): at 2, Asterix and Seaquest stayed near random play to 1M steps (evaluation
-    # 1.4 and 0.55) and at 8 left it (5.7 and 6.6), every game ahead at 1M (issue 44, docs/minatar.md). On
-    # 2 cores the learner then sets the pace: 0.39 x the steps a minute of replay ratio 2, about even per
-    # minute. Short sequences (4 + 10 rows) in batches of 64, Adam 1e-3, a target copied every 100 updates,
-    # n = 3. (With 8 + 20 rows, batches of 32, 2.5e-4 and a copy every 250, 280k steps on Breakout stayed at
-    # random's 0.4.)
+    # no frame stack (MinAtar's trail channel already shows motion). Replay ratio 8 (MinAtar's DQN trains 32
+    # rows per frame): at 2, Asterix and Seaquest stayed near random play to 1M steps (issue 44,
+    # docs/minatar.md). Short sequences (4 + 10 rows) in batches of 64, Adam 1e-3, a target copied every 100
+    # updates, n = 3 (longer ones, in smaller batches, stayed at random's return on Breakout).
     "minatar": R2D2Run(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
@@ -194,11 +190,8 @@ def check(cfg: R2D2Run, spec, shape) -> None:
         fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
     if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
         fail("frame_stack", cfg.frame_stack, problem)
-    try:
-        check_network_fits(lambda: build_net(cfg, spec), 6, "network.hidden, network.lstm_size",
-                           "the online and target networks, gradients, Adam state and the actors' copy")
-    except ValueError as e:
-        raise ConfigError(network_error(e)) from None
+    check_network_fits(lambda: build_net(cfg, spec), 6, "network.hidden, network.lstm_size",
+                       "the online and target networks, gradients, Adam state and the actors' copy")
     need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))
     if (have := short_of_memory(need)) is not None:
         fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from seedlocal.algos.frames import net_spec, stack_problem, stacking
 from seedlocal.algos.vtrace import VTraceParams
-from seedlocal.config.checks import check_network_fits, network_error
+from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
 from seedlocal.algos import pbt
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import fail
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline, whole_groups
@@ -35,26 +35,21 @@ UNROLLS_PER_MINIBATCH = 16  # the H200 run's 128 unrolls in 8 minibatches; the 2
 def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
     """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of every
     local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
-    budget: issue 33's H200 run (16 cores: 4 x 32 envs, batch 128, 8 minibatches, constant rate) reached +18.1 on
-    Pong at 12.3M frames, past the preset's 10M, where its rate has decayed to 0 (and issue 43's, sized so by
-    itself: +18.6 at 13.2M frames, docs/gpu.md). MinAtar's preset on a GPU lets the actors run ahead (algo.sync
-    off). Everything else, and every CPU run, keeps the preset (docs/tuning.md, "Sized to the machine")."""
+    budget: issue 33's H200 run sized so reached +18.1 on Pong at 12.3M frames, past the preset's 10M, where its
+    rate has decayed to 0 (docs/gpu.md). MinAtar's preset on a GPU lets the actors run ahead (algo.sync off).
+    Everything else, and every CPU run, keeps the preset (docs/tuning.md, "Sized to the machine": the figures)."""
     if not machine.accelerator:
         return {}
     if kind.name == "minatar":
-        # Issue 33's rule: actors run ahead on a GPU where that reaches the target in no more frames than
-        # sync on (within 10%, mean of 3 seeds). MinAtar Breakout with this preset, 2-core CPU: >= 10 at
-        # 0.62 / 0.95 / 0.59M steps against 1.07M / not by 1.9M / 1.30M (docs/tuning.md). Its sizes stay
-        # (measured on no GPU). Atari keeps sync on: its clip 0.1 and 4 x 4 passes are unmeasured at a lag.
+        # Actors run ahead where that reached the target in no more frames than sync on (MinAtar Breakout, 3
+        # seeds: docs/tuning.md); its sizes stay. Atari keeps sync on: its clip 0.1 is unmeasured at a lag.
         return {} if given("algo.sync") or cfg.algo.sync == "off" else {"algo.sync": "off"}
     pipe, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs,
                                  given)
     if not kind.frames or not pipe:
         return {}
-    # Measured at 16 cores on Atari only (128 envs): other core counts, and Football, are unmeasured on a GPU.
-    # The budget is unmeasured too: the H200 run had no step limit (total_steps 0) and was stopped by hand
-    # after +19.4 at 16M frames; twice the Atari preset's 2.5M steps (20M frames) covers that, at the rate
-    # it ran with (a decay over 5M steps would have halved it by 12.3M frames: never tried).
+    # Measured at 16 cores on Atari only; twice the preset's budget covers the 16M frames that run went to at
+    # its constant rate (docs/tuning.md, "What was measured" and "What is not").
     batch = cfg.algo.batch_size if given("algo.batch_size") else local
     out = {**pipe, "algo.batch_size": batch, "algo.minibatches": max(1, batch // UNROLLS_PER_MINIBATCH),
            "algo.lr_decay": False, "total_steps": 2 * cfg.total_steps}
@@ -175,11 +170,8 @@ def check(cfg: VTraceRun, spec, shape) -> None:
     for values in member_values(cfg):  # each member's hyperparameters (the run's own without a population)
         _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size,
                       member_batch(cfg))
-    try:
-        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
-                           "its weights, gradients, Adam state and the actors' copy")
-    except ValueError as e:
-        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
+    check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
+                       "its weights, gradients, Adam state and the actors' copy", algo=("separate_critic",))
 
 
 def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
