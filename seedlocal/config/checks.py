@@ -36,25 +36,24 @@ def _check_choices(cfg) -> None:
 
 
 def validate_run_options(cfg) -> None:
-    """What every trainer's config shares: numbers that are numbers, and a
-    run folder that can be written. Fails before any process starts."""
+    """What every family's run (a ``RunConfig``) shares: numbers that are numbers, and a run folder that can be
+    written."""
     for name, value in leaves(cfg).items():
         if isinstance(value, float) and not math.isfinite(value):
             fail(name, value, "must be a finite number")
     if getattr(cfg, "log_every_s", 1.0) <= 0:
         fail("log_every_s", cfg.log_every_s, "must be positive")
-    env = getattr(cfg, "env", None)
-    if env is not None and env.seed < 0:  # before the run's first line, as every other field
-        fail("env.seed", env.seed, "must be >= 0")
-    if getattr(cfg, "keep_checkpoints", 0) < 0:
+    if cfg.env.seed < 0:  # before the run's first line, as every other field
+        fail("env.seed", cfg.env.seed, "must be >= 0")
+    if cfg.keep_checkpoints < 0:
         fail("keep_checkpoints", cfg.keep_checkpoints, "must be >= 0 (0 keeps every checkpoint)")
-    name = getattr(cfg, "run_name", "")
+    name = cfg.run_name
     if name and (name in (".", "..") or "/" in name or "\\" in name):
         fail("run_name", name, "must be a folder name under log_dir, without path separators")
     if len(name.encode()) > 200:
         fail("run_name", name[:20] + "...", f"is {len(name.encode())} bytes long; folder names may have 255 at most "
              "and seedlocal keeps some for its own")
-    if getattr(cfg, "log_dir", None) == "":
+    if cfg.log_dir == "":
         fail("log_dir", "", "must name a folder (e.g. runs)")
     if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
@@ -65,27 +64,21 @@ def validate_run_options(cfg) -> None:
                 fail(name, getattr(cfg, name), "must be >= 0")
         if cfg.total_steps == 0 and cfg.seconds == 0:
             fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
-    if getattr(cfg, "learners", 1) < 1:
+    if cfg.learners < 1:
         fail("learners", cfg.learners, "must be >= 1 (data-parallel learner ranks)")
-    if getattr(cfg, "dist_timeout_s", 1.0) <= 0:
+    if cfg.dist_timeout_s <= 0:
         fail("dist_timeout_s", cfg.dist_timeout_s, "must be positive")
-    log_dir = getattr(cfg, "log_dir", None)
-    if log_dir is not None and not getattr(cfg, "resume", ""):
-        check_writable("log_dir", log_dir, folder=True)
+    if not cfg.resume:
+        check_writable("log_dir", cfg.log_dir, folder=True)
     if cfg.network.lstm_size < 0:  # what a family's network cannot be (R2D2's without an LSTM) is its own check
         fail("network.lstm_size", cfg.network.lstm_size, "must be >= 0 (0 = no LSTM core)")
-    _validate_tracking(cfg)
-
-
-def _validate_tracking(cfg) -> None:
-    """--video-every-min, and --track's package (an optional extra)."""
-    if getattr(cfg, "video_every_min", 0.0) < 0:
+    if cfg.video_every_min < 0:
         fail("video_every_min", cfg.video_every_min, "must be >= 0 (0 = no videos)")
-    if getattr(cfg, "track", False):
+    if cfg.track:
         import importlib
 
         try:
-            importlib.import_module("wandb")
+            importlib.import_module("wandb")  # an optional extra
         except ImportError:
             raise ConfigError("track=True: the wandb package is not installed; pip install 'seedlocal[wandb]'") \
                 from None

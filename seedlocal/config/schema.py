@@ -131,10 +131,6 @@ class PopulationConfig:
 NETWORK_OPTIONS = ("encoder", "hidden", "lstm_size", "obs_norm")
 
 
-def _pipeline() -> PipelineConfig:
-    return PipelineConfig()
-
-
 @dataclass
 class RunConfig:
     """What every family's run shares: the env, the pipeline and the bridge that step it, the network, and
@@ -142,7 +138,7 @@ class RunConfig:
     (``trainers/*.py``); a budget only some families count in (steps, generations) is theirs."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    pipeline: PipelineConfig = field(default_factory=_pipeline)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     seconds: float = 0.0

@@ -130,17 +130,13 @@ def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
     return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
 
 
-def _grid_pipeline() -> PipelineConfig:
-    # MinAtar's games step in Python at tens of thousands of steps/s: every member's episode at once.
-    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
-
-
 # Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/
 # ga_atari_config.json and es_atari_config.json): GA mutation power 0.002 (P = 1,000, the top 20 as parents,
 # 10 elite candidates over 30 episodes there); ES sigma 0.02, Adam 0.01, L2 0.005 (P = 5,000 there, on a
 # network with virtual batch norm, which seedlocal's Nature CNN has not). Populations of 64, one env slot per
 # member; a generation takes many minutes on a CPU, so runs are bounded by time.
-# Small grids (MinAtar, docs/minatar.md): the one-conv torso as both learners use it; sticky actions make
+# Small grids (MinAtar, docs/minatar.md): the one-conv torso as both learners use it, the default pipeline (its
+# games step in Python at tens of thousands of steps/s: every member's episode at once); sticky actions make
 # every episode noisy, so the ES centre and the GA elite are scored over 5 episodes.
 # Continuous control (docs/mujoco.md): the networks, noise and normalisation of each paper, the populations
 # scaled to a workstation's cores. ES takes the survival bonus out of the fitness, as ARS does: with it in, ES
@@ -151,8 +147,7 @@ ES_PRESETS: dict[str, ESRun] = {
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0, best_episodes=5,
         algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "minatar": ESRun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
-        best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+        env=EnvConfig(id="MinAtar/Breakout-v1"), generations=0, seconds=600.0, best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
         network=NetworkConfig(hidden=(64, 64), obs_norm=True), action_noise=0.01, best_episodes=3,
@@ -167,7 +162,7 @@ GA_PRESETS: dict[str, GARun] = {
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.002, elite_candidates=4, elite_episodes=5)),
     "minatar": GARun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
+        env=EnvConfig(id="MinAtar/Breakout-v1"), generations=0, seconds=600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
     "mujoco": GARun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
