@@ -58,8 +58,7 @@ class Summary:
 
     @classmethod
     def read(cls, run_dir: str | Path) -> Summary:
-        """The summary a run wrote into ``run_dir`` (also of a run stopped by an exception: its
-        ``seedlocal_run_dir``)."""
+        """The summary a run wrote into ``run_dir`` (a run stopped by an exception: its ``seedlocal_run_dir``)."""
         path = Path(run_dir) / "summary.json"
         try:
             data = json.loads(path.read_text())
@@ -117,8 +116,7 @@ def train(family: str, **overrides) -> Summary:
 
 
 def _train_ranks(family: str, prepared) -> Summary:
-    """The prepared run's learner ranks, each a process training it (``_rank_main``), started and watched as
-    the command line's are (``cli.launch_ranks``); rank 0's summary, or what rank 0 stopped with, raised here."""
+    """The prepared run's learner ranks (``_rank_main``), started as the command line's (``cli.launch_ranks``)."""
     from seedlocal.cli import launch_ranks
 
     code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
@@ -128,7 +126,7 @@ def _train_ranks(family: str, prepared) -> Summary:
 
 def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
     """Rank 0's summary, or the exception it ended with (KeyboardInterrupt where this process was interrupted),
-    with the run folder on it as one process's run has it."""
+    carrying the run folder as one process's run does."""
     from seedlocal import errors
     from seedlocal.cli import _stopped_line
 
@@ -149,9 +147,8 @@ def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
 
 
 def _rank_main(job: str) -> None:
-    """One learner rank of ``seedlocal.train`` (``_train_ranks``): the prepared run pickled in ``job``,
-    trained as a rank; rank 0 writes beside it how that ended (the run folder, or the error). Ends as the command
-    line's ranks end (``cli.exit_now``)."""
+    """One learner rank of ``seedlocal.train`` (``_train_ranks``): trains the prepared run pickled in ``job``;
+    rank 0 writes beside it how that ended (the run folder, or the error). Ends as ``cli.exit_now``."""
     import pickle
 
     from seedlocal import errors
@@ -182,9 +179,9 @@ def _rank_main(job: str) -> None:
 
 @contextmanager
 def _sigterm_unwinds():
-    """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does:
-    a checkpoint, the summary, its processes and shared memory released, then SystemExit(143). Only where
-    SIGTERM would otherwise kill at once: in the main thread, with no handler of the caller's own."""
+    """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does,
+    then SystemExit(143); only where it would otherwise kill at once (the main thread, no handler of the
+    caller's own)."""
     from seedlocal.cli import _sigterm_as_exit
 
     own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
@@ -203,8 +200,7 @@ def run_config(family: str, **overrides):
 
 
 def _prepared(family: str, overrides: dict):
-    """The run ``seedlocal.train(family, **overrides)`` asks for, prepared once (``seedlocal/prepare.py``); what
-    preparation says is printed, as the command line prints it."""
+    """The run ``seedlocal.train(family, **overrides)`` asks for, prepared once; its notes printed."""
     from seedlocal.config.request import from_keywords
     from seedlocal.prepare import prepare
 

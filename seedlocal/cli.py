@@ -69,17 +69,15 @@ RANK_OF = "SEEDLOCAL_RANK_OF"
 
 
 def _say(*args, **kwargs) -> None:
-    """``print``, but once per run of data-parallel ranks: the launcher of ``--learners G`` says it, its ranks
-    do not (they parse the same command line again); under torchrun, rank 0. Errors are not said this way:
-    every rank's own failure is its own line."""
+    """``print``, but once per run of data-parallel ranks: by the launcher of ``--learners G`` (under torchrun,
+    rank 0), not by its ranks, which parse the same command line again. Errors are each rank's own line."""
     if not os.environ.get(RANK_OF) and os.environ.get("RANK", "0") in ("", "0"):
         print(*args, **kwargs)
 
 
 def _first_line(argv: list[str]) -> str | None:
     """A train command's first line, said before torch loads (seconds on a busy machine): the command and its
-    preset where the command line alone tells it (given, or CartPole's defaults without --env.id); else the
-    env's kind picks it, said in the next line."""
+    preset where the command line alone tells it; else the env's kind picks it, said in the next line."""
     from seedlocal.errors import ConfigError
     from seedlocal.families import TABLE
 
@@ -170,9 +168,8 @@ def _parse(argv: list[str]):
 
 
 def _prepared(name: str, args: list[str]):
-    """``seedlocal train <name> ARGS``: one request from the options (tyro parses them once), prepared once;
-    what preparation says is said here (once for data-parallel ranks: ``_say``). ``--help`` shows the options
-    with the defaults the request would run with, and exits."""
+    """``seedlocal train <name> ARGS``: one request from the options, prepared once, its notes said (``_say``).
+    ``--help`` shows the options with the defaults the request would run with, and exits."""
     from seedlocal.config.request import from_command_line
     from seedlocal.families import recipe
     from seedlocal.prepare import prepare
@@ -217,7 +214,7 @@ def _start_resource_tracker() -> None:
 
 
 def run() -> NoReturn:
-    """The ``seedlocal`` command (its console script, and ``python -m seedlocal``): ``main()``, then ``exit_now``."""
+    """The ``seedlocal`` command (console script, ``python -m seedlocal``)."""
     exit_now(main())
 
 
@@ -325,10 +322,9 @@ def _run(argv: list[str]) -> int:
 
 
 def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bool = False) -> tuple[int, str]:
-    """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as it was
-    prepared here (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``;
-    returns the launcher's exit status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for
-    the command line's ranks, which say it themselves)."""
+    """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as prepared here
+    (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
+    status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for the command line's ranks)."""
     import pickle
     import tempfile
     from pathlib import Path

@@ -11,10 +11,9 @@ this is the only place that turns one into a run (DESIGN.md, decision 11), in th
     4. a resumed run's budget and folder checked against its checkpoint;
     5. the checks every family shares, the env described, the shape built, the family's own checks.
 
-Everything below receives the frozen ``Prepared`` (or the part it needs) and derives nothing from the config
-again: the trainer, the pipeline, the bridge. A data-parallel rank's is ``for_rank``: the run's shape divided
-by the same builder. What preparation has to say (the preset picked, the sizes chosen) is in ``notes``, said
-by the caller once.
+Everything below (trainer, pipeline, bridge) receives the frozen ``Prepared`` and derives nothing from the
+config again; a data-parallel rank's is ``for_rank``. What preparation has to say (the preset picked, the sizes
+chosen) is in ``notes``, said by the caller once.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ SIZED = "--no-machine-sizing keeps the preset's"
 
 @dataclass(frozen=True)
 class Resumed:
-    """The run a request resumes: its checkpoint's path, the config it saved (None in checkpoints from before
-    configs were saved) and its counters."""
+    """The run a request resumes: its checkpoint's path, saved config (None in the oldest) and counters."""
 
     path: str
     saved: dict | None
@@ -70,9 +68,8 @@ class Prepared:
 
 
 def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) -> Prepared:
-    """The run ``request`` asks ``recipe``'s family for (module docstring); ``machine``: the one to size for
-    (default: this one, with the device the options name). A value that cannot run is refused here, in one
-    line naming its field (ConfigError, CheckpointError), before any process starts."""
+    """The run ``request`` asks ``recipe``'s family for (module docstring), sized for ``machine`` (default: this
+    one). A value that cannot run is refused here in one line naming its field, before any process starts."""
     notes: list[str] = []
     cfg, resumed, given, machine = _configured(request, recipe, machine, notes)
     derived = apply(cfg, recipe.derive(cfg, is_given(given)))
@@ -96,9 +93,8 @@ def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes
 
 
 def prepare_run(cfg, recipe: Recipe, machine: Machine | None = None) -> Prepared:
-    """A run configuration built whole in Python (the benchmark scripts, the tests): taken as it is (no preset
-    is picked and nothing is sized: every option counts as given), then checked, described and shaped as
-    ``prepare`` does."""
+    """A run configuration built whole in Python (the benchmark scripts, the tests), taken as it is (no preset,
+    no sizing), then checked, described and shaped as ``prepare`` does."""
     return _checked(recipe, cfg, machine or Machine.detect(cfg.pipeline.device), None, [])
 
 
@@ -118,9 +114,8 @@ def for_help(request: Request, recipe: Recipe):
 
 
 def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
-    """Learner rank ``rank``'s of ``ranks``: ``config`` (its share of the run's: ``pipeline/ranks.py``), its
-    batch its family's share and its refusals (``Recipe.per_rank``), its shape the run's divided
-    (``shape.pipeline_shape``)."""
+    """Learner rank ``rank``'s of ``ranks``: ``config`` (its share of the run's: ``pipeline/ranks.py``) as its
+    family divides it (``Recipe.per_rank``), its shape the run's divided."""
     recipe = prepared.recipe
 
     def shape_of(cfg) -> PipelineShape:
@@ -145,9 +140,8 @@ def check_learners(prepared: Prepared) -> None:
 
 def prepare_pipeline(env, pipeline, bridge=None, needs: ShapeNeeds = ShapeNeeds(), prefix: str = "pipeline",
                      env_field: str = "env.id") -> tuple[EnvSpec, PipelineShape]:
-    """The env's spec and the pipeline's shape for a pipeline without a family (``seedlocal bench``, its
-    autotune, the benchmark scripts), checked as a run's are, each field named under ``prefix`` (the env's id
-    as ``env_field``)."""
+    """The env's spec and the pipeline's shape for a pipeline without a family (``seedlocal bench``, the
+    benchmark scripts), checked as a run's are, each field named under ``prefix`` (the env's id ``env_field``)."""
     validate_pipeline(pipeline, prefix=prefix)
     shape = pipeline_shape(pipeline, bridge, needs, prefix=prefix)
     if bridge is not None:
@@ -156,20 +150,19 @@ def prepare_pipeline(env, pipeline, bridge=None, needs: ShapeNeeds = ShapeNeeds(
 
 
 def env_spec(env, field: str = "env.id") -> EnvSpec:
-    """An env described (``envs/spaces.py``; cached), refused in one line naming ``field`` if it cannot be: for a
-    command that sizes its own pipeline by the env (``seedlocal bench``)."""
+    """An env described, refused in one line naming ``field`` if it cannot be (``seedlocal bench``)."""
     return validate_env(env, id_field=field)
 
 
 def host_env(env_id: str, backend: str, frame_stack: int) -> EnvSpec:
-    """The env a learner assigns an actor host (``seedlocal actors``), described here, where the host runs it
-    (ValueError if it cannot be made here): the host checks its spaces against the learner's."""
+    """The env a learner assigns an actor host (``seedlocal actors``), described where the host runs it
+    (ValueError if it cannot be made here)."""
     return describe(env_id, backend, frame_stack)
 
 
 def checkpoint_spec(state: dict) -> EnvSpec:
-    """The env a checkpoint was trained on, as it is here now, refused (CheckpointError) unless its observations
-    and actions are still those the checkpoint's network was trained on (a user's own env may have changed)."""
+    """The env a checkpoint was trained on, as it is here now; CheckpointError unless its observations and actions
+    are still those the network was trained on (a user's own env may have changed)."""
     from seedlocal import checkpoint
     from seedlocal.networks import action_identity, obs_identity
 
@@ -203,8 +196,7 @@ def _resumed(request: Request, recipe: Recipe) -> Resumed | None:
         raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
                           "give the options to change explicitly instead")
     saved = state.get("config")
-    return Resumed(str(state["path"]), saved if isinstance(saved, dict) else None,
-                   dict(state.get("counters", {})))
+    return Resumed(str(state["path"]), saved if isinstance(saved, dict) else None, dict(state.get("counters", {})))
 
 
 def _given(request: Request) -> dict:
@@ -270,8 +262,7 @@ def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict,
         kind = kind_of(describe(cfg.env.id, cfg.env.backend, cfg.env.frame_stack))
     except Exception:
         return cfg  # validation names the env's problem
-    changes = recipe.sizing(cfg, kind, machine, is_given(given))
-    sized = apply(cfg, changes)
+    sized = apply(cfg, recipe.sizing(cfg, kind, machine, is_given(given)))
     said = _changes(cfg, sized)
     if said:
         note = ""

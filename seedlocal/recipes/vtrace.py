@@ -57,8 +57,7 @@ def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
 
 
 def derive(cfg: VTraceRun, given: Given) -> dict:
-    """V-trace batches whole groups: a batch the user did not give is rounded up to whole groups of the
-    pipeline that holds (a pipeline file's, an option's), for each member of a population."""
+    """A batch the user did not give, rounded up to whole groups of the pipeline that holds, for each member."""
     members = max(1, cfg.population.size)
     batch = whole_groups(-(-cfg.algo.batch_size // members), cfg.pipeline) * members
     return {} if given("algo.batch_size") or batch == cfg.algo.batch_size else {"algo.batch_size": batch}
@@ -66,11 +65,8 @@ def derive(cfg: VTraceRun, given: Given) -> dict:
 
 def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
     """A rank's batch: algo.batch_size / G unrolls where that is a whole number of its groups (of its shape,
-    ``shape_of(cfg)``: the run's divided), so that G ranks' update is the one-process recipe's
-    (the same rows per update and per minibatch); else the whole batch on every rank (G x the unrolls per
-    update). Every env remote: the groups' size is the bridge's, and the batch stays whole."""
-    import dataclasses
-
+    ``shape_of(cfg)``), so that G ranks' update is the one-process recipe's (the same rows per update and per
+    minibatch); else the whole batch on every rank. Every env remote: the batch stays whole."""
     batch, share = cfg.algo.batch_size, cfg.algo.batch_size // ranks
     # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
     if cfg.pipeline.num_workers and ranks > 1 and batch % ranks == 0 and share % shape_of(cfg).envs_per_group == 0 \
@@ -155,9 +151,8 @@ def build_model(cfg: VTraceRun, spec) -> ActorCritic:
 
 
 def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
-    """Batches of whole groups (k unrolls), and one unroll per group, at least a batch: while the learner works
-    on a batch, actors fill the next one (or, with algo.sync, wait), no more, so the policy lag stays about one
-    batch of updates."""
+    """Batches of whole groups, and one unroll per group, at least a batch: while the learner works on a batch,
+    actors fill the next one (or, with algo.sync, wait), so the policy lag stays about one batch of updates."""
     return ShapeNeeds(batch_envs=cfg.algo.batch_size, buffers_per_group=1)
 
 
@@ -194,10 +189,9 @@ def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
     for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
         if getattr(a, name) <= 0:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
-    if not 0 <= a.discount <= 1:
-        fail("algo.discount", a.discount, "must be in [0, 1]")
-    if not 0 <= a.lam <= 1:
-        fail("algo.lam", a.lam, "must be in [0, 1]")
+    for name in ("discount", "lam"):
+        if not 0 <= getattr(a, name) <= 1:
+            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
     for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
         if getattr(a, name) < 0:
             fail(f"algo.{name}", getattr(a, name), "must be >= 0")
@@ -224,8 +218,8 @@ def _space(cfg: VTraceRun) -> dict:
 
 
 def member_values(cfg: VTraceRun) -> list[dict]:
-    """Each member's own hyperparameters (names of ``algo``): none of its own in mode seeds, one value set of
-    --population.sweep each in sweep and pbt (``pbt.sweep_values``, drawn from population.seed)."""
+    """Each member's own hyperparameters (names of ``algo``): none in mode seeds, one value set of
+    --population.sweep each in sweep and pbt (drawn from population.seed)."""
     pop = cfg.population
     if pop.size <= 1 or pop.mode == "seeds":
         return [{} for _ in range(max(1, pop.size))]
@@ -240,9 +234,7 @@ def pbt_space(cfg: VTraceRun) -> dict:
     for name in cfg.population.perturb:
         if name in sweep:
             out[name] = sweep[name]
-            continue
-        value = float(getattr(cfg.algo, name))
-        if value > 0:
+        elif (value := float(getattr(cfg.algo, name))) > 0:
             high = min(value * PBT_SPAN, PBT_CAPS.get(name, math.inf))
             out[name] = pbt.LogUniform(value / PBT_SPAN, max(high, value))
     return out
@@ -288,6 +280,7 @@ def check_population(cfg: VTraceRun, shape) -> None:
         if not pbt_space(cfg):
             fail("population.perturb", " ".join(pop.perturb), "leaves PBT nothing to perturb (each is 0 here and "
                  "has no --population.sweep range)")
+
 
 RECIPES = (Recipe("vtrace", VTraceRun, PRESETS, check, needs=shape_needs, sizing=sizing, derive=derive,
                  per_rank=per_rank),)
