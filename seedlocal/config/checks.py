@@ -1,9 +1,6 @@
-"""Checks of the config, before any process starts.
-
-Every check raises :class:`ConfigError` whose message starts with the field
-and the value it refuses, e.g. ``pipeline.envs_per_worker=3: ...``. torch is
-imported inside the functions that need it: an actor host (``seedlocal
-actors``) reads this module and needs no torch.
+"""Checks of the config, before any process starts: each raises a ``ConfigError`` whose message starts with the
+field and the value it refuses (``pipeline.envs_per_worker=3: ...``). torch is imported inside the functions that
+need it: an actor host (``seedlocal actors``) reads this module and needs no torch.
 """
 
 from __future__ import annotations
@@ -85,9 +82,8 @@ def validate_run_options(cfg) -> None:
 
 
 def check_writable(field: str, value: str, folder: bool) -> None:
-    """Fail unless a folder (``folder``) or a file could be created at
-    ``value``: checked, not created, so a config refused later leaves
-    nothing behind and hours of work are not lost to a bad path at the end."""
+    """Fail unless a folder (``folder``) or a file could be created at ``value``: checked, not created, so a config
+    refused later leaves nothing behind and hours of work are not lost to a bad path at the end."""
     path = Path(value).resolve()
     if path.exists() and path.is_dir() != folder:
         fail(field, value, "is a file, not a folder" if folder else "is a folder, not a file")
@@ -99,9 +95,8 @@ def check_writable(field: str, value: str, folder: bool) -> None:
 
 
 def short_of_memory(need: float) -> int | None:
-    """The memory available, when ``need`` bytes would take more than 80% of
-    it (the rest is the OS's and the run's own Python); None when it fits or
-    is unknown. Sizes checked with it fail before anything is allocated."""
+    """The memory available, when ``need`` bytes would take more than 80% of it (the rest is the OS's and the
+    run's own Python); None when it fits or is unknown."""
     have = available_bytes()
     return have if have is not None and need > 0.8 * have else None
 
@@ -133,12 +128,9 @@ def available_bytes() -> int | None:
     """Memory the kernel could give a new allocation now (MemAvailable), if known."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except OSError:
-        pass
-    return None
+        return None
 
 
 def resolve_device(value: str) -> torch.device:

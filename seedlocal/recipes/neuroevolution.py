@@ -1,6 +1,5 @@
-"""The neuroevolution families' recipes (``seedlocal train ga|es|ars|random-search``): their options, presets
-and the rules preparation applies to them (``recipes/__init__.py``). The trainer is
-``trainers/neuroevolution.py``."""
+"""The neuroevolution families' recipes (``seedlocal train ga|es|ars|random-search``; ``recipes/__init__.py``).
+The trainer is ``trainers/neuroevolution.py``."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ def sizing(cfg: NeuroevoRun, kind: Kind, machine: Machine, given: Given) -> dict
     if not machine.accelerator or not hasattr(cfg.algo, "population_size") or not kind.frames:
         return {}
     # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the population is the issue's target.
-    out, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs,
-                                given)
+    out, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs, given)
     population = max(GPU_POPULATION, cfg.algo.population_size, local)
     if not given("algo.population_size") and population != cfg.algo.population_size:
         out["algo.population_size"] = population
@@ -117,17 +115,17 @@ def sizing(cfg: NeuroevoRun, kind: Kind, machine: Machine, given: Given) -> dict
 
 
 def per_rank(cfg: NeuroevoRun, ranks: int, shape_of) -> NeuroevoRun:
-    """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``) on its
-    shape's envs (the run's divided). More ranks than members are refused."""
+    """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``); more
+    ranks than members are refused."""
     if ranks > cfg.algo.population_size:
         fail("learners", ranks, f"each rank evaluates a part of the population of {cfg.algo.population_size}: "
              "give at most that many ranks")
     return cfg
 
 
-def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
+def _mujoco_pipeline(envs: int) -> PipelineConfig:
     # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
-    return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
+    return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
 
 
 # Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/
@@ -147,7 +145,8 @@ ES_PRESETS: dict[str, ESRun] = {
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0, best_episodes=5,
         algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "minatar": ESRun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), generations=0, seconds=600.0, best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+        env=EnvConfig(id="MinAtar/Breakout-v1"), generations=0, seconds=600.0, best_episodes=5,
+        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
         network=NetworkConfig(hidden=(64, 64), obs_norm=True), action_noise=0.01, best_episodes=3,

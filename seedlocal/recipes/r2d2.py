@@ -1,5 +1,4 @@
-"""R2D2's recipe (``seedlocal train r2d2``): its options, its presets and the rules preparation applies to them
-(``recipes/__init__.py``). The trainer is ``trainers/r2d2.py``."""
+"""R2D2's recipe (``seedlocal train r2d2``; ``recipes/__init__.py``). The trainer is ``trainers/r2d2.py``."""
 
 from __future__ import annotations
 
@@ -35,8 +34,8 @@ class R2D2Run(StepRunConfig):
 
     @classmethod
     def migrate(cls, saved: dict) -> dict:
-        """Runs saved before pipeline.unroll_length 0 hold the default they
-        ignored (they ran at algo.unroll_length): resume them as they ran."""
+        """Runs saved before pipeline.unroll_length 0 hold the default they ignored (they ran at
+        algo.unroll_length): resume them as they ran."""
         saved = super().migrate(saved)
         pipe, algo = saved.get("pipeline"), saved.get("algo")
         if isinstance(pipe, dict) and isinstance(algo, dict) and pipe.get("unroll_length") != algo.get("unroll_length"):
@@ -122,8 +121,7 @@ COMPRESSED_FRAME_SHARE = 1 / 8  # lz4 frames, estimated (Pong measured 1/21, doc
 
 
 def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
-    """What the replay will hold when full: frames at full size, or with
-    ``compress`` at an eighth of it (lz4 on Atari frames measured 1/21)."""
+    """Bytes the replay will hold when full (with ``compress``, frames at ``COMPRESSED_FRAME_SHARE``)."""
     a = cfg.algo
     per_env = -(-a.replay_size // num_envs)
     steps = num_envs * (per_env * a.unroll_length + a.burn_in + a.unroll_length + 1 + max(1, cfg.frame_stack))
@@ -133,14 +131,12 @@ def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
 
 
 def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
-    """Unrolls of algo.unroll_length (its sequences' stride), two per group: one being filled, one waiting for
-    the learner."""
+    """Unrolls of algo.unroll_length (its sequences' stride), two per group: one filling, one for the learner."""
     return ShapeNeeds(unroll_length=cfg.algo.unroll_length, buffers_per_group=2)
 
 
 def _validate_algo(a: R2D2Params) -> None:
-    """The algorithm's own values, each in its range and consistent with the
-    others (those that depend on the env or the pipeline are ``validate``'s)."""
+    """The algorithm's own values, each in its range and consistent with the others (``check`` has the rest)."""
     for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "target_update_every"):
         if getattr(a, name) < 1:
             fail(f"algo.{name}", getattr(a, name), "must be positive")

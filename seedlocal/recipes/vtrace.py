@@ -1,5 +1,4 @@
-"""V-trace's recipe (``seedlocal train vtrace``): its options, its presets and the rules preparation applies to
-them (``recipes/__init__.py``). The trainer is ``trainers/vtrace.py``."""
+"""V-trace's recipe (``seedlocal train vtrace``; ``recipes/__init__.py``). The trainer is ``trainers/vtrace.py``."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
         # Actors run ahead where that reached the target in no more frames than sync on (MinAtar Breakout, 3
         # seeds: docs/tuning.md); its sizes stay. Atari keeps sync on: its clip 0.1 is unmeasured at a lag.
         return {} if given("algo.sync") or cfg.algo.sync == "off" else {"algo.sync": "off"}
-    pipe, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs,
-                                 given)
+    pipe, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs, given)
     if not kind.frames or not pipe:
         return {}
     # Measured at 16 cores on Atari only; twice the preset's budget covers the 16M frames that run went to at
