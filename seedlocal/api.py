@@ -93,7 +93,7 @@ class Summary:
 def train(family: str, **overrides) -> Summary:
     """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
-    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line
+    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line, launch_ranks
 
     prepared = _prepared(family, overrides)
     fam = _family(family)
@@ -102,9 +102,11 @@ def train(family: str, **overrides) -> Summary:
         from seedlocal.prepare import check_learners
 
         check_learners(prepared)  # refused before any rank starts, as the command line refuses it
-        if from_environment() is None:  # not a rank already (torchrun's): start them
+        if from_environment() is None:  # not a rank already (torchrun's): start them, each a _rank_main
+            code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
             with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds
-                return _train_ranks(family, prepared)
+                status, outcome = launch_ranks(prepared, command=[sys.executable, "-c", code], interrupt_ranks=True)
+                return _ranks_outcome(family, status, json.loads(outcome) if outcome else {})
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
@@ -113,15 +115,6 @@ def train(family: str, **overrides) -> Summary:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
     return Summary.read(summary["run_dir"])
-
-
-def _train_ranks(family: str, prepared) -> Summary:
-    """The prepared run's learner ranks (``_rank_main``), started as the command line's (``cli.launch_ranks``)."""
-    from seedlocal.cli import launch_ranks
-
-    code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
-    status, outcome = launch_ranks(prepared, command=[sys.executable, "-c", code], interrupt_ranks=True)
-    return _ranks_outcome(family, status, json.loads(outcome) if outcome else {})
 
 
 def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
@@ -147,14 +140,14 @@ def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
 
 
 def _rank_main(job: str) -> None:
-    """One learner rank of ``seedlocal.train`` (``_train_ranks``): trains the prepared run pickled in ``job``;
+    """One learner rank of ``seedlocal.train``: trains the prepared run pickled in ``job``;
     rank 0 writes beside it how that ended (the run folder, or the error). Ends as ``cli.exit_now``."""
     import pickle
 
     from seedlocal import errors
     from seedlocal.cli import RANK0_OUTCOME, Stopped, _sigterm_as_exit, _start_resource_tracker, exit_now
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from _train_ranks
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from the launcher
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     prepared = pickle.loads(Path(job).read_bytes())
     _start_resource_tracker()

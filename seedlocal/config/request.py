@@ -20,7 +20,7 @@ import typing
 from types import MappingProxyType
 from typing import Annotated, Mapping
 
-from seedlocal.config.overrides import checked, flatten, options_of
+from seedlocal.config.overrides import apply, checked, flatten, options_of
 from seedlocal.config.resume import leaves
 
 # Network options older command lines gave elsewhere (V-trace and R2D2 under --algo., neuroevolution at the
@@ -143,14 +143,8 @@ def _whole(v: str) -> str:
 
 def _perturbed(obj):
     """A copy of the dataclass ``obj`` with every option changed to another value of its type."""
-    hints = typing.get_type_hints(type(obj), include_extras=True)
-    changes = {}
-    for f in dataclasses.fields(obj):
-        v, kind = getattr(obj, f.name), hints[f.name]
-        if typing.get_origin(kind) is Annotated:
-            kind = typing.get_args(kind)[0]
-        changes[f.name] = _perturbed(v) if dataclasses.is_dataclass(v) else _other(v, kind)
-    return dataclasses.replace(obj, **changes)
+    kinds = options_of(type(obj))
+    return apply(obj, {name: _other(v, kinds[name]) for name, v in leaves(obj).items()})
 
 
 def _other(v, kind):
