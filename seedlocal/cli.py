@@ -1,14 +1,6 @@
-"""Command line (also ``python -m seedlocal``):
-
-    seedlocal train vtrace [--preset atari] [--env.id Pong-v5] [...]
-    seedlocal train r2d2 [--preset atari] [...]
-    seedlocal train ga|es|random-search [--env.id CartPole-v1] [...]
-    seedlocal eval --checkpoint runs/<run> [--episodes 10] [--video out.gif]
-    seedlocal bench [--env Pong-v5] [...]
-    seedlocal actors --connect HOST:PORT [...]   (an actor host for a learner's --bridge.listen)
-
-Every command takes ``--help``. Configuration errors print one line naming
-the field and exit with status 2 before any process starts.
+"""The ``seedlocal`` command (also ``python -m seedlocal``): train, eval, bench and actors (``USAGE_TAIL``), each
+with ``--help``. Configuration errors print one line naming the field and exit with status 2 before any process
+starts.
 """
 
 from __future__ import annotations
@@ -19,8 +11,8 @@ import signal
 import sys
 from typing import NoReturn
 
-# Nothing heavy at import time (the trainers pull in torch, a second or
-# two): a Ctrl-C while it loads must end as quietly as one during a run.
+# Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
+# as quietly as one during a run.
 
 USAGE_HEAD = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n"
 USAGE_TAIL = """
@@ -291,14 +283,10 @@ def _run(argv: list[str]) -> int:
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
                 return launch_ranks(cfg)[0]
         _start_resource_tracker()
-        if cmd == "bench":
-            from seedlocal.measure import main as bench
+        if cmd in ("bench", "eval"):
+            import importlib
 
-            bench(cfg)
-        elif cmd == "eval":
-            from seedlocal.evaluate import main as evaluate
-
-            evaluate(cfg)
+            importlib.import_module({"bench": "seedlocal.measure", "eval": "seedlocal.evaluate"}[cmd]).main(cfg)
         elif cmd == "actors":
             from seedlocal.pipeline.bridge.client import run as actors
             from seedlocal.prepare import host_env

@@ -140,9 +140,8 @@ def main(cfg: EvalConfig) -> dict:
 
 
 def _play_or_report(cfg: EvalConfig, state: dict, policy: Policy) -> tuple[np.ndarray, int]:
-    """The episodes played, each return said as its episode ends. Stopped by Ctrl-C (or SIGTERM, SIGHUP),
-    the returns of the episodes that had ended are reported as a finished eval's, marked as stopped, before
-    the stop goes on up to the command (exit status 130, or 128 + the signal)."""
+    """The episodes played, each return said as its episode ends. Stopped by Ctrl-C (or SIGTERM, SIGHUP), the
+    returns of those that had ended are reported, marked as stopped, before the stop goes on up to the command."""
     so_far: list[float] = []
 
     def ended(ret: float) -> None:

@@ -33,9 +33,9 @@ TABLE: dict[str, tuple[str, str, str]] = {
 
 @dataclass(frozen=True)
 class Family:
-    """One algorithm family as the commands see it: its recipe, which ``prepare`` turns a request into a run
-    with, the ``train`` of that prepared run, and the ``from_checkpoint(state, device, greedy, epsilon)`` that
-    returns the policy training's inference serves (``greedy`` None: acting as the run acted), for eval."""
+    """One algorithm family as the commands see it: its recipe, the ``train`` of a prepared run, and, for eval,
+    ``from_checkpoint(state, device, greedy, epsilon)``: the policy training's inference serves (``greedy``
+    None: acting as the run acted)."""
 
     name: str
     recipe: object

@@ -161,10 +161,9 @@ def _check_fields(p: PipelineConfig, bridge: BridgeConfig | None, remote_envs: i
 
 def rank_workers(p: PipelineConfig, ranks: int, prefix: str = "pipeline") -> tuple[int, int]:
     """(local workers, envs per worker) of one of ``ranks`` learner ranks: the run's workers divided where
-    ``ranks`` divides them; else 1/``ranks`` of the run's envs in the fewest workers (at least 1/``ranks``
-    of the run's workers, rounded up) whose groups divide the run's groups, so that a batch of the run's
-    whole groups is whole groups of a rank too (CartPole's 2 workers of 8 envs on 4 ranks: 1 worker of 4 each);
-    else refused, naming pipeline.num_workers. A rank never steps more envs than its share."""
+    ``ranks`` divides them; else 1/``ranks`` of the run's envs in the fewest workers (at least the run's /
+    ``ranks``, rounded up) whose groups divide the run's groups, so that the run's whole groups are a rank's too
+    (CartPole's 2 workers of 8 envs on 4 ranks: 1 worker of 4 each); else refused."""
     if p.num_workers % ranks == 0:
         return p.num_workers // ranks, p.envs_per_worker
     envs, group = p.num_workers * p.envs_per_worker, p.envs_per_worker // GROUPS_PER_WORKER
@@ -210,12 +209,11 @@ def actor_host_shape(groups: int, envs_per_group: int, env_threads: int) -> Pipe
 
 
 def sized_pipeline(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int, given) -> tuple[dict, int]:
-    """A machine's sizing of ``p`` (``recipes/``: ``Recipe.sizing``): the pipeline options it changes, ``envs``
-    local envs in workers of ``per_worker`` (at least one worker) with min_batch_envs, where set, scaled with
-    them, and the local envs that makes; no change where that adds no envs to ``p``'s own. Each option the user
-    gave (``given(dotted name)``) stays, and the rest follow from it (``--pipeline.num-workers 1``: one worker of
-    ``per_worker`` envs). With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, workers
-    of ``p``'s size instead, so that actor hosts still run whole workers like the learner's."""
+    """A machine's sizing of ``p`` (``Recipe.sizing``): the pipeline options that make ``envs`` local envs in
+    workers of ``per_worker`` (min_batch_envs, where set, scaled with them), and the local envs that makes; none
+    where that adds no envs. An option the user gave (``given(dotted name)``) stays, and the rest follow from it.
+    With ``remote_envs`` that ``per_worker`` does not divide, workers of ``p``'s size, so actor hosts run whole
+    workers like the learner's."""
     own = p.num_workers * p.envs_per_worker
     if envs <= own:
         return {}, own
