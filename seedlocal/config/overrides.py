@@ -26,11 +26,8 @@ def options_of(cls: type, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            out.update(options_of(kind, f"{prefix}{f.name}."))
-        else:
-            out[prefix + f.name] = kind
+        kind, name = hints[f.name], prefix + f.name
+        out.update(options_of(kind, name + ".") if dataclasses.is_dataclass(kind) else {name: kind})
     return out
 
 

@@ -37,8 +37,8 @@ def leaves(obj, prefix: str = "") -> dict[str, object]:
     """Every option's value in the config ``obj`` by its dotted name, in field order."""
     out: dict[str, object] = {}
     for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        out.update(leaves(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value})
+        value, name = getattr(obj, f.name), prefix + f.name
+        out.update(leaves(value, name + ".") if dataclasses.is_dataclass(value) else {name: value})
     return out
 
 

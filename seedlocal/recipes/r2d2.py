@@ -58,9 +58,9 @@ def sizing(cfg: R2D2Run, kind: Kind, machine: Machine, given: Given) -> dict:
 
 
 def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
-    """Unchanged (each rank learns from its own replay, fed by its shape's envs, ``shape_of(cfg)``: the run's
-    divided), but a replay in checkpoints is one process's only: a checkpoint would hold rank 0's, and a resume
-    would give it to every rank; and each rank keeps algo.eval_envs of its envs for evaluation."""
+    """Unchanged (each rank learns from its own replay, fed by its shape's envs), but a replay in checkpoints is
+    one process's only (a resume would give rank 0's to every rank), and each rank keeps algo.eval_envs of its
+    envs for evaluation."""
     if ranks > 1 and cfg.checkpoint_replay:
         fail("checkpoint_replay", True, f"with {ranks} learner ranks each rank keeps its own replay and a "
              "checkpoint holds one: give --no-checkpoint-replay (a resumed run's ranks start with empty replays)")
@@ -145,11 +145,10 @@ def _validate_algo(a: R2D2Params) -> None:
             fail(f"algo.{name}", getattr(a, name), "must be >= 0")
     if a.n_step >= a.unroll_length:
         fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
-    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon"):
+    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon",
+                 "discount"):
         if not 0 <= getattr(a, name) <= 1:
             fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
-    if not 0 <= a.discount <= 1:
-        fail("algo.discount", a.discount, "must be in [0, 1]")
     if a.replay_size < a.batch_size:
         fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
     if a.min_replay > a.replay_size:
