@@ -73,9 +73,9 @@ def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
 
 PRESETS: dict[str, R2D2Run] = {
     "cartpole": R2D2Run(),
-    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and
-    # burn-in/unroll 40/80 -> 20/40 (a CPU update on 64 x 121 frames takes seconds),
-    # replay 100k -> 20k sequences; n = 5, gamma 0.997, eta 0.9, alpha 0.9, beta 0.6 as published.
+    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and burn-in/unroll 40/80 ->
+    # 20/40 (a CPU update on 64 x 121 frames takes seconds), replay 100k -> 20k sequences; n = 5, gamma 0.997,
+    # eta 0.9, alpha 0.9, beta 0.6 as published.
     "atari": R2D2Run(
         env=EnvConfig(id="Pong-v5", frame_stack=1),
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),

@@ -75,9 +75,8 @@ def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
 
 PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
-    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
-    # small batches and many updates, a mean loss with Adam, orthogonal init,
-    # on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
+    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md): small batches and many updates, a
+    # mean loss with Adam, orthogonal init, on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
     # beside the network from single frames (algos/frames.py, docs/pipeline.md).
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
