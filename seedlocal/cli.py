@@ -246,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    first = _first_line(argv)
-    if first:
+    if first := _first_line(argv):
         _say(first, flush=True)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     # A closed terminal (SIGHUP) ends a run as SIGTERM does, unless it is ignored already (nohup).
@@ -256,12 +255,9 @@ def _main(argv: list[str]) -> int:
     said = ["train", argv[1]] if argv[:1] == [RANK_COMMAND] else argv  # a rank says what its command would
     try:
         return _run(argv)
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, said), file=sys.stderr)
-        return 130
-    except Stopped as e:
-        print(_stopped_line(e, said), file=sys.stderr)
-        return e.code
+        return e.code if isinstance(e, Stopped) else 130
 
 
 def _run(argv: list[str]) -> int:

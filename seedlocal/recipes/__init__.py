@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from seedlocal.config.machine import Machine
 from seedlocal.shape import ShapeNeeds
 
 Given = Callable[[str], bool]
@@ -66,11 +65,8 @@ def no_needs(cfg) -> ShapeNeeds:
     return ShapeNeeds()
 
 
-def no_sizing(cfg, kind: Kind, machine: Machine, given: Given) -> dict:
-    return {}
-
-
-def no_changes(cfg, given: Given) -> dict:
+def no_changes(cfg, *rest) -> dict:
+    """A ``sizing`` or ``derive`` that changes nothing."""
     return {}
 
 
@@ -89,7 +85,7 @@ class Recipe:
     presets: dict
     check: Callable[..., None]
     needs: Callable[..., ShapeNeeds] = no_needs
-    sizing: Callable[..., dict] = no_sizing
+    sizing: Callable[..., dict] = no_changes
     derive: Callable[..., dict] = no_changes
     per_rank: Callable[..., object] = whole
     data_parallel: bool = True
