@@ -1,14 +1,8 @@
 """seedlocal: SEED-RL-style central inference and GPU neuroevolution on one workstation.
 
-From Python (README, "From Python"):
-
-    import seedlocal
-
-    summary = seedlocal.train("vtrace", total_steps=30_000)   # -> seedlocal.Summary
-    result = seedlocal.evaluate(summary.run_dir, episodes=5)  # -> seedlocal.Evaluation
-
-Refusals and failures raise ``seedlocal.SeedlocalError``. Importing seedlocal
-loads nothing heavy: torch loads with the first call.
+From Python (README, "From Python"; ``api.py``): ``seedlocal.train("vtrace", total_steps=30_000) -> Summary``,
+``seedlocal.evaluate(summary.run_dir, episodes=5) -> Evaluation``; refusals and failures raise
+``seedlocal.SeedlocalError``. Importing seedlocal loads nothing heavy: torch loads with the first call.
 """
 
 __version__ = "0.1.0"

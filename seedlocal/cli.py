@@ -131,8 +131,8 @@ def _parse(argv: list[str]):
 
     from seedlocal.config.request import whole_numbers
 
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+    if argv[:1] in ([], ["-h"], ["--help"]) or argv[:1] == ["train"] and argv[1:2] in ([], ["-h"], ["--help"]):
+        print(_usage())  # no command, or train without an algorithm
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd in CONFIGS:
@@ -144,9 +144,6 @@ def _parse(argv: list[str]):
     if cmd == "train":
         from seedlocal.families import TABLE
 
-        if not rest or rest[0] in ("-h", "--help"):
-            print(_usage())
-            raise SystemExit(0)
         if rest[0] not in TABLE:
             import difflib
 
