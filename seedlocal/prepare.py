@@ -149,15 +149,12 @@ def prepare_pipeline(env, pipeline, bridge=None, needs: ShapeNeeds = ShapeNeeds(
     return validate_env(env, id_field=env_field), shape
 
 
-def env_spec(env, field: str = "env.id") -> EnvSpec:
-    """An env described, refused in one line naming ``field`` if it cannot be (``seedlocal bench``)."""
-    return validate_env(env, id_field=field)
-
-
-def host_env(env_id: str, backend: str, frame_stack: int) -> EnvSpec:
-    """The env a learner assigns an actor host (``seedlocal actors``), described where the host runs it
-    (ValueError if it cannot be made here)."""
-    return describe(env_id, backend, frame_stack)
+# An env described, refused in one line naming its field (ConfigError): for ``seedlocal bench``, which sizes its own
+# pipeline by the env.
+env_spec = validate_env
+# The env a learner assigns an actor host (``seedlocal actors``), described where the host runs it (ValueError if
+# it cannot be made here).
+host_env = describe
 
 
 def checkpoint_spec(state: dict) -> EnvSpec:
