@@ -163,9 +163,7 @@ def _play_or_report(cfg: EvalConfig, state: dict, policy: Policy) -> tuple[np.nd
 def _trained(state: dict) -> tuple[int, str]:
     """How far the checkpoint's run had trained: its steps, or its generations (neuroevolution)."""
     counters = state.get("counters", {})
-    if "steps" in counters:
-        return counters["steps"], "steps"
-    return counters.get("generation", 0), "generations"
+    return (counters["steps"], "steps") if "steps" in counters else (counters.get("generation", 0), "generations")
 
 
 def _report(cfg: EvalConfig, state: dict, policy: Policy, returns: np.ndarray, cut: int, stopped: str = "") -> dict:

@@ -29,7 +29,7 @@ from seedlocal.config.resume import config_changes, saved_config
 from seedlocal.envs.spaces import describe, validate_env, with_box_actions
 from seedlocal.errors import CheckpointError, ConfigError
 from seedlocal.recipes import Kind, Recipe, kind_of
-from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
+from seedlocal.shape import PipelineShape, pipeline_shape
 from seedlocal.spec import EnvSpec
 
 SIZED = "--no-machine-sizing keeps the preset's"
@@ -138,12 +138,12 @@ def check_learners(prepared: Prepared) -> None:
         for_rank(prepared, rank, cfg.learners, cfg)
 
 
-def prepare_pipeline(env, pipeline, bridge=None, needs: ShapeNeeds = ShapeNeeds(), prefix: str = "pipeline",
+def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline",
                      env_field: str = "env.id") -> tuple[EnvSpec, PipelineShape]:
     """The env's spec and the pipeline's shape for a pipeline without a family (``seedlocal bench``, the
     benchmark scripts), checked as a run's are, each field named under ``prefix`` (the env's id ``env_field``)."""
     validate_pipeline(pipeline, prefix=prefix)
-    shape = pipeline_shape(pipeline, bridge, needs, prefix=prefix)
+    shape = pipeline_shape(pipeline, bridge, prefix=prefix)
     if bridge is not None:
         validate_bridge(bridge, pipeline)
     return validate_env(env, id_field=env_field), shape
