@@ -82,10 +82,10 @@ def command_class(run_cls: type) -> type:
 def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
     """The request a ``seedlocal train <family>`` command line makes. tyro's own errors (an unknown option, a
     value of the wrong type) end the process with status 2; ``--help`` is left to the caller (``cli._help``)."""
-    cls = command_class(run_cls)
-    args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
     import tyro
 
+    cls = command_class(run_cls)
+    args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
     one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), _perturbed(cls())))
     values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
