@@ -6,26 +6,17 @@
     steps, returns = summary.scalars("charts/episode_return")
     seedlocal.evaluate(summary.run_dir, episodes=5)
 
-``family`` is a ``seedlocal train`` command (``families.py``). The overrides
-are its options by name, a sub-config a dict of its own
-(``config/overrides.py``), applied as the command line applies options: over
-the preset (``preset=``, or the one the env's kind picks) sized for this
-machine (``machine_sizing=False`` keeps the preset's sizes), or over a
-resumed run's saved config (``resume=``); ``pipeline_config=`` is
-``--pipeline-config``. The same checks follow, and whatever the command line
-would print as one ``seedlocal: error:`` line is raised with that line as a
-``SeedlocalError`` (``errors.py``; its subclass says which kind). Ctrl-C (a
-notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt (a
-SIGTERM, SystemExit(143)), as any exception does once every process and
-shared-memory segment of the run is gone; the workers' forkserver stays for the next run and ends with the
-interpreter.
+``family`` is a ``seedlocal train`` command (``families.py``); the overrides are its options by name, a
+sub-config a dict of its own (``config/overrides.py``), prepared as the command line's (``preset=``,
+``machine_sizing=False``, ``resume=``, ``pipeline_config=`` are its command options). What the command line
+would print as one ``seedlocal: error:`` line is raised with that line as a ``SeedlocalError`` (``errors.py``).
+Ctrl-C (a notebook's interrupt) saves a checkpoint and raises KeyboardInterrupt (a SIGTERM, SystemExit(143))
+once every process and shared-memory segment of the run is gone; the workers' forkserver stays for the next
+run.
 
-``learners=G`` > 1 (or a resumed run of G ranks) starts the G data-parallel
-learner ranks as the command line does (``pipeline/ranks.py``'s ``launch``),
-each a process of its own that trains the config built here
-(``_rank_main``), and returns rank 0's summary; what rank 0 stopped with is
-raised here as the same kind of ``SeedlocalError``, and an interrupt stops
-every rank cleanly (SIGTERM) before KeyboardInterrupt is raised.
+``learners=G`` > 1 starts G data-parallel learner ranks as the command line does, each a process training the
+run prepared here (``_rank_main``), and returns rank 0's summary; what rank 0 stopped with is raised here as the
+same kind of ``SeedlocalError``, and an interrupt stops every rank cleanly (SIGTERM) first.
 
 ``seedlocal.evaluate`` is ``evaluate.evaluate`` (``seedlocal eval``).
 """
@@ -42,7 +33,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from seedlocal.errors import ConfigError
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +58,7 @@ class Summary:
 
     @classmethod
     def read(cls, run_dir: str | Path) -> Summary:
-        """The summary a run wrote into ``run_dir`` (also of a run stopped by an exception: its
-        ``seedlocal_run_dir``)."""
+        """The summary a run wrote into ``run_dir`` (a run stopped by an exception: its ``seedlocal_run_dir``)."""
         path = Path(run_dir) / "summary.json"
         try:
             data = json.loads(path.read_text())
@@ -104,7 +93,7 @@ class Summary:
 def train(family: str, **overrides) -> Summary:
     """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
-    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line
+    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line, launch_ranks
 
     prepared = _prepared(family, overrides)
     fam = _family(family)
@@ -113,9 +102,11 @@ def train(family: str, **overrides) -> Summary:
         from seedlocal.prepare import check_learners
 
         check_learners(prepared)  # refused before any rank starts, as the command line refuses it
-        if from_environment() is None:  # not a rank already (torchrun's): start them
+        if from_environment() is None:  # not a rank already (torchrun's): start them, each a _rank_main
+            code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
             with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds
-                return _train_ranks(family, prepared)
+                status, outcome = launch_ranks(prepared, command=[sys.executable, "-c", code], interrupt_ranks=True)
+                return _ranks_outcome(family, status, json.loads(outcome) if outcome else {})
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
@@ -126,19 +117,9 @@ def train(family: str, **overrides) -> Summary:
     return Summary.read(summary["run_dir"])
 
 
-def _train_ranks(family: str, prepared) -> Summary:
-    """The prepared run's learner ranks, each a process training it (``_rank_main``), started and watched as
-    the command line's are (``cli.launch_ranks``); rank 0's summary, or what rank 0 stopped with, raised here."""
-    from seedlocal.cli import launch_ranks
-
-    code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
-    status, outcome = launch_ranks(prepared, command=[sys.executable, "-c", code], interrupt_ranks=True)
-    return _ranks_outcome(family, status, json.loads(outcome) if outcome else {})
-
-
 def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
     """Rank 0's summary, or the exception it ended with (KeyboardInterrupt where this process was interrupted),
-    with the run folder on it as one process's run has it."""
+    carrying the run folder as one process's run does."""
     from seedlocal import errors
     from seedlocal.cli import _stopped_line
 
@@ -159,15 +140,14 @@ def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
 
 
 def _rank_main(job: str) -> None:
-    """One learner rank of ``seedlocal.train`` (``_train_ranks``): the prepared run pickled in ``job``,
-    trained as a rank; rank 0 writes beside it how that ended (the run folder, or the error). Ends as the command
-    line's ranks end (``cli.exit_now``)."""
+    """One learner rank of ``seedlocal.train``: trains the prepared run pickled in ``job``;
+    rank 0 writes beside it how that ended (the run folder, or the error). Ends as ``cli.exit_now``."""
     import pickle
 
     from seedlocal import errors
     from seedlocal.cli import RANK0_OUTCOME, Stopped, _sigterm_as_exit, _start_resource_tracker, exit_now
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from _train_ranks
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from the launcher
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     prepared = pickle.loads(Path(job).read_bytes())
     _start_resource_tracker()
@@ -192,9 +172,9 @@ def _rank_main(job: str) -> None:
 
 @contextmanager
 def _sigterm_unwinds():
-    """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does:
-    a checkpoint, the summary, its processes and shared memory released, then SystemExit(143). Only where
-    SIGTERM would otherwise kill at once: in the main thread, with no handler of the caller's own."""
+    """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does,
+    then SystemExit(143); only where it would otherwise kill at once (the main thread, no handler of the
+    caller's own)."""
     from seedlocal.cli import _sigterm_as_exit
 
     own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
@@ -213,8 +193,7 @@ def run_config(family: str, **overrides):
 
 
 def _prepared(family: str, overrides: dict):
-    """The run ``seedlocal.train(family, **overrides)`` asks for, prepared once (``seedlocal/prepare.py``); what
-    preparation says is printed, as the command line prints it."""
+    """The run ``seedlocal.train(family, **overrides)`` asks for, prepared once; its notes printed."""
     from seedlocal.config.request import from_keywords
     from seedlocal.prepare import prepare
 

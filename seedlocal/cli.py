@@ -1,14 +1,6 @@
-"""Command line (also ``python -m seedlocal``):
-
-    seedlocal train vtrace [--preset atari] [--env.id Pong-v5] [...]
-    seedlocal train r2d2 [--preset atari] [...]
-    seedlocal train ga|es|random-search [--env.id CartPole-v1] [...]
-    seedlocal eval --checkpoint runs/<run> [--episodes 10] [--video out.gif]
-    seedlocal bench [--env Pong-v5] [...]
-    seedlocal actors --connect HOST:PORT [...]   (an actor host for a learner's --bridge.listen)
-
-Every command takes ``--help``. Configuration errors print one line naming
-the field and exit with status 2 before any process starts.
+"""The ``seedlocal`` command (also ``python -m seedlocal``): train, eval, bench and actors (``USAGE_TAIL``), each
+with ``--help``. Configuration errors print one line naming the field and exit with status 2 before any process
+starts.
 """
 
 from __future__ import annotations
@@ -19,8 +11,8 @@ import signal
 import sys
 from typing import NoReturn
 
-# Nothing heavy at import time (the trainers pull in torch, a second or
-# two): a Ctrl-C while it loads must end as quietly as one during a run.
+# Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
+# as quietly as one during a run.
 
 USAGE_HEAD = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n"
 USAGE_TAIL = """
@@ -37,6 +29,11 @@ USAGE_TAIL = """
 From Python: seedlocal.train(ALGO, **options) -> Summary, seedlocal.evaluate(CHECKPOINT, ...);
 the options as keywords, a group as a dict: network={"hidden": (64,)} (README, "From Python").
 """
+# The other commands' configs: (module, class, --help's description; None: the class's docstring).
+CONFIGS = {"bench": ("seedlocal.measure.bench", "BenchConfig", None),
+           "actors": ("seedlocal.pipeline.bridge.client", "ActorsConfig",
+                      "An actor host: steps environments for a learner's bridge."),
+           "eval": ("seedlocal.evaluate", "EvalConfig", None)}
 RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a run prepared by the command that started it
 
 
@@ -47,8 +44,8 @@ def _usage() -> str:
 
 
 class Stopped(SystemExit):
-    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so every ``with``/``finally``
-    releases processes and memory, and exits with 128 + the signal."""
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C (every ``with``/``finally`` releases processes and memory), and
+    exits with 128 + the signal."""
 
     def __init__(self, signum: int):
         super().__init__(128 + signum)
@@ -64,17 +61,15 @@ RANK_OF = "SEEDLOCAL_RANK_OF"
 
 
 def _say(*args, **kwargs) -> None:
-    """``print``, but once per run of data-parallel ranks: the launcher of ``--learners G`` says it, its ranks
-    do not (they parse the same command line again); under torchrun, rank 0. Errors are not said this way:
-    every rank's own failure is its own line."""
+    """``print``, but once per run of data-parallel ranks: by the launcher of ``--learners G`` (under torchrun,
+    rank 0), not by its ranks, which parse the same command line again. Errors are each rank's own line."""
     if not os.environ.get(RANK_OF) and os.environ.get("RANK", "0") in ("", "0"):
         print(*args, **kwargs)
 
 
 def _first_line(argv: list[str]) -> str | None:
     """A train command's first line, said before torch loads (seconds on a busy machine): the command and its
-    preset where the command line alone tells it (given, or CartPole's defaults without --env.id); else the
-    env's kind picks it, said in the next line."""
+    preset where the command line alone tells it; else the env's kind picks it, said in the next line."""
     from seedlocal.errors import ConfigError
     from seedlocal.families import TABLE
 
@@ -114,21 +109,17 @@ def _stopped_line(e: BaseException, argv: list[str]) -> str:
     return line
 
 
-def _value(value: str, field: str) -> str:
-    """The value after an option, which must not be the next option."""
-    if not value or value.startswith("--"):
-        from seedlocal.errors import ConfigError
-
-        raise ConfigError(f"{field}: needs a value")
-    return value
-
-
 def _option(args: list[str], name: str) -> str | None:
-    """The value of ``--name X`` or ``--name=X`` in ``args`` (the last one given)."""
+    """The value of ``--name X`` or ``--name=X`` in ``args`` (the last one given); ConfigError where ``--name``
+    is followed by no value (the end, or the next option)."""
     value = None
     for i, a in enumerate(args):
         if a == name:
-            value = _value(args[i + 1] if i + 1 < len(args) else "", name[2:].replace("-", "_"))
+            value = args[i + 1] if i + 1 < len(args) else ""
+            if not value or value.startswith("--"):
+                from seedlocal.errors import ConfigError
+
+                raise ConfigError(f"{name[2:].replace('-', '_')}: needs a value")
         elif a.startswith(name + "="):
             value = a.split("=", 1)[1]
     return value
@@ -140,29 +131,19 @@ def _parse(argv: list[str]):
 
     from seedlocal.config.request import whole_numbers
 
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+    if argv[:1] in ([], ["-h"], ["--help"]) or argv[:1] == ["train"] and argv[1:2] in ([], ["-h"], ["--help"]):
+        print(_usage())  # no command, or train without an algorithm
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
-    if cmd == "bench":
-        from seedlocal.measure.bench import BenchConfig
+    if cmd in CONFIGS:
+        import importlib
 
-        return cmd, tyro.cli(BenchConfig, args=whole_numbers(rest, BenchConfig), prog="seedlocal bench")
-    if cmd == "actors":
-        from seedlocal.pipeline.bridge.client import ActorsConfig
-
-        return cmd, tyro.cli(ActorsConfig, args=whole_numbers(rest, ActorsConfig), prog="seedlocal actors",
-                             description="An actor host: steps environments for a learner's bridge.")
-    if cmd == "eval":
-        from seedlocal.evaluate import EvalConfig
-
-        return cmd, tyro.cli(EvalConfig, args=whole_numbers(rest, EvalConfig), prog="seedlocal eval")
+        module, name, description = CONFIGS[cmd]
+        cls = getattr(importlib.import_module(module), name)
+        return cmd, tyro.cli(cls, args=whole_numbers(rest, cls), prog=f"seedlocal {cmd}", description=description)
     if cmd == "train":
         from seedlocal.families import TABLE
 
-        if not rest or rest[0] in ("-h", "--help"):
-            print(_usage())
-            raise SystemExit(0)
         if rest[0] not in TABLE:
             import difflib
 
@@ -176,9 +157,8 @@ def _parse(argv: list[str]):
 
 
 def _prepared(name: str, args: list[str]):
-    """``seedlocal train <name> ARGS``: one request from the options (tyro parses them once), prepared once;
-    what preparation says is said here (once for data-parallel ranks: ``_say``). ``--help`` shows the options
-    with the defaults the request would run with, and exits."""
+    """``seedlocal train <name> ARGS``: one request from the options, prepared once, its notes said (``_say``).
+    ``--help`` shows the options with the defaults the request would run with, and exits."""
     from seedlocal.config.request import from_command_line
     from seedlocal.families import recipe
     from seedlocal.prepare import prepare
@@ -210,10 +190,8 @@ def _help(name: str, recipe, request) -> None:
 
 
 def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker with SIGHUP ignored (an ignored
-    signal survives its exec). It shares the terminal's process group and,
-    unlike for SIGINT and SIGTERM, does not ignore SIGHUP itself: a closed
-    terminal would kill it, and its replacement would complain on stderr
+    """Start multiprocessing's resource tracker with SIGHUP ignored (which survives its exec): it ignores SIGINT
+    and SIGTERM but not SIGHUP, so a closed terminal would kill it, and its replacement would complain on stderr
     about every semaphore the run then releases."""
     from multiprocessing import resource_tracker
 
@@ -225,18 +203,14 @@ def _start_resource_tracker() -> None:
 
 
 def run() -> NoReturn:
-    """The ``seedlocal`` command (its console script, and ``python -m seedlocal``): ``main()``, then ``exit_now``."""
+    """The ``seedlocal`` command (console script, ``python -m seedlocal``)."""
     exit_now(main())
 
 
 def exit_now(code: int) -> NoReturn:
-    """End the command with ``code`` without tearing the interpreter down.
-
-    After a run has written and closed everything, Python's teardown frees torch's, envpool's and gRPC's modules
-    object by object: 1.5 s of one core on the 2-core test machine, on every command and every learner rank. Here
-    the exit handlers run as at a normal exit (W&B's, logging's, multiprocessing's), stdout and stderr are flushed,
-    and the process ends. Where a thread that is not a daemon is still running, Python would wait for it: so does
-    this, by exiting the usual way."""
+    """End the command with ``code`` without Python's teardown of torch, envpool and gRPC (seconds of CPU on every
+    command and rank: docs/architecture.md): the exit handlers run (W&B's, logging's, multiprocessing's), stdout
+    and stderr are flushed, and the process ends. A non-daemon thread still running is waited for: the usual exit."""
     import atexit
     import threading
 
@@ -269,23 +243,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    first = _first_line(argv)
-    if first:
+    if first := _first_line(argv):
         _say(first, flush=True)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
-    # A closed terminal (SIGHUP) ends a run as SIGTERM does: checkpoint, clean
-    # exit. Unless it is ignored already: under nohup a run must outlive it.
+    # A closed terminal (SIGHUP) ends a run as SIGTERM does, unless it is ignored already (nohup).
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _sigterm_as_exit)
     said = ["train", argv[1]] if argv[:1] == [RANK_COMMAND] else argv  # a rank says what its command would
     try:
         return _run(argv)
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, said), file=sys.stderr)
-        return 130
-    except Stopped as e:
-        print(_stopped_line(e, said), file=sys.stderr)
-        return e.code
+        return e.code if isinstance(e, Stopped) else 130
 
 
 def _run(argv: list[str]) -> int:
@@ -293,7 +262,10 @@ def _run(argv: list[str]) -> int:
 
     try:
         if argv[:1] == [RANK_COMMAND]:  # one of the ranks a train command launched (below)
-            cmd, cfg = "train", _rank_job(argv[2])
+            import pickle
+            from pathlib import Path
+
+            cmd, cfg = "train", pickle.loads(Path(argv[2]).read_bytes())  # the prepared run (launch_ranks)
         else:
             cmd, cfg = _parse(argv)
         if cmd == "train" and cfg.config.learners > 1:
@@ -304,14 +276,10 @@ def _run(argv: list[str]) -> int:
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
                 return launch_ranks(cfg)[0]
         _start_resource_tracker()
-        if cmd == "bench":
-            from seedlocal.measure import main as bench
+        if cmd in ("bench", "eval"):
+            import importlib
 
-            bench(cfg)
-        elif cmd == "eval":
-            from seedlocal.evaluate import main as evaluate
-
-            evaluate(cfg)
+            importlib.import_module({"bench": "seedlocal.measure", "eval": "seedlocal.evaluate"}[cmd]).main(cfg)
         elif cmd == "actors":
             from seedlocal.pipeline.bridge.client import run as actors
             from seedlocal.prepare import host_env
@@ -321,30 +289,23 @@ def _run(argv: list[str]) -> int:
             from seedlocal.families import family
 
             family(cfg.recipe.name).train(cfg)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, WorkerDied, Diverged) as e:
+        # A worker's env traceback is on stderr already; the learner's would only show where it noticed.
         print(f"seedlocal: error: {e}", file=sys.stderr)
-        return 2
-    except (WorkerDied, Diverged) as e:
-        # The env's own traceback is on stderr already (from the worker); the
-        # learner's would only show where it noticed.
-        print(f"seedlocal: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, (ConfigError, CheckpointError)) else 1
     except OSError as e:
         if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:  # a bug's OSError keeps its traceback
             raise
-        # The disk filled, the folder went read-only or away mid-run: the
-        # path and the reason are the whole story.
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"seedlocal: error: {where}{e.strerror or e}", file=sys.stderr)
+        # The disk filled, the folder went read-only or away mid-run: the path and the reason are the whole story.
+        print(f"seedlocal: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return 1
     return 0
 
 
 def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bool = False) -> tuple[int, str]:
-    """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as it was
-    prepared here (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``;
-    returns the launcher's exit status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for
-    the command line's ranks, which say it themselves)."""
+    """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as prepared here
+    (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
+    status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for the command line's ranks)."""
     import pickle
     import tempfile
     from pathlib import Path
@@ -356,21 +317,12 @@ def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bo
         job = Path(tmp) / "job.pickle"
         job.write_bytes(pickle.dumps(prepared))
         status = launch([*([] if command else [RANK_COMMAND, prepared.recipe.name]), str(job)], cfg.learners,
-                        cfg.dist_timeout_s,
-                        command=command, interrupt_ranks=interrupt_ranks)
+                        cfg.dist_timeout_s, command=command, interrupt_ranks=interrupt_ranks)
         outcome = job.with_name(job.name + RANK0_OUTCOME)
         return status, outcome.read_text() if outcome.exists() else ""
 
 
 RANK0_OUTCOME = ".rank0.json"  # beside a ranks' job file: how rank 0's training ended (seedlocal.train's ranks)
-
-
-def _rank_job(job: str):
-    """The prepared run a rank trains (``launch_ranks``)."""
-    import pickle
-    from pathlib import Path
-
-    return pickle.loads(Path(job).read_bytes())
 
 
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,

@@ -1,10 +1,6 @@
-"""The errors seedlocal stops with, in one place low in the house.
-
-Each is one line for the user: the CLI prints it after ``seedlocal: error:``
-and exits (2 for a config or checkpoint the user can fix, 1 for a run that
-broke); the Python API (``seedlocal.train``, ``seedlocal.evaluate``) raises
-it, every kind catchable as ``SeedlocalError``. Nothing here imports
-anything, so every module may raise them.
+"""The errors seedlocal stops with, each one line for the user: the CLI prints it after ``seedlocal: error:`` and
+exits (2 for a config or checkpoint the user can fix, 1 for a run that broke); the Python API raises it, every
+kind catchable as ``SeedlocalError``. Nothing here imports anything, so every module may raise them.
 """
 
 
@@ -35,5 +31,5 @@ class WorkerDied(SeedlocalError, RuntimeError):
 
 
 class EnvContractError(SeedlocalError, ValueError):
-    """An env broke the Gymnasium contract (non-finite reward, observation
-    outside its space's shape): a restarted worker would meet it again."""
+    """An env broke the Gymnasium contract (non-finite reward, observation outside its space's shape): a restarted
+    worker would meet it again."""

@@ -1,13 +1,9 @@
 """``seedlocal eval``: play a checkpoint, report its return, record an episode.
 
-A plain function of (checkpoint, episodes, video): the family that wrote
-the checkpoint makes the policy its training's inference runs
-(``from_checkpoint``, its network sized by the checkpoint's identity), and
-eval calls that policy's ``act`` as the inference loop does, stepping the
-env backend directly, one env per episode, no pipeline.
-
-From Python: ``seedlocal.evaluate(checkpoint, episodes=10, **options)`` (this
-module is that call: ``evaluate`` below) returns an ``Evaluation``.
+The family that wrote the checkpoint makes the policy its training's inference runs (``from_checkpoint``),
+and eval calls its ``act`` as the inference loop does, stepping the env backend directly, one env per episode,
+no pipeline. From Python: ``seedlocal.evaluate(checkpoint, episodes=10, **options)`` (this module is that call:
+``evaluate`` below) returns an ``Evaluation``.
 """
 
 from __future__ import annotations
@@ -69,9 +65,8 @@ def policy_of(state: dict, device: torch.device, greedy: bool | None = None, eps
 
 def play(policy: Policy, episodes: int, seed: int, max_steps: int,
          ended: Callable[[float], None] | None = None) -> tuple[np.ndarray, int]:
-    """One raw return per episode (each env plays its first episode), and how
-    many of them ``max_steps`` cut short. ``ended`` hears each return as its
-    episode ends: what an interrupted eval still has."""
+    """One raw return per episode (each env plays its first episode), and how many of them ``max_steps`` cut
+    short. ``ended`` hears each return as its episode ends: what an interrupted eval still has."""
     env = make_group(policy.spec, episodes, 1, seed)
     in_flight = False
     try:
@@ -105,9 +100,7 @@ def record(policy: Policy, seed: int, max_steps: int) -> list[np.ndarray]:
 
 
 def main(cfg: EvalConfig) -> dict:
-    if cfg.episodes < 1:
-        fail("episodes", cfg.episodes, "must be positive")
-    for name in ("max_steps", "video_max_steps"):
+    for name in ("episodes", "max_steps", "video_max_steps"):
         if getattr(cfg, name) < 1:
             fail(name, getattr(cfg, name), "must be positive")
     if cfg.video and not cfg.video.lower().endswith(".gif"):
@@ -147,9 +140,8 @@ def main(cfg: EvalConfig) -> dict:
 
 
 def _play_or_report(cfg: EvalConfig, state: dict, policy: Policy) -> tuple[np.ndarray, int]:
-    """The episodes played, each return said as its episode ends. Stopped by Ctrl-C (or SIGTERM, SIGHUP),
-    the returns of the episodes that had ended are reported as a finished eval's, marked as stopped, before
-    the stop goes on up to the command (exit status 130, or 128 + the signal)."""
+    """The episodes played, each return said as its episode ends. Stopped by Ctrl-C (or SIGTERM, SIGHUP), the
+    returns of those that had ended are reported, marked as stopped, before the stop goes on up to the command."""
     so_far: list[float] = []
 
     def ended(ret: float) -> None:
@@ -171,9 +163,7 @@ def _play_or_report(cfg: EvalConfig, state: dict, policy: Policy) -> tuple[np.nd
 def _trained(state: dict) -> tuple[int, str]:
     """How far the checkpoint's run had trained: its steps, or its generations (neuroevolution)."""
     counters = state.get("counters", {})
-    if "steps" in counters:
-        return counters["steps"], "steps"
-    return counters.get("generation", 0), "generations"
+    return (counters["steps"], "steps") if "steps" in counters else (counters.get("generation", 0), "generations")
 
 
 def _report(cfg: EvalConfig, state: dict, policy: Policy, returns: np.ndarray, cut: int, stopped: str = "") -> dict:
@@ -199,8 +189,8 @@ def _report(cfg: EvalConfig, state: dict, policy: Policy, returns: np.ndarray, c
 
 
 def _to_tensorboard(run_dir: Path, gif: bytes, h: int, w: int, steps: int) -> str:
-    """Add the video to the run's TensorBoard, where its folder can be written (an archived run, or someone
-    else's, may be read-only: its writer failed in a thread, after the GIF was written); says which."""
+    """Add the video to the run's TensorBoard where its folder can be written (an archived run may be read-only,
+    and its writer would fail in a thread); says which."""
     from seedlocal.monitor import RunMonitor
 
     if not os.access(run_dir, os.W_OK):

@@ -1,14 +1,10 @@
-"""The table of algorithm families: what ``seedlocal train <name>`` runs,
-what ``seedlocal eval`` plays a checkpoint with, and what the usage text
-and ``docs/families.md`` list.
+"""The table of algorithm families: what ``seedlocal train <name>`` runs, what ``seedlocal eval`` plays a
+checkpoint with, and what the usage text and ``docs/families.md`` list.
 
-A family is its recipe (``recipes/``: its options, presets and the rules
-preparation applies to them) and its trainer (``trainers/``: its ``train``
-of a prepared run and its ``from_checkpoint``). The table names both
-modules and a one-line title, so that the command line imports only what it
-runs (a trainer pulls in torch) and prints its usage without any. This is
-the only place that chooses code by an algorithm's name
-(``tests/test_structure.py`` checks).
+A family is its recipe (``recipes/``: its options, presets and the rules preparation applies to them) and its
+trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``). The table names both modules and a
+title, so that the command line imports only what it runs (a trainer pulls in torch). This is the only place
+that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
 
 Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its
 trainer in ``trainers/``, and a line here (docs/architecture.md).
@@ -37,9 +33,9 @@ TABLE: dict[str, tuple[str, str, str]] = {
 
 @dataclass(frozen=True)
 class Family:
-    """One algorithm family as the commands see it: its recipe, which ``prepare`` turns a request into a run
-    with, the ``train`` of that prepared run, and the ``from_checkpoint(state, device, greedy, epsilon)`` that
-    returns the policy training's inference serves (``greedy`` None: acting as the run acted), for eval."""
+    """One algorithm family as the commands see it: its recipe, the ``train`` of a prepared run, and, for eval,
+    ``from_checkpoint(state, device, greedy, epsilon)``: the policy training's inference serves (``greedy``
+    None: acting as the run acted)."""
 
     name: str
     recipe: object
@@ -57,11 +53,6 @@ def family(name: str) -> Family:
     """The family ``seedlocal train <name>`` runs (its recipe and trainer modules imported now)."""
     trainer = import_module(f"seedlocal.trainers.{TABLE[name][1]}")
     return Family(name, recipe(name), trainer.train, trainer.from_checkpoint)
-
-
-def of_config(cfg) -> Family:
-    """The family whose run configuration ``cfg`` is."""
-    return next(f for f in map(family, TABLE) if type(cfg) is f.recipe.run)
 
 
 def of_checkpoint(state: dict) -> Family:

@@ -11,26 +11,25 @@ this is the only place that turns one into a run (DESIGN.md, decision 11), in th
     4. a resumed run's budget and folder checked against its checkpoint;
     5. the checks every family shares, the env described, the shape built, the family's own checks.
 
-Everything below receives the frozen ``Prepared`` (or the part it needs) and derives nothing from the config
-again: the trainer, the pipeline, the bridge. A data-parallel rank's is ``for_rank``: the run's shape divided
-by the same builder. What preparation has to say (the preset picked, the sizes chosen) is in ``notes``, said
-by the caller once.
+Everything below (trainer, pipeline, bridge) receives the frozen ``Prepared`` and derives nothing from the
+config again; a data-parallel rank's is ``for_rank``. What preparation has to say (the preset picked, the sizes
+chosen) is in ``notes``, said by the caller once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from seedlocal.config.checks import validate_bridge, validate_pipeline, validate_run_options
 from seedlocal.config.machine import Machine
 from seedlocal.config.overrides import apply, load_pipeline_file
-from seedlocal.config.request import Request
+from seedlocal.config.request import Request, is_given
 from seedlocal.config.resume import config_changes, saved_config
 from seedlocal.envs.spaces import describe, validate_env, with_box_actions
 from seedlocal.errors import CheckpointError, ConfigError
 from seedlocal.recipes import Kind, Recipe, kind_of
-from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
+from seedlocal.shape import PipelineShape, pipeline_shape
 from seedlocal.spec import EnvSpec
 
 SIZED = "--no-machine-sizing keeps the preset's"
@@ -38,8 +37,7 @@ SIZED = "--no-machine-sizing keeps the preset's"
 
 @dataclass(frozen=True)
 class Resumed:
-    """The run a request resumes: its checkpoint's path, the config it saved (None in checkpoints from before
-    configs were saved) and its counters."""
+    """The run a request resumes: its checkpoint's path, saved config (None in the oldest) and counters."""
 
     path: str
     saved: dict | None
@@ -61,7 +59,7 @@ class Prepared:
     resumed: Resumed | None = None
     notes: tuple[str, ...] = ()
     """what preparation says, in order (the preset picked, the sizes chosen), one line each"""
-    run_config: object = field(default=None)
+    run_config: object = None
     """the whole run's configuration where ``config`` is a rank's share (what checkpoints hold)"""
 
     @property
@@ -70,27 +68,33 @@ class Prepared:
 
 
 def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) -> Prepared:
-    """The run ``request`` asks ``recipe``'s family for (module docstring); ``machine``: the one to size for
-    (default: this one, with the device the options name). A value that cannot run is refused here, in one
-    line naming its field (ConfigError, CheckpointError), before any process starts."""
+    """The run ``request`` asks ``recipe``'s family for (module docstring), sized for ``machine`` (default: this
+    one). A value that cannot run is refused here in one line naming its field, before any process starts."""
     notes: list[str] = []
-    resumed = _resumed(request, recipe)
-    given = _given(request, notes)
-    base = _base(request, recipe, resumed, notes)
-    cfg = apply(base, given)
-    machine = machine or Machine.detect(cfg.pipeline.device)
-    if resumed is None:
-        cfg = _sized(cfg, base, recipe, machine, request, given, notes)
-    cfg = _changed(cfg, recipe.derive(cfg, _is_given(given)), notes, why="to fit its groups")
+    cfg, resumed, given, machine = _configured(request, recipe, machine, notes)
+    derived = apply(cfg, recipe.derive(cfg, is_given(given)))
+    notes += [f"seedlocal: {c}, to fit its groups" for c in _changes(cfg, derived)]
+    cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
     return _checked(recipe, cfg, machine, resumed, notes)
 
 
+def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes: list[str]):
+    """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given, the
+    machine)."""
+    resumed = _resumed(request, recipe)
+    given = _given(request)
+    cfg = apply(_base(request, recipe, resumed, notes), given)
+    machine = machine or Machine.detect(cfg.pipeline.device)
+    if resumed is None:
+        cfg = _sized(cfg, recipe, machine, request, given, notes)
+    return cfg, resumed, given, machine
+
+
 def prepare_run(cfg, recipe: Recipe, machine: Machine | None = None) -> Prepared:
-    """A run configuration built whole in Python (the benchmark scripts, the tests): taken as it is (no preset
-    is picked and nothing is sized: every option counts as given), then checked, described and shaped as
-    ``prepare`` does."""
+    """A run configuration built whole in Python (the benchmark scripts, the tests), taken as it is (no preset,
+    no sizing), then checked, described and shaped as ``prepare`` does."""
     return _checked(recipe, cfg, machine or Machine.detect(cfg.pipeline.device), None, [])
 
 
@@ -104,20 +108,14 @@ def for_help(request: Request, recipe: Recipe):
     """The defaults ``--help`` shows: the run ``request`` would prepare, as far as it can be prepared (the
     preset alone where its options do not make a run)."""
     try:
-        resumed = _resumed(request, recipe)
-        base = _base(request, recipe, resumed, [])
-        cfg = apply(base, _given(request, []))
-        if resumed is None:
-            cfg = _sized(cfg, base, recipe, Machine.detect(cfg.pipeline.device), request, _given(request, []), [])
-        return cfg
+        return _configured(request, recipe, None, [])[0]
     except (ConfigError, CheckpointError):
         return recipe.presets.get(request.preset) or next(iter(recipe.presets.values()))
 
 
 def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
-    """Learner rank ``rank``'s of ``ranks``: ``config`` (its share of the run's: ``pipeline/ranks.py``), its
-    batch its family's share and its refusals (``Recipe.per_rank``), its shape the run's divided
-    (``shape.pipeline_shape``)."""
+    """Learner rank ``rank``'s of ``ranks``: ``config`` (its share of the run's: ``pipeline/ranks.py``) as its
+    family divides it (``Recipe.per_rank``), its shape the run's divided."""
     recipe = prepared.recipe
 
     def shape_of(cfg) -> PipelineShape:
@@ -140,33 +138,28 @@ def check_learners(prepared: Prepared) -> None:
         for_rank(prepared, rank, cfg.learners, cfg)
 
 
-def prepare_pipeline(env, pipeline, bridge=None, needs: ShapeNeeds = ShapeNeeds(), prefix: str = "pipeline",
+def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline",
                      env_field: str = "env.id") -> tuple[EnvSpec, PipelineShape]:
-    """The env's spec and the pipeline's shape for a pipeline without a family (``seedlocal bench``, its
-    autotune, the benchmark scripts), checked as a run's are, each field named under ``prefix`` (the env's id
-    as ``env_field``)."""
+    """The env's spec and the pipeline's shape for a pipeline without a family (``seedlocal bench``, the
+    benchmark scripts), checked as a run's are, each field named under ``prefix`` (the env's id ``env_field``)."""
     validate_pipeline(pipeline, prefix=prefix)
-    shape = pipeline_shape(pipeline, bridge, needs, prefix=prefix)
+    shape = pipeline_shape(pipeline, bridge, prefix=prefix)
     if bridge is not None:
         validate_bridge(bridge, pipeline)
     return validate_env(env, id_field=env_field), shape
 
 
-def env_spec(env, field: str = "env.id") -> EnvSpec:
-    """An env described (``envs/spaces.py``; cached), refused in one line naming ``field`` if it cannot be: for a
-    command that sizes its own pipeline by the env (``seedlocal bench``)."""
-    return validate_env(env, id_field=field)
-
-
-def host_env(env_id: str, backend: str, frame_stack: int) -> EnvSpec:
-    """The env a learner assigns an actor host (``seedlocal actors``), described here, where the host runs it
-    (ValueError if it cannot be made here): the host checks its spaces against the learner's."""
-    return describe(env_id, backend, frame_stack)
+# An env described, refused in one line naming its field (ConfigError): for ``seedlocal bench``, which sizes its own
+# pipeline by the env.
+env_spec = validate_env
+# The env a learner assigns an actor host (``seedlocal actors``), described where the host runs it (ValueError if
+# it cannot be made here).
+host_env = describe
 
 
 def checkpoint_spec(state: dict) -> EnvSpec:
-    """The env a checkpoint was trained on, as it is here now, refused (CheckpointError) unless its observations
-    and actions are still those the checkpoint's network was trained on (a user's own env may have changed)."""
+    """The env a checkpoint was trained on, as it is here now; CheckpointError unless its observations and actions
+    are still those the network was trained on (a user's own env may have changed)."""
     from seedlocal import checkpoint
     from seedlocal.networks import action_identity, obs_identity
 
@@ -200,20 +193,15 @@ def _resumed(request: Request, recipe: Recipe) -> Resumed | None:
         raise ConfigError("preset: a resumed run keeps the configuration saved with it; "
                           "give the options to change explicitly instead")
     saved = state.get("config")
-    return Resumed(str(state["path"]), saved if isinstance(saved, dict) else None,
-                   dict(state.get("counters", {})))
+    return Resumed(str(state["path"]), saved if isinstance(saved, dict) else None, dict(state.get("counters", {})))
 
 
-def _given(request: Request, notes: list[str]) -> dict:
+def _given(request: Request) -> dict:
     """The options given: a pipeline file's (``--pipeline-config``) beneath the command line's own."""
     if not request.pipeline_config:
         return dict(request.options)
     tuned = {f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}
     return {**tuned, **request.options}
-
-
-def _is_given(given: dict):
-    return lambda name: name in given or any(k.startswith(name + ".") for k in given)
 
 
 def _base(request: Request, recipe: Recipe, resumed: Resumed | None, notes: list[str]):
@@ -263,7 +251,7 @@ def _dict_images(spec) -> str:
             f"flattens {'them' if many else 'it'} into the MLP)")
 
 
-def _sized(cfg, base, recipe: Recipe, machine: Machine, request: Request, given: dict, notes: list[str]):
+def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict, notes: list[str]):
     """``cfg`` sized for ``machine`` where the user gave no size (``Recipe.sizing``), said in one line."""
     if not request.machine_sizing:
         return cfg
@@ -271,15 +259,14 @@ def _sized(cfg, base, recipe: Recipe, machine: Machine, request: Request, given:
         kind = kind_of(describe(cfg.env.id, cfg.env.backend, cfg.env.frame_stack))
     except Exception:
         return cfg  # validation names the env's problem
-    changes = recipe.sizing(cfg, kind, machine, _is_given(given))
-    sized = apply(cfg, changes)
-    said = [c.replace(":", "", 1) for c in config_changes(cfg, sized)]
+    sized = apply(cfg, recipe.sizing(cfg, kind, machine, is_given(given)))
+    said = _changes(cfg, sized)
     if said:
         note = ""
         if "bridge.remote_envs" in given and "pipeline.envs_per_worker" not in given:
-            free = apply(cfg, recipe.sizing(apply(cfg, {"bridge.remote_envs": 0}), kind, machine, _is_given(
+            free = apply(cfg, recipe.sizing(apply(cfg, {"bridge.remote_envs": 0}), kind, machine, is_given(
                 {k: v for k, v in given.items() if k != "bridge.remote_envs"})))
-            unlike = [c.replace(":", "", 1) for c in config_changes(sized.pipeline, free.pipeline, "pipeline.")]
+            unlike = _changes(sized.pipeline, free.pipeline, "pipeline.")
             if unlike:
                 note = (f" (workers of the preset's size, so that --bridge.remote-envs {given['bridge.remote_envs']} "
                         f"makes whole ones; without it {', '.join(unlike)})")
@@ -287,12 +274,9 @@ def _sized(cfg, base, recipe: Recipe, machine: Machine, request: Request, given:
     return sized
 
 
-def _changed(cfg, changes: dict, notes: list[str], why: str):
-    """``cfg`` with ``changes`` that follow from the options, each said."""
-    out = apply(cfg, changes)
-    for c in config_changes(cfg, out):
-        notes.append(f"seedlocal: {c.replace(':', '', 1)}, {why}")
-    return out
+def _changes(old, new, prefix: str = "") -> list[str]:
+    """``field old -> new`` for each option that differs, as a note says it."""
+    return [c.replace(":", "", 1) for c in config_changes(old, new, prefix)]
 
 
 def _check_resume(cfg, resumed: Resumed) -> None:

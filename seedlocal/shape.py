@@ -1,27 +1,19 @@
 """A run's pipeline shape: its groups, envs, unrolls and batches, derived once.
 
-Every size on the data path follows from a few config fields
-(``pipeline.num_workers``, ``envs_per_worker``, ``unroll_length``,
-``num_buffers``, ``min_batch_envs``, ``env_threads`` and
-``bridge.remote_envs``) and from what the trainer asks for (``ShapeNeeds``).
-``pipeline_shape`` derives them, refuses values that make no shape (one line
-naming the field) and freezes them in a ``PipelineShape``. Everything below
-the trainer (the pipeline, its worker pool and inference loop, the bridge,
-the policies, the replay feeder) takes the shape, not the config:
+Every size on the data path follows from a few ``pipeline.*`` fields and ``bridge.remote_envs``, and from what
+the trainer asks for (``ShapeNeeds``). ``pipeline_shape`` derives them, refuses values that make no shape (one
+line naming the field) and freezes them in a ``PipelineShape``. Everything below the trainer takes the shape,
+not the config:
 
-    group          envs_per_group = envs_per_worker / 2 envs stepped together;
-                   a worker steps two (double buffering: one steps while the
-                   other waits for its actions)
-    groups         2 per local worker, numbered first; then one per
-                   envs_per_group of bridge.remote_envs (actor hosts)
+    group          envs_per_group = envs_per_worker / 2 envs stepped together; a worker steps two (double
+                   buffering: one steps while the other waits for its actions)
+    groups         2 per local worker, numbered first; then one per envs_per_group of bridge.remote_envs
     unroll_length  pipeline.unroll_length, or the learner's own (R2D2)
-    num_buffers    pipeline.num_buffers, or per group as many as the trainer
-                   asks (V-trace 1, R2D2 2, else 3), and at least a batch
-    min_batch_envs pipeline.min_batch_envs, or half of all envs (one group
-                   per worker: the other half is stepping, by design)
+    num_buffers    pipeline.num_buffers, or per group as many as the trainer asks (V-trace 1, R2D2 2, else 3),
+                   and at least a batch
+    min_batch_envs pipeline.min_batch_envs, or half of all envs (one group per worker: the other half steps)
 
-This module is the only place that computes a group's size or the number of
-groups (``tests/test_shape.py`` checks it).
+This module is the only place that computes a group's size or the number of groups (``tests/test_shape.py``).
 """
 
 from __future__ import annotations
@@ -86,7 +78,6 @@ class PipelineShape:
 
     @property
     def envs_per_worker(self) -> int:
-        """What an actor host's workers must step: a worker of this run."""
         return GROUPS_PER_WORKER * self.envs_per_group
 
     def groups_of(self, worker: int) -> range:
@@ -100,10 +91,9 @@ class PipelineShape:
         return groups - groups % GROUPS_PER_WORKER
 
     def seed_block(self, start: int) -> int:
-        """Where this rank's envs' seeds begin, counted from env.seed, at their ``start``-th start (a local
-        worker's restarts, an actor host's assignments): blocks of ``num_envs`` seeds (the local envs, then the
-        remote ones), one per rank and start, in the order (start 0: rank 0, 1, ...; start 1: rank 0, 1, ...),
-        so that no two ranks and no two starts of the run share a seed (until the seeds wrap: ``envs/make.py``)."""
+        """Where this rank's envs' seeds begin, counted from env.seed, at their ``start``-th start (a worker's
+        restart, an actor host's assignment): one block of ``num_envs`` seeds per start and rank, in that order,
+        so that no two ranks or starts of the run share a seed (until the seeds wrap: ``envs/make.py``)."""
         return (start * self.ranks + self.rank) * self.num_envs
 
     def describe_rank(self) -> str:
@@ -113,17 +103,14 @@ class PipelineShape:
 
 
 def worker_groups(num_workers: int) -> int:
-    """The groups ``num_workers`` env workers step."""
     return GROUPS_PER_WORKER * num_workers
 
 
 def pipeline_shape(p: PipelineConfig, bridge: BridgeConfig | None = None, needs: ShapeNeeds = ShapeNeeds(),
                    prefix: str = "pipeline", rank: int = 0, ranks: int = 1) -> PipelineShape:
-    """The shape of a run of ``p``, with ``bridge``'s remote envs where it
-    listens, for a trainer that ``needs`` it so; with ``ranks`` > 1, the shape
-    of learner rank ``rank`` of them, the run's divided (module docstring). A
-    value that makes no shape fails here (ConfigError), naming its field as
-    ``prefix``.name."""
+    """The shape of a run of ``p``, with ``bridge``'s remote envs where it listens, for a trainer that ``needs``
+    it so; with ``ranks`` > 1, learner rank ``rank``'s, the run's divided. A value that makes no shape fails
+    here (ConfigError), naming its field as ``prefix``.name."""
     remote_envs = bridge.remote_envs if bridge is not None and bridge.listen else 0
     _check_fields(p, bridge, remote_envs, needs, prefix)
     workers, per_worker = rank_workers(p, ranks, prefix)
@@ -156,15 +143,12 @@ def pipeline_shape(p: PipelineConfig, bridge: BridgeConfig | None = None, needs:
 def _check_fields(p: PipelineConfig, bridge: BridgeConfig | None, remote_envs: int, needs: ShapeNeeds,
                   prefix: str) -> None:
     """The run's own values, each refused in one line naming it (before any is divided among ranks)."""
-    for name in ("num_workers", "envs_per_worker", "unroll_length"):
-        v = getattr(p, name)
-        if name == "num_workers" and remote_envs and v == 0:
-            continue  # every env remote
-        if name == "unroll_length" and needs.unroll_length is not None and v == 0:
-            continue  # the learner's own
-        if v < 1:
-            fail(f"{prefix}.{name}", v, "must be positive" + (
-                " (or 0 with bridge.remote_envs)" if name == "num_workers" else ""))
+    if p.num_workers < 1 and not (remote_envs and p.num_workers == 0):  # 0: every env remote
+        fail(f"{prefix}.num_workers", p.num_workers, "must be positive (or 0 with bridge.remote_envs)")
+    if p.envs_per_worker < 1:
+        fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be positive")
+    if p.unroll_length < 1 and not (needs.unroll_length is not None and p.unroll_length == 0):  # the learner's own
+        fail(f"{prefix}.unroll_length", p.unroll_length, "must be positive")
     if p.envs_per_worker % GROUPS_PER_WORKER:
         fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
     for name in ("num_buffers", "min_batch_envs"):
@@ -177,10 +161,9 @@ def _check_fields(p: PipelineConfig, bridge: BridgeConfig | None, remote_envs: i
 
 def rank_workers(p: PipelineConfig, ranks: int, prefix: str = "pipeline") -> tuple[int, int]:
     """(local workers, envs per worker) of one of ``ranks`` learner ranks: the run's workers divided where
-    ``ranks`` divides them; else 1/``ranks`` of the run's envs in the fewest workers (at least 1/``ranks``
-    of the run's workers, rounded up) whose groups divide the run's groups, so that a batch of the run's
-    whole groups is whole groups of a rank too (CartPole's 2 workers of 8 envs on 4 ranks: 1 worker of 4 each);
-    else refused, naming pipeline.num_workers. A rank never steps more envs than its share."""
+    ``ranks`` divides them; else 1/``ranks`` of the run's envs in the fewest workers (at least the run's /
+    ``ranks``, rounded up) whose groups divide the run's groups, so that the run's whole groups are a rank's too
+    (CartPole's 2 workers of 8 envs on 4 ranks: 1 worker of 4 each); else refused."""
     if p.num_workers % ranks == 0:
         return p.num_workers // ranks, p.envs_per_worker
     envs, group = p.num_workers * p.envs_per_worker, p.envs_per_worker // GROUPS_PER_WORKER
@@ -196,18 +179,14 @@ def rank_workers(p: PipelineConfig, ranks: int, prefix: str = "pipeline") -> tup
 
 
 def _rank_share(value: int, ranks: int) -> int:
-    """A rank's share of a size given for the whole run (0: automatic, derived from the rank's own envs)."""
+    """A rank's share of a size given for the whole run (0 stays 0: automatic)."""
     return -(-value // ranks)
 
 
 def _threads_per_group(p: PipelineConfig, workers: int, ranks: int) -> int:
     """envpool threads of each group: the cores (a learner rank's share of them) shared out over all local groups.
-
-    Giving each group its worker's whole share (the groups mostly alternate)
-    measured worse on 2 cores: Pong 0.77-0.87 of raw vs 0.96-1.00, CartPole
-    0.86 vs 1.18. A small group split over two threads waits on its slowest
-    env every step; one thread per group has no such barrier.
-    """
+    Each group its worker's whole share measured worse on 2 cores (Pong 0.77-0.87 of raw vs 0.96-1.00, CartPole
+    0.86 vs 1.18): a small group split over two threads waits on its slowest env every step."""
     total = max(1, (p.env_threads or os.cpu_count() or 1) // ranks)
     return max(1, total // worker_groups(max(1, workers)))
 
@@ -222,21 +201,19 @@ def whole_groups(envs: int, p: PipelineConfig) -> int:
 
 
 def actor_host_shape(groups: int, envs_per_group: int, env_threads: int) -> PipelineShape:
-    """An actor host's: the ``groups`` groups of ``envs_per_group`` envs its
-    learner assigned (whole workers), each with one unroll of one step (the
-    step on its way to the learner, and its action)."""
+    """An actor host's: the ``groups`` groups of ``envs_per_group`` envs its learner assigned (whole workers),
+    each with one unroll of one step (the step on its way to the learner, and its action)."""
     return pipeline_shape(PipelineConfig(num_workers=groups // GROUPS_PER_WORKER,
                                          envs_per_worker=envs_per_group * GROUPS_PER_WORKER,
                                          env_threads=env_threads, unroll_length=1, num_buffers=groups))
 
 
 def sized_pipeline(p: PipelineConfig, envs: int, per_worker: int, remote_envs: int, given) -> tuple[dict, int]:
-    """A machine's sizing of ``p`` (``recipes/``: ``Recipe.sizing``): the pipeline options it changes, ``envs``
-    local envs in workers of ``per_worker`` (at least one worker) with min_batch_envs, where set, scaled with
-    them, and the local envs that makes; no change where that adds no envs to ``p``'s own. Each option the user
-    gave (``given(dotted name)``) stays, and the rest follow from it (``--pipeline.num-workers 1``: one worker of
-    ``per_worker`` envs). With ``remote_envs`` (bridge.remote_envs) that ``per_worker`` does not divide, workers
-    of ``p``'s size instead, so that actor hosts still run whole workers like the learner's."""
+    """A machine's sizing of ``p`` (``Recipe.sizing``): the pipeline options that make ``envs`` local envs in
+    workers of ``per_worker`` (min_batch_envs, where set, scaled with them), and the local envs that makes; none
+    where that adds no envs. An option the user gave (``given(dotted name)``) stays, and the rest follow from it.
+    With ``remote_envs`` that ``per_worker`` does not divide, workers of ``p``'s size, so actor hosts run whole
+    workers like the learner's."""
     own = p.num_workers * p.envs_per_worker
     if envs <= own:
         return {}, own

@@ -29,10 +29,10 @@ def open_pipeline(env: EnvConfig, pipe: PipelineConfig, make_policy, consume=Fal
 def prepared(cfg):
     """A run configuration built whole in a test, prepared as ``prepare_run`` takes one (checked, described,
     shaped), for its family's ``train``."""
-    from seedlocal.families import of_config
+    from seedlocal.families import TABLE, recipe
     from seedlocal.prepare import prepare_run
 
-    return prepare_run(cfg, of_config(cfg).recipe)
+    return prepare_run(cfg, next(r for r in map(recipe, TABLE) if type(cfg) is r.run))
 
 
 def tiny_pipeline(make_policy, env="CartPole-v1", backend="auto", consume=True, bridge=None, **pipe) -> Pipeline:

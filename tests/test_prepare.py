@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from seedlocal.config.request import Request, from_command_line, from_keywords
+from seedlocal.config.request import Request, from_command_line, from_keywords, is_given
 
 PACKAGE = Path(__file__).parent.parent / "seedlocal"
 
@@ -37,7 +37,8 @@ def test_an_option_given_is_told_from_its_default_even_with_the_default_value():
     r = from_command_line("vtrace", VTraceRun, ["--pipeline.num-workers", "2", "--algo.learning-rate", "nan",
                                                  "--env.backend", "auto", "--pipeline.no-cuda-graphs"])
     assert set(r.options) == {"pipeline.num_workers", "algo.learning_rate", "env.backend", "pipeline.cuda_graphs"}
-    assert r.given("pipeline") and r.given("pipeline.num_workers") and not r.given("pipeline.envs_per_worker")
+    given = is_given(r.options)
+    assert given("pipeline") and given("pipeline.num_workers") and not given("pipeline.envs_per_worker")
     assert from_command_line("vtrace", VTraceRun, []) == Request("vtrace", {})
 
 

@@ -1,74 +1,56 @@
-"""Checks of the config, before any process starts.
-
-Every check raises :class:`ConfigError` whose message starts with the field
-and the value it refuses, e.g. ``pipeline.envs_per_worker=3: ...``. torch is
-imported inside the functions that need it: an actor host (``seedlocal
-actors``) reads this module and needs no torch.
+"""Checks of the config, before any process starts: each raises a ``ConfigError`` whose message starts with the
+field and the value it refuses (``pipeline.envs_per_worker=3: ...``). torch is imported inside the functions that
+need it: an actor host (``seedlocal actors``) reads this module and needs no torch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seedlocal.config.schema import NETWORK_OPTIONS, BridgeConfig, NetworkConfig, PipelineConfig
+from seedlocal.config.overrides import options_of
+from seedlocal.config.resume import leaves
+from seedlocal.config.schema import NETWORK_OPTIONS, BridgeConfig, PipelineConfig
 from seedlocal.errors import ConfigError, fail
 
 if TYPE_CHECKING:
     import torch
 
 
-def _floats(obj, prefix: str = ""):
-    """(dotted field name, value) of every float field of a config, nested ones included."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _floats(value, f"{prefix}{f.name}.")
-        elif isinstance(value, float):
-            yield prefix + f.name, value
-
-
 THREADS_PER_CORE = 8
 
 
-def _check_choices(cfg, prefix: str = "") -> None:
+def _check_choices(cfg) -> None:
     """Every option with a fixed set of values (a ``Literal``) holds one of them, also where a config was built
     in Python or read from a checkpoint, which tyro never parsed."""
-    import dataclasses
-    import typing
-
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value, kind = getattr(cfg, f.name), hints.get(f.name)
-        if dataclasses.is_dataclass(value):
-            _check_choices(value, f"{prefix}{f.name}.")
-        elif typing.get_origin(kind) is typing.Literal and value not in typing.get_args(kind):
-            fail(prefix + f.name, value, "expected " + ", ".join(map(str, typing.get_args(kind))))
+    kinds = options_of(type(cfg))
+    for name, value in leaves(cfg).items():
+        if typing.get_origin(kinds[name]) is typing.Literal and value not in typing.get_args(kinds[name]):
+            fail(name, value, "expected " + ", ".join(map(str, typing.get_args(kinds[name]))))
 
 
 def validate_run_options(cfg) -> None:
-    """What every trainer's config shares: numbers that are numbers, and a
-    run folder that can be written. Fails before any process starts."""
-    for name, value in _floats(cfg):
-        if not math.isfinite(value):
+    """What every family's run (a ``RunConfig``) shares: numbers that are numbers, and a run folder that can be
+    written."""
+    for name, value in leaves(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
             fail(name, value, "must be a finite number")
     if getattr(cfg, "log_every_s", 1.0) <= 0:
         fail("log_every_s", cfg.log_every_s, "must be positive")
-    env = getattr(cfg, "env", None)
-    if env is not None and env.seed < 0:  # before the run's first line, as every other field
-        fail("env.seed", env.seed, "must be >= 0")
-    if getattr(cfg, "keep_checkpoints", 0) < 0:
+    if cfg.env.seed < 0:  # before the run's first line, as every other field
+        fail("env.seed", cfg.env.seed, "must be >= 0")
+    if cfg.keep_checkpoints < 0:
         fail("keep_checkpoints", cfg.keep_checkpoints, "must be >= 0 (0 keeps every checkpoint)")
-    name = getattr(cfg, "run_name", "")
+    name = cfg.run_name
     if name and (name in (".", "..") or "/" in name or "\\" in name):
         fail("run_name", name, "must be a folder name under log_dir, without path separators")
     if len(name.encode()) > 200:
         fail("run_name", name[:20] + "...", f"is {len(name.encode())} bytes long; folder names may have 255 at most "
              "and seedlocal keeps some for its own")
-    if getattr(cfg, "log_dir", None) == "":
+    if cfg.log_dir == "":
         fail("log_dir", "", "must name a folder (e.g. runs)")
     if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
@@ -79,52 +61,29 @@ def validate_run_options(cfg) -> None:
                 fail(name, getattr(cfg, name), "must be >= 0")
         if cfg.total_steps == 0 and cfg.seconds == 0:
             fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
-    if getattr(cfg, "learners", 1) < 1:
+    if cfg.learners < 1:
         fail("learners", cfg.learners, "must be >= 1 (data-parallel learner ranks)")
-    if getattr(cfg, "dist_timeout_s", 1.0) <= 0:
+    if cfg.dist_timeout_s <= 0:
         fail("dist_timeout_s", cfg.dist_timeout_s, "must be positive")
-    log_dir = getattr(cfg, "log_dir", None)
-    if log_dir is not None and not getattr(cfg, "resume", ""):
-        check_writable("log_dir", log_dir, folder=True)
-    if isinstance(getattr(cfg, "network", None), NetworkConfig):
-        validate_network(cfg.network)
-    _validate_tracking(cfg)
-
-
-def _validate_tracking(cfg) -> None:
-    """--video-every-min, and --track's package (an optional extra)."""
-    if getattr(cfg, "video_every_min", 0.0) < 0:
+    if not cfg.resume:
+        check_writable("log_dir", cfg.log_dir, folder=True)
+    if cfg.network.lstm_size < 0:  # what a family's network cannot be (R2D2's without an LSTM) is its own check
+        fail("network.lstm_size", cfg.network.lstm_size, "must be >= 0 (0 = no LSTM core)")
+    if cfg.video_every_min < 0:
         fail("video_every_min", cfg.video_every_min, "must be >= 0 (0 = no videos)")
-    if getattr(cfg, "track", False):
+    if cfg.track:
         import importlib
 
         try:
-            importlib.import_module("wandb")
+            importlib.import_module("wandb")  # an optional extra
         except ImportError:
             raise ConfigError("track=True: the wandb package is not installed; pip install 'seedlocal[wandb]'") \
                 from None
 
 
-def validate_network(n: NetworkConfig) -> None:
-    """The network's sizes (what a family's network cannot be, e.g. R2D2's without an LSTM, its own check says;
-    what the env makes of the encoder, building it does: ``network_error``)."""
-    if n.lstm_size < 0:
-        fail("network.lstm_size", n.lstm_size, "must be >= 0 (0 = no LSTM core)")
-
-
-def network_error(e: ValueError, algo: tuple[str, ...] = ()) -> str:
-    """A network constructor's refusal (``encoder=...: why``) named by the option it came from: one of the
-    network's, or one of the family's own ``algo`` options (e.g. V-trace's separate_critic)."""
-    text = str(e)
-    if text.startswith(NETWORK_OPTIONS):
-        return f"network.{text}"
-    return f"algo.{text}" if algo and text.startswith(algo) else text
-
-
 def check_writable(field: str, value: str, folder: bool) -> None:
-    """Fail unless a folder (``folder``) or a file could be created at
-    ``value``: checked, not created, so a config refused later leaves
-    nothing behind and hours of work are not lost to a bad path at the end."""
+    """Fail unless a folder (``folder``) or a file could be created at ``value``: checked, not created, so a config
+    refused later leaves nothing behind and hours of work are not lost to a bad path at the end."""
     path = Path(value).resolve()
     if path.exists() and path.is_dir() != folder:
         fail(field, value, "is a file, not a folder" if folder else "is a folder, not a file")
@@ -136,24 +95,27 @@ def check_writable(field: str, value: str, folder: bool) -> None:
 
 
 def short_of_memory(need: float) -> int | None:
-    """The memory available, when ``need`` bytes would take more than 80% of
-    it (the rest is the OS's and the run's own Python); None when it fits or
-    is unknown. Sizes checked with it fail before anything is allocated."""
+    """The memory available, when ``need`` bytes would take more than 80% of it (the rest is the OS's and the
+    run's own Python); None when it fits or is unknown."""
     have = available_bytes()
     return have if have is not None and need > 0.8 * have else None
 
 
-def check_network_fits(make, copies: int, fields: str, what: str):
-    """Build ``make()`` on the meta device (shapes only, no memory) and refuse
-    a network whose ``copies`` float32 copies (``what``: weights, gradients,
-    optimiser state ...) would not fit in memory, naming the ``fields`` that
-    size it; otherwise torch would fail inside the allocator with a traceback.
-    Returns the meta network (its errors, e.g. a bad encoder, are raised as
-    building it for real would)."""
+def check_network_fits(make, copies: int, fields: str, what: str, algo: tuple[str, ...] = ()):
+    """Build ``make()`` on the meta device (shapes only, no memory) and refuse a network whose ``copies`` float32
+    copies (``what``: weights, gradients, optimiser state ...) would not fit in memory, naming the ``fields``
+    that size it; otherwise torch would fail inside the allocator with a traceback. Returns the meta network.
+    The constructor's refusal (``encoder=...: why``) is raised named by the option it came from: one of the
+    network's, or one of the family's own ``algo`` options (e.g. V-trace's separate_critic)."""
     import torch
 
-    with torch.device("meta"):
-        net = make()
+    try:
+        with torch.device("meta"):
+            net = make()
+    except ValueError as e:
+        text = str(e)
+        raise ConfigError(f"network.{text}" if text.startswith(NETWORK_OPTIONS) else
+                          f"algo.{text}" if algo and text.startswith(algo) else text) from None
     n = sum(p.numel() for p in net.parameters())
     need = n * 4 * copies
     if (have := short_of_memory(need)) is not None:
@@ -166,12 +128,9 @@ def available_bytes() -> int | None:
     """Memory the kernel could give a new allocation now (MemAvailable), if known."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except OSError:
-        pass
-    return None
+        return None
 
 
 def resolve_device(value: str) -> torch.device:

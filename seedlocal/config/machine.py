@@ -1,9 +1,7 @@
 """The machine a run is sized for: its usable cores and whether the run's device is a GPU.
 
-A preset is a learning recipe; its sizes (workers, envs, batch) follow the machine (DESIGN.md, decision 9).
-Each family's recipe holds its sizing rule (``recipes/``: ``Recipe.sizing``), which preparation applies
-(``seedlocal/prepare.py``) for the command line and the Python API alike; what was measured and what was not is
-in docs/tuning.md ("Sized to the machine").
+A preset is a learning recipe; its sizes follow the machine (DESIGN.md, decision 9) by each family's sizing rule
+(``Recipe.sizing``); what was measured and what was not is in docs/tuning.md ("Sized to the machine").
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ class Machine:
 
     @classmethod
     def detect(cls, device: str) -> Machine:
-        """This machine, for a run on ``device`` (pipeline.device: auto, cpu, cuda, cuda:N). A device that cannot
-        be had (cuda on a machine without one) counts as none: validation names it once the run's config is read."""
+        """This machine, for a run on ``device`` (pipeline.device). A device that cannot be had counts as none:
+        validation names it."""
         from seedlocal.config.checks import resolve_device
         from seedlocal.errors import ConfigError
 
@@ -41,14 +39,12 @@ class Machine:
         return f"{self.cores} cores, {'cuda' if self.accelerator else 'cpu'}"
 
     def gpu_envs(self) -> int:
-        """Local envs for a GPU run: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``; 0 without a GPU (a CPU run
-        keeps its preset's sizes). A family sizes its pipeline to them with ``shape.sized_pipeline``."""
+        """Local envs for a GPU run: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``; 0 without a GPU."""
         return min(MAX_ENVS, ENVS_PER_CORE * self.cores) if self.accelerator else 0
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it, e.g. under taskset or a container's
-    cpuset), else all of them."""
+    """The cores this process may run on (its affinity where the OS tells it: taskset, a cpuset), else all."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

@@ -1,12 +1,9 @@
 """Keyword overrides into the config dataclasses, for the Python API (``seedlocal.train``, ``seedlocal.evaluate``).
 
-An option is named as the command line's, its sub-config a dict of its own
-options: ``--pipeline.num-workers 1 --network.hidden 64 64`` is
-``pipeline={"num_workers": 1}, network={"hidden": (64, 64)}``. The dotted
-name the errors use (``"pipeline.num_workers"``) is taken too. A name that
-is no option, or a value of the wrong type, is refused in one line naming
-it (``ConfigError``), as the command line refuses its options; the values'
-own checks are the trainers', the same for both.
+An option is named as the command line's, its sub-config a dict of its own options: ``--pipeline.num-workers 1
+--network.hidden 64 64`` is ``pipeline={"num_workers": 1}, network={"hidden": (64, 64)}``; the dotted name
+(``"pipeline.num_workers"``) is taken too. A name that is no option, or a value of the wrong type, is refused
+in one line naming it (``ConfigError``), as the command line refuses its options.
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ def options_of(cls: type, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            out.update(options_of(kind, f"{prefix}{f.name}."))
-        else:
-            out[prefix + f.name] = kind
+        kind, name = hints[f.name], prefix + f.name
+        out.update(options_of(kind, name + ".") if dataclasses.is_dataclass(kind) else {name: kind})
     return out
 
 
@@ -105,12 +99,6 @@ def checked(name: str, value, kind):
     return value
 
 
-def as_options(values: dict[str, object]) -> list[str]:
-    """``values`` (dotted names) spelt as the command line's options (``--bridge.remote-envs=16``), for the code
-    that reads which options were given and a few of their values."""
-    return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
-
-
 def apply(cfg, values: dict[str, object]):
     """A copy of ``cfg`` with ``values`` (dotted names) set; ``cfg`` and its sub-configs are left as they are."""
     top: dict[str, object] = {}
@@ -139,14 +127,12 @@ def load_pipeline_file(path: str) -> dict:
     if not isinstance(fields, dict) or not fields or set(fields) - known:
         bad = sorted(set(fields) - known) if isinstance(fields, dict) else data
         raise ConfigError(f"pipeline_config={path!r}: expected PipelineConfig fields, got {bad!r}")
-    # Each value must have its field's type (JSON gives int, float, bool, str):
-    # a "8" for envs_per_worker would otherwise fail deep in validation.
+    # Each value must have its field's type (JSON gives int, float, bool, str): a "8" for envs_per_worker would
+    # otherwise fail deep in validation.
     defaults = PipelineConfig()
     for name, value in fields.items():
         want = type(getattr(defaults, name))
-        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
+        a_bool = isinstance(value, bool) and want is not bool  # JSON's true is an int to isinstance
+        if a_bool or not isinstance(value, (int, float) if want is float else want):
             raise ConfigError(f"pipeline_config={path!r}: {name}={value!r} should be a {want.__name__}")
     return fields

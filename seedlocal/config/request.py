@@ -1,12 +1,9 @@
 """What a user asked a training run for, before anything is derived from it: ``Request``.
 
 The command line (``from_command_line``: tyro parses the options, once) and the Python API (``from_keywords``)
-each build one; ``prepare`` (``seedlocal/prepare.py``) turns it into the run's one frozen configuration. A
-request holds only what was given: the options by their dotted names (``pipeline.num_workers``), and the
-command's own choices (a preset by name, machine sizing, a pipeline file). What the user gave wins over
-everything derived (a preset, the machine's sizes, a resumed run's saved config, a pipeline file), and
-whatever follows from what was given is derived again from it; so a request must say what was given, not
-only what the values came to.
+each build one; ``prepare`` (``seedlocal/prepare.py``) turns it into the run's one frozen configuration. What
+the user gave wins over everything derived (a preset, the machine's sizes, a resumed run's saved config, a
+pipeline file), so a request holds what was given, not only what the values came to.
 
 tyro returns values, not which options were typed. Parsing the same options twice, over two defaults that
 differ in every option, tells them apart: an option given has the user's value in both parses, one left out
@@ -23,7 +20,8 @@ import typing
 from types import MappingProxyType
 from typing import Annotated, Mapping
 
-from seedlocal.config.overrides import checked, flatten, options_of
+from seedlocal.config.overrides import apply, checked, flatten, options_of
+from seedlocal.config.resume import leaves
 
 # Network options older command lines gave elsewhere (V-trace and R2D2 under --algo., neuroevolution at the
 # top), each with its one spelling now; a bool's negation too.
@@ -49,11 +47,15 @@ class Request:
     def __post_init__(self):
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
-    def given(self, name: str) -> bool:
-        """Whether option ``name`` (dotted) was given, itself or as part of a group (``pipeline``)."""
-        return name in self.options or any(k.startswith(name + ".") for k in self.options)
+
+def is_given(options: Mapping[str, object]):
+    """Whether an option (dotted name) is among ``options``, itself or as part of a group (``pipeline``): a
+    recipe's ``Given``."""
+    return lambda name: name in options or any(k.startswith(name + ".") for k in options)
 
 
+COMMAND_OPTIONS = {"preset": str, "machine_sizing": bool, "pipeline_config": str}
+"""``Request``'s own options beside the run config's, and their types"""
 COMMAND_HELP = {
     "preset": "the preset to start from, by name; \"\" = the one made for --env.id's kind (image frames, small "
               "grids, Box actions ...)",
@@ -69,42 +71,39 @@ def command_class(run_cls: type) -> type:
     top level (``--env.id``, not ``--run.env.id``), beside the command's choices (``Request``'s)."""
     import tyro
 
-    own = [(name, kind, dataclasses.field(default=getattr(Request, name)))
-           for name, kind in (("preset", str), ("machine_sizing", bool), ("pipeline_config", str))]
     return dataclasses.make_dataclass(
         f"Train{run_cls.__name__}",
         [("run", Annotated[run_cls, tyro.conf.arg(name="", prefix_name=False)],
           dataclasses.field(default_factory=run_cls)),
-         *[(n, Annotated[k, tyro.conf.arg(help=COMMAND_HELP[n])], f) for n, k, f in own]])
+         *[(n, Annotated[k, tyro.conf.arg(help=COMMAND_HELP[n])], dataclasses.field(default=getattr(Request, n)))
+           for n, k in COMMAND_OPTIONS.items()]])
 
 
 def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
     """The request a ``seedlocal train <family>`` command line makes. tyro's own errors (an unknown option, a
-    value of the wrong type) end the process with its message and status 2, as for every command; ``--help``
-    is answered by ``help_text`` once the defaults it shows are prepared, so it is left out here."""
+    value of the wrong type) end the process with status 2; ``--help`` is left to the caller (``cli._help``)."""
+    import tyro
+
     cls = command_class(run_cls)
     args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
-    base = cls()
-    one, two = _parse(cls, args, base), _parse(cls, args, _perturbed(base))
-    values, other = _leaves(one), _leaves(two)
+    one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), _perturbed(cls())))
+    values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
-    command = {name: given.pop(name) for name in list(given) if name in COMMAND_HELP}
+    command = {name: given.pop(name) for name in list(given) if name in COMMAND_OPTIONS}
     return Request(family, {name.removeprefix("run."): v for name, v in given.items()}, **command)
 
 
 def from_keywords(family: str, run_cls: type, keywords: dict) -> Request:
     """The request ``seedlocal.train(family, **keywords)`` makes: the same options as keywords, a group as a
     dict (``config/overrides.py``), the command's choices by their names here."""
-    kinds = {"preset": str, "machine_sizing": bool, "pipeline_config": str}
-    command = {name: keywords.pop(name) for name in kinds if name in keywords}
-    command = {name: checked(name, v, kinds[name]) for name, v in command.items() if v is not None}
-    return Request(family, flatten(run_cls, keywords, also=tuple(COMMAND_HELP)), **command)
+    command = {name: keywords.pop(name) for name in COMMAND_OPTIONS if name in keywords}
+    command = {name: checked(name, v, COMMAND_OPTIONS[name]) for name, v in command.items() if v is not None}
+    return Request(family, flatten(run_cls, keywords, also=tuple(COMMAND_OPTIONS)), **command)
 
 
 def spelled(args: list[str], run_cls: type) -> list[str]:
-    """``args`` as tyro reads them, the only rewriting done ahead of it: an option's old spelling (``RENAMED``)
-    given its one spelling, said in one line; an integer option's whole number in e-notation as digits
-    (``whole_numbers``)."""
+    """``args`` as tyro reads them: an option's old spelling (``RENAMED``) given its one spelling, said in one
+    line; an integer option's whole number in e-notation as digits (``whole_numbers``)."""
     out = []
     for a in args:
         name, eq, value = a.partition("=")
@@ -118,8 +117,7 @@ def spelled(args: list[str], run_cls: type) -> list[str]:
 
 def whole_numbers(args: list[str], cls: type) -> list[str]:
     """``--total-steps 1e6`` read as ``--total-steps 1000000``: an integer option of ``cls`` given in e-notation
-    (as CleanRL's and SB3's users write step counts) that is a whole number. tyro refused it with a box about
-    int(); any other value is left for tyro to judge."""
+    (as CleanRL's and SB3's users write step counts) that is a whole number; any other value is tyro's to judge."""
     ints = {f"--{name}".replace("_", "-") for name, kind in options_of(cls).items() if kind is int}
     ints |= {f.replace("-", "_") for f in ints}
     out, after = [], ""
@@ -143,33 +141,10 @@ def _whole(v: str) -> str:
     return str(int(float(v))) if re.fullmatch(r"[+-]?\d+(\.\d*)?[eE]\+?\d+", v) and float(v).is_integer() else v
 
 
-def _parse(cls: type, args: list[str], default):
-    import tyro
-
-    return tyro.cli(cls, args=args, default=default, prog="seedlocal train")
-
-
-def _leaves(obj, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            out.update(_leaves(v, f"{prefix}{f.name}."))
-        else:
-            out[prefix + f.name] = v
-    return out
-
-
 def _perturbed(obj):
     """A copy of the dataclass ``obj`` with every option changed to another value of its type."""
-    hints = typing.get_type_hints(type(obj), include_extras=True)
-    changes = {}
-    for f in dataclasses.fields(obj):
-        v, kind = getattr(obj, f.name), hints[f.name]
-        if typing.get_origin(kind) is Annotated:
-            kind = typing.get_args(kind)[0]
-        changes[f.name] = _perturbed(v) if dataclasses.is_dataclass(v) else _other(v, kind)
-    return dataclasses.replace(obj, **changes)
+    kinds = options_of(type(obj))
+    return apply(obj, {name: _other(v, kinds[name]) for name, v in leaves(obj).items()})
 
 
 def _other(v, kind):

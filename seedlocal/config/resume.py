@@ -1,20 +1,18 @@
-"""A resumed run's config against the one its checkpoint saved: rebuilt from
-the saved dict, compared field by field, and the one line the run prints."""
+"""A resumed run's config against the one its checkpoint saved: rebuilt from the saved dict, compared field by
+field, and the one line the run prints."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from seedlocal.errors import CheckpointError, fail
 
 
 def from_dict(cls, d: dict, base=None):
-    """A config dataclass rebuilt from ``dataclasses.asdict`` output (as saved
-    in checkpoints): nested dataclasses recursively, lists back to tuples where
-    the default is a tuple. Keys the class no longer has are dropped, fields
-    the dict lacks keep their defaults (those of ``base``, default ``cls()``:
-    a nested config keeps its parent's default, e.g. R2D2's LSTM size, not its
-    own class's), so older checkpoints stay resumable."""
-    import dataclasses
-
+    """A config dataclass rebuilt from ``dataclasses.asdict`` output (as saved in checkpoints): nested
+    dataclasses recursively, lists back to tuples where the default is a tuple. Keys the class no longer has
+    are dropped, fields the dict lacks keep ``base``'s values (default ``cls()``: a nested config keeps its
+    parent's default, e.g. R2D2's LSTM size), so older checkpoints stay resumable."""
     base = cls() if base is None else base
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -27,8 +25,7 @@ def from_dict(cls, d: dict, base=None):
             v = tuple(v)
         if type(default) is int and isinstance(v, float) and v.is_integer():
             v = int(v)  # e.g. total_steps=3e3 given to the Python API
-        # A value of another kind than the default's (a file edited by hand or
-        # damaged) would fail later, deep inside; name it here.
+        # A value of another kind than the default's (a file edited by hand or damaged): named here, not deep inside.
         kind = (int, float) if type(default) is float else type(default)
         if default is not None and not isinstance(v, kind) or isinstance(v, bool) and type(default) is not bool:
             raise TypeError(f"{f.name}={v!r}: expected {type(default).__name__}")
@@ -36,25 +33,24 @@ def from_dict(cls, d: dict, base=None):
     return dataclasses.replace(base, **kwargs)
 
 
-def config_changes(old, new, prefix: str = "") -> list[str]:
-    """``field: old -> new`` for every leaf that differs between two configs."""
-    import dataclasses
-
-    out = []
-    for f in dataclasses.fields(new):
-        a, b = getattr(old, f.name, None), getattr(new, f.name)
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(b) and dataclasses.is_dataclass(a):
-            out += config_changes(a, b, name + ".")
-        elif a != b:
-            out.append(f"{name}: {a!r} -> {b!r}")
+def leaves(obj, prefix: str = "") -> dict[str, object]:
+    """Every option's value in the config ``obj`` by its dotted name, in field order."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), prefix + f.name
+        out.update(leaves(value, name + ".") if dataclasses.is_dataclass(value) else {name: value})
     return out
 
 
+def config_changes(old, new, prefix: str = "") -> list[str]:
+    """``field: old -> new`` for every option that differs between two configs of one class."""
+    before = leaves(old, prefix)
+    return [f"{name}: {before[name]!r} -> {b!r}" for name, b in leaves(new, prefix).items() if before[name] != b]
+
+
 def saved_config(cls, saved: dict, path: str):
-    """A checkpoint's saved config as ``cls`` (after ``cls.migrate``, where a
-    config class has one for what older runs saved), or CheckpointError
-    naming what is wrong with it."""
+    """A checkpoint's saved config as ``cls`` (after ``cls.migrate`` where it has one, for what older runs saved),
+    or CheckpointError naming what is wrong with it."""
     try:
         if hasattr(cls, "migrate"):
             saved = cls.migrate(saved)
@@ -74,7 +70,7 @@ def resume_line(saved: dict | None, cfg, path: str) -> str:
 
 
 def budget_left(field: str, budget: int, done: int, unit: str) -> None:
-    """A resumed run whose budget is already spent would start its workers
-    only to stop at once and rewrite its summary with an empty one."""
+    """Refuse a resumed run whose budget is spent: it would start its workers only to stop at once and rewrite
+    its summary with an empty one."""
     if budget and done >= budget:
         fail(field, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")

@@ -1,7 +1,5 @@
-"""The config's schema: the dataclasses tyro parses and the Python API builds.
-
-Only the fields and their one-line docs live here; what checks them is
-``checks.py``, and what a resumed run makes of a saved one is ``resume.py``.
+"""The config's schema: the dataclasses tyro parses and the Python API builds, their fields and one-line docs
+(what checks them is ``checks.py``; what a resumed run makes of a saved one, ``resume.py``).
 """
 
 from __future__ import annotations
@@ -131,10 +129,6 @@ class PopulationConfig:
 NETWORK_OPTIONS = ("encoder", "hidden", "lstm_size", "obs_norm")
 
 
-def _pipeline() -> PipelineConfig:
-    return PipelineConfig()
-
-
 @dataclass
 class RunConfig:
     """What every family's run shares: the env, the pipeline and the bridge that step it, the network, and
@@ -142,7 +136,7 @@ class RunConfig:
     (``trainers/*.py``); a budget only some families count in (steps, generations) is theirs."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    pipeline: PipelineConfig = field(default_factory=_pipeline)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     seconds: float = 0.0
@@ -179,11 +173,10 @@ class RunConfig:
     @classmethod
     def migrate(cls, saved: dict) -> dict:
         """A saved config as this schema reads it: runs saved before ``network`` held its options under
-        ``algo`` (V-trace, R2D2) or at the top (neuroevolution), or before ``env.box_actions`` (they clipped);
-        a family with more to mend extends this."""
+        ``algo`` (V-trace, R2D2) or at the top (neuroevolution), or before ``env.box_actions`` (they clipped, and
+        go on doing so); a family with more to mend extends this."""
         env = saved.get("env")
         if isinstance(env, dict) and "box_actions" not in env:
-            # Saved before Box actions were rescaled: the run clipped them, and goes on doing so.
             saved = {**saved, "env": {**env, "box_actions": "clip"}}
         if "network" in saved:
             return saved

@@ -1,20 +1,15 @@
 """Each family's recipe: its options (the run configuration tyro parses), its presets, and the rules that
-preparation (``seedlocal/prepare.py``) applies to them. A rule here is a plain function of values it is given:
-it describes no env, builds no shape and starts nothing; preparation hands it the env's kind, the machine
-and which options the user gave.
+preparation (``seedlocal/prepare.py``) applies to them: plain functions of the values preparation hands them
+(the env's kind, the machine, which options the user gave), describing no env and starting nothing.
 
-    sizing(cfg, kind, machine, given) -> changes   the machine's sizes, where the user gave none (DESIGN.md,
-                                                    decision 9); what follows from a size is derived again
-                                                    from the size that holds, the user's or the machine's
-    derive(cfg, given) -> changes                   what follows from the options whatever the machine (V-trace:
-                                                    a batch of whole groups)
-    per_rank(cfg, ranks, shape_of) -> cfg          one of G data-parallel learners' share (V-trace: its batch),
-                                                    given how to build a rank's shape of a config
+    sizing(cfg, kind, machine, given) -> changes   the machine's sizes where the user gave none (DESIGN.md,
+                                                    decision 9), derived from the sizes that hold
+    derive(cfg, given) -> changes                   what follows from the options whatever the machine
+    per_rank(cfg, ranks, shape_of) -> cfg          one of G data-parallel learners' share (V-trace: its batch)
     needs(cfg) -> ShapeNeeds                        what the family asks of the pipeline's shape
     check(cfg, spec, shape)                         the family's own refusals, one line naming the field
 
-A change is ``{dotted option name: value}``. ``KINDS`` is the one table of env kinds the presets and rules
-go by.
+A change is ``{dotted option name: value}``. ``KINDS`` is the one table of env kinds the presets go by.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from seedlocal.config.machine import Machine
 from seedlocal.shape import ShapeNeeds
 
 Given = Callable[[str], bool]
@@ -40,9 +34,8 @@ class Kind:
     """image frames, which a GPU machine sizes up (more envs, larger batches)"""
     episode_frames: int
     """neuroevolution's evaluation episode cap by default (0: none): the deep-GA paper's 20,000 frames for
-    image frames (football's episodes end first, at 400 to 3,000 steps); for small grids 10,000, four of
-    Freeway's 2,500-frame episodes, far past what a MinAtar agent reaches per episode in 5M frames (a member
-    that keeps Breakout's ball in play never ends its episode)"""
+    image frames; for small grids 10,000, four of Freeway's 2,500-frame episodes (a member that keeps
+    Breakout's ball in play never ends its episode)"""
 
 
 KINDS = {k.name: k for k in (
@@ -55,9 +48,9 @@ KINDS = {k.name: k for k in (
 
 
 def kind_of(spec) -> Kind:
-    """The kind of task an env (its ``EnvSpec``) is: 'football' for Google Research Football (envpool's
-    gfootball/ ids), 'atari' for other frames of 36 x 36 and up (Nature CNN), 'minatar' for smaller image
-    grids with Discrete actions (MinAtar's 10 x 10 x C), 'mujoco' for Box actions, 'cartpole' for the rest."""
+    """The kind of task an env (its ``EnvSpec``) is: 'football' (envpool's gfootball/ ids), 'atari' for other
+    frames of 36 x 36 and up, 'minatar' for smaller image grids with Discrete actions, 'mujoco' for Box actions,
+    'cartpole' for the rest."""
     from seedlocal.networks import is_grid, is_image  # torch: not at import, where an actor host reaches here
 
     single = spec.obs.get("")
@@ -72,11 +65,8 @@ def no_needs(cfg) -> ShapeNeeds:
     return ShapeNeeds()
 
 
-def no_sizing(cfg, kind: Kind, machine: Machine, given: Given) -> dict:
-    return {}
-
-
-def no_changes(cfg, given: Given) -> dict:
+def no_changes(cfg, *rest) -> dict:
+    """A ``sizing`` or ``derive`` that changes nothing."""
     return {}
 
 
@@ -95,7 +85,7 @@ class Recipe:
     presets: dict
     check: Callable[..., None]
     needs: Callable[..., ShapeNeeds] = no_needs
-    sizing: Callable[..., dict] = no_sizing
+    sizing: Callable[..., dict] = no_changes
     derive: Callable[..., dict] = no_changes
     per_rank: Callable[..., object] = whole
     data_parallel: bool = True

@@ -1,6 +1,5 @@
-"""The neuroevolution families' recipes (``seedlocal train ga|es|ars|random-search``): their options, presets
-and the rules preparation applies to them (``recipes/__init__.py``). The trainer is
-``trainers/neuroevolution.py``."""
+"""The neuroevolution families' recipes (``seedlocal train ga|es|ars|random-search``; ``recipes/__init__.py``).
+The trainer is ``trainers/neuroevolution.py``."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ from typing import ClassVar
 
 from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED
-from seedlocal.config.checks import check_network_fits, network_error
+from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
 from seedlocal.config.resume import budget_left
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import fail
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
 from seedlocal.policies.population_forward import strategies
 from seedlocal.recipes import Given, Kind, Recipe
@@ -108,8 +107,7 @@ def sizing(cfg: NeuroevoRun, kind: Kind, machine: Machine, given: Given) -> dict
     if not machine.accelerator or not hasattr(cfg.algo, "population_size") or not kind.frames:
         return {}
     # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the population is the issue's target.
-    out, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs,
-                                given)
+    out, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs, given)
     population = max(GPU_POPULATION, cfg.algo.population_size, local)
     if not given("algo.population_size") and population != cfg.algo.population_size:
         out["algo.population_size"] = population
@@ -117,8 +115,8 @@ def sizing(cfg: NeuroevoRun, kind: Kind, machine: Machine, given: Given) -> dict
 
 
 def per_rank(cfg: NeuroevoRun, ranks: int, shape_of) -> NeuroevoRun:
-    """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``) on its
-    shape's envs (the run's divided). More ranks than members are refused."""
+    """Unchanged: every rank asks the whole population and evaluates its part (``trainers/evolvers.py``); more
+    ranks than members are refused."""
     if ranks > cfg.algo.population_size:
         fail("learners", ranks, f"each rank evaluates a part of the population of {cfg.algo.population_size}: "
              "give at most that many ranks")
@@ -130,30 +128,25 @@ def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
     return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
 
 
-def _grid_pipeline() -> PipelineConfig:
-    # MinAtar's games step in Python at tens of thousands of steps/s: every member's episode at once.
-    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
-
-
 # Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/
 # ga_atari_config.json and es_atari_config.json): GA mutation power 0.002 (P = 1,000, the top 20 as parents,
 # 10 elite candidates over 30 episodes there); ES sigma 0.02, Adam 0.01, L2 0.005 (P = 5,000 there, on a
 # network with virtual batch norm, which seedlocal's Nature CNN has not). Populations of 64, one env slot per
 # member; a generation takes many minutes on a CPU, so runs are bounded by time.
-# Small grids (MinAtar, docs/minatar.md): the one-conv torso as both learners use it; sticky actions make
+# Small grids (MinAtar, docs/minatar.md): the one-conv torso as both learners use it, the default pipeline (its
+# games step in Python at tens of thousands of steps/s: every member's episode at once); sticky actions make
 # every episode noisy, so the ES centre and the GA elite are scored over 5 episodes.
 # Continuous control (docs/mujoco.md): the networks, noise and normalisation of each paper, the populations
-# scaled to a workstation's cores (the papers ran hundreds to thousands of CPUs). ES takes the survival bonus out
-# of the fitness, as ARS does: with it in, ES on Hopper-v5 stood still at ~1,000 for 10 minutes; without it three
-# seeds climbed to 1,136-2,892 in the same time (docs/mujoco.md).
+# scaled to a workstation's cores. ES takes the survival bonus out of the fitness, as ARS does: with it in, ES
+# on Hopper-v5 stood still (docs/mujoco.md).
 ES_PRESETS: dict[str, ESRun] = {
     "cartpole": ESRun(),
     "atari": ESRun(
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0, best_episodes=5,
         algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "minatar": ESRun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
-        best_episodes=5, algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
+        env=EnvConfig(id="MinAtar/Breakout-v1"), generations=0, seconds=600.0, best_episodes=5,
+        algo=es.ESParams(population_size=64, sigma=0.02, learning_rate=0.01, weight_decay=0.005)),
     "mujoco": ESRun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(40), generations=0, seconds=3600.0,
         network=NetworkConfig(hidden=(64, 64), obs_norm=True), action_noise=0.01, best_episodes=3,
@@ -168,7 +161,7 @@ GA_PRESETS: dict[str, GARun] = {
         env=EnvConfig(id="Frostbite-v5"), generations=0, seconds=3600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.002, elite_candidates=4, elite_episodes=5)),
     "minatar": GARun(
-        env=EnvConfig(id="MinAtar/Breakout-v1"), pipeline=_grid_pipeline(), generations=0, seconds=600.0,
+        env=EnvConfig(id="MinAtar/Breakout-v1"), generations=0, seconds=600.0,
         algo=ga.GAParams(population_size=64, truncation=16, sigma=0.01, elite_candidates=4, elite_episodes=5)),
     "mujoco": GARun(
         env=EnvConfig(id="HalfCheetah-v5"), pipeline=_mujoco_pipeline(64), generations=0, seconds=3600.0,
@@ -216,12 +209,10 @@ def identity(cfg: NeuroevoRun, spec) -> dict:
 
 def episode_frame_cap(cfg: NeuroevoRun, kind: Kind) -> int:
     """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the env
-    kind's (``Kind.episode_frames``: the deep-GA paper's 20,000 for image frames, 10,000 for small grids).
-    Without a cap, one member that survives without scoring holds its whole generation up to the emulator's own
-    limit (envpool's Atari v5: 27,000 steps, 108,000 frames). The deep GA (Such et al. 2017, arXiv:1712.06567)
-    capped Atari at 20,000 frames, as we recall the paper; Uber's released code agrees
-    (uber-research/deep-neuroevolution: gpu_implementation/configurations/ga_atari_config.json sets
-    episode_cutoff_mode 5000 steps, and gpu_implementation/ga.py evaluates with max_frames = 5000 * 4)."""
+    kind's (``Kind.episode_frames``). Without a cap, one member that survives without scoring holds its whole
+    generation up to the emulator's own limit (envpool's Atari v5: 108,000 frames). The deep GA (Such et al.
+    2017, arXiv:1712.06567) capped Atari at 20,000 frames, as Uber's released code does (uber-research/
+    deep-neuroevolution: gpu_implementation/ga.py, max_frames = 5000 * 4)."""
     return cfg.max_episode_frames if cfg.max_episode_frames >= 0 else kind.episode_frames
 
 
@@ -247,13 +238,9 @@ def check(cfg: NeuroevoRun, spec, shape) -> None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
     if cfg.network.lstm_size:
         fail("network.lstm_size", cfg.network.lstm_size, "a genome is a feed-forward network here: leave it 0")
-    try:
-        # The population's vectors and one row per env slot, at least.
-        copies = cfg.algo.population_size + shape.num_envs
-        net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
-                                 f"{copies:,} copies (the population's vectors and one per env slot)")
-    except ValueError as e:
-        raise ConfigError(network_error(e)) from None
+    copies = cfg.algo.population_size + shape.num_envs  # the population's vectors and one row per env slot
+    net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
+                             f"{copies:,} copies (the population's vectors and one per env slot)")
     forwards = ("auto",) + strategies(net)
     if cfg.forward not in forwards:
         fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")

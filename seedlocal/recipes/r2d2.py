@@ -1,5 +1,4 @@
-"""R2D2's recipe (``seedlocal train r2d2``): its options, its presets and the rules preparation applies to them
-(``recipes/__init__.py``). The trainer is ``trainers/r2d2.py``."""
+"""R2D2's recipe (``seedlocal train r2d2``; ``recipes/__init__.py``). The trainer is ``trainers/r2d2.py``."""
 
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ import torch
 from seedlocal.algos.frames import net_spec, stack_problem
 from seedlocal.algos.r2d2 import R2D2Params
 from seedlocal.arithmetic import resolve_precision
-from seedlocal.config.checks import check_network_fits, network_error, resolve_device, short_of_memory
+from seedlocal.config.checks import check_network_fits, resolve_device, short_of_memory
 from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import fail
 from seedlocal.networks import RecurrentQNet, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline
@@ -35,8 +34,8 @@ class R2D2Run(StepRunConfig):
 
     @classmethod
     def migrate(cls, saved: dict) -> dict:
-        """Runs saved before pipeline.unroll_length 0 hold the default they
-        ignored (they ran at algo.unroll_length): resume them as they ran."""
+        """Runs saved before pipeline.unroll_length 0 hold the default they ignored (they ran at
+        algo.unroll_length): resume them as they ran."""
         saved = super().migrate(saved)
         pipe, algo = saved.get("pipeline"), saved.get("algo")
         if isinstance(pipe, dict) and isinstance(algo, dict) and pipe.get("unroll_length") != algo.get("unroll_length"):
@@ -59,10 +58,9 @@ def sizing(cfg: R2D2Run, kind: Kind, machine: Machine, given: Given) -> dict:
 
 
 def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
-    """Unchanged (each rank learns from its own replay, fed by its shape's envs, ``shape_of(cfg)``: the run's
-    divided), but a
-    replay in checkpoints is one process's only: a checkpoint would hold rank 0's, and a resume would give it
-    to every rank; and each rank keeps algo.eval_envs of its envs for evaluation."""
+    """Unchanged (each rank learns from its own replay, fed by its shape's envs), but a replay in checkpoints is
+    one process's only (a resume would give rank 0's to every rank), and each rank keeps algo.eval_envs of its
+    envs for evaluation."""
     if ranks > 1 and cfg.checkpoint_replay:
         fail("checkpoint_replay", True, f"with {ranks} learner ranks each rank keeps its own replay and a "
              "checkpoint holds one: give --no-checkpoint-replay (a resumed run's ranks start with empty replays)")
@@ -75,9 +73,9 @@ def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
 
 PRESETS: dict[str, R2D2Run] = {
     "cartpole": R2D2Run(),
-    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and
-    # burn-in/unroll 40/80 -> 20/40 (a CPU update on 64 x 121 frames takes seconds),
-    # replay 100k -> 20k sequences; n = 5, gamma 0.997, eta 0.9, alpha 0.9, beta 0.6 as published.
+    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and burn-in/unroll 40/80 ->
+    # 20/40 (a CPU update on 64 x 121 frames takes seconds), replay 100k -> 20k sequences; n = 5, gamma 0.997,
+    # eta 0.9, alpha 0.9, beta 0.6 as published.
     "atari": R2D2Run(
         env=EnvConfig(id="Pong-v5", frame_stack=1),
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
@@ -87,13 +85,10 @@ PRESETS: dict[str, R2D2Run] = {
         network=NetworkConfig(encoder="nature", lstm_size=512), frame_stack=4, compress=True, total_steps=5_000_000,
     ),
     # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso under a 128-unit LSTM,
-    # no frame stack (MinAtar's trail channel already shows motion). MinAtar's DQN trains 32 rows per frame;
-    # here 8 (replay ratio 8): at 2, Asterix and Seaquest stayed near random play to 1M steps (evaluation
-    # 1.4 and 0.55) and at 8 left it (5.7 and 6.6), every game ahead at 1M (issue 44, docs/minatar.md). On
-    # 2 cores the learner then sets the pace: 0.39 x the steps a minute of replay ratio 2, about even per
-    # minute. Short sequences (4 + 10 rows) in batches of 64, Adam 1e-3, a target copied every 100 updates,
-    # n = 3. (With 8 + 20 rows, batches of 32, 2.5e-4 and a copy every 250, 280k steps on Breakout stayed at
-    # random's 0.4.)
+    # no frame stack (MinAtar's trail channel already shows motion). Replay ratio 8 (MinAtar's DQN trains 32
+    # rows per frame): at 2, Asterix and Seaquest stayed near random play to 1M steps (issue 44,
+    # docs/minatar.md). Short sequences (4 + 10 rows) in batches of 64, Adam 1e-3, a target copied every 100
+    # updates, n = 3 (longer ones, in smaller batches, stayed at random's return on Breakout).
     "minatar": R2D2Run(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
@@ -126,8 +121,7 @@ COMPRESSED_FRAME_SHARE = 1 / 8  # lz4 frames, estimated (Pong measured 1/21, doc
 
 
 def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
-    """What the replay will hold when full: frames at full size, or with
-    ``compress`` at an eighth of it (lz4 on Atari frames measured 1/21)."""
+    """Bytes the replay will hold when full (with ``compress``, frames at ``COMPRESSED_FRAME_SHARE``)."""
     a = cfg.algo
     per_env = -(-a.replay_size // num_envs)
     steps = num_envs * (per_env * a.unroll_length + a.burn_in + a.unroll_length + 1 + max(1, cfg.frame_stack))
@@ -137,14 +131,12 @@ def replay_bytes_needed(cfg: R2D2Run, spec, num_envs: int) -> int:
 
 
 def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
-    """Unrolls of algo.unroll_length (its sequences' stride), two per group: one being filled, one waiting for
-    the learner."""
+    """Unrolls of algo.unroll_length (its sequences' stride), two per group: one filling, one for the learner."""
     return ShapeNeeds(unroll_length=cfg.algo.unroll_length, buffers_per_group=2)
 
 
 def _validate_algo(a: R2D2Params) -> None:
-    """The algorithm's own values, each in its range and consistent with the
-    others (those that depend on the env or the pipeline are ``validate``'s)."""
+    """The algorithm's own values, each in its range and consistent with the others (``check`` has the rest)."""
     for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "target_update_every"):
         if getattr(a, name) < 1:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
@@ -153,11 +145,10 @@ def _validate_algo(a: R2D2Params) -> None:
             fail(f"algo.{name}", getattr(a, name), "must be >= 0")
     if a.n_step >= a.unroll_length:
         fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
-    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon"):
+    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon",
+                 "discount"):
         if not 0 <= getattr(a, name) <= 1:
             fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
-    if not 0 <= a.discount <= 1:
-        fail("algo.discount", a.discount, "must be in [0, 1]")
     if a.replay_size < a.batch_size:
         fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
     if a.min_replay > a.replay_size:
@@ -194,11 +185,8 @@ def check(cfg: R2D2Run, spec, shape) -> None:
         fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
     if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
         fail("frame_stack", cfg.frame_stack, problem)
-    try:
-        check_network_fits(lambda: build_net(cfg, spec), 6, "network.hidden, network.lstm_size",
-                           "the online and target networks, gradients, Adam state and the actors' copy")
-    except ValueError as e:
-        raise ConfigError(network_error(e)) from None
+    check_network_fits(lambda: build_net(cfg, spec), 6, "network.hidden, network.lstm_size",
+                       "the online and target networks, gradients, Adam state and the actors' copy")
     need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))
     if (have := short_of_memory(need)) is not None:
         fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"

@@ -1,5 +1,4 @@
-"""V-trace's recipe (``seedlocal train vtrace``): its options, its presets and the rules preparation applies to
-them (``recipes/__init__.py``). The trainer is ``trainers/vtrace.py``."""
+"""V-trace's recipe (``seedlocal train vtrace``; ``recipes/__init__.py``). The trainer is ``trainers/vtrace.py``."""
 
 from __future__ import annotations
 
@@ -9,11 +8,11 @@ from dataclasses import dataclass, field
 
 from seedlocal.algos.frames import net_spec, stack_problem, stacking
 from seedlocal.algos.vtrace import VTraceParams
-from seedlocal.config.checks import check_network_fits, network_error
+from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
 from seedlocal.algos import pbt
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import fail
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline, whole_groups
@@ -35,26 +34,20 @@ UNROLLS_PER_MINIBATCH = 16  # the H200 run's 128 unrolls in 8 minibatches; the 2
 def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
     """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of every
     local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
-    budget: issue 33's H200 run (16 cores: 4 x 32 envs, batch 128, 8 minibatches, constant rate) reached +18.1 on
-    Pong at 12.3M frames, past the preset's 10M, where its rate has decayed to 0 (and issue 43's, sized so by
-    itself: +18.6 at 13.2M frames, docs/gpu.md). MinAtar's preset on a GPU lets the actors run ahead (algo.sync
-    off). Everything else, and every CPU run, keeps the preset (docs/tuning.md, "Sized to the machine")."""
+    budget: issue 33's H200 run sized so reached +18.1 on Pong at 12.3M frames, past the preset's 10M, where its
+    rate has decayed to 0 (docs/gpu.md). MinAtar's preset on a GPU lets the actors run ahead (algo.sync off).
+    Everything else, and every CPU run, keeps the preset (docs/tuning.md, "Sized to the machine": the figures)."""
     if not machine.accelerator:
         return {}
     if kind.name == "minatar":
-        # Issue 33's rule: actors run ahead on a GPU where that reaches the target in no more frames than
-        # sync on (within 10%, mean of 3 seeds). MinAtar Breakout with this preset, 2-core CPU: >= 10 at
-        # 0.62 / 0.95 / 0.59M steps against 1.07M / not by 1.9M / 1.30M (docs/tuning.md). Its sizes stay
-        # (measured on no GPU). Atari keeps sync on: its clip 0.1 and 4 x 4 passes are unmeasured at a lag.
+        # Actors run ahead where that reached the target in no more frames than sync on (MinAtar Breakout, 3
+        # seeds: docs/tuning.md); its sizes stay. Atari keeps sync on: its clip 0.1 is unmeasured at a lag.
         return {} if given("algo.sync") or cfg.algo.sync == "off" else {"algo.sync": "off"}
-    pipe, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs,
-                                 given)
+    pipe, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs, given)
     if not kind.frames or not pipe:
         return {}
-    # Measured at 16 cores on Atari only (128 envs): other core counts, and Football, are unmeasured on a GPU.
-    # The budget is unmeasured too: the H200 run had no step limit (total_steps 0) and was stopped by hand
-    # after +19.4 at 16M frames; twice the Atari preset's 2.5M steps (20M frames) covers that, at the rate
-    # it ran with (a decay over 5M steps would have halved it by 12.3M frames: never tried).
+    # Measured at 16 cores on Atari only; twice the preset's budget covers the 16M frames that run went to at
+    # its constant rate (docs/tuning.md, "What was measured" and "What is not").
     batch = cfg.algo.batch_size if given("algo.batch_size") else local
     out = {**pipe, "algo.batch_size": batch, "algo.minibatches": max(1, batch // UNROLLS_PER_MINIBATCH),
            "algo.lr_decay": False, "total_steps": 2 * cfg.total_steps}
@@ -62,8 +55,7 @@ def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
 
 
 def derive(cfg: VTraceRun, given: Given) -> dict:
-    """V-trace batches whole groups: a batch the user did not give is rounded up to whole groups of the
-    pipeline that holds (a pipeline file's, an option's), for each member of a population."""
+    """A batch the user did not give, rounded up to whole groups of the pipeline that holds, for each member."""
     members = max(1, cfg.population.size)
     batch = whole_groups(-(-cfg.algo.batch_size // members), cfg.pipeline) * members
     return {} if given("algo.batch_size") or batch == cfg.algo.batch_size else {"algo.batch_size": batch}
@@ -71,11 +63,8 @@ def derive(cfg: VTraceRun, given: Given) -> dict:
 
 def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
     """A rank's batch: algo.batch_size / G unrolls where that is a whole number of its groups (of its shape,
-    ``shape_of(cfg)``: the run's divided), so that G ranks' update is the one-process recipe's
-    (the same rows per update and per minibatch); else the whole batch on every rank (G x the unrolls per
-    update). Every env remote: the groups' size is the bridge's, and the batch stays whole."""
-    import dataclasses
-
+    ``shape_of(cfg)``), so that G ranks' update is the one-process recipe's (the same rows per update and per
+    minibatch); else the whole batch on every rank. Every env remote: the batch stays whole."""
     batch, share = cfg.algo.batch_size, cfg.algo.batch_size // ranks
     # (An LSTM's minibatches hold whole unrolls: at most a rank's batch of them.)
     if cfg.pipeline.num_workers and ranks > 1 and batch % ranks == 0 and share % shape_of(cfg).envs_per_group == 0 \
@@ -86,9 +75,8 @@ def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
 
 PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
-    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md):
-    # small batches and many updates, a mean loss with Adam, orthogonal init,
-    # on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
+    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md): small batches and many updates, a
+    # mean loss with Adam, orthogonal init, on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
     # beside the network from single frames (algos/frames.py, docs/pipeline.md).
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
@@ -160,9 +148,8 @@ def build_model(cfg: VTraceRun, spec) -> ActorCritic:
 
 
 def shape_needs(cfg: VTraceRun) -> ShapeNeeds:
-    """Batches of whole groups (k unrolls), and one unroll per group, at least a batch: while the learner works
-    on a batch, actors fill the next one (or, with algo.sync, wait), no more, so the policy lag stays about one
-    batch of updates."""
+    """Batches of whole groups, and one unroll per group, at least a batch: while the learner works on a batch,
+    actors fill the next one (or, with algo.sync, wait), so the policy lag stays about one batch of updates."""
     return ShapeNeeds(batch_envs=cfg.algo.batch_size, buffers_per_group=1)
 
 
@@ -175,11 +162,8 @@ def check(cfg: VTraceRun, spec, shape) -> None:
     for values in member_values(cfg):  # each member's hyperparameters (the run's own without a population)
         _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size,
                       member_batch(cfg))
-    try:
-        check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
-                           "its weights, gradients, Adam state and the actors' copy")
-    except ValueError as e:
-        raise ConfigError(network_error(e, algo=("separate_critic",))) from None
+    check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
+                       "its weights, gradients, Adam state and the actors' copy", algo=("separate_critic",))
 
 
 def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
@@ -202,10 +186,9 @@ def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
     for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
         if getattr(a, name) <= 0:
             fail(f"algo.{name}", getattr(a, name), "must be positive")
-    if not 0 <= a.discount <= 1:
-        fail("algo.discount", a.discount, "must be in [0, 1]")
-    if not 0 <= a.lam <= 1:
-        fail("algo.lam", a.lam, "must be in [0, 1]")
+    for name in ("discount", "lam"):
+        if not 0 <= getattr(a, name) <= 1:
+            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
     for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
         if getattr(a, name) < 0:
             fail(f"algo.{name}", getattr(a, name), "must be >= 0")
@@ -232,8 +215,8 @@ def _space(cfg: VTraceRun) -> dict:
 
 
 def member_values(cfg: VTraceRun) -> list[dict]:
-    """Each member's own hyperparameters (names of ``algo``): none of its own in mode seeds, one value set of
-    --population.sweep each in sweep and pbt (``pbt.sweep_values``, drawn from population.seed)."""
+    """Each member's own hyperparameters (names of ``algo``): none in mode seeds, one value set of
+    --population.sweep each in sweep and pbt (drawn from population.seed)."""
     pop = cfg.population
     if pop.size <= 1 or pop.mode == "seeds":
         return [{} for _ in range(max(1, pop.size))]
@@ -248,9 +231,7 @@ def pbt_space(cfg: VTraceRun) -> dict:
     for name in cfg.population.perturb:
         if name in sweep:
             out[name] = sweep[name]
-            continue
-        value = float(getattr(cfg.algo, name))
-        if value > 0:
+        elif (value := float(getattr(cfg.algo, name))) > 0:
             high = min(value * PBT_SPAN, PBT_CAPS.get(name, math.inf))
             out[name] = pbt.LogUniform(value / PBT_SPAN, max(high, value))
     return out
@@ -296,6 +277,7 @@ def check_population(cfg: VTraceRun, shape) -> None:
         if not pbt_space(cfg):
             fail("population.perturb", " ".join(pop.perturb), "leaves PBT nothing to perturb (each is 0 here and "
                  "has no --population.sweep range)")
+
 
 RECIPES = (Recipe("vtrace", VTraceRun, PRESETS, check, needs=shape_needs, sizing=sizing, derive=derive,
                  per_rank=per_rank),)
