@@ -110,6 +110,8 @@ def test_cli_is_quiet_and_errors_are_one_line(tmp_path, capsys):
     (["train", "ga", "--network.hidden", "0"], "network.hidden=(0,): MLP hidden sizes must be positive"),
     (["train", "vtrace", "--algo.rmsprop-alpha", "5"], "algo.rmsprop_alpha=5.0: must be in (0, 1)"),
     (["train", "r2d2", "--algo.adam-eps", "0"], "algo.adam_eps=0.0: must be positive"),
+    (["train", "r2d2", "--algo.learning-rate", "0", "--algo.replay-ratio", "-1"],
+     "algo.learning_rate=0.0: must be positive"),  # named one field and showed the other's value
     (["train", "vtrace", "--run-name", "../escape"], "run_name='../escape': must be a folder name"),
     (["train", "vtrace", "--log-every-s", "0"], "log_every_s=0.0: must be positive"),
     (["bench", "--warmup", "-1"], "bench.warmup=-1.0: must be >= 0"),

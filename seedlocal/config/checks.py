@@ -206,7 +206,7 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
     """The shared secret: from ``token_file`` if given, else $SEEDLOCAL_BRIDGE_TOKEN ('' if neither)."""
     if token_file:
         try:
-            token = open(token_file).read().strip()
+            token = Path(token_file).read_text().strip()
         except OSError as e:
             fail(field, token_file, f"cannot read it ({e.strerror})")
         if not token:

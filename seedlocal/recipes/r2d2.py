@@ -153,11 +153,9 @@ def _validate_algo(a: R2D2Params) -> None:
         fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
     if a.min_replay > a.replay_size:
         fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
-    if a.adam_eps <= 0:
-        fail("algo.adam_eps", a.adam_eps, "must be positive")
-    if a.learning_rate <= 0 or a.replay_ratio <= 0:
-        fail("algo.learning_rate" if a.learning_rate <= 0 else "algo.replay_ratio",
-             min(a.learning_rate, a.replay_ratio), "must be positive")
+    for name in ("adam_eps", "learning_rate", "replay_ratio"):
+        if getattr(a, name) <= 0:
+            fail(f"algo.{name}", getattr(a, name), "must be positive")
 
 
 def check(cfg: R2D2Run, spec, shape) -> None:
