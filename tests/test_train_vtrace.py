@@ -503,7 +503,7 @@ def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
     not silently switch the presets (tuned in that rhythm) to running ahead,
     and the run's first line names the rhythm."""
     from seedlocal.algos.vtrace import VTraceParams
-    from seedlocal.trainers.vtrace import actors_wait
+    from seedlocal.trainers.vtrace_interval import actors_wait
 
     for name, preset in PRESETS.items():
         assert actors_wait(preset.algo), name

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import random
 import time
 import zlib
 from collections import deque
@@ -175,6 +176,81 @@ class Trainer(abc.ABC):
         """(what the run reached, for the closing line; why nothing was done, or None)."""
 
 
+class StepTrainer(Trainer):
+    """A trainer counted in env steps (V-trace, R2D2, a population of V-trace learners): its counters are steps,
+    updates and episodes, and the step budget, the time budget or ``--stop-at-return`` ends it (``spent``),
+    judged by one process, or by data-parallel ranks together in one all-reduce per update."""
+
+    peer_steps = 0
+    """data-parallel ranks: the other ranks' steps, as of the last all-reduce"""
+    local_episodes = 0
+    """data-parallel ranks: this rank's episodes"""
+
+    def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+
+    @abc.abstractmethod
+    def target_return(self) -> float | None:
+        """This process's mean return that ``--stop-at-return`` tests, once it has its 20 episodes (else None)."""
+
+    def start(self, run: "Run") -> None:
+        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
+
+    def _steps(self, run: "Run") -> int:
+        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
+
+    def reaches(self, mean: float | None) -> bool:
+        return bool(self.cfg.stop_at_return) and mean is not None and mean >= self.cfg.stop_at_return
+
+    def spent(self, run: "Run") -> str | None:
+        if self.ranks.world > 1:
+            late, reached = self._spent_together(run)
+        else:
+            self.counters["steps"] = self._steps(run)
+            late, reached = run.out_of_time(), self.target_return()
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if late:
+            return "seconds"
+        if not self.reaches(reached):
+            return None
+        if run.summary.get("steps_to_target") is None:  # (V-trace's advance records it when it is met)
+            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], reached
+        return "target"
+
+    def _spent_together(self, run: "Run") -> tuple[bool, float | None]:
+        """``spent``'s counts for data-parallel ranks, in one all-reduce per update: the step budget counts every
+        rank's steps, the time budget ends for all when it ends for one, and the target is the mean of the ranks'
+        means (once each has its 20 episodes). Returns (the time budget has ended, that mean or None)."""
+        own, local = self.target_return(), run.loop.stats.env_steps
+        steps, episodes, returns, n_full, late, *more = self.ranks.sum(
+            [local, self.local_episodes, 0.0 if own is None else own, own is not None, run.out_of_time(),
+             *self._more_sums()])
+        reached = returns / n_full if n_full == self.ranks.world else None
+        self.peer_steps = int(steps) - local
+        # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
+        # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
+        self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
+        self._summed(episodes, reached, more)
+        return bool(late), reached
+
+    def _more_sums(self) -> list:
+        """Data-parallel ranks: what else this rank adds to ``spent``'s all-reduce."""
+        return []
+
+    def _summed(self, episodes: float, reached: float | None, more: list) -> None:
+        """Data-parallel ranks: ``spent``'s all-reduce found the ranks' ``episodes`` this session, their mean of
+        means ``reached`` and the sums of ``_more_sums``."""
+
+    def results(self, run: "Run") -> dict:
+        c, to_target = self.counters, run.summary.get("steps_to_target")
+        return {"algo": self.algo, "env": self.spec.env_id, "steps": c["steps"],
+                "frames": c["steps"] * self.frames_per_step, "updates": c["updates"], "episodes": c["episodes"],
+                "steps_to_target": to_target, "return_at_target": run.summary.get("return_at_target"),
+                "frames_to_target": to_target * self.frames_per_step if to_target is not None else None}
+
+
 class Run:
     """What a trainer sees of the run while it goes."""
 
@@ -237,8 +313,6 @@ class Run:
 def rng_state() -> dict:
     """The process-wide generators a run draws from (action sampling, init, exploration):
     torch's CPU and CUDA ones, numpy's and Python's global ones."""
-    import random
-
     # numpy's state as plain numbers and a tensor: checkpoints load with weights_only=True.
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     out = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -263,8 +337,6 @@ def stream_seed(seed: int, rank: int, purpose: str, start: int = 0) -> int:
 
 def seed_generators(seed: int) -> None:
     """Every process-wide generator from the run's seed, once, before the trainer draws its networks."""
-    import random
-
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
@@ -274,8 +346,6 @@ def restore_generators(saved: dict | None) -> None:
     """A resumed run continues the generators where its checkpoint left them (``rng_state``), so it
     does not replay the action noise of the run's start; a checkpoint from before they were saved
     continues from the seed, as before."""
-    import random
-
     if not saved:
         return
     torch.set_rng_state(saved["torch"])
@@ -309,10 +379,6 @@ def blank(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     return net.to_empty(device="cpu")
 
 
-def default_run_name(spec, algo: str, seed: int) -> str:
-    return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
     """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``,
     restored from its checkpoint (counters, state, generators); the
@@ -326,7 +392,8 @@ def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo
     if resumed is not None:
         run_dir = checkpoint.run_dir_of(resumed["path"])
     else:
-        name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
+        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__{trainer_cls.algo_name(cfg)}__"
+                                f"{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
     t = trainer_cls(prepared, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
     if resumed is not None:
