@@ -1,20 +1,12 @@
-"""``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46, docs/populations.md).
+"""``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46; how the run is shared,
+the three modes and PBT's round: docs/populations.md).
 
-Each member is a learner of its own: its network, optimizer, hyperparameters (a ``VTraceParams``), minibatch
-and sampling generators, counters and episodes, and a contiguous block of whole env groups. The networks'
-tensors are rows of one ``MemberStack``, so the inference thread serves every member's rows in one vmapped call
-(``policies/members.py``: ``MembersPolicy``) while each learner writes its own rows in place. The learner
-thread routes each finished unroll by the group that filled it to its member's batch (``algo.batch_size / P``
-envs' unrolls, whole groups) and runs ``learner_step`` on a member's batch as soon as it is full: on the CPU
-the members update one after another, each as a single learner would. On CUDA it waits for every member's batch
-and runs one ``population_learner_step`` (``together``): one vmapped update for all, unmeasured on a GPU.
-
-The three modes (``population.mode``): seeds (same hyperparameters, seeds env.seed + m), sweep (one value set
-of ``population.sweep`` each, ``pbt.sweep_values``) and PBT (every ``population.interval`` of a member's env
-steps, ``pbt.pbt_round`` over the members' recent returns: the bottom copy a top member's weights and
-optimizer state, ``pbt.copy_member``, then perturb; each record kept as the lineage).
-
-Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation, reward scaling.
+Each member is a learner of its own (``Member``) with a contiguous block of whole env groups. Its network's
+tensors are rows of one ``MemberStack``, which the inference thread serves in one vmapped call (``MembersPolicy``)
+while each learner writes its own rows in place. The learner thread routes each finished unroll by its group to
+its member's batch and learns from a member's batch as soon as it is full (on CUDA: every member's at once,
+``together``). Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation,
+reward scaling.
 """
 
 from __future__ import annotations
