@@ -130,7 +130,7 @@ def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save
         finally:
             summary.update(results())
             if writable:
-                write_summary(run_dir, summary)
+                write_json(Path(run_dir) / "summary.json", summary)  # what a program reads of a finished run
 
 
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
@@ -194,11 +194,6 @@ def newest(run_dir: Path) -> str | None:
     """The run's newest checkpoint file, if it has one (what its summary names)."""
     found = all_checkpoints(Path(run_dir) / "checkpoints")
     return str(found[-1]) if found else None
-
-
-def write_summary(run_dir: Path, summary: dict) -> Path:
-    """``<run>/summary.json``: what a program needs to read of a finished run (written atomically)."""
-    return write_json(Path(run_dir) / "summary.json", summary)
 
 
 def write_json(path: str | Path, data: dict) -> Path:

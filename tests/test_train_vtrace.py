@@ -298,7 +298,7 @@ def test_diverged_weights_are_not_saved_over_good_ones(tmp_path):
                                                   rf"is {good[-1]}"):
         checkpoint.save(run, state, 10**9, 10**9)
     assert checkpoint.all_checkpoints(run / "checkpoints") == good
-    checkpoint.write_summary(run, {"mean": float("nan"), "n": [1, float("inf")], "ok": 1.5})
+    checkpoint.write_json(run / "summary.json", {"mean": float("nan"), "n": [1, float("inf")], "ok": 1.5})
     assert json.loads((run / "summary.json").read_text()) == {"mean": None, "n": [1, None], "ok": 1.5}
 
 

@@ -35,9 +35,8 @@ from seedlocal.trainers.run import WAIT_S, Run, StepTrainer, blank, mean_of, reb
 
 
 def eval_env_ids(num_local: int, num_envs: int, eval_envs: int) -> np.ndarray:
-    """The evaluation slots: the last local envs (actor hosts may come late,
-    or never: --stop-at-return must not wait for them), and only where there
-    are too few local ones, the last remote envs."""
+    """The evaluation slots: the last local envs (actor hosts may come late, or never: --stop-at-return must not
+    wait for them), and only where there are too few local ones, the last remote envs."""
     if eval_envs <= num_local:
         return np.arange(num_local - eval_envs, num_local)
     return np.arange(num_envs - eval_envs, num_envs)

@@ -75,11 +75,9 @@ class SumTree:
 class SequenceReplay:
     """Per-env step streams, prioritized sequences over them (see module docstring).
 
-    ``fields`` maps a per-step field name to (shape, dtype); ``frame`` is the
-    name of the field stacked ``stack`` deep at sampling time (None: no
-    stacking). Steps arrive per env with ``append``; a sequence slot exists
-    for every ``stride``-aligned start whose ``length`` rows are complete.
-    """
+    ``fields`` maps a per-step field name to (shape, dtype); ``frame`` is the name of the field stacked ``stack``
+    deep at sampling time (None: no stacking). Steps arrive per env with ``append``; a sequence slot exists for
+    every ``stride``-aligned start whose ``length`` rows are complete."""
 
     def __init__(self, num_envs: int, sequences: int, length: int, stride: int,
                  fields: dict[str, tuple[tuple[int, ...], str]], core_shape: tuple[int, ...] | None,

@@ -2,19 +2,15 @@
 
 ``run(Trainer, cfg)`` owns everything around the algorithm:
 
-    validate the config -> resume (checkpoint, its config, its counters) ->
-    run folder, TensorBoard, the first line -> the pipeline and its
-    inference thread -> until a budget ends or the trainer stops: the
-    trainer's ``advance``; its scalars and checkpoints when due ->
-    whatever way it ends (budget, target, Ctrl-C, SIGTERM, an error): stop
-    threads, last scalars, checkpoint, summary.json, the closing line.
+    validate the config -> resume (checkpoint, its config, its counters) -> run folder, TensorBoard, the first
+    line -> the pipeline and its inference thread -> until a budget ends or the trainer stops: the trainer's
+    ``advance``; its scalars and checkpoints when due -> whatever way it ends (budget, target, Ctrl-C, SIGTERM,
+    an error): stop threads, last scalars, checkpoint, summary.json, the closing line.
 
-A trainer (``Trainer``) supplies the parts that differ: what it builds,
-how it acts (its policy), one unit of learning (``advance``), what it
-saves, logs and reports. ``Run`` is what a trainer sees of the run while
-it goes: the pipeline, the clock and the helpers every wait needs
-(``Run.waiting`` checks the inference thread, the stall watch, the bridge
-and the time budget).
+A trainer (``Trainer``) supplies the parts that differ: what it builds, how it acts (its policy), one unit of
+learning (``advance``), what it saves, logs and reports. ``Run`` is what a trainer sees of the run while it goes:
+the pipeline, the clock and the helpers every wait needs (``Run.waiting`` checks the inference thread, the stall
+watch, the bridge and the time budget).
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ import random
 import time
 import zlib
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -51,9 +47,8 @@ WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting
 
 
 class Trainer(abc.ABC):
-    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and
-    ``x_axis`` (the counter TensorBoard's x axis and checkpoint names follow)
-    and fill ``counters`` in ``__init__``."""
+    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and ``x_axis`` (the counter TensorBoard's x axis
+    and checkpoint names follow) and fill ``counters`` in ``__init__``."""
 
     algo: str
     x_axis: str = "steps"
@@ -143,8 +138,8 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def advance(self, run: "Run") -> str | None:
-        """One unit of learning (an update, a generation). Returns what ended
-        the run while it waited (e.g. "seconds"), or None."""
+        """One unit of learning (an update, a generation). Returns what ended the run while it waited (e.g.
+        "seconds"), or None."""
 
     def log_due(self, run: "Run", now: float) -> bool:
         return now - run.logged_at >= self.cfg.log_every_s
@@ -154,8 +149,8 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def log(self, run: "Run", now: float, last: bool = False) -> None:
-        """Scalars (and the progress line unless ``last``, the run's final,
-        partial interval) for the time since the last call."""
+        """Scalars (and the progress line unless ``last``, the run's final, partial interval) for the time since
+        the last call."""
 
     def has_last_log(self) -> bool:
         """Whether the interval since the last log holds anything to write at the end."""
@@ -285,10 +280,9 @@ class Run:
         return bool(self.cfg.seconds) and self.elapsed() >= self.cfg.seconds
 
     def waiting(self, since: float) -> bool:
-        """For a trainer waiting for data (every ``WAIT_S``): raise what the
-        inference thread raised, say so when envs stop stepping or actor
-        hosts are missing, and return True once the time budget has ended
-        (so a hung env cannot hold the run past it)."""
+        """For a trainer waiting for data (every ``WAIT_S``): raise what the inference thread raised, say so when
+        envs stop stepping or actor hosts are missing, and return True once the time budget has ended (so a hung
+        env cannot hold the run past it)."""
         self.runner.check()
         now = time.monotonic()
         if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
@@ -380,9 +374,8 @@ def blank(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 
 
 def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
-    """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``,
-    restored from its checkpoint (counters, state, generators); the
-    checkpoint (None for a new run) and the run folder it writes to."""
+    """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``, restored
+    from its checkpoint (counters, state, generators); the checkpoint (None for a new run) and its run folder."""
     cfg, spec = prepared.config, prepared.spec
     if ranks.world > 1:
         prepared = for_rank(prepared, ranks.rank, ranks.world, ranks.share(cfg))
@@ -436,24 +429,14 @@ def _videos(t: Trainer, cfg, spec, monitor: RunMonitor, run_dir: Path, from_chec
     return TrainingVideos(every, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
 
 
-class _Quiet:
-    """A data-parallel rank other than 0: it writes no TensorBoard scalars (rank 0 writes the run's, with every
-    rank's counts reduced into them) and shows no progress line."""
+class _Quiet(nullcontext):
+    """A data-parallel rank other than 0's monitor: it writes no TensorBoard scalars or text (rank 0 writes the
+    run's, with every rank's counts reduced into them) and shows no progress line."""
 
-    def scalars(self, step: int, values: dict) -> None:
+    def _nothing(self, *args) -> None:
         pass
 
-    def text(self, tag: str, value: str, step: int = 0) -> None:
-        pass
-
-    def progress(self, line: str) -> None:
-        pass
-
-    def __enter__(self) -> "_Quiet":
-        return self
-
-    def __exit__(self, kind, exc, tb) -> None:
-        pass
+    scalars = text = progress = _nothing
 
 
 def _join(trainer_cls: type[Trainer], prepared: Prepared):

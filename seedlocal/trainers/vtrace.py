@@ -1,12 +1,10 @@
 """``seedlocal train vtrace``: IMPALA on the SEED-style pipeline.
 
-One process holds the model. Its inference thread serves the env workers
-with the learner's own parameters (a ``WeightLock`` orders only the
-optimiser's write against its reads); its main thread turns batches of
-finished unrolls into V-trace updates (``algos/vtrace.py``). Unrolls go
-from shared memory to the device in one copy per field (``Batcher``); by
-default actors wait while the learner works on a batch (``actors_wait``).
-The run's life around this is ``trainers/run.py``'s.
+One process holds the model. Its inference thread serves the env workers with the learner's own parameters (a
+``WeightLock`` orders only the optimiser's write against its reads); its main thread turns batches of finished
+unrolls into V-trace updates (``algos/vtrace.py``). Unrolls go from shared memory to the device in one copy per
+field (``Batcher``); by default actors wait while the learner works on a batch (``actors_wait``). The run's life
+around this is ``trainers/run.py``'s.
 """
 
 from __future__ import annotations

@@ -24,12 +24,10 @@ DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_varian
 
 
 def actors_wait(a: VTraceParams) -> bool:
-    """The learning rhythm: whether actors wait while the learner works on a
-    batch. The same on every device unless asked (``algo.sync off``): the
-    presets were tuned in it (PPO clip against mu, echo x minibatches passes),
-    and running ahead (~23 updates of policy lag, docs/tuning.md) starts many
-    rows outside the clip range, where they give no gradient. A GPU that
-    chose the other rhythm by itself would run another algorithm."""
+    """The learning rhythm: whether actors wait while the learner works on a batch. The same on every device unless
+    asked (``algo.sync off``): the presets were tuned in it (PPO clip against mu, echo x minibatches passes), and
+    running ahead (~23 updates of policy lag, docs/tuning.md) starts many rows outside the clip range, where they
+    give no gradient. A GPU that chose the other rhythm by itself would run another algorithm."""
     return a.sync != "off"
 
 
