@@ -249,11 +249,11 @@ class StepTrainer(Trainer):
 class Run:
     """What a trainer sees of the run while it goes."""
 
-    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, resumed: dict | None,
-                 saved_cfg=None):
-        """``saved_cfg``: the config checkpoints hold, when ``cfg`` is one data-parallel rank's share of it."""
+    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, summary: dict, saved_cfg):
+        """``summary``: what summary.json will hold (a trainer records when it met the target there);
+        ``saved_cfg``: the config checkpoints hold (``cfg`` is one data-parallel rank's share of it)."""
         self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = cfg, trainer, pipe, monitor, run_dir
-        self.resumed, self.saved_cfg = resumed, saved_cfg or cfg
+        self.summary, self.saved_cfg = summary, saved_cfg
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
@@ -261,7 +261,6 @@ class Run:
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting = 0.0
         self._said_no_host = False
-        self.summary: dict = {}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
@@ -504,8 +503,7 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
-        r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)
-        r.summary = summary
+        r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
                               pipe.pool.envs_per_group), flush=True)
