@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import time
 from collections import deque
 from pathlib import Path
@@ -195,8 +196,6 @@ class PopulationTrainer(VTraceLearning):
         the time budget ends while waiting. Fewest steps first, not lowest index: freed unrolls go to the lowest
         parked group (``pipeline/unrolls.py``), so members chosen by index would keep the low groups' unrolls
         circulating and starve the others (8 MinAtar members: 3 of them learned from 99.8% of the steps)."""
-        import queue
-
         group = run.pipe.store["unroll_group"]
         timeout = 0.0
         while True:
@@ -249,15 +248,11 @@ class PopulationTrainer(VTraceLearning):
     def _learn(self, run: Run, work: list[tuple[Member, dict]], together: bool) -> None:
         """Each member's ``learner_step`` in turn, or (``together``) one ``population_learner_step`` for all."""
         version0 = run.loop.version
-
-        def bump_version() -> None:
-            run.loop.version += 1
-
         if together:
             batches = [{k: v for k, v in b.items() if k != "policy_version"} for _, b in work]  # (a host array)
             stats = population_learner_step(self.stack, [mb.optimizer for mb, _ in work], batches,
                                             [mb.params for mb, _ in work], step_lock=self.lock,
-                                            precision=self.precision, after_update=bump_version,
+                                            precision=self.precision, after_update=self._bump_version,
                                             shuffles=[mb.shuffle for mb, _ in work])
             n = stats.pop("updates")
             each = [({k: v[i] for k, v in stats.items()}, n) for i in range(len(work))]
@@ -265,7 +260,7 @@ class PopulationTrainer(VTraceLearning):
             each = []
             for mb, batch in work:
                 one = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock,
-                                   precision=self.precision, after_update=bump_version, shuffle=mb.shuffle)
+                                   precision=self.precision, after_update=self._bump_version, shuffle=mb.shuffle)
                 each.append((one, one.pop("updates")))
         for (mb, batch), (stats, n) in zip(work, each):
             self._learned(stats, n, version0, float(batch["policy_version"].mean()), mb.params.echo)

@@ -48,11 +48,10 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape, seed: int) -> Seq
     fields = {obs_key(k): (s.shape, s.dtype) for k, s in spec.obs.items()}
     fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
                    "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")})
-    stack = stacking(spec, cfg.frame_stack)
-    replay = SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
-                            stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs", stack=stack,
-                            alpha=a.priority_exponent, compress=cfg.compress, seed=seed)
-    return replay
+    return SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
+                          stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs",
+                          stack=stacking(spec, cfg.frame_stack), alpha=a.priority_exponent, compress=cfg.compress,
+                          seed=seed)
 
 
 class R2D2Trainer(StepTrainer):
@@ -239,8 +238,7 @@ class R2D2Trainer(StepTrainer):
         if last:
             return
         shown = f"{ev:7.1f}" if ev is not None else "      -"
-        # After the warm-up (algo.min_replay) the learner first catches up
-        # on the replay ratio over every step so far, actors parked: say so.
+        # After the warm-up (algo.min_replay) the learner catches up on the replay ratio, actors parked: say so.
         owed = f.owed_updates()
         run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values.get('charts/frames_per_s', 0):>8,.0f}  "
                              f"eval return(20) {shown}  updates {c['updates']:,d}  "

@@ -129,12 +129,8 @@ class VTraceTrainer(VTraceLearning):
                                           self.counters["steps"], cfg.total_steps)
         acted_version, version0 = float(batch["policy_version"].mean()), run.loop.version
         batch = self._scale_rewards(batch, fetched)
-
-        def bump_version() -> None:
-            run.loop.version += 1
-
         stats = learner_step(self.model, self.optimizer, batch, cfg.algo, step_lock=self.lock,
-                             diagnose=iv.diag is None, precision=self.precision, after_update=bump_version,
+                             diagnose=iv.diag is None, precision=self.precision, after_update=self._bump_version,
                              shuffle=self.shuffle, ranks=self.ranks if self.ranks.world > 1 else None)
         self._update_obs_norm(batch)
         if iv.diag is None:  # once per logging interval: it copies the weights

@@ -115,6 +115,7 @@ class VTraceLearning(StepTrainer):
 
     def start(self, run: Run) -> None:
         super().start(run)
+        self._loop = run.loop  # whose policy version each optimiser step moves on (``_bump_version``)
         if self.frame_stack > 1:
             frame = self.spec.obs[""]
             self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
@@ -145,6 +146,10 @@ class VTraceLearning(StepTrainer):
         for g in optimizer.param_groups:
             g["lr"] = lr
         return batch, lr
+
+    def _bump_version(self) -> None:
+        """``learner_step``'s ``after_update``: the policy the actors act with is one update newer."""
+        self._loop.version += 1
 
     def _learned(self, stats: dict, n_updates: int, version0: int, acted_version: float, echo: int) -> None:
         """An update's statistics into the interval: the policy lag is the updates between acting and learning,
