@@ -32,8 +32,7 @@ def actors_wait(a: VTraceParams) -> bool:
 
 
 class Interval:
-    """What one logging interval accumulates (device-side loss sums, episodes,
-    learner time) and the scalars it ends with."""
+    """What one logging interval accumulates (device-side loss sums, episodes, learner time) and its scalars."""
 
     def __init__(self, steps: int, stats, workers: dict):
         self.restart(time.monotonic(), steps, stats, workers)
@@ -123,8 +122,7 @@ class VTraceLearning(StepTrainer):
         self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
 
     def _waited(self, run: Run, t0: float) -> float:
-        """Now, a batch having come after a wait since ``t0``: the interval's rates start at the first batch (the
-        workers' start-up is no slow first point), and later waits count as the learner's."""
+        """Now, a batch having come after a wait since ``t0``: the first begins the interval's rates (``begin``)."""
         t1 = time.monotonic()
         if not self.iv.begun:
             self.iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
