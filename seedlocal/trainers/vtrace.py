@@ -47,9 +47,10 @@ class VTraceTrainer(VTraceLearning):
         self.lr = a.learning_rate
         self.prefetch = None  # once the pipeline runs (start)
         self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
-        self.all_ranks: dict = {}  # data-parallel ranks: every rank's episodes at the last all-reduce (spent)
-        self.logged_ranks: tuple = (0, 0.0, 0.0)  # ... and at the last log
-        self.logged_mean20 = None  # the ranks' mean of means at the last log
+        # Data-parallel ranks: every rank's episodes (sums) and the mean of their means at the last all-reduce
+        # (spent), and at the last log.
+        self.all_ranks: dict = {}
+        self.logged_ranks: dict = {"sums": (0, 0.0, 0.0), "mean20": None}
         self.scaler = RewardScaler(self.shape.num_envs, a.discount) if a.reward_scale else None
 
     def identity(self) -> dict:
@@ -199,8 +200,8 @@ class VTraceTrainer(VTraceLearning):
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
         if not self.all_ranks:
             return {}
-        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks
-        self.logged_ranks, self.logged_mean20 = self.all_ranks["sums"], self.all_ranks["mean20"]
+        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
+        self.logged_ranks = self.all_ranks
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
                 "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
                 "charts/return_mean20": self.all_ranks["mean20"]}
@@ -208,9 +209,7 @@ class VTraceTrainer(VTraceLearning):
     def has_last_log(self) -> bool:
         # With ranks also an all-reduce after the last log (spent() runs after log()) that moved the ranks' mean of
         # means, which is what stopped a run at its target.
-        moved = bool(self.all_ranks) and (self.all_ranks["sums"] != self.logged_ranks
-                                           or self.all_ranks["mean20"] != self.logged_mean20)
-        return super().has_last_log() or moved
+        return super().has_last_log() or (bool(self.all_ranks) and self.all_ranks != self.logged_ranks)
 
     def stop(self, run: Run) -> None:
         if self.prefetch is not None:
