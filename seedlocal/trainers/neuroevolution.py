@@ -262,9 +262,8 @@ class NeuroevoTrainer(Trainer):
     def results(self, run: Run) -> dict:
         c, best = self.counters, self.evolver.best_return
         # A run stopped inside a generation (budget, Ctrl-C, error) reports the frames it stepped there too.
-        inside, (more_frames, more_episodes) = self._inside is not None, self._uncounted()
-        if not inside:
-            more_frames = more_episodes = 0
+        inside = self._inside is not None
+        more_frames, more_episodes = self._uncounted() if inside else (0, 0)
         gen_s = self.gen_s + (time.monotonic() - self._inside if inside else 0.0)
         frames = c["frames"] + more_frames
         return {"algo": self.algo, "env": self.spec.env_id, "generations": c["generation"],
