@@ -1,19 +1,25 @@
 """Checkpoints: written atomically, rotated, checked before use.
 
-A checkpoint is one ``torch.save`` file under ``<run>/checkpoints/`` named
-``ckpt_<steps>_<frames>.pt``. It is written to a temporary file and renamed,
-so a crash mid-write never leaves a torn file where a good one was. Only
+A checkpoint is one ``torch.save`` file under ``<run>/checkpoints/`` named ``ckpt_<steps>_<frames>.pt``. It is
+written to a temporary file and renamed, so a crash mid-write never leaves a torn file where a good one was. Only
 plain types and tensors are stored, so loading uses ``weights_only=True``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import json
+import math
+import numbers
 import os
+import pickle
 import re
 import signal
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -23,8 +29,6 @@ from seedlocal.errors import CheckpointError, ConfigError, Diverged
 
 FORMAT = 1
 _NAME = re.compile(r"ckpt_(\d+)_(\d+)\.pt$")
-
-
 _NESTED = (torch.Tensor, dict, list, tuple)
 
 
@@ -58,19 +62,16 @@ def make_run_dir(run_dir: Path) -> None:
 
 
 def run_dir_of(path: str | Path) -> Path:
-    """The run folder a checkpoint file belongs to: ``<run>/checkpoints/ckpt_*.pt``,
-    or the file's own folder when it was copied elsewhere (never above it)."""
+    """The run folder a checkpoint file belongs to: ``<run>/checkpoints/ckpt_*.pt``, or the file's own folder when
+    it was copied elsewhere (never above it)."""
     p = Path(path).resolve()
     return p.parent.parent if p.parent.name == "checkpoints" else p.parent
 
 
 def lock_run(run_dir: Path):
-    """Hold ``<run>/.lock`` while a run writes there: a second run (or a
-    resume) of the same folder is refused instead of mixing two curves and
-    two sets of checkpoints. Released by closing the returned file, or by the
+    """Hold ``<run>/.lock`` while a run writes there: a second run (or a resume) of the same folder is refused
+    instead of mixing two curves and two sets of checkpoints. Released by closing the returned file, or by the
     kernel when the process dies."""
-    from seedlocal.errors import ConfigError
-
     f = open(Path(run_dir) / ".lock", "a+")
     holder = _held_by(f)
     if holder is not None:
@@ -86,9 +87,8 @@ def lock_run(run_dir: Path):
 
 @contextlib.contextmanager
 def _signals_held():
-    """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after
-    it: an exception raised inside torch.save would abandon a half-written
-    zip and report a crash where the user asked for a clean stop."""
+    """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after it: an exception raised inside
+    torch.save would abandon a half-written zip and report a crash where the user asked for a clean stop."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -102,29 +102,23 @@ def _signals_held():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    # Only after a write that succeeded: a failed one's error (disk full) is
-    # the news, and it stops the run anyway.
+    # Only after a write that succeeded: a failed one's error (disk full) is the news, and it stops the run anyway.
     if held:
         signal.raise_signal(held[0])
 
 
 def unwritable(failure: BaseException | None) -> bool:
-    """A run stopping because its folder cannot be written (a full disk, a
-    read-only or failing one): its last checkpoint and summary would fail the
-    same way, and their error would hide this one (which names the newest
+    """A run stopping because its folder cannot be written (a full disk, a read-only or failing one): its last
+    checkpoint and summary would fail the same way, and their error would hide this one (which names the newest
     checkpoint that was saved)."""
-    import errno
-
     return isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save, results, last_log=None) -> None:
-    """A trainer's last writes, in an order none of them can skip another:
-    the final interval's scalars (``last_log``), the checkpoint (``save``;
-    None for a run that never stepped), then ``summary`` updated with
-    ``results()`` (after the save, so it names the newest checkpoint) and
-    written. No files when the run is stopping because its folder cannot be
-    written (``unwritable``): they would fail the same way and hide why."""
+    """A trainer's last writes, in an order none of them can skip another: the final interval's scalars
+    (``last_log``), the checkpoint (``save``; None for a run that never stepped), then ``summary`` updated with
+    ``results()`` (after the save, so it names the newest checkpoint) and written. No files when the run is
+    stopping because its folder cannot be written (``unwritable``): they would fail the same way and hide why."""
     writable = not unwritable(failure)
     try:
         if last_log is not None:
@@ -136,7 +130,7 @@ def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save
         finally:
             summary.update(results())
             if writable:
-                write_summary(run_dir, summary)
+                write_json(Path(run_dir) / "summary.json", summary)  # what a program reads of a finished run
 
 
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
@@ -175,8 +169,6 @@ def set_aside_later(run_dir: Path, resumed_from: str | Path) -> str | None:
     would take it, and rotation would delete this run's own first saves. The later checkpoints move to
     ``checkpoints/abandoned_after_<step>_<time>/`` (nothing is deleted). Returns the line that says so, or None
     where nothing is later. Called with the run folder locked."""
-    import time
-
     folder = Path(run_dir) / "checkpoints"
     match = _NAME.search(Path(resumed_from).name)
     if match is None:
@@ -204,17 +196,9 @@ def newest(run_dir: Path) -> str | None:
     return str(found[-1]) if found else None
 
 
-def write_summary(run_dir: Path, summary: dict) -> Path:
-    """``<run>/summary.json``: what a program needs to read of a finished run
-    (written atomically, like checkpoints)."""
-    return write_json(Path(run_dir) / "summary.json", summary)
-
-
 def write_json(path: str | Path, data: dict) -> Path:
     """``data`` as strict JSON at ``path`` (its folder made), written atomically: a NaN or inf (a diverged
     run) is written as null."""
-    import json
-
     def write(f) -> None:
         json.dump(_finite_or_none(data), f, indent=2, allow_nan=False)
         f.write("\n")
@@ -226,8 +210,7 @@ def write_json(path: str | Path, data: dict) -> Path:
 
 
 def _write_atomically(path: Path, write, binary: bool) -> None:
-    """``write(file)`` into a temporary file beside ``path``, synced, then
-    renamed over it: a crash mid-write never leaves a torn file there."""
+    """``write(file)`` into a temporary file beside ``path``, synced, then renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
@@ -238,8 +221,8 @@ def _write_atomically(path: Path, write, binary: bool) -> None:
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        # A full disk inside torch.save surfaces as a RuntimeError raised
-        # while handling the OSError: the OSError, with the path, is the news.
+        # A full disk inside torch.save surfaces as a RuntimeError raised while handling the OSError: the
+        # OSError, with the path, is the news.
         cause = e
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__context__
@@ -249,8 +232,8 @@ def _write_atomically(path: Path, write, binary: bool) -> None:
 
 
 def _readable_as_umask_allows(path) -> None:
-    """mkstemp makes files 0600; a checkpoint should have the mode any other
-    file this user writes gets (usually 0644)."""
+    """mkstemp makes files 0600; a checkpoint should have the mode any other file this user writes gets (usually
+    0644)."""
     mask = 0o022
     try:  # read, not set-and-restore: os.umask would briefly change it for every thread
         with open("/proc/self/status") as f:
@@ -261,9 +244,6 @@ def _readable_as_umask_allows(path) -> None:
 
 
 def _finite_or_none(value):
-    import math
-    import numbers
-
     if isinstance(value, dict):
         return {k: _finite_or_none(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -277,10 +257,8 @@ def _finite_or_none(value):
 
 
 def _held_by(f) -> str | None:
-    """Lock the open ``.lock`` file ``f``; None if that worked, else the pid
-    written in it by the live run that holds it."""
-    import fcntl
-
+    """Lock the open ``.lock`` file ``f``; None if that worked, else the pid written in it by the live run that
+    holds it."""
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return None
@@ -328,11 +306,8 @@ def load(path: str | Path) -> dict:
             warnings.simplefilter("ignore")
             state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # torn, truncated, not a torch file, or unsafe pickle
-        # One line naming the problem. torch's own message goes on for lines,
-        # with advice to load with weights_only=False: never right for a file
-        # seedlocal wrote, and unsafe for one it did not.
-        import pickle
-
+        # One line naming the problem. torch's own message goes on for lines, with advice to load with
+        # weights_only=False: never right for a file seedlocal wrote, and unsafe for one it did not.
         try:
             with open(p, "rb") as f:
                 zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive

@@ -337,10 +337,11 @@ def test_a_target_met_by_an_all_reduce_after_the_last_log_gets_its_last_point():
     from helpers import prepared
     from seedlocal.recipes.vtrace import PRESETS
     from seedlocal.trainers import vtrace
+    from seedlocal.trainers.vtrace_interval import Interval
 
     t = vtrace.VTraceTrainer(prepared(PRESETS["cartpole"]), torch.device("cpu"))
     stats = SimpleNamespace(forward_s=0.0, batches=0, batch_envs=0)
-    t.iv = vtrace.Interval(0, stats, {"threads": 1, "wait_s": 0.0, "env_s": 0.0})
+    t.iv = Interval(0, stats, {"threads": 1, "wait_s": 0.0, "env_s": 0.0})
     assert not t.has_last_log()  # nothing since the last log: no final point
     t.all_ranks = {"sums": (40, 19000.0, 19000.0), "mean20": 473.8}
     assert t._all_ranks_episodes()["charts/return_mean20"] == 473.8  # the periodic log

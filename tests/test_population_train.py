@@ -100,6 +100,14 @@ def test_seeds_summary_matches_a_reference_computation(tmp_path):
     assert saved["population"]["summary"] == s
 
 
+def test_a_population_stops_at_its_target_and_says_when(tmp_path):
+    """--stop-at-return stops the run once a member's last-20 mean reaches it, and the summary says at which step
+    (such a run once failed at its closing line, for want of frames_to_target)."""
+    data = _train(tmp_path, total_steps=50_000, stop_at_return=15, population={"size": 2})
+    assert data["stopped_by"] == "target" and data["return_at_target"] >= 15
+    assert data["frames_to_target"] == data["steps_to_target"] <= data["steps"]
+
+
 def test_eval_plays_the_best_member_by_default_or_the_one_asked(tmp_path, capsys):
     data = _train(tmp_path, total_steps=3_000, population={"size": 2})
     run_dir, best = data["run_dir"], data["population"]["best"]

@@ -298,7 +298,7 @@ def test_diverged_weights_are_not_saved_over_good_ones(tmp_path):
                                                   rf"is {good[-1]}"):
         checkpoint.save(run, state, 10**9, 10**9)
     assert checkpoint.all_checkpoints(run / "checkpoints") == good
-    checkpoint.write_summary(run, {"mean": float("nan"), "n": [1, float("inf")], "ok": 1.5})
+    checkpoint.write_json(run / "summary.json", {"mean": float("nan"), "n": [1, float("inf")], "ok": 1.5})
     assert json.loads((run / "summary.json").read_text()) == {"mean": None, "n": [1, None], "ok": 1.5}
 
 
@@ -503,7 +503,7 @@ def test_the_learning_rhythm_is_the_same_on_every_device(tmp_path, capsys):
     not silently switch the presets (tuned in that rhythm) to running ahead,
     and the run's first line names the rhythm."""
     from seedlocal.algos.vtrace import VTraceParams
-    from seedlocal.trainers.vtrace import actors_wait
+    from seedlocal.trainers.vtrace_interval import actors_wait
 
     for name, preset in PRESETS.items():
         assert actors_wait(preset.algo), name

@@ -1,34 +1,19 @@
 """Each neuroevolution algorithm's generation on the population policy.
 
-An ``Evolver`` holds one algorithm's state (``algos/ga.py``, ``es.py``,
-``ars.py``, ``random_search.py``: the math) and runs its generations on the
-``PopulationPolicy`` (``policies/population.py``): ``generation(pool) ->
-stats``. One subclass per rhythm of submissions: GA (children beside the
-elite candidates' re-evaluation), a centre with antithetic pairs around it
-(ES and ARS) and random search (the winner beside the next population).
-``trainers/neuroevolution.py`` drives them; each run config names its own
-evolver (``NeuroevoRun.evolver``).
+An ``Evolver`` holds one algorithm's state (``algos/ga.py``, ``es.py``, ``ars.py``, ``random_search.py``: the
+math) and runs its generations on the ``PopulationPolicy`` (``policies/population.py``): ``generation(pool) ->
+stats``. One subclass per rhythm of submissions: GA (children beside the elite candidates' re-evaluation), a
+centre with antithetic pairs around it (ES and ARS) and random search (the winner beside the next population).
 
-Jobs run asynchronously, so each generation overlaps what it can, and the
-next population is submitted before this one's last work (the elite
-candidates', the centre's or winner's episodes) ends, so the envs never wait
-for the bookkeeping. A run that stops (or resumes) just re-evaluates the
-population in its state.
+Jobs run asynchronously: the next population is submitted before this one's last work (the elite candidates',
+the centre's or winner's episodes) ends, so the envs never wait for the bookkeeping. A run that stops (or
+resumes) just re-evaluates the population in its state. Observation statistics (``obs_norm``) are committed once,
+just before that submission, and a job normalises by those committed when it was submitted: whatever selection
+compares was scored under one set, and the next population sees this one's observations.
 
-Observation statistics (``obs_norm``) are committed once, just before that
-submission, and a job normalises by those committed when it was submitted:
-whatever selection compares was scored under one set (GA's elite beside the
-children, ES's centre beside its population, an ARS pair), and the next
-population sees this one's observations.
-
-Split populations (``--learners G``, docs/distributed.md): every rank holds
-the same state and asks the same population; it evaluates its own contiguous
-part of the members (``Solo.part``) and of the extra episodes (GA's elite
-candidates, the ES or ARS centre's, random search's winner's), and every
-member's scores are all-gathered in rank order (``Solo.gather``), so every
-rank tells the algorithm the same fitness and takes the same step. No
-parameters travel: each generation the ranks compare a checksum of their
-states, and a difference stops the run.
+Split populations (``--learners G``, docs/distributed.md): every rank holds the same state, evaluates its own part
+of the members and extra episodes (``Solo.part``), and all-gathers every member's scores in rank order, so every
+rank takes the same step; a checksum of the states, compared each generation, stops a run whose ranks differ.
 """
 
 from __future__ import annotations
@@ -54,8 +39,7 @@ class RanksDiverged(WorkerDied):
 
 
 class Evolver(ABC):
-    """One algorithm behind one interface, for ``cfg`` (a ``NeuroevoRun``)
-    over the networks of ``space``."""
+    """One algorithm behind one interface, for ``cfg`` (a ``NeuroevoRun``) over the networks of ``space``."""
 
     state_class: ClassVar[type]
     """the algorithm's state, rebuilt from a checkpoint's dict"""
@@ -76,8 +60,7 @@ class Evolver(ABC):
 
     @abstractmethod
     def step(self, pool, check) -> tuple[list[float], float]:
-        """One generation's evaluation and step: (the population's fitness,
-        the best member's return)."""
+        """One generation's evaluation and step: (the population's fitness, the best member's return)."""
 
     def state_dict(self) -> dict:
         return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
@@ -126,11 +109,9 @@ class Evolver(ABC):
             job.wait(check)
         fitness = [x for job in jobs for member in job.fitness for x in member]
         returns = [x for job in jobs for member in job.returns for x in member]
-        flat_f, flat_r = [], []
-        for row in self.ranks.gather(fitness + returns):
-            half = len(row) // 2
-            flat_f += row[:half]
-            flat_r += row[half:]
+        rows = self.ranks.gather(fitness + returns)
+        flat_f = [x for row in rows for x in row[:len(row) // 2]]
+        flat_r = [x for row in rows for x in row[len(row) // 2:]]
         return ([flat_f[i:i + episodes] for i in range(0, len(flat_f), episodes)],
                 [flat_r[i:i + episodes] for i in range(0, len(flat_r), episodes)])
 
@@ -143,15 +124,14 @@ class Evolver(ABC):
         return float(np.mean([r for r, in self._everyone([job], check, 1)[1]]))
 
     def _set_best(self, vec: torch.Tensor, score: float, always: bool) -> None:
-        # GA's elite and ES's centre are *the* current solution; random search
-        # keeps the best network it has ever seen.
+        # GA's elite and ES's centre are *the* current solution; random search keeps the best it has ever seen.
         if always or score > self.best_return:
             self.best_params, self.best_return = vec.clone(), score
 
 
 class GAEvolver(Evolver):
-    """The deep GA: the population's fitness, then its elite candidates
-    scored beside the next generation's children."""
+    """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's
+    children."""
 
     state_class = ga.GAState
 
@@ -167,9 +147,8 @@ class GAEvolver(Evolver):
                          "elite": tuple(d["elite"]) if d["elite"] is not None else None})
 
     def _genome_vec(self, g: tuple) -> torch.Tensor:
-        # Children are one mutation from a cached parent: rebuilding a genome
-        # from all its seeds every generation would cost a noise slice per seed.
-        # A split population's rank did not build every parent: it mutates on
+        # Children are one mutation from a cached parent: rebuilding a genome from all its seeds every generation
+        # would cost a noise slice per seed. A split population's rank did not build every parent: it mutates on
         # from the longest cached ancestor (the same additions, in order, as from g[0]).
         if g not in self._cache:
             k = next((k for k in range(len(g) - 1, 0, -1) if g[:k] in self._cache), 0)
@@ -201,9 +180,8 @@ class GAEvolver(Evolver):
         scores, returns = self._everyone([scored], check, cfg.algo.elite_episodes)
         self.state = ga.advance(self.state, cfg.algo, fitness, scores)
         best = float(np.mean(returns[candidates.index(self.state.elite)]))
-        # Keep exactly the vectors of the next population: its children's
-        # parents come from it (a split population's rank keeps their parents
-        # too, for the members another rank built).
+        # Keep exactly the vectors of the next population: its children's parents come from it (a split
+        # population's rank keeps their parents too, for the members another rank built).
         keep = set(self.state.genomes) | ({g[:-1] for g in self.state.genomes} if self.ranks.world > 1 else set())
         self._cache = {g: v for g, v in self._cache.items() if g in keep}
         self._set_best(self._genome_vec(self.state.elite), best, always=True)
@@ -211,10 +189,8 @@ class GAEvolver(Evolver):
 
 
 class CentreEvolver(Evolver):
-    """Antithetic pairs around a centre, one step of the centre a generation
-    (ES, ARS: ``algo``, the module of the math): the population's fitness,
-    one step, the next population submitted while the old centre's episodes
-    end."""
+    """Antithetic pairs around a centre, one step of the centre a generation (ES, ARS: ``algo``, the module of the
+    math): the population's fitness, one step, the next population submitted while the old centre's episodes end."""
 
     algo: ClassVar[ModuleType]
     """``es`` or ``ars``: ``ask`` and ``tell`` of the same shapes"""
@@ -228,10 +204,9 @@ class CentreEvolver(Evolver):
         seeds, job = self._next
         self.evaluating = [job]
         centre = self.state.theta.clone()  # the population's centre: the state it was asked from
-        # The centre's episodes only fill slots the population leaves free
-        # and nothing waits for them until the next population plays: with
-        # as many slots as members, scoring it first would add a wave of
-        # a few episodes to every generation.
+        # The centre's episodes only fill slots the population leaves free and nothing waits for them until the
+        # next population plays: with as many slots as members, scoring it first would add a wave of a few
+        # episodes to every generation.
         scored = pool.submit(centre[None], len(self.ranks.part(cfg.best_episodes)), spare=True)
         fitness = self._means([job], check)
         state = alg.tell(self.state, cfg.algo, seeds, fitness)
@@ -239,8 +214,8 @@ class CentreEvolver(Evolver):
         pool.commit_obs_stats()
         self._next = (following, pool.submit(self._mine(params), n_eps))
         best = self._one_members_return(scored, check)
-        # Only now: a run stopped while waiting saves this generation's
-        # state, matching its counters, and re-evaluates it on resume.
+        # Only now: a run stopped while waiting saves this generation's state, matching its counters, and
+        # re-evaluates it on resume.
         self.state = state
         self._set_best(centre, best, always=True)
         return fitness, best
@@ -267,8 +242,8 @@ class ARSEvolver(CentreEvolver):
 
 
 class RandomSearchEvolver(Evolver):
-    """Random search: the population's fitness, its winner scored beside the
-    next population; the best network ever seen is kept."""
+    """Random search: the population's fitness, its winner scored beside the next population; the best network
+    ever seen is kept."""
 
     state_class = random_search.RSState
 

@@ -1,28 +1,17 @@
 """``seedlocal train ga|es|ars|random-search``: neuroevolution on the pipeline.
 
-The learner thread asks the algorithm for a population, posts it to the
-``PopulationPolicy`` (a work queue of member x episode jobs served by the
-inference thread in batched forward passes, ``policies/population.py``),
-waits for every return, tells the algorithm (``algos/ga.py``, ``es.py``,
-``ars.py``, ``random_search.py``), logs and checkpoints, once per
-generation. Each run config names its algorithm's parts (``GARun.name``,
-``.algo_module``; its evolver here, ``EVOLVERS``); the evolver (``trainers/evolvers.py``) runs
-its generations. The run's life around this is ``trainers/run.py``'s.
+The learner thread asks the algorithm for a population, posts it to the ``PopulationPolicy`` (a work queue of
+member x episode jobs served by the inference thread in batched forward passes, ``policies/population.py``), waits
+for every return, tells the algorithm, logs and checkpoints, once per generation. Each run config names its
+algorithm (``GARun.name``, ``.algo_module``); its evolver (``EVOLVERS``, ``trainers/evolvers.py``) runs its
+generations.
 
-Counters: ``generation``, ``frames`` and ``episodes`` advance by whole
-generations, and a checkpoint holds them with the state they produced. A
-long generation (Atari: minutes) is followed while it runs: a progress line
-(members finished, frames, frames/s, the longest episode still playing) and
-the frame budget see its frames as they are stepped, and a run that stops
-inside it (budget, Ctrl-C) reports them in summary.json. Its checkpoint
-still holds the last whole generation, so a resumed run evaluates the
-abandoned one again and counts its frames anew: summary.json's ``frames``
-are the checkpoint's plus those of the generation the run stopped inside.
-
-With ``--learners G`` each rank evaluates its part of every population
-(``trainers/evolvers.py``, docs/distributed.md); the counters advance by
-every rank's frames and episodes, and the budgets are judged between
-generations, together.
+Counters: ``generation``, ``frames`` and ``episodes`` advance by whole generations, and a checkpoint holds them
+with the state they produced. A long generation (Atari: minutes) is followed while it runs: the progress line and
+the frame budget see its frames as they are stepped, and a run that stops inside it reports them in summary.json
+(its ``frames`` are the checkpoint's plus those). The checkpoint still holds the last whole generation, so a
+resumed run evaluates the abandoned one again and counts its frames anew. With ``--learners G`` each rank
+evaluates its part of every population (docs/distributed.md) and the budgets are judged between generations.
 """
 
 from __future__ import annotations
@@ -94,21 +83,18 @@ class NeuroevoTrainer(Trainer):
         if self.template.obs_norm is not None:
             self.template.obs_norm.load_state_dict(saved["obs_norm"])
 
+    def _obs_stats(self) -> dict:
+        """The population's shared observation statistics (no genome holds them), as a checkpoint holds them."""
+        return {} if self._obs_norm is None else {"obs_norm": self._obs_norm.state_dict()}
+
     def state(self) -> dict:
-        out = {"algo_state": self.evolver.state_dict(), "best_params": self.evolver.best_params,
-               "best_return": self.evolver.best_return}
-        if self._obs_norm is not None:  # the population's shared statistics (no genome holds them)
-            out["obs_norm"] = self._obs_norm.state_dict()
-        return out
+        return {"algo_state": self.evolver.state_dict(), "best_params": self.evolver.best_params,
+                "best_return": self.evolver.best_return, **self._obs_stats()}
 
     def acting_state(self) -> dict | None:
         """The best member so far (the elite, the ES centre), as a checkpoint holds it."""
-        if self.evolver.best_params is None:
-            return None
-        out = {"best_params": self.evolver.best_params}
-        if self._obs_norm is not None:
-            out["obs_norm"] = self._obs_norm.state_dict()
-        return out
+        return None if self.evolver.best_params is None else {"best_params": self.evolver.best_params,
+                                                               **self._obs_stats()}
 
     def position(self) -> tuple[int, int]:
         return self.counters["generation"], self.counters["frames"]
@@ -157,16 +143,14 @@ class NeuroevoTrainer(Trainer):
         return bool(self.ranks.sum([float(run.out_of_time())])[0])
 
     def _totals(self, loop) -> tuple[int, int, int, int]:
-        """Running totals the counters advance by: rows served to members
-        (each one step of a member's episode), env steps (idle slots and
-        auto-reset steps too: a group steps all its envs), evaluation
-        episodes scored, and those of them the frame cap ended."""
+        """Running totals the counters advance by: rows served to members (each one step of a member's episode),
+        env steps (idle slots and auto-reset steps too: a group steps all its envs), evaluation episodes scored,
+        and those of them the frame cap ended."""
         pop = self.population
         return pop.forward_envs, loop.stats.env_steps, pop.episodes_scored, pop.episodes_capped
 
     def _uncounted(self) -> tuple[int, int]:
-        """(frames, episodes) of evaluation played since the counters last
-        advanced: the generation in evaluation's so far."""
+        """(frames, episodes) of the generation in evaluation so far (since the counters last advanced)."""
         pop, (served, _, scored, _) = self.population, self._counted
         return (pop.forward_envs - served) * self.frames_per_step, pop.episodes_scored - scored
 
@@ -180,8 +164,8 @@ class NeuroevoTrainer(Trainer):
             stats = self.evolver.generation(pop, self._watch_generation(run, t0))
         except _BudgetSpent as spent:
             return spent.args[0]  # still inside: the summary counts what this generation stepped
-        # The statistics the next population plays under (committed inside
-        # the generation): a checkpoint pairs them with the state that asked it.
+        # The statistics the next population plays under (committed inside the generation): a checkpoint pairs
+        # them with the state that asked it.
         self._obs_norm = self.template.obs_norm
         self._count_generation(run, stats, t0, w0, fwd0)
         if self.cfg.stop_at_return and stats["best_member_return"] >= self.cfg.stop_at_return:
@@ -193,16 +177,14 @@ class NeuroevoTrainer(Trainer):
         return None
 
     def _watch_generation(self, run: Run, t0: float) -> Callable[[], None]:
-        """What a generation calls every 0.5 s while it waits for episodes
-        (Job.wait: a blocking wait, no spinning). The budgets hold inside a
-        generation too (long or endless episodes, a hung env), abandoning it
-        (``_BudgetSpent``); the checkpoint keeps the last whole one."""
+        """What a generation calls every 0.5 s while it waits for episodes (Job.wait: a blocking wait). The budgets
+        hold inside a generation too (long or endless episodes, a hung env), abandoning it (``_BudgetSpent``); the
+        checkpoint keeps the last whole one."""
         c, told, watching = self.counters, [False], [False]
 
         def check() -> None:
             if not watching[0]:
-                # The envs owe steps from the first wait on, not while the
-                # population is built (64 Nature CNNs: seconds).
+                # The envs owe steps from the first wait on, not while the population is built (seconds).
                 watching[0] = True
                 run.watch.start()
             if run.waiting(t0):
@@ -222,14 +204,12 @@ class NeuroevoTrainer(Trainer):
         return check
 
     def _count_generation(self, run: Run, stats: dict, t0: float, w0: dict, fwd0: float) -> None:
-        """The counters advance by the generation just evaluated (begun at
-        ``t0``, when the workers' times were ``w0`` and the forward time
-        ``fwd0``), and its scalars are made."""
+        """The counters advance by the generation just evaluated (begun at ``t0``, when the workers' times were
+        ``w0`` and the forward time ``fwd0``), and its scalars are made."""
         loop, pop, c = run.loop, self.population, self.counters
         dt = time.monotonic() - t0
         self.gen_s += dt
-        # Read once: the inference thread goes on serving the next population,
-        # whose rows count towards the next generation.
+        # Read once: the inference thread goes on serving the next population, whose rows are the next generation's.
         counted = self._totals(loop)
         moved = [now - then for now, then in zip(counted, self._counted)]
         if self.ranks.world > 1:  # every rank's: the counters and rank 0's scalars are the run's
@@ -254,8 +234,7 @@ class NeuroevoTrainer(Trainer):
         })
 
     def _progress_inside(self, run: Run, t0: float) -> None:
-        """The progress line while a generation runs (the monitor rate-limits
-        it: live on a terminal, every 10 s in a log file)."""
+        """The progress line while a generation runs (the monitor rate-limits it)."""
         jobs, pop = self.evolver.evaluating, self.population
         frames = self._uncounted()[0]
         dt = max(time.monotonic() - t0, 1e-9)
@@ -282,11 +261,9 @@ class NeuroevoTrainer(Trainer):
 
     def results(self, run: Run) -> dict:
         c, best = self.counters, self.evolver.best_return
-        # A run stopped inside a generation (budget, Ctrl-C, error) reports the
-        # frames it stepped there too; its checkpoint does not hold them.
-        inside, (more_frames, more_episodes) = self._inside is not None, self._uncounted()
-        if not inside:
-            more_frames = more_episodes = 0
+        # A run stopped inside a generation (budget, Ctrl-C, error) reports the frames it stepped there too.
+        inside = self._inside is not None
+        more_frames, more_episodes = self._uncounted() if inside else (0, 0)
         gen_s = self.gen_s + (time.monotonic() - self._inside if inside else 0.0)
         frames = c["frames"] + more_frames
         return {"algo": self.algo, "env": self.spec.env_id, "generations": c["generation"],

@@ -1,26 +1,19 @@
-"""``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46, docs/populations.md).
+"""``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46; how the run is shared,
+the three modes and PBT's round: docs/populations.md).
 
-Each member is a learner of its own: its network, optimizer, hyperparameters (a ``VTraceParams``), minibatch
-and sampling generators, counters and episodes, and a contiguous block of whole env groups. The networks'
-tensors are rows of one ``MemberStack``, so the inference thread serves every member's rows in one vmapped call
-(``policies/members.py``: ``MembersPolicy``) while each learner writes its own rows in place. The learner
-thread routes each finished unroll by the group that filled it to its member's batch (``algo.batch_size / P``
-envs' unrolls, whole groups) and runs ``learner_step`` on a member's batch as soon as it is full: on the CPU
-the members update one after another, each as a single learner would. On CUDA it waits for every member's batch
-and runs one ``population_learner_step`` (``together``): one vmapped update for all, unmeasured on a GPU.
-
-The three modes (``population.mode``): seeds (same hyperparameters, seeds env.seed + m), sweep (one value set
-of ``population.sweep`` each, ``pbt.sweep_values``) and PBT (every ``population.interval`` of a member's env
-steps, ``pbt.pbt_round`` over the members' recent returns: the bottom copy a top member's weights and
-optimizer state, ``pbt.copy_member``, then perturb; each record kept as the lineage).
-
-Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation, reward scaling.
+Each member is a learner of its own (``Member``) with a contiguous block of whole env groups. Its network's
+tensors are rows of one ``MemberStack``, which the inference thread serves in one vmapped call (``MembersPolicy``)
+while each learner writes its own rows in place. The learner thread routes each finished unroll by its group to
+its member's batch and learns from a member's batch as soon as it is full (on CUDA: every member's at once,
+``together``). Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation,
+reward scaling.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import time
 from collections import deque
 from pathlib import Path
@@ -29,24 +22,21 @@ import numpy as np
 import torch
 
 from seedlocal.algos import pbt
-from seedlocal.algos.frames import UnrollStacks, stacking
 from seedlocal.algos.member_stack import MemberStack
 from seedlocal.algos.population_stats import iqm, summarize
 from seedlocal.algos.population_vtrace import population_learner_step, shared_params
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.dtypes import torch_dtype
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
 from seedlocal.pipeline.batches import Batcher
-from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.inference import EpisodeLog
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.members import MembersPolicy
 from seedlocal.prepare import Prepared
 from seedlocal.recipes.vtrace import build_model, identity, member_values, pbt_space
-from seedlocal.trainers.run import WAIT_S, Run, Trainer, stream_seed
-from seedlocal.trainers.vtrace_interval import Interval, actors_wait
+from seedlocal.trainers.run import WAIT_S, Run, stream_seed
+from seedlocal.trainers.vtrace_interval import VTraceLearning
 
 CURVES = "population.csv"  # in the run folder: each member's mean of its last 20 episodes at each log
 PLOT = "population.svg"  # beside it: the members' curves and their IQM
@@ -98,7 +88,7 @@ class Member:
         self.recent.extend(saved["recent"])
 
 
-class PopulationTrainer(Trainer):
+class PopulationTrainer(VTraceLearning):
     algo = "vtrace"
     checkpoint_parts = ("members", "population", "counters")
 
@@ -118,19 +108,13 @@ class PopulationTrainer(Trainer):
         self.stack = MemberStack([mb.model for mb in self.members])
         self.precision = resolve_precision(cfg.algo.precision, self.members[0].model.kind, device)
         apply_precision(self.precision, device)
-        self.sync, self.lock = actors_wait(cfg.algo), WeightLock(device)
         self.k = self.shape.unrolls_per_batch // pop.size  # unrolls per member batch
         self.groups_per_member = self.shape.num_groups // pop.size
         self.rows_per_batch = self.k * self.shape.envs_per_group * cfg.pipeline.unroll_length
-        self.frame_stack = stacking(spec, cfg.frame_stack)
-        self.stacks = None
         self.pbt = pbt.PBTParams(pop.quantile, pop.resample_probability)
         self.pbt_rng = np.random.default_rng(pop.seed)
         self.lineage: list[dict] = []
         self.next_round = pop.interval
-        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
-        self.recent: deque[float] = deque(maxlen=20)  # every member's episodes, for the run's own curve
-        self.iv = None
         self.curves: list[tuple[int, int, int, float]] = []  # (run steps, member, its steps, its mean of 20)
 
     # -- what a checkpoint holds -------------------------------------------------------------------------------
@@ -182,36 +166,15 @@ class PopulationTrainer(Trainer):
                              [mb.sampling for mb in self.members], self.lock, self.precision, self.frame_stack,
                              episodes=[mb.episodes for mb in self.members])
 
-    def learner_threads(self) -> int:
-        import os
-
-        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
-
     def start(self, run: Run) -> None:
         keys = run.pipe.layout.obs_keys()
         for mb in self.members:
             mb.batcher = Batcher(run.pipe.store, keys, self.k, self.device, sets=1)
-        if self.frame_stack > 1:
-            frame = self.spec.obs[""]
-            self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
-                                       frame.shape[1:], torch_dtype(frame.dtype), self.device)
-        self.steps0 = self.counters["steps"]
-        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+        super().start(run)
 
-    def _steps(self, run: Run) -> int:
-        return self.steps0 + run.loop.stats.env_steps
-
-    def spent(self, run: Run) -> str | None:
-        self.counters["steps"] = self._steps(run)
-        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
-            return "steps"
-        if run.out_of_time():
-            return "seconds"
-        target = self.cfg.stop_at_return
-        full = [mb for mb in self.members if len(mb.recent) == mb.recent.maxlen]
-        if target and any(mb.score() >= target for mb in full):
-            return "target"
-        return None
+    def target_return(self) -> float | None:
+        """The best mean of a member that has its 20 episodes."""
+        return max((mb.score() for mb in self.members if len(mb.recent) == mb.recent.maxlen), default=None)
 
     def together(self) -> bool:
         """Whether every member learns in one batched update (``population_learner_step``) now: on CUDA, where P
@@ -233,8 +196,6 @@ class PopulationTrainer(Trainer):
         the time budget ends while waiting. Fewest steps first, not lowest index: freed unrolls go to the lowest
         parked group (``pipeline/unrolls.py``), so members chosen by index would keep the low groups' unrolls
         circulating and starve the others (8 MinAtar members: 3 of them learned from 99.8% of the steps)."""
-        import queue
-
         group = run.pipe.store["unroll_group"]
         timeout = 0.0
         while True:
@@ -259,11 +220,7 @@ class PopulationTrainer(Trainer):
         ready = self._ready(run, t0, together)
         if isinstance(ready, str):
             return ready
-        t1 = time.monotonic()
-        if not self.iv.begun:
-            self.iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
-        else:
-            self.iv.wait_s += t1 - t0
+        t1 = self._waited(run, t0)
         taken = []
         for mb in ready:
             bufs, mb.pending = mb.pending[:self.k], mb.pending[self.k:]
@@ -283,31 +240,19 @@ class PopulationTrainer(Trainer):
         return None
 
     def _batch(self, mb: Member, fetched) -> dict:
-        """A member's batch as its learner takes it (frames stacked), its learning rate set for it."""
-        batch = mb.batcher.use(fetched)
-        if self.stacks is not None:
-            frames = self.stacks(batch["obs"][""], batch["ignored"], fetched.groups, fetched.epochs)
-            batch = {**batch, "obs": {**batch["obs"], "": frames}}
-        mb.lr = mb.params.learning_rate
-        share = self.cfg.total_steps / len(self.members)  # a member's share of the step budget
-        if mb.params.lr_decay and share:
-            mb.lr *= max(0.0, 1.0 - mb.counters["steps"] / share)
-        for g in mb.optimizer.param_groups:
-            g["lr"] = mb.lr
+        """A member's batch as its learner takes it, its learning rate decayed over its share of the step budget."""
+        share = self.cfg.total_steps / len(self.members)
+        batch, mb.lr = self._take_batch(mb.batcher, fetched, mb.optimizer, mb.params, mb.counters["steps"], share)
         return batch
 
     def _learn(self, run: Run, work: list[tuple[Member, dict]], together: bool) -> None:
         """Each member's ``learner_step`` in turn, or (``together``) one ``population_learner_step`` for all."""
         version0 = run.loop.version
-
-        def bump_version() -> None:
-            run.loop.version += 1
-
         if together:
             batches = [{k: v for k, v in b.items() if k != "policy_version"} for _, b in work]  # (a host array)
             stats = population_learner_step(self.stack, [mb.optimizer for mb, _ in work], batches,
                                             [mb.params for mb, _ in work], step_lock=self.lock,
-                                            precision=self.precision, after_update=bump_version,
+                                            precision=self.precision, after_update=self._bump_version,
                                             shuffles=[mb.shuffle for mb, _ in work])
             n = stats.pop("updates")
             each = [({k: v[i] for k, v in stats.items()}, n) for i in range(len(work))]
@@ -315,11 +260,10 @@ class PopulationTrainer(Trainer):
             each = []
             for mb, batch in work:
                 one = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock,
-                                   precision=self.precision, after_update=bump_version, shuffle=mb.shuffle)
+                                   precision=self.precision, after_update=self._bump_version, shuffle=mb.shuffle)
                 each.append((one, one.pop("updates")))
         for (mb, batch), (stats, n) in zip(work, each):
-            stats["policy_lag"] = version0 + (n - 1) / 2 - float(batch["policy_version"].mean())
-            self.iv.add(stats, self.rows_per_batch * mb.params.echo)
+            self._learned(stats, n, version0, float(batch["policy_version"].mean()), mb.params.echo)
             mb.counters["updates"] += n
             mb.counters["steps"] += self.rows_per_batch
             self.counters["updates"] += n
@@ -362,21 +306,13 @@ class PopulationTrainer(Trainer):
             mb.recent.extend(r for r, _ in eps.recent[-mb.recent.maxlen:])
             self.recent.extend(r for r, _ in eps.recent[-self.recent.maxlen:])
 
-    def log(self, run: Run, now: float, last: bool = False) -> None:
-        step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
-        rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4
-        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
-        values["charts/episodes"] = self.counters["episodes"]
-        values.update(self._member_scalars(step_now))
-        iv.restart(now, step_now, run.loop.stats, workers)
-        run.monitor.scalars(step_now, values)
-        if not last:
-            best, iqm_ = values.get("population/best"), values.get("population/iqm")
-            shown = "      -" if best is None else f"best {best:7.1f}  IQM {iqm_:7.1f}"
-            run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
-                                 f"return(20) {shown}  updates {self.counters['updates']:,d}")
+    def _progress(self, step_now: int, values: dict) -> str:
+        best, iqm_ = values.get("population/best"), values.get("population/iqm")
+        shown = "      -" if best is None else f"best {best:7.1f}  IQM {iqm_:7.1f}"
+        return (f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
+                f"return(20) {shown}  updates {self.counters['updates']:,d}")
 
-    def _member_scalars(self, step_now: int) -> dict:
+    def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
         """Each member's curve (``member_<m>/...``) and the population's best, median and IQM of the members'
         last-20 means (once every member has episodes)."""
         out: dict = {}
@@ -397,24 +333,15 @@ class PopulationTrainer(Trainer):
                         "population/iqm": iqm(scores)})
         return out
 
-    def has_last_log(self) -> bool:
-        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
-
-    def settle(self, run: Run) -> None:
-        if self.iv is not None:
-            self.counters["steps"] = self._steps(run)
-            self._take_episodes(run)
-
     def results(self, run: Run) -> dict:
-        c, best = self.counters, self.best()
+        best = self.best()
         finals = [mb.score() for mb in self.members]
         stats = summarize(finals).as_dict() if all(f is not None for f in finals) else None
         members = [{"member": mb.index, "values": mb.values, "steps": mb.counters["steps"],
                     "updates": mb.counters["updates"], "episodes": mb.counters["episodes"],
                     "mean_return_last20": finals[mb.index]} for mb in self.members]
         write_curves(run.run_dir, self.curves)
-        return {"algo": "vtrace", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
-                "updates": c["updates"], "episodes": c["episodes"], "mean_return_last20": finals[best],
+        return {**super().results(run), "mean_return_last20": finals[best],
                 "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": best,
                                "summary": stats, "members": members, "lineage": self.lineage}}
 

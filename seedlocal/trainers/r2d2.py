@@ -1,28 +1,12 @@
-"""``seedlocal train r2d2``: recurrent prioritized replay on the SEED pipeline.
+"""``seedlocal train r2d2``: recurrent prioritized replay on the SEED pipeline (docs/r2d2.md, "How it runs").
 
-The inference thread computes Q-values centrally with the online network
-and acts epsilon-greedily, each env slot with its own epsilon for the whole
-run (Ape-X's schedule); it keeps every env's recurrent state, stored with
-each unroll, and for Atari every env's frame stack: envpool sends single
-84x84 frames, stacked here on the learner's side for acting and by the
-replay for training, so a stacked tensor never crosses shared memory or
-replay. The main thread moves finished unrolls into the replay's per-env
-streams, samples prioritized sequences (overlapping by the burn-in), learns,
-and writes the new priorities back. A few *evaluation* slots act with
-``eval_epsilon`` and never write to replay; their return is what
-``--stop-at-return`` tests (as SEED reports it). They are local envs (the
-last ones) whenever the run has local workers, so that test does not hang on
-actor hosts joining; the replay, its memory estimate and the replay ratio
-count the acting envs only.
-
-On CUDA nothing in an update waits for the device: the next batch is
-sampled and decompressed while the current update runs and goes to the
-device from pinned memory, and an update's priorities are read back (from
-pinned memory) only after the next batch is ready.
-
-The learner keeps to ``replay_ratio`` (trained rows per env step): while it
-is behind it stops taking unrolls, so actors park on full buffers rather
-than outrun it; while it is ahead it waits for data.
+The inference thread acts epsilon-greedily on the online network's Q-values, each env slot with its own epsilon
+(Ape-X's schedule), keeping every env's recurrent state and, for Atari, its frame stack. The main thread moves
+finished unrolls into the replay's per-env streams (``replay_feeder.py``), samples prioritized sequences, learns
+and writes the new priorities back, keeping to ``replay_ratio`` (trained rows per env step): while it is behind
+it takes no unrolls, so actors park on full buffers rather than outrun it. A few *evaluation* slots (the last
+local envs, so that ``--stop-at-return`` does not wait for actor hosts) act with ``eval_epsilon``, never write to
+replay, and give the return the target tests. On CUDA the next batch is sampled and staged while an update runs.
 """
 
 from __future__ import annotations
@@ -47,13 +31,12 @@ from seedlocal.recipes.r2d2 import R2D2Run, build_net, identity
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
 from seedlocal.trainers.replay_feeder import BatchStager, ReplayFeeder, replay_from_checkpoint, replay_to_checkpoint
-from seedlocal.trainers.run import WAIT_S, Run, Trainer, blank, mean_of, rebuilding, run
+from seedlocal.trainers.run import WAIT_S, Run, StepTrainer, blank, mean_of, rebuilding, run
 
 
 def eval_env_ids(num_local: int, num_envs: int, eval_envs: int) -> np.ndarray:
-    """The evaluation slots: the last local envs (actor hosts may come late,
-    or never: --stop-at-return must not wait for them), and only where there
-    are too few local ones, the last remote envs."""
+    """The evaluation slots: the last local envs (actor hosts may come late, or never: --stop-at-return must not
+    wait for them), and only where there are too few local ones, the last remote envs."""
     if eval_envs <= num_local:
         return np.arange(num_local - eval_envs, num_local)
     return np.arange(num_envs - eval_envs, num_envs)
@@ -65,14 +48,13 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape, seed: int) -> Seq
     fields = {obs_key(k): (s.shape, s.dtype) for k, s in spec.obs.items()}
     fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
                    "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")})
-    stack = stacking(spec, cfg.frame_stack)
-    replay = SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
-                            stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs", stack=stack,
-                            alpha=a.priority_exponent, compress=cfg.compress, seed=seed)
-    return replay
+    return SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
+                          stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs",
+                          stack=stacking(spec, cfg.frame_stack), alpha=a.priority_exponent, compress=cfg.compress,
+                          seed=seed)
 
 
-class R2D2Trainer(Trainer):
+class R2D2Trainer(StepTrainer):
     algo = "r2d2"
     checkpoint_parts = ("model", "target", "optimizer", "counters")
 
@@ -84,7 +66,6 @@ class R2D2Trainer(Trainer):
         apply_precision(self.online.precision, device)
         self.target = self.online.frozen_copy()
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
-        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
         num_envs = self.shape.num_envs
         evaluating = np.zeros(num_envs, bool)
         evaluating[eval_env_ids(self.shape.num_local_envs, num_envs, a.eval_envs)] = True
@@ -101,7 +82,6 @@ class R2D2Trainer(Trainer):
         self.sampled_p: list[float] = []
         self.dropped = 0
         self._waiting = None  # when this wait for data began (None: learning)
-        self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
         self._all_behind = False  # data-parallel ranks: every rank owes the replay ratio an update (spent)
         # Data-parallel ranks: the mean over ranks of their last 20 training and evaluation returns, at the last
         # all-reduce (spent), and at the last log.
@@ -162,56 +142,27 @@ class R2D2Trainer(Trainer):
         return self.cfg.pipeline.learner_threads or ((os.cpu_count() or 1) if big else 1)
 
     def start(self, run: Run) -> None:
-        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
+        super().start(run)
         self.t_log, self.log_steps = run.t_start, self.steps0
         self.inserted0, self.log_updates = self.replay.added, self.counters["updates"]
         self.logged_episodes = self.counters["episodes"]
 
-    def _steps(self, run: Run) -> int:
-        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
+    def target_return(self) -> float | None:
+        on = self.feeder.recent_eval if self.a.eval_envs else self.feeder.recent_train
+        return float(np.mean(on)) if len(on) == on.maxlen else None
 
-    def _stop_on(self):
-        return self.feeder.recent_eval if self.a.eval_envs else self.feeder.recent_train
+    def _more_sums(self) -> list:
+        """The ranks learn (``advance``) only when all of them owe the replay ratio an update, so that their
+        gradients' all-reduces meet; and they log the mean over the ranks of their training and evaluation
+        returns."""
+        f = self.feeder
+        return [f.behind(), mean_of(f.recent_train) or 0.0, bool(f.recent_train), mean_of(f.recent_eval) or 0.0,
+                bool(f.recent_eval)]
 
-    def spent(self, run: Run) -> str | None:
-        if self.ranks.world > 1:
-            return self._spent_together(run)
-        self.counters["steps"] = self._steps(run)
-        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
-            return "steps"
-        if run.out_of_time():
-            return "seconds"
-        on = self._stop_on()
-        if self.cfg.stop_at_return and len(on) == on.maxlen and np.mean(on) >= self.cfg.stop_at_return:
-            run.summary["steps_to_target"] = self.counters["steps"]
-            run.summary["return_at_target"] = float(np.mean(on))
-            return "target"
-        return None
-
-    def _spent_together(self, run: Run) -> str | None:
-        """``spent`` for data-parallel ranks, in one all-reduce per update: the step budget counts every rank's
-        steps, the time budget ends for all when it ends for one, the target is the mean of the ranks' means
-        (once each has its 20 episodes); and the ranks learn (``advance``) only when all of them owe the replay
-        ratio an update, so that their gradients' all-reduces meet."""
-        on, f = self._stop_on(), self.feeder
-        full, local = len(on) == on.maxlen, run.loop.stats.env_steps
-        steps, episodes, returns, n_full, late, behind, train, n_train, ev, n_ev = self.ranks.sum(
-            [local, self.local_episodes, float(np.mean(on)) if full else 0.0, full, run.out_of_time(),
-             f.behind(), mean_of(f.recent_train) or 0.0, bool(f.recent_train), mean_of(f.recent_eval) or 0.0,
-             bool(f.recent_eval)])
-        self.peer_steps, self._all_behind = int(steps) - local, behind == self.ranks.world
+    def _summed(self, episodes: float, reached: float | None, more: list) -> None:
+        behind, train, n_train, ev, n_ev = more
+        self._all_behind = behind == self.ranks.world
         self.all_ranks = {"train": train / n_train if n_train else None, "eval": ev / n_ev if n_ev else None}
-        # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
-        # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
-        self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
-        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
-            return "steps"
-        if late:
-            return "seconds"
-        if self.cfg.stop_at_return and n_full == self.ranks.world and returns / n_full >= self.cfg.stop_at_return:
-            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], returns / n_full
-            return "target"
-        return None
 
     def advance(self, run: Run) -> str | None:
         """Learn while the learner owes the replay ratio, else take unrolls (waiting briefly for them)."""
@@ -287,8 +238,7 @@ class R2D2Trainer(Trainer):
         if last:
             return
         shown = f"{ev:7.1f}" if ev is not None else "      -"
-        # After the warm-up (algo.min_replay) the learner first catches up
-        # on the replay ratio over every step so far, actors parked: say so.
+        # After the warm-up (algo.min_replay) the learner catches up on the replay ratio, actors parked: say so.
         owed = f.owed_updates()
         run.monitor.progress(f"steps {step_now:>10,d}  frames/s {values.get('charts/frames_per_s', 0):>8,.0f}  "
                              f"eval return(20) {shown}  updates {c['updates']:,d}  "
@@ -318,12 +268,8 @@ class R2D2Trainer(Trainer):
         self.feeder.episodes = 0
 
     def results(self, run: Run) -> dict:
-        (c, to_target), (train, ev) = (self.counters, run.summary.get("steps_to_target")), self._returns()
-        return {"algo": "r2d2", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
-                "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
-                "mean_return_last20": train, "eval_return_last20": ev,
-                "return_at_target": run.summary.get("return_at_target"),
-                "frames_to_target": to_target * self.frames_per_step if to_target is not None else None,
+        train, ev = self._returns()
+        return {**super().results(run), "mean_return_last20": train, "eval_return_last20": ev,
                 "target_return_source": "eval" if self.a.eval_envs else "train"}
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:

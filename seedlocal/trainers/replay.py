@@ -1,29 +1,12 @@
-"""Prioritized sequence replay that stores each step once (R2D2).
+"""Prioritized sequence replay that stores each step once (R2D2; the design: docs/r2d2.md, "How it runs").
 
-SEED's R2D2 stores every sequence whole: 40 burn-in + 80 trained + 1 rows,
-so consecutive sequences of one env hold the same frames twice, and Atari
-frames are stored stacked or re-sent. Here each env has one *stream*: a ring
-of its steps in the order they happened, each stored once (for Atari a
-single 84x84 frame; the 4-frame stack is rebuilt at sampling time). A
-sequence is an index range over a stream, starting every ``stride`` steps,
-``length`` = burn_in + unroll + 1 rows long, with the recurrent state the
-actor had at its start. Overlapping sequences share their rows.
-
-Priorities live in a float64 sum tree over sequence slots, updated and
-sampled in batches (O(log N) per item, vectorised over the batch). A new
-sequence enters at the largest priority the learner wrote in its last
-``PRIORITY_WINDOW`` updates (Schaul et al.'s max-priority insertion, so
-every new sequence is soon sampled, with a window so that one early spike of
-TD error does not set every later insertion for the rest of the run; SEED
-instead computes insertion priorities from the actors' own Q-values, which
-needs those stored for every step). Each
-slot carries a generation stamp, bumped whenever its sequence is evicted or
-replaced, so a priority update computed for a sequence that was overwritten
-since it was sampled is dropped rather than applied to the new data.
-
-With ``compress`` frames are stored lz4-compressed one by one (lz4 because
-its decompression runs at GB/s: a batch of 64 x 124 frames decompresses in
-milliseconds, where zstd's better ratio would cost the learner time).
+Each env has one *stream*: a ring of its steps in the order they happened, each stored once (for Atari a single
+84x84 frame; the stack is rebuilt at sampling time). A sequence is an index range over a stream, starting every
+``stride`` steps, ``length`` = burn_in + unroll + 1 rows long, with the recurrent state the actor had at its
+start: overlapping sequences share their rows. Priorities live in a float64 sum tree over sequence slots; a new
+sequence enters at the largest priority of the last ``PRIORITY_WINDOW`` updates, and each slot's generation
+stamp drops a priority computed for a sequence overwritten since it was sampled. With ``compress`` frames are
+stored lz4-compressed one by one (its decompression runs at GB/s).
 """
 
 from __future__ import annotations
@@ -36,6 +19,9 @@ import numpy as np
 from seedlocal.spec import episode_starts
 
 PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
+# What a replay's checkpoint holds as plain arrays (state_dict), besides its data, tree and queues.
+_ARRAYS = ("ep_start", "count", "barrier", "cur_ep", "after_ignored", "core", "slot_env", "slot_start", "slot_gen",
+           "next_start")
 
 
 class SumTree:
@@ -56,12 +42,9 @@ class SumTree:
     def update(self, idx: np.ndarray, priority: np.ndarray) -> None:
         pos = np.asarray(idx, np.int64) + self.leaves
         self.tree[pos] = priority
-        pos = np.unique(pos >> 1)
-        while pos[0] >= 1:
-            self.tree[pos] = self.tree[2 * pos] + self.tree[2 * pos + 1]
-            if pos[0] == 1:
-                break
+        for _ in range(self.depth):  # each level up to the root
             pos = np.unique(pos >> 1)
+            self.tree[pos] = self.tree[2 * pos] + self.tree[2 * pos + 1]
 
     def find(self, mass: np.ndarray) -> np.ndarray:
         """Leaves whose cumulative-priority interval holds each value of ``mass`` (in [0, total))."""
@@ -92,11 +75,9 @@ class SumTree:
 class SequenceReplay:
     """Per-env step streams, prioritized sequences over them (see module docstring).
 
-    ``fields`` maps a per-step field name to (shape, dtype); ``frame`` is the
-    name of the field stacked ``stack`` deep at sampling time (None: no
-    stacking). Steps arrive per env with ``append``; a sequence slot exists
-    for every ``stride``-aligned start whose ``length`` rows are complete.
-    """
+    ``fields`` maps a per-step field name to (shape, dtype); ``frame`` is the name of the field stacked ``stack``
+    deep at sampling time (None: no stacking). Steps arrive per env with ``append``; a sequence slot exists for
+    every ``stride``-aligned start whose ``length`` rows are complete."""
 
     def __init__(self, num_envs: int, sequences: int, length: int, stride: int,
                  fields: dict[str, tuple[tuple[int, ...], str]], core_shape: tuple[int, ...] | None,
@@ -111,12 +92,8 @@ class SequenceReplay:
         # Room for every live sequence of an env plus the one being filled and the frames stacked before it.
         self.cap = per_env * stride + length + self.stack
         self.fields = fields
-        self.data = {}
-        for name, (shape, dtype) in fields.items():
-            if compress and name == frame:
-                self.data[name] = np.empty((num_envs, self.cap), object)
-            else:
-                self.data[name] = np.zeros((num_envs, self.cap) + tuple(shape), dtype)
+        self.data = {name: np.empty((num_envs, self.cap), object) if compress and name == frame
+                     else np.zeros((num_envs, self.cap) + tuple(shape), dtype) for name, (shape, dtype) in fields.items()}
         # Where each step's episode began (absolute step number), for stacking within an episode.
         self.ep_start = np.zeros((num_envs, self.cap), np.int64)
         self.count = np.zeros(num_envs, np.int64)  # steps written per env (absolute write position)
@@ -145,9 +122,7 @@ class SequenceReplay:
 
     def state_dict(self) -> dict:
         """Everything needed to continue sampling where this replay stood (for --checkpoint-replay)."""
-        arrays = {k: getattr(self, k) for k in ("ep_start", "count", "barrier", "cur_ep", "after_ignored", "core",
-                                                "slot_env", "slot_start", "slot_gen", "next_start")}
-        return {**arrays, "data": self.data, "tree": self.tree.tree, "free": list(self.free),
+        return {**{k: getattr(self, k) for k in _ARRAYS}, "data": self.data, "tree": self.tree.tree, "free": list(self.free),
                 "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
                 "recent_max": list(self.recent_max), "added": self.added, "rng": self.rng.bit_generator.state}
 
@@ -159,8 +134,7 @@ class SequenceReplay:
                                  f"{self.data[name].shape if name in self.data else 'has no such field'}")
         if state["tree"].shape != self.tree.tree.shape:
             raise ValueError("the saved replay holds a different number of sequences")
-        for k in ("ep_start", "count", "barrier", "cur_ep", "after_ignored", "core", "slot_env", "slot_start",
-                  "slot_gen", "next_start"):
+        for k in _ARRAYS:
             setattr(self, k, state[k])
         self.data, self.tree.tree = dict(state["data"]), state["tree"]
         self.free = deque(state["free"])

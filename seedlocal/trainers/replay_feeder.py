@@ -1,11 +1,9 @@
 """Between R2D2's pipeline and its replay: finished unrolls in, batches out.
 
-``ReplayFeeder`` takes each finished unroll into the replay (one stream per
-acting env; evaluation slots only report returns), keeps the replay ratio
-(trained rows per acting step: while the learner is behind it takes no
-unrolls, so actors park on full buffers instead of outrunning it), and
-turns replay samples into device batches (``BatchStager``). A replay saved
-with a checkpoint goes through ``replay_to_checkpoint``.
+``ReplayFeeder`` takes each finished unroll into the replay (one stream per acting env; evaluation slots only report
+returns), keeps the replay ratio (trained rows per acting step: while the learner is behind it takes no unrolls, so
+actors park on full buffers instead of outrunning it), and turns replay samples into device batches
+(``BatchStager``). A replay saved with a checkpoint goes through ``replay_to_checkpoint``.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ STEP_FIELDS = ("action", "reward", "terminated", "truncated", "ignored")
 
 
 class ReplayFeeder:
-    """``evaluating`` [envs] marks the evaluation slots; acting env i writes
-    replay stream ``stream_of[i]``."""
+    """``evaluating`` [envs] marks the evaluation slots; acting env i writes replay stream ``stream_of[i]``."""
 
     def __init__(self, replay: SequenceReplay, evaluating: np.ndarray, envs_per_group: int, unroll_length: int,
                  obs_keys: list[str], replay_ratio: float, batch_size: int, min_replay: int):
@@ -91,13 +88,11 @@ class ReplayFeeder:
 class BatchStager:
     """Replay samples to learner batches on the device.
 
-    On a CPU the sampled arrays are the batch. On CUDA each is copied into
-    pinned memory (two sets, used in turn: the copy out of one may still be
-    in flight while the next batch is written into the other) and goes to
-    the device asynchronously; ``ahead`` tells the learner to sample the
-    next batch while the current update runs. An update's priorities come
-    back through a pinned buffer too, read only after the next batch is
-    staged (``priorities_to_host`` then ``read``)."""
+    On a CPU the sampled arrays are the batch. On CUDA each is copied into pinned memory (two sets, used in turn:
+    the copy out of one may still be in flight while the next batch is written into the other) and goes to the
+    device asynchronously; ``ahead`` tells the learner to sample the next batch while the current update runs. An
+    update's priorities come back through a pinned buffer too, read only after the next batch is staged
+    (``priorities_to_host`` then ``read``)."""
 
     def __init__(self, device: torch.device, obs_keys: list[str]):
         self.device, self.obs_keys = device, obs_keys

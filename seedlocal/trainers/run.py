@@ -2,19 +2,15 @@
 
 ``run(Trainer, cfg)`` owns everything around the algorithm:
 
-    validate the config -> resume (checkpoint, its config, its counters) ->
-    run folder, TensorBoard, the first line -> the pipeline and its
-    inference thread -> until a budget ends or the trainer stops: the
-    trainer's ``advance``; its scalars and checkpoints when due ->
-    whatever way it ends (budget, target, Ctrl-C, SIGTERM, an error): stop
-    threads, last scalars, checkpoint, summary.json, the closing line.
+    validate the config -> resume (checkpoint, its config, its counters) -> run folder, TensorBoard, the first
+    line -> the pipeline and its inference thread -> until a budget ends or the trainer stops: the trainer's
+    ``advance``; its scalars and checkpoints when due -> whatever way it ends (budget, target, Ctrl-C, SIGTERM,
+    an error): stop threads, last scalars, checkpoint, summary.json, the closing line.
 
-A trainer (``Trainer``) supplies the parts that differ: what it builds,
-how it acts (its policy), one unit of learning (``advance``), what it
-saves, logs and reports. ``Run`` is what a trainer sees of the run while
-it goes: the pipeline, the clock and the helpers every wait needs
-(``Run.waiting`` checks the inference thread, the stall watch, the bridge
-and the time budget).
+A trainer (``Trainer``) supplies the parts that differ: what it builds, how it acts (its policy), one unit of
+learning (``advance``), what it saves, logs and reports. ``Run`` is what a trainer sees of the run while it goes:
+the pipeline, the clock and the helpers every wait needs (``Run.waiting`` checks the inference thread, the stall
+watch, the bridge and the time budget).
 """
 
 from __future__ import annotations
@@ -22,10 +18,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import random
 import time
 import zlib
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -50,9 +47,8 @@ WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting
 
 
 class Trainer(abc.ABC):
-    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and
-    ``x_axis`` (the counter TensorBoard's x axis and checkpoint names follow)
-    and fill ``counters`` in ``__init__``."""
+    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and ``x_axis`` (the counter TensorBoard's x axis
+    and checkpoint names follow) and fill ``counters`` in ``__init__``."""
 
     algo: str
     x_axis: str = "steps"
@@ -142,8 +138,8 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def advance(self, run: "Run") -> str | None:
-        """One unit of learning (an update, a generation). Returns what ended
-        the run while it waited (e.g. "seconds"), or None."""
+        """One unit of learning (an update, a generation). Returns what ended the run while it waited (e.g.
+        "seconds"), or None."""
 
     def log_due(self, run: "Run", now: float) -> bool:
         return now - run.logged_at >= self.cfg.log_every_s
@@ -153,8 +149,8 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def log(self, run: "Run", now: float, last: bool = False) -> None:
-        """Scalars (and the progress line unless ``last``, the run's final,
-        partial interval) for the time since the last call."""
+        """Scalars (and the progress line unless ``last``, the run's final, partial interval) for the time since
+        the last call."""
 
     def has_last_log(self) -> bool:
         """Whether the interval since the last log holds anything to write at the end."""
@@ -175,14 +171,89 @@ class Trainer(abc.ABC):
         """(what the run reached, for the closing line; why nothing was done, or None)."""
 
 
+class StepTrainer(Trainer):
+    """A trainer counted in env steps (V-trace, R2D2, a population of V-trace learners): its counters are steps,
+    updates and episodes, and the step budget, the time budget or ``--stop-at-return`` ends it (``spent``),
+    judged by one process, or by data-parallel ranks together in one all-reduce per update."""
+
+    peer_steps = 0
+    """data-parallel ranks: the other ranks' steps, as of the last all-reduce"""
+    local_episodes = 0
+    """data-parallel ranks: this rank's episodes"""
+
+    def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+
+    @abc.abstractmethod
+    def target_return(self) -> float | None:
+        """This process's mean return that ``--stop-at-return`` tests, once it has its 20 episodes (else None)."""
+
+    def start(self, run: "Run") -> None:
+        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
+
+    def _steps(self, run: "Run") -> int:
+        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
+
+    def reaches(self, mean: float | None) -> bool:
+        return bool(self.cfg.stop_at_return) and mean is not None and mean >= self.cfg.stop_at_return
+
+    def spent(self, run: "Run") -> str | None:
+        if self.ranks.world > 1:
+            late, reached = self._spent_together(run)
+        else:
+            self.counters["steps"] = self._steps(run)
+            late, reached = run.out_of_time(), self.target_return()
+        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
+            return "steps"
+        if late:
+            return "seconds"
+        if not self.reaches(reached):
+            return None
+        if run.summary.get("steps_to_target") is None:  # (V-trace's advance records it when it is met)
+            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], reached
+        return "target"
+
+    def _spent_together(self, run: "Run") -> tuple[bool, float | None]:
+        """``spent``'s counts for data-parallel ranks, in one all-reduce per update: the step budget counts every
+        rank's steps, the time budget ends for all when it ends for one, and the target is the mean of the ranks'
+        means (once each has its 20 episodes). Returns (the time budget has ended, that mean or None)."""
+        own, local = self.target_return(), run.loop.stats.env_steps
+        steps, episodes, returns, n_full, late, *more = self.ranks.sum(
+            [local, self.local_episodes, 0.0 if own is None else own, own is not None, run.out_of_time(),
+             *self._more_sums()])
+        reached = returns / n_full if n_full == self.ranks.world else None
+        self.peer_steps = int(steps) - local
+        # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
+        # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
+        self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
+        self._summed(episodes, reached, more)
+        return bool(late), reached
+
+    def _more_sums(self) -> list:
+        """Data-parallel ranks: what else this rank adds to ``spent``'s all-reduce."""
+        return []
+
+    def _summed(self, episodes: float, reached: float | None, more: list) -> None:
+        """Data-parallel ranks: ``spent``'s all-reduce found the ranks' ``episodes`` this session, their mean of
+        means ``reached`` and the sums of ``_more_sums``."""
+
+    def results(self, run: "Run") -> dict:
+        c, to_target = self.counters, run.summary.get("steps_to_target")
+        return {"algo": self.algo, "env": self.spec.env_id, "steps": c["steps"],
+                "frames": c["steps"] * self.frames_per_step, "updates": c["updates"], "episodes": c["episodes"],
+                "steps_to_target": to_target, "return_at_target": run.summary.get("return_at_target"),
+                "frames_to_target": to_target * self.frames_per_step if to_target is not None else None}
+
+
 class Run:
     """What a trainer sees of the run while it goes."""
 
-    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, resumed: dict | None,
-                 saved_cfg=None):
-        """``saved_cfg``: the config checkpoints hold, when ``cfg`` is one data-parallel rank's share of it."""
+    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, summary: dict, saved_cfg):
+        """``summary``: what summary.json will hold (a trainer records when it met the target there);
+        ``saved_cfg``: the config checkpoints hold (``cfg`` is one data-parallel rank's share of it)."""
         self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = cfg, trainer, pipe, monitor, run_dir
-        self.resumed, self.saved_cfg = resumed, saved_cfg or cfg
+        self.summary, self.saved_cfg = summary, saved_cfg
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
@@ -190,7 +261,6 @@ class Run:
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting = 0.0
         self._said_no_host = False
-        self.summary: dict = {}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
@@ -209,10 +279,9 @@ class Run:
         return bool(self.cfg.seconds) and self.elapsed() >= self.cfg.seconds
 
     def waiting(self, since: float) -> bool:
-        """For a trainer waiting for data (every ``WAIT_S``): raise what the
-        inference thread raised, say so when envs stop stepping or actor
-        hosts are missing, and return True once the time budget has ended
-        (so a hung env cannot hold the run past it)."""
+        """For a trainer waiting for data (every ``WAIT_S``): raise what the inference thread raised, say so when
+        envs stop stepping or actor hosts are missing, and return True once the time budget has ended (so a hung
+        env cannot hold the run past it)."""
         self.runner.check()
         now = time.monotonic()
         if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
@@ -237,8 +306,6 @@ class Run:
 def rng_state() -> dict:
     """The process-wide generators a run draws from (action sampling, init, exploration):
     torch's CPU and CUDA ones, numpy's and Python's global ones."""
-    import random
-
     # numpy's state as plain numbers and a tensor: checkpoints load with weights_only=True.
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     out = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -263,8 +330,6 @@ def stream_seed(seed: int, rank: int, purpose: str, start: int = 0) -> int:
 
 def seed_generators(seed: int) -> None:
     """Every process-wide generator from the run's seed, once, before the trainer draws its networks."""
-    import random
-
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
@@ -274,8 +339,6 @@ def restore_generators(saved: dict | None) -> None:
     """A resumed run continues the generators where its checkpoint left them (``rng_state``), so it
     does not replay the action noise of the run's start; a checkpoint from before they were saved
     continues from the seed, as before."""
-    import random
-
     if not saved:
         return
     torch.set_rng_state(saved["torch"])
@@ -309,14 +372,9 @@ def blank(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     return net.to_empty(device="cpu")
 
 
-def default_run_name(spec, algo: str, seed: int) -> str:
-    return f"{spec.env_id.replace('/', '_').replace(':', '.')}__{algo}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
-    """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``,
-    restored from its checkpoint (counters, state, generators); the
-    checkpoint (None for a new run) and the run folder it writes to."""
+    """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``, restored
+    from its checkpoint (counters, state, generators); the checkpoint (None for a new run) and its run folder."""
     cfg, spec = prepared.config, prepared.spec
     if ranks.world > 1:
         prepared = for_rank(prepared, ranks.rank, ranks.world, ranks.share(cfg))
@@ -326,7 +384,8 @@ def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo
     if resumed is not None:
         run_dir = checkpoint.run_dir_of(resumed["path"])
     else:
-        name = cfg.run_name or default_run_name(spec, trainer_cls.algo_name(cfg), cfg.env.seed)
+        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__{trainer_cls.algo_name(cfg)}__"
+                                f"{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
     t = trainer_cls(prepared, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
     if resumed is not None:
@@ -369,24 +428,14 @@ def _videos(t: Trainer, cfg, spec, monitor: RunMonitor, run_dir: Path, from_chec
     return TrainingVideos(every, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
 
 
-class _Quiet:
-    """A data-parallel rank other than 0: it writes no TensorBoard scalars (rank 0 writes the run's, with every
-    rank's counts reduced into them) and shows no progress line."""
+class _Quiet(nullcontext):
+    """A data-parallel rank other than 0's monitor: it writes no TensorBoard scalars or text (rank 0 writes the
+    run's, with every rank's counts reduced into them) and shows no progress line."""
 
-    def scalars(self, step: int, values: dict) -> None:
+    def _nothing(self, *args) -> None:
         pass
 
-    def text(self, tag: str, value: str, step: int = 0) -> None:
-        pass
-
-    def progress(self, line: str) -> None:
-        pass
-
-    def __enter__(self) -> "_Quiet":
-        return self
-
-    def __exit__(self, kind, exc, tb) -> None:
-        pass
+    scalars = text = progress = _nothing
 
 
 def _join(trainer_cls: type[Trainer], prepared: Prepared):
@@ -454,8 +503,7 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
             _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
-        r = Run(t.cfg, t, pipe, monitor, run_dir, resumed, saved_cfg=cfg)
-        r.summary = summary
+        r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
                               pipe.pool.envs_per_group), flush=True)

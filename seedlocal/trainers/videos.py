@@ -1,27 +1,12 @@
-"""Videos while training (``--video-every-min M``): the policy as it improves.
+"""Videos while training (``--video-every-min M``): the policy as it improves (docs/tracking.md).
 
-Every M minutes, one episode of the current policy is played in an env of
-its own (not one of the training slots) and drawn with eval's frames
-(``video.record``: Atari's colour screen, MuJoCo's camera, a Gymnasium
-env's ``render()``). It is written as an animated GIF to
-``<run>/videos/<x>_<n>.gif``, to TensorBoard under ``videos/episode``
-(Images; what ``SummaryWriter.add_video`` writes, a GIF in an image
-summary, encoded here by Pillow, which eval uses already, instead of the
-moviepy that ``add_video`` needs) and, with ``--track``, to W&B.
-
-It does not stall the learner. The learner's thread only copies the
-acting network's weights to the CPU (``Trainer.acting_state``: no
-optimiser, no replay) between two updates, which is when they hold still.
-A thread of its own does the rest at the lowest CPU priority (nice 19,
-which envpool's thread inherits, and one torch thread): it rebuilds the
-policy on the CPU through the family's ``from_checkpoint``, the very
-policy ``seedlocal eval`` plays, plays the episode, encodes and writes it.
-Its random draws come from a generator of its own (the network's rebuild
-draws none), so turning videos on leaves training's random stream as it
-was; W&B's copy of a video is prepared before the tracker's lock is taken,
-which the learner's logging shares.
-A video that falls due while the last is still being made is skipped. An
-env that cannot render is said once, and the run goes on without videos.
+Every M minutes one episode of the current policy is played in an env of its own, drawn with eval's frames
+(``video.record``), and written as an animated GIF to ``<run>/videos/<x>_<n>.gif``, to TensorBoard under
+``videos/episode`` and, with ``--track``, to W&B. The learner's thread only copies the acting network's weights
+to the CPU (``Trainer.acting_state``); a thread of its own at nice 19 rebuilds the policy through the family's
+``from_checkpoint`` (the one ``seedlocal eval`` plays), plays, encodes and writes, drawing from a generator of
+its own, so training's random stream stays as it was. A video that falls due while the last is still being made
+is skipped; an env that cannot render is said once, and the run goes on without videos.
 """
 
 from __future__ import annotations

@@ -1,71 +1,57 @@
 """``seedlocal train vtrace``: IMPALA on the SEED-style pipeline.
 
-One process holds the model. Its inference thread serves the env workers
-with the learner's own parameters (a ``WeightLock`` orders only the
-optimiser's write against its reads); its main thread turns batches of
-finished unrolls into V-trace updates (``algos/vtrace.py``). Unrolls go
-from shared memory to the device in one copy per field (``Batcher``); by
-default actors wait while the learner works on a batch (``actors_wait``).
-The run's life around this is ``trainers/run.py``'s.
+One process holds the model. Its inference thread serves the env workers with the learner's own parameters (a
+``WeightLock`` orders only the optimiser's write against its reads); its main thread turns batches of finished
+unrolls into V-trace updates (``algos/vtrace.py``). Unrolls go from shared memory to the device in one copy per
+field (``Batcher``); by default actors wait while the learner works on a batch (``actors_wait``). The run's life
+around this is ``trainers/run.py``'s.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections import deque
 
 import numpy as np
 import torch
 
-from seedlocal.algos.frames import UnrollStacks, net_spec, stacking
+from seedlocal.algos.frames import net_spec
 from seedlocal.algos.vtrace import VTraceParams, learner_step, make_optimizer
 from seedlocal.arithmetic import apply_precision, resolve_precision
-from seedlocal.dtypes import torch_dtype
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import checkpoint_network
 from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
-from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.prepare import Prepared, checkpoint_spec
 from seedlocal.recipes.vtrace import VTraceRun, build_model, identity
-from seedlocal.trainers.run import WAIT_S, Run, Trainer, blank, rebuilding, run
-from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, Interval, actors_wait
+from seedlocal.trainers.run import WAIT_S, Run, blank, rebuilding, run
+from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, VTraceLearning
 
-class VTraceTrainer(Trainer):
+
+class VTraceTrainer(VTraceLearning):
     algo = "vtrace"
     checkpoint_parts = ("model", "optimizer", "counters")
 
     def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
         super().__init__(prepared, device, ranks)
-        cfg, spec = self.cfg, self.spec
-        a = cfg.algo
-        self.model = build_model(cfg, spec).to(device)
+        cfg, a = self.cfg, self.cfg.algo
+        self.model = build_model(cfg, self.spec).to(device)
         self.optimizer = make_optimizer(self.model.parameters(), a)
-        self.counters = {"steps": 0, "updates": 0, "episodes": 0}
         # Minibatch order: one seeded CPU generator on every device (learner_step), each rank's and session's own.
         self.shuffle = torch.Generator().manual_seed(self.stream("shuffle"))
         self.precision = resolve_precision(a.precision, self.model.kind, device)
         apply_precision(self.precision, device)
-        self.sync = actors_wait(a)
-        self.lock = WeightLock(device)
         self.k = self.shape.unrolls_per_batch  # unrolls per batch
         self.rows_per_batch = a.batch_size * cfg.pipeline.unroll_length
-        self.stack = stacking(spec, cfg.frame_stack)
-        self.stacks = None  # the learner's frame stacks (start), where the env sends single frames
-        self.recent: deque[float] = deque(maxlen=20)
         self.lr = a.learning_rate
-        self.prefetch = self.iv = None  # once the pipeline runs (start)
-        self.peer_steps = self.local_episodes = 0  # data-parallel ranks: the others' steps, this rank's episodes
+        self.prefetch = None  # once the pipeline runs (start)
         self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
-        self.all_ranks: dict = {}  # data-parallel ranks: every rank's episodes at the last all-reduce (spent)
-        self.logged_ranks: tuple = (0, 0.0, 0.0)  # ... and at the last log
-        self.logged_mean20 = None  # the ranks' mean of means at the last log
-        self.scaler = None
-        if a.reward_scale:
-            self.scaler = RewardScaler(self.shape.num_envs, a.discount)
+        # Data-parallel ranks: every rank's episodes (sums) and the mean of their means at the last all-reduce
+        # (spent), and at the last log.
+        self.all_ranks: dict = {}
+        self.logged_ranks: dict = {"sums": (0, 0.0, 0.0), "mean20": None}
+        self.scaler = RewardScaler(self.shape.num_envs, a.discount) if a.reward_scale else None
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -95,7 +81,7 @@ class VTraceTrainer(Trainer):
         rhythm = "actors wait for each update, algo.sync on" if self.sync else "acting overlaps learning, algo.sync off"
         if self.cfg.algo.proximal == "batch":
             rhythm += "; the clip against the learner's policy at each batch's start, algo.proximal batch"
-        stacked = f", {self.stack} frames stacked beside the network" if self.stack > 1 else ""
+        stacked = f", {self.frame_stack} frames stacked beside the network" if self.frame_stack > 1 else ""
         return (f"training V-trace on {self.spec.env_id} ({self.model.kind} torso{lstm}{stacked}, {self.precision} "
                 f"on {self.device}, {rhythm})")
 
@@ -104,71 +90,32 @@ class VTraceTrainer(Trainer):
         run's are equal already; the optimiser's state is too, fresh or loaded from the same checkpoint)."""
         ranks.broadcast_(self.model)
 
-    def _pooled(self):
-        """The ranks to reduce over, or None for one process (which then makes no collective call)."""
-        return self.ranks if self.ranks.world > 1 else None
+    def _pool_moments(self):
+        """What pools the running statistics' moments over the ranks, or None for one process (which then makes no
+        collective call)."""
+        return self.ranks.pool_moments if self.ranks.world > 1 else None
 
     def policy(self):
         return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
-                           cuda_graphs=self.cfg.pipeline.cuda_graphs, stack=self.stack)
-
-    def learner_threads(self) -> int:
-        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
+                           cuda_graphs=self.cfg.pipeline.cuda_graphs, stack=self.frame_stack)
 
     def start(self, run: Run) -> None:
         # Actors wait for the learner (sync) by getting their unrolls back only after its update;
         # a synchronous learner holds one batch at a time: one set is enough.
         batcher = Batcher(run.pipe.store, run.pipe.layout.obs_keys(), self.k, self.device, sets=1 if self.sync else 2)
         self.prefetch = Prefetcher(run.loop, batcher, release_early=not self.sync)
-        if self.stack > 1:
-            frame = self.spec.obs[""]
-            self.stacks = UnrollStacks(self.stack, self.shape.num_envs, self.shape.envs_per_group, frame.shape[1:],
-                                       torch_dtype(frame.dtype), self.device)
         if not self.sync:
             self.prefetch.start()
-        self.steps0, self.episodes0 = self.counters["steps"], self.counters["episodes"]
-        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+        super().start(run)
 
-    def _steps(self, run: Run) -> int:
-        return self.steps0 + run.loop.stats.env_steps + self.peer_steps
+    def target_return(self) -> float | None:
+        return float(np.mean(self.recent)) if len(self.recent) == self.recent.maxlen else None
 
-    def _target_met(self) -> bool:
-        return bool(self.cfg.stop_at_return) and len(self.recent) == self.recent.maxlen \
-            and np.mean(self.recent) >= self.cfg.stop_at_return
+    def _more_sums(self) -> list:
+        return self.local_ep_sums
 
-    def spent(self, run: Run) -> str | None:
-        if self.ranks.world > 1:
-            return self._spent_together(run)
-        self.counters["steps"] = self._steps(run)
-        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
-            return "steps"
-        if run.out_of_time():
-            return "seconds"
-        return "target" if self._target_met() else None
-
-    def _spent_together(self, run: Run) -> str | None:
-        """``spent`` for data-parallel ranks, decided by all of them in one all-reduce per update: the step
-        budget counts every rank's steps, the time budget ends for all when it ends for one, and the target is
-        the mean of the ranks' means of their last 20 episodes (once every rank has 20)."""
-        full = len(self.recent) == self.recent.maxlen
-        local = run.loop.stats.env_steps
-        steps, episodes, returns, n_full, late, ret_sum, len_sum = self.ranks.sum(
-            [local, self.local_episodes, float(np.mean(self.recent)) if full else 0.0, full, run.out_of_time(),
-             *self.local_ep_sums])
-        self.all_ranks = {"sums": (episodes, ret_sum, len_sum),
-                          "mean20": returns / n_full if n_full == self.ranks.world else None}
-        self.peer_steps = int(steps) - local
-        # The all-reduced total, not _steps(run): that re-reads this rank's counter, which the inference thread
-        # has moved on since, so ranks would judge the budget on different counts and one would stop alone.
-        self.counters["steps"], self.counters["episodes"] = self.steps0 + int(steps), self.episodes0 + int(episodes)
-        if self.cfg.total_steps and self.counters["steps"] >= self.cfg.total_steps:
-            return "steps"
-        if late:
-            return "seconds"
-        target = self.cfg.stop_at_return and n_full == self.ranks.world and returns / n_full >= self.cfg.stop_at_return
-        if target and run.summary.get("steps_to_target") is None:
-            run.summary["steps_to_target"], run.summary["return_at_target"] = self.counters["steps"], returns / n_full
-        return "target" if target else None
+    def _summed(self, episodes: float, reached: float | None, more: list) -> None:
+        self.all_ranks = {"sums": (episodes, *more), "mean20": reached}
 
     def advance(self, run: Run) -> str | None:
         """Wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner), learn from it."""
@@ -178,41 +125,24 @@ class VTraceTrainer(Trainer):
         while (fetched := self.prefetch.next(timeout=WAIT_S)) is None:
             if run.waiting(t0):
                 return "seconds"  # the budget ends while waiting (e.g. a hung env)
-        t1 = time.monotonic()
-        if not iv.begun:
-            iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
-        else:
-            iv.wait_s += t1 - t0
-        batch = self.prefetch.batcher.use(fetched)
-        if self.stacks is not None:
-            frames = self.stacks(batch["obs"][""], batch["ignored"], fetched.groups, fetched.epochs)
-            batch = {**batch, "obs": {**batch["obs"], "": frames}}
-        self.lr = cfg.algo.learning_rate
-        if cfg.algo.lr_decay and cfg.total_steps:
-            self.lr *= max(0.0, 1.0 - self.counters["steps"] / cfg.total_steps)
-        for g in self.optimizer.param_groups:
-            g["lr"] = self.lr
+        t1 = self._waited(run, t0)
+        batch, self.lr = self._take_batch(self.prefetch.batcher, fetched, self.optimizer, cfg.algo,
+                                          self.counters["steps"], cfg.total_steps)
         acted_version, version0 = float(batch["policy_version"].mean()), run.loop.version
         batch = self._scale_rewards(batch, fetched)
-
-        def bump_version() -> None:
-            run.loop.version += 1
-
         stats = learner_step(self.model, self.optimizer, batch, cfg.algo, step_lock=self.lock,
-                             diagnose=iv.diag is None, precision=self.precision, after_update=bump_version,
-                             shuffle=self.shuffle, ranks=self._pooled())
+                             diagnose=iv.diag is None, precision=self.precision, after_update=self._bump_version,
+                             shuffle=self.shuffle, ranks=self.ranks if self.ranks.world > 1 else None)
         self._update_obs_norm(batch)
         if iv.diag is None:  # once per logging interval: it copies the weights
             iv.diag = {key: stats.pop(key) for key in list(stats) if key.startswith(DIAGNOSTICS)}
         n_updates = stats.pop("updates")
         self.counters["updates"] += n_updates
-        # Updates between acting and learning, averaged over this batch's updates.
-        stats["policy_lag"] = version0 + (n_updates - 1) / 2 - acted_version
-        iv.add(stats, self.rows_per_batch * cfg.algo.echo)
+        self._learned(stats, n_updates, version0, acted_version, cfg.algo.echo)
         self.prefetch.done(fetched)
         iv.learn_s += time.monotonic() - t1
         self._take_episodes(run)
-        if self.ranks.world == 1 and self._target_met() and run.summary.get("steps_to_target") is None:
+        if self.ranks.world == 1 and run.summary.get("steps_to_target") is None and self.reaches(self.target_return()):
             # The mean that met the target: episodes that end while the run stops may move the final one below it.
             run.summary["steps_to_target"] = self._steps(run)
             run.summary["return_at_target"] = float(np.mean(self.recent))
@@ -225,9 +155,7 @@ class VTraceTrainer(Trainer):
         if self.model.obs_norm is not None:
             T = self.cfg.pipeline.unroll_length
             with self.lock:
-                pooled = self._pooled()
-                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()},
-                                           pool=None if pooled is None else pooled.pool_moments)
+                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()}, pool=self._pool_moments())
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
@@ -237,9 +165,8 @@ class VTraceTrainer(Trainer):
         host = self.prefetch.batcher.host[fetched.slot]
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
-        pooled = self._pooled()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
-                           ~host["ignored"][:T], pool=None if pooled is None else pooled.pool_moments)
+                           ~host["ignored"][:T], pool=self._pool_moments())
         return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
@@ -254,21 +181,17 @@ class VTraceTrainer(Trainer):
     def log_due(self, run: Run, now: float) -> bool:
         return now - self.iv.t0 >= self.cfg.log_every_s
 
-    def log(self, run: Run, now: float, last: bool = False) -> None:
-        step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
-        rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
-        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
-        values.update({"charts/episodes": self.counters["episodes"], "charts/learning_rate": self.lr})
+    def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
+        values = {"charts/learning_rate": self.lr}
         if run.meter is not None and rates:
             values.update(run.meter.scalars())
         if self.ranks.world > 1:
             values.update(self._all_ranks_episodes())
-        iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
-        run.monitor.scalars(step_now, values)
-        if not last:
-            ret = f"{np.mean(self.recent):7.1f}" if self.recent else "      -"
-            run.monitor.progress(
-                f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  return(20) {ret}  "
+        return values
+
+    def _progress(self, step_now: int, values: dict) -> str:
+        ret = f"{np.mean(self.recent):7.1f}" if self.recent else "      -"
+        return (f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  return(20) {ret}  "
                 f"updates {self.counters['updates']:,d}  loss {values['losses/total_loss']:.3f}  "
                 f"entropy {values['losses/entropy']:.2f}")
 
@@ -277,36 +200,23 @@ class VTraceTrainer(Trainer):
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
         if not self.all_ranks:
             return {}
-        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks
-        self.logged_ranks, self.logged_mean20 = self.all_ranks["sums"], self.all_ranks["mean20"]
+        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
+        self.logged_ranks = self.all_ranks
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
                 "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
                 "charts/return_mean20": self.all_ranks["mean20"]}
 
     def has_last_log(self) -> bool:
-        # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
-        # curve too; and with ranks, an all-reduce after the last log (spent() runs after log()) that moved the
-        # ranks' mean of means, which is what stopped a run at its target.
-        moved = bool(self.all_ranks) and (self.all_ranks["sums"] != self.logged_ranks
-                                           or self.all_ranks["mean20"] != self.logged_mean20)
-        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0 or moved)
+        # With ranks also an all-reduce after the last log (spent() runs after log()) that moved the ranks' mean of
+        # means, which is what stopped a run at its target.
+        return super().has_last_log() or (bool(self.all_ranks) and self.all_ranks != self.logged_ranks)
 
     def stop(self, run: Run) -> None:
         if self.prefetch is not None:
             self.prefetch.stop()
 
-    def settle(self, run: Run) -> None:
-        if self.iv is not None:
-            self.counters["steps"] = self._steps(run)
-            self._take_episodes(run)
-
     def results(self, run: Run) -> dict:
-        c, to_target = self.counters, run.summary.get("steps_to_target")
-        return {"algo": "vtrace", "env": self.spec.env_id, "steps": c["steps"], "frames": c["steps"] * self.frames_per_step,
-                "updates": c["updates"], "episodes": c["episodes"], "steps_to_target": to_target,
-                "mean_return_last20": float(np.mean(self.recent)) if self.recent else None,
-                "return_at_target": run.summary.get("return_at_target"),
-                "frames_to_target": to_target * self.frames_per_step if to_target is not None else None}
+        return {**super().results(run), "mean_return_last20": float(np.mean(self.recent)) if self.recent else None}
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
         ret = summary["mean_return_last20"]

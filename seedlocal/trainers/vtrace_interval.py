@@ -1,32 +1,38 @@
-"""What V-trace's trainers share besides the run's skeleton: the learning rhythm and one logging interval's
-accumulated losses, episodes and rates (``trainers/vtrace.py``, ``trainers/population.py``)."""
+"""What V-trace's trainers share besides the run's skeleton (``trainers/vtrace.py``, ``trainers/population.py``):
+the learning rhythm, the batches as the learner takes them, and one logging interval's accumulated losses,
+episodes and rates."""
 
 from __future__ import annotations
 
+import abc
+import os
 import time
 from collections import deque
 
 import numpy as np
 
+from seedlocal.algos.frames import UnrollStacks, stacking
 from seedlocal.algos.vtrace import VTraceParams
+from seedlocal.dtypes import torch_dtype
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.ranks import Solo
+from seedlocal.prepare import Prepared
+from seedlocal.trainers.run import Run, StepTrainer
 
 # Learner statistics measured once per logging interval (see learner_step).
 DIAGNOSTICS = ("update_ratio", "advantage_std", "value_error", "explained_variance")
 
 
 def actors_wait(a: VTraceParams) -> bool:
-    """The learning rhythm: whether actors wait while the learner works on a
-    batch. The same on every device unless asked (``algo.sync off``): the
-    presets were tuned in it (PPO clip against mu, echo x minibatches passes),
-    and running ahead (~23 updates of policy lag, docs/tuning.md) starts many
-    rows outside the clip range, where they give no gradient. A GPU that
-    chose the other rhythm by itself would run another algorithm."""
+    """The learning rhythm: whether actors wait while the learner works on a batch. The same on every device unless
+    asked (``algo.sync off``): the presets were tuned in it (PPO clip against mu, echo x minibatches passes), and
+    running ahead (~23 updates of policy lag, docs/tuning.md) starts many rows outside the clip range, where they
+    give no gradient. A GPU that chose the other rhythm by itself would run another algorithm."""
     return a.sync != "off"
 
 
 class Interval:
-    """What one logging interval accumulates (device-side loss sums, episodes,
-    learner time) and the scalars it ends with."""
+    """What one logging interval accumulates (device-side loss sums, episodes, learner time) and its scalars."""
 
     def __init__(self, steps: int, stats, workers: dict):
         self.restart(time.monotonic(), steps, stats, workers)
@@ -89,3 +95,95 @@ class Interval:
             "perf/worker_restarts": stats.restarts,
         })
         return values
+
+
+class VTraceLearning(StepTrainer):
+    """A V-trace trainer's parts that one learner and a population of them share: the rhythm (``sync``), the
+    weight lock, the learner's frame stacks, the last 20 episodes' returns and the logging interval."""
+
+    def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
+        super().__init__(prepared, device, ranks)
+        self.sync, self.lock = actors_wait(self.cfg.algo), WeightLock(device)
+        self.frame_stack = stacking(self.spec, self.cfg.frame_stack)
+        self.stacks = None  # the learner's frame stacks (start), where the env sends single frames
+        self.recent: deque[float] = deque(maxlen=20)
+        self.iv: Interval | None = None  # once the pipeline runs (start)
+
+    def learner_threads(self) -> int:
+        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
+
+    def start(self, run: Run) -> None:
+        super().start(run)
+        self._loop = run.loop  # whose policy version each optimiser step moves on (``_bump_version``)
+        if self.frame_stack > 1:
+            frame = self.spec.obs[""]
+            self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
+                                       frame.shape[1:], torch_dtype(frame.dtype), self.device)
+        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+
+    def _waited(self, run: Run, t0: float) -> float:
+        """Now, a batch having come after a wait since ``t0``: the first begins the interval's rates (``begin``)."""
+        t1 = time.monotonic()
+        if not self.iv.begun:
+            self.iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
+        else:
+            self.iv.wait_s += t1 - t0
+        return t1
+
+    def _take_batch(self, batcher, fetched, optimizer, params: VTraceParams, steps: int,
+                    total: float) -> tuple[dict, float]:
+        """A batch as the learner takes it (frames stacked), and the learning rate set for it: ``params``', with
+        ``lr_decay`` decayed linearly to 0 at ``total`` steps (``steps`` done)."""
+        batch = batcher.use(fetched)
+        if self.stacks is not None:
+            frames = self.stacks(batch["obs"][""], batch["ignored"], fetched.groups, fetched.epochs)
+            batch = {**batch, "obs": {**batch["obs"], "": frames}}
+        lr = params.learning_rate
+        if params.lr_decay and total:
+            lr *= max(0.0, 1.0 - steps / total)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        return batch, lr
+
+    def _bump_version(self) -> None:
+        """``learner_step``'s ``after_update``: the policy the actors act with is one update newer."""
+        self._loop.version += 1
+
+    def _learned(self, stats: dict, n_updates: int, version0: int, acted_version: float, echo: int) -> None:
+        """An update's statistics into the interval: the policy lag is the updates between acting and learning,
+        averaged over the batch's ``n_updates``."""
+        stats["policy_lag"] = version0 + (n_updates - 1) / 2 - acted_version
+        self.iv.add(stats, self.rows_per_batch * echo)
+
+    def log(self, run: Run, now: float, last: bool = False) -> None:
+        step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
+        rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
+        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
+        values["charts/episodes"] = self.counters["episodes"]
+        values.update(self._scalars(run, step_now, rates))
+        iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
+        run.monitor.scalars(step_now, values)
+        if not last:
+            run.monitor.progress(self._progress(step_now, values))
+
+    def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
+        """The trainer's scalars besides the interval's."""
+        return {}
+
+    @abc.abstractmethod
+    def _progress(self, step_now: int, values: dict) -> str:
+        """The progress line, from the scalars just written."""
+
+    def has_last_log(self) -> bool:
+        # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
+        # curve too.
+        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
+
+    def settle(self, run: Run) -> None:
+        if self.iv is not None:
+            self.counters["steps"] = self._steps(run)
+            self._take_episodes(run)
+
+    @abc.abstractmethod
+    def _take_episodes(self, run: Run) -> None:
+        """The episodes the inference thread counted since the last call, into the counters and curves."""
