@@ -67,7 +67,7 @@ Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
 target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
 (``mean_return_last20``; ``best_member_return`` for neuroevolution),
 ``steps_to_target``/``frames_to_target`` (null unless --stop-at-return was
-reached; V-trace and R2D2 add ``return_at_target``, the 20-episode mean that
+reached; V-trace, R2D2 and populations add ``return_at_target``, the 20-episode mean that
 met it: episodes that end while the run stops can leave the final mean below),
 the checkpoint path and ``status`` (done, interrupted, error).
 """

@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from seedlocal.dtypes import torch_dtype
