@@ -353,6 +353,35 @@ def test_a_worker_stuck_while_the_others_run_is_named(remote_envs, capsys):
     assert "env worker 1" not in out
 
 
+def test_a_whole_run_stall_names_the_workers_inside_their_envs(capsys):
+    """Every env hangs in step() after 5 steps. The learner starts to wait (``start``) only once the run has
+    stalled, as neuroevolution's does after a generation, and its first poll must name the workers still
+    inside their envs. It said "no local env group is stepping": the per-group counts it compared were from
+    its last poll before the stall, or none."""
+    from seedlocal.pipeline.inference import InferenceThread, StallWatch
+
+    with tiny_pipeline(RandomPolicy, env="faulty_envs:StepHangs-v0", consume=False, num_workers=2,
+                       envs_per_worker=2, unroll_length=4) as pipe:
+        runner = InferenceThread(pipe.loop)
+        runner.start()
+        watch = StallWatch(pipe.loop, after=0.5, every=100.0)
+        try:
+            steps, end = -1, time.monotonic() + 60
+            while not 0 < steps == pipe.loop.stats.env_steps:  # until the envs have stepped, then 1 s without
+                assert time.monotonic() < end, "the envs never stepped, or never hung"
+                steps = pipe.loop.stats.env_steps
+                time.sleep(1.0)
+                runner.check()
+            watch.start()
+            time.sleep(0.7)
+            assert watch.poll()
+            pids = [pipe.pool.procs[w].pid for w in (0, 1)]
+        finally:
+            runner.stop()
+    out = capsys.readouterr().out
+    assert f"env workers 0 (pid {pids[0]}), 1 (pid {pids[1]}) still inside an env's step or reset" in out, out
+
+
 def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch):
     """A forkserver that dies between forking a worker and the worker's
     PR_SET_PDEATHSIG leaves it adopted: it must exit, not record its new

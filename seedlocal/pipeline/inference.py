@@ -516,18 +516,24 @@ class StallWatch:
     def start(self) -> None:
         self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
 
+    def _waiting(self) -> np.ndarray:
+        """Local groups inside their env (STEPPING) or not taking their actions (ACTION_READY: a stopped or
+        starved process)."""
+        state = self.loop.pool.control["state"][:self.loop.pool.num_local_groups]
+        return (state == STEPPING) | (state == ACTION_READY)
+
     def _stuck_workers(self, now: float, over: float) -> list[str]:
-        """Workers with a group inside its env (STEPPING) or not taking its actions (ACTION_READY: a stopped or
-        starved process), without a step, at every poll for ``over`` s (timed from the first poll that saw it so:
-        polls may be far apart while the learner works)."""
-        pool = self.loop.pool
-        n = pool.num_local_groups
-        steps, state = pool.control["group_steps"][:n].copy(), pool.control["state"][:n]
-        candidate = (steps == self._group_steps) & ((state == STEPPING) | (state == ACTION_READY))
+        """Workers with a group ``_waiting``, without a step, at every poll for ``over`` s (timed from the first
+        poll that saw it so: polls may be far apart while the learner works)."""
+        steps = self.loop.pool.control["group_steps"][:self.loop.pool.num_local_groups].copy()
+        candidate = (steps == self._group_steps) & self._waiting()
         self._group_t[candidate & ~self._candidate] = now
         self._group_steps, self._candidate = steps, candidate
-        stuck = candidate & (now - self._group_t >= over)
-        workers = sorted({pool.shape.worker_of(g) for g in np.flatnonzero(stuck).tolist()})
+        return self._names(candidate & (now - self._group_t >= over))
+
+    def _names(self, groups: np.ndarray) -> list[str]:
+        pool = self.loop.pool
+        workers = sorted({pool.shape.worker_of(g) for g in np.flatnonzero(groups).tolist()})
         return [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
 
     def poll(self) -> bool:
@@ -547,7 +553,9 @@ class StallWatch:
             return False
         if now - self._said < self.every:
             return True
-        names = self._stuck_workers(now, 0.0)
+        # No env of the run has stepped for ``after`` s, so a group waiting now has waited that long: its state
+        # decides (the per-group counts _stuck_workers compares may be from a poll long before the stall).
+        names = self._names(self._waiting())
         if names or not self._hosts_too:
             self._said = now
             where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
