@@ -63,7 +63,7 @@ class Evolver(ABC):
         """One generation's evaluation and step: (the population's fitness, the best member's return)."""
 
     def state_dict(self) -> dict:
-        return self.state if isinstance(self.state, dict) else dataclasses.asdict(self.state)
+        return dataclasses.asdict(self.state)
 
     def restore(self, d: dict) -> None:
         self.state = self.state_class(**d)
@@ -123,11 +123,6 @@ class Evolver(ABC):
         """The mean return of one member's episodes, which the ranks shared (``job``: this rank's share)."""
         return float(np.mean([r for r, in self._everyone([job], check, 1)[1]]))
 
-    def _set_best(self, vec: torch.Tensor, score: float, always: bool) -> None:
-        # GA's elite and ES's centre are *the* current solution; random search keeps the best it has ever seen.
-        if always or score > self.best_return:
-            self.best_params, self.best_return = vec.clone(), score
-
 
 class GAEvolver(Evolver):
     """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's
@@ -184,7 +179,7 @@ class GAEvolver(Evolver):
         # population's rank keeps their parents too, for the members another rank built).
         keep = set(self.state.genomes) | ({g[:-1] for g in self.state.genomes} if self.ranks.world > 1 else set())
         self._cache = {g: v for g, v in self._cache.items() if g in keep}
-        self._set_best(self._genome_vec(self.state.elite), best, always=True)
+        self.best_params, self.best_return = self._genome_vec(self.state.elite).clone(), best
         return fitness, best
 
 
@@ -217,7 +212,7 @@ class CentreEvolver(Evolver):
         # Only now: a run stopped while waiting saves this generation's state, matching its counters, and
         # re-evaluates it on resume.
         self.state = state
-        self._set_best(centre, best, always=True)
+        self.best_params, self.best_return = centre.clone(), best
         return fitness, best
 
 
@@ -274,5 +269,6 @@ class RandomSearchEvolver(Evolver):
         self._next = (following, params, pool.submit(params, n_eps))
         best = self._one_members_return(scored, check)
         self.state = state  # only now, as ES: a run stopped while waiting saves the state its counters match
-        self._set_best(top, best, always=False)
+        if best > self.best_return:  # the best ever seen (GA's elite and ES's centre are the current solution)
+            self.best_params, self.best_return = top.clone(), best
         return fitness, best

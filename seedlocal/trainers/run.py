@@ -97,10 +97,6 @@ class Trainer(abc.ABC):
         """The seed of this trainer's random stream ``purpose`` (``stream_seed``), for this rank and session."""
         return stream_seed(self.cfg.env.seed, self.ranks.rank, purpose, self.counters.get(self.x_axis, 0))
 
-    def worth_saving(self, resumed: bool) -> bool:
-        """A run that did nothing leaves no checkpoint, so its name can be reused."""
-        return bool(self.counters[self.x_axis]) or resumed
-
     # -- running --------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -468,7 +464,9 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
             monitor = _open_monitor(t, cfg, run_dir, resumed)  # nothing that can fail before _loop's with closes it
             if resumed is not None and (aside := checkpoint.set_aside_later(run_dir, resumed["path"])):
                 print(aside, flush=True)
-            print(f"seedlocal: {t.describe()}{ranks_line(t)}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
+            shares = f", {ranks.world} data-parallel learner ranks (each {t.shape.describe_rank()})" \
+                if ranks.world > 1 else ""
+            print(f"seedlocal: {t.describe()}{shares}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
                   f"(run {run_dir})", flush=True)
             if monitor.tracker is not None:
                 print(f"seedlocal: {monitor.tracker.where()}", flush=True)
@@ -481,13 +479,6 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
         outcome, nothing = t.outcome(summary)
         print(closing_line(summary, outcome, nothing, go_on=larger_budget(cfg, summary.get("stopped_by"))), flush=True)
     return summary
-
-
-def ranks_line(t: Trainer) -> str:
-    """What the first line says of data-parallel ranks: how many, and what each steps (its shape)."""
-    if t.ranks.world == 1:
-        return ""
-    return f", {t.ranks.world} data-parallel learner ranks (each {t.shape.describe_rank()})"
 
 
 ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
@@ -556,7 +547,8 @@ def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) 
     checkpoint.finish_run(
         run_dir, summary, failure,
         last_log=(lambda: t.log(r, time.monotonic(), last=True)) if t.has_last_log() else None,
-        save=r.save if t.worth_saving(resumed is not None) else None, results=results)
+        # A run that did nothing leaves no checkpoint, so its name can be reused.
+        save=r.save if t.counters[t.x_axis] or resumed is not None else None, results=results)
 
 
 # The budgets a resumed run counts from its start (its checkpoint's counters): to go on, give a larger one. A
