@@ -45,12 +45,12 @@ PLOT = "population.svg"  # beside it: the members' curves and their IQM
 class Member:
     """One learner of the population (module docstring)."""
 
-    def __init__(self, index: int, model, params: VTraceParams, names: list[str], seed: int, start: int, device):
+    def __init__(self, index: int, model, params: VTraceParams, names: list[str], seed: int, device):
         self.index, self.model, self.params = index, model, params
         self.optimizer = make_optimizer(model.parameters(), params)
         self.names = names  # the hyperparameters it has of its own (a sweep's, PBT's)
-        self.shuffle = torch.Generator().manual_seed(stream_seed(seed, 0, "shuffle", start))
-        self.sampling = torch.Generator(device).manual_seed(stream_seed(seed, 0, "sampling", start))
+        self.shuffle = torch.Generator().manual_seed(stream_seed(seed, 0, "shuffle"))
+        self.sampling = torch.Generator(device).manual_seed(stream_seed(seed, 0, "sampling"))
         self.counters = {"steps": 0, "updates": 0, "episodes": 0}
         self.recent: deque[float] = deque(maxlen=20)
         self.episodes = EpisodeLog()  # filled by the inference thread (MembersPolicy.plan)
@@ -101,9 +101,8 @@ class PopulationTrainer(VTraceLearning):
         self.members = []
         for m in range(pop.size):
             torch.manual_seed(cfg.env.seed + m)  # member 0 starts as the single learner of this seed would
-            model = build_model(cfg, spec).to(device)
-            self.members.append(Member(m, model, dataclasses.replace(cfg.algo, **values[m]), names,
-                                       cfg.env.seed + m, 0, device))
+            params = dataclasses.replace(cfg.algo, **values[m])
+            self.members.append(Member(m, build_model(cfg, spec).to(device), params, names, cfg.env.seed + m, device))
         torch.manual_seed(cfg.env.seed)
         self.stack = MemberStack([mb.model for mb in self.members])
         self.precision = resolve_precision(cfg.algo.precision, self.members[0].model.kind, device)
@@ -179,9 +178,8 @@ class PopulationTrainer(VTraceLearning):
     def together(self) -> bool:
         """Whether every member learns in one batched update (``population_learner_step``) now: on CUDA, where P
         small updates would be P rounds of kernel launches, and while the members' hyperparameters share the
-        update's shape (PBT may move them apart: then one after another). On the CPU one after another: one
-        batched update measured 1.4-4.0x faster there for 8 MinAtar torsos (``algos/population_vtrace.py``),
-        but waiting for every member's batch would hold the members that are ready."""
+        update's shape (PBT may move them apart). On the CPU one after another: waiting for every member's batch
+        would hold the members that are ready (though one batched update is faster there, ``population_vtrace``)."""
         if self.device.type != "cuda":
             return False
         try:
@@ -193,9 +191,8 @@ class PopulationTrainer(VTraceLearning):
     def _ready(self, run: Run, t0: float, every: bool) -> list[Member] | str:
         """The member to learn now: of those whose batch is full, the one with the fewest steps learned (``every``:
         all of them, once each is full), routing finished unrolls to their members meanwhile; or "seconds" if
-        the time budget ends while waiting. Fewest steps first, not lowest index: freed unrolls go to the lowest
-        parked group (``pipeline/unrolls.py``), so members chosen by index would keep the low groups' unrolls
-        circulating and starve the others (8 MinAtar members: 3 of them learned from 99.8% of the steps)."""
+        the time budget ends while waiting. Fewest steps first: by index, members starved one another
+        (docs/populations.md, "members starved one another")."""
         group = run.pipe.store["unroll_group"]
         timeout = 0.0
         while True:

@@ -25,7 +25,7 @@ from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.prepare import Prepared, checkpoint_spec
 from seedlocal.recipes.vtrace import VTraceRun, build_model, identity
-from seedlocal.trainers.run import WAIT_S, Run, blank, rebuilding, run
+from seedlocal.trainers.run import WAIT_S, Run, blank, mean_of, rebuilding, run
 from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, VTraceLearning
 
 
@@ -198,8 +198,6 @@ class VTraceTrainer(VTraceLearning):
     def _all_ranks_episodes(self) -> dict:
         """Data-parallel ranks: the episode scalars of every rank's episodes (as of the last all-reduce) since the
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
-        if not self.all_ranks:
-            return {}
         (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
         self.logged_ranks = self.all_ranks
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
@@ -216,7 +214,7 @@ class VTraceTrainer(VTraceLearning):
             self.prefetch.stop()
 
     def results(self, run: Run) -> dict:
-        return {**super().results(run), "mean_return_last20": float(np.mean(self.recent)) if self.recent else None}
+        return {**super().results(run), "mean_return_last20": mean_of(self.recent)}
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
         ret = summary["mean_return_last20"]
