@@ -198,6 +198,8 @@ class VTraceTrainer(VTraceLearning):
     def _all_ranks_episodes(self) -> dict:
         """Data-parallel ranks: the episode scalars of every rank's episodes (as of the last all-reduce) since the
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
+        if not self.all_ranks:  # a run stopped in its first all-reduce
+            return {}
         (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
         self.logged_ranks = self.all_ranks
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
