@@ -197,7 +197,7 @@ def _check_r2d2_replay(segments: list[Segment], groups: int, T: int, rng) -> Non
     cfg = dataclasses.replace(preset, algo=dataclasses.replace(preset.algo, burn_in=3, unroll_length=T,
                                                                replay_size=n * len(want)))
     replay = make_replay(cfg, describe("Pong-v5", "envpool", 1), n, CORE.shape, seed=0)
-    feeder = ReplayFeeder(replay, np.zeros(n, bool), E, T, ["obs"], 1.0, 1, 1)
+    feeder = ReplayFeeder(replay, np.zeros(n, bool), E, T, 1.0, 1, 1)
     rows_of = [[] for _ in range(n)]  # each stream's steps: (buffer, row)
     for b in _handed_on(order, rng):
         feeder.ingest(store, b)

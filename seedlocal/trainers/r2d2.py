@@ -73,10 +73,9 @@ class R2D2Trainer(StepTrainer):
         self.eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base,
                                                                   a.epsilon_alpha)
         self.replay = make_replay(cfg, spec, num_envs - a.eval_envs, self.online.core_spec.shape, self.stream("replay"))
-        obs_keys = [obs_key(k) for k in spec.obs]
-        self.feeder = ReplayFeeder(self.replay, evaluating, self.shape.envs_per_group, a.unroll_length, obs_keys,
-                                   a.replay_ratio, a.batch_size, a.min_replay)
-        self.stager, self.staged = BatchStager(device, obs_keys), []
+        self.feeder = ReplayFeeder(self.replay, evaluating, self.shape.envs_per_group, a.unroll_length, a.replay_ratio,
+                                   a.batch_size, a.min_replay)
+        self.stager, self.staged = BatchStager(device, [obs_key(k) for k in spec.obs]), []
         self.lock = WeightLock(device)
         self.acc: dict[str, torch.Tensor] = {}  # learner statistics since the last log (device sums)
         self.sampled_p: list[float] = []

@@ -17,16 +17,12 @@ import torch
 from seedlocal.dtypes import torch_dtype
 from seedlocal.trainers.replay import SequenceReplay
 
-STEP_FIELDS = ("action", "reward", "terminated", "truncated", "ignored")
-
-
 class ReplayFeeder:
     """``evaluating`` [envs] marks the evaluation slots; acting env i writes replay stream ``stream_of[i]``."""
 
     def __init__(self, replay: SequenceReplay, evaluating: np.ndarray, envs_per_group: int, unroll_length: int,
-                 obs_keys: list[str], replay_ratio: float, batch_size: int, min_replay: int):
+                 replay_ratio: float, batch_size: int, min_replay: int):
         self.replay, self.evaluating, self.E, self.T = replay, evaluating, envs_per_group, unroll_length
-        self.obs_keys = obs_keys
         self.stream_of = np.full(len(evaluating), -1, np.int64)
         self.stream_of[~evaluating] = np.arange(int((~evaluating).sum()))
         self.ratio, self.batch_rows = replay_ratio, batch_size * unroll_length
@@ -79,7 +75,7 @@ class ReplayFeeder:
             stream = int(self.stream_of[env])
             if fresh and replay.count[stream]:
                 replay.cut(stream)
-            rows = {k: store[k][b, :T, e] for k in (*self.obs_keys, *STEP_FIELDS)}
+            rows = {k: store[k][b, :T, e] for k in replay.fields}
             replay.set_core(stream, int(replay.count[stream]), store["core_state"][b, e])
             replay.append(stream, rows)
             self.added_steps += T
