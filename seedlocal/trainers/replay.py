@@ -164,7 +164,7 @@ class SequenceReplay:
             self.pending_core[(env, step)] = np.array(core, np.float32)
 
     def append(self, env: int, rows: dict[str, np.ndarray]) -> None:
-        """Steps of one env, in order: each field [n, ...] (``ignored`` marks auto-reset rows)."""
+        """Steps of one env, in order: each of the replay's fields [n, ...] (``ignored`` marks auto-reset rows)."""
         n = len(rows["ignored"])
         if not n:
             return
@@ -174,10 +174,10 @@ class SequenceReplay:
         live = self.live[env]
         while live and live[0][0] - (self.stack - 1) < oldest_kept:
             _, slot = live.popleft()
-            self._evict(slot)
+            self.tree.update(np.array([slot]), np.array([0.0]))
+            self.slot_gen[slot] += 1  # a priority computed for the sequence it held is dropped
+            self.free.append(slot)
         for name, values in rows.items():
-            if name not in self.data:
-                continue
             if self.compress and name == self.frame:
                 import lz4.block
 
@@ -213,11 +213,6 @@ class SequenceReplay:
         self.tree.update(np.array([slot]), np.array([self.max_priority ** self.alpha]))
         self.live[env].append((start, slot))
         self.added += 1
-
-    def _evict(self, slot: int) -> None:
-        self.tree.update(np.array([slot]), np.array([0.0]))
-        self.slot_gen[slot] += 1
-        self.free.append(slot)
 
     # -- reading ----------------------------------------------------------------
 
