@@ -70,9 +70,7 @@ class Trainer(abc.ABC):
         self.cfg, self.spec, self.device, self.ranks = prepared.config, prepared.spec, device, ranks
         self.counters: dict[str, int] = {}
         self.frames_per_step = prepared.spec.frames_per_step
-        # The pipeline's sizes (a rank's: the run's divided): the trainer sizes its own parts by them, and the
-        # pipeline takes them.
-        self.shape: PipelineShape = prepared.shape
+        self.shape: PipelineShape = prepared.shape  # the trainer sizes its own parts by it; the pipeline takes it
 
     # -- building and saving ----------------------------------------------------
 
