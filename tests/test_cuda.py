@@ -447,3 +447,22 @@ def test_r2d2_priorities_come_back_through_one_pinned_buffer_made_once():
         assert np.array_equal(stager.read(handle), prio.cpu().numpy())
     assert len(set(pointers)) == 1 and handle[0].is_pinned()
     assert torch.cuda.host_memory_stats()["active_requests.allocated"] == 1
+
+
+def test_a_population_member_resumes_its_cuda_sampling_stream(tmp_path):
+    """A member's action generator lives on the GPU; its state goes through a checkpoint (saved, loaded to the
+    CPU as ``checkpoint`` loads) and back into a fresh member, whose draws then go on exactly where they left."""
+    from seedlocal.trainers.population import Member
+
+    spec = validate_env(EnvConfig(id="CartPole-v1"))
+
+    def member():
+        return Member(0, ActorCritic(spec).to(CUDA), VTraceParams(), [], seed=3, device=CUDA)
+
+    first = member()
+    torch.rand(5, device=CUDA, generator=first.sampling)
+    torch.save(first.state(), tmp_path / "m.pt")
+    expected = torch.rand(5, device=CUDA, generator=first.sampling)
+    second = member()
+    second.restore(torch.load(tmp_path / "m.pt", map_location="cpu", weights_only=True))
+    assert torch.equal(torch.rand(5, device=CUDA, generator=second.sampling), expected)

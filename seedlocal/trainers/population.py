@@ -81,8 +81,7 @@ class Member:
         self.model.load_state_dict(saved["model"])  # in place: its tensors stay rows of the stack
         self.optimizer.load_state_dict(saved["optimizer"])
         self.shuffle.set_state(saved["shuffle"])
-        self.sampling.set_state(saved["sampling"].to(self.sampling.device) if self.sampling.device.type == "cuda"
-                                else saved["sampling"])
+        self.sampling.set_state(saved["sampling"])  # a CUDA generator's state too is a CPU byte tensor
         self.set_values(saved["values"])
         self.counters.update(saved["counters"])
         self.recent.extend(saved["recent"])
