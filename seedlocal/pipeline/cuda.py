@@ -25,7 +25,7 @@ class WeightLock:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self._lock = threading.Lock()
-        self._wrote = self._read = None  # CUDA events
+        self._wrote = self._read = None  # CUDA events (recorded only on CUDA)
 
     def _after(self, event) -> None:
         if event is not None:
@@ -38,8 +38,7 @@ class WeightLock:
 
     def __enter__(self) -> WeightLock:
         self._lock.acquire()
-        if self.cuda:
-            self._after(self._read)
+        self._after(self._read)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -52,8 +51,7 @@ class WeightLock:
     @contextlib.contextmanager
     def reading(self):
         with self._lock:
-            if self.cuda:
-                self._after(self._wrote)
+            self._after(self._wrote)
             yield
             if self.cuda:
                 self._read = self._record()
@@ -113,10 +111,8 @@ class GraphedStep:
 
     def __call__(self, obs: dict[str, torch.Tensor], core=None):
         n = next(iter(obs.values())).shape[0]
-        size = self.bucket(n)
-        if size not in self.graphs:
-            self._capture(size, obs, core)
-        graph, static_obs, static_core, out = self.graphs[size]
+        self.capture([n], obs, core)  # (a size that comes unannounced)
+        graph, static_obs, static_core, out = self.graphs[self.bucket(n)]
         for k, v in obs.items():
             static_obs[k][:n].copy_(v)
         if core is not None:

@@ -326,13 +326,10 @@ def _signal_name(number: int) -> str:
 
 def _wait_all(procs: list, seconds: float) -> None:
     end = time.monotonic() + seconds
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        except KeyboardInterrupt:
-            return
+    with contextlib.suppress(KeyboardInterrupt):
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, end - time.monotonic()))
 
 
 def _stop(procs: list) -> None:
