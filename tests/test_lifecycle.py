@@ -1,4 +1,5 @@
 import ast
+import contextlib
 import os
 import signal
 import subprocess
@@ -211,7 +212,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
     shape = pipeline_shape(PipelineConfig(num_workers=1, envs_per_worker=4, env_threads=1, unroll_length=4,
                                           num_buffers=8))
     layout = RolloutLayout(num_buffers=8, length=5, envs=2, obs=spec.obs, action=spec.action, outputs=policy.outputs)
-    with ActorPool(spec, layout, shape, seed=0, max_restarts=0) as pool:
+    with contextlib.closing(ActorPool(spec, layout, shape, seed=0, max_restarts=0)) as pool:
         loop = InferenceLoop(pool, policy, torch.device("cpu"), min_batch_envs=2, batch_timeout_s=0.0)
         state = pool.control["state"]
         loop.unrolls.bind_all()  # as start() would, without spawning the worker
@@ -305,7 +306,8 @@ def test_a_process_stopped_holding_the_creation_lock_stalls_nobody(held, tmp_pat
         release.start()
         t0 = time.monotonic()
         if held == "exclusive":  # a sweeper stopped mid-sweep: creators go on
-            with arrays.SharedArrays.create([arrays.ArraySpec("x", (8,), "int64")], "beside") as seg:
+            seg_specs = [arrays.ArraySpec("x", (8,), "int64")]
+            with contextlib.closing(arrays.SharedArrays.create(seg_specs, "beside")) as seg:
                 assert seg.name in os.listdir("/dev/shm")
         else:  # a creator stopped mid-creation: the sweeper skips
             (tmp_path / "seedlocal_1_0_orphan").touch()

@@ -1,4 +1,5 @@
 import multiprocessing as mp
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ def _child_writes(handle):
 
 
 def test_layout_is_aligned_and_typed():
-    with SharedArrays.create(SPECS, "t") as arrs:
+    with closing(SharedArrays.create(SPECS, "t")) as arrs:
         for s in SPECS:
             a = arrs[s.name]
             assert a.shape == s.shape and a.dtype == np.dtype(s.dtype)
@@ -28,7 +29,7 @@ def test_layout_is_aligned_and_typed():
 
 
 def test_other_process_attaches_by_name_and_writes_are_shared():
-    with SharedArrays.create(SPECS, "t") as arrs:
+    with closing(SharedArrays.create(SPECS, "t")) as arrs:
         arrs["reward"][1, 2] = 5.0
         p = mp.get_context("spawn").Process(target=_child_writes, args=(arrs.handle(),))
         p.start()
@@ -39,7 +40,7 @@ def test_other_process_attaches_by_name_and_writes_are_shared():
 
 
 def test_torch_view_is_zero_copy():
-    with SharedArrays.create(SPECS, "t") as arrs:
+    with closing(SharedArrays.create(SPECS, "t")) as arrs:
         t = torch.from_numpy(arrs["reward"])
         t[0, 0] = 3.5
         assert arrs["reward"][0, 0] == 3.5
@@ -48,7 +49,7 @@ def test_torch_view_is_zero_copy():
 
 def test_owner_unlinks_even_on_exception():
     with pytest.raises(RuntimeError):
-        with SharedArrays.create(SPECS, "t") as arrs:
+        with closing(SharedArrays.create(SPECS, "t")) as arrs:
             name = arrs.name
             assert name in seedlocal_segments()
             raise RuntimeError("boom")

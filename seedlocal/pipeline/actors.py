@@ -24,19 +24,17 @@ from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import PipelineShape
 from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
-from seedlocal.shm.slots import STEPPING, Signal, create_control, read_error, read_trace
+from seedlocal.shm.slots import STEPPING, Signal, create_control, read_text
 
 # The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's half-second grace on top, and its exit.
 SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
-# What every env worker imports before its first step (the worker module brings seedlocal/envs/ with it), and
-# envpool where the workers step envpool's envs: forked from a server that has them already, a worker starts at
-# once rather than paying about 1.5 s of CPU at every start and restart. The server outlives a process's runs and
-# exits with it, at once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner.
+# What every env worker imports before its first step (the worker module brings seedlocal/envs/ with it): forked
+# from a server that has it already, a worker starts at once (docs/architecture.md). The server outlives a process's
+# runs and exits with it, at once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner.
 WORKER_PRELOAD = ["seedlocal.pipeline.forkserver_exit", "seedlocal.pipeline.worker"]
-ENVPOOL_PRELOAD = "envpool"
 
 
 def worker_context(envpool: bool = True):
@@ -45,20 +43,15 @@ def worker_context(envpool: bool = True):
     ``envpool`` (a Gymnasium env's workers never import it). The preloads are the server's first start's: a
     later run of another backend in the same process imports what its workers lack at their start."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(WORKER_PRELOAD + ([ENVPOOL_PRELOAD] if envpool else []))
+    ctx.set_forkserver_preload(WORKER_PRELOAD + (["envpool"] if envpool else []))
     return ctx
 
 
-def uses_envpool(spec: EnvSpec) -> bool:
-    """Whether ``spec``'s workers step envpool's envs (``envs/make.py``), and so import it."""
-    return spec.backend == "envpool"
-
-
-def start_server(envpool: bool = True) -> None:
+def start_server(spec: EnvSpec) -> None:
     """Start the workers' forkserver now rather than with the first worker, so that its imports (about a second)
     run on another core while the learner builds its trainer. Nothing waits for it: the first worker's start
-    does. ``envpool``: whether the workers step envpool's envs."""
-    forkserver_pid(envpool)
+    does."""
+    forkserver_pid(spec.backend == "envpool")
 
 
 def _main_has_file() -> bool:
@@ -74,7 +67,7 @@ def main_file_hidden_if_missing():
     hidden while a process starts, as ``python -c``'s, which has no file, always is."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if path is None or _main_has_file():
+    if path is None or os.path.isfile(path):
         yield
         return
     del main.__file__
@@ -118,7 +111,7 @@ class ActorPool:
         self.bridge_port: int | None = None
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self.errors_file, self._shown_traceback = errors_file, False
-        self._envpool = uses_envpool(spec)  # what the workers' forkserver preloads
+        self._envpool = spec.backend == "envpool"  # whether the workers' forkserver preloads envpool (envs/make.py)
         self._ctx = worker_context(self._envpool)
         self.control: SharedArrays | None = None
         self.store: SharedArrays | None = None
@@ -224,7 +217,7 @@ class ActorPool:
         p = self.procs[w]
         code = p.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        errors = [e for e in (read_error(self.control, g) for g in self.shape.groups_of(w)) if e]
+        errors = [e for e in (read_text(self.control, "group_error", g) for g in self.shape.groups_of(w)) if e]
         why = f" ({errors[0]})" if errors else ""
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
 
@@ -234,7 +227,7 @@ class ActorPool:
         the caller's one line. Without a file the worker printed its whole traceback itself."""
         if not self.errors_file or self._shown_traceback:
             return
-        trace = next((t for t in (read_trace(self.control, g) for g in self.shape.groups_of(w)) if t), "")
+        trace = next((t for t in (read_text(self.control, "group_trace", g) for g in self.shape.groups_of(w)) if t), "")
         if trace:
             self._shown_traceback = True
             print(f"seedlocal: env worker {w}'s env raised (every worker's whole traceback goes to "
@@ -317,9 +310,3 @@ class ActorPool:
             if seg is not None:
                 seg.close()
         self.store = self.control = self.semaphores = None
-
-    def __enter__(self) -> "ActorPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from seedlocal.dtypes import torch_dtype
@@ -44,13 +45,14 @@ class Batcher:
         self.fields = {name: key for name, key in FIELDS.items() if name in store}
         self.obs_keys = list(obs_keys)
         self.cuda = device.type == "cuda"
+        # The axis of one unroll's envs, along which k unrolls go side by side: [L, E, ...] -> [L, k*E, ...], and
+        # core_state's [E, 2, H] -> [k*E, 2, H].
+        self._axis = {name: 0 if name == "core_state" else 1 for name in
+                      self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else [])}
         shapes = {}
-        for name in self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else []):
-            src = store[name]
-            if name == "core_state":  # [buffers, E, 2, H] -> [k*E, 2, H]
-                shapes[name] = (k * src.shape[1],) + src.shape[2:]
-            else:  # [buffers, L, E, ...] -> [L, k*E, ...]
-                shapes[name] = (src.shape[1], k * src.shape[2]) + src.shape[3:]
+        for name, axis in self._axis.items():
+            shapes[name] = list(store[name].shape[1:])
+            shapes[name][axis] *= k
         self.host_t: list[dict[str, torch.Tensor]] = [
             {n: torch.empty(shape, dtype=torch_dtype(store[n].dtype), pin_memory=self.cuda)
              for n, shape in shapes.items()} for _ in range(sets)]
@@ -71,15 +73,7 @@ class Batcher:
             # the host never did.
             self._copied[slot].synchronize()
         for name, dst in host.items():
-            src = self.store[name]
-            if name == "core_state":
-                E = src.shape[1]
-                for j, b in enumerate(bufs):
-                    dst[j * E:(j + 1) * E] = src[b]
-            else:
-                E = src.shape[2]
-                for j, b in enumerate(bufs):
-                    dst[:, j * E:(j + 1) * E] = src[b]
+            np.concatenate([self.store[name][b] for b in bufs], axis=self._axis[name], out=dst)
         tensors, ready = self.host_t[slot], None
         if self.cuda:
             with torch.cuda.stream(self.stream):

@@ -1,8 +1,6 @@
-"""CUDA plumbing of the inference loop: how it shares the learner's weights (``WeightLock``) and replays its
-forward passes (``GraphedStep``).
-
-Both are for a learner and an inference thread in one process on one device, as in SEED: the inference thread reads
-the learner's own weights. On a CPU ``WeightLock`` is a plain lock and graphs are refused.
+"""CUDA plumbing of the inference loop, for a learner and an inference thread in one process on one device: how it
+shares the learner's weights (``WeightLock``) and replays its forward passes (``GraphedStep``). docs/pipeline.md,
+"Inference beside the learner on one GPU", has the why of both.
 """
 
 from __future__ import annotations
@@ -15,21 +13,19 @@ import torch
 
 class WeightLock:
     """A lock, plus CUDA events, between the optimiser's writes of the learner's weights and the inference thread's
-    reads of them: inference reads the learner's own weights, as in SEED, with no copy (DESIGN decision 4).
+    reads of them, which read them in place, as in SEED (DESIGN decision 4).
 
     The learner wraps each ``optimizer.step()`` in ``with lock:``; the inference thread wraps each forward in
-    ``with lock.reading():``. The two exclude each other in Python, which is all a CPU needs. On CUDA the inference
-    thread enqueues on a stream of its own (``InferenceLoop``), so Python order is not GPU order: a read first
-    waits for the event recorded after the last write, and a write for the event recorded after the last read. A
-    forward then never sees a step half applied and a step never overwrites weights a queued forward still reads,
-    while the learner's forward and backward passes (which only read) overlap inference.
+    ``with lock.reading():``. On a CPU that is all. On CUDA, where the inference thread has a stream of its own
+    (Python order is not GPU order), a read first waits for the event recorded after the last write, and a write
+    for the event recorded after the last read.
     """
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self._lock = threading.Lock()
-        self._wrote = self._read = None  # CUDA events
+        self._wrote = self._read = None  # CUDA events (recorded only on CUDA)
 
     def _after(self, event) -> None:
         if event is not None:
@@ -42,8 +38,7 @@ class WeightLock:
 
     def __enter__(self) -> WeightLock:
         self._lock.acquire()
-        if self.cuda:
-            self._after(self._read)
+        self._after(self._read)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -56,8 +51,7 @@ class WeightLock:
     @contextlib.contextmanager
     def reading(self):
         with self._lock:
-            if self.cuda:
-                self._after(self._wrote)
+            self._after(self._wrote)
             yield
             if self.cuda:
                 self._read = self._record()
@@ -66,14 +60,10 @@ class WeightLock:
 class GraphedStep:
     """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs: one per batch size rounded up
     to a power of two, into one shared memory pool. ``capture`` takes every size a run will serve at start-up,
-    before the learner starts: capturing synchronises the device and empties the allocator's cache, which in the
-    middle of a run would stall the learner and throw away its cached blocks. A size that still comes unannounced
-    is captured when it comes. Inputs are copied into the graph's static buffers (pad rows keep stale data; their
-    outputs are dropped) and outputs are cloned out, so the caller may hold them past the next call. Parameters are
-    read where they live, so an optimiser step that updates them in place is seen by the next replay.
-
-    A graph saves the per-kernel launch cost of a small forward, which is what a batch of a few dozen env rows
-    spends most of its time on.
+    before the learner starts (a capture synchronises the device and empties the allocator's cache); a size that
+    still comes unannounced is captured when it comes. Inputs are copied into the graph's static buffers (pad rows
+    keep stale data; their outputs are dropped) and outputs are cloned out, so the caller may hold them past the
+    next call. Parameters are read where they live, so the next replay sees an optimiser step.
     """
 
     def __init__(self, step, device: torch.device):
@@ -121,10 +111,8 @@ class GraphedStep:
 
     def __call__(self, obs: dict[str, torch.Tensor], core=None):
         n = next(iter(obs.values())).shape[0]
-        size = self.bucket(n)
-        if size not in self.graphs:
-            self._capture(size, obs, core)
-        graph, static_obs, static_core, out = self.graphs[size]
+        self.capture([n], obs, core)  # (a size that comes unannounced)
+        graph, static_obs, static_core, out = self.graphs[self.bucket(n)]
         for k, v in obs.items():
             static_obs[k][:n].copy_(v)
         if core is not None:

@@ -54,7 +54,6 @@ class EpisodeLog:
         self._lock = threading.Lock()
         self._count, self._return_sum, self._length_sum = 0, 0.0, 0
         self._recent: deque[tuple[float, int]] = deque(maxlen=keep)
-        self.total = 0  # episodes ever added
 
     def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
         with self._lock:
@@ -62,7 +61,6 @@ class EpisodeLog:
             self._return_sum += float(np.sum(returns, dtype=np.float64))
             self._length_sum += int(np.sum(lengths, dtype=np.int64))
             self._recent.extend(zip(returns.tolist(), lengths.tolist()))
-            self.total += len(returns)
 
     def take(self) -> "Episodes":
         with self._lock:
@@ -165,14 +163,11 @@ class InferenceLoop:
         # Groups whose ready token the loop took: their rows are published to this thread (shm/slots.py) until it
         # hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
-        # A planning policy's requests to serve held groups again (its own Unhold, so that it need not hold this
-        # loop), which wake the loop.
+        # A planning policy's requests to serve held groups again, which wake the loop.
         self._unhold = policy.unhold if policy.unhold is not None else Unhold()
         self._unhold.connect(pool.obs_ready.post)
-        self._remote = None  # which groups actor hosts step, behind the bridge
-        if pool.num_remote_groups:
-            self._remote = np.zeros(self.G, bool)
-            self._remote[pool.num_local_groups:] = True
+        # Which groups actor hosts step, behind the bridge (None: none).
+        self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
         self._batch_buffers()
 
     def _batch_buffers(self) -> None:
@@ -192,9 +187,8 @@ class InferenceLoop:
         # What the policy reads of a batch of k groups: views [k * E, ...] of the staging buffer, for every k.
         self._staged = {key: [None] + [v[:k].reshape((k * self.E,) + v.shape[2:]) for k in range(1, self.G + 1)]
                         for key, v in self._staging.items()}
-        self.core = None
-        if self.policy.core_state is not None:
-            self.core = torch.zeros((self.G, self.E) + self.policy.core_state.shape, device=self.device)
+        spec = self.policy.core_state
+        self.core = None if spec is None else torch.zeros((self.G, self.E) + spec.shape, device=self.device)
 
     # -- unrolls -------------------------------------------------------------------
 
@@ -370,26 +364,28 @@ class InferenceLoop:
         ret[b.stepped] = flat["ep_return"].take(b.prev, axis=0)
         length[b.stepped] = flat["ep_length"].take(b.prev, axis=0)
         codes = np.asarray(self.policy.plan(b.groups, b.first, done, ret, length))
-        if (codes != SERVE).any():
-            self._apply_plan(b.groups, codes)
-            return b.keep(codes == SERVE)
-        return True
+        if (codes == SERVE).all():
+            return True
+        for g, code in zip(b.groups.tolist(), codes.tolist()):
+            if code == HOLD:
+                self._held[g] = True
+            elif code == RESTART:
+                started = self._start_fresh(g)
+                assert started, "a served group held an unroll, free again now"
+                self._hand_back(g, RESET)
+        return b.keep(codes == SERVE)
 
     def _rotate(self, b: _Batch) -> bool:
         """Groups whose unroll is full hand it on and go on in row 0 of a free one; with none free they leave the
         batch, parked. False once none is left."""
-        full = []
+        keep = np.ones(len(b.groups), bool)
         for i in np.flatnonzero(b.rows == self.L - 1).tolist():
             new = self.unrolls.rotate(int(b.groups[i]), b.first[i])
             if new is None:  # parked until the consumer releases an unroll
-                full.append(i)
+                keep[i] = False
             else:
                 b.bufs[i], b.rows[i] = new, 0
-        if not full:
-            return True
-        keep = np.ones(len(b.groups), bool)
-        keep[full] = False
-        return b.keep(keep)
+        return bool(keep.all()) or b.keep(keep)
 
     def _act(self, b: _Batch) -> None:
         """The forward: the batch's recurrent state and observations on the device, the policy, its actions and
@@ -449,19 +445,6 @@ class InferenceLoop:
         self.stats.batches += 1
         self.stats.batch_envs += k * E
 
-    def _apply_plan(self, groups: np.ndarray, codes: np.ndarray) -> None:
-        for g, code in zip(groups.tolist(), codes.tolist()):
-            if code == HOLD:
-                self._held[g] = True
-            elif code == RESTART:
-                started = self._start_fresh(g)
-                assert started, "a served group held an unroll, free again now"
-                self._hand_back(g, RESET)
-
-    def unhold(self) -> None:
-        """Serve held groups again (they are offered to ``policy.plan`` anew)."""
-        self._unhold()
-
     def run(self, seconds: float) -> None:
         torch.set_num_threads(self.threads)
         end = time.perf_counter() + seconds
@@ -482,14 +465,12 @@ class InferenceLoop:
         stacks) by one wait here."""
         torch.set_num_threads(self.threads)
         cuda = self.device.type == "cuda"
-        try:
-            with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else contextlib.nullcontext():
-                if cuda:
-                    torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
-                while True:
-                    self.step()
-        except LoopStopped:
-            pass
+        with contextlib.suppress(LoopStopped), (
+                torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else contextlib.nullcontext()):
+            if cuda:
+                torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
+            while True:
+                self.step()
 
 
 class StallWatch:
@@ -505,10 +486,9 @@ class StallWatch:
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
-        self.enabled = loop.pool.num_local_groups > 0
-        self._hosts_too = loop.pool.num_remote_groups > 0
-        self._said = self._said_one = -float("inf")
         n = loop.pool.num_local_groups
+        self.enabled, self._hosts_too = n > 0, loop.pool.num_remote_groups > 0
+        self._said = self._said_one = -float("inf")
         self._group_steps, self._group_t = np.zeros(n, np.int64), np.zeros(n)
         self._candidate = np.zeros(n, bool)
         self.start()
@@ -522,7 +502,7 @@ class StallWatch:
         state = self.loop.pool.control["state"][:self.loop.pool.num_local_groups]
         return (state == STEPPING) | (state == ACTION_READY)
 
-    def _stuck_workers(self, now: float, over: float) -> list[str]:
+    def _stuck_workers(self, now: float, over: float) -> str:
         """Workers with a group ``_waiting``, without a step, at every poll for ``over`` s (timed from the first
         poll that saw it so: polls may be far apart while the learner works)."""
         steps = self.loop.pool.control["group_steps"][:self.loop.pool.num_local_groups].copy()
@@ -531,10 +511,12 @@ class StallWatch:
         self._group_steps, self._candidate = steps, candidate
         return self._names(candidate & (now - self._group_t >= over))
 
-    def _names(self, groups: np.ndarray) -> list[str]:
+    def _names(self, groups: np.ndarray) -> str:
+        """"env worker(s) W (pid P), ..." for the workers of ``groups``; "" for none."""
         pool = self.loop.pool
         workers = sorted({pool.shape.worker_of(g) for g in np.flatnonzero(groups).tolist()})
-        return [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
+        names = [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
+        return f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
     def poll(self) -> bool:
         if not self.enabled:
@@ -545,8 +527,8 @@ class StallWatch:
             stuck = self._stuck_workers(now, 3 * self.after)
             if stuck and now - self._said_one >= self.every:
                 self._said_one = now
-                print(f"seedlocal: env worker{'s' if len(stuck) > 1 else ''} {', '.join(stuck)} made no step for "
-                      f"{3 * self.after:.0f} s while the others run (a hung env, or a stopped process?)", flush=True)
+                print(f"seedlocal: {stuck} made no step for {3 * self.after:.0f} s while the others run (a hung env, "
+                      "or a stopped process?)", flush=True)
             return False
         stalled = now - self._t
         if stalled < self.after:
@@ -558,8 +540,7 @@ class StallWatch:
         names = self._names(self._waiting())
         if names or not self._hosts_too:
             self._said = now
-            where = (f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)} still inside "
-                     "an env's step or reset, or not taking their actions" if names
+            where = (f"{names} still inside an env's step or reset, or not taking their actions" if names
                      else "no local env group is stepping")
             print(f"seedlocal: no env steps for {stalled:.0f} s: {where} (a hung env?); "
                   "the run stops at its time budget or on Ctrl-C", flush=True)

@@ -11,11 +11,8 @@ no policy and the policies depend on the pipeline, not both ways. What a policy 
 * it **writes** the actions, the ``outputs`` it declares (stored beside each step as ``out.<name>``: what a learner
   needs, e.g. behaviour logits and values for V-trace) and the new recurrent state of shape ``core_state``, which
   the loop keeps per env and stores at the start of each unroll;
-* a policy that ``plans`` is offered every ready group before it is served, with its episode ends and returns, and
-  may hold it (its worker sleeps) or restart it on fresh episodes (neuroevolution's work queue), and calls its
-  ``unhold`` (an ``Unhold``, made with the policy) to have held groups served again;
-* ``prepare`` runs once before any worker or learner starts, with every batch size the loop will serve (CUDA graph
-  capture).
+* a policy that ``plans`` may hold a ready group (its worker sleeps) or restart it on fresh episodes
+  (neuroevolution's work queue), and calls its ``unhold`` to have held groups served again.
 """
 
 from __future__ import annotations
@@ -105,13 +102,12 @@ class Acting:
 
     def __init__(self, policy: Policy, n: int):
         self.policy, self.ids = policy, np.arange(n)
-        self.device = policy.device
         self.first, self._later = np.ones(n, bool), np.zeros(n, bool)  # the first step, then every other
         spec = policy.core_state
-        self.core = None if spec is None else torch.zeros((n,) + spec.shape, device=self.device)
+        self.core = None if spec is None else torch.zeros((n,) + spec.shape, device=policy.device)
 
     def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        x = {k: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in obs.items()}
+        x = {k: torch.from_numpy(np.asarray(v)).to(self.policy.device) for k, v in obs.items()}
         actions, _, self.core = self.policy.act(x, self.core, self.ids, self.first)
         self.first = self._later
         return actions.cpu().numpy()

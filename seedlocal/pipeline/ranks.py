@@ -22,6 +22,7 @@ environment variables.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -34,6 +35,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from seedlocal.config.machine import usable_cores
 from seedlocal.errors import ConfigError, WorkerDied
 from seedlocal.normalize import merge_moments
 
@@ -101,8 +103,7 @@ class Ranks(Solo):
         each rank serves bridge.remote_envs envs to the actor hosts that connect to it). Its shape and its share
         of the batch are preparation's (``prepare.for_rank``)."""
         p = cfg.pipeline
-        cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-                    // self.world)
+        cores = max(1, usable_cores() // self.world)
         device = p.device
         if device in ("auto", "cuda") and torch.cuda.is_available():
             device = f"cuda:{self.local_rank % torch.cuda.device_count()}"
@@ -135,7 +136,12 @@ class Ranks(Solo):
         one flat tensor, allocated once and reused (a Nature CNN's is 6.7 MB). ``weight`` of 0 (no valid row)
         contributes nothing; with no valid row on any rank the gradients are zero, as one process's would be."""
         grads = [p.grad for p in params if p.grad is not None]
-        flat = self._flat_for(grads)
+        # The buffer of the gradients and the weight after them: the last update's where it fits.
+        n = sum(g.numel() for g in grads) + 1
+        dtype, device = torch.promote_types(grads[0].dtype, torch.float32), grads[0].device
+        if self._flat is None or (self._flat.numel(), self._flat.dtype, self._flat.device) != (n, dtype, device):
+            self._flat = torch.empty(n, dtype=dtype, device=device)
+        flat = self._flat
         parts = flat[:-1].split([g.numel() for g in grads])
         for g, part in zip(grads, parts):
             part.copy_(g.reshape(-1))
@@ -145,14 +151,6 @@ class Ranks(Solo):
         flat[:-1].div_(flat[-1].clamp(min=1))
         for g, part in zip(grads, parts):
             g.copy_(part.view_as(g))
-
-    def _flat_for(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The all-reduce buffer for ``grads`` (and the weight after them): the last update's where it fits."""
-        n = sum(g.numel() for g in grads) + 1
-        dtype, device = torch.promote_types(grads[0].dtype, torch.float32), grads[0].device
-        if self._flat is None or (self._flat.numel(), self._flat.dtype, self._flat.device) != (n, dtype, device):
-            self._flat = torch.empty(n, dtype=dtype, device=device)
-        return self._flat
 
     def masked_moments(self, x: torch.Tensor, valid: torch.Tensor):
         """Mean and (population) standard deviation of ``x`` over every rank's valid rows."""
@@ -253,13 +251,9 @@ def _stop_with_launcher(launcher: int, rank: int) -> None:
     """A rank that ``launch`` started gets SIGTERM (a clean stop: checkpoint, segments) when its launcher dies, even
     by SIGKILL (a notebook's kernel restarted): it would otherwise train on, unwatched, to its budget. One whose
     launcher is gone already (before this was armed) stops here."""
-    import ctypes
+    from seedlocal.pipeline.worker import _die_with_parent
 
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: no such guard
-        return
-    if os.getppid() != launcher:
+    if _die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
         raise PeerLost(f"learner rank {rank}: its launcher (pid {launcher}) is gone; not starting")
 
 
@@ -332,13 +326,10 @@ def _signal_name(number: int) -> str:
 
 def _wait_all(procs: list, seconds: float) -> None:
     end = time.monotonic() + seconds
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        except KeyboardInterrupt:
-            return
+    with contextlib.suppress(KeyboardInterrupt):
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, end - time.monotonic()))
 
 
 def _stop(procs: list) -> None:
@@ -348,10 +339,8 @@ def _stop(procs: list) -> None:
         print(f"seedlocal: stopping learner rank {procs.index(p)} (pid {p.pid}), still running", file=sys.stderr,
               flush=True)
         p.terminate()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGCONT)  # a stopped rank (SIGSTOP, a debugger) takes its SIGTERM now
-        except ProcessLookupError:
-            pass
     for p in left:
         try:
             p.wait(timeout=10)

@@ -19,9 +19,8 @@ Invariants (``tests/test_unrolls.py`` checks each):
   handed on);
 * first parked, first resumed: unbound groups are bound in the order they became unbound, and with a consumer a
   group that fills its unroll while others wait joins the back of the line instead of taking a free unroll ahead
-  of them. Without it, freed unrolls went to the lowest groups, which a consumer that releases one owner's unrolls
-  at a time (a population's members, ``trainers/population.py``) kept circulating: 3 of 8 MinAtar members learned
-  from 99.8% of the steps.
+  of them (else a consumer that releases one owner's unrolls at a time, a population's members, starves the others:
+  docs/populations.md, "members starved one another").
 
 Everything here runs on the inference loop's thread except ``release`` (the consumer's), which only touches the
 free list under its lock.
@@ -116,10 +115,7 @@ class UnrollAllocator:
             self._bind(g, new)
             for k in self.obs_keys:
                 self.store[k][new, 0] = self.store[k][old, self.L - 1]
-        if self._hand_on is not None:
-            self._hand_on(old)
-        else:
-            self.release(old)
+        (self._hand_on or self.release)(old)
         return new
 
     def restart(self, g: int) -> bool:

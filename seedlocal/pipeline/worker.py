@@ -8,6 +8,7 @@ allocates shared memory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -59,19 +60,18 @@ def _leave_forkserver() -> None:
     server = getattr(forkserver, "_forkserver", None)
     fd = getattr(server, "_forkserver_alive_fd", None)
     if fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
         server._forkserver_alive_fd = None
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us if the learner dies, even by SIGKILL."""
+def _die_with_parent() -> bool:
+    """Ask Linux to SIGTERM us if our parent dies, even by SIGKILL; whether it could (not elsewhere)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
+        return False
+    return True
 
 
 class _GroupWriter:
@@ -90,16 +90,12 @@ class _GroupWriter:
             store[obs_key(k)][buf, row] = v
         if row == 0:  # a fresh (re)start: observations of a reset, no step to record
             return 0
-        t = row - 1
         ignored = self.was_done
-        store["reward"][buf, t] = reward
-        store["terminated"][buf, t] = terminated
-        store["truncated"][buf, t] = truncated
-        store["ignored"][buf, t] = ignored
         self.ep_return += reward
         self.ep_length += ~ignored
-        store["ep_return"][buf, t] = self.ep_return
-        store["ep_length"][buf, t] = self.ep_length
+        for name, v in (("reward", reward), ("terminated", terminated), ("truncated", truncated),
+                        ("ignored", ignored), ("ep_return", self.ep_return), ("ep_length", self.ep_length)):
+            store[name][buf, row - 1] = v
         done = np.logical_or(terminated, truncated)
         self.ep_return[done] = 0.0
         self.ep_length[done] = 0
@@ -133,10 +129,8 @@ def run_worker(args: WorkerArgs) -> None:
         for t in threads:
             t.start()
         # The main thread only watches: for the stop flag and for an orphaning.
-        while not control["stop"][0] and any(t.is_alive() for t in threads):
+        while not control["stop"][0] and any(t.is_alive() for t in threads) and os.getppid() == parent:
             threads[0].join(args.poll_s)
-            if os.getppid() != parent:
-                break
         for t in threads:
             t.join(args.poll_s * 2)
         if not any(t.is_alive() for t in threads):
@@ -148,8 +142,7 @@ def run_worker(args: WorkerArgs) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        # Leave without interpreter teardown: destroying an env pool while
-        # one of its threads still runs aborts the process (std::terminate).
+        # No interpreter teardown: destroying an env pool while one of its threads runs aborts (std::terminate).
         os._exit(code)
 
 

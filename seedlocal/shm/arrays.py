@@ -48,11 +48,6 @@ def _layout(specs: list[ArraySpec]) -> tuple[dict[str, int], int]:
     return offsets, max(cursor, _ALIGN)
 
 
-def new_segment_name(tag: str) -> str:
-    """A name unique to this process and call, recognisable in /dev/shm."""
-    return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}"
-
-
 _SHM_DIR = "/dev/shm"
 _swept = False
 _CREATION_LOCK_WAIT_S = 2.0
@@ -162,10 +157,8 @@ def _unlink_recorded_semaphores(fd: int) -> None:
     for i in range(0, len(data) - _NAME_BYTES + 1, _NAME_BYTES):
         name = data[i:i + _NAME_BYTES].rstrip(b"\0").decode("ascii", "replace")
         if name.startswith("/mp-") and "/" not in name[1:]:  # multiprocessing's names; nothing else is touched
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(os.path.join(_SHM_DIR, "sem." + name[1:]))
-            except OSError:
-                pass
 
 
 class SharedArrays:
@@ -186,7 +179,8 @@ class SharedArrays:
         sweep_once()  # what crashed runs left behind goes before we add to it
         _, size = _layout(specs)
         with _creation_lock(exclusive=False):
-            shm = shared_memory.SharedMemory(name=new_segment_name(tag), create=True, size=size)
+            name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}"  # unique, recognisable in /dev/shm
+            shm = shared_memory.SharedMemory(name=name, create=True, size=size)
             # Held until the segment is closed or this process dies: what tells sweep_stale_segments it is live.
             fcntl.flock(shm._fd, fcntl.LOCK_SH)
         return cls(shm, specs, owner=True)
@@ -215,26 +209,14 @@ class SharedArrays:
         # Views must go before the mapping can close (BufferError otherwise).
         self.arrays.clear()
         shm, self._shm = self._shm, None
-        try:
+        # BufferError: someone still holds a view (e.g. a torch tensor); the mapping is freed when that view dies,
+        # and unlinking below still removes the name.
+        with contextlib.suppress(BufferError):
             shm.close()
-        except BufferError:
-            # Someone still holds a view (e.g. a torch tensor): the mapping is freed when that view dies, and
-            # unlinking below still removes the name.
-            pass
         if self.owner:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 shm.unlink()
-            except FileNotFoundError:
-                pass
-
-    def __enter__(self) -> "SharedArrays":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __del__(self) -> None:  # last resort; normal paths call close()
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

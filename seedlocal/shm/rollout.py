@@ -59,10 +59,9 @@ class RolloutLayout:
         if self.core_state is not None:
             shape = (self.num_buffers, self.envs) + self.core_state.shape
             specs.append(ArraySpec("core_state", shape, self.core_state.dtype))
-        specs.append(ArraySpec("policy_version", (self.num_buffers, self.length), "int64"))
-        specs.append(ArraySpec("unroll_group", (self.num_buffers,), "int32"))
-        specs.append(ArraySpec("unroll_epoch", (self.num_buffers,), "int32"))
-        return specs
+        return specs + [ArraySpec("policy_version", (self.num_buffers, self.length), "int64"),
+                        ArraySpec("unroll_group", (self.num_buffers,), "int32"),
+                        ArraySpec("unroll_epoch", (self.num_buffers,), "int32")]
 
     def obs_keys(self) -> list[str]:
         return [obs_key(k) for k in self.obs]

@@ -48,18 +48,10 @@ def write_error(control, group: int, exc: BaseException) -> None:
     _write_text(control["group_error"][group], text.encode("utf-8", "replace")[:ERROR_BYTES - 1])
 
 
-def read_error(control, group: int) -> str:
-    return _read_text(control["group_error"][group])
-
-
 def write_trace(control, group: int, text: str) -> None:
     """Record the traceback of group ``group``'s env (its own frames); a longer one keeps its end, where the
     env raised."""
     _write_text(control["group_trace"][group], text.encode("utf-8", "replace")[-(TRACE_BYTES - 1):])
-
-
-def read_trace(control, group: int) -> str:
-    return _read_text(control["group_trace"][group])
 
 
 def _write_text(row, data: bytes) -> None:
@@ -67,8 +59,9 @@ def _write_text(row, data: bytes) -> None:
     row[:len(data)] = list(data)
 
 
-def _read_text(row) -> str:
-    return bytes(row).split(b"\0", 1)[0].decode("utf-8", "replace")
+def read_text(control, field: str, group: int) -> str:
+    """What ``write_error`` (``field`` "group_error") or ``write_trace`` ("group_trace") recorded for ``group``."""
+    return bytes(control[field][group]).split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def control_specs(num_groups: int) -> list[ArraySpec]:

@@ -33,7 +33,7 @@ from seedlocal import checkpoint
 from seedlocal.config.checks import resolve_device, split_address
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
-from seedlocal.pipeline.actors import start_server, uses_envpool
+from seedlocal.pipeline.actors import start_server
 from seedlocal.pipeline.bridge.server import BridgeMeter
 from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
@@ -453,7 +453,7 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
     saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
     cfg, spec = prepared.config, prepared.spec
     if cfg.pipeline.num_workers > 0:
-        start_server(uses_envpool(spec))  # the config and env are valid: a process may start, beside the learner's
+        start_server(spec)  # the config and env are valid: a process may start, beside the learner's
     ranks, t, resumed, run_dir = _join(trainer_cls, prepared)
     try:
         policy = t.policy()
