@@ -12,7 +12,7 @@ from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
 from seedlocal.algos import pbt
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import fail
+from seedlocal.errors import fail, fail_if
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline, whole_groups
@@ -183,15 +183,10 @@ def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
         fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
     if not 0 <= a.clip < 1:
         fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
-    for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
-        if getattr(a, name) <= 0:
-            fail(f"algo.{name}", getattr(a, name), "must be positive")
-    for name in ("discount", "lam"):
-        if not 0 <= getattr(a, name) <= 1:
-            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
-    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
-        if getattr(a, name) < 0:
-            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    fail_if(lambda v: v <= 0, a, ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"), "must be positive", "algo.")
+    fail_if(lambda v: not 0 <= v <= 1, a, ("discount", "lam"), "must be in [0, 1]", "algo.")
+    fail_if(lambda v: v < 0, a, ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"), "must be >= 0",
+            "algo.")
     if not 0 < a.rmsprop_alpha < 1:
         fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
 
