@@ -183,7 +183,7 @@ def _help(name: str, recipe, request) -> None:
     cls = command_class(recipe.run)
     default = cls(run=for_help(request, recipe), preset=request.preset, machine_sizing=request.machine_sizing,
                   pipeline_config=request.pipeline_config)
-    description = (f"{TABLE[name][2]}. Presets: " + ", ".join(f"--preset {p}" for p in recipe.presets)
+    description = (f"{TABLE[name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in recipe.presets)
                    + " (each chosen by itself for an --env.id of its kind). The preset's sizes follow this "
                    "machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); options given here win.")
     tyro.cli(cls, args=["--help"], default=default, prog=f"seedlocal train {name}", description=description)
