@@ -2,12 +2,12 @@
 checkpoint with, and what the usage text and ``docs/families.md`` list.
 
 A family is its recipe (``recipes/``: its options, presets and the rules preparation applies to them) and its
-trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``). The table names both modules (one name) and a
-title, so that the command line imports only what it runs (a trainer pulls in torch). This is the only place
-that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
+trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``), two modules of one name. The table
+names it and a title, so that the command line imports only what it runs (a trainer pulls in torch). This is
+the only place that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
 
-Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its
-trainer in ``trainers/``, and a line here (docs/architecture.md).
+Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its trainer in ``trainers/``, and a line
+here (docs/architecture.md).
 """
 
 from __future__ import annotations
