@@ -20,11 +20,6 @@ from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import sized_pipeline
 
 
-def _pipeline_default() -> PipelineConfig:
-    # Slots are scratch here (no learner reads them): short unrolls, few buffers.
-    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
-
-
 @dataclass
 class NeuroevoRun(RunConfig):
     # Each algorithm's run names its own parts (class attributes: neither a dataclass field nor a tyro option).
@@ -33,7 +28,8 @@ class NeuroevoRun(RunConfig):
     algo_module: ClassVar[ModuleType]
     """the algorithm's math (``algos/``), whose ``validate`` checks ``algo``"""
 
-    pipeline: PipelineConfig = field(default_factory=_pipeline_default)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=32, unroll_length=8))  # slots are scratch (no learner reads them): short unrolls
     generations: int = 100
     """generations to run (0 = until another budget ends); a checkpoint is written after each"""
     total_frames: int = 0
@@ -123,9 +119,9 @@ def per_rank(cfg: NeuroevoRun, ranks: int, shape_of) -> NeuroevoRun:
     return cfg
 
 
-def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
+def _mujoco_pipeline(envs: int) -> PipelineConfig:
     # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
-    return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
+    return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
 
 
 # Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/

@@ -159,9 +159,9 @@ def check(cfg: VTraceRun, spec, shape) -> None:
     if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
         fail("frame_stack", cfg.frame_stack, problem)
     check_population(cfg, shape)
+    batch = cfg.algo.batch_size // max(1, cfg.population.size)  # a member's share (the whole without a population)
     for values in member_values(cfg):  # each member's hyperparameters (the run's own without a population)
-        _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size,
-                      member_batch(cfg))
+        _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size, batch)
     check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
                        "its weights, gradients, Adam state and the actors' copy", algo=("separate_critic",))
 
@@ -198,11 +198,6 @@ MEMBER_HYPERPARAMETERS = ("learning_rate", "entropy_cost", "baseline_cost", "cli
 # Where PBT perturbs a hyperparameter with no range of --population.sweep: /10 .. x10 of its start value, capped
 # where the value has a ceiling of its own.
 PBT_SPAN, PBT_CAPS = 10.0, {"clip": 0.99, "discount": 1.0, "lam": 1.0}
-
-
-def member_batch(cfg: VTraceRun) -> int:
-    """Unrolls in one member's batch: its share of algo.batch_size (the whole batch without a population)."""
-    return cfg.algo.batch_size // max(1, cfg.population.size)
 
 
 def _space(cfg: VTraceRun) -> dict:
