@@ -176,13 +176,12 @@ def _prepared(name: str, args: list[str]):
 def _help(name: str, recipe, request) -> None:
     import tyro
 
-    from seedlocal.config.request import command_class
+    from seedlocal.config.request import COMMAND_OPTIONS, command_class
     from seedlocal.families import TABLE
     from seedlocal.prepare import for_help
 
     cls = command_class(recipe.run)
-    default = cls(run=for_help(request, recipe), preset=request.preset, machine_sizing=request.machine_sizing,
-                  pipeline_config=request.pipeline_config)
+    default = cls(run=for_help(request, recipe), **{n: getattr(request, n) for n in COMMAND_OPTIONS})
     description = (f"{TABLE[name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in recipe.presets)
                    + " (each chosen by itself for an --env.id of its kind). The preset's sizes follow this "
                    "machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); options given here win.")

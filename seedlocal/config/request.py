@@ -86,7 +86,9 @@ def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
 
     cls = command_class(run_cls)
     args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
-    one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), _perturbed(cls())))
+    kinds = options_of(cls)  # the second default: every option another value of its type
+    perturbed = apply(cls(), {name: _other(v, kinds[name]) for name, v in leaves(cls()).items()})
+    one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), perturbed))
     values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
     command = {name: given.pop(name) for name in list(given) if name in COMMAND_OPTIONS}
@@ -139,12 +141,6 @@ def _same(a, b) -> bool:
 
 def _whole(v: str) -> str:
     return str(int(float(v))) if re.fullmatch(r"[+-]?\d+(\.\d*)?[eE]\+?\d+", v) and float(v).is_integer() else v
-
-
-def _perturbed(obj):
-    """A copy of the dataclass ``obj`` with every option changed to another value of its type."""
-    kinds = options_of(type(obj))
-    return apply(obj, {name: _other(v, kinds[name]) for name, v in leaves(obj).items()})
 
 
 def _other(v, kind):

@@ -65,8 +65,7 @@ def no_needs(cfg) -> ShapeNeeds:
     return ShapeNeeds()
 
 
-def no_changes(cfg, *rest) -> dict:
-    """A ``sizing`` or ``derive`` that changes nothing."""
+def no_changes(cfg, *rest) -> dict:  # a sizing or derive
     return {}
 
 
