@@ -11,6 +11,9 @@ import signal
 import sys
 from typing import NoReturn
 
+from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
+from seedlocal.families import TABLE, family, recipe, usage
+
 # Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
 # as quietly as one during a run.
 
@@ -38,8 +41,6 @@ RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a ru
 
 
 def _usage() -> str:
-    from seedlocal.families import usage
-
     return USAGE_HEAD + usage() + USAGE_TAIL
 
 
@@ -70,9 +71,6 @@ def _say(*args, **kwargs) -> None:
 def _first_line(argv: list[str]) -> str | None:
     """A train command's first line, said before torch loads (seconds on a busy machine): the command and its
     preset where the command line alone tells it; else the env's kind picks it, said in the next line."""
-    from seedlocal.errors import ConfigError
-    from seedlocal.families import TABLE
-
     if len(argv) < 2 or argv[0] != "train" or argv[1] not in TABLE or {"-h", "--help"} & set(argv):
         return None
     try:
@@ -117,8 +115,6 @@ def _option(args: list[str], name: str) -> str | None:
         if a == name:
             value = args[i + 1] if i + 1 < len(args) else ""
             if not value or value.startswith("--"):
-                from seedlocal.errors import ConfigError
-
                 raise ConfigError(f"{name[2:].replace('-', '_')}: needs a value")
         elif a.startswith(name + "="):
             value = a.split("=", 1)[1]
@@ -142,8 +138,6 @@ def _parse(argv: list[str]):
         cls = getattr(importlib.import_module(module), name)
         return cmd, tyro.cli(cls, args=whole_numbers(rest, cls), prog=f"seedlocal {cmd}", description=description)
     if cmd == "train":
-        from seedlocal.families import TABLE
-
         if rest[0] not in TABLE:
             import difflib
 
@@ -160,7 +154,6 @@ def _prepared(name: str, args: list[str]):
     """``seedlocal train <name> ARGS``: one request from the options, prepared once, its notes said (``_say``).
     ``--help`` shows the options with the defaults the request would run with, and exits."""
     from seedlocal.config.request import from_command_line
-    from seedlocal.families import recipe
     from seedlocal.prepare import prepare
 
     r = recipe(name)
@@ -173,16 +166,15 @@ def _prepared(name: str, args: list[str]):
     return prepared
 
 
-def _help(name: str, recipe, request) -> None:
+def _help(name: str, r, request) -> None:
     import tyro
 
     from seedlocal.config.request import COMMAND_OPTIONS, command_class
-    from seedlocal.families import TABLE
     from seedlocal.prepare import for_help
 
-    cls = command_class(recipe.run)
-    default = cls(run=for_help(request, recipe), **{n: getattr(request, n) for n in COMMAND_OPTIONS})
-    description = (f"{TABLE[name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in recipe.presets)
+    cls = command_class(r.run)
+    default = cls(run=for_help(request, r), **{n: getattr(request, n) for n in COMMAND_OPTIONS})
+    description = (f"{TABLE[name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in r.presets)
                    + " (each chosen by itself for an --env.id of its kind). The preset's sizes follow this "
                    "machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); options given here win.")
     tyro.cli(cls, args=["--help"], default=default, prog=f"seedlocal train {name}", description=description)
@@ -257,8 +249,6 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
-
     try:
         if argv[:1] == [RANK_COMMAND]:  # one of the ranks a train command launched (below)
             import pickle
@@ -285,8 +275,6 @@ def _run(argv: list[str]) -> int:
 
             return actors(cfg, host_env)
         else:
-            from seedlocal.families import family
-
             family(cfg.recipe.name).train(cfg)
     except (ConfigError, CheckpointError, WorkerDied, Diverged) as e:
         # A worker's env traceback is on stderr already; the learner's would only show where it noticed.
