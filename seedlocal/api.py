@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -139,8 +140,6 @@ def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
 def _rank_main(job: str) -> None:
     """One learner rank of ``seedlocal.train``: trains the prepared run pickled in ``job``;
     rank 0 writes beside it how that ended (the run folder, or the error). Ends as ``cli.exit_now``."""
-    import pickle
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from the launcher
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     prepared = pickle.loads(Path(job).read_bytes())

@@ -6,11 +6,15 @@ starts.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
+import pickle
 import signal
 import sys
+from pathlib import Path
 from typing import NoReturn
 
+from seedlocal.config.request import COMMAND_OPTIONS, command_class, from_command_line, whole_numbers
 from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
 from seedlocal.families import TABLE, family, recipe, usage
 
@@ -125,15 +129,11 @@ def _parse(argv: list[str]):
     """``(command, what it runs)``: a train command's prepared run (``seedlocal/prepare.py``), another's config."""
     import tyro
 
-    from seedlocal.config.request import whole_numbers
-
     if argv[:1] in ([], ["-h"], ["--help"]) or argv[:1] == ["train"] and argv[1:2] in ([], ["-h"], ["--help"]):
         print(_usage())  # no command, or train without an algorithm
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd in CONFIGS:
-        import importlib
-
         module, name, description = CONFIGS[cmd]
         cls = getattr(importlib.import_module(module), name)
         return cmd, tyro.cli(cls, args=whole_numbers(rest, cls), prog=f"seedlocal {cmd}", description=description)
@@ -153,7 +153,6 @@ def _parse(argv: list[str]):
 def _prepared(name: str, args: list[str]):
     """``seedlocal train <name> ARGS``: one request from the options, prepared once, its notes said (``_say``).
     ``--help`` shows the options with the defaults the request would run with, and exits."""
-    from seedlocal.config.request import from_command_line
     from seedlocal.prepare import prepare
 
     r = recipe(name)
@@ -169,7 +168,6 @@ def _prepared(name: str, args: list[str]):
 def _help(name: str, r, request) -> None:
     import tyro
 
-    from seedlocal.config.request import COMMAND_OPTIONS, command_class
     from seedlocal.prepare import for_help
 
     cls = command_class(r.run)
@@ -251,9 +249,6 @@ def _main(argv: list[str]) -> int:
 def _run(argv: list[str]) -> int:
     try:
         if argv[:1] == [RANK_COMMAND]:  # one of the ranks a train command launched (below)
-            import pickle
-            from pathlib import Path
-
             cmd, cfg = "train", pickle.loads(Path(argv[2]).read_bytes())  # the prepared run (launch_ranks)
         else:
             cmd, cfg = _parse(argv)
@@ -266,8 +261,6 @@ def _run(argv: list[str]) -> int:
                 return launch_ranks(cfg)[0]
         _start_resource_tracker()
         if cmd in ("bench", "eval"):
-            import importlib
-
             importlib.import_module({"bench": "seedlocal.measure", "eval": "seedlocal.evaluate"}[cmd]).main(cfg)
         elif cmd == "actors":
             from seedlocal.pipeline.bridge.client import run as actors
@@ -293,9 +286,7 @@ def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bo
     """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as prepared here
     (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
     status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for the command line's ranks)."""
-    import pickle
     import tempfile
-    from pathlib import Path
 
     from seedlocal.pipeline.ranks import launch
 
