@@ -73,6 +73,11 @@ def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
     return cfg
 
 
+# The presets' learner beside CartPole's: PPO's clipped surrogate with normalised advantages, GAE (lambda 0.95),
+# Adam (eps 1e-5), gradients clipped to norm 0.5 and orthogonal init.
+CLIPPED = dict(normalize_advantages=True, optimizer="adam", optimizer_eps=1e-5, lam=0.95, max_grad_norm=0.5,
+               init="orthogonal")
+
 PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
     # Sized for a workstation's data rate, not a cluster's (docs/tuning.md): small batches and many updates, a
@@ -81,10 +86,8 @@ PRESETS: dict[str, VTraceRun] = {
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
-        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
-                          learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
-                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
-                          init="orthogonal"),
+        algo=VTraceParams(**CLIPPED, batch_size=16, echo=4, minibatches=4, clip=0.1, learning_rate=2.5e-4,
+                          entropy_cost=0.01, reward_clip=1.0, separate_critic=False),
         network=NetworkConfig(encoder="nature"), total_steps=2_500_000,
     ),
     # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
@@ -94,9 +97,8 @@ PRESETS: dict[str, VTraceRun] = {
     "minatar": VTraceRun(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
-        algo=VTraceParams(batch_size=32, echo=2, minibatches=4, clip=0.2, normalize_advantages=True,
-                          learning_rate=1e-3, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.01, max_grad_norm=0.5, separate_critic=False, init="orthogonal"),
+        algo=VTraceParams(**CLIPPED, batch_size=32, echo=2, minibatches=4, clip=0.2, learning_rate=1e-3,
+                          discount=0.99, entropy_cost=0.01, separate_critic=False),
         network=NetworkConfig(encoder="minatar"), total_steps=5_000_000,
     ),
     # SEED's Google Research Football (docs/football.md) on envpool's gfootball/ ids: one 72 x 96 x 4 minimap
@@ -105,10 +107,8 @@ PRESETS: dict[str, VTraceRun] = {
     "football": VTraceRun(
         env=EnvConfig(id="gfootball/academy_empty_goal_close-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=32),
-        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
-                          learning_rate=3.4e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.993,
-                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
-                          init="orthogonal"),
+        algo=VTraceParams(**CLIPPED, batch_size=16, echo=4, minibatches=4, clip=0.1, learning_rate=3.4e-4,
+                          discount=0.993, entropy_cost=0.003, reward_clip=1.0, separate_critic=False),
         network=NetworkConfig(encoder="nature"), total_steps=1_000_000,
     ),
     # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
@@ -118,10 +118,8 @@ PRESETS: dict[str, VTraceRun] = {
     "mujoco": VTraceRun(
         env=EnvConfig(id="HalfCheetah-v5"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=128),
-        algo=VTraceParams(batch_size=16, echo=10, minibatches=32, clip=0.2, normalize_advantages=True,
-                          learning_rate=3e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.0, max_grad_norm=0.5, separate_critic=True, init="orthogonal",
-                          reward_scale=True, init_std=0.5),
+        algo=VTraceParams(**CLIPPED, batch_size=16, echo=10, minibatches=32, clip=0.2, learning_rate=3e-4,
+                          discount=0.99, entropy_cost=0.0, separate_critic=True, reward_scale=True, init_std=0.5),
         network=NetworkConfig(obs_norm=True), total_steps=1_000_000,
     ),
 }
