@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 
 import torch
 from torch import nn
@@ -70,8 +71,6 @@ def _cpu_tanh_is_slow() -> bool:
     """Whether this torch build's CPU tanh is slower than 2 sigmoid(2x) - 1. torch 2.13's x86 wheels run tanh at
     scalar speed (512 x 64 floats: 85 us against 14 us for sigmoid on the 2-core development machine), so the
     identity is about 3x faster there; a build with a vectorised tanh keeps it."""
-    import time
-
     x = torch.linspace(-4, 4, 256 * 64).reshape(256, 64)  # not randn: the check must not draw from the run's stream
     best = {}
     for name, fn in (("tanh", torch.tanh), ("sigmoid", _tanh_from_sigmoid)):

@@ -5,6 +5,7 @@ starts.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import importlib
 import os
@@ -139,8 +140,6 @@ def _parse(argv: list[str]):
         return cmd, tyro.cli(cls, args=whole_numbers(rest, cls), prog=f"seedlocal {cmd}", description=description)
     if cmd == "train":
         if rest[0] not in TABLE:
-            import difflib
-
             near = difflib.get_close_matches(rest[0], list(TABLE), n=1, cutoff=0.6)
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}"
                   f"{f' (did you mean {near[0]}?)' if near else ''}\n\n{_usage()}", file=sys.stderr)

@@ -5,6 +5,7 @@ need it: an actor host (``seedlocal actors``) reads this module and needs no tor
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import typing
@@ -70,8 +71,6 @@ def validate_run_options(cfg) -> None:
     if cfg.video_every_min < 0:
         fail("video_every_min", cfg.video_every_min, "must be >= 0 (0 = no videos)")
     if cfg.track:
-        import importlib
-
         try:
             importlib.import_module("wandb")  # an optional extra
         except ImportError:
