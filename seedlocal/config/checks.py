@@ -229,9 +229,6 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
     if bool(b.tls_cert) != bool(b.tls_key):
         fail("bridge.tls_cert" if not b.tls_cert else "bridge.tls_key", b.tls_cert or b.tls_key,
              "TLS needs both bridge.tls_cert and bridge.tls_key")
-    for name in ("tls_cert", "tls_key"):
-        path = getattr(b, name)
-        if path and not os.path.isfile(path):
-            fail(f"bridge.{name}", path, "no such file")
+    fail_if(lambda path: path and not os.path.isfile(path), b, ("tls_cert", "tls_key"), "no such file", "bridge.")
     if b.handshakes_per_peer < 1:
         fail("bridge.handshakes_per_peer", b.handshakes_per_peer, "must be >= 1: an actor host needs one")
