@@ -128,16 +128,12 @@ def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
 
 
 def check_learners(prepared: Prepared) -> None:
-    """A run of ``learners`` > 1 ranks, refused before any rank starts where its family has no data-parallel
-    learner or its shape and batch cannot be divided among them (``for_rank`` of every rank)."""
+    """A run of ``learners`` > 1 ranks, refused before any rank starts where its shape and batch cannot be
+    divided among them (``for_rank`` of every rank)."""
     cfg = prepared.config
-    if cfg.learners <= 1:
-        return
-    if not prepared.recipe.data_parallel:
-        raise ConfigError(f"learners={cfg.learners}: {prepared.recipe.name} has no data-parallel learner; "
-                          "give --learners 1")
-    for rank in range(cfg.learners):
-        for_rank(prepared, rank, cfg.learners, cfg)
+    if cfg.learners > 1:
+        for rank in range(cfg.learners):
+            for_rank(prepared, rank, cfg.learners, cfg)
 
 
 def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_field: str = "env.id",

@@ -87,5 +87,3 @@ class Recipe:
     sizing: Callable[..., dict] = no_changes
     derive: Callable[..., dict] = no_changes
     per_rank: Callable[..., object] = whole
-    data_parallel: bool = True
-    """whether ``--learners G`` > 1 can train it (docs/distributed.md)"""
