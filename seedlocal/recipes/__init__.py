@@ -65,12 +65,8 @@ def no_needs(cfg) -> ShapeNeeds:
     return ShapeNeeds()
 
 
-def no_changes(cfg, *rest) -> dict:  # a sizing or derive
+def no_changes(cfg, given) -> dict:  # a derive
     return {}
-
-
-def whole(cfg, ranks: int, shape_of):
-    return cfg
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,7 @@ class Recipe:
     """its run configuration (a ``RunConfig`` dataclass)"""
     presets: dict
     check: Callable[..., None]
+    sizing: Callable[..., dict]
+    per_rank: Callable[..., object]
     needs: Callable[..., ShapeNeeds] = no_needs
-    sizing: Callable[..., dict] = no_changes
     derive: Callable[..., dict] = no_changes
-    per_rank: Callable[..., object] = whole
