@@ -97,7 +97,6 @@ def train(family: str, **overrides) -> Summary:
     """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
     prepared = _prepared(family, overrides)
-    fam = _family(family)
     if prepared.config.learners > 1:
         from seedlocal.pipeline.ranks import from_environment
         from seedlocal.prepare import check_learners
@@ -111,7 +110,7 @@ def train(family: str, **overrides) -> Summary:
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
-            summary = fam.train(prepared)
+            summary = _family(family).train(prepared)
     except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
