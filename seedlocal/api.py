@@ -26,12 +26,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import signal
 import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from seedlocal import errors, families
+from seedlocal.cli import (RANK0_OUTCOME, Stopped, _sigterm_as_exit, _start_resource_tracker, _stopped_line, exit_now,
+                           launch_ranks)
+from seedlocal.config.overrides import unknown
 from seedlocal.errors import ConfigError
 
 
@@ -83,8 +88,6 @@ class Summary:
         events.Reload()
         tags = events.Tags()["scalars"]
         if tag not in tags:
-            from seedlocal.config.overrides import unknown
-
             raise ConfigError(unknown(tag, tags).replace("no such option", f"no such scalar in {self.run_dir}"))
         points = events.Scalars(tag)
         return [p.step for p in points], [p.value for p in points]
@@ -93,10 +96,7 @@ class Summary:
 def train(family: str, **overrides) -> Summary:
     """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
-    from seedlocal.cli import Stopped, _start_resource_tracker, _stopped_line, launch_ranks
-
     prepared = _prepared(family, overrides)
-    fam = _family(family)
     if prepared.config.learners > 1:
         from seedlocal.pipeline.ranks import from_environment
         from seedlocal.prepare import check_learners
@@ -110,7 +110,7 @@ def train(family: str, **overrides) -> Summary:
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
-            summary = fam.train(prepared)
+            summary = _family(family).train(prepared)
     except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
@@ -120,9 +120,6 @@ def train(family: str, **overrides) -> Summary:
 def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
     """Rank 0's summary, or the exception it ended with (KeyboardInterrupt where this process was interrupted),
     carrying the run folder as one process's run does."""
-    from seedlocal import errors
-    from seedlocal.cli import _stopped_line
-
     run_dir = Path(outcome["run_dir"]) if outcome.get("run_dir") else None
     if status == 0 and outcome and "error" not in outcome:
         return Summary.read(run_dir)
@@ -142,11 +139,6 @@ def _ranks_outcome(family: str, status: int, outcome: dict) -> Summary:
 def _rank_main(job: str) -> None:
     """One learner rank of ``seedlocal.train``: trains the prepared run pickled in ``job``;
     rank 0 writes beside it how that ended (the run folder, or the error). Ends as ``cli.exit_now``."""
-    import pickle
-
-    from seedlocal import errors
-    from seedlocal.cli import RANK0_OUTCOME, Stopped, _sigterm_as_exit, _start_resource_tracker, exit_now
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C comes as SIGTERM, from the launcher
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     prepared = pickle.loads(Path(job).read_bytes())
@@ -175,8 +167,6 @@ def _sigterm_unwinds():
     """While a run goes, SIGTERM (a script stopped by its scheduler) unwinds it as the command line's does,
     then SystemExit(143); only where it would otherwise kill at once (the main thread, no handler of the
     caller's own)."""
-    from seedlocal.cli import _sigterm_as_exit
-
     own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     previous = signal.signal(signal.SIGTERM, _sigterm_as_exit) if own else None
     try:
@@ -205,9 +195,6 @@ def _prepared(family: str, overrides: dict):
 
 
 def _family(name: str):
-    from seedlocal.config.overrides import unknown
-    from seedlocal.families import TABLE, family
-
-    if name not in TABLE:
-        raise ConfigError(unknown(str(name), list(TABLE)).replace("no such option", "no such family"))
-    return family(name)
+    if name not in families.TABLE:
+        raise ConfigError(unknown(str(name), list(families.TABLE)).replace("no such option", "no such family"))
+    return families.family(name)

@@ -5,11 +5,19 @@ starts.
 
 from __future__ import annotations
 
+import difflib
 import errno
+import importlib
 import os
+import pickle
 import signal
 import sys
+from pathlib import Path
 from typing import NoReturn
+
+from seedlocal.config.request import COMMAND_OPTIONS, command_class, from_command_line, whole_numbers
+from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
+from seedlocal.families import TABLE, family, recipe, usage
 
 # Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
 # as quietly as one during a run.
@@ -38,8 +46,6 @@ RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a ru
 
 
 def _usage() -> str:
-    from seedlocal.families import usage
-
     return USAGE_HEAD + usage() + USAGE_TAIL
 
 
@@ -70,9 +76,6 @@ def _say(*args, **kwargs) -> None:
 def _first_line(argv: list[str]) -> str | None:
     """A train command's first line, said before torch loads (seconds on a busy machine): the command and its
     preset where the command line alone tells it; else the env's kind picks it, said in the next line."""
-    from seedlocal.errors import ConfigError
-    from seedlocal.families import TABLE
-
     if len(argv) < 2 or argv[0] != "train" or argv[1] not in TABLE or {"-h", "--help"} & set(argv):
         return None
     try:
@@ -117,8 +120,6 @@ def _option(args: list[str], name: str) -> str | None:
         if a == name:
             value = args[i + 1] if i + 1 < len(args) else ""
             if not value or value.startswith("--"):
-                from seedlocal.errors import ConfigError
-
                 raise ConfigError(f"{name[2:].replace('-', '_')}: needs a value")
         elif a.startswith(name + "="):
             value = a.split("=", 1)[1]
@@ -129,24 +130,16 @@ def _parse(argv: list[str]):
     """``(command, what it runs)``: a train command's prepared run (``seedlocal/prepare.py``), another's config."""
     import tyro
 
-    from seedlocal.config.request import whole_numbers
-
     if argv[:1] in ([], ["-h"], ["--help"]) or argv[:1] == ["train"] and argv[1:2] in ([], ["-h"], ["--help"]):
         print(_usage())  # no command, or train without an algorithm
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd in CONFIGS:
-        import importlib
-
         module, name, description = CONFIGS[cmd]
         cls = getattr(importlib.import_module(module), name)
         return cmd, tyro.cli(cls, args=whole_numbers(rest, cls), prog=f"seedlocal {cmd}", description=description)
     if cmd == "train":
-        from seedlocal.families import TABLE
-
         if rest[0] not in TABLE:
-            import difflib
-
             near = difflib.get_close_matches(rest[0], list(TABLE), n=1, cutoff=0.6)
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}"
                   f"{f' (did you mean {near[0]}?)' if near else ''}\n\n{_usage()}", file=sys.stderr)
@@ -159,8 +152,6 @@ def _parse(argv: list[str]):
 def _prepared(name: str, args: list[str]):
     """``seedlocal train <name> ARGS``: one request from the options, prepared once, its notes said (``_say``).
     ``--help`` shows the options with the defaults the request would run with, and exits."""
-    from seedlocal.config.request import from_command_line
-    from seedlocal.families import recipe
     from seedlocal.prepare import prepare
 
     r = recipe(name)
@@ -173,17 +164,14 @@ def _prepared(name: str, args: list[str]):
     return prepared
 
 
-def _help(name: str, recipe, request) -> None:
+def _help(name: str, r, request) -> None:
     import tyro
 
-    from seedlocal.config.request import command_class
-    from seedlocal.families import TABLE
     from seedlocal.prepare import for_help
 
-    cls = command_class(recipe.run)
-    default = cls(run=for_help(request, recipe), preset=request.preset, machine_sizing=request.machine_sizing,
-                  pipeline_config=request.pipeline_config)
-    description = (f"{TABLE[name][2]}. Presets: " + ", ".join(f"--preset {p}" for p in recipe.presets)
+    cls = command_class(r.run)
+    default = cls(run=for_help(request, r), **{n: getattr(request, n) for n in COMMAND_OPTIONS})
+    description = (f"{TABLE[name][1]}. Presets: " + ", ".join(f"--preset {p}" for p in r.presets)
                    + " (each chosen by itself for an --env.id of its kind). The preset's sizes follow this "
                    "machine's cores and GPU (docs/tuning.md, \"Sized to the machine\"); options given here win.")
     tyro.cli(cls, args=["--help"], default=default, prog=f"seedlocal train {name}", description=description)
@@ -258,13 +246,8 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
-
     try:
         if argv[:1] == [RANK_COMMAND]:  # one of the ranks a train command launched (below)
-            import pickle
-            from pathlib import Path
-
             cmd, cfg = "train", pickle.loads(Path(argv[2]).read_bytes())  # the prepared run (launch_ranks)
         else:
             cmd, cfg = _parse(argv)
@@ -277,8 +260,6 @@ def _run(argv: list[str]) -> int:
                 return launch_ranks(cfg)[0]
         _start_resource_tracker()
         if cmd in ("bench", "eval"):
-            import importlib
-
             importlib.import_module({"bench": "seedlocal.measure", "eval": "seedlocal.evaluate"}[cmd]).main(cfg)
         elif cmd == "actors":
             from seedlocal.pipeline.bridge.client import run as actors
@@ -286,8 +267,6 @@ def _run(argv: list[str]) -> int:
 
             return actors(cfg, host_env)
         else:
-            from seedlocal.families import family
-
             family(cfg.recipe.name).train(cfg)
     except (ConfigError, CheckpointError, WorkerDied, Diverged) as e:
         # A worker's env traceback is on stderr already; the learner's would only show where it noticed.
@@ -306,9 +285,7 @@ def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bo
     """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as prepared here
     (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
     status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for the command line's ranks)."""
-    import pickle
     import tempfile
-    from pathlib import Path
 
     from seedlocal.pipeline.ranks import launch
 

@@ -1,5 +1,5 @@
-"""numpy <-> torch dtypes: the store is numpy (workers never import torch),
-the learner and the inference loop are torch."""
+"""numpy <-> torch dtypes: the store is numpy (workers never import torch), the learner and the inference loop
+are torch."""
 
 from __future__ import annotations
 

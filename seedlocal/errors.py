@@ -18,6 +18,13 @@ def fail(field: str, value, why: str) -> None:
     raise ConfigError(f"{field}={value!r}: {why}")
 
 
+def fail_if(bad, obj, names: tuple[str, ...], why: str, prefix: str = "") -> None:
+    """``fail`` for the first of ``obj``'s options ``names`` whose value is ``bad(value)``, named ``prefix + name``."""
+    for name in names:
+        if bad(value := getattr(obj, name)):
+            fail(prefix + name, value, why)
+
+
 class CheckpointError(SeedlocalError, ValueError):
     """A checkpoint that cannot be used: missing, unreadable or for another config."""
 

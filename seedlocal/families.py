@@ -2,12 +2,12 @@
 checkpoint with, and what the usage text and ``docs/families.md`` list.
 
 A family is its recipe (``recipes/``: its options, presets and the rules preparation applies to them) and its
-trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``). The table names both modules and a
-title, so that the command line imports only what it runs (a trainer pulls in torch). This is the only place
-that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
+trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``), two modules of one name. The table
+names it and a title, so that the command line imports only what it runs (a trainer pulls in torch). This is
+the only place that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
 
-Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its
-trainer in ``trainers/``, and a line here (docs/architecture.md).
+Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its trainer in ``trainers/``, and a line
+here (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ from typing import Callable
 
 from seedlocal.errors import CheckpointError
 
-TABLE: dict[str, tuple[str, str, str]] = {
-    "vtrace": ("vtrace", "vtrace", "IMPALA (V-trace) with central batched inference"),
-    "r2d2": ("r2d2", "r2d2", "recurrent prioritized replay Q-learning (R2D2)"),
-    "ga": ("neuroevolution", "neuroevolution", "deep GA: a population evaluated in batched forward passes"),
-    "es": ("neuroevolution", "neuroevolution", "evolution strategies (antithetic, centred ranks, Adam)"),
-    "ars": ("neuroevolution", "neuroevolution",
-            "Augmented Random Search (Mania et al. 2018): steps along the best random directions; "
+TABLE: dict[str, tuple[str, str]] = {
+    "vtrace": ("vtrace", "IMPALA (V-trace) with central batched inference"),
+    "r2d2": ("r2d2", "recurrent prioritized replay Q-learning (R2D2)"),
+    "ga": ("neuroevolution", "deep GA: a population evaluated in batched forward passes"),
+    "es": ("neuroevolution", "evolution strategies (antithetic, centred ranks, Adam)"),
+    "ars": ("neuroevolution", "Augmented Random Search (Mania et al. 2018): steps along the best random directions; "
             "linear policies on normalised states in --preset mujoco"),
-    "random-search": ("neuroevolution", "neuroevolution", "random search: the deep-GA paper's baseline"),
+    "random-search": ("neuroevolution", "random search: the deep-GA paper's baseline"),
 }
-"""name -> (its recipe's module under seedlocal/recipes/, its trainer's under seedlocal/trainers/, title)"""
+"""name -> (its modules' name, under seedlocal/recipes/ and seedlocal/trainers/ both; title)"""
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ def recipe(name: str):
 
 def family(name: str) -> Family:
     """The family ``seedlocal train <name>`` runs (its recipe and trainer modules imported now)."""
-    trainer = import_module(f"seedlocal.trainers.{TABLE[name][1]}")
+    trainer = import_module(f"seedlocal.trainers.{TABLE[name][0]}")
     return Family(name, recipe(name), trainer.train, trainer.from_checkpoint)
 
 
@@ -66,17 +65,17 @@ def of_checkpoint(state: dict) -> Family:
 
 def usage() -> str:
     """The ``train`` lines of the command line's usage text."""
-    return "\n".join(f"  train {name:<14s} {title}" for name, (_, _, title) in TABLE.items())
+    return "\n".join(f"  train {name:<14s} {title}" for name, (_, title) in TABLE.items())
 
 
 def markdown() -> str:
     """docs/families.md: each family's command, title, presets and where its code lives."""
     rows = ["| command | what it trains | presets | run configuration | trainer |", "|---|---|---|---|---|"]
-    for name, (options, trainer, title) in TABLE.items():
+    for name, (module, title) in TABLE.items():
         r = recipe(name)
         presets = ", ".join(f"`{p}`" for p in r.presets)
         rows.append(f"| `seedlocal train {name}` | {title} | {presets} | `{r.run.__name__}` in "
-                    f"`seedlocal/recipes/{options}.py` | `seedlocal/trainers/{trainer}.py` |")
+                    f"`seedlocal/recipes/{module}.py` | `seedlocal/trainers/{module}.py` |")
     return ("# Algorithm families\n\nMade by `python -m seedlocal.families` from the family table "
             "(`seedlocal/families.py`); `tests/test_structure.py` keeps it in step.\n\n" + "\n".join(rows) + "\n")
 

@@ -29,7 +29,7 @@ from seedlocal.config.resume import config_changes, saved_config
 from seedlocal.envs.spaces import describe, validate_env, with_box_actions
 from seedlocal.errors import CheckpointError, ConfigError
 from seedlocal.recipes import Kind, Recipe, kind_of
-from seedlocal.shape import PipelineShape, pipeline_shape
+from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
 from seedlocal.spec import EnvSpec
 
 SIZED = "--no-machine-sizing keeps the preset's"
@@ -84,7 +84,9 @@ def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes
     """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given, the
     machine)."""
     resumed = _resumed(request, recipe)
-    given = _given(request)
+    given = dict(request.options)
+    if request.pipeline_config:  # a pipeline file's options, beneath the command line's own
+        given = {**{f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}, **given}
     cfg = apply(_base(request, recipe, resumed, notes), given)
     machine = machine or Machine.detect(cfg.pipeline.device)
     if resumed is None:
@@ -126,24 +128,21 @@ def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
 
 
 def check_learners(prepared: Prepared) -> None:
-    """A run of ``learners`` > 1 ranks, refused before any rank starts where its family has no data-parallel
-    learner or its shape and batch cannot be divided among them (``for_rank`` of every rank)."""
+    """A run of ``learners`` > 1 ranks, refused before any rank starts where its shape and batch cannot be
+    divided among them (``for_rank`` of every rank)."""
     cfg = prepared.config
-    if cfg.learners <= 1:
-        return
-    if not prepared.recipe.data_parallel:
-        raise ConfigError(f"learners={cfg.learners}: {prepared.recipe.name} has no data-parallel learner; "
-                          "give --learners 1")
-    for rank in range(cfg.learners):
-        for_rank(prepared, rank, cfg.learners, cfg)
+    if cfg.learners > 1:
+        for rank in range(cfg.learners):
+            for_rank(prepared, rank, cfg.learners, cfg)
 
 
-def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline",
-                     env_field: str = "env.id") -> tuple[EnvSpec, PipelineShape]:
-    """The env's spec and the pipeline's shape for a pipeline without a family (``seedlocal bench``, the
-    benchmark scripts), checked as a run's are, each field named under ``prefix`` (the env's id ``env_field``)."""
+def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_field: str = "env.id",
+                     needs: ShapeNeeds = ShapeNeeds()) -> tuple[EnvSpec, PipelineShape]:
+    """The env's spec and the pipeline's shape (for a trainer that ``needs`` it so), checked as a run's are, each
+    field named under ``prefix`` (the env's id ``env_field``): a run's, or one without a family (``seedlocal
+    bench``, the benchmark scripts)."""
     validate_pipeline(pipeline, prefix=prefix)
-    shape = pipeline_shape(pipeline, bridge, prefix=prefix)
+    shape = pipeline_shape(pipeline, bridge, needs, prefix=prefix)
     if bridge is not None:
         validate_bridge(bridge, pipeline)
     return validate_env(env, id_field=env_field), shape
@@ -194,14 +193,6 @@ def _resumed(request: Request, recipe: Recipe) -> Resumed | None:
                           "give the options to change explicitly instead")
     saved = state.get("config")
     return Resumed(str(state["path"]), saved if isinstance(saved, dict) else None, dict(state.get("counters", {})))
-
-
-def _given(request: Request) -> dict:
-    """The options given: a pipeline file's (``--pipeline-config``) beneath the command line's own."""
-    if not request.pipeline_config:
-        return dict(request.options)
-    tuned = {f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}
-    return {**tuned, **request.options}
 
 
 def _base(request: Request, recipe: Recipe, resumed: Resumed | None, notes: list[str]):
@@ -293,9 +284,6 @@ def _check_resume(cfg, resumed: Resumed) -> None:
 def _checked(recipe: Recipe, cfg, machine: Machine, resumed: Resumed | None, notes: list[str]) -> Prepared:
     """The checks every family shares, the env described, the shape built (once), the family's own checks."""
     validate_run_options(cfg)
-    validate_pipeline(cfg.pipeline)
-    shape = pipeline_shape(cfg.pipeline, cfg.bridge, recipe.needs(cfg))
-    validate_bridge(cfg.bridge, cfg.pipeline)
-    spec = validate_env(cfg.env)
+    spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
     recipe.check(cfg, spec, shape)
     return Prepared(recipe, cfg, spec, kind_of(spec), machine, shape, resumed, tuple(notes))

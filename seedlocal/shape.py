@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from seedlocal.config.schema import BridgeConfig, PipelineConfig
-from seedlocal.errors import fail
+from seedlocal.errors import fail, fail_if
 
 GROUPS_PER_WORKER = 2  # double buffering
 
@@ -151,9 +151,7 @@ def _check_fields(p: PipelineConfig, bridge: BridgeConfig | None, remote_envs: i
         fail(f"{prefix}.unroll_length", p.unroll_length, "must be positive")
     if p.envs_per_worker % GROUPS_PER_WORKER:
         fail(f"{prefix}.envs_per_worker", p.envs_per_worker, "must be even: each worker steps two equal groups")
-    for name in ("num_buffers", "min_batch_envs"):
-        if getattr(p, name) < 0:
-            fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
+    fail_if(lambda v: v < 0, p, ("num_buffers", "min_batch_envs"), "must be 0 (automatic) or positive", f"{prefix}.")
     if bridge is not None and bridge.listen and (remote_envs <= 0 or remote_envs % p.envs_per_worker):
         fail("bridge.remote_envs", remote_envs, f"must be a positive multiple of {prefix}.envs_per_worker "
              f"({p.envs_per_worker}): actor hosts run whole workers of two groups")

@@ -5,6 +5,7 @@ need it: an actor host (``seedlocal actors``) reads this module and needs no tor
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import typing
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from seedlocal.config.overrides import options_of
 from seedlocal.config.resume import leaves
 from seedlocal.config.schema import NETWORK_OPTIONS, BridgeConfig, PipelineConfig
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import ConfigError, fail, fail_if
 
 if TYPE_CHECKING:
     import torch
@@ -56,9 +57,7 @@ def validate_run_options(cfg) -> None:
         fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
     _check_choices(cfg)
     if hasattr(cfg, "total_steps"):  # a run counted in steps (V-trace, R2D2)
-        for name in ("total_steps", "seconds"):
-            if getattr(cfg, name) < 0:
-                fail(name, getattr(cfg, name), "must be >= 0")
+        fail_if(lambda v: v < 0, cfg, ("total_steps", "seconds"), "must be >= 0")
         if cfg.total_steps == 0 and cfg.seconds == 0:
             fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
     if cfg.learners < 1:
@@ -72,8 +71,6 @@ def validate_run_options(cfg) -> None:
     if cfg.video_every_min < 0:
         fail("video_every_min", cfg.video_every_min, "must be >= 0 (0 = no videos)")
     if cfg.track:
-        import importlib
-
         try:
             importlib.import_module("wandb")  # an optional extra
         except ImportError:
@@ -154,20 +151,15 @@ def resolve_device(value: str) -> torch.device:
 
 def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     """The pipeline's fields besides its sizes, which ``shape.pipeline_shape`` checks as it derives them."""
-    for name in ("max_restarts", "inference_threads"):
-        v = getattr(p, name)
-        if v < (0 if name == "max_restarts" else 1):
-            fail(f"{prefix}.{name}", v, "must be >= 0" if name == "max_restarts" else "must be positive")
-    for name in ("env_threads", "learner_threads"):
-        if getattr(p, name) < 0:
-            fail(f"{prefix}.{name}", getattr(p, name), "must be 0 (automatic) or positive")
+    fail_if(lambda v: v < 0, p, ("max_restarts",), "must be >= 0", f"{prefix}.")
+    fail_if(lambda v: v < 1, p, ("inference_threads",), "must be positive", f"{prefix}.")
+    fail_if(lambda v: v < 0, p, ("env_threads", "learner_threads"), "must be 0 (automatic) or positive", f"{prefix}.")
     if not (math.isfinite(p.restart_window_s) and p.restart_window_s >= 0):
         fail(f"{prefix}.restart_window_s", p.restart_window_s, "must be >= 0 and finite (0 = the whole run)")
     cores = os.cpu_count() or 1
-    for name in ("env_threads", "learner_threads", "inference_threads"):
-        if getattr(p, name) > THREADS_PER_CORE * cores:
-            fail(f"{prefix}.{name}", getattr(p, name), f"more than {THREADS_PER_CORE} per core of this machine's "
-                 f"{cores}: threads beyond the cores only wait for them (and thousands fail to start)")
+    fail_if(lambda v: v > THREADS_PER_CORE * cores, p, ("env_threads", "learner_threads", "inference_threads"),
+            f"more than {THREADS_PER_CORE} per core of this machine's {cores}: threads beyond the cores only wait "
+            "for them (and thousands fail to start)", f"{prefix}.")
     if p.batch_timeout_ms < 0:
         fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
     if not p.stall_s > 0:
@@ -237,9 +229,6 @@ def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
     if bool(b.tls_cert) != bool(b.tls_key):
         fail("bridge.tls_cert" if not b.tls_cert else "bridge.tls_key", b.tls_cert or b.tls_key,
              "TLS needs both bridge.tls_cert and bridge.tls_key")
-    for name in ("tls_cert", "tls_key"):
-        path = getattr(b, name)
-        if path and not os.path.isfile(path):
-            fail(f"bridge.{name}", path, "no such file")
+    fail_if(lambda path: path and not os.path.isfile(path), b, ("tls_cert", "tls_key"), "no such file", "bridge.")
     if b.handshakes_per_peer < 1:
         fail("bridge.handshakes_per_peer", b.handshakes_per_peer, "must be >= 1: an actor host needs one")

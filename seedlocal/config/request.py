@@ -54,16 +54,15 @@ def is_given(options: Mapping[str, object]):
     return lambda name: name in options or any(k.startswith(name + ".") for k in options)
 
 
-COMMAND_OPTIONS = {"preset": str, "machine_sizing": bool, "pipeline_config": str}
-"""``Request``'s own options beside the run config's, and their types"""
-COMMAND_HELP = {
-    "preset": "the preset to start from, by name; \"\" = the one made for --env.id's kind (image frames, small "
-              "grids, Box actions ...)",
-    "machine_sizing": "size the preset's workers, envs and batch for this machine's cores and GPU "
-                      "(docs/tuning.md, \"Sized to the machine\"); --no-machine-sizing keeps the preset's",
-    "pipeline_config": "a pipeline file from `seedlocal bench --autotune`: its sizes replace the preset's (options "
-                       "given here still win)",
+COMMAND_OPTIONS = {
+    "preset": (str, "the preset to start from, by name; \"\" = the one made for --env.id's kind (image frames, "
+                    "small grids, Box actions ...)"),
+    "machine_sizing": (bool, "size the preset's workers, envs and batch for this machine's cores and GPU "
+                             "(docs/tuning.md, \"Sized to the machine\"); --no-machine-sizing keeps the preset's"),
+    "pipeline_config": (str, "a pipeline file from `seedlocal bench --autotune`: its sizes replace the preset's "
+                             "(options given here still win)"),
 }
+"""``Request``'s own options beside the run config's: (type, --help)"""
 
 
 def command_class(run_cls: type) -> type:
@@ -75,8 +74,8 @@ def command_class(run_cls: type) -> type:
         f"Train{run_cls.__name__}",
         [("run", Annotated[run_cls, tyro.conf.arg(name="", prefix_name=False)],
           dataclasses.field(default_factory=run_cls)),
-         *[(n, Annotated[k, tyro.conf.arg(help=COMMAND_HELP[n])], dataclasses.field(default=getattr(Request, n)))
-           for n, k in COMMAND_OPTIONS.items()]])
+         *[(n, Annotated[k, tyro.conf.arg(help=h)], dataclasses.field(default=getattr(Request, n)))
+           for n, (k, h) in COMMAND_OPTIONS.items()]])
 
 
 def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
@@ -86,7 +85,9 @@ def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
 
     cls = command_class(run_cls)
     args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
-    one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), _perturbed(cls())))
+    kinds = options_of(cls)  # the second default: every option another value of its type
+    perturbed = apply(cls(), {name: _other(v, kinds[name]) for name, v in leaves(cls()).items()})
+    one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), perturbed))
     values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
     command = {name: given.pop(name) for name in list(given) if name in COMMAND_OPTIONS}
@@ -97,7 +98,7 @@ def from_keywords(family: str, run_cls: type, keywords: dict) -> Request:
     """The request ``seedlocal.train(family, **keywords)`` makes: the same options as keywords, a group as a
     dict (``config/overrides.py``), the command's choices by their names here."""
     command = {name: keywords.pop(name) for name in COMMAND_OPTIONS if name in keywords}
-    command = {name: checked(name, v, COMMAND_OPTIONS[name]) for name, v in command.items() if v is not None}
+    command = {name: checked(name, v, COMMAND_OPTIONS[name][0]) for name, v in command.items() if v is not None}
     return Request(family, flatten(run_cls, keywords, also=tuple(COMMAND_OPTIONS)), **command)
 
 
@@ -139,12 +140,6 @@ def _same(a, b) -> bool:
 
 def _whole(v: str) -> str:
     return str(int(float(v))) if re.fullmatch(r"[+-]?\d+(\.\d*)?[eE]\+?\d+", v) and float(v).is_integer() else v
-
-
-def _perturbed(obj):
-    """A copy of the dataclass ``obj`` with every option changed to another value of its type."""
-    kinds = options_of(type(obj))
-    return apply(obj, {name: _other(v, kinds[name]) for name, v in leaves(obj).items()})
 
 
 def _other(v, kind):

@@ -65,13 +65,8 @@ def no_needs(cfg) -> ShapeNeeds:
     return ShapeNeeds()
 
 
-def no_changes(cfg, *rest) -> dict:
-    """A ``sizing`` or ``derive`` that changes nothing."""
+def no_changes(cfg, given) -> dict:  # a derive
     return {}
-
-
-def whole(cfg, ranks: int, shape_of):
-    return cfg
 
 
 @dataclass(frozen=True)
@@ -84,9 +79,7 @@ class Recipe:
     """its run configuration (a ``RunConfig`` dataclass)"""
     presets: dict
     check: Callable[..., None]
+    sizing: Callable[..., dict]
+    per_rank: Callable[..., object]
     needs: Callable[..., ShapeNeeds] = no_needs
-    sizing: Callable[..., dict] = no_changes
     derive: Callable[..., dict] = no_changes
-    per_rank: Callable[..., object] = whole
-    data_parallel: bool = True
-    """whether ``--learners G`` > 1 can train it (docs/distributed.md)"""

@@ -13,16 +13,11 @@ from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
 from seedlocal.config.resume import budget_left
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
-from seedlocal.errors import fail
+from seedlocal.errors import fail, fail_if
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
 from seedlocal.policies.population_forward import strategies
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import sized_pipeline
-
-
-def _pipeline_default() -> PipelineConfig:
-    # Slots are scratch here (no learner reads them): short unrolls, few buffers.
-    return PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=8)
 
 
 @dataclass
@@ -33,7 +28,8 @@ class NeuroevoRun(RunConfig):
     algo_module: ClassVar[ModuleType]
     """the algorithm's math (``algos/``), whose ``validate`` checks ``algo``"""
 
-    pipeline: PipelineConfig = field(default_factory=_pipeline_default)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
+        num_workers=2, envs_per_worker=32, unroll_length=8))  # slots are scratch (no learner reads them): short unrolls
     generations: int = 100
     """generations to run (0 = until another budget ends); a checkpoint is written after each"""
     total_frames: int = 0
@@ -221,19 +217,13 @@ def check(cfg: NeuroevoRun, spec, shape) -> None:
     if cfg.pipeline.cuda_graphs:
         fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
     cfg.algo_module.validate(cfg.algo)
-    for name in ("generations", "total_frames", "seconds"):
-        if getattr(cfg, name) < 0:
-            fail(name, getattr(cfg, name), "must be >= 0")
+    fail_if(lambda v: v < 0, cfg, ("generations", "total_frames", "seconds"), "must be >= 0")
     if not (cfg.generations or cfg.total_frames or cfg.seconds):
         fail("generations", 0, "with no frame or time budget the run would never end")
-    for name in ("episodes_per_member", "best_episodes"):
-        if getattr(cfg, name) < 1:
-            fail(name, getattr(cfg, name), "must be positive")
+    fail_if(lambda v: v < 1, cfg, ("episodes_per_member", "best_episodes"), "must be positive")
     if cfg.max_episode_frames < -1:
         fail("max_episode_frames", cfg.max_episode_frames, "must be >= 0 (0 = no cap), or -1 (by env kind)")
-    for name in ("action_noise", "reward_shift"):
-        if not getattr(cfg, name) >= 0:
-            fail(name, getattr(cfg, name), "must be >= 0")
+    fail_if(lambda v: not v >= 0, cfg, ("action_noise", "reward_shift"), "must be >= 0")
     if cfg.action_noise and spec.num_actions is not None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
     if cfg.network.lstm_size:

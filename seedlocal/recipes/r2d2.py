@@ -13,7 +13,7 @@ from seedlocal.arithmetic import resolve_precision
 from seedlocal.config.checks import check_network_fits, resolve_device, short_of_memory
 from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import fail
+from seedlocal.errors import fail, fail_if
 from seedlocal.networks import RecurrentQNet, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline
@@ -137,25 +137,20 @@ def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
 
 def _validate_algo(a: R2D2Params) -> None:
     """The algorithm's own values, each in its range and consistent with the others (``check`` has the rest)."""
-    for name in ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay", "target_update_every"):
-        if getattr(a, name) < 1:
-            fail(f"algo.{name}", getattr(a, name), "must be positive")
-    for name in ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"):
-        if getattr(a, name) < 0:  # max_grad_norm, reward_clip: 0 = off
-            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    fail_if(lambda v: v < 1, a, ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay",
+                                 "target_update_every"), "must be positive", "algo.")
+    # max_grad_norm, reward_clip: 0 = off
+    fail_if(lambda v: v < 0, a, ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"),
+            "must be >= 0", "algo.")
     if a.n_step >= a.unroll_length:
         fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
-    for name in ("priority_exponent", "importance_exponent", "priority_eta", "epsilon_base", "eval_epsilon",
-                 "discount"):
-        if not 0 <= getattr(a, name) <= 1:
-            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
+    fail_if(lambda v: not 0 <= v <= 1, a, ("priority_exponent", "importance_exponent", "priority_eta",
+                                           "epsilon_base", "eval_epsilon", "discount"), "must be in [0, 1]", "algo.")
     if a.replay_size < a.batch_size:
         fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
     if a.min_replay > a.replay_size:
         fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
-    for name in ("adam_eps", "learning_rate", "replay_ratio"):
-        if getattr(a, name) <= 0:
-            fail(f"algo.{name}", getattr(a, name), "must be positive")
+    fail_if(lambda v: v <= 0, a, ("adam_eps", "learning_rate", "replay_ratio"), "must be positive", "algo.")
 
 
 def check(cfg: R2D2Run, spec, shape) -> None:

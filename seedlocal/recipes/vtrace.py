@@ -12,7 +12,7 @@ from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
 from seedlocal.algos import pbt
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, PopulationConfig, StepRunConfig
-from seedlocal.errors import fail
+from seedlocal.errors import fail, fail_if
 from seedlocal.networks import ActorCritic, action_identity, encoder_identity, obs_identity
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import ShapeNeeds, sized_pipeline, whole_groups
@@ -73,6 +73,11 @@ def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
     return cfg
 
 
+# The presets' learner beside CartPole's: PPO's clipped surrogate with normalised advantages, GAE (lambda 0.95),
+# Adam (eps 1e-5), gradients clipped to norm 0.5 and orthogonal init.
+CLIPPED = dict(normalize_advantages=True, optimizer="adam", optimizer_eps=1e-5, lam=0.95, max_grad_norm=0.5,
+               init="orthogonal")
+
 PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
     # Sized for a workstation's data rate, not a cluster's (docs/tuning.md): small batches and many updates, a
@@ -81,10 +86,8 @@ PRESETS: dict[str, VTraceRun] = {
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
-        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
-                          learning_rate=2.5e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95,
-                          entropy_cost=0.01, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
-                          init="orthogonal"),
+        algo=VTraceParams(**CLIPPED, batch_size=16, echo=4, minibatches=4, clip=0.1, learning_rate=2.5e-4,
+                          entropy_cost=0.01, reward_clip=1.0, separate_critic=False),
         network=NetworkConfig(encoder="nature"), total_steps=2_500_000,
     ),
     # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
@@ -94,9 +97,8 @@ PRESETS: dict[str, VTraceRun] = {
     "minatar": VTraceRun(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
-        algo=VTraceParams(batch_size=32, echo=2, minibatches=4, clip=0.2, normalize_advantages=True,
-                          learning_rate=1e-3, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.01, max_grad_norm=0.5, separate_critic=False, init="orthogonal"),
+        algo=VTraceParams(**CLIPPED, batch_size=32, echo=2, minibatches=4, clip=0.2, learning_rate=1e-3,
+                          discount=0.99, entropy_cost=0.01, separate_critic=False),
         network=NetworkConfig(encoder="minatar"), total_steps=5_000_000,
     ),
     # SEED's Google Research Football (docs/football.md) on envpool's gfootball/ ids: one 72 x 96 x 4 minimap
@@ -105,10 +107,8 @@ PRESETS: dict[str, VTraceRun] = {
     "football": VTraceRun(
         env=EnvConfig(id="gfootball/academy_empty_goal_close-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=32),
-        algo=VTraceParams(batch_size=16, echo=4, minibatches=4, clip=0.1, normalize_advantages=True,
-                          learning_rate=3.4e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.993,
-                          entropy_cost=0.003, reward_clip=1.0, max_grad_norm=0.5, separate_critic=False,
-                          init="orthogonal"),
+        algo=VTraceParams(**CLIPPED, batch_size=16, echo=4, minibatches=4, clip=0.1, learning_rate=3.4e-4,
+                          discount=0.993, entropy_cost=0.003, reward_clip=1.0, separate_critic=False),
         network=NetworkConfig(encoder="nature"), total_steps=1_000_000,
     ),
     # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
@@ -118,10 +118,8 @@ PRESETS: dict[str, VTraceRun] = {
     "mujoco": VTraceRun(
         env=EnvConfig(id="HalfCheetah-v5"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=128),
-        algo=VTraceParams(batch_size=16, echo=10, minibatches=32, clip=0.2, normalize_advantages=True,
-                          learning_rate=3e-4, optimizer="adam", optimizer_eps=1e-5, lam=0.95, discount=0.99,
-                          entropy_cost=0.0, max_grad_norm=0.5, separate_critic=True, init="orthogonal",
-                          reward_scale=True, init_std=0.5),
+        algo=VTraceParams(**CLIPPED, batch_size=16, echo=10, minibatches=32, clip=0.2, learning_rate=3e-4,
+                          discount=0.99, entropy_cost=0.0, separate_critic=True, reward_scale=True, init_std=0.5),
         network=NetworkConfig(obs_norm=True), total_steps=1_000_000,
     ),
 }
@@ -159,9 +157,9 @@ def check(cfg: VTraceRun, spec, shape) -> None:
     if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
         fail("frame_stack", cfg.frame_stack, problem)
     check_population(cfg, shape)
+    batch = cfg.algo.batch_size // max(1, cfg.population.size)  # a member's share (the whole without a population)
     for values in member_values(cfg):  # each member's hyperparameters (the run's own without a population)
-        _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size,
-                      member_batch(cfg))
+        _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size, batch)
     check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
                        "its weights, gradients, Adam state and the actors' copy", algo=("separate_critic",))
 
@@ -183,15 +181,10 @@ def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
         fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
     if not 0 <= a.clip < 1:
         fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
-    for name in ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"):
-        if getattr(a, name) <= 0:
-            fail(f"algo.{name}", getattr(a, name), "must be positive")
-    for name in ("discount", "lam"):
-        if not 0 <= getattr(a, name) <= 1:
-            fail(f"algo.{name}", getattr(a, name), "must be in [0, 1]")
-    for name in ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"):
-        if getattr(a, name) < 0:
-            fail(f"algo.{name}", getattr(a, name), "must be >= 0")
+    fail_if(lambda v: v <= 0, a, ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"), "must be positive", "algo.")
+    fail_if(lambda v: not 0 <= v <= 1, a, ("discount", "lam"), "must be in [0, 1]", "algo.")
+    fail_if(lambda v: v < 0, a, ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"), "must be >= 0",
+            "algo.")
     if not 0 < a.rmsprop_alpha < 1:
         fail("algo.rmsprop_alpha", a.rmsprop_alpha, "must be in (0, 1)")
 
@@ -203,11 +196,6 @@ MEMBER_HYPERPARAMETERS = ("learning_rate", "entropy_cost", "baseline_cost", "cli
 # Where PBT perturbs a hyperparameter with no range of --population.sweep: /10 .. x10 of its start value, capped
 # where the value has a ceiling of its own.
 PBT_SPAN, PBT_CAPS = 10.0, {"clip": 0.99, "discount": 1.0, "lam": 1.0}
-
-
-def member_batch(cfg: VTraceRun) -> int:
-    """Unrolls in one member's batch: its share of algo.batch_size (the whole batch without a population)."""
-    return cfg.algo.batch_size // max(1, cfg.population.size)
 
 
 def _space(cfg: VTraceRun) -> dict:
