@@ -1,13 +1,10 @@
 """The action distributions a policy head parameterises, as pure functions.
 
-A policy network's head outputs one tensor of *parameters* per row: the
-logits [..., A] of a categorical over A actions, or the mean and the log
-standard deviation [..., 2A] (concatenated, mean first) of a diagonal
-Gaussian over an A-dimensional Box. Those parameters are what the acting
-side stores beside each step (``out.logits``, ``out.gaussian``), so the
-learner can recompute the behaviour policy's probability of the action
-taken, whichever kind it is. The Gaussian's sample is unbounded: envs get it
-mapped from [-1, 1] onto their bounds and clipped (``envs/bounds.py``),
+A policy network's head outputs one tensor of *parameters* per row: the logits [..., A] of a categorical over A actions,
+or the mean and the log standard deviation [..., 2A] (concatenated, mean first) of a diagonal Gaussian over an
+A-dimensional Box. Those parameters are what the acting side stores beside each step (``out.logits``, ``out.gaussian``),
+so the learner can recompute the behaviour policy's probability of the action taken, whichever kind it is. The
+Gaussian's sample is unbounded: envs get it mapped from [-1, 1] onto their bounds and clipped (``envs/bounds.py``),
 learners keep the sample.
 """
 

@@ -1,22 +1,18 @@
 """Evolution strategies with antithetic sampling, centred ranks and Adam.
 
-Reference: T. Salimans et al., 2017, "Evolution Strategies as a Scalable
-Alternative to Reinforcement Learning", arXiv:1703.03864 (Algorithm 2 and
-section 2.2: mirrored sampling, fitness shaping, weight decay).
+Reference: T. Salimans et al., 2017, "Evolution Strategies as a Scalable Alternative to Reinforcement Learning",
+arXiv:1703.03864 (Algorithm 2 and section 2.2: mirrored sampling, fitness shaping, weight decay).
 
 Conventions:
   * theta is a flat float32 CPU vector (see ``neuroevo.ParamSpace``).
-  * Generation g draws P/2 seeds from ``generation_rng(seed, g)``; eps_i =
-    ``noise(seed_i, size)``, and the population is ordered
-    [theta + sigma*eps_1, theta - sigma*eps_1, theta + sigma*eps_2, ...].
-    ``ask`` draws nothing into the state, so asking twice gives the same seeds.
-  * Fitness is higher-is-better; NaN counts as the worst. With r = the centred
-    ranks of all P fitnesses (tied fitnesses share their mean rank, so a pair
-    that scored the same adds nothing),
+  * Generation g draws P/2 seeds from ``generation_rng(seed, g)``; eps_i = ``noise(seed_i, size)``, and the population
+    is ordered [theta + sigma*eps_1, theta - sigma*eps_1, theta + sigma*eps_2, ...]. ``ask`` draws nothing into the
+    state, so asking twice gives the same seeds.
+  * Fitness is higher-is-better; NaN counts as the worst. With r = the centred ranks of all P fitnesses (tied fitnesses
+    share their mean rank, so a pair that scored the same adds nothing),
     g = sum_i (r(+i) - r(-i)) * eps_i / (P * sigma),
     and Adam (bias-corrected) ascends g - weight_decay * theta.
-  * The state holds ints, a dict and tensors: ``dataclasses.asdict`` of it
-    loads with ``torch.load(weights_only=True)``.
+  * The state holds ints, a dict and tensors: ``dataclasses.asdict`` of it loads with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations

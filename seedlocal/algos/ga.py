@@ -1,28 +1,23 @@
 """Deep genetic algorithm with genomes compressed to lists of seeds.
 
-Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
-Are a Competitive Alternative for Training Deep Neural Networks for
-Reinforcement Learning", arXiv:1712.06567 (section 3 and Algorithm 1).
+Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms Are a Competitive Alternative for Training
+Deep Neural Networks for Reinforcement Learning", arXiv:1712.06567 (section 3 and Algorithm 1).
 
 Conventions:
-  * A genome is a tuple of ints: ``genome[0]`` seeds the initialisation and
-    each later element one mutation (``mutate``), so
+  * A genome is a tuple of ints: ``genome[0]`` seeds the initialisation and each later element one mutation
+    (``mutate``), so
     theta = init(g[0]) + sigma * eps(g[1]) + sigma * eps(g[2]) + ...
-    with eps(s) = ``noise(s, size)``. The sum is taken in order, one addition
-    at a time, so a worker that keeps last generation's vectors (keyed by
+    with eps(s) = ``noise(s, size)``. The sum is taken in order, one addition at a time, so a worker that keeps last generation's vectors (keyed by
     genome) builds each child bit for bit with a single mutation.
-  * Storage: a genome grows by one seed per generation, 8 bytes as an int64
-    (+ the tuple's overhead); pickled, a 31-bit seed takes 5 bytes.
-  * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite
-    candidates) -> evaluate each candidate ``elite_episodes`` times ->
-    ``advance``. The next generation's children (``children``) are known
-    once the fitness is, so their evaluation may overlap the candidates'.
-  * Fitness is higher-is-better; NaN counts as the worst. The next population
-    is [elite] + children; fitness ties go to the lower index, so an elite
-    that ties with a child stays ahead of it.
-  * The state holds plain types only (``dataclasses.asdict`` of it loads with
-    ``torch.load(weights_only=True)``); the draws of generation g come from
-    ``generation_rng(seed, g)``.
+  * Storage: a genome grows by one seed per generation, 8 bytes as an int64 (+ the tuple's overhead); pickled, a 31-bit
+    seed takes 5 bytes.
+  * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite candidates) -> evaluate each candidate
+    ``elite_episodes`` times -> ``advance``. The next generation's children (``children``) are known once the fitness
+    is, so their evaluation may overlap the candidates'.
+  * Fitness is higher-is-better; NaN counts as the worst. The next population is [elite] + children; fitness ties go to
+    the lower index, so an elite that ties with a child stays ahead of it.
+  * The state holds plain types only (``dataclasses.asdict`` of it loads with ``torch.load(weights_only=True)``); the
+    draws of generation g come from ``generation_rng(seed, g)``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """Shared pieces of the neuroevolution algorithms (GA, ES, random search).
 
-References: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
-Are a Competitive Alternative for Training Deep Neural Networks for
-Reinforcement Learning", arXiv:1712.06567; T. Salimans et al., 2017,
-"Evolution Strategies as a Scalable Alternative to Reinforcement Learning",
-arXiv:1703.03864.
+References: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms Are a Competitive Alternative for Training
+Deep Neural Networks for Reinforcement Learning", arXiv:1712.06567; T. Salimans et al., 2017, "Evolution Strategies as a
+Scalable Alternative to Reinforcement Learning", arXiv:1703.03864.
 
 Conventions:
   * A parameter vector is a flat float32 CPU tensor in ``parameters()`` order.
-  * Everything random is named by an int seed, so a vector can be rebuilt from
-    a few seeds anywhere (the workers of both papers ship seeds, not weights).
-  * Perturbations are not drawn per seed: as in both papers' code, one block
-    of Gaussian noise (the *noise table*) is drawn once from a fixed seed and
-    a seed names an offset into it, so a perturbation costs a slice, not a
-    generator call (``noise``).
-  * The algorithms keep no generator state: the draws of generation g come
-    from ``generation_rng(seed, g)``, so a state of plain ints is resumable.
+  * Everything random is named by an int seed, so a vector can be rebuilt from a few seeds anywhere (the workers of both
+    papers ship seeds, not weights).
+  * Perturbations are not drawn per seed: as in both papers' code, one block of Gaussian noise (the *noise table*) is
+    drawn once from a fixed seed and a seed names an offset into it, so a perturbation costs a slice, not a generator
+    call (``noise``).
+  * The algorithms keep no generator state: the draws of generation g come from ``generation_rng(seed, g)``, so a state
+    of plain ints is resumable.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ class ParamSpace:
     """The parameters of a template module, seen as one flat vector."""
 
     def __init__(self, template: nn.Module):
-        # Our own CPU float32 copy: init() must not depend on where (or in
-        # which dtype) the caller keeps its module.
+        # Our own CPU float32 copy: init() must not depend on where (or in which dtype) the caller keeps its module.
         self.template = copy.deepcopy(template).cpu().float()
         self.size = sum(p.numel() for p in self.template.parameters())
 
@@ -84,10 +80,9 @@ def noise_table(length: int) -> Tensor:
 
 
 def noise(seed: int, size: int) -> Tensor:
-    """Standard normal float32 vector named by ``seed``: the table slice at
-    offset ``seed mod (length - size + 1)``. Two seeds' vectors are independent
-    unless their offsets coincide (a shifted slice shares no position's draw).
-    A view into the shared table: add it to something, never write to it."""
+    """Standard normal float32 vector named by ``seed``: the table slice at offset ``seed mod (length - size + 1)``. Two
+    seeds' vectors are independent unless their offsets coincide (a shifted slice shares no position's draw). A view
+    into the shared table: add it to something, never write to it."""
     table = noise_table(noise_table_length(size))
     offset = seed % (table.numel() - size + 1)
     return table[offset:offset + size]
@@ -113,11 +108,10 @@ def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
 def centered_ranks(x: Tensor) -> Tensor:
     """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.).
 
-    The smallest value gets -0.5, the largest +0.5, so the transform ignores the
-    scale of the fitness and outliers. Tied values share the mean of the ranks
-    they span: games with small integer scores (MinAtar, Atari early on) tie
-    most of a population, and ranking ties by position would turn each tied
-    antithetic pair into a step along its own noise. NaN counts as the worst value.
+    The smallest value gets -0.5, the largest +0.5, so the transform ignores the scale of the fitness and outliers. Tied
+    values share the mean of the ranks they span: games with small integer scores (MinAtar, Atari early on) tie most of
+    a population, and ranking ties by position would turn each tied antithetic pair into a step along its own noise. NaN
+    counts as the worst value.
     """
     x = nan_to_worst(x.detach())
     n = x.numel()

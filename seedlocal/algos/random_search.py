@@ -1,16 +1,14 @@
 """Random search over initialisations: the baseline of the deep GA paper.
 
-Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
-Are a Competitive Alternative for Training Deep Neural Networks for
-Reinforcement Learning", arXiv:1712.06567 (section 4, "random search").
+Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms Are a Competitive Alternative for Training
+Deep Neural Networks for Reinforcement Learning", arXiv:1712.06567 (section 4, "random search").
 
 Conventions:
-  * Each generation evaluates P fresh initialisation seeds (vectors via
-    ``ParamSpace.init``) and keeps the best (seed, fitness) seen so far.
-  * The best fitness is one evaluation, as reported by the caller: with noisy
-    episodes it is an optimistic estimate.
-  * Generation g draws from ``generation_rng(seed, g)``; ``ask`` draws nothing
-    into the state, and ``tell`` recovers the seeds from ``len(fitness)``.
+  * Each generation evaluates P fresh initialisation seeds (vectors via ``ParamSpace.init``) and keeps the best (seed,
+    fitness) seen so far.
+  * The best fitness is one evaluation, as reported by the caller: with noisy episodes it is an optimistic estimate.
+  * Generation g draws from ``generation_rng(seed, g)``; ``ask`` draws nothing into the state, and ``tell`` recovers the
+    seeds from ``len(fitness)``.
   * Fitness is higher-is-better; NaN is never kept; ties keep the earlier best.
 """
 
