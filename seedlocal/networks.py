@@ -56,8 +56,7 @@ def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
 
 
 def is_image(spec: TensorSpec) -> bool:
-    """An image of at least 36 x 36 pixels: what the Nature CNN takes and the
-    Atari-sized presets are for (a small grid is not one, see ``is_grid``)."""
+    """An image of at least 36 x 36 pixels: what the Nature CNN and the Atari-sized presets take (not a grid)."""
     chw = image_shape(spec)
     return chw is not None and min(chw[1:]) >= NATURE_MIN_SIDE
 
@@ -76,8 +75,7 @@ def image_fields(spec: EnvSpec) -> list[str]:
 
 
 def auto_encoder(spec: EnvSpec) -> str:
-    """The torso ``auto`` picks: ``conv_kind`` of one image observation, ``MULTI`` for a Dict with image fields,
-    else an MLP."""
+    """The torso ``auto`` picks: ``conv_kind``'s for one image, ``MULTI`` for a Dict with image fields, else mlp."""
     single = spec.obs.get("")  # the key of a single (not Dict) observation
     if single is None:
         return MULTI if image_fields(spec) else "mlp"
@@ -85,8 +83,7 @@ def auto_encoder(spec: EnvSpec) -> str:
 
 
 def conv_kind(field: TensorSpec) -> str | None:
-    """The convolutional torso ``auto`` gives an image: the Nature CNN from 36 x 36 pixels up, MinAtar's
-    below; None for what is not an image."""
+    """The torso ``auto`` gives an image: the Nature CNN from 36 x 36 pixels up, MinAtar's below; else None."""
     return "nature" if is_image(field) else "minatar" if is_grid(field) else None
 
 
@@ -151,8 +148,7 @@ class _ResidualBlock(nn.Module):
 
 
 class ImpalaResNet(_ConvTorso):
-    """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of
-    conv + max-pool + two residual blocks, 16/32/32 channels, then 256 units."""
+    """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of conv, max-pool and two residual blocks."""
 
     def __init__(self, in_shape: tuple[int, int, int]):
         stages, c = [], in_shape[0]
@@ -164,8 +160,7 @@ class ImpalaResNet(_ConvTorso):
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
-    """An observation as a torso reads it: uint8 pixels scaled to [0, 1];
-    bool cells (MinAtar's 0/1 grids) and every other dtype as they are."""
+    """An observation as a torso reads it: uint8 pixels scaled to [0, 1], anything else (0/1 grids too) unscaled."""
     if x.dtype not in (torch.uint8, torch.bool):
         return x.float()
     # Under autocast, go straight to its dtype: a float32 frame batch would be
@@ -252,8 +247,7 @@ ILLEGAL = -1e9
 
 
 def net_obs(spec: EnvSpec) -> dict[str, TensorSpec]:
-    """The observation fields a network reads: all but the action mask, which
-    says what it may do, not what it sees (``spec.MASK_KEY``)."""
+    """The observation fields a network reads: all but the action mask (what it may do, not what it sees)."""
     return {k: s for k, s in spec.obs.items() if k != MASK_KEY}
 
 
@@ -290,8 +284,8 @@ def checkpoint_encoder(identity: dict, spec: EnvSpec) -> str:
 
 
 def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
-    """The network options that rebuild a checkpoint's network, from its identity (``spec``: what the network
-    sees, e.g. R2D2's stacked frames): the sizes it was saved with, whatever today's defaults are."""
+    """The network options that rebuild a checkpoint's network (``spec``: what it sees, e.g. R2D2's stacked frames):
+    the sizes it was saved with, whatever today's defaults are."""
     return NetworkConfig(encoder=checkpoint_encoder(identity, spec), hidden=tuple(identity["hidden"]),
                          lstm_size=int(identity.get("lstm_size", 0)), obs_norm=bool(identity.get("obs_norm", False)))
 
@@ -323,8 +317,7 @@ def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
 
 
 def _one_hot(x: torch.Tensor, n: int, start: int) -> torch.Tensor:
-    """[N] indices from ``start`` as [N, n] one-hot floats: a comparison, not F.one_hot, which reads the
-    max value (vmap cannot)."""
+    """[N] indices from ``start`` as [N, n] one-hot floats, by a comparison (F.one_hot reads the max: vmap cannot)."""
     return (x.reshape(-1, 1).long() - start == torch.arange(n, device=x.device)).float()
 
 
@@ -351,21 +344,35 @@ def use_channels_last(kind: str, encoder: nn.Module) -> None:
         torso.channels_last = True
 
 
-class PolicyNet(nn.Module):
-    """Encoder → action logits (Discrete) or the action itself (Box, a deterministic policy): the network a
-    neuroevolution genome encodes. ``obs_norm``: its MLP input goes through running statistics (buffers, not genome
-    parameters; the population shares them)."""
+class _Encoded(nn.Module):
+    """What the three networks share: the torso ``build_encoder`` gives (``kind``, ``encoder``, ``encode``) and, with
+    ``obs_norm``, running statistics of its MLP input (buffers: no parameter moves, no random draw)."""
 
-    core_spec = None
-
-    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
-                 obs_norm: bool = False):
+    def __init__(self, spec: EnvSpec, encoder: str, hidden: tuple[int, ...], obs_norm: bool):
         super().__init__()
         self.obs_keys = list(net_obs(spec))
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
         self.continuous = spec.num_actions is None
+        if obs_norm and (self.kind not in ("mlp", MULTI) or not self.encoder.in_dim):
+            raise ValueError(f"obs_norm: normalises vector observations; a {self.kind} torso reads images only")
+        self.obs_norm = RunningNorm(self.encoder.in_dim) if obs_norm else None
+
+    @property
+    def core_spec(self) -> TensorSpec | None:
+        """The recurrent state [2, H] (h and c) of an LSTM core; None without one."""
+        lstm = getattr(self, "lstm", None)
+        return None if lstm is None else TensorSpec((2, lstm.hidden_size), "float32")
+
+
+class PolicyNet(_Encoded):
+    """Encoder → action logits (Discrete) or the action itself (Box, a deterministic policy): the network a
+    neuroevolution genome encodes. ``obs_norm``: its MLP input goes through running statistics (buffers, not genome
+    parameters; the population shares them)."""
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
+                 obs_norm: bool = False):
+        super().__init__(spec, encoder, hidden, obs_norm)
         self.policy = nn.Linear(self.encoder.out_dim, action_size(spec))
-        self.obs_norm = _obs_norm(self, obs_norm)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return legal_only(self.policy(encode(self, obs)), obs)
@@ -377,15 +384,6 @@ class PolicyNet(nn.Module):
 def action_size(spec: EnvSpec) -> int:
     """Discrete actions, or the dimensions of a Box action."""
     return spec.num_actions if spec.num_actions is not None else max(1, math.prod(spec.action.shape))
-
-
-def _obs_norm(net: nn.Module, on: bool) -> RunningNorm | None:
-    """Running statistics of the network's MLP input (a ``MultiInputEncoder``'s: its vector fields)."""
-    if not on:
-        return None
-    if net.kind not in ("mlp", MULTI) or not net.encoder.in_dim:
-        raise ValueError(f"obs_norm: normalises vector observations; a {net.kind} torso reads images only")
-    return RunningNorm(net.encoder.in_dim)
 
 
 def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -403,7 +401,7 @@ def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     return net.encoder(mlp_input(net, obs))
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(_Encoded):
     """Encoder → optional LSTM core → (policy parameters, state value).
 
     The policy parameters are a categorical's logits (Discrete actions) or a diagonal Gaussian's mean and log-std (Box,
@@ -417,17 +415,13 @@ class ActorCritic(nn.Module):
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  lstm_size: int = 0, separate_critic: bool = False, init: str = "torch", obs_norm: bool = False,
                  init_std: float = 0.5):
-        super().__init__()
-        self.obs_keys = list(net_obs(spec))
-        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
-        self.obs_norm = _obs_norm(self, obs_norm)
+        super().__init__(spec, encoder, hidden, obs_norm)
         # A critic with its own MLP: value regression then cannot steer the policy's features (CartPole: 450 in ~90-150k
         # steps instead of >300k). Image torsos and LSTM cores stay shared, as in IMPALA.
         separate = separate_critic and self.kind == "mlp" and not lstm_size
         self.critic = MLPEncoder(self.encoder.in_dim, hidden) if separate else None
         self.lstm = nn.LSTMCell(self.encoder.out_dim, lstm_size) if lstm_size else None
         d = lstm_size or self.encoder.out_dim
-        self.continuous = spec.num_actions is None
         self.policy = nn.Linear(d, action_size(spec))
         self.log_std = nn.Parameter(torch.full((action_size(spec),), math.log(init_std))) if self.continuous else None
         self.value = nn.Linear(d, 1)
@@ -436,10 +430,6 @@ class ActorCritic(nn.Module):
         elif init != "torch":
             raise ValueError(f"init={init!r}: expected orthogonal or torch")
         use_channels_last(self.kind, self.encoder)  # after init: orthogonal_ needs contiguous weights
-
-    @property
-    def core_spec(self) -> TensorSpec | None:
-        return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
 
     def _heads(self, h: torch.Tensor, obs: dict[str, torch.Tensor],
                hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -497,8 +487,7 @@ def _state_pair(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def orthogonal_init(model: "ActorCritic") -> None:
     """Orthogonal weights, zero biases; gain sqrt(2) in the ReLU torso, 0.01 on the policy head (the first policy is
     uniform and every action's logit can move), 1 on the value head (Saxe et al. 2014; as in OpenAI Baselines' Atari
-    agents). The LSTM core keeps torch's init.
-    """
+    agents). The LSTM core keeps torch's init."""
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.orthogonal_(m.weight, gain=math.sqrt(2))
@@ -507,7 +496,7 @@ def orthogonal_init(model: "ActorCritic") -> None:
     nn.init.orthogonal_(model.value.weight, gain=1.0)
 
 
-class RecurrentQNet(nn.Module):
+class RecurrentQNet(_Encoded):
     """R2D2's network: encoder → LSTM → dueling head Q = V + A - mean(A) (Wang et al. 2016). ``step`` serves one time
     step with state ``core`` [B, 2, H]; ``unroll`` a time-major sequence from the state before its row 0 (already reset
     if row 0 starts an episode), zeroing it where ``first`` marks later episode starts. Both return (Q, final core).
@@ -519,21 +508,14 @@ class RecurrentQNet(nn.Module):
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  lstm_size: int = 64, head_size: int = 0):
-        super().__init__()
-        self.obs_keys = list(net_obs(spec))
-        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        super().__init__(spec, encoder, hidden, obs_norm=False)
         self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
         head = head_size or lstm_size
         self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
         use_channels_last(self.kind, self.encoder)
-        self.obs_norm = None  # ``encode``'s: R2D2 does not normalise observations
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
         self._register_load_state_dict_pre_hook(_lstm_cell_names)
-
-    @property
-    def core_spec(self) -> TensorSpec:
-        return TensorSpec((2, self.lstm.hidden_size), "float32")
 
     def _encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         x = next(iter(obs.values()))
@@ -593,8 +575,7 @@ def cut_rows(first) -> list[int]:
 
 
 def _lstm_cell_names(state_dict, prefix, *args) -> None:
-    """Checkpoints written when the core was an ``nn.LSTMCell`` name its
-    weights without the layer suffix; they are the same tensors."""
+    """Checkpoints from when the core was an ``nn.LSTMCell`` name the same weights without the layer suffix."""
     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
         old = f"{prefix}lstm.{name}"
         if old in state_dict:
