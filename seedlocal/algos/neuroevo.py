@@ -1,4 +1,4 @@
-"""Shared pieces of the neuroevolution algorithms (GA, ES, random search).
+"""Shared pieces of the neuroevolution algorithms (GA, ES, ARS, random search), and their common conventions.
 
 References: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms Are a Competitive Alternative for Training
 Deep Neural Networks for Reinforcement Learning", arXiv:1712.06567; T. Salimans et al., 2017, "Evolution Strategies as a
@@ -12,18 +12,23 @@ Conventions:
     drawn once from a fixed seed and a seed names an offset into it, so a perturbation costs a slice, not a generator
     call (``noise``).
   * The algorithms keep no generator state: the draws of generation g come from ``generation_rng(seed, g)``, so a state
-    of plain ints is resumable.
+    (a ``Generation``) is resumable, and ``dataclasses.asdict`` of it loads with ``torch.load(weights_only=True)``.
+    ``ask`` draws nothing into it: asking twice gives the same seeds.
+  * Fitness is higher-is-better; NaN counts as the worst (``nan_to_worst``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from seedlocal.errors import fail
 
 
 class ParamSpace:
@@ -135,6 +140,30 @@ def generation_rng(seed: int, generation: int) -> np.random.Generator:
     with zeros, so [seed] and [seed, 0] would collide.
     """
     return np.random.default_rng([seed, generation])
+
+
+def require(ok: bool, prefix: str, p, name: str, rule: str) -> None:
+    """A ``validate`` rule: refuse ``p.<name>`` unless ``ok``, written as what must hold (``x > 0``: NaN fails)."""
+    if not ok:
+        fail(f"{prefix}.{name}", getattr(p, name), rule)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Generation:
+    """The fields every algorithm's state starts with; the state classes add their own."""
+
+    generation: int
+    """generations completed"""
+    rng: dict
+    """{"seed": int}: the run's base seed"""
+
+    def seeds(self, n: int) -> list[int]:
+        """``n`` fresh seeds from this generation's ``generation_rng``."""
+        return new_seeds(generation_rng(self.rng["seed"], self.generation), n)
+
+    def next(self, **fields):
+        """The next generation's state: this one with ``fields`` replaced."""
+        return dataclasses.replace(self, generation=self.generation + 1, **fields)
 
 
 def nan_to_worst(values: Tensor) -> Tensor:
