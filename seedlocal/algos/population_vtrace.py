@@ -12,11 +12,9 @@ stay its own and the arithmetic after the gradient is exactly ``learner_step``'s
 per update (a few foreach kernels each); one Adam over the stacked tensors with a [P, 1, ...] learning rate would launch
 fewer, but would be a second Adam to keep equal to torch's.
 
-What each member has of its own (one ``VTraceParams`` per member, as P ``learner_step``s would take): ``discount``,
-``entropy_cost``, ``baseline_cost`` and ``clip`` enter the vmapped loss as [P] tensors; ``max_grad_norm`` and its
-optimizer's values (the learning rate) act after it. Everything else shapes the update and must be the same for all
-(refused in one line otherwise), whether the policy term is clipped at all included: a vmapped loss cannot branch per
-member.
+Each member has its own ``VTraceParams``, as P ``learner_step``s would: ``PER_MEMBER`` values enter the vmapped loss
+as [P] tensors, ``AFTER_GRADIENT`` ones act after it; the rest shapes the update and must agree (``shared_params``),
+whether the policy term is clipped at all included: a vmapped loss cannot branch per member.
 
 On a GPU this is the intended path, P small networks in about the kernels of one; unmeasured there
 (``scripts/bench_population_learners.py --device cuda``). On the 2-core development CPU one update of P = 8 MinAtar

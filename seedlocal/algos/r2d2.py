@@ -93,9 +93,7 @@ def td_loss(q_taken: Tensor, targets: Tensor, valid: Tensor, weights: Tensor) ->
     delta detached.
 
     Summed over time, as SEED does: the published Adam settings (lr 1e-4, eps 1e-3) and gradient clip (40) are for that
-    scale. A mean over time makes gradients unroll-length times smaller; on Pong (Nature CNN + LSTM 512) they were then
-    ~2e-6 per parameter, so eps 1e-3 dominated Adam's denominator for all but 1e-6 of the weights and every update was a
-    tiny SGD step: 6,000 updates and 3.9M frames stayed at -21."""
+    scale. A mean over time made Adam's eps dominate and every update a tiny SGD step (Pong: docs/r2d2.md)."""
     delta = q_taken - targets.detach()
     per_row = torch.where(valid, 0.5 * delta * delta, torch.zeros_like(delta))
     return (weights * per_row.sum(0)).mean(), delta.detach()

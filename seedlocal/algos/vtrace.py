@@ -11,9 +11,8 @@ Conventions (all inputs are time-major):
     ended: reward 0, the next observation starts a new episode). An invalid row contributes nothing: its TD error is 0,
     vs_t = V(x_t) exactly, and the correction does not propagate through it. The row before it (the end of the episode)
     therefore sees vs - V = 0 there; if it was truncated it bootstraps from values[t] = V(final observation).
-  * rho_t = min(rho_bar, pi/mu), c_t = lam * min(c_bar, pi/mu).
-    delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) - V(x_t)).
-    vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1})), with vs_T = bootstrap_value.
+  * rho_t = min(rho_bar, pi/mu), c_t = lam * min(c_bar, pi/mu). delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) -
+    V(x_t)). vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1})), with vs_T = bootstrap_value.
   * advantages_t = r_t + discount_t * vs_{t+1} - V(x_t), and pg_advantages_t = rho_t * advantages_t, where the
     policy-gradient importance weight is clipped by the same ``rho_bar`` (as in the paper).
   * Everything returned by ``vtrace`` is detached (computed under no_grad).
@@ -48,18 +47,9 @@ def masked(x: Tensor, valid: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def vtrace(
-    behaviour_log_probs: Tensor,
-    target_log_probs: Tensor,
-    rewards: Tensor,
-    discounts: Tensor,
-    values: Tensor,
-    bootstrap_value: Tensor,
-    valid: Tensor,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
-    lam: float = 1.0,
-) -> VTraceReturns:
+def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tensor, discounts: Tensor, values: Tensor,
+           bootstrap_value: Tensor, valid: Tensor, rho_bar: float = 1.0, c_bar: float = 1.0,
+           lam: float = 1.0) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages (see module docstring)."""
     ratios = torch.exp(target_log_probs - behaviour_log_probs)
     rhos = torch.clamp(ratios, max=rho_bar)
@@ -81,20 +71,10 @@ def vtrace(
                          advantages=advantages.detach())
 
 
-def impala_loss(
-    target_params: Tensor,
-    actions: Tensor,
-    values: Tensor,
-    vtrace_returns: VTraceReturns,
-    valid: Tensor,
-    baseline_cost: float = 0.5,
-    entropy_cost: float = 0.01,
-    behaviour_log_probs: Tensor | None = None,
-    clip: float = 0.0,
-    normalize_advantages: bool = False,
-    dist=Categorical,
-    proximal_log_probs: Tensor | None = None, moments=None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_returns: VTraceReturns, valid: Tensor,
+                baseline_cost: float = 0.5, entropy_cost: float = 0.01, behaviour_log_probs: Tensor | None = None,
+                clip: float = 0.0, normalize_advantages: bool = False, dist=Categorical,
+                proximal_log_probs: Tensor | None = None, moments=None) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
     Means are over valid rows only: invalid (auto-reset) rows neither contribute nor dilute. ``values`` carries the
@@ -106,8 +86,7 @@ def impala_loss(
     the clip is decoupled PPO's (``_clipped_surrogate``). ``normalize_advantages`` rescales A to zero mean, unit
     variance over the valid rows (or by ``moments``): the policy step is then independent of scale.
     """
-    valid_f = valid.to(values.dtype)
-    n_valid = valid_f.sum().clamp(min=1.0)
+    n_valid = valid.to(values.dtype).sum().clamp(min=1.0)
 
     def masked_mean(x: Tensor) -> Tensor:
         return masked(x, valid).sum() / n_valid
