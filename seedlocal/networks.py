@@ -118,8 +118,7 @@ class _ConvTorso(nn.Module):
 
 
 class MinAtarCNN(_ConvTorso):
-    """The torso of MinAtar's DQN and actor-critic agents (Young & Tian 2019, arXiv 1903.03176): one 3x3
-    convolution with 16 filters, then 128 ReLU units; sized for 10 x 10 grids."""
+    """The torso of MinAtar's DQN and actor-critic agents (Young & Tian 2019, arXiv 1903.03176), for 10 x 10 grids."""
 
     def __init__(self, in_shape: tuple[int, int, int]):
         super().__init__(nn.Sequential(nn.Conv2d(in_shape[0], 16, 3), nn.ReLU(), nn.Flatten()), in_shape, 128)

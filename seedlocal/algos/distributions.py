@@ -89,6 +89,5 @@ class DiagGaussian:
 
 
 def for_actions(num_actions: int | None):
-    """The distribution of an env's action space: categorical for Discrete
-    (``num_actions``), a diagonal Gaussian for Box (None)."""
+    """The distribution of an env's action space: categorical for Discrete (``num_actions``), Gaussian for Box."""
     return Categorical if num_actions is not None else DiagGaussian

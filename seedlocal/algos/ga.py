@@ -86,8 +86,7 @@ def _ranked(state: GAState, fitness) -> list[int]:
 
 
 def tell(state: GAState, p: GAParams, fitness) -> list[Genome]:
-    """The elite candidates to re-evaluate: the top C by ``fitness``, then the
-    previous elite if it is not among them (no genome twice)."""
+    """The elite candidates to re-evaluate: the top C distinct genomes by ``fitness``, then the previous elite."""
     candidates: list[Genome] = []
     for i in _ranked(state, fitness)[: p.elite_candidates]:
         if state.genomes[i] not in candidates:

@@ -31,8 +31,7 @@ from seedlocal.errors import fail
 
 
 class _Method(nn.Module):
-    """Runs one method of the wrapped network: ``functional_call`` calls a module's ``forward`` only, and a
-    learner's network is also called by ``step`` and ``unroll``."""
+    """Runs one method of the wrapped network: ``functional_call`` calls only ``forward``, learners ``unroll`` too."""
 
     def __init__(self, net: nn.Module):
         super().__init__()

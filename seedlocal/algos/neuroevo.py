@@ -70,15 +70,13 @@ MIN_NOISE_TABLE = 1 << 22  # 16 MiB of float32
 
 
 def noise_table_length(size: int) -> int:
-    """Length of the table that perturbations of ``size`` parameters slice:
-    a power of two, at least 4 MiB floats and 8 times the vector."""
+    """The noise table's length for ``size`` parameters: a power of two, at least 4 Mi floats and 8 x ``size``."""
     return max(MIN_NOISE_TABLE, 1 << (8 * size - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=4)
 def noise_table(length: int) -> Tensor:
-    """The shared block of standard normal float32 noise, drawn once per process
-    from a fixed seed (the same on every machine; read-only by convention)."""
+    """The standard normal float32 noise table, drawn once per process from a fixed seed: the same everywhere."""
     g = torch.Generator(device="cpu")
     g.manual_seed(NOISE_TABLE_SEED)
     return torch.randn(length, generator=g, dtype=torch.float32)

@@ -42,8 +42,7 @@ def scores_array(scores: Sequence[float] | np.ndarray, field: str = "scores") ->
 
 
 def trimmed_mean(x: np.ndarray, trim: float = TRIM) -> np.ndarray:
-    """The mean of each row of ``x`` [..., n] without its ``floor(trim * n)`` lowest and highest entries
-    (``scipy.stats.trim_mean``'s rule)."""
+    """The mean of each row of ``x`` [..., n] without its ``floor(trim * n)`` lowest and highest (scipy's rule)."""
     n = x.shape[-1]
     cut = int(trim * n)
     return np.sort(x, axis=-1)[..., cut:n - cut].mean(axis=-1)
