@@ -1,11 +1,9 @@
-"""The networks: torsos for each kind of observation, and the three heads
-seedlocal trains (a policy for neuroevolution, an actor-critic for V-trace,
-a recurrent dueling Q-network for R2D2).
+"""The networks: torsos for each kind of observation, and the three heads seedlocal trains (a policy for neuroevolution,
+an actor-critic for V-trace, a recurrent dueling Q-network for R2D2).
 
-Every network reads a dict of observation tensors (one entry per field of
-the env's observation; ``""`` for a single one) and is built from an
-``EnvSpec`` alone, so a checkpoint's identity rebuilds it. Acting with a
-network is a policy's job (``seedlocal/policies``).
+Every network reads a dict of observation tensors (one entry per field of the env's observation; ``""`` for a single
+one) and is built from an ``EnvSpec`` alone, so a checkpoint's identity rebuilds it. Acting with a network is a policy's
+job (``seedlocal/policies``).
 """
 
 from __future__ import annotations
@@ -34,14 +32,9 @@ MAX_CHANNELS = 16  # channels of a (H, W, C) image, or of a small (C, H, W) grid
 
 
 def image_layout(spec: TensorSpec) -> str | None:
-    """``chw`` or ``hwc`` for an observation a convolutional torso reads, else None.
-
-    (C, H, W) where both last sides have at least 36 pixels (the Nature CNN's
-    smallest input; envpool's Atari frames), else (H, W, C) with at most 16
-    channels (Gymnasium's image envs, MinAtar's grids), else a small
-    (C, H, W) grid with at most 16 channels. Grids need 5 x 5 cells. A cube
-    such as MinAtar Seaquest's (10, 10, 10) is read channels last.
-    """
+    """``chw`` or ``hwc`` for an observation a convolutional torso reads, else None: envpool's Atari frames
+    are (C, H, W), Gymnasium's images and MinAtar's grids (H, W, C), tried first for a small grid, so that a
+    cube such as MinAtar Seaquest's (10, 10, 10) is read channels last."""
     shape = spec.shape
     if len(shape) != 3:
         return None
@@ -63,8 +56,7 @@ def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
 
 
 def is_image(spec: TensorSpec) -> bool:
-    """An image of at least 36 x 36 pixels: what the Nature CNN takes and the
-    Atari-sized presets are for (a small grid is not one, see ``is_grid``)."""
+    """An image of at least 36 x 36 pixels: what the Nature CNN and the Atari-sized presets take (not a grid)."""
     chw = image_shape(spec)
     return chw is not None and min(chw[1:]) >= NATURE_MIN_SIDE
 
@@ -76,16 +68,14 @@ def is_grid(spec: TensorSpec) -> bool:
 
 def image_fields(spec: EnvSpec) -> list[str]:
     """The fields of a Dict observation that get a convolutional torso each (SB3's ``MultiInputPolicy``
-    convention: uint8 images; here 0/1 grids too): 3-D, uint8 or bool, in a shape a torso reads
-    (``image_layout``). Float fields, and images too small for a 3 x 3 convolution, enter the MLP."""
+    convention, 0/1 grids included): uint8 or bool, in a shape ``image_layout`` reads. The rest enter the MLP."""
     if "" in spec.obs:  # a single observation (an action mask may sit beside it)
         return []
     return [k for k, s in net_obs(spec).items() if s.dtype in IMAGE_DTYPES and image_layout(s) is not None]
 
 
 def auto_encoder(spec: EnvSpec) -> str:
-    """The torso ``auto`` picks: ``conv_kind`` of one image observation; for a Dict with image fields
-    ``MULTI`` (a torso of that kind for each, an MLP for the rest); an MLP for everything else."""
+    """The torso ``auto`` picks: ``conv_kind``'s for one image, ``MULTI`` for a Dict with image fields, else mlp."""
     single = spec.obs.get("")  # the key of a single (not Dict) observation
     if single is None:
         return MULTI if image_fields(spec) else "mlp"
@@ -93,8 +83,7 @@ def auto_encoder(spec: EnvSpec) -> str:
 
 
 def conv_kind(field: TensorSpec) -> str | None:
-    """The convolutional torso ``auto`` gives an image: the Nature CNN from 36 x 36 pixels up, MinAtar's
-    below; None for what is not an image."""
+    """The torso ``auto`` gives an image: the Nature CNN from 36 x 36 pixels up, MinAtar's below; else None."""
     return "nature" if is_image(field) else "minatar" if is_grid(field) else None
 
 
@@ -129,27 +118,22 @@ class _ConvTorso(nn.Module):
 
 
 class MinAtarCNN(_ConvTorso):
-    """The torso of MinAtar's DQN and actor-critic agents (Young & Tian
-    2019, arXiv 1903.03176): one 3x3 convolution with 16 filters, stride 1,
-    no padding, a ReLU, then 128 ReLU units; a quarter of the Nature CNN's
-    64 filters and 512 units, sized for 10 x 10 grids (8 x 8 x 16 = 1,024
-    features into the hidden layer)."""
+    """The torso of MinAtar's DQN and actor-critic agents (Young & Tian 2019, arXiv 1903.03176), for 10 x 10 grids."""
 
-    def __init__(self, in_shape: tuple[int, int, int], channels: int = 16, out_dim: int = 128):
-        super().__init__(nn.Sequential(nn.Conv2d(in_shape[0], channels, 3, stride=1), nn.ReLU(), nn.Flatten()),
-                         in_shape, out_dim)
+    def __init__(self, in_shape: tuple[int, int, int]):
+        super().__init__(nn.Sequential(nn.Conv2d(in_shape[0], 16, 3), nn.ReLU(), nn.Flatten()), in_shape, 128)
 
 
 class NatureCNN(_ConvTorso):
     """The DQN torso (Mnih et al. 2015) for stacked 84x84 frames."""
 
-    def __init__(self, in_shape: tuple[int, int, int], out_dim: int = 512):
+    def __init__(self, in_shape: tuple[int, int, int]):
         super().__init__(nn.Sequential(
             nn.Conv2d(in_shape[0], 32, 8, stride=4), nn.ReLU(),
             nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
             nn.Flatten(),
-        ), in_shape, out_dim)
+        ), in_shape, 512)
 
 
 class _ResidualBlock(nn.Module):
@@ -163,21 +147,19 @@ class _ResidualBlock(nn.Module):
 
 
 class ImpalaResNet(_ConvTorso):
-    """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of
-    conv + max-pool + two residual blocks, 16/32/32 channels, then 256 units."""
+    """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of conv, max-pool and two residual blocks."""
 
-    def __init__(self, in_shape: tuple[int, int, int], channels=(16, 32, 32), out_dim: int = 256):
+    def __init__(self, in_shape: tuple[int, int, int]):
         stages, c = [], in_shape[0]
-        for out_c in channels:
+        for out_c in (16, 32, 32):
             stages += [nn.Conv2d(c, out_c, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResidualBlock(out_c), _ResidualBlock(out_c)]
             c = out_c
-        super().__init__(nn.Sequential(*stages, nn.ReLU(), nn.Flatten()), in_shape, out_dim)
+        super().__init__(nn.Sequential(*stages, nn.ReLU(), nn.Flatten()), in_shape, 256)
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
-    """An observation as a torso reads it: uint8 pixels scaled to [0, 1];
-    bool cells (MinAtar's 0/1 grids) and every other dtype as they are."""
+    """An observation as a torso reads it: uint8 pixels scaled to [0, 1], anything else (0/1 grids too) unscaled."""
     if x.dtype not in (torch.uint8, torch.bool):
         return x.float()
     # Under autocast, go straight to its dtype: a float32 frame batch would be
@@ -188,10 +170,8 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
-    """(kind, torso) for an env; ``auto`` picks by the observation's size
-    (``auto_encoder``). A convolutional encoder named for a Dict observation
-    is its image fields' torso (``MultiInputEncoder``). An MLP with
-    ``hidden`` empty has no hidden layer (a linear policy)."""
+    """(kind, torso) for an env (``auto``: ``auto_encoder``'s). A convolutional encoder named for a Dict
+    observation is its image fields' torso (``MultiInputEncoder``); an MLP with ``hidden`` empty is linear."""
     if encoder not in ENCODERS:
         raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
     single = spec.obs.get("")
@@ -235,13 +215,10 @@ def vector_mlp(spec: EnvSpec, keys: list[str], hidden: tuple[int, ...]) -> MLPEn
 
 
 class MultiInputEncoder(nn.Module):
-    """A Dict observation with image fields, read as SB3's ``MultiInputPolicy``
-    reads one: each image field (``image_fields``) through a convolutional
-    torso of its own (``conv``: one kind for all, or ``auto``: each by its
-    size, ``conv_kind``), the other fields flat through one MLP, and their
-    features side by side. ``vector_keys``, ``classes`` and ``in_dim`` are
-    the MLP's (what ``obs_norm`` normalises); a Dict of images alone has
-    none (``in_dim`` 0)."""
+    """A Dict observation with image fields, read as SB3's ``MultiInputPolicy`` reads one: each image field
+    through a convolutional torso of its own (``conv``: one kind for all, or ``auto``: ``conv_kind``'s), the
+    other fields flat through one MLP (``vector_keys``, ``classes``, ``in_dim``: what ``obs_norm`` normalises;
+    ``in_dim`` 0 for images alone), their features side by side."""
 
     def __init__(self, spec: EnvSpec, conv: str, hidden: tuple[int, ...]):
         super().__init__()
@@ -262,23 +239,20 @@ class MultiInputEncoder(nn.Module):
         return torch.cat(out, dim=-1) if len(out) > 1 else out[0]
 
 
-# The output of an illegal action (its logit, its Q-value): far below any a
-# network gives, and finite, so that softmax, log-probabilities and entropy
-# stay finite (an illegal action's probability is exactly 0) and h^-1 of it
-# times a zero discount is still 0.
+# The output of an illegal action (its logit, its Q-value): far below any a network gives, and finite, so that softmax,
+# log-probabilities and entropy stay finite (an illegal action's probability is exactly 0) and h^-1 of it times a zero
+# discount is still 0.
 ILLEGAL = -1e9
 
 
 def net_obs(spec: EnvSpec) -> dict[str, TensorSpec]:
-    """The observation fields a network reads: all but the action mask, which
-    says what it may do, not what it sees (``spec.MASK_KEY``)."""
+    """The observation fields a network reads: all but the action mask (what it may do, not what it sees)."""
     return {k: s for k, s in spec.obs.items() if k != MASK_KEY}
 
 
 def legal_only(out: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-action outputs ``out`` [..., A] (logits or Q-values, float32 from
-    here) with ``ILLEGAL`` where ``obs``' action mask [..., A] forbids the
-    action; ``out`` itself where the env has no mask."""
+    """Per-action outputs ``out`` [..., A] (logits or Q-values, float32 from here) with ``ILLEGAL`` where ``obs``'
+    action mask [..., A] forbids the action; ``out`` itself where the env has no mask."""
     mask = obs.get(MASK_KEY)
     return out if mask is None else torch.where(mask.reshape(out.shape), out.float(), ILLEGAL)
 
@@ -289,12 +263,10 @@ AUTO_SINCE = ("minatar", MULTI)
 
 
 def encoder_identity(spec: EnvSpec, encoder: str) -> dict:
-    """A checkpoint's record of its torso: the encoder as configured, and
-    ``torso`` where ``auto`` picks one of ``AUTO_SINCE``. A checkpoint from
-    before, whose auto gave the MLP, is then refused by name
-    (``check_compatible``) rather than by a shape error, and ``seedlocal
-    eval`` still rebuilds its MLP (``checkpoint_encoder``). Nothing changes
-    for the choices auto made before (Nature CNN, MLP)."""
+    """A checkpoint's record of its torso: the encoder as configured, and ``torso`` where ``auto`` picks one of
+    ``AUTO_SINCE``. A checkpoint from before, whose auto gave the MLP, is then refused by name (``check_compatible``)
+    rather than by a shape error, and ``seedlocal eval`` still rebuilds its MLP (``checkpoint_encoder``). Nothing
+    changes for the choices auto made before (Nature CNN, MLP)."""
     if encoder == "auto" and auto_encoder(spec) in AUTO_SINCE:
         return {"encoder": encoder, "torso": auto_encoder(spec)}
     return {"encoder": encoder}
@@ -311,8 +283,8 @@ def checkpoint_encoder(identity: dict, spec: EnvSpec) -> str:
 
 
 def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
-    """The network options that rebuild a checkpoint's network, from its identity (``spec``: what the network
-    sees, e.g. R2D2's stacked frames): the sizes it was saved with, whatever today's defaults are."""
+    """The network options that rebuild a checkpoint's network (``spec``: what it sees, e.g. R2D2's stacked frames):
+    the sizes it was saved with, whatever today's defaults are."""
     return NetworkConfig(encoder=checkpoint_encoder(identity, spec), hidden=tuple(identity["hidden"]),
                          lstm_size=int(identity.get("lstm_size", 0)), obs_norm=bool(identity.get("obs_norm", False)))
 
@@ -326,9 +298,8 @@ def action_identity(spec: EnvSpec) -> dict:
 
 
 def obs_identity(spec: EnvSpec) -> dict:
-    """The observation part of a checkpoint's identity. Discrete fields enter
-    networks one-hot, so their sizes are part of it (a checkpoint from before
-    one-hot inputs is refused by name, not by a shape error)."""
+    """The observation part of a checkpoint's identity. Discrete fields enter networks one-hot, so their sizes are part
+    of it (a checkpoint from before one-hot inputs is refused by name, not by a shape error)."""
     out = {"obs": {k: list(s.shape) for k, s in spec.obs.items()}}
     if getattr(spec, "obs_classes", None):
         out["obs_one_hot"] = {k: list(c) for k, c in spec.obs_classes.items()}
@@ -337,17 +308,15 @@ def obs_identity(spec: EnvSpec) -> dict:
 
 def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
                 classes: dict[str, tuple[int, int]] | None = None) -> torch.Tensor:
-    """Every observation field as floats, flattened and side by side: an MLP's
-    input. Fields in ``classes`` (Discrete spaces: key -> (n, start)) enter
-    one-hot: a state index is a category, not a magnitude."""
+    """Every observation field as floats, flattened and side by side: an MLP's input. Fields in ``classes`` (Discrete
+    spaces: key -> (n, start)) enter one-hot: a state index is a category, not a magnitude."""
     flat = [_one_hot(obs[k], *classes[k]) if classes and k in classes
             else as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
 
 def _one_hot(x: torch.Tensor, n: int, start: int) -> torch.Tensor:
-    """[N] indices from ``start`` as [N, n] one-hot floats: a comparison, not F.one_hot, which reads the
-    max value (vmap cannot)."""
+    """[N] indices from ``start`` as [N, n] one-hot floats, by a comparison (F.one_hot reads the max: vmap cannot)."""
     return (x.reshape(-1, 1).long() - start == torch.arange(n, device=x.device)).float()
 
 
@@ -363,46 +332,46 @@ def conv_features(torso: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torso(as_float(x))
 
 
-def encode_obs(kind: str, encoder: nn.Module, obs_keys: list[str], obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    if kind in CONV_ENCODERS:
-        return conv_features(encoder, obs[""])
-    if kind == MULTI:
-        return encoder(obs)
-    return encoder(flatten_obs(obs_keys, obs, getattr(encoder, "classes", None)))
-
-
-def has_conv(kind: str) -> bool:
-    """Whether a torso of this kind holds convolutions."""
-    return kind in CONV_ENCODERS or kind == MULTI
-
-
-def use_channels_last(encoder: nn.Module) -> None:
-    """NHWC weights and inputs for a CNN torso (each of a ``MultiInputEncoder``'s):
-    oneDNN's fast layout on CPUs (Nature CNN update: 93 vs 133 ms fp32, 48 vs
-    60 ms bf16 per 168 rows on 2 cores) and cuDNN's for tensor cores.
-    MinAtar's (H, W, C) grids arrive in this layout, so its torso reads them
-    without a reorder."""
+def use_channels_last(kind: str, encoder: nn.Module) -> None:
+    """NHWC weights and inputs for a CNN torso (each of a ``MultiInputEncoder``'s; nothing for an MLP): oneDNN's fast
+    layout on CPUs (Nature CNN update: 93 vs 133 ms fp32, 48 vs 60 ms bf16 per 168 rows on 2 cores) and cuDNN's for
+    tensor cores. MinAtar's (H, W, C) grids arrive in this layout, so its torso reads them without a reorder."""
+    if kind not in CONV_ENCODERS and kind != MULTI:
+        return
     encoder.to(memory_format=torch.channels_last)  # 4-D weights only: an MLP beside the convolutions keeps its own
     for torso in getattr(encoder, "convs", [encoder]):
         torso.channels_last = True
 
 
-class PolicyNet(nn.Module):
-    """Encoder → action logits (Discrete) or the action itself (Box, a
-    deterministic policy): the network a neuroevolution genome encodes.
-    ``obs_norm``: its MLP input goes through running statistics (buffers,
-    not genome parameters; the population shares them)."""
+class _Encoded(nn.Module):
+    """What the three networks share: the torso ``build_encoder`` gives (``kind``, ``encoder``, ``encode``) and, with
+    ``obs_norm``, running statistics of its MLP input (buffers: no parameter moves, no random draw)."""
 
-    core_spec = None
-
-    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
-                 obs_norm: bool = False):
+    def __init__(self, spec: EnvSpec, encoder: str, hidden: tuple[int, ...], obs_norm: bool):
         super().__init__()
         self.obs_keys = list(net_obs(spec))
         self.kind, self.encoder = build_encoder(spec, encoder, hidden)
         self.continuous = spec.num_actions is None
+        if obs_norm and (self.kind not in ("mlp", MULTI) or not self.encoder.in_dim):
+            raise ValueError(f"obs_norm: normalises vector observations; a {self.kind} torso reads images only")
+        self.obs_norm = RunningNorm(self.encoder.in_dim) if obs_norm else None
+
+    @property
+    def core_spec(self) -> TensorSpec | None:
+        """The recurrent state [2, H] (h and c) of an LSTM core; None without one."""
+        lstm = getattr(self, "lstm", None)
+        return None if lstm is None else TensorSpec((2, lstm.hidden_size), "float32")
+
+
+class PolicyNet(_Encoded):
+    """Encoder → action logits (Discrete) or the action itself (Box, a deterministic policy): the network a
+    neuroevolution genome encodes. ``obs_norm``: its MLP input goes through running statistics (buffers, not genome
+    parameters; the population shares them)."""
+
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
+                 obs_norm: bool = False):
+        super().__init__(spec, encoder, hidden, obs_norm)
         self.policy = nn.Linear(self.encoder.out_dim, action_size(spec))
-        self.obs_norm = _obs_norm(self, obs_norm)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return legal_only(self.policy(encode(self, obs)), obs)
@@ -416,15 +385,6 @@ def action_size(spec: EnvSpec) -> int:
     return spec.num_actions if spec.num_actions is not None else max(1, math.prod(spec.action.shape))
 
 
-def _obs_norm(net: nn.Module, on: bool) -> RunningNorm | None:
-    """Running statistics of the network's MLP input (a ``MultiInputEncoder``'s: its vector fields)."""
-    if not on:
-        return None
-    if net.kind not in ("mlp", MULTI) or not net.encoder.in_dim:
-        raise ValueError(f"obs_norm: normalises vector observations; a {net.kind} torso reads images only")
-    return RunningNorm(net.encoder.in_dim)
-
-
 def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     """A network's MLP input: its vector fields flat, side by side, normalised where it has ``obs_norm``."""
     x = flatten_obs(net.encoder.vector_keys, obs, net.encoder.classes)
@@ -433,41 +393,34 @@ def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     """A network's torso output for a batch of observations."""
-    if net.kind == "mlp":
-        return net.encoder(mlp_input(net, obs))
-    if net.kind == MULTI and net.obs_norm is not None:
-        return net.encoder(obs, mlp_input(net, obs))
-    return encode_obs(net.kind, net.encoder, net.obs_keys, obs)
+    if net.kind in CONV_ENCODERS:
+        return conv_features(net.encoder, obs[""])
+    if net.kind == MULTI:
+        return net.encoder(obs, None if net.obs_norm is None else mlp_input(net, obs))
+    return net.encoder(mlp_input(net, obs))
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(_Encoded):
     """Encoder → optional LSTM core → (policy parameters, state value).
 
-    The policy parameters are a categorical's logits (Discrete actions) or a
-    diagonal Gaussian's mean and log-std (Box, ``algos/distributions.py``),
-    the log-std one learned vector starting at ``log(init_std)``: SEED's
-    MuJoCo agents' form, with "What Matters in On-Policy RL"'s std of 0.5.
+    The policy parameters are a categorical's logits (Discrete actions) or a diagonal Gaussian's mean and log-std (Box,
+    ``algos/distributions.py``), the log-std one learned vector starting at ``log(init_std)``: SEED's MuJoCo agents'
+    form, with "What Matters in On-Policy RL"'s std of 0.5.
 
-    ``forward`` serves feed-forward batches; ``step`` one time step with a
-    recurrent state ``core`` [B, 2, H] (h and c); ``unroll`` a time-major
-    unroll for the learner, zeroing the state where ``first``.
+    ``forward`` serves feed-forward batches; ``step`` one time step with a recurrent state ``core`` [B, 2, H] (h and c);
+    ``unroll`` a time-major unroll for the learner, zeroing the state where ``first``.
     """
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  lstm_size: int = 0, separate_critic: bool = False, init: str = "torch", obs_norm: bool = False,
                  init_std: float = 0.5):
-        super().__init__()
-        self.obs_keys = list(net_obs(spec))
-        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
-        self.obs_norm = _obs_norm(self, obs_norm)
-        # A critic with its own MLP: value regression then cannot steer the
-        # policy's features (CartPole: 450 in ~90-150k steps instead of >300k).
-        # Image torsos and LSTM cores stay shared, as in IMPALA.
+        super().__init__(spec, encoder, hidden, obs_norm)
+        # A critic with its own MLP: value regression then cannot steer the policy's features (CartPole: 450 in ~90-150k
+        # steps instead of >300k). Image torsos and LSTM cores stay shared, as in IMPALA.
         separate = separate_critic and self.kind == "mlp" and not lstm_size
         self.critic = MLPEncoder(self.encoder.in_dim, hidden) if separate else None
         self.lstm = nn.LSTMCell(self.encoder.out_dim, lstm_size) if lstm_size else None
         d = lstm_size or self.encoder.out_dim
-        self.continuous = spec.num_actions is None
         self.policy = nn.Linear(d, action_size(spec))
         self.log_std = nn.Parameter(torch.full((action_size(spec),), math.log(init_std))) if self.continuous else None
         self.value = nn.Linear(d, 1)
@@ -475,12 +428,7 @@ class ActorCritic(nn.Module):
             orthogonal_init(self)
         elif init != "torch":
             raise ValueError(f"init={init!r}: expected orthogonal or torch")
-        if has_conv(self.kind):
-            use_channels_last(self.encoder)  # after init: orthogonal_ needs contiguous weights
-
-    @property
-    def core_spec(self) -> TensorSpec | None:
-        return None if self.lstm is None else TensorSpec((2, self.lstm.hidden_size), "float32")
+        use_channels_last(self.kind, self.encoder)  # after init: orthogonal_ needs contiguous weights
 
     def _heads(self, h: torch.Tensor, obs: dict[str, torch.Tensor],
                hv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -530,18 +478,15 @@ class ActorCritic(nn.Module):
 
 
 def _state_pair(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, c) of a recurrent state [B, 2, H] as two contiguous [B, H] tensors.
-    ``core[:, 0]`` is a strided view, and cuDNN's RNN entry point refuses a
-    non-contiguous state (the CPU kernels do not check, so only a GPU shows it)."""
+    """(h, c) of a recurrent state [B, 2, H] as two contiguous [B, H] tensors. ``core[:, 0]`` is a strided view, and
+    cuDNN's RNN entry point refuses a non-contiguous state (the CPU kernels do not check, so only a GPU shows it)."""
     return core[:, 0].contiguous(), core[:, 1].contiguous()
 
 
 def orthogonal_init(model: "ActorCritic") -> None:
-    """Orthogonal weights, zero biases; gain sqrt(2) in the ReLU torso, 0.01
-    on the policy head (the first policy is uniform and every action's logit
-    can move), 1 on the value head (Saxe et al. 2014; as in OpenAI Baselines'
-    Atari agents). The LSTM core keeps torch's init.
-    """
+    """Orthogonal weights, zero biases; gain sqrt(2) in the ReLU torso, 0.01 on the policy head (the first policy is
+    uniform and every action's logit can move), 1 on the value head (Saxe et al. 2014; as in OpenAI Baselines' Atari
+    agents). The LSTM core keeps torch's init."""
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.orthogonal_(m.weight, gain=math.sqrt(2))
@@ -550,41 +495,31 @@ def orthogonal_init(model: "ActorCritic") -> None:
     nn.init.orthogonal_(model.value.weight, gain=1.0)
 
 
-class RecurrentQNet(nn.Module):
-    """R2D2's network: encoder → LSTM → dueling head Q = V + A - mean(A)
-    (Wang et al. 2016). ``step`` serves one time step with state ``core``
-    [B, 2, H]; ``unroll`` a time-major sequence from the state before its
-    row 0 (already reset if row 0 starts an episode), zeroing it where
-    ``first`` marks later episode starts. Both return (Q, final core).
+class RecurrentQNet(_Encoded):
+    """R2D2's network: encoder → LSTM → dueling head Q = V + A - mean(A) (Wang et al. 2016). ``step`` serves one time
+    step with state ``core`` [B, 2, H]; ``unroll`` a time-major sequence from the state before its row 0 (already reset
+    if row 0 starts an episode), zeroing it where ``first`` marks later episode starts. Both return (Q, final core).
 
-    The core is an ``nn.LSTM``: on CUDA its weights live in the one flat
-    buffer cuDNN's RNN kernel reads (``flatten_parameters``, redone by every
-    ``.to()``); ``step`` runs them through the fused single-step cell kernel,
+    The core is an ``nn.LSTM``: on CUDA its weights live in the one flat buffer cuDNN's RNN kernel reads
+    (``flatten_parameters``, redone by every ``.to()``); ``step`` runs them through the fused single-step cell kernel,
     which CUDA graphs capture.
     """
 
     def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
                  lstm_size: int = 64, head_size: int = 0):
-        super().__init__()
-        self.obs_keys = list(net_obs(spec))
-        self.kind, self.encoder = build_encoder(spec, encoder, hidden)
+        super().__init__(spec, encoder, hidden, obs_norm=False)
         self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
         head = head_size or lstm_size
         self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
-        if has_conv(self.kind):
-            use_channels_last(self.encoder)
+        use_channels_last(self.kind, self.encoder)
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
         self._register_load_state_dict_pre_hook(_lstm_cell_names)
-
-    @property
-    def core_spec(self) -> TensorSpec:
-        return TensorSpec((2, self.lstm.hidden_size), "float32")
 
     def _encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         x = next(iter(obs.values()))
         with autocast(x.device, self.precision, cache=False):  # each weight is used once; safe to graph
-            return encode_obs(self.kind, self.encoder, self.obs_keys, obs).float()
+            return encode(self, obs).float()
 
     def _q(self, h: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Q [..., A]; an illegal action's is ``ILLEGAL``, so argmax, max and epsilon's greedy choice see only
@@ -599,10 +534,9 @@ class RecurrentQNet(nn.Module):
         return self._q(hx, obs), torch.stack([hx, cx], dim=1)
 
     def frozen_copy(self) -> RecurrentQNet:
-        """A copy without gradients (R2D2's target network). ``deepcopy``
-        gives each LSTM weight its own storage, which cuDNN repacks on every
-        call (its "not part of single contiguous chunk" warning, seen on the
-        H200): the copy's weights go back into one flat buffer."""
+        """A copy without gradients (R2D2's target network). ``deepcopy`` gives each LSTM weight its own storage, which
+        cuDNN repacks on every call (its "not part of single contiguous chunk" warning, seen on the H200): the copy's
+        weights go back into one flat buffer."""
         twin = copy.deepcopy(self)
         for prm in twin.parameters():
             prm.requires_grad_(False)
@@ -611,18 +545,16 @@ class RecurrentQNet(nn.Module):
 
     def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor,
                starts: list[int] | None = None):
-        """``starts``: the rows t > 0 where some env starts an episode, when
-        the caller has them on the host (otherwise read from ``first``,
-        which on a GPU waits for the device)."""
+        """``starts``: the rows t > 0 where some env starts an episode, when the caller has them on the host (otherwise
+        read from ``first``, which on a GPU waits for the device)."""
         L, B = first.shape
         flat = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
         x = self._encode(flat).reshape(L, B, -1)
         hx, cx = _state_pair(core)
         keep = (~first).to(hx.dtype).unsqueeze(-1)
-        # Run the fused LSTM kernel over each stretch of rows in which no env
-        # starts an episode, zeroing the state only where one does: a handful
-        # of kernel calls per sequence instead of one cell call per row
-        # (3-5x faster learner steps on a CPU), the same arithmetic.
+        # Run the fused LSTM kernel over each stretch of rows in which no env starts an episode, zeroing the state only
+        # where one does: a handful of kernel calls per sequence instead of one cell call per row (3-5x faster learner
+        # steps on a CPU), the same arithmetic.
         if starts is None:
             starts = cut_rows(first.cpu().numpy())
         cuts = [0, *starts, L]
@@ -642,8 +574,7 @@ def cut_rows(first) -> list[int]:
 
 
 def _lstm_cell_names(state_dict, prefix, *args) -> None:
-    """Checkpoints written when the core was an ``nn.LSTMCell`` name its
-    weights without the layer suffix; they are the same tensors."""
+    """Checkpoints from when the core was an ``nn.LSTMCell`` name the same weights without the layer suffix."""
     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
         old = f"{prefix}lstm.{name}"
         if old in state_dict:

@@ -182,7 +182,7 @@ def test_ga_improves_the_toy_fitness():
     state = ga.init(p, seed=0)
     best = []
     for _ in range(50):
-        fitness = [float(toy_fitness(vectors(g))) for g in ga.ask(state)]
+        fitness = [float(toy_fitness(vectors(g))) for g in state.genomes]
         best.append(max(fitness))
         candidates = ga.tell(state, p, fitness)
         state = ga.advance(state, p, fitness, [[float(toy_fitness(vectors(c)))] for c in candidates])

@@ -13,7 +13,7 @@ import torch
 
 from seedlocal import checkpoint
 from seedlocal.networks import (ActorCritic, MinAtarCNN, PolicyNet, RecurrentQNet, auto_encoder, build_encoder,
-                                checkpoint_encoder, encode_obs, encoder_identity, flatten_obs, image_layout)
+                                checkpoint_encoder, conv_features, encoder_identity, flatten_obs, image_layout)
 from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.shm.rollout import TensorSpec
 from seedlocal.spec import EnvSpec
@@ -94,7 +94,7 @@ def test_a_bool_grid_is_not_scaled_and_uint8_pixels_are():
     # Through the conv torso: a bool grid gives what its 0/1 floats give.
     _, torso = build_encoder(grid_spec(), "minatar", ())
     with torch.no_grad():
-        out = encode_obs("minatar", torso, [""], {"": x})
+        out = conv_features(torso, x)
         assert torch.equal(out, torso(x.permute(0, 3, 1, 2).float()))
     # Under CPU autocast a bool grid converts straight to bf16, unscaled.
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -10,7 +10,7 @@ import torch
 
 from seedlocal.errors import ConfigError
 from seedlocal.config.schema import EnvConfig, PipelineConfig
-from seedlocal.networks import RecurrentQNet, encode_obs
+from seedlocal.networks import RecurrentQNet, encode
 from seedlocal.envs.spaces import describe
 from seedlocal.recipes.r2d2 import PRESETS, R2D2Run
 from seedlocal.trainers.r2d2 import train
@@ -44,7 +44,7 @@ def test_unroll_matches_a_per_step_loop_with_resets():
         qs.append(q_t)
     torch.testing.assert_close(q, torch.stack(qs), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(final, state, rtol=1e-5, atol=1e-6)
-    x = encode_obs(net.kind, net.encoder, net.obs_keys, {"": obs[""][0]})
+    x = encode(net, {"": obs[""][0]})
     assert x.shape == (B, net.lstm.input_size)
 
 

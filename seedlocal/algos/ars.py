@@ -1,38 +1,25 @@
 """Augmented Random Search: random directions, the best of them, a step.
 
-Reference: H. Mania, A. Guy and B. Recht, 2018, "Simple random search
-provides a competitive approach to reinforcement learning",
-arXiv:1803.07055 (Algorithm 2, section 3; its code, modestyachts/ARS).
+Reference: H. Mania, A. Guy and B. Recht, 2018, "Simple random search provides a competitive approach to reinforcement
+learning", arXiv:1803.07055 (Algorithm 2, section 3; its code, modestyachts/ARS).
 
-Conventions:
-  * theta (the paper's M) is a flat float32 CPU vector
-    (``neuroevo.ParamSpace``), for ARS a linear policy, and starts at zero.
-  * Generation g draws N direction seeds from ``generation_rng(seed, g)``;
-    delta_k = ``noise(seed_k, size)`` and the population is ordered
-    [theta + nu*delta_1, theta - nu*delta_1, theta + nu*delta_2, ...].
-    ``ask`` draws nothing into the state, so asking twice gives the same seeds.
-  * Fitness is higher-is-better; NaN counts as the worst. The b directions
-    with the highest max(r+_k, r-_k) are kept, exactly b of them (ties: the
-    lower k first; the paper's code keeps every tie at the cut), and
-    theta += alpha / (b * sigma_R) * sum_k (r+_k - r-_k) delta_k,
-    sigma_R the (population) standard deviation of the 2b returns kept.
-    b = N is V1, b < N is V1-t.
-  * A non-finite return (NaN, +-inf) counts, in that sum and in sigma_R, as
-    the generation's worst (or, for +inf, best) finite return.
-  * V2 and V2-t are this update on states normalised by their running mean
-    and standard deviation. The caller does that, not this module: the
-    statistics are shared by the population, gathered from its rollouts and
-    taken into use between generations (``--network.obs-norm``); so is the
-    survival-bonus shift of Hopper, Walker2d, Ant and Humanoid
+Conventions (besides ``neuroevo``'s):
+  * theta (the paper's M), for ARS a linear policy, starts at zero.
+  * Generation g draws N direction seeds; delta_k = ``noise(seed_k, size)`` and the population is ordered [theta +
+    nu*delta_1, theta - nu*delta_1, theta + nu*delta_2, ...].
+  * The b directions with the highest max(r+_k, r-_k) are kept, exactly b of them (ties: the lower k first; the paper's
+    code keeps every tie at the cut), and theta += alpha / (b * sigma_R) * sum_k (r+_k - r-_k) delta_k, sigma_R the
+    (population) standard deviation of the 2b returns kept. b = N is V1, b < N is V1-t.
+  * A non-finite return (NaN, +-inf) counts, in that sum and in sigma_R, as the generation's worst (or, for +inf, best)
+    finite return.
+  * V2 and V2-t are this update on states normalised by their running mean and standard deviation. The caller does that,
+    not this module: the statistics are shared by the population, gathered from its rollouts and taken into use between
+    generations (``--network.obs-norm``); so is the survival-bonus shift of Hopper, Walker2d, Ant and Humanoid
     (``NeuroevoRun.remove_survival_bonus``).
-  * The state holds ints, a dict and a tensor: ``dataclasses.asdict`` of it
-    loads with ``torch.load(weights_only=True)``.
 
-Defaults: the paper's V2-t hyperparameters for Hopper-v1: step size
-alpha = 0.01, N = 8 directions, the top b = 4 of them, exploration noise
-nu = 0.025. Its V2-t settings for HalfCheetah-v1 are alpha = 0.02, N = 32,
-b = 4, nu = 0.03 (the code's default arguments, with which its README trains
-HalfCheetah-v1, are alpha = 0.02, N = b = 8, nu = 0.03).
+Defaults: the paper's V2-t hyperparameters for Hopper-v1: step size alpha = 0.01, N = 8 directions, the top b = 4 of
+them, exploration noise nu = 0.025. Its V2-t settings for HalfCheetah-v1 are alpha = 0.02, N = 32, b = 4, nu = 0.03 (the
+code's default arguments, with which its README trains HalfCheetah-v1, are alpha = 0.02, N = b = 8, nu = 0.03).
 """
 
 from __future__ import annotations
@@ -42,8 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seedlocal.algos.neuroevo import antithetic, generation_rng, nan_to_worst, new_seeds, noise_sum
-from seedlocal.errors import fail
+from seedlocal.algos.neuroevo import Generation, antithetic, nan_to_worst, noise_sum, require
 
 
 @dataclass
@@ -65,23 +51,16 @@ class ARSParams:
 
 
 def validate(p: ARSParams, prefix: str = "algo") -> None:
-    if p.directions < 1:
-        fail(f"{prefix}.directions", p.directions, "must be >= 1")
-    if not 1 <= p.top <= p.directions:
-        fail(f"{prefix}.top", p.top, f"must be in [1, {prefix}.directions ({p.directions})]")
-    for name in ("step_size", "noise"):  # `not x > 0` rather than `x <= 0` so that NaN fails too
-        if not getattr(p, name) > 0:
-            fail(f"{prefix}.{name}", getattr(p, name), "must be > 0")
+    require(p.directions >= 1, prefix, p, "directions", "must be >= 1")
+    require(1 <= p.top <= p.directions, prefix, p, "top", f"must be in [1, {prefix}.directions ({p.directions})]")
+    for name in ("step_size", "noise"):
+        require(getattr(p, name) > 0, prefix, p, name, "must be > 0")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: == on tensors is elementwise
-class ARSState:
+class ARSState(Generation):
     theta: Tensor
     """[size] float32: the current parameters"""
-    generation: int
-    """generations completed"""
-    rng: dict
-    """{"seed": int}: the run's base seed"""
 
 
 def init(size: int, seed: int) -> ARSState:
@@ -91,7 +70,7 @@ def init(size: int, seed: int) -> ARSState:
 
 def ask(state: ARSState, p: ARSParams) -> tuple[list[int], Tensor]:
     """N direction seeds and the [2N, size] perturbed parameters (pairs +, -)."""
-    seeds = new_seeds(generation_rng(state.rng["seed"], state.generation), p.directions)
+    seeds = state.seeds(p.directions)
     return seeds, antithetic(state.theta, seeds, p.noise)
 
 
@@ -124,5 +103,4 @@ def step(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> Tensor:
 
 def tell(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> ARSState:
     """One ARS step from this generation's 2N fitnesses; returns the new state."""
-    return ARSState(theta=state.theta + step(state, p, seeds, fitness), generation=state.generation + 1,
-                    rng=state.rng)
+    return state.next(theta=state.theta + step(state, p, seeds, fitness))

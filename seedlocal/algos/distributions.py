@@ -1,13 +1,10 @@
 """The action distributions a policy head parameterises, as pure functions.
 
-A policy network's head outputs one tensor of *parameters* per row: the
-logits [..., A] of a categorical over A actions, or the mean and the log
-standard deviation [..., 2A] (concatenated, mean first) of a diagonal
-Gaussian over an A-dimensional Box. Those parameters are what the acting
-side stores beside each step (``out.logits``, ``out.gaussian``), so the
-learner can recompute the behaviour policy's probability of the action
-taken, whichever kind it is. The Gaussian's sample is unbounded: envs get it
-mapped from [-1, 1] onto their bounds and clipped (``envs/bounds.py``),
+A policy network's head outputs one tensor of *parameters* per row: the logits [..., A] of a categorical over A actions,
+or the mean and the log standard deviation [..., 2A] (concatenated, mean first) of a diagonal Gaussian over an
+A-dimensional Box. Those parameters are what the acting side stores beside each step (``out.logits``, ``out.gaussian``),
+so the learner can recompute the behaviour policy's probability of the action taken, whichever kind it is. The
+Gaussian's sample is unbounded: envs get it mapped from [-1, 1] onto their bounds and clipped (``envs/bounds.py``),
 learners keep the sample.
 """
 
@@ -92,6 +89,5 @@ class DiagGaussian:
 
 
 def for_actions(num_actions: int | None):
-    """The distribution of an env's action space: categorical for Discrete
-    (``num_actions``), a diagonal Gaussian for Box (None)."""
+    """The distribution of an env's action space: categorical for Discrete (``num_actions``), Gaussian for Box."""
     return Categorical if num_actions is not None else DiagGaussian

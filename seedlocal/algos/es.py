@@ -1,22 +1,14 @@
 """Evolution strategies with antithetic sampling, centred ranks and Adam.
 
-Reference: T. Salimans et al., 2017, "Evolution Strategies as a Scalable
-Alternative to Reinforcement Learning", arXiv:1703.03864 (Algorithm 2 and
-section 2.2: mirrored sampling, fitness shaping, weight decay).
+Reference: T. Salimans et al., 2017, "Evolution Strategies as a Scalable Alternative to Reinforcement Learning",
+arXiv:1703.03864 (Algorithm 2 and section 2.2: mirrored sampling, fitness shaping, weight decay).
 
-Conventions:
-  * theta is a flat float32 CPU vector (see ``neuroevo.ParamSpace``).
-  * Generation g draws P/2 seeds from ``generation_rng(seed, g)``; eps_i =
-    ``noise(seed_i, size)``, and the population is ordered
-    [theta + sigma*eps_1, theta - sigma*eps_1, theta + sigma*eps_2, ...].
-    ``ask`` draws nothing into the state, so asking twice gives the same seeds.
-  * Fitness is higher-is-better; NaN counts as the worst. With r = the centred
-    ranks of all P fitnesses (tied fitnesses share their mean rank, so a pair
-    that scored the same adds nothing),
-    g = sum_i (r(+i) - r(-i)) * eps_i / (P * sigma),
-    and Adam (bias-corrected) ascends g - weight_decay * theta.
-  * The state holds ints, a dict and tensors: ``dataclasses.asdict`` of it
-    loads with ``torch.load(weights_only=True)``.
+Conventions (besides ``neuroevo``'s):
+  * Generation g draws P/2 seeds; eps_i = ``noise(seed_i, size)``, and the population is ordered [theta + sigma*eps_1,
+    theta - sigma*eps_1, theta + sigma*eps_2, ...].
+  * With r = the centred ranks of all P fitnesses (tied fitnesses share their mean rank, so a pair that scored the same
+    adds nothing), g = sum_i (r(+i) - r(-i)) * eps_i / (P * sigma), and Adam (bias-corrected) ascends g - weight_decay *
+    theta.
 """
 
 from __future__ import annotations
@@ -26,8 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seedlocal.algos.neuroevo import antithetic, centered_ranks, generation_rng, nan_to_worst, new_seeds, noise_sum
-from seedlocal.errors import fail
+from seedlocal.algos.neuroevo import Generation, antithetic, centered_ranks, nan_to_worst, noise_sum, require
 
 
 @dataclass
@@ -51,23 +42,17 @@ class ESParams:
 
 
 def validate(p: ESParams, prefix: str = "algo") -> None:
-    if p.population_size < 2:
-        fail(f"{prefix}.population_size", p.population_size, "must be >= 2 (one antithetic pair)")
-    if p.population_size % 2:
-        fail(f"{prefix}.population_size", p.population_size, "must be even (antithetic pairs)")
-    # `not x > 0` rather than `x <= 0` so that NaN fails too.
+    require(p.population_size >= 2, prefix, p, "population_size", "must be >= 2 (one antithetic pair)")
+    require(p.population_size % 2 == 0, prefix, p, "population_size", "must be even (antithetic pairs)")
     for name in ("sigma", "learning_rate", "adam_eps"):
-        if not getattr(p, name) > 0:
-            fail(f"{prefix}.{name}", getattr(p, name), "must be > 0")
-    if not p.weight_decay >= 0:
-        fail(f"{prefix}.weight_decay", p.weight_decay, "must be >= 0")
+        require(getattr(p, name) > 0, prefix, p, name, "must be > 0")
+    require(p.weight_decay >= 0, prefix, p, "weight_decay", "must be >= 0")
     for name in ("beta1", "beta2"):
-        if not 0 <= getattr(p, name) < 1:
-            fail(f"{prefix}.{name}", getattr(p, name), "must be in [0, 1)")
+        require(0 <= getattr(p, name) < 1, prefix, p, name, "must be in [0, 1)")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: == on tensors is elementwise
-class ESState:
+class ESState(Generation):
     theta: Tensor
     """[size] float32: the current parameters"""
     m: Tensor
@@ -76,10 +61,6 @@ class ESState:
     """[size] Adam second moment"""
     t: int
     """Adam steps taken"""
-    generation: int
-    """generations completed"""
-    rng: dict
-    """{"seed": int}: the run's base seed"""
 
 
 def init(theta0: Tensor, seed: int) -> ESState:
@@ -90,7 +71,7 @@ def init(theta0: Tensor, seed: int) -> ESState:
 
 def ask(state: ESState, p: ESParams) -> tuple[list[int], Tensor]:
     """P/2 noise seeds and the [P, size] perturbed parameters (pairs +, -)."""
-    seeds = new_seeds(generation_rng(state.rng["seed"], state.generation), p.population_size // 2)
+    seeds = state.seeds(p.population_size // 2)
     return seeds, antithetic(state.theta, seeds, p.sigma)
 
 
@@ -112,4 +93,4 @@ def tell(state: ESState, p: ESParams, seeds: list[int], fitness) -> ESState:
     m_hat = m / (1 - p.beta1**t)
     v_hat = v / (1 - p.beta2**t)
     theta = state.theta + p.learning_rate * m_hat / (v_hat.sqrt() + p.adam_eps)
-    return ESState(theta=theta, m=m, v=v, t=t, generation=state.generation + 1, rng=state.rng)
+    return state.next(theta=theta, m=m, v=v, t=t)

@@ -1,18 +1,14 @@
 """Frames stacked beside the network instead of by the env.
 
-An Atari env that stacks its own frames sends each 84 x 84 frame four times
-over (once in each of four consecutive observations): four times the bytes
-through the workers' shared memory, the inference loop's gather and the
-learner's batches. With ``--env.frame-stack 1`` and ``frame_stack 4`` the env
-sends single frames and the stack is rebuilt here, on the device, where the
-network reads it. Both sides build the same stacks as envpool's own: frames
-t-3 .. t, oldest first, an episode's first frame repeated before its start.
+An Atari env that stacks its own frames sends each 84 x 84 frame four times over (once in each of four consecutive
+observations): four times the bytes through the workers' shared memory, the inference loop's gather and the learner's
+batches. With ``--env.frame-stack 1`` and ``frame_stack 4`` the env sends single frames and the stack is rebuilt here,
+on the device, where the network reads it. Both sides build the same stacks as envpool's own: frames t-3 .. t, oldest
+first, an episode's first frame repeated before its start.
 
-* ``FrameHistory`` is the acting side: each env slot's last stack, rolled on
-  by one frame per step (``policies/``).
-* ``UnrollStacks`` is the learner's side for unrolls that overlap by one row
-  (V-trace): a batch's [L, B, 1, H, W] frames -> [L, B, S, H, W], each unroll
-  continuing from the stack its group's previous unroll ended with.
+* ``FrameHistory`` is the acting side: each env slot's last stack, rolled on by one frame per step (``policies/``).
+* ``UnrollStacks`` is the learner's side for unrolls that overlap by one row (V-trace): a batch's [L, B, 1, H, W] frames
+  -> [L, B, S, H, W], each unroll continuing from the stack its group's previous unroll ended with.
 * ``net_spec`` is the observation the network is built for.
 """
 
@@ -56,10 +52,9 @@ def stacking(spec, frame_stack: int) -> int:
 
 
 def fit_frames(preset, spec, as_preset_sends):
-    """A run config (``preset``) fitted to an env's frames: itself, or where its env settings do not fit the
-    env (``as_preset_sends()``, the env described with them, raises: envpool's --env.frame-stack on a Gymnasium
-    env) the preset with the env's own frames (``spec``), stacked beside the network only where they are
-    single-channel."""
+    """A run config (``preset``) fitted to an env's frames: itself, or where its env settings do not fit the env
+    (``as_preset_sends()``, the env described with them, raises: envpool's --env.frame-stack on a Gymnasium env) the
+    preset with the env's own frames (``spec``), stacked beside the network only where they are single-channel."""
     stack = getattr(preset, "frame_stack", 0)
     try:
         if stack_problem(as_preset_sends(), stack) is None:

@@ -1,28 +1,20 @@
 """Deep genetic algorithm with genomes compressed to lists of seeds.
 
-Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
-Are a Competitive Alternative for Training Deep Neural Networks for
-Reinforcement Learning", arXiv:1712.06567 (section 3 and Algorithm 1).
+Reference: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms Are a Competitive Alternative for Training
+Deep Neural Networks for Reinforcement Learning", arXiv:1712.06567 (section 3 and Algorithm 1).
 
-Conventions:
-  * A genome is a tuple of ints: ``genome[0]`` seeds the initialisation and
-    each later element one mutation (``mutate``), so
-    theta = init(g[0]) + sigma * eps(g[1]) + sigma * eps(g[2]) + ...
-    with eps(s) = ``noise(s, size)``. The sum is taken in order, one addition
-    at a time, so a worker that keeps last generation's vectors (keyed by
+Conventions (besides ``neuroevo``'s):
+  * A genome is a tuple of ints: ``genome[0]`` seeds the initialisation and each later element one mutation
+    (``mutate``), so theta = init(g[0]) + sigma * eps(g[1]) + sigma * eps(g[2]) + ... with eps(s) = ``noise(s, size)``.
+    The sum is taken in order, one addition at a time, so a worker that keeps last generation's vectors (keyed by
     genome) builds each child bit for bit with a single mutation.
-  * Storage: a genome grows by one seed per generation, 8 bytes as an int64
-    (+ the tuple's overhead); pickled, a 31-bit seed takes 5 bytes.
-  * One generation: ``ask`` -> evaluate every genome once -> ``tell`` (the elite
-    candidates) -> evaluate each candidate ``elite_episodes`` times ->
-    ``advance``. The next generation's children (``children``) are known
-    once the fitness is, so their evaluation may overlap the candidates'.
-  * Fitness is higher-is-better; NaN counts as the worst. The next population
-    is [elite] + children; fitness ties go to the lower index, so an elite
-    that ties with a child stays ahead of it.
-  * The state holds plain types only (``dataclasses.asdict`` of it loads with
-    ``torch.load(weights_only=True)``); the draws of generation g come from
-    ``generation_rng(seed, g)``.
+  * Storage: a genome grows by one seed per generation, 8 bytes as an int64 (+ the tuple's overhead); pickled, a 31-bit
+    seed takes 5 bytes.
+  * One generation: evaluate each of ``genomes`` once -> ``tell`` (the elite candidates) -> evaluate each candidate
+    ``elite_episodes`` times -> ``advance``. The next generation's children (``children``) are known once the fitness
+    is, so their evaluation may overlap the candidates'.
+  * The next population is [elite] + children; fitness ties go to the lower index, so an elite that ties with a child
+    stays ahead of it. The state holds plain types only.
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seedlocal.algos.neuroevo import generation_rng, nan_to_worst, new_seeds, noise
-from seedlocal.errors import fail
+from seedlocal.algos.neuroevo import Generation, generation_rng, nan_to_worst, new_seeds, noise, require
 
 Genome = tuple[int, ...]
 
@@ -55,18 +46,14 @@ class GAParams:
 
 
 def validate(p: GAParams, prefix: str = "algo") -> None:
-    if p.population_size < 2:
-        fail(f"{prefix}.population_size", p.population_size, "must be >= 2 (the elite and at least one child)")
-    if p.truncation < 1:
-        fail(f"{prefix}.truncation", p.truncation, "must be >= 1")
-    if p.truncation > p.population_size:
-        fail(f"{prefix}.truncation", p.truncation, f"must be <= {prefix}.population_size ({p.population_size})")
-    if not p.sigma > 0:  # written so that NaN fails too
-        fail(f"{prefix}.sigma", p.sigma, "must be > 0")
-    if not 1 <= p.elite_candidates <= p.truncation:
-        fail(f"{prefix}.elite_candidates", p.elite_candidates, f"must be in [1, {prefix}.truncation ({p.truncation})]")
-    if p.elite_episodes < 1:
-        fail(f"{prefix}.elite_episodes", p.elite_episodes, "must be >= 1")
+    require(p.population_size >= 2, prefix, p, "population_size", "must be >= 2 (the elite and at least one child)")
+    require(p.truncation >= 1, prefix, p, "truncation", "must be >= 1")
+    require(p.truncation <= p.population_size, prefix, p, "truncation",
+            f"must be <= {prefix}.population_size ({p.population_size})")
+    require(p.sigma > 0, prefix, p, "sigma", "must be > 0")
+    require(1 <= p.elite_candidates <= p.truncation, prefix, p, "elite_candidates",
+            f"must be in [1, {prefix}.truncation ({p.truncation})]")
+    require(p.elite_episodes >= 1, prefix, p, "elite_episodes", "must be >= 1")
 
 
 def mutate(parent_vec: Tensor, seed: int, sigma: float) -> Tensor:
@@ -76,15 +63,11 @@ def mutate(parent_vec: Tensor, seed: int, sigma: float) -> Tensor:
 
 
 @dataclass(frozen=True)
-class GAState:
+class GAState(Generation):
     genomes: tuple[Genome, ...]
     """the population to evaluate, elite first from generation 1 on"""
-    generation: int
-    """generations completed"""
     elite: Genome | None
     """the elite carried into this population (None in generation 0)"""
-    rng: dict
-    """{"seed": int}: the run's base seed"""
 
 
 def init(p: GAParams, seed: int) -> GAState:
@@ -92,10 +75,6 @@ def init(p: GAParams, seed: int) -> GAState:
     validate(p)
     seeds = new_seeds(generation_rng(seed, 0), p.population_size)
     return GAState(genomes=tuple((s,) for s in seeds), generation=0, elite=None, rng={"seed": int(seed)})
-
-
-def ask(state: GAState) -> list[Genome]:
-    return list(state.genomes)
 
 
 def _ranked(state: GAState, fitness) -> list[int]:
@@ -107,8 +86,7 @@ def _ranked(state: GAState, fitness) -> list[int]:
 
 
 def tell(state: GAState, p: GAParams, fitness) -> list[Genome]:
-    """The elite candidates to re-evaluate: the top C by ``fitness``, then the
-    previous elite if it is not among them (no genome twice)."""
+    """The elite candidates to re-evaluate: the top C distinct genomes by ``fitness``, then the previous elite."""
     candidates: list[Genome] = []
     for i in _ranked(state, fitness)[: p.elite_candidates]:
         if state.genomes[i] not in candidates:
@@ -136,8 +114,7 @@ def advance(state: GAState, p: GAParams, fitness, candidate_scores) -> GAState:
             raise ValueError("every elite candidate needs at least one score")
         means.append(float(s.mean()))
     elite = candidates[max(range(len(means)), key=means.__getitem__)]
-    return GAState(genomes=(elite,) + children(state, p, fitness), generation=state.generation + 1, elite=elite,
-                   rng=state.rng)
+    return state.next(genomes=(elite,) + children(state, p, fitness), elite=elite)
 
 
 def children(state: GAState, p: GAParams, fitness) -> tuple[Genome, ...]:

@@ -1,28 +1,20 @@
-"""A population of learners' networks as rows of stacked tensors: what one
-batched call over all of them reads.
+"""A population of learners' networks as rows of stacked tensors: what one batched call over all of them reads.
 
-Reference: PureJaxRL (C. Lu, J. Kuba, A. Letcher, L. Metz, C. Schroeder de
-Witt and J. Foerster, 2022, "Discovered Policy Optimisation", NeurIPS;
-github.com/luchris429/purejaxrl) trains many agents at once by ``vmap`` over
-their stacked parameters, so that P small networks cost about what one does;
-here with ``torch.func``.
+Reference: PureJaxRL (C. Lu, J. Kuba, A. Letcher, L. Metz, C. Schroeder de Witt and J. Foerster, 2022, "Discovered
+Policy Optimisation", NeurIPS; github.com/luchris429/purejaxrl) trains many agents at once by ``vmap`` over their
+stacked parameters, so that P small networks cost about what one does; here with ``torch.func``.
 
-Each member stays an ordinary module, so its own ``learner_step``, optimizer,
-checkpoint and PBT copy (``algos/pbt.py``'s ``copy_member``) work on it as on
-a single learner; but its parameters and buffers *are* row i of one
-[P, ...] tensor per name (each row laid out as the member's own tensor was, a
-channels-last convolution weight staying channels last). A member's
-optimizer step, ``load_state_dict`` or observation statistics' update writes
-its row in place, so the batched forward (``policies/members.py``) and the
-batched update (``algos/population_vtrace.py``) read every member's latest
-values with no copy and no re-stacking.
+Each member stays an ordinary module, so its own ``learner_step``, optimizer, checkpoint and PBT copy
+(``algos/pbt.py``'s ``copy_member``) work on it as on a single learner; but its parameters and buffers *are* row i of
+one [P, ...] tensor per name (each row laid out as the member's own tensor was, a channels-last convolution weight
+staying channels last). A member's optimizer step, ``load_state_dict`` or observation statistics' update writes its row
+in place, so the batched forward (``policies/members.py``) and the batched update (``algos/population_vtrace.py``) read
+every member's latest values with no copy and no re-stacking.
 
-The trade-off, against re-stacking the members' weights after each update:
-no copy of P networks per update and no moment where the inference loop reads
-a stack half rebuilt, for one rule: a member's tensors may not be replaced,
-only written (no ``.to()`` onto another device or dtype, no
-``load_state_dict(assign=True)``, no new ``Parameter``), or its updates no
-longer reach the stack. ``check`` says when one was.
+The trade-off, against re-stacking the members' weights after each update: no copy of P networks per update and no
+moment where the inference loop reads a stack half rebuilt, for one rule: a member's tensors may not be replaced, only
+written (no ``.to()`` onto another device or dtype, no ``load_state_dict(assign=True)``, no new ``Parameter``), or its
+updates no longer reach the stack. ``check`` says when one was.
 """
 
 from __future__ import annotations
@@ -39,8 +31,7 @@ from seedlocal.errors import fail
 
 
 class _Method(nn.Module):
-    """Runs one method of the wrapped network: ``functional_call`` calls a module's ``forward`` only, and a
-    learner's network is also called by ``step`` and ``unroll``."""
+    """Runs one method of the wrapped network: ``functional_call`` calls only ``forward``, learners ``unroll`` too."""
 
     def __init__(self, net: nn.Module):
         super().__init__()

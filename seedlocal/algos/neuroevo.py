@@ -1,26 +1,26 @@
-"""Shared pieces of the neuroevolution algorithms (GA, ES, random search).
+"""Shared pieces of the neuroevolution algorithms (GA, ES, ARS, random search), and their common conventions.
 
-References: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms
-Are a Competitive Alternative for Training Deep Neural Networks for
-Reinforcement Learning", arXiv:1712.06567; T. Salimans et al., 2017,
-"Evolution Strategies as a Scalable Alternative to Reinforcement Learning",
-arXiv:1703.03864.
+References: F. P. Such et al., 2017, "Deep Neuroevolution: Genetic Algorithms Are a Competitive Alternative for Training
+Deep Neural Networks for Reinforcement Learning", arXiv:1712.06567; T. Salimans et al., 2017, "Evolution Strategies as a
+Scalable Alternative to Reinforcement Learning", arXiv:1703.03864.
 
 Conventions:
   * A parameter vector is a flat float32 CPU tensor in ``parameters()`` order.
-  * Everything random is named by an int seed, so a vector can be rebuilt from
-    a few seeds anywhere (the workers of both papers ship seeds, not weights).
-  * Perturbations are not drawn per seed: as in both papers' code, one block
-    of Gaussian noise (the *noise table*) is drawn once from a fixed seed and
-    a seed names an offset into it, so a perturbation costs a slice, not a
-    generator call (``noise``).
-  * The algorithms keep no generator state: the draws of generation g come
-    from ``generation_rng(seed, g)``, so a state of plain ints is resumable.
+  * Everything random is named by an int seed, so a vector can be rebuilt from a few seeds anywhere (the workers of both
+    papers ship seeds, not weights).
+  * Perturbations are not drawn per seed: as in both papers' code, one block of Gaussian noise (the *noise table*) is
+    drawn once from a fixed seed and a seed names an offset into it, so a perturbation costs a slice, not a generator
+    call (``noise``).
+  * The algorithms keep no generator state: the draws of generation g come from ``generation_rng(seed, g)``, so a state
+    (a ``Generation``) is resumable, and ``dataclasses.asdict`` of it loads with ``torch.load(weights_only=True)``.
+    ``ask`` draws nothing into it: asking twice gives the same seeds.
+  * Fitness is higher-is-better; NaN counts as the worst (``nan_to_worst``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 
 import numpy as np
@@ -28,13 +28,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from seedlocal.errors import fail
+
 
 class ParamSpace:
     """The parameters of a template module, seen as one flat vector."""
 
     def __init__(self, template: nn.Module):
-        # Our own CPU float32 copy: init() must not depend on where (or in
-        # which dtype) the caller keeps its module.
+        # Our own CPU float32 copy: init() must not depend on where (or in which dtype) the caller keeps its module.
         self.template = copy.deepcopy(template).cpu().float()
         self.size = sum(p.numel() for p in self.template.parameters())
 
@@ -69,25 +70,22 @@ MIN_NOISE_TABLE = 1 << 22  # 16 MiB of float32
 
 
 def noise_table_length(size: int) -> int:
-    """Length of the table that perturbations of ``size`` parameters slice:
-    a power of two, at least 4 MiB floats and 8 times the vector."""
+    """The noise table's length for ``size`` parameters: a power of two, at least 4 Mi floats and 8 x ``size``."""
     return max(MIN_NOISE_TABLE, 1 << (8 * size - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=4)
 def noise_table(length: int) -> Tensor:
-    """The shared block of standard normal float32 noise, drawn once per process
-    from a fixed seed (the same on every machine; read-only by convention)."""
+    """The standard normal float32 noise table, drawn once per process from a fixed seed: the same everywhere."""
     g = torch.Generator(device="cpu")
     g.manual_seed(NOISE_TABLE_SEED)
     return torch.randn(length, generator=g, dtype=torch.float32)
 
 
 def noise(seed: int, size: int) -> Tensor:
-    """Standard normal float32 vector named by ``seed``: the table slice at
-    offset ``seed mod (length - size + 1)``. Two seeds' vectors are independent
-    unless their offsets coincide (a shifted slice shares no position's draw).
-    A view into the shared table: add it to something, never write to it."""
+    """Standard normal float32 vector named by ``seed``: the table slice at offset ``seed mod (length - size + 1)``. Two
+    seeds' vectors are independent unless their offsets coincide (a shifted slice shares no position's draw). A view
+    into the shared table: add it to something, never write to it."""
     table = noise_table(noise_table_length(size))
     offset = seed % (table.numel() - size + 1)
     return table[offset:offset + size]
@@ -113,11 +111,10 @@ def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
 def centered_ranks(x: Tensor) -> Tensor:
     """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.).
 
-    The smallest value gets -0.5, the largest +0.5, so the transform ignores the
-    scale of the fitness and outliers. Tied values share the mean of the ranks
-    they span: games with small integer scores (MinAtar, Atari early on) tie
-    most of a population, and ranking ties by position would turn each tied
-    antithetic pair into a step along its own noise. NaN counts as the worst value.
+    The smallest value gets -0.5, the largest +0.5, so the transform ignores the scale of the fitness and outliers. Tied
+    values share the mean of the ranks they span: games with small integer scores (MinAtar, Atari early on) tie most of
+    a population, and ranking ties by position would turn each tied antithetic pair into a step along its own noise. NaN
+    counts as the worst value.
     """
     x = nan_to_worst(x.detach())
     n = x.numel()
@@ -141,6 +138,30 @@ def generation_rng(seed: int, generation: int) -> np.random.Generator:
     with zeros, so [seed] and [seed, 0] would collide.
     """
     return np.random.default_rng([seed, generation])
+
+
+def require(ok: bool, prefix: str, p, name: str, rule: str) -> None:
+    """A ``validate`` rule: refuse ``p.<name>`` unless ``ok``, written as what must hold (``x > 0``: NaN fails)."""
+    if not ok:
+        fail(f"{prefix}.{name}", getattr(p, name), rule)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Generation:
+    """The fields every algorithm's state starts with; the state classes add their own."""
+
+    generation: int
+    """generations completed"""
+    rng: dict
+    """{"seed": int}: the run's base seed"""
+
+    def seeds(self, n: int) -> list[int]:
+        """``n`` fresh seeds from this generation's ``generation_rng``."""
+        return new_seeds(generation_rng(self.rng["seed"], self.generation), n)
+
+    def next(self, **fields):
+        """The next generation's state: this one with ``fields`` replaced."""
+        return dataclasses.replace(self, generation=self.generation + 1, **fields)
 
 
 def nan_to_worst(values: Tensor) -> Tensor:

@@ -1,28 +1,24 @@
 """Population-based training's exploit and explore, and a sweep's search space.
 
-Reference: M. Jaderberg et al., 2017, "Population Based Training of Neural
-Networks", arXiv:1711.09846: every so often each member of the bottom of the
-population (truncation selection) copies the weights and hyperparameters of
-a random member of the top (*exploit*), then perturbs those hyperparameters
-(*explore*). The defaults are Ray Tune's ``PopulationBasedTraining``:
-quantile 0.25, resample probability 0.25, perturbation by x0.8 or x1.2.
+Reference: M. Jaderberg et al., 2017, "Population Based Training of Neural Networks", arXiv:1711.09846: every so often
+each member of the bottom of the population (truncation selection) copies the weights and hyperparameters of a random
+member of the top (*exploit*), then perturbs those hyperparameters (*explore*). The defaults are Ray Tune's
+``PopulationBasedTraining``: quantile 0.25, resample probability 0.25, perturbation by x0.8 or x1.2.
 
-Why x0.8 / x1.2 and not Sample Factory 2's x or / U[1.1, 1.5], applied with
-p = 0.15 per hyperparameter: it is the paper's own explore for its RL runs
-and Ray's, so results compare with theirs; a small set of factors makes the
-lineage readable (each step names its factor) and a run's walk of a value
-exact to replay. ``PBTParams.factors`` takes any set, e.g. (1/1.3, 1.3).
+Why x0.8 / x1.2 and not Sample Factory 2's x or / U[1.1, 1.5], applied with p = 0.15 per hyperparameter: it is the
+paper's own explore for its RL runs and Ray's, so results compare with theirs; a small set of factors makes the lineage
+readable (each step names its factor) and a run's walk of a value exact to replay. ``PBTParams.factors`` takes any set,
+e.g. (1/1.3, 1.3).
 
-A hyperparameter's distribution (``Choice``, ``LogUniform``) serves three
-ends: a sweep's values (``sweep_values``), PBT's resampling, and the range a
-perturbation is clipped to. On the command line (``parse_space``):
+A hyperparameter's distribution (``Choice``, ``LogUniform``) serves three ends: a sweep's values (``sweep_values``),
+PBT's resampling, and the range a perturbation is clipped to. On the command line (``parse_space``):
 
-* ``name=a,b,c``: a list of values (``Choice``); PBT's perturbation moves to
-  a neighbouring value, as Ray's does for a list;
+* ``name=a,b,c``: a list of values (``Choice``); PBT's perturbation moves to a neighbouring value, as Ray's does for a
+  list;
 * ``name=lo..hi``: log-uniform on [lo, hi] (``LogUniform``), 0 < lo < hi.
 
-Everything here but ``copy_member`` is plain data in, plain data out, with
-randomness from a numpy ``Generator`` the caller owns (and checkpoints).
+Everything here but ``copy_member`` is plain data in, plain data out, with randomness from a numpy ``Generator`` the
+caller owns (and checkpoints).
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
-"""What a population's final scores say: their mean, interquartile mean and
-percentile-bootstrap confidence intervals.
+"""What a population's final scores say: their mean, interquartile mean and percentile-bootstrap confidence intervals.
 
-Reference: R. Agarwal, M. Schwarzer, P. S. Castro, A. Courville and M. G.
-Bellemare, 2021, "Deep Reinforcement Learning at the Edge of the Statistical
-Precipice", NeurIPS (arXiv:2108.13264), and its library rliable.
+Reference: R. Agarwal, M. Schwarzer, P. S. Castro, A. Courville and M. G. Bellemare, 2021, "Deep Reinforcement Learning
+at the Edge of the Statistical Precipice", NeurIPS (arXiv:2108.13264), and its library rliable.
 
-* The interquartile mean (IQM) is rliable's ``aggregate_iqm``:
-  ``scipy.stats.trim_mean(scores, 0.25)``, which drops ``floor(n / 4)``
-  scores from each end of the sorted scores and averages the rest. For n
-  not divisible by 4 this trims less than a quarter (n = 5, 6, 7 drop one
-  each side; n < 4 drops none), unlike the textbook IQM that weights the
-  boundary scores by a fraction: rliable's figures are the rule here, so a
-  summary reads the same as a paper's.
-* rliable's confidence intervals come from a stratified bootstrap over runs
-  within each task; one task (one env, P members) makes it the plain
-  bootstrap over members: ``resamples`` draws of P members with
-  replacement, the statistic of each, and the (1 - confidence) / 2 and
-  (1 + confidence) / 2 percentiles of those (numpy's linear interpolation).
+* The interquartile mean (IQM) is rliable's ``aggregate_iqm``: ``scipy.stats.trim_mean(scores, 0.25)``, which drops
+  ``floor(n / 4)`` scores from each end of the sorted scores and averages the rest. For n not divisible by 4 this trims
+  less than a quarter (n = 5, 6, 7 drop one each side; n < 4 drops none), unlike the textbook IQM that weights the
+  boundary scores by a fraction: rliable's figures are the rule here, so a summary reads the same as a paper's.
+* rliable's confidence intervals come from a stratified bootstrap over runs within each task; one task (one env, P
+  members) makes it the plain bootstrap over members: ``resamples`` draws of P members with replacement, the statistic
+  of each, and the (1 - confidence) / 2 and (1 + confidence) / 2 percentiles of those (numpy's linear interpolation).
 
-Pure numpy: no torch, no process. A NaN or infinite score is refused in one
-line (a diverged member is a fact to report, not a number to average).
+Pure numpy: no torch, no process. A NaN or infinite score is refused in one line (a diverged member is a fact to report,
+not a number to average).
 """
 
 from __future__ import annotations
@@ -49,8 +42,7 @@ def scores_array(scores: Sequence[float] | np.ndarray, field: str = "scores") ->
 
 
 def trimmed_mean(x: np.ndarray, trim: float = TRIM) -> np.ndarray:
-    """The mean of each row of ``x`` [..., n] without its ``floor(trim * n)`` lowest and highest entries
-    (``scipy.stats.trim_mean``'s rule)."""
+    """The mean of each row of ``x`` [..., n] without its ``floor(trim * n)`` lowest and highest (scipy's rule)."""
     n = x.shape[-1]
     cut = int(trim * n)
     return np.sort(x, axis=-1)[..., cut:n - cut].mean(axis=-1)

@@ -1,37 +1,26 @@
 """V-trace for a population of learners in one batched update.
 
-Reference: PureJaxRL (C. Lu et al., 2022, "Discovered Policy Optimisation",
-NeurIPS): P agents learn at once by ``vmap`` over their stacked parameters.
-Here ``torch.func``'s ``vmap(grad(...))`` over an ``algos/member_stack.py``
-``MemberStack`` runs every member's forward, V-trace targets and loss
-(``algos/vtrace.py``'s own ``network_outputs``, ``batch_targets`` and
-``update_loss``, unchanged) and gradients in one call per update: the same
-updates as P ``learner_step`` calls, member by member, on the same batches.
+Reference: PureJaxRL (C. Lu et al., 2022, "Discovered Policy Optimisation", NeurIPS): P agents learn at once by ``vmap``
+over their stacked parameters. Here ``torch.func``'s ``vmap(grad(...))`` over an ``algos/member_stack.py``
+``MemberStack`` runs every member's forward, V-trace targets and loss (``algos/vtrace.py``'s own ``network_outputs``,
+``batch_targets`` and ``update_loss``, unchanged) and gradients in one call per update: the same updates as P
+``learner_step`` calls, member by member, on the same batches.
 
-After the gradients each member is clipped to its own ``max_grad_norm`` and
-stepped by its own optimizer (torch's Adam or RMSprop over its own
-parameters, which are rows of the stack), so its learning rate, schedule and
-optimizer state stay its own and the arithmetic after the gradient is
-exactly ``learner_step``'s. The price is P small optimizer calls per update
-(a few foreach kernels each); one Adam over the stacked tensors with a
-[P, 1, ...] learning rate would launch fewer, but would be a second Adam to
-keep equal to torch's.
+After the gradients each member is clipped to its own ``max_grad_norm`` and stepped by its own optimizer (torch's Adam
+or RMSprop over its own parameters, which are rows of the stack), so its learning rate, schedule and optimizer state
+stay its own and the arithmetic after the gradient is exactly ``learner_step``'s. The price is P small optimizer calls
+per update (a few foreach kernels each); one Adam over the stacked tensors with a [P, 1, ...] learning rate would launch
+fewer, but would be a second Adam to keep equal to torch's.
 
-What each member has of its own (one ``VTraceParams`` per member, as P
-``learner_step``s would take): ``discount``, ``entropy_cost``,
-``baseline_cost`` and ``clip`` enter the vmapped loss as [P] tensors;
-``max_grad_norm`` and its optimizer's values (the learning rate) act after
-it. Everything else shapes the update and must be the same for all (refused
-in one line otherwise), whether the policy term is clipped at all included:
-a vmapped loss cannot branch per member.
+Each member has its own ``VTraceParams``, as P ``learner_step``s would: ``PER_MEMBER`` values enter the vmapped loss
+as [P] tensors, ``AFTER_GRADIENT`` ones act after it; the rest shapes the update and must agree (``shared_params``),
+whether the policy term is clipped at all included: a vmapped loss cannot branch per member.
 
-On a GPU this is the intended path, P small networks in about the kernels
-of one; unmeasured there (``scripts/bench_population_learners.py --device
-cuda``). On the 2-core development CPU one update of P = 8 MinAtar torsos
-took 1.4-4.0x less time than 8 ``learner_step`` calls (three runs of that
-script). Not here: ``learner_step``'s ``diagnose`` and data-parallel ranks
-(a population splits its members across ranks instead; no gradient crosses
-them), and LSTM cores (``MemberStack.refuse_recurrent``).
+On a GPU this is the intended path, P small networks in about the kernels of one; unmeasured there
+(``scripts/bench_population_learners.py --device cuda``). On the 2-core development CPU one update of P = 8 MinAtar
+torsos took 1.4-4.0x less time than 8 ``learner_step`` calls (three runs of that script). Not here: ``learner_step``'s
+``diagnose`` and data-parallel ranks (a population splits its members across ranks instead; no gradient crosses them),
+and LSTM cores (``MemberStack.refuse_recurrent``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
 """R2D2: recurrent experience replay in distributed Q-learning (the math).
 
-Reference: S. Kapturowski et al., 2019, "Recurrent Experience Replay in
-Distributed Reinforcement Learning", ICLR 2019 (SEED RL's
-``agents/r2d2`` for the Atari settings). Pure tensor functions and one
-learner step; replay storage and acting live elsewhere.
+Reference: S. Kapturowski et al., 2019, "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019
+(SEED RL's ``agents/r2d2`` for the Atari settings). Pure tensor functions and one learner step; replay storage and
+acting live elsewhere.
 
 Conventions (time-major, a batch of B stored sequences of L rows):
-  * row t holds the observation the actor saw, the action it took, the
-    reward of that action and whether the episode then ended
-    (``terminated``: a terminal state, no bootstrap; ``truncated``: a time
-    limit, bootstrap from the next row's observation, which is the episode's
-    final one). ``ignored`` marks the auto-reset row after an episode end:
-    its action did nothing, it is never trained on and never crossed.
-  * the first ``burn_in`` rows only warm up the recurrent state (both
-    networks, no gradient); Q-learning trains on the rows after them, and
-    each row's n-step target uses the rows that follow it in the sequence
-    (fewer than n at its end: it then bootstraps from the last row).
-  * values are learned in the rescaled space of h(x) = sign(x)(sqrt(|x|+1)-1)
-    + eps x (Pohlen et al. 2018): targets are h(G) with G computed from
-    h^-1 of the target network's values.
+  * row t holds the observation the actor saw, the action it took, the reward of that action and whether the episode
+    then ended (``terminated``: a terminal state, no bootstrap; ``truncated``: a time limit, bootstrap from the next
+    row's observation, which is the episode's final one). ``ignored`` marks the auto-reset row after an episode end: its
+    action did nothing, it is never trained on and never crossed.
+  * the first ``burn_in`` rows only warm up the recurrent state (both networks, no gradient); Q-learning trains on the
+    rows after them, and each row's n-step target uses the rows that follow it in the sequence (fewer than n at its end:
+    it then bootstraps from the last row).
+  * values are learned in the rescaled space of h(x) = sign(x)(sqrt(|x|+1)-1) + eps x (Pohlen et al. 2018): targets are
+    h(G) with G computed from h^-1 of the target network's values.
 """
 
 from __future__ import annotations
@@ -51,11 +46,10 @@ def n_step_returns(rewards: Tensor, terminated: Tensor, truncated: Tensor, boots
                    n: int, discount: float) -> Tensor:
     """Untransformed n-step returns G_t for rows t = 0 .. L-2 of [L, B] inputs.
 
-    ``bootstrap[t]`` is the (untransformed) value of row t's observation. G_t
-    sums discount^k r_{t+k} for k < n and stops early at an episode end: a
-    terminal adds nothing more; a truncation adds discount^(k+1) bootstrap[t+k+1]
-    (the final observation). Without an end it adds discount^m bootstrap[t+m]
-    with m = min(n, L - 1 - t): the sequence's last row bounds the horizon.
+    ``bootstrap[t]`` is the (untransformed) value of row t's observation. G_t sums discount^k r_{t+k} for k < n and
+    stops early at an episode end: a terminal adds nothing more; a truncation adds discount^(k+1) bootstrap[t+k+1] (the
+    final observation). Without an end it adds discount^m bootstrap[t+m] with m = min(n, L - 1 - t): the sequence's last
+    row bounds the horizon.
     """
     T = rewards.shape[0] - 1
     dtype = bootstrap.dtype
@@ -95,15 +89,11 @@ def sequence_priorities(td_abs: Tensor, valid: Tensor, eta: float) -> Tensor:
 
 
 def td_loss(q_taken: Tensor, targets: Tensor, valid: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-    """Importance-weighted squared TD loss: mean over sequences of w_b * sum_t 0.5 delta^2.
-    Returns (loss, delta) with delta detached.
+    """Importance-weighted squared TD loss: mean over sequences of w_b * sum_t 0.5 delta^2. Returns (loss, delta) with
+    delta detached.
 
-    Summed over time, as SEED does: the published Adam settings (lr 1e-4,
-    eps 1e-3) and gradient clip (40) are for that scale. A mean over time
-    makes gradients unroll-length times smaller; on Pong (Nature CNN + LSTM
-    512) they were then ~2e-6 per parameter, so eps 1e-3 dominated Adam's
-    denominator for all but 1e-6 of the weights and every update was a tiny
-    SGD step: 6,000 updates and 3.9M frames stayed at -21."""
+    Summed over time, as SEED does: the published Adam settings (lr 1e-4, eps 1e-3) and gradient clip (40) are for that
+    scale. A mean over time made Adam's eps dominate and every update a tiny SGD step (Pong: docs/r2d2.md)."""
     delta = q_taken - targets.detach()
     per_row = torch.where(valid, 0.5 * delta * delta, torch.zeros_like(delta))
     return (weights * per_row.sum(0)).mean(), delta.detach()
@@ -184,14 +174,11 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
                  step_lock=None, ranks=None) -> tuple[dict[str, float], Tensor]:
     """One update on a batch of sequences; returns (stats, new priorities [B]).
 
-    ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the
-    networks' device): ``obs`` (dict), ``action``, ``reward``, ``terminated``,
-    ``truncated``, ``ignored`` [L, B] and ``core_state`` [B, 2, H], the
-    recurrent state the actor had before row 0; optionally ``ignored_host``,
-    a numpy copy of ``ignored``, so that nothing waits for the device. ``online.unroll(obs, core,
-    first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the
-    importance weights of the sampled sequences. ``ranks``: data-parallel
-    learners (``_gradients``), each sampling its own replay.
+    ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the networks' device): ``obs`` (dict), ``action``,
+    ``reward``, ``terminated``, ``truncated``, ``ignored`` [L, B] and ``core_state`` [B, 2, H], the recurrent state the
+    actor had before row 0; optionally ``ignored_host``, a numpy copy of ``ignored``, so that nothing waits for the
+    device. ``online.unroll(obs, core, first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the importance
+    weights of the sampled sequences. ``ranks``: data-parallel learners (``_gradients``), each sampling its own replay.
     """
     ignored = batch["ignored"]
     first = episode_starts(ignored)

@@ -1,25 +1,20 @@
 """V-trace off-policy correction and the IMPALA actor-critic loss.
 
-Reference: L. Espeholt et al., 2018, "IMPALA: Scalable Distributed Deep-RL with
-Importance Weighted Actor-Learner Architectures", arXiv:1802.01561 (section 4).
+Reference: L. Espeholt et al., 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted Actor-Learner
+Architectures", arXiv:1802.01561 (section 4).
 
 Conventions (all inputs are time-major):
   * Shapes are [T, B]; logits are [T, B, A]; ``bootstrap_value`` is [B] = V(x_T).
-  * ``discounts[t] = gamma * (1 - terminated_t)``. A time-limit truncation keeps
-    gamma, so the step bootstraps from the value of the next observation.
-  * ``valid[t]`` is False for a row whose action was ignored by an environment
-    auto-reset (the step after an episode ended: reward 0, the next observation
-    starts a new episode). An invalid row contributes nothing: its TD error is 0,
-    vs_t = V(x_t) exactly, and the correction does not propagate through it.
-    The row before it (the end of the episode) therefore sees vs - V = 0 there;
-    if it was truncated it bootstraps from values[t] = V(final observation).
-  * rho_t = min(rho_bar, pi/mu), c_t = lam * min(c_bar, pi/mu).
-    delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) - V(x_t)).
-    vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1})),
-    with vs_T = bootstrap_value.
-  * advantages_t = r_t + discount_t * vs_{t+1} - V(x_t), and
-    pg_advantages_t = rho_t * advantages_t, where the policy-gradient
-    importance weight is clipped by the same ``rho_bar`` (as in the paper).
+  * ``discounts[t] = gamma * (1 - terminated_t)``. A time-limit truncation keeps gamma, so the step bootstraps from the
+    value of the next observation.
+  * ``valid[t]`` is False for a row whose action was ignored by an environment auto-reset (the step after an episode
+    ended: reward 0, the next observation starts a new episode). An invalid row contributes nothing: its TD error is 0,
+    vs_t = V(x_t) exactly, and the correction does not propagate through it. The row before it (the end of the episode)
+    therefore sees vs - V = 0 there; if it was truncated it bootstraps from values[t] = V(final observation).
+  * rho_t = min(rho_bar, pi/mu), c_t = lam * min(c_bar, pi/mu). delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) -
+    V(x_t)). vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1})), with vs_T = bootstrap_value.
+  * advantages_t = r_t + discount_t * vs_{t+1} - V(x_t), and pg_advantages_t = rho_t * advantages_t, where the
+    policy-gradient importance weight is clipped by the same ``rho_bar`` (as in the paper).
   * Everything returned by ``vtrace`` is detached (computed under no_grad).
 """
 
@@ -45,26 +40,16 @@ class VTraceReturns(NamedTuple):
 
 
 def masked(x: Tensor, valid: Tensor) -> Tensor:
-    """``x`` where ``valid``, 0 elsewhere: the one masking rule of this module.
-    A select, never a multiply: NaN or inf in a masked row (a stale store
-    row, a diverged value) times 0 is still NaN and would leak into every
-    target the recursion reaches."""
+    """``x`` where ``valid``, 0 elsewhere: the one masking rule of this module. A select, never a multiply: NaN or inf
+    in a masked row (a stale store row, a diverged value) times 0 is still NaN and would leak into every target the
+    recursion reaches."""
     return torch.where(valid, x, torch.zeros_like(x))
 
 
 @torch.no_grad()
-def vtrace(
-    behaviour_log_probs: Tensor,
-    target_log_probs: Tensor,
-    rewards: Tensor,
-    discounts: Tensor,
-    values: Tensor,
-    bootstrap_value: Tensor,
-    valid: Tensor,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
-    lam: float = 1.0,
-) -> VTraceReturns:
+def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tensor, discounts: Tensor, values: Tensor,
+           bootstrap_value: Tensor, valid: Tensor, rho_bar: float = 1.0, c_bar: float = 1.0,
+           lam: float = 1.0) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages (see module docstring)."""
     ratios = torch.exp(target_log_probs - behaviour_log_probs)
     rhos = torch.clamp(ratios, max=rho_bar)
@@ -86,37 +71,22 @@ def vtrace(
                          advantages=advantages.detach())
 
 
-def impala_loss(
-    target_params: Tensor,
-    actions: Tensor,
-    values: Tensor,
-    vtrace_returns: VTraceReturns,
-    valid: Tensor,
-    baseline_cost: float = 0.5,
-    entropy_cost: float = 0.01,
-    behaviour_log_probs: Tensor | None = None,
-    clip: float = 0.0,
-    normalize_advantages: bool = False,
-    dist=Categorical,
-    proximal_log_probs: Tensor | None = None, moments=None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_returns: VTraceReturns, valid: Tensor,
+                baseline_cost: float = 0.5, entropy_cost: float = 0.01, behaviour_log_probs: Tensor | None = None,
+                clip: float = 0.0, normalize_advantages: bool = False, dist=Categorical,
+                proximal_log_probs: Tensor | None = None, moments=None) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA loss: policy gradient + baseline regression - entropy bonus.
 
-    Means are over valid rows only: invalid (auto-reset) rows neither
-    contribute nor dilute. ``values`` carries the baseline's graph,
-    ``target_params`` (the policy's parameters under ``dist``) the policy's.
+    Means are over valid rows only: invalid (auto-reset) rows neither contribute nor dilute. ``values`` carries the
+    baseline's graph, ``target_params`` (the policy's parameters under ``dist``) the policy's.
 
-    With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et
-    al. 2017) on r = pi/mu with the V-trace advantages (as in APPO). It bounds
-    how far one batch can pull the policy, which makes reusing a batch
-    (``echo``) safe; IMPALA's rho-weighted gradient keeps pushing however far
-    the policy already moved. With ``proximal_log_probs`` the clip is
-    decoupled PPO's (``_clipped_surrogate``). ``normalize_advantages``
-    rescales A to zero mean, unit variance over the valid rows (or by
-    ``moments``): the policy step is then independent of scale.
+    With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et al. 2017) on r = pi/mu with the V-trace
+    advantages (as in APPO). It bounds how far one batch can pull the policy, which makes reusing a batch (``echo``)
+    safe; IMPALA's rho-weighted gradient keeps pushing however far the policy already moved. With ``proximal_log_probs``
+    the clip is decoupled PPO's (``_clipped_surrogate``). ``normalize_advantages`` rescales A to zero mean, unit
+    variance over the valid rows (or by ``moments``): the policy step is then independent of scale.
     """
-    valid_f = valid.to(values.dtype)
-    n_valid = valid_f.sum().clamp(min=1.0)
+    n_valid = valid.to(values.dtype).sum().clamp(min=1.0)
 
     def masked_mean(x: Tensor) -> Tensor:
         return masked(x, valid).sum() / n_valid
@@ -164,12 +134,11 @@ def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bo
 def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, masked_mean, dtype: torch.dtype,
                        behaviour_log_probs: Tensor | None, proximal_log_probs: Tensor | None = None,
                        rhos: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A) over the valid rows, on r = pi/mu;
-    or, with ``proximal_log_probs`` (the learner's policy at the batch's start), decoupled PPO (Hilton et
-    al. 2021): r = pi/pi_prox, each row weighted by ``rhos`` (V-trace's min(rho_bar, pi_prox/mu)). With no lag
-    that is PPO's; with actors running ahead (algo.sync off) a stale row no longer starts outside the clip
-    range, and the truncated weight corrects for mu. Also the share of valid rows whose ratio lies outside
-    the clip range (detached, in ``dtype``)."""
+    """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A) over the valid rows, on r = pi/mu; or, with
+    ``proximal_log_probs`` (the learner's policy at the batch's start), decoupled PPO (Hilton et al. 2021):
+    r = pi/pi_prox, each row weighted by ``rhos`` (V-trace's min(rho_bar, pi_prox/mu)). With no lag that is PPO's; with
+    actors running ahead (algo.sync off) a stale row no longer starts outside the clip range, and the truncated weight
+    corrects for mu. Also the share of valid rows whose ratio lies outside the clip range (detached, in ``dtype``)."""
     anchor, weights = (proximal_log_probs, rhos) if proximal_log_probs is not None else (behaviour_log_probs, None)
     if anchor is None:
         raise ValueError("clip > 0 needs behaviour_log_probs")
@@ -311,35 +280,27 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
                  shuffle: torch.Generator | None = None, ranks=None) -> dict[str, float]:
     """Learn from one batch of unrolls: ``p.echo`` passes of ``p.minibatches`` updates.
 
-    ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1
-    rows), ``action``, ``reward``, ``terminated``, ``ignored``,
-    ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state``
-    ([B, 2, H] or None). ``step_lock`` guards only each parameter write (what
-    the inference thread must not see half done); ``after_update`` is called
-    after each one.
+    ``batch`` is time-major on the model's device: ``obs`` (a dict, L = T + 1 rows), ``action``, ``reward``,
+    ``terminated``, ``ignored``, ``behaviour_logits`` ([L, B, ...], row T unused) and ``core_state`` ([B, 2, H] or
+    None). ``step_lock`` guards only each parameter write (what the inference thread must not see half done);
+    ``after_update`` is called after each one.
 
-    With one pass of one minibatch (IMPALA) the V-trace targets come from the
-    differentiated forward pass. Otherwise a no-grad pass over the whole batch
-    computes them once, fixed for all its updates as PPO's advantages are;
-    each update recomputes pi on its own minibatch of shuffled rows (whole
-    unrolls with an LSTM). Their order is drawn on the CPU from ``shuffle``
-    (torch's default CPU generator if None), so a seed gives the same
-    minibatches on a CPU and a GPU.
+    With one pass of one minibatch (IMPALA) the V-trace targets come from the differentiated forward pass. Otherwise a
+    no-grad pass over the whole batch computes them once, fixed for all its updates as PPO's advantages are; each update
+    recomputes pi on its own minibatch of shuffled rows (whole unrolls with an LSTM). Their order is drawn on the CPU
+    from ``shuffle`` (torch's default CPU generator if None), so a seed gives the same minibatches on a CPU and a GPU.
 
-    ``diagnose``: the first update also measures what tells a stuck learner
-    from a working one: each weight tensor's update relative to the tensor
-    (``update_ratio/<name>``; about 1e-3 is healthy for Adam/RMSProp, 1e-5 and
-    below barely moves), the advantages' scale and the variance of the
-    V-trace targets the value head explains. ``precision`` ``bf16`` runs the
-    network under autocast; V-trace and the loss stay fp32.
+    ``diagnose``: the first update also measures what tells a stuck learner from a working one: each weight tensor's
+    update relative to the tensor (``update_ratio/<name>``; about 1e-3 is healthy for Adam/RMSProp, 1e-5 and below
+    barely moves), the advantages' scale and the variance of the V-trace targets the value head explains. ``precision``
+    ``bf16`` runs the network under autocast; V-trace and the loss stay fp32.
 
-    ``ranks`` (data-parallel learners, ``pipeline/ranks.py``): gradients are
-    averaged over every rank's valid rows before clipping, and normalised
-    advantages take every rank's moments, so G ranks' parts of a batch make
-    the update one process makes of it all.
+    ``ranks`` (data-parallel learners, ``pipeline/ranks.py``): gradients are averaged over every rank's valid rows
+    before clipping, and normalised advantages take every rank's moments, so G ranks' parts of a batch make the update
+    one process makes of it all.
 
-    Returns 0-dim device tensors (the diagnostics excepted, which are floats)
-    and ``updates``: nothing in an update waits for the device.
+    Returns 0-dim device tensors (the diagnostics excepted, which are floats) and ``updates``: nothing in an update
+    waits for the device.
     """
     first = episode_starts(batch["ignored"])
     update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose, ranks)

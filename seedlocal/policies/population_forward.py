@@ -240,7 +240,7 @@ class PopulationForward:
         if self.plan[0][0] == "conv":
             h = obs[""]
             if getattr(self.template.encoder, "hwc", False):
-                h = h.permute(0, 3, 1, 2)  # (N, H, W, C) grids seen as (N, C, H, W), as encode_obs does
+                h = h.permute(0, 3, 1, 2)  # (N, H, W, C) grids seen as (N, C, H, W), as conv_features does
             h = as_float(h)
         else:
             h = flatten_obs(self.mlp_keys, obs, self.obs_classes)  # [n, in]
