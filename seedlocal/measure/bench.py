@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
@@ -89,14 +88,6 @@ def training_preset(env_id: str):
     return preset_for(recipe("vtrace"), env_id)
 
 
-def training_model(spec, device: torch.device):
-    """The network (and arithmetic) ``seedlocal train vtrace`` uses by default for this env: its preset's."""
-    from seedlocal.recipes.vtrace import build_model
-
-    preset = training_preset(spec.env_id)
-    return preset, build_model(preset, spec).to(device)
-
-
 def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model: bool,
                  raw: RawEnvpool | None) -> dict:
     """Start a pipeline, then alternate ``cfg.rounds`` times: raw, pipeline."""
@@ -104,11 +95,13 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
     from seedlocal.policies import RandomPolicy
     from seedlocal.policies.actor_critic import ModelPolicy
     from seedlocal.pipeline.pipeline import Pipeline
+    from seedlocal.recipes.vtrace import build_model
 
     def make_policy(spec, device):
         if not model:
             return RandomPolicy(spec, device)
-        preset, net = training_model(spec, device)
+        preset = training_preset(spec.env_id)  # the network (and arithmetic) training uses by default
+        net = build_model(preset, spec).to(device)
         precision = resolve_precision(preset.algo.precision, net.kind, device)
         apply_precision(precision, device)
         return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs,
@@ -238,12 +231,11 @@ def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
                        f"(half of envs_per_worker {shape.envs_per_worker})")
 
 
-def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
-    """(num_workers, envs_per_worker, unroll_length) for this bench run."""
+def _sizes(cfg: BenchConfig, spec, preset) -> tuple[int, int, int]:
+    """(num_workers, envs_per_worker, unroll_length) for this bench run (``preset``: training's)."""
     from seedlocal.networks import is_image
 
     if cfg.learning:
-        preset, _ = training_model(spec, torch.device("cpu"))
         p = preset.pipeline
         return cfg.num_workers or p.num_workers, cfg.envs_per_worker or p.envs_per_worker, p.unroll_length
     single = spec.obs.get("")
@@ -255,7 +247,7 @@ def check(cfg: BenchConfig):
     """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
     if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
         fail("bench.seconds", cfg.seconds, "must be positive and finite")
-    for name in ("warmup", "batch_timeout_ms"):
+    for name in ("warmup", "batch_timeout_ms", "bridge_delay_ms"):
         if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
             fail(f"bench.{name}", getattr(cfg, name), "must be >= 0 and finite")
     if cfg.autotune:  # before minutes of trials, not after
@@ -274,12 +266,11 @@ def check(cfg: BenchConfig):
         fail("bench.frame_stack", cfg.frame_stack, "must be >= 0")
     if cfg.bridge_delay_ms and not cfg.bridge:
         fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "only with --bridge")
-    if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
-        fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "must be >= 0 and finite")
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             fail(f"bench.{name}", getattr(cfg, name), "must be 0 (automatic) or positive")
-    training = training_preset(cfg.env).env.frame_stack
+    preset = training_preset(cfg.env)
+    training = preset.env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
         fail("bench.frame_stack", cfg.frame_stack, "the raw, transport and policy rows only (the learner, the "
              f"bridge and --autotune run the env as training does: {training})")
@@ -287,7 +278,7 @@ def check(cfg: BenchConfig):
     from seedlocal.prepare import env_spec
 
     spec = env_spec(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), "bench.env")
-    workers, envs, unroll = _sizes(cfg, spec)
+    workers, envs, unroll = _sizes(cfg, spec, preset)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
                               device=cfg.device, cuda_graphs=cfg.cuda_graphs, min_batch_envs=cfg.min_batch_envs,
                               batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
@@ -379,11 +370,7 @@ def _detail(p: dict) -> str:
 
 def thread_counts(most: int) -> list[int]:
     """1, 2, 4 ... and ``most`` itself: the thread counts ``--raw-ceiling`` measures."""
-    counts, t = [], 1
-    while t < most:
-        counts.append(t)
-        t *= 2
-    return counts + [most]
+    return [2 ** i for i in range(most.bit_length()) if 2 ** i < most] + [most]
 
 
 def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
