@@ -441,14 +441,6 @@ def _expect(requests, kind: int) -> dict:
     return wire.unpack_json(payload)
 
 
-def _credentials(a: ServerArgs):
-    import grpc
-
-    if not a.tls_cert:
-        return None
-    return grpc.ssl_server_credentials([(Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes())])
-
-
 def _on_sigterm(a: ServerArgs, made: list):
     """SIGTERM ends this process at once only when there is no goodbye left to say: the learner died
     (PR_SET_PDEATHSIG: a crash, so the hosts wait for a resume), or the goodbye is out and ActorPool.close()
@@ -464,17 +456,28 @@ def _on_sigterm(a: ServerArgs, made: list):
     return handler
 
 
-def _bind_error(host: str, port: int) -> str:
-    """The system's reason a listening address cannot be bound (gRPC's own error says only "Failed to bind",
-    its reason going to its log), or "" where a plain socket binds it."""
+def _listen(server, a: ServerArgs) -> tuple[int, str]:
+    """Open ``server``'s port where ``a`` says: (the port, "") or (0, why not). Where gRPC's own error says only
+    "Failed to bind" (its reason going to its log), a plain socket's bind gives the system's reason."""
+    import grpc
     import socket
 
+    address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
+    creds = grpc.ssl_server_credentials([(Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes())]) \
+        if a.tls_cert else None
+    why = ""
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, port))
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError as e:
+        port, why = 0, str(e)
+    if port:
+        return port, why
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET) as s:
+            s.bind((a.host, a.port))
     except OSError as e:
-        return e.strerror or str(e)
-    return ""
+        why = e.strerror or str(e)
+    return 0, f"cannot listen on {address}: {why or 'address in use or not local'}"
 
 
 def _grpc_server(srv: BridgeServer):
@@ -514,16 +517,9 @@ def run_bridge_server(a: ServerArgs) -> None:
         srv = BridgeServer(a)
         made.append(srv)
         server = _grpc_server(srv)
-        address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
-        creds = _credentials(a)
-        err = ""
-        try:
-            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-        except RuntimeError as e:
-            port, err = 0, str(e)
+        port, why = _listen(server, a)
         if not port:
-            why = _bind_error(a.host, a.port) or err or "address in use or not local"
-            a.started.send(("error", f"cannot listen on {address}: {why}"))
+            a.started.send(("error", why))
             return
         server.start()
         for g in srv.groups.values():
