@@ -89,17 +89,13 @@ class MembersForward:
             which = torch.from_numpy(present).to(device)
             tensors = {k: v.index_select(0, which) for k, v in tensors.items()}
         src_t = None if src is None else torch.from_numpy(src).to(device)
-        padded = {k: _pad(v, src_t, per) for k, v in obs.items()}
+        # Rows [n, ...] -> [members present, per, ...], gathered by ``src`` unless already in order.
+        padded = {k: (v if src_t is None else v.index_select(0, src_t)).reshape((-1, per) + tuple(v.shape[1:]))
+                  for k, v in obs.items()}
         with autocast(device, self.precision, cache=False):
             params, values = vmap(lambda t, o: self.stack.call(t, "forward", o))(tensors, padded)
         pos_t = None if pos is None else torch.from_numpy(pos).to(device)
         return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
-
-
-def _pad(x: Tensor, src: Tensor | None, per: int) -> Tensor:
-    """Rows [n, ...] -> [members present, per, ...] (gathered by ``src`` unless already in order)."""
-    rows = x if src is None else x.index_select(0, src)
-    return rows.reshape((-1, per) + tuple(x.shape[1:]))
 
 
 def _unpad(x: Tensor, pos: Tensor | None) -> Tensor:
@@ -143,14 +139,9 @@ class MembersPolicy(ModelPolicy):
 
     def _actions(self, params, env_ids: np.ndarray):
         members = self.members_of(env_ids)
-        present = np.unique(members)
+        present = np.unique(members).tolist()
         if len(present) == 1:
-            return self.dist.sample(params, self.generators[int(present[0])])
-        out = None
-        for m in present.tolist():
-            rows = torch.from_numpy(np.flatnonzero(members == m)).to(params.device)
-            drawn = self.dist.sample(params.index_select(0, rows), self.generators[m])
-            if out is None:
-                out = drawn.new_empty((len(members),) + tuple(drawn.shape[1:]))
-            out[rows] = drawn
-        return out
+            return self.dist.sample(params, self.generators[present[0]])
+        rows = [torch.from_numpy(np.flatnonzero(members == m)).to(params.device) for m in present]
+        drawn = [self.dist.sample(params.index_select(0, r), self.generators[m]) for r, m in zip(rows, present)]
+        return torch.cat(drawn).index_select(0, torch.cat(rows).argsort())  # back in the rows' order
