@@ -400,8 +400,7 @@ class _Session:
                 if i is None or h.kind not in (wire.ACTION, wire.RESET):
                     raise wire.WireError(f"unexpected {wire.KIND_NAMES[h.kind]} for group {h.group}")
                 if h.kind == wire.ACTION:
-                    layout_action = store["action"][i, 0]
-                    layout_action[...] = np.frombuffer(payload, layout_action.dtype).reshape(layout_action.shape)
+                    store["action"][i, 0] = groups.layout.decode(wire.ACTION, payload)["action"]
                     trow[i] = 1
                     state[i] = ACTION_READY
                 else:

@@ -177,8 +177,8 @@ class BridgeServer:
                     continue  # a stale token
                 g.seq += 1
                 if state == ACTION_READY:
-                    action = self.store["action"][self._tbuf[g.gid], self._trow[g.gid] - 1]
-                    msg = wire.pack(wire.ACTION, g.gid, g.epoch, g.seq, np.ascontiguousarray(action).tobytes())
+                    action = {"action": self.store["action"][self._tbuf[g.gid], self._trow[g.gid] - 1]}
+                    msg = wire.pack(wire.ACTION, g.gid, g.epoch, g.seq, self.layout.encode(wire.ACTION, action))
                     g.expect = wire.STEP
                 else:
                     msg = wire.pack(wire.RESET, g.gid, g.epoch, g.seq)

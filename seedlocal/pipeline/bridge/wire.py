@@ -170,33 +170,29 @@ class GroupLayout:
     obs: dict[str, TensorSpec]
     action: TensorSpec
 
-    def _fields(self, with_step: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    def _fields(self, kind: int) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """The arrays of a FIRST, STEP or ACTION payload, in order: (name, shape, dtype)."""
+        if kind == ACTION:
+            return [("action", (self.envs,) + self.action.shape, np.dtype(self.action.dtype))]
         out = [(k, (self.envs,) + s.shape, np.dtype(s.dtype)) for k, s in self.obs.items()]
-        if with_step:
+        if kind == STEP:
             out += [(k, (self.envs,), np.dtype(STEP_FIELDS[k])) for k in STEP_ORDER]
         return out
 
     def size(self, kind: int) -> int:
-        if kind == ACTION:
-            return self.envs * int(np.prod(self.action.shape, dtype=np.int64)) * np.dtype(self.action.dtype).itemsize
-        if kind in (FIRST, STEP):
-            return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, s, d in self._fields(kind == STEP))
-        return 0
+        return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, s, d in self._fields(kind))
 
     def encode(self, kind: int, arrays: dict[str, np.ndarray]) -> bytes:
-        """FIRST/STEP payload from arrays keyed by obs key and step field names."""
-        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d in self._fields(kind == STEP))
+        """FIRST/STEP/ACTION payload from arrays keyed by obs key, step field names and "action"."""
+        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d in self._fields(kind))
 
     def decode(self, kind: int, payload: memoryview) -> dict[str, np.ndarray]:
         """Zero-copy views of a FIRST/STEP/ACTION payload; checks its size."""
         want = self.size(kind)
         if len(payload) != want:
             raise WireError(f"{KIND_NAMES[kind]} payload of {len(payload)} bytes, expected {want}")
-        if kind == ACTION:
-            return {"action": np.frombuffer(payload, np.dtype(self.action.dtype)).reshape(
-                (self.envs,) + self.action.shape)}
         out, offset = {}, 0
-        for k, shape, dtype in self._fields(kind == STEP):
+        for k, shape, dtype in self._fields(kind):
             n = int(np.prod(shape, dtype=np.int64))
             out[k] = np.frombuffer(payload, dtype, count=n, offset=offset).reshape(shape)
             offset += n * dtype.itemsize
