@@ -24,14 +24,10 @@ acknowledges with ``group_lost_ack[g]`` plus a wake token. Only then can
 another host take them, starting with fresh episodes, so no step from
 before the loss is stitched to one after it.
 
-A host is let in only once it has proven the learner's token (when there is
-one; ``wire`` describes the exchange); the learner then proves it back in
-its ASSIGN, and the token itself never travels. What a peer that has proven
-nothing can make the server hold is bounded (docs/multihost.md, "Limits"):
-a message by ``wire.largest_from_host`` (gRPC refuses a longer one unread),
-a handshake message by HANDSHAKE_BYTES; streams by one per connection and
-``handshakes_per_peer`` per address in the handshake; time by HANDSHAKE_S
-(keepalive alone would keep a silent stream open for good).
+A host is let in only once it has proven the learner's token, where there is
+one (``wire`` describes the exchange). What a peer that has proven nothing
+can make the server hold is bounded (``_grpc_server``; docs/multihost.md,
+"Limits", says why each limit is what it is).
 """
 
 from __future__ import annotations
@@ -65,25 +61,22 @@ _KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 
 # the host connects only to the learner it was pointed at, verified by TLS or the token before it uses a word.
 CHANNEL_OPTIONS = _KEEPALIVE + [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
                                 ("grpc.use_local_subchannel_pool", 1)]
-# How long the goodbye waits for each host to close its side (it does once it
-# has read the goodbye), so that the connection is not closed under a
-# goodbye not yet read; ActorPool.close() gives the server this and more.
+# How long the goodbye waits for each host to close its side (it does once it has read the goodbye), so that the
+# connection is not closed under a goodbye not yet read; ActorPool.close() gives the server this and more.
 GOODBYE_S = 2.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
-# A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
-# on any network, and a peer that has not proven itself by then is cut off.
+# A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty on any network, and a peer that has
+# not proven itself by then is cut off (keepalive alone would keep a silent stream open for good).
 HANDSHAKE_S = 5.0
 
 
 def remote_seed(base: int, assignment: int, first_index: int, shape: PipelineShape) -> int:
-    """The seed of a host's ``assignment``-th envs, whose first group is
-    ``first_index`` among the remote groups: the host seeds its env j with
-    this + j. They sit after the local envs in the block of seeds of this
-    rank and start (``PipelineShape.seed_block``, the assignment counted as
-    a start), at the offset of the host's first group, as a local worker's
-    do: no two assignments, no local worker's restart and no other rank
-    share a seed. The blocks wrap within [0, SEED_END - block), so seed + j
-    always fits envpool's int32 however often hosts reconnect."""
+    """The seed of a host's ``assignment``-th envs, whose first group is ``first_index`` among the remote groups:
+    the host seeds its env j with this + j. They sit after the local envs in the block of seeds of this rank and
+    start (``PipelineShape.seed_block``, the assignment counted as a start), at the offset of the host's first
+    group, as a local worker's do: no two assignments, no local worker's restart and no other rank share a seed.
+    The blocks wrap within [0, SEED_END - block), so seed + j always fits envpool's int32 however often hosts
+    reconnect."""
     offset = shape.num_local_envs + first_index * shape.envs_per_group
     return wrap_seed(base + shape.seed_block(assignment) + offset, shape.num_envs)
 
@@ -114,8 +107,7 @@ class ServerArgs:
 
 
 def log(msg: str) -> None:
-    # One write per line: print writes the newline apart, and the lines of
-    # streams cut off at the same moment ran together.
+    # One write per line: print writes the newline apart, and the lines of streams cut off at once ran together.
     sys.stderr.write(f"seedlocal bridge: {msg}\n")
     sys.stderr.flush()
 
@@ -481,7 +473,8 @@ def _listen(server, a: ServerArgs) -> tuple[int, str]:
 
 
 def _grpc_server(srv: BridgeServer):
-    """A gRPC server for ``srv``'s one RPC, with its limits (see the module's docstring); not yet listening."""
+    """A gRPC server for ``srv``'s one RPC, with its limits (docs/multihost.md, "Limits"), not yet listening. Each
+    handshake is held to HANDSHAKE_S by ``_handshake``, each of its messages to wire.HANDSHAKE_BYTES by ``_expect``."""
     import grpc
 
     handler = grpc.stream_stream_rpc_method_handler(srv.stream)
@@ -509,8 +502,7 @@ def run_bridge_server(a: ServerArgs) -> None:
     from seedlocal.pipeline.worker import _die_with_parent
 
     _die_with_parent()
-    # gRPC core logs each failed handshake (a host without --tls-ca) on
-    # stderr at info level; the hosts are told why, the learner need not be.
+    # gRPC core logs each failed handshake (a host without --tls-ca) on stderr; the hosts are told why.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     code = 0
     try:
