@@ -25,9 +25,7 @@ Each array is the numpy buffer as is (native byte order, little-endian on
 every platform seedlocal runs on); nothing is compressed.
 
 Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry
-UTF-8 JSON in the payload instead; a host keeps each of its own within
-HANDSHAKE_BYTES, so the largest message a host sends in a run is a STEP or
-that (:func:`largest_from_host`), and the learner lets gRPC take no more. A learner with a token and its host prove
+UTF-8 JSON in the payload instead. A learner with a token and its host prove
 to each other that they hold it, and neither sends the token itself:
 
     host     HELLO      {nonce: Nh, ...}
@@ -70,7 +68,7 @@ KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "
 # The step fields of a STEP message, in order (the unroll store's names).
 STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
 # A host's HELLO, PROOF and STATS are a few hundred bytes at most, and it cuts its REFUSE to fit: the learner
-# refuses a bigger handshake message before it parses it.
+# refuses a bigger handshake message before it parses it, and gRPC any message over ``largest_from_host``.
 HANDSHAKE_BYTES = 4096
 # How long the learner's end stays silent to a host at most: it sends ALIVE when nothing else went out.
 ALIVE_S = 1.0
