@@ -22,10 +22,9 @@ padded per member for one vmapped call (``row_layout``). On the 2-core
 development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in
 one call than in 8 (``scripts/bench_population_learners.py``); on a GPU,
 where P calls are P rounds of kernel launches, it is unmeasured. A batch of
-one member's rows goes through that member's own network instead: the batch
-of a population whose members own one group each is usually one group, and
-there vmap's fixed cost made the call 3x a plain forward (32 rows: 2.3 ms
-against 0.76 ms on that CPU).
+one member's rows (usually one group) goes through that member's own network
+instead: there vmap's fixed cost made the call about 3x a plain forward
+(docs/populations.md, "Remeasured with the box to itself").
 """
 
 from __future__ import annotations

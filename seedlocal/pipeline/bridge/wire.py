@@ -218,7 +218,4 @@ def largest_from_host(layout: GroupLayout) -> int:
 
 def check_finite(arrays: dict[str, np.ndarray]) -> str | None:
     """The name of the first float array holding NaN or inf, or None."""
-    for k, a in arrays.items():
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            return k
-    return None
+    return next((k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()), None)
