@@ -284,13 +284,12 @@ class _Session:
         """Until the stream ends (the reader thread says why) or the learner is silent for answer_timeout_s:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
-        pool = self.pool
         self.reader = threading.Thread(target=self._read, args=(call, groups), daemon=True)
         self.heard = t_stats = t_line = time.monotonic()  # what came while the workers started is read now
         self.reader.start()
         steps = steps_line = 0
         while self.ended is None:
-            pool.obs_ready.wait(0.1)
+            self.pool.obs_ready.wait(0.1)
             steps += self._send_ready_groups(groups, spec)
             now = time.monotonic()
             if now - self.heard > self.cfg.answer_timeout_s:

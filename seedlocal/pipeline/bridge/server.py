@@ -195,8 +195,7 @@ class BridgeServer:
         if g is None or g.host is not host:
             raise wire.WireError(f"message for group {h.group}, which this host does not own")
         arrays = self.layout.decode(h.kind, payload)
-        bad = wire.check_finite(arrays)
-        if bad is not None:
+        if (bad := wire.check_finite(arrays)) is not None:
             raise wire.WireError(f"non-finite values in {bad or 'obs'} of group {h.group}")
         with g.lock:
             if h.epoch != g.epoch:
@@ -542,10 +541,8 @@ class BridgeMeter:
     """The learner's ``bridge/`` scalars, read from the control block the server writes."""
 
     def __init__(self, control):
-        self.c = control
-        self.t = time.monotonic()
-        self.steps = control["host_steps"].copy()
-        self.bytes = control["host_bytes"].copy()
+        self.c, self.t = control, time.monotonic()
+        self.steps, self.bytes = control["host_steps"].copy(), control["host_bytes"].copy()
 
     def scalars(self) -> dict[str, float]:
         c, now = self.c, time.monotonic()
