@@ -5,6 +5,9 @@ from __future__ import annotations
 
 
 def main(cfg) -> dict:
+    """Run the mode ``cfg`` asks for; its result is also the last line printed, as JSON."""
+    import json
+
     import torch
 
     from seedlocal.measure.bench import check, run
@@ -14,13 +17,16 @@ def main(cfg) -> dict:
     if cfg.autotune:
         from seedlocal.measure.autotune import autotune
 
-        return autotune(cfg, spec)
-    if cfg.raw_ceiling:
+        result = autotune(cfg, spec)
+    elif cfg.raw_ceiling:
         from seedlocal.measure.bench import run_ceiling
 
-        return run_ceiling(cfg, spec, pipe_cfg)
-    if cfg.bridge:
+        result = run_ceiling(cfg, spec, pipe_cfg)
+    elif cfg.bridge:
         from seedlocal.measure.bridge import run_bridge_bench
 
-        return run_bridge_bench(cfg, pipe_cfg.num_workers, pipe_cfg.envs_per_worker)
-    return run(cfg, spec, pipe_cfg)
+        result = run_bridge_bench(cfg, pipe_cfg.num_workers, pipe_cfg.envs_per_worker)
+    else:
+        result = run(cfg, spec, pipe_cfg)
+    print(json.dumps(result, default=float))
+    return result

@@ -17,6 +17,7 @@ defaults (options on the command line still win).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -60,11 +61,11 @@ def autotune(cfg, spec) -> dict:
         with RawEnvpool(cfg.env, spec, total, threads) as raw:
             raw_best = max(raw.measure(0.5, seconds).values())
     rows = []
+    one = dataclasses.replace(cfg, seconds=seconds, warmup=min(cfg.warmup, 1.0), rounds=1)  # each candidate's run
     for w, per_worker, min_batch in candidates(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), total, cpus):
         pipe_cfg = PipelineConfig(num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,
                                   env_threads=cfg.env_threads, device=cfg.device,
                                   batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=preset.pipeline.unroll_length)
-        one = type(cfg)(**{**cfg.__dict__, "seconds": seconds, "warmup": min(cfg.warmup, 1.0), "rounds": 1})
         p = pipeline_run(one, pipe_cfg, "auto", model=False, raw=None)
         ratio = p["steps_per_s"] / raw_best if raw_best else None
         rows.append({"num_workers": w, "envs_per_worker": per_worker, "min_batch_envs": min_batch,
@@ -72,8 +73,7 @@ def autotune(cfg, spec) -> dict:
         print(f"  workers {w:2d} x {per_worker:4d} envs, min batch {min_batch:4d}: "
               f"{p['steps_per_s']:12,.0f} steps/s" + (f"  ratio {ratio:.3f}" if ratio else ""), flush=True)
     best = max(rows, key=lambda r: r["steps_per_s"])
-    chosen = {"num_workers": best["num_workers"], "envs_per_worker": best["envs_per_worker"],
-              "min_batch_envs": best["min_batch_envs"]}
+    chosen = {k: best[k] for k in ("num_workers", "envs_per_worker", "min_batch_envs")}
     out = Path(cfg.pipeline_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"env": cfg.env, "measured_s": round(time.monotonic() - t_start, 1),
@@ -83,7 +83,6 @@ def autotune(cfg, spec) -> dict:
     result = {**chosen, "ratio_random": best["ratio_random"], "steps_per_s": best["steps_per_s"],
               "raw_best_steps_per_s": raw_best, "env": cfg.env, "file": str(out),
               "candidates": len(rows), "seconds": round(time.monotonic() - t_start, 1)}
-    print(json.dumps(result, default=float))
     return result
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import tempfile
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
@@ -89,14 +87,6 @@ def training_preset(env_id: str):
     return preset_for(recipe("vtrace"), env_id)
 
 
-def training_model(spec, device: torch.device):
-    """The network (and arithmetic) ``seedlocal train vtrace`` uses by default for this env: its preset's."""
-    from seedlocal.recipes.vtrace import build_model
-
-    preset = training_preset(spec.env_id)
-    return preset, build_model(preset, spec).to(device)
-
-
 def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model: bool,
                  raw: RawEnvpool | None) -> dict:
     """Start a pipeline, then alternate ``cfg.rounds`` times: raw, pipeline."""
@@ -104,11 +94,13 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
     from seedlocal.policies import RandomPolicy
     from seedlocal.policies.actor_critic import ModelPolicy
     from seedlocal.pipeline.pipeline import Pipeline
+    from seedlocal.recipes.vtrace import build_model
 
     def make_policy(spec, device):
         if not model:
             return RandomPolicy(spec, device)
-        preset, net = training_model(spec, device)
+        preset = training_preset(spec.env_id)  # the network (and arithmetic) training uses by default
+        net = build_model(preset, spec).to(device)
         precision = resolve_precision(preset.algo.precision, net.kind, device)
         apply_precision(precision, device)
         return ModelPolicy(net, spec, precision=precision, cuda_graphs=pipe_cfg.cuda_graphs,
@@ -133,10 +125,9 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
             "ratios": ratios,
             "batches_per_s": totals["batches"] / totals["dt"],
             "mean_batch": totals["envs"] / batches,
-            # The mean batch over the one the loop waits for (min_batch_envs;
-            # default half of all envs, since the other half is stepping by
-            # design): below 1 the timeout cut batches short; above 1 more
-            # groups were ready than it waits for.
+            # The mean batch over the one the loop waits for (min_batch_envs; default half of all envs, since the
+            # other half is stepping by design): below 1 the timeout cut batches short; above 1 more groups were
+            # ready than it waits for.
             "min_batch": min_batch,
             "batch_fill": totals["envs"] / batches / min_batch,
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
@@ -150,10 +141,9 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
 
 
 def _alternate(cfg: BenchConfig, pipe, raw: RawEnvpool | None) -> tuple[list, list, list, dict, int]:
-    """``cfg.rounds`` rounds of raw envpool (if ``raw``), then the running
-    pipeline ``pipe``, for ``cfg.seconds`` each: the raw rates, the
-    pipeline's steps/s and their per-round ratios, the pipeline's totals
-    over all rounds, and the workers' group threads."""
+    """``cfg.rounds`` rounds of raw envpool (if ``raw``), then the running pipeline ``pipe``, for ``cfg.seconds``
+    each: the raw rates, the pipeline's steps/s and their per-round ratios, the pipeline's totals over all rounds,
+    and the workers' group threads."""
     loop, s = pipe.loop, pipe.loop.stats
     raws, pipes, ratios = [], [], []
     totals = {"dt": 0.0, "steps": 0, "batches": 0, "envs": 0, "fwd": 0.0, "wait": 0.0, "env": 0.0}
@@ -178,23 +168,21 @@ def _alternate(cfg: BenchConfig, pipe, raw: RawEnvpool | None) -> tuple[list, li
 
 
 def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
-    """The V-trace learner on the pipeline for warmup + seconds, through
-    ``train()`` itself; steps/s is read from the run's own TensorBoard points
-    after the warm-up (so worker start-up is not counted)."""
+    """The V-trace learner on the pipeline for warmup + seconds, through ``train()`` itself; steps/s is read from
+    the run's own TensorBoard points after the warm-up (so worker start-up is not counted)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from seedlocal.families import recipe
     from seedlocal.prepare import prepare_run
     from seedlocal.trainers.vtrace import train
 
-    spec, shape = prepare_pipeline(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), pipe_cfg, prefix="bench",
-                                   env_field="bench.env")
+    env = EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack)
+    spec, shape = prepare_pipeline(env, pipe_cfg, prefix="bench", env_field="bench.env")
     preset = training_preset(cfg.env)
     batch, why = learning_batch(preset.algo, shape, preset.network.lstm_size)
     with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
         run_cfg = dataclasses.replace(
-            preset, env=EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack),
-            frame_stack=stacking(spec, getattr(preset, "frame_stack", 0)), pipeline=pipe_cfg,
+            preset, env=env, frame_stack=stacking(spec, getattr(preset, "frame_stack", 0)), pipeline=pipe_cfg,
             algo=dataclasses.replace(preset.algo, batch_size=batch),
             total_steps=0, seconds=cfg.warmup + 1.0 + cfg.seconds, log_dir=tmp, run_name="bench",
             log_every_s=0.5, progress=False, checkpoint_every_min=1e6)
@@ -206,8 +194,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
         if len(points) < 2:  # too short to leave out the warm-up: the whole run's rate
             rate, since = summary["steps"] / max(1e-9, summary["seconds"]), 0.0
         else:
-            # Steps between the first logging point after the warm-up and the
-            # last one, over the wall-clock between them.
+            # Steps between the first logging point after the warm-up and the last one, over the time between them.
             window = [e for e in points if e.wall_time >= points[0].wall_time + cfg.warmup]
             first, last = (window[0], window[-1]) if len(window) >= 2 else (points[0], points[-1])
             rate = (last.step - first.step) / max(1e-9, last.wall_time - first.wall_time)
@@ -238,24 +225,11 @@ def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
                        f"(half of envs_per_worker {shape.envs_per_worker})")
 
 
-def _sizes(cfg: BenchConfig, spec) -> tuple[int, int, int]:
-    """(num_workers, envs_per_worker, unroll_length) for this bench run."""
-    from seedlocal.networks import is_image
-
-    if cfg.learning:
-        preset, _ = training_model(spec, torch.device("cpu"))
-        p = preset.pipeline
-        return cfg.num_workers or p.num_workers, cfg.envs_per_worker or p.envs_per_worker, p.unroll_length
-    single = spec.obs.get("")
-    default_envs = 32 if single is not None and is_image(single) else 512
-    return cfg.num_workers or 1, cfg.envs_per_worker or default_envs, 32
-
-
 def check(cfg: BenchConfig):
     """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
     if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
         fail("bench.seconds", cfg.seconds, "must be positive and finite")
-    for name in ("warmup", "batch_timeout_ms"):
+    for name in ("warmup", "batch_timeout_ms", "bridge_delay_ms"):
         if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
             fail(f"bench.{name}", getattr(cfg, name), "must be >= 0 and finite")
     if cfg.autotune:  # before minutes of trials, not after
@@ -274,25 +248,31 @@ def check(cfg: BenchConfig):
         fail("bench.frame_stack", cfg.frame_stack, "must be >= 0")
     if cfg.bridge_delay_ms and not cfg.bridge:
         fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "only with --bridge")
-    if not cfg.bridge_delay_ms >= 0 or not math.isfinite(cfg.bridge_delay_ms):
-        fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "must be >= 0 and finite")
     for name in ("num_workers", "envs_per_worker"):
         if getattr(cfg, name) < 0:
             fail(f"bench.{name}", getattr(cfg, name), "must be 0 (automatic) or positive")
-    training = training_preset(cfg.env).env.frame_stack
+    preset = training_preset(cfg.env)
+    training = preset.env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
         fail("bench.frame_stack", cfg.frame_stack, "the raw, transport and policy rows only (the learner, the "
              f"bridge and --autotune run the env as training does: {training})")
     cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
+    from seedlocal.networks import is_image
     from seedlocal.prepare import env_spec
 
-    spec = env_spec(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), "bench.env")
-    workers, envs, unroll = _sizes(cfg, spec)
-    pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
-                              device=cfg.device, cuda_graphs=cfg.cuda_graphs, min_batch_envs=cfg.min_batch_envs,
-                              batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=unroll)
-    prepare_pipeline(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), pipe_cfg, prefix="bench",
-                     env_field="bench.env")
+    env = EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack)
+    spec = env_spec(env, "bench.env")
+    if cfg.learning:  # the sizes not given are the training preset's
+        p = preset.pipeline
+        workers, envs, unroll = p.num_workers, p.envs_per_worker, p.unroll_length
+    else:  # one worker of 512 envs, or 32 of images
+        single = spec.obs.get("")
+        workers, envs, unroll = 1, 32 if single is not None and is_image(single) else 512, 32
+    pipe_cfg = PipelineConfig(num_workers=cfg.num_workers or workers, envs_per_worker=cfg.envs_per_worker or envs,
+                              env_threads=cfg.env_threads, device=cfg.device, cuda_graphs=cfg.cuda_graphs,
+                              min_batch_envs=cfg.min_batch_envs, batch_timeout_ms=cfg.batch_timeout_ms,
+                              unroll_length=unroll)
+    prepare_pipeline(env, pipe_cfg, prefix="bench", env_field="bench.env")
     resolve_device(cfg.device)
     return spec, pipe_cfg
 
@@ -333,14 +313,13 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     for name, v, ratio, d in rows:
         r = f"{ratio:7.3f}" if ratio is not None else "      -"
         print(f"{name:42s} {v:12,.0f} {r}  {d}")
-    print(json.dumps(result, default=float))
     return result
 
 
 def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpool | None, rows: list,
                  result: dict) -> None:
-    """Raw envpool, the pipeline with a random policy and with the training
-    network, and (``--learning``) the learner: into ``rows`` and ``result``."""
+    """Raw envpool, the pipeline with a random policy and with the training network, and (``--learning``) the
+    learner: into ``rows`` and ``result``."""
     p = pipeline_run(cfg, pipe_cfg, "auto", model=False, raw=raw)
     if p["raw"] is not None:
         best = max(p["raw"].values())
@@ -379,17 +358,13 @@ def _detail(p: dict) -> str:
 
 def thread_counts(most: int) -> list[int]:
     """1, 2, 4 ... and ``most`` itself: the thread counts ``--raw-ceiling`` measures."""
-    counts, t = [], 1
-    while t < most:
-        counts.append(t)
-        t *= 2
-    return counts + [most]
+    return [2 ** i for i in range(most.bit_length()) if 2 ** i < most] + [most]
 
 
 def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
-    """Raw envpool's best over envpool's own settings, per thread count, against
-    the best of the bench's three kinds at the pipeline's env count (the limit
-    every other ratio divides by): is that limit the machine's, or the bench's?"""
+    """Raw envpool's best over envpool's own settings, per thread count, against the best of the bench's three
+    kinds at the pipeline's env count (the limit every other ratio divides by): is that limit the machine's, or the
+    bench's?"""
     if spec.backend != "envpool":
         raise ConfigError(f"bench.raw_ceiling: {cfg.env} is not an envpool env (backend {spec.backend})")
     n = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
@@ -426,5 +401,4 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     if result["scaling_efficiency"] is not None:
         print(f"scaling from {first['threads']} to {top['threads']} threads: {result['scaling_efficiency']:.2f} "
               f"of linear")
-    print(json.dumps(result, default=float))
     return result

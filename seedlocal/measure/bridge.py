@@ -11,7 +11,6 @@ directions. The keys and ``--bridge-delay-ms``: docs/multihost.md, "What to watc
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -32,11 +31,23 @@ def _measure(pipe, seconds: float) -> tuple[float, float]:
     return (loop.stats.env_steps - s0) / dt, (int(c["host_bytes"].sum()) - b0) / dt
 
 
-def _local_and_remote(cfg, workers: int, envs: int):
-    """The same envs stepped by local workers, and by one actor host through the bridge: (env, their two
-    pipelines' configs and shapes, the bridge, the spec), prepared."""
+def _actor_host(cfg, env: EnvConfig, port: int, workers: int, envs: int) -> subprocess.Popen:
+    """One ``seedlocal actors`` process, on loopback, for the remote pipeline's envs."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{port}",
+         "--num-workers", str(workers), "--envs-per-worker", str(envs), "--env-threads", str(cfg.env_threads),
+         "--no-progress", "--retry-s", "10", "--delay-ms", str(cfg.bridge_delay_ms),
+         # The host it starts is this user's own: it may import the module of a module:EnvId id.
+         *(["--allow-module", env.id.partition(":")[0]] if ":" in env.id else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
+    from seedlocal.policies import RandomPolicy
+    from seedlocal.pipeline.pipeline import Pipeline
     from seedlocal.prepare import prepare_pipeline
 
+    # The same envs stepped by local workers, and by one actor host through the bridge.
     env = EnvConfig(id=cfg.env, backend="null" if cfg.transport_only else "auto", frame_stack=cfg.frame_stack)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
                               device=cfg.device, min_batch_envs=cfg.min_batch_envs,
@@ -45,24 +56,10 @@ def _local_and_remote(cfg, workers: int, envs: int):
     bridge = BridgeConfig(listen="127.0.0.1:0", remote_envs=workers * envs)
     spec, shape = prepare_pipeline(env, pipe_cfg)
     _, remote_shape = prepare_pipeline(env, remote_cfg, bridge)
-    return env, (pipe_cfg, shape), (remote_cfg, remote_shape), bridge, spec
-
-
-def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
-    from seedlocal.policies import RandomPolicy
-    from seedlocal.pipeline.pipeline import Pipeline
-
-    env, (pipe_cfg, shape), (remote_cfg, remote_shape), bridge, spec = _local_and_remote(cfg, workers, envs)
-    local_rates, bridge_rates, mbs = [], [], []
+    rounds = []  # (local steps/s, bridge steps/s, bridge bytes/s) per round
     with Pipeline(env, pipe_cfg, RandomPolicy, spec, shape) as local, \
             Pipeline(env, remote_cfg, RandomPolicy, spec, remote_shape, bridge=bridge) as remote:
-        host = subprocess.Popen(
-            [sys.executable, "-m", "seedlocal", "actors", "--connect", f"127.0.0.1:{remote.pool.bridge_port}",
-             "--num-workers", str(workers), "--envs-per-worker", str(envs), "--env-threads", str(cfg.env_threads),
-             "--no-progress", "--retry-s", "10", "--delay-ms", str(cfg.bridge_delay_ms),
-             # The host it starts is this user's own: it may import the module of a module:EnvId id.
-             *(["--allow-module", env.id.partition(":")[0]] if ":" in env.id else [])],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        host = _actor_host(cfg, env, remote.pool.bridge_port, workers, envs)
         try:
             end = time.monotonic() + 60
             while remote.pool.control["group_connected"].sum() < remote.pool.num_remote_groups:
@@ -72,10 +69,7 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
             local.loop.run(cfg.warmup)
             remote.loop.run(cfg.warmup)
             for _ in range(cfg.rounds):
-                local_rates.append(_measure(local, cfg.seconds)[0])
-                rate, nbytes = _measure(remote, cfg.seconds)
-                bridge_rates.append(rate)
-                mbs.append(nbytes / 1e6)
+                rounds.append((_measure(local, cfg.seconds)[0], *_measure(remote, cfg.seconds)))
             rtt = remote.pool.control["host_rtt_ms"][0].copy()
         finally:
             host.send_signal(2)  # Ctrl-C: a clean disconnect that unlinks the host's ring
@@ -84,11 +78,12 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
             except subprocess.TimeoutExpired:
                 os.killpg(host.pid, 9)
                 host.wait()
+    local_rates, bridge_rates, rates_bytes = zip(*rounds)
     ratios = [b / max(1e-9, a) for a, b in zip(local_rates, bridge_rates)]
+    mbs = [b / 1e6 for b in rates_bytes]
     prefix = "transport_" if cfg.transport_only else ""
     result = {"env": cfg.env, "transport_only": cfg.transport_only, "delay_ms": cfg.bridge_delay_ms,
-              "num_workers": workers,
-              "envs_per_worker": envs, "cpu_count": os.cpu_count(),
+              "num_workers": workers, "envs_per_worker": envs, "cpu_count": os.cpu_count(),
               f"{prefix}local_steps_per_s": float(np.median(local_rates)),
               f"{prefix}bridge_steps_per_s": float(np.median(bridge_rates)),
               "ratio_bridge": float(np.median(ratios)), "ratios": ratios,
@@ -98,5 +93,4 @@ def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
     print(f"  local   {result[prefix + 'local_steps_per_s']:12,.0f} steps/s")
     print(f"  bridge  {result[prefix + 'bridge_steps_per_s']:12,.0f} steps/s  ratio {result['ratio_bridge']:.3f}  "
           f"{result['bridge_mb_per_s']:.1f} MB/s  round trip p50 {rtt[0]:.2f} ms, p99 {rtt[1]:.2f} ms")
-    print(json.dumps(result, default=float))
     return result

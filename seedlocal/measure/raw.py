@@ -92,13 +92,6 @@ class RawEnvpool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _sync(self, warmup: float, seconds: float) -> float:
-        def one(i):
-            self.sync.step(self.acts[i % len(self.acts)])
-            return self.n
-
-        return _timed(one, warmup, seconds)
-
     def _two_groups(self, warmup: float, seconds: float) -> float:
         """Two pools of n/2 envs, each driven by its own thread (the worker's way)."""
         counts, phase = [0, 0], {"measure": False, "stop": False}
@@ -129,7 +122,11 @@ class RawEnvpool:
         return total / dt
 
     def measure(self, warmup: float, seconds: float) -> dict[str, float]:
-        return {"sync": self._sync(warmup, seconds),
+        def sync(i):
+            self.sync.step(self.acts[i % len(self.acts)])
+            return self.n
+
+        return {"sync": _timed(sync, warmup, seconds),
                 "async_half": _timed(_async_step(self.async_env, self.half_acts, self.half), warmup, seconds),
                 "two_groups": self._two_groups(warmup, seconds)}
 

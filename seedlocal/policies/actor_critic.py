@@ -58,15 +58,12 @@ class ModelPolicy(Policy):
     def act(self, obs, core=None, env_ids=None, first=None):
         env_ids = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         if self.frames is not None:
-            n = obs[""].shape[0]
-            starts = torch.from_numpy(first if first is not None else np.zeros(n, bool)).to(self.device)
+            starts = torch.from_numpy(first if first is not None else np.zeros(len(env_ids), bool)).to(self.device)
             obs = {**obs, "": self.frames(obs[""], torch.from_numpy(env_ids).to(self.device), starts,
                                           int(env_ids.max()) + 1)}
         with self.lock.reading():
             params, value, core = self._forward(obs, core, env_ids)
-        params, value = params.float(), value.float()
-        if core is not None:
-            core = core.float()
+        params, value, core = params.float(), value.float(), None if core is None else core.float()
         return self._actions(params, env_ids), {self.dist.field: params, "value": value}, core
 
     def _forward(self, obs, core, env_ids: np.ndarray):

@@ -22,10 +22,9 @@ padded per member for one vmapped call (``row_layout``). On the 2-core
 development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in
 one call than in 8 (``scripts/bench_population_learners.py``); on a GPU,
 where P calls are P rounds of kernel launches, it is unmeasured. A batch of
-one member's rows goes through that member's own network instead: the batch
-of a population whose members own one group each is usually one group, and
-there vmap's fixed cost made the call 3x a plain forward (32 rows: 2.3 ms
-against 0.76 ms on that CPU).
+one member's rows (usually one group) goes through that member's own network
+instead: there vmap's fixed cost made the call about 3x a plain forward
+(docs/populations.md, "Remeasured with the box to itself").
 """
 
 from __future__ import annotations
@@ -89,17 +88,13 @@ class MembersForward:
             which = torch.from_numpy(present).to(device)
             tensors = {k: v.index_select(0, which) for k, v in tensors.items()}
         src_t = None if src is None else torch.from_numpy(src).to(device)
-        padded = {k: _pad(v, src_t, per) for k, v in obs.items()}
+        # Rows [n, ...] -> [members present, per, ...], gathered by ``src`` unless already in order.
+        padded = {k: (v if src_t is None else v.index_select(0, src_t)).reshape((-1, per) + tuple(v.shape[1:]))
+                  for k, v in obs.items()}
         with autocast(device, self.precision, cache=False):
             params, values = vmap(lambda t, o: self.stack.call(t, "forward", o))(tensors, padded)
         pos_t = None if pos is None else torch.from_numpy(pos).to(device)
         return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
-
-
-def _pad(x: Tensor, src: Tensor | None, per: int) -> Tensor:
-    """Rows [n, ...] -> [members present, per, ...] (gathered by ``src`` unless already in order)."""
-    rows = x if src is None else x.index_select(0, src)
-    return rows.reshape((-1, per) + tuple(x.shape[1:]))
 
 
 def _unpad(x: Tensor, pos: Tensor | None) -> Tensor:
@@ -143,14 +138,9 @@ class MembersPolicy(ModelPolicy):
 
     def _actions(self, params, env_ids: np.ndarray):
         members = self.members_of(env_ids)
-        present = np.unique(members)
+        present = np.unique(members).tolist()
         if len(present) == 1:
-            return self.dist.sample(params, self.generators[int(present[0])])
-        out = None
-        for m in present.tolist():
-            rows = torch.from_numpy(np.flatnonzero(members == m)).to(params.device)
-            drawn = self.dist.sample(params.index_select(0, rows), self.generators[m])
-            if out is None:
-                out = drawn.new_empty((len(members),) + tuple(drawn.shape[1:]))
-            out[rows] = drawn
-        return out
+            return self.dist.sample(params, self.generators[present[0]])
+        rows = [torch.from_numpy(np.flatnonzero(members == m)).to(params.device) for m in present]
+        drawn = [self.dist.sample(params.index_select(0, r), self.generators[m]) for r, m in zip(rows, present)]
+        return torch.cat(drawn).index_select(0, torch.cat(rows).argsort())  # back in the rows' order

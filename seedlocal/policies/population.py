@@ -33,32 +33,17 @@ from seedlocal.policies.population_norm import PopulationNorm
 from seedlocal.spec import MASK_KEY
 
 
-def member_actions(out: torch.Tensor, continuous: bool, greedy: bool, action_noise: float = 0.0,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """The population's action rule, one member's network output -> its action: over a Box the output itself
-    (the env maps it onto its bounds), plus Gaussian noise of std ``action_noise`` if set; over Discrete actions
-    the argmax of the logits (``greedy``, the deep-GA convention) or a sample from their softmax."""
-    if continuous:
-        return out if not action_noise else out + action_noise * torch.randn_like(out)
-    if greedy:
-        return out.argmax(-1)
-    return Categorical.sample(out, generator)
-
-
 class Job:
-    """The episodes of one population: ``returns[m]`` (raw) and ``fitness[m]``
-    (what selection sees: the return less ``reward_shift`` per step, see
-    ``PopulationPolicy``) fill as member m's episodes end. ``stats``: the
-    observation statistics every episode of the job is normalised by (None:
-    the network has no ``obs_norm``)."""
+    """The episodes of one population: ``returns[m]`` (raw) and ``fitness[m]`` (what selection sees: the return
+    less ``reward_shift`` per step, see ``PopulationPolicy``) fill as member m's episodes end. ``stats``: the
+    observation statistics every episode of the job is normalised by (None: the network has no ``obs_norm``)."""
 
     def __init__(self, params: torch.Tensor, episodes: int, stats: torch.Tensor | None = None):
         self.params, self.stats = params, stats
-        # On CUDA the inference thread reads ``params`` and ``stats`` on its own
-        # stream: it waits for this event, recorded after the kernels that made them.
-        self.made = None
-        if params.is_cuda:
-            self.made = torch.cuda.Event()
+        # On CUDA the inference thread reads ``params`` and ``stats`` on its own stream: it waits for this event,
+        # recorded after the kernels that made them.
+        self.made = torch.cuda.Event() if params.is_cuda else None
+        if self.made is not None:
             self.made.record(torch.cuda.current_stream(params.device))
         self.episodes = episodes
         self.returns: list[list[float]] = [[] for _ in range(params.shape[0])]
@@ -69,8 +54,7 @@ class Job:
             self.done.set()
 
     def wait(self, check=None) -> list[list[float]]:
-        """Block until every episode has a return; ``check`` runs every 0.5 s
-        (it raises if the pipeline died)."""
+        """Block until every episode has a return; ``check`` runs every 0.5 s (it raises if the pipeline died)."""
         while not self.done.wait(0.5):
             if check is not None:
                 check()
@@ -81,34 +65,27 @@ class Job:
         return len(self.returns)
 
     def members_done(self) -> int:
-        """Members whose every episode has a return (read from any thread:
-        the lists only grow)."""
+        """Members whose every episode has a return (read from any thread: the lists only grow)."""
         return sum(len(r) >= self.episodes for r in self.returns)
 
 
 class PopulationPolicy(Policy):
-    """The inference loop's policy during neuroevolution (see module docstring).
-
-    ``submit`` (learner thread) posts jobs; ``plan``/``act``
-    (inference thread) run them.
-    """
+    """The inference loop's policy during neuroevolution (see module docstring): ``submit`` (learner thread) posts
+    jobs; ``plan``/``act`` (inference thread) run them."""
 
     plans = True
 
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
                  max_episode_steps: int = 0):
-        """Box actions: the network's output is the action (mapped onto the
-        env's bounds, ``envs/bounds.py``), plus Gaussian noise of std ``action_noise`` if set (Salimans et
-        al.'s MuJoCo runs). ``reward_shift`` is taken from every step's
-        reward in the fitness (not in the returns reported): ARS's removal of
-        the survival bonus on Hopper, Walker2d, Ant and Humanoid. With a
-        template that has ``obs_norm``, the population shares observation
-        statistics, gathered as it plays (``PopulationNorm``) and taken into
-        use by ``commit_obs_stats`` between generations; a job normalises by
-        the statistics committed when it was submitted.
-        ``max_episode_steps`` (0: none) ends a job's episode at that many
-        steps, scored on its return so far (see the module docstring)."""
+        """Box actions: the network's output is the action (mapped onto the env's bounds, ``envs/bounds.py``),
+        plus Gaussian noise of std ``action_noise`` if set (Salimans et al.'s MuJoCo runs). ``reward_shift`` is
+        taken from every step's reward in the fitness (not in the returns reported): ARS's removal of the survival
+        bonus on Hopper, Walker2d, Ant and Humanoid. With a template that has ``obs_norm``, the population shares
+        observation statistics, gathered as it plays (``PopulationNorm``) and taken into use by
+        ``commit_obs_stats`` between generations; a job normalises by the statistics committed when it was
+        submitted. ``max_episode_steps`` (0: none) ends a job's episode at that many steps, scored on its return
+        so far (see the module docstring)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift = action_noise, reward_shift
@@ -132,9 +109,7 @@ class PopulationPolicy(Policy):
         self.forward_envs = 0
         self.episodes_scored = 0  # evaluation episodes that ended (idle slots' episodes are not counted)
         self.episodes_capped = 0  # of those, ended by max_episode_steps
-        # Wakes the groups ``plan`` held when work arrives; the loop serving
-        # this policy connects to it (the policy never holds the loop).
-        self.unhold = Unhold()
+        self.unhold = Unhold()  # wakes the groups ``plan`` held when work arrives
 
     @classmethod
     def serving(cls, net: PolicyNet, spec, greedy: bool) -> PopulationPolicy:
@@ -153,17 +128,14 @@ class PopulationPolicy(Policy):
     # -- learner thread ---------------------------------------------------------
 
     def submit(self, params: torch.Tensor, episodes: int, front: bool = False, spare: bool = False) -> Job:
-        """Queue ``episodes`` episodes of every member (row of ``params``);
-        ``front`` puts them before the jobs already waiting; ``spare`` jobs
-        start only on slots the other jobs leave free (a generation's tail),
-        so work nobody waits for yet never delays a population."""
+        """Queue ``episodes`` episodes of every member (row of ``params``); ``front`` puts them before the jobs
+        already waiting; ``spare`` jobs start only on slots the other jobs leave free (a generation's tail), so
+        work nobody waits for yet never delays a population."""
         norm = self.forward.template.obs_norm if self.forward.norm_size else None
-        # A copy of the statistics committed now: a commit while the job plays
-        # does not reach its episodes (an ARS pair is scored under one
-        # normalisation). On CUDA it is made on this (the learner's) stream
-        # after the commit's writes and before ``Job.made`` is recorded, so the
-        # inference stream, which waits for that event, reads it whole, as the
-        # parameters; the forward reads no other copy of the statistics.
+        # A copy of the statistics committed now: a commit while the job plays does not reach its episodes (an
+        # ARS pair is scored under one normalisation). On CUDA it is made on this (the learner's) stream after the
+        # commit's writes and before ``Job.made`` is recorded, so the inference stream, which waits for that
+        # event, reads it whole, as the parameters; the forward reads no other copy of the statistics.
         job = Job(params.to(self.device), episodes, None if norm is None else self.forward.stats_of(norm))
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
@@ -177,8 +149,7 @@ class PopulationPolicy(Policy):
         return job
 
     def longest_running(self) -> int:
-        """Steps of the longest job episode still playing (0: none): what a
-        generation waits for at its end."""
+        """Steps of the longest job episode still playing (0: none): what a generation waits for at its end."""
         return int(self.steps.max(initial=0))
 
     def commit_obs_stats(self) -> None:
@@ -259,7 +230,12 @@ class PopulationPolicy(Policy):
                 self.norm.see(lambda: flatten_obs(self.forward.mlp_keys, obs, self.forward.obs_classes))
             # legal_only: the plan's and the statistics' forwards write the layers out, not PolicyNet.forward.
             out = legal_only(self.forward(slots[active], obs), obs)
-            chosen = member_actions(out, self.continuous, self.greedy, self.action_noise, self.generator)
+            # The action rule: over a Box the output itself (the env maps it onto its bounds), plus noise if set;
+            # over Discrete actions the argmax of the logits (the deep-GA convention) or a sample from their softmax.
+            if self.continuous:
+                chosen = out + self.action_noise * torch.randn_like(out) if self.action_noise else out
+            else:
+                chosen = out.argmax(-1) if self.greedy else Categorical.sample(out, self.generator)
             if len(active) < len(envs):
                 actions[idx] = chosen
             else:

@@ -9,6 +9,7 @@ consecutive slots as a view (the README's "Neuroevolution").
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -26,11 +27,10 @@ TRIAL_BATCHES = 5  # batches on which ``auto`` times every strategy before it se
 
 def _linear(params: torch.Tensor, h: torch.Tensor, w: int, out_f: int, in_f: int, b: int,
             mulsum: bool) -> torch.Tensor:
-    """Rows of ``h`` [n, in] each through its own Linear layer, whose weight
-    sits [in, out] in the slot rows ``params`` [n, size] (views: no copy):
-    a batched matmul, or (``mulsum``) a broadcast multiply summed over
-    ``in``, which a CPU runs as a few vector loops across rows of contiguous
-    ``out`` vectors where bmm makes one tiny GEMM call per row."""
+    """Rows of ``h`` [n, in] each through its own Linear layer, whose weight sits [in, out] in the slot rows
+    ``params`` [n, size] (views: no copy): a batched matmul, or (``mulsum``) a broadcast multiply summed over
+    ``in``, which a CPU runs as a few vector loops across rows of contiguous ``out`` vectors where bmm makes one
+    tiny GEMM call per row."""
     weight = params[:, w:w + out_f * in_f].view(-1, in_f, out_f)
     if mulsum:
         return torch.mul(weight, h.unsqueeze(2)).sum(1).add(params[:, b:b + out_f])
@@ -39,12 +39,10 @@ def _linear(params: torch.Tensor, h: torch.Tensor, w: int, out_f: int, in_f: int
 
 def _conv(params: torch.Tensor, x: torch.Tensor, w: int, out_c: int, in_c: int, k: int, stride: int,
           b: int) -> torch.Tensor:
-    """Images ``x`` [n, C, H, W], each through its own convolution (weight
-    [out, C, k, k] as the module holds it, in the slot rows): one grouped
-    convolution, a group per row. On the 2-core machine that ran the Nature
-    torso's three layers 1.8x faster than a batched matmul over unfolded
-    patches (32 rows: 10.9 vs 19.1 ms) and MinAtar's one layer as fast (0.2
-    ms); the weights, 2-8% of a row, are copied into the grouped layout."""
+    """Images ``x`` [n, C, H, W], each through its own convolution (weight [out, C, k, k] as the module holds it,
+    in the slot rows): one grouped convolution, a group per row. On the 2-core machine that ran the Nature torso's
+    three layers 1.8x faster than a batched matmul over unfolded patches (32 rows: 10.9 vs 19.1 ms) and MinAtar's
+    one layer as fast (0.2 ms); the weights, 2-8% of a row, are copied into the grouped layout."""
     n, _, height, width = x.shape
     weight = params[:, w:w + out_c * in_c * k * k].reshape(n * out_c, in_c, k, k)
     y = F.conv2d(x.reshape(1, n * in_c, height, width), weight, params[:, b:b + out_c].reshape(-1), stride=stride,
@@ -53,13 +51,11 @@ def _conv(params: torch.Tensor, x: torch.Tensor, w: int, out_c: int, in_c: int, 
 
 
 def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
-    """The network as plain layers, when ``template`` is a PolicyNet whose
-    torso is a chain of Conv2d (no padding, no dilation, one group), Flatten
-    and Linear layers with elementwise activations (the MLP, MinAtar and
-    Nature torsos): [("conv", weight offset, out, in, k, stride, bias
-    offset, activation) | ("flatten",) | ("linear", weight offset, out, in,
-    bias offset, activation)]. Else None (the IMPALA ResNet's residual
-    blocks): those networks get vmap and loop only."""
+    """The network as plain layers, when ``template`` is a PolicyNet whose torso is a chain of Conv2d (no padding,
+    no dilation, one group), Flatten and Linear layers with elementwise activations (the MLP, MinAtar and Nature
+    torsos): [("conv", weight offset, out, in, k, stride, bias offset, activation) | ("flatten",) | ("linear",
+    weight offset, out, in, bias offset, activation)]. Else None (the IMPALA ResNet's residual blocks): those
+    networks get vmap and loop only."""
     if not isinstance(template, PolicyNet) or template.kind == MULTI:  # a MULTI torso is no chain of layers
         return None
     leaves = [(n, m) for n, m in template.encoder.named_modules()
@@ -99,38 +95,29 @@ def strategies(template: nn.Module, plan: list | None = None) -> tuple[str, ...]
 
 def _offsets(template: nn.Module) -> dict[str, int]:
     """Where each parameter starts in the network's flat vector."""
-    offsets, o = {}, 0
-    for name, p in template.named_parameters():
-        offsets[name] = o
-        o += p.numel()
-    return offsets
+    names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
+    return dict(zip(names, itertools.accumulate(sizes, initial=0)))
 
 
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
-    Strategies (the README's "Neuroevolution" describes them; a network's
-    candidates are ``strategies(template)``): ``bmm`` (plain layers, see
-    ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``. ``auto`` runs every
-    candidate on each of its first few batches and keeps the lowest median
-    time (``scripts/bench_population.py`` times them all).
+    Strategies (the README's "Neuroevolution" describes them; a network's candidates are ``strategies(template)``):
+    ``bmm`` (plain layers, see ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``. ``auto`` runs every
+    candidate on each of its first few batches and keeps the lowest median time (``scripts/bench_population.py``
+    times them all).
 
-    Slot rows hold each Linear weight transposed, [in, out]: a row's product is
-    then a vector-matrix product over contiguous ``out`` vectors. On the
-    2-core development machine (P = 256 CartPole MLPs, 12-100% of slots
-    active) that made ``bmm`` 1.5-3.7x faster and the best strategy
-    1.0-2.2x faster than the [out, in] layout.
+    Slot rows hold each Linear weight transposed, [in, out]: a row's product is then a vector-matrix product over
+    contiguous ``out`` vectors. On the 2-core development machine (P = 256 CartPole MLPs, 12-100% of slots active)
+    that made ``bmm`` 1.5-3.7x faster and the best strategy 1.0-2.2x faster than the [out, in] layout.
 
-    With a template that has ``obs_norm``, a row also holds, after the
-    parameters, the observation mean and scale its job was submitted with
-    (``stats_of``): every step of a job normalises by one set of statistics,
-    whatever the population's shared ones become meanwhile, and the forward
-    reads them from the same views as the weights.
+    With a template that has ``obs_norm``, a row also holds, after the parameters, the observation mean and scale
+    its job was submitted with (``stats_of``): every step of a job normalises by one set of statistics, whatever
+    the population's shared ones become meanwhile, and the forward reads them from the same views as the weights.
     """
 
     def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
                  strategy: str = "auto"):
-        device = torch.device(device)
         self.template = template.to(device)
         self.layout = [(name, p.shape, p.numel()) for name, p in template.named_parameters()]
         offsets = _offsets(template)
@@ -159,9 +146,9 @@ class PopulationForward:
         # Read once: the forward never reads the template's obs_norm, which the learner swaps at each commit.
         self.norm_clip = 0.0 if norm is None else norm.clip
         self.slots = torch.zeros(num_slots, self.size + 2 * self.norm_size, device=device)
-        self.obs_keys = list(getattr(template, "obs_keys", [""]))
         # What the MLP reads (a MULTI torso's vector fields), flat, and what obs_norm normalises.
-        self.mlp_keys = list(getattr(getattr(template, "encoder", None), "vector_keys", self.obs_keys))
+        self.mlp_keys = list(getattr(getattr(template, "encoder", None), "vector_keys",
+                                     getattr(template, "obs_keys", [""])))
         self.obs_classes = getattr(getattr(template, "encoder", None), "classes", None)  # Discrete fields: one-hot
 
     def to_slots(self, params: torch.Tensor) -> torch.Tensor:
@@ -175,9 +162,8 @@ class PopulationForward:
 
     def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor,
              stats: torch.Tensor | None = None) -> None:
-        """Slot ``slot_ids[i]`` now plays member ``members[i]`` of ``params``,
-        normalising by ``stats`` (``stats_of``; default: the template's
-        statistics now): one copy per job."""
+        """Slot ``slot_ids[i]`` now plays member ``members[i]`` of ``params``, normalising by ``stats``
+        (``stats_of``; default: the template's statistics now): one copy per job."""
         rows = self.to_slots(params.index_select(0, members))
         if self.norm_size:
             if stats is None:
@@ -195,8 +181,8 @@ class PopulationForward:
             return self._forward(self.strategy, slot_ids, obs)
         if len(slot_ids) < 8:  # too small to time fairly
             return self._forward(self.candidates[0], slot_ids, obs)
-        # A trial batch: every candidate on the same rows (in turn first, so
-        # none always gets the warm caches), until each has TRIAL_BATCHES timings.
+        # A trial batch: every candidate on the same rows (in turn first, so none always gets the warm caches),
+        # until each has TRIAL_BATCHES timings.
         k = len(self._trials[self.candidates[0]])
         order = self.candidates[k % len(self.candidates):] + self.candidates[:k % len(self.candidates)]
         for c in order:
@@ -235,8 +221,7 @@ class PopulationForward:
         return torch.stack([self._one(params[i], {k: v[i] for k, v in obs.items()}) for i in range(len(params))])
 
     def _plan_forward(self, params: torch.Tensor, obs: dict[str, torch.Tensor], mulsum: bool) -> torch.Tensor:
-        """Each row through its own network, layer by layer (``self.plan``),
-        every weight a view of the slot rows ``params``."""
+        """Each row through its own network, layer by layer (``self.plan``), every weight a view of ``params``."""
         if self.plan[0][0] == "conv":
             h = obs[""]
             if getattr(self.template.encoder, "hwc", False):
@@ -272,10 +257,9 @@ class PopulationForward:
         tensors = self.unflatten(flat)
         if not self.norm_size:
             return functional_call(self.template, tensors, (x,)).squeeze(0)
-        # A PolicyNet's MLP input (only MLPs have obs_norm: the whole torso's,
-        # or a MULTI torso's beside its convolutions), normalised by the row's
-        # statistics and then through its layers: functional_call would patch
-        # the template's obs_norm, which the learner thread reads and swaps.
+        # A PolicyNet's MLP input (only MLPs have obs_norm: the whole torso's, or a MULTI torso's beside its
+        # convolutions), normalised by the row's statistics and then through its layers: functional_call would
+        # patch the template's obs_norm, which the learner thread reads and swaps.
         o, d = self.size, self.norm_size
         h = normalise(flatten_obs(self.mlp_keys, x, self.obs_classes), flat[o:o + d], flat[o + d:o + 2 * d],
                       self.norm_clip)

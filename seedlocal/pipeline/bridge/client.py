@@ -161,11 +161,7 @@ class _Session:
 
     def _requests(self):
         delay = self.cfg.delay_ms / 1e3
-        while True:
-            item = self.out.get()
-            if item is None:
-                return
-            sent, msg = item
+        for sent, msg in iter(self.out.get, None):
             if delay:  # a constant delay keeps the order, so waiting for the head of the queue is enough
                 time.sleep(max(0.0, sent + delay - time.perf_counter()))
             yield msg
@@ -288,13 +284,12 @@ class _Session:
         """Until the stream ends (the reader thread says why) or the learner is silent for answer_timeout_s:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
-        pool = self.pool
         self.reader = threading.Thread(target=self._read, args=(call, groups), daemon=True)
         self.heard = t_stats = t_line = time.monotonic()  # what came while the workers started is read now
         self.reader.start()
         steps = steps_line = 0
         while self.ended is None:
-            pool.obs_ready.wait(0.1)
+            self.pool.obs_ready.wait(0.1)
             steps += self._send_ready_groups(groups, spec)
             now = time.monotonic()
             if now - self.heard > self.cfg.answer_timeout_s:
@@ -319,12 +314,11 @@ class _Session:
         for i in np.flatnonzero((state == OBS_READY) & ~groups.in_flight).tolist():
             if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
                 continue
-            first = trow[i] == 0
+            kind = wire.FIRST if trow[i] == 0 else wire.STEP
             arrays = {k: store[obs_key(k)][i, trow[i]] for k in spec.obs}
-            if not first:
+            if kind == wire.STEP:
                 arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
                 steps += groups.layout.envs
-            kind = wire.FIRST if first else wire.STEP
             groups.seqs[i] += 1
             msg = wire.pack(kind, groups.ids[i], groups.epochs[i], int(groups.seqs[i]),
                             groups.layout.encode(kind, arrays))
@@ -335,11 +329,10 @@ class _Session:
 
     def _each_second(self) -> None:
         """Stop if a worker died (the learner restarts its envs elsewhere); else send the round trip."""
-        pool = self.pool
-        if pool.dead_workers():
-            w = pool.dead_workers()[0]
-            raise HostStopped(f"{pool.describe_exit(w)}; disconnecting so that the learner "
-                              "restarts these envs", 1)
+        dead = self.pool.dead_workers()
+        if dead:
+            raise HostStopped(f"{self.pool.describe_exit(dead[0])}; disconnecting so that the learner restarts these "
+                              "envs", 1)
         p50, p99 = self._rtt_ms()
         self._put(wire.pack_json(wire.STATS, {"rtt_ms_p50": p50, "rtt_ms_p99": p99}))
 
@@ -400,13 +393,8 @@ class _Session:
                 if i is None or h.kind not in (wire.ACTION, wire.RESET):
                     raise wire.WireError(f"unexpected {wire.KIND_NAMES[h.kind]} for group {h.group}")
                 if h.kind == wire.ACTION:
-                    layout_action = store["action"][i, 0]
-                    layout_action[...] = np.frombuffer(payload, layout_action.dtype).reshape(layout_action.shape)
-                    trow[i] = 1
-                    state[i] = ACTION_READY
-                else:
-                    trow[i] = 0
-                    state[i] = RESET
+                    store["action"][i, 0] = groups.layout.decode(wire.ACTION, payload)["action"]
+                trow[i], state[i] = (1, ACTION_READY) if h.kind == wire.ACTION else (0, RESET)
                 self.rtts.append((time.perf_counter() - groups.sent_at[i]) * 1e3)
                 groups.in_flight[i] = False
                 pool.wake[i].post()  # release: publishes the action row and state
@@ -460,17 +448,14 @@ def run(cfg: ActorsConfig, describe) -> int:
         session = _Session(cfg, token, describe)
         try:
             session.run()
-        except KeyboardInterrupt:
-            print("\nseedlocal actors: interrupted; disconnected (the learner restarts these envs elsewhere)",
-                  file=sys.stderr, flush=True)
-            return 130
-        except SystemExit as e:
+        except (KeyboardInterrupt, SystemExit) as e:
             signum = getattr(e, "signum", None)  # SIGTERM or SIGHUP, raised as cli.Stopped
-            if signum is None:
+            if isinstance(e, SystemExit) and signum is None:
                 raise
-            print(f"\nseedlocal actors: stopped by {signal.Signals(signum).name}; disconnected (the learner "
-                  "restarts these envs elsewhere)", file=sys.stderr, flush=True)
-            return e.code
+            how = "interrupted" if signum is None else f"stopped by {signal.Signals(signum).name}"
+            print(f"\nseedlocal actors: {how}; disconnected (the learner restarts these envs elsewhere)",
+                  file=sys.stderr, flush=True)
+            return e.code if signum is not None else 130
         except HostStopped as e:
             print(f"seedlocal actors: {e}", file=sys.stderr if e.code else sys.stdout, flush=True)
             return e.code

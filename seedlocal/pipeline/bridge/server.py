@@ -24,14 +24,10 @@ acknowledges with ``group_lost_ack[g]`` plus a wake token. Only then can
 another host take them, starting with fresh episodes, so no step from
 before the loss is stitched to one after it.
 
-A host is let in only once it has proven the learner's token (when there is
-one; ``wire`` describes the exchange); the learner then proves it back in
-its ASSIGN, and the token itself never travels. What a peer that has proven
-nothing can make the server hold is bounded (docs/multihost.md, "Limits"):
-a message by ``wire.largest_from_host`` (gRPC refuses a longer one unread),
-a handshake message by HANDSHAKE_BYTES; streams by one per connection and
-``handshakes_per_peer`` per address in the handshake; time by HANDSHAKE_S
-(keepalive alone would keep a silent stream open for good).
+A host is let in only once it has proven the learner's token, where there is
+one (``wire`` describes the exchange). What a peer that has proven nothing
+can make the server hold is bounded (``_grpc_server``; docs/multihost.md,
+"Limits", says why each limit is what it is).
 """
 
 from __future__ import annotations
@@ -65,25 +61,22 @@ _KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 
 # the host connects only to the learner it was pointed at, verified by TLS or the token before it uses a word.
 CHANNEL_OPTIONS = _KEEPALIVE + [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
                                 ("grpc.use_local_subchannel_pool", 1)]
-# How long the goodbye waits for each host to close its side (it does once it
-# has read the goodbye), so that the connection is not closed under a
-# goodbye not yet read; ActorPool.close() gives the server this and more.
+# How long the goodbye waits for each host to close its side (it does once it has read the goodbye), so that the
+# connection is not closed under a goodbye not yet read; ActorPool.close() gives the server this and more.
 GOODBYE_S = 2.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
-# A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty
-# on any network, and a peer that has not proven itself by then is cut off.
+# A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty on any network, and a peer that has
+# not proven itself by then is cut off (keepalive alone would keep a silent stream open for good).
 HANDSHAKE_S = 5.0
 
 
 def remote_seed(base: int, assignment: int, first_index: int, shape: PipelineShape) -> int:
-    """The seed of a host's ``assignment``-th envs, whose first group is
-    ``first_index`` among the remote groups: the host seeds its env j with
-    this + j. They sit after the local envs in the block of seeds of this
-    rank and start (``PipelineShape.seed_block``, the assignment counted as
-    a start), at the offset of the host's first group, as a local worker's
-    do: no two assignments, no local worker's restart and no other rank
-    share a seed. The blocks wrap within [0, SEED_END - block), so seed + j
-    always fits envpool's int32 however often hosts reconnect."""
+    """The seed of a host's ``assignment``-th envs, whose first group is ``first_index`` among the remote groups:
+    the host seeds its env j with this + j. They sit after the local envs in the block of seeds of this rank and
+    start (``PipelineShape.seed_block``, the assignment counted as a start), at the offset of the host's first
+    group, as a local worker's do: no two assignments, no local worker's restart and no other rank share a seed.
+    The blocks wrap within [0, SEED_END - block), so seed + j always fits envpool's int32 however often hosts
+    reconnect."""
     offset = shape.num_local_envs + first_index * shape.envs_per_group
     return wrap_seed(base + shape.seed_block(assignment) + offset, shape.num_envs)
 
@@ -114,8 +107,7 @@ class ServerArgs:
 
 
 def log(msg: str) -> None:
-    # One write per line: print writes the newline apart, and the lines of
-    # streams cut off at the same moment ran together.
+    # One write per line: print writes the newline apart, and the lines of streams cut off at once ran together.
     sys.stderr.write(f"seedlocal bridge: {msg}\n")
     sys.stderr.flush()
 
@@ -177,8 +169,8 @@ class BridgeServer:
                     continue  # a stale token
                 g.seq += 1
                 if state == ACTION_READY:
-                    action = self.store["action"][self._tbuf[g.gid], self._trow[g.gid] - 1]
-                    msg = wire.pack(wire.ACTION, g.gid, g.epoch, g.seq, np.ascontiguousarray(action).tobytes())
+                    action = {"action": self.store["action"][self._tbuf[g.gid], self._trow[g.gid] - 1]}
+                    msg = wire.pack(wire.ACTION, g.gid, g.epoch, g.seq, self.layout.encode(wire.ACTION, action))
                     g.expect = wire.STEP
                 else:
                     msg = wire.pack(wire.RESET, g.gid, g.epoch, g.seq)
@@ -203,8 +195,7 @@ class BridgeServer:
         if g is None or g.host is not host:
             raise wire.WireError(f"message for group {h.group}, which this host does not own")
         arrays = self.layout.decode(h.kind, payload)
-        bad = wire.check_finite(arrays)
-        if bad is not None:
+        if (bad := wire.check_finite(arrays)) is not None:
             raise wire.WireError(f"non-finite values in {bad or 'obs'} of group {h.group}")
         with g.lock:
             if h.epoch != g.epoch:
@@ -441,14 +432,6 @@ def _expect(requests, kind: int) -> dict:
     return wire.unpack_json(payload)
 
 
-def _credentials(a: ServerArgs):
-    import grpc
-
-    if not a.tls_cert:
-        return None
-    return grpc.ssl_server_credentials([(Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes())])
-
-
 def _on_sigterm(a: ServerArgs, made: list):
     """SIGTERM ends this process at once only when there is no goodbye left to say: the learner died
     (PR_SET_PDEATHSIG: a crash, so the hosts wait for a resume), or the goodbye is out and ActorPool.close()
@@ -464,21 +447,33 @@ def _on_sigterm(a: ServerArgs, made: list):
     return handler
 
 
-def _bind_error(host: str, port: int) -> str:
-    """The system's reason a listening address cannot be bound (gRPC's own error says only "Failed to bind",
-    its reason going to its log), or "" where a plain socket binds it."""
+def _listen(server, a: ServerArgs) -> tuple[int, str]:
+    """Open ``server``'s port where ``a`` says: (the port, "") or (0, why not). Where gRPC's own error says only
+    "Failed to bind" (its reason going to its log), a plain socket's bind gives the system's reason."""
+    import grpc
     import socket
 
+    address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
+    creds = grpc.ssl_server_credentials([(Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes())]) \
+        if a.tls_cert else None
+    why = ""
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, port))
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError as e:
+        port, why = 0, str(e)
+    if port:
+        return port, why
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET) as s:
+            s.bind((a.host, a.port))
     except OSError as e:
-        return e.strerror or str(e)
-    return ""
+        why = e.strerror or str(e)
+    return 0, f"cannot listen on {address}: {why or 'address in use or not local'}"
 
 
 def _grpc_server(srv: BridgeServer):
-    """A gRPC server for ``srv``'s one RPC, with its limits (see the module's docstring); not yet listening."""
+    """A gRPC server for ``srv``'s one RPC, with its limits (docs/multihost.md, "Limits"), not yet listening. Each
+    handshake is held to HANDSHAKE_S by ``_handshake``, each of its messages to wire.HANDSHAKE_BYTES by ``_expect``."""
     import grpc
 
     handler = grpc.stream_stream_rpc_method_handler(srv.stream)
@@ -506,24 +501,16 @@ def run_bridge_server(a: ServerArgs) -> None:
     from seedlocal.pipeline.worker import _die_with_parent
 
     _die_with_parent()
-    # gRPC core logs each failed handshake (a host without --tls-ca) on
-    # stderr at info level; the hosts are told why, the learner need not be.
+    # gRPC core logs each failed handshake (a host without --tls-ca) on stderr; the hosts are told why.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     code = 0
     try:
         srv = BridgeServer(a)
         made.append(srv)
         server = _grpc_server(srv)
-        address = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
-        creds = _credentials(a)
-        err = ""
-        try:
-            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-        except RuntimeError as e:
-            port, err = 0, str(e)
+        port, why = _listen(server, a)
         if not port:
-            why = _bind_error(a.host, a.port) or err or "address in use or not local"
-            a.started.send(("error", f"cannot listen on {address}: {why}"))
+            a.started.send(("error", why))
             return
         server.start()
         for g in srv.groups.values():
@@ -554,10 +541,8 @@ class BridgeMeter:
     """The learner's ``bridge/`` scalars, read from the control block the server writes."""
 
     def __init__(self, control):
-        self.c = control
-        self.t = time.monotonic()
-        self.steps = control["host_steps"].copy()
-        self.bytes = control["host_bytes"].copy()
+        self.c, self.t = control, time.monotonic()
+        self.steps, self.bytes = control["host_steps"].copy(), control["host_bytes"].copy()
 
     def scalars(self) -> dict[str, float]:
         c, now = self.c, time.monotonic()

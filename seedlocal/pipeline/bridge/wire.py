@@ -25,9 +25,7 @@ Each array is the numpy buffer as is (native byte order, little-endian on
 every platform seedlocal runs on); nothing is compressed.
 
 Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry
-UTF-8 JSON in the payload instead; a host keeps each of its own within
-HANDSHAKE_BYTES, so the largest message a host sends in a run is a STEP or
-that (:func:`largest_from_host`), and the learner lets gRPC take no more. A learner with a token and its host prove
+UTF-8 JSON in the payload instead. A learner with a token and its host prove
 to each other that they hold it, and neither sends the token itself:
 
     host     HELLO      {nonce: Nh, ...}
@@ -70,7 +68,7 @@ KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "
 # The step fields of a STEP message, in order (the unroll store's names).
 STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
 # A host's HELLO, PROOF and STATS are a few hundred bytes at most, and it cuts its REFUSE to fit: the learner
-# refuses a bigger handshake message before it parses it.
+# refuses a bigger handshake message before it parses it, and gRPC any message over ``largest_from_host``.
 HANDSHAKE_BYTES = 4096
 # How long the learner's end stays silent to a host at most: it sends ALIVE when nothing else went out.
 ALIVE_S = 1.0
@@ -170,33 +168,29 @@ class GroupLayout:
     obs: dict[str, TensorSpec]
     action: TensorSpec
 
-    def _fields(self, with_step: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    def _fields(self, kind: int) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """The arrays of a FIRST, STEP or ACTION payload, in order: (name, shape, dtype)."""
+        if kind == ACTION:
+            return [("action", (self.envs,) + self.action.shape, np.dtype(self.action.dtype))]
         out = [(k, (self.envs,) + s.shape, np.dtype(s.dtype)) for k, s in self.obs.items()]
-        if with_step:
+        if kind == STEP:
             out += [(k, (self.envs,), np.dtype(STEP_FIELDS[k])) for k in STEP_ORDER]
         return out
 
     def size(self, kind: int) -> int:
-        if kind == ACTION:
-            return self.envs * int(np.prod(self.action.shape, dtype=np.int64)) * np.dtype(self.action.dtype).itemsize
-        if kind in (FIRST, STEP):
-            return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, s, d in self._fields(kind == STEP))
-        return 0
+        return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, s, d in self._fields(kind))
 
     def encode(self, kind: int, arrays: dict[str, np.ndarray]) -> bytes:
-        """FIRST/STEP payload from arrays keyed by obs key and step field names."""
-        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d in self._fields(kind == STEP))
+        """FIRST/STEP/ACTION payload from arrays keyed by obs key, step field names and "action"."""
+        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d in self._fields(kind))
 
     def decode(self, kind: int, payload: memoryview) -> dict[str, np.ndarray]:
         """Zero-copy views of a FIRST/STEP/ACTION payload; checks its size."""
         want = self.size(kind)
         if len(payload) != want:
             raise WireError(f"{KIND_NAMES[kind]} payload of {len(payload)} bytes, expected {want}")
-        if kind == ACTION:
-            return {"action": np.frombuffer(payload, np.dtype(self.action.dtype)).reshape(
-                (self.envs,) + self.action.shape)}
         out, offset = {}, 0
-        for k, shape, dtype in self._fields(kind == STEP):
+        for k, shape, dtype in self._fields(kind):
             n = int(np.prod(shape, dtype=np.int64))
             out[k] = np.frombuffer(payload, dtype, count=n, offset=offset).reshape(shape)
             offset += n * dtype.itemsize
@@ -224,7 +218,4 @@ def largest_from_host(layout: GroupLayout) -> int:
 
 def check_finite(arrays: dict[str, np.ndarray]) -> str | None:
     """The name of the first float array holding NaN or inf, or None."""
-    for k, a in arrays.items():
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            return k
-    return None
+    return next((k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()), None)
