@@ -46,6 +46,4 @@ class EnvpoolGroup:
         return np.asarray(self._env.render())[0]
 
     def close(self) -> None:
-        close = getattr(self._env, "close", None)
-        if close is not None:
-            close()
+        self._env.close()

@@ -112,7 +112,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         obs_space, act_space = env.observation_space, env.action_space
         frames = int(getattr(env.spec.config, "frame_skip", 1))
         info_mask = None  # envpool's envs have no action masks
-        env.close() if hasattr(env, "close") else None
+        env.close()
     else:
         import gymnasium
 
