@@ -1,14 +1,12 @@
-"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph).
+"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph says what
+each kind of env needs to draw them).
 
-The episode recorded is the one the policy plays: one env of the policy's
-own backend, made to render as well (``make_group(..., render=True)``), so
-the network gets its usual observations while the video gets the env's
-colour frames. Without a display MuJoCo needs a headless OpenGL context
-(``MUJOCO_GL``: egl here by default, or osmesa). An env that cannot render is
-no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
-an image env that only lacks ``render()`` is recorded from its observations.
-A GIF shows at most 50 frames a second (browsers slow shorter delays), so a
-faster env is drawn every k-th step only, which also spares the renderer.
+The episode recorded is the one the policy plays: one env of the policy's own backend, made to render as well
+(``make_group(..., render=True)``), so the network gets its usual observations while the video gets the env's
+frames. An env that cannot render is no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
+an image env that only lacks ``render()`` is recorded from its observations. A GIF shows at most 50 frames a
+second (browsers slow shorter delays), so a faster env is drawn every k-th step only, which also spares the
+renderer.
 """
 
 from __future__ import annotations
@@ -78,12 +76,6 @@ def _envpool_family(spec: EnvSpec) -> str:
     return str(entry[0]) if entry else ""
 
 
-def draws_with_opengl(spec: EnvSpec) -> bool:
-    """envpool's MuJoCo and dm_control envs draw into the caller's OpenGL
-    context (MuJoCo exits the process if there is none: it must be made first)."""
-    return _envpool_family(spec).startswith("envpool.mujoco")
-
-
 def steps_per_second(spec: EnvSpec) -> float:
     """Env steps in one second of the real thing: an Atari console's 60 frames
     over the frame skip, else the Gymnasium twin's ``render_fps`` (MuJoCo:
@@ -132,19 +124,18 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     every = max(1, math.ceil(fps / MAX_FPS - 1e-9))
     try:
         env = make_group(spec, 1, 1, seed, render=True)
+        draw = env.render
     except Exception as e:
         if not image_obs:
             raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
-    else:
-        draw = env.render
     try:
         env.reset()
         obs, *_ = env.recv()
         if draw is not None:
             try:
-                if draws_with_opengl(spec):
-                    _headless_gl()
+                if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
+                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
                 first = _frame(draw())
             except RenderUnavailable:
                 raise
