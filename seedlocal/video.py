@@ -77,9 +77,8 @@ def _envpool_family(spec: EnvSpec) -> str:
 
 
 def steps_per_second(spec: EnvSpec) -> float:
-    """Env steps in one second of the real thing: an Atari console's 60 frames
-    over the frame skip, else the Gymnasium twin's ``render_fps`` (MuJoCo:
-    1 / dt), else ``DEFAULT_FPS``."""
+    """Env steps in one second of the real thing: an Atari console's 60 frames over the frame skip, else the
+    Gymnasium twin's ``render_fps`` (MuJoCo: 1 / dt), else ``DEFAULT_FPS``."""
     if _envpool_family(spec).startswith("envpool.atari"):
         return 60.0 / max(1, spec.frames_per_step)
     try:
