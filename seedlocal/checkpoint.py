@@ -89,12 +89,10 @@ def lock_run(run_dir: Path):
 def _signals_held():
     """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after it: an exception raised inside
     torch.save would abandon a half-written zip and report a crash where the user asked for a clean stop."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held: list[int] = []
     previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    main = threading.current_thread() is threading.main_thread()  # the only thread that may set handlers
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main else ():
         if signal.getsignal(sig) not in (signal.SIG_IGN, None):
             previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
     try:

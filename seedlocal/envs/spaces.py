@@ -107,8 +107,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
                 raise ValueError(f"env.frame_stack={frame_stack}: {env_id} does not take it ({e})") from None
             raise ValueError(f"env.id={env_id!r}: envpool could not make it ({type(e).__name__}: {e})") from None
         obs_space, act_space = env.observation_space, env.action_space
-        frames = int(getattr(env.spec.config, "frame_skip", 1))
-        info_mask = None  # envpool's envs have no action masks
+        frames, info_mask = int(getattr(env.spec.config, "frame_skip", 1)), None  # envpool's have no action masks
         env.close()
     else:
         import gymnasium
@@ -118,8 +117,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         except Exception as e:  # the user's own constructor: name it, in one line
             raise ValueError(f"env.id={env_id!r}: making the env raised {type(e).__name__}: {e}") from None
         obs_space, act_space = env.observation_space, env.action_space
-        frames = 1
-        info_mask = _info_mask(env, obs_space, act_space)
+        frames, info_mask = 1, _info_mask(env, obs_space, act_space)
         _close_quietly(env)
     try:
         obs, classes = _obs_spec(obs_space)
