@@ -40,8 +40,8 @@ class RenderUnavailable(Exception):
     """This env cannot draw frames here; the message says why and what to install."""
 
 
-def _headless_gl(width: int = 480, height: int = 480) -> None:
-    """Make an OpenGL context current (MuJoCo through envpool draws into the caller's)."""
+def _headless_gl() -> None:
+    """Make an OpenGL context current (MuJoCo through envpool draws into the caller's), 480 x 480."""
     if _GL:
         _GL[0].make_current()
         return
@@ -51,7 +51,7 @@ def _headless_gl(width: int = 480, height: int = 480) -> None:
 
         # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
         module = importlib.import_module(f"mujoco.{backend}" if backend in ("egl", "osmesa", "glfw") else "mujoco")
-        ctx = module.GLContext(width, height)
+        ctx = module.GLContext(480, 480)
         ctx.make_current()
     except Exception as e:
         raise RenderUnavailable(f"no OpenGL context for MuJoCo ({type(e).__name__}: {e}); install the mujoco "
@@ -185,12 +185,12 @@ def _observed(obs: dict) -> np.ndarray:
     return np.asarray(x[-1] if x.shape[0] <= 16 else x[..., -1], dtype=np.uint8)
 
 
-def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
-    """An animated GIF playing ``frames`` at ``fps`` (default: the clip's own real-time rate, ``video.Clip``;
-    else 30); frame delays are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
+def encode_gif(frames: list[np.ndarray]) -> tuple[bytes, int, int]:
+    """An animated GIF playing ``frames`` at their real-time rate (a ``Clip``'s; else ``DEFAULT_FPS``); frame delays
+    are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
     from PIL import Image
 
-    fps = float(fps or getattr(frames, "fps", 30.0))
+    fps = float(getattr(frames, "fps", DEFAULT_FPS))
     ends = np.maximum(np.round(np.arange(1, len(frames) + 1) * 100.0 / fps), 2 * np.arange(1, len(frames) + 1))
     durations = (np.diff(ends, prepend=0.0) * 10).astype(int).tolist()  # centiseconds -> ms, each >= 20
     imgs = (Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames)  # one at a time: frames can be large

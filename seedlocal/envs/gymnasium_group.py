@@ -27,8 +27,6 @@ def quiet_gymnasium() -> None:
 
 
 class GymnasiumGroup:
-    """Plain Gymnasium envs stepped in turn by the worker itself, with envpool's next-step auto-reset."""
-
     def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
         import gymnasium
