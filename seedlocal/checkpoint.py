@@ -126,7 +126,7 @@ def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save
                 write_json(Path(run_dir) / "summary.json", summary)  # what a program reads of a finished run
 
 
-def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
+def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> None:
     bad = _non_finite(state)
     if bad:
         last = newest(run_dir)
@@ -149,7 +149,6 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
         if keep > 0:
             for old in all_checkpoints(folder)[:-keep]:
                 old.unlink(missing_ok=True)
-    return path
 
 
 def set_aside_later(run_dir: Path, resumed_from: str | Path) -> str | None:
@@ -185,14 +184,13 @@ def newest(run_dir: Path) -> str | None:
     return str(found[-1]) if found else None
 
 
-def write_json(path: str | Path, data: dict) -> Path:
+def write_json(path: str | Path, data: dict) -> None:
     """``data`` as strict JSON at ``path`` (its folder made), written atomically: a NaN or inf (a diverged
     run) is written as null."""
     text = json.dumps(_finite_or_none(data), indent=2, allow_nan=False) + "\n"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(path, lambda f: f.write(text.encode()))
-    return path
 
 
 def _write_atomically(path: Path, write) -> None:
