@@ -89,12 +89,10 @@ def lock_run(run_dir: Path):
 def _signals_held():
     """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after it: an exception raised inside
     torch.save would abandon a half-written zip and report a crash where the user asked for a clean stop."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held: list[int] = []
     previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    main = threading.current_thread() is threading.main_thread()  # the only thread that may set handlers
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main else ():
         if signal.getsignal(sig) not in (signal.SIG_IGN, None):
             previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
@@ -107,19 +105,14 @@ def _signals_held():
         signal.raise_signal(held[0])
 
 
-def unwritable(failure: BaseException | None) -> bool:
-    """A run stopping because its folder cannot be written (a full disk, a read-only or failing one): its last
-    checkpoint and summary would fail the same way, and their error would hide this one (which names the newest
-    checkpoint that was saved)."""
-    return isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
-
-
 def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save, results, last_log=None) -> None:
     """A trainer's last writes, in an order none of them can skip another: the final interval's scalars
     (``last_log``), the checkpoint (``save``; None for a run that never stepped), then ``summary`` updated with
     ``results()`` (after the save, so it names the newest checkpoint) and written. No files when the run is
-    stopping because its folder cannot be written (``unwritable``): they would fail the same way and hide why."""
-    writable = not unwritable(failure)
+    stopping because its folder cannot be written: they would fail the same way, and their error would hide this
+    one (which names the newest checkpoint that was saved)."""
+    unwritable = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)  # a full disk, a read-only or failing one
+    writable = not (isinstance(failure, OSError) and failure.errno in unwritable)
     try:
         if last_log is not None:
             last_log()
@@ -133,7 +126,7 @@ def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save
                 write_json(Path(run_dir) / "summary.json", summary)  # what a program reads of a finished run
 
 
-def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> Path:
+def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> None:
     bad = _non_finite(state)
     if bad:
         last = newest(run_dir)
@@ -146,13 +139,9 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
     for stale in folder.glob(".tmp-*.pt"):  # left by a process killed mid-write (the run lock is ours)
         stale.unlink(missing_ok=True)
     path = folder / f"ckpt_{steps:012d}_{frames}.pt"
-
-    def write(f) -> None:
-        torch.save({"format": FORMAT, **state}, f)
-
     with _signals_held():
         try:
-            _write_atomically(path, write, binary=True)
+            _write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f))
         except OSError as e:
             last = newest(run_dir)
             raise OSError(e.errno, f"{e.strerror}; checkpoint not saved"
@@ -160,7 +149,6 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
         if keep > 0:
             for old in all_checkpoints(folder)[:-keep]:
                 old.unlink(missing_ok=True)
-    return path
 
 
 def set_aside_later(run_dir: Path, resumed_from: str | Path) -> str | None:
@@ -196,24 +184,20 @@ def newest(run_dir: Path) -> str | None:
     return str(found[-1]) if found else None
 
 
-def write_json(path: str | Path, data: dict) -> Path:
+def write_json(path: str | Path, data: dict) -> None:
     """``data`` as strict JSON at ``path`` (its folder made), written atomically: a NaN or inf (a diverged
     run) is written as null."""
-    def write(f) -> None:
-        json.dump(_finite_or_none(data), f, indent=2, allow_nan=False)
-        f.write("\n")
-
+    text = json.dumps(_finite_or_none(data), indent=2, allow_nan=False) + "\n"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, write, binary=False)
-    return path
+    _write_atomically(path, lambda f: f.write(text.encode()))
 
 
-def _write_atomically(path: Path, write, binary: bool) -> None:
-    """``write(file)`` into a temporary file beside ``path``, synced, then renamed over it."""
+def _write_atomically(path: Path, write) -> None:
+    """``write(binary file)`` into a temporary file beside ``path``, synced, then renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
-        with os.fdopen(fd, "wb" if binary else "w") as f:
+        with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -267,15 +251,6 @@ def _held_by(f) -> str | None:
         return f.read().strip() or "?"
 
 
-def live_run(run_dir: Path) -> str | None:
-    """The pid of a seedlocal run still writing ``run_dir``, or None."""
-    try:
-        with open(Path(run_dir) / ".lock") as f:
-            return _held_by(f)
-    except OSError:
-        return None
-
-
 def all_checkpoints(folder: Path) -> list[Path]:
     found = [p for p in Path(folder).glob("ckpt_*.pt") if _NAME.search(p.name)]
     return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
@@ -291,7 +266,11 @@ def resolve(path: str | Path) -> Path:
             found = all_checkpoints(folder)
             if found:
                 return found[-1]
-        holder = live_run(p)
+        try:  # the pid of a seedlocal run still writing it
+            with open(p / ".lock") as f:
+                holder = _held_by(f)
+        except OSError:
+            holder = None
         if holder is not None:
             raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
                                   "a run writes one periodically and when it stops: try again after that")

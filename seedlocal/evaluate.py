@@ -24,7 +24,6 @@ from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.errors import fail
 from seedlocal.envs.make import make_group
 from seedlocal.pipeline.policy import Acting, Policy
-from seedlocal.video import encode_gif
 
 
 @dataclass
@@ -93,12 +92,6 @@ def play(policy: Policy, episodes: int, seed: int, max_steps: int,
     return returns, int((~finished).sum())
 
 
-def record(policy: Policy, seed: int, max_steps: int) -> list[np.ndarray]:
-    """Frames of one episode as a person sees it, drawn by the env that plays it and timed to play in real
-    time (``seedlocal/video.py``), or RenderUnavailable."""
-    return video.record(Acting(policy, 1), policy.spec, seed, max_steps)
-
-
 def main(cfg: EvalConfig) -> dict:
     for name in ("episodes", "max_steps", "video_max_steps"):
         if getattr(cfg, name) < 1:
@@ -119,7 +112,7 @@ def main(cfg: EvalConfig) -> dict:
     frames, no_video = None, None
     if cfg.video:
         try:
-            frames = record(policy_of(*acting), cfg.seed, cfg.video_max_steps)
+            frames = video.record(Acting(policy_of(*acting), 1), policy.spec, cfg.seed, cfg.video_max_steps)
         except video.RenderUnavailable as e:
             no_video = str(e)
     returns, cut = _play_or_report(cfg, state, policy)
@@ -130,7 +123,7 @@ def main(cfg: EvalConfig) -> dict:
     if no_video is not None:
         print(f"no video: {no_video}", flush=True)
     if frames is not None:
-        gif, h, w = encode_gif(frames)
+        gif, h, w = video.encode_gif(frames)
         Path(cfg.video).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.video).write_bytes(gif)
         run_dir = checkpoint.run_dir_of(state["path"])

@@ -105,11 +105,9 @@ def next_commands(algo: str, run_dir, go_on: str = "") -> str:
 
 
 def closing_line(summary: dict, outcome: str, nothing_done: str | None = None, go_on: str = "") -> str:
-    """A trainer's last line when its run ends by itself: why it stopped
-    (``summary["stopped_by"]``, or ``nothing_done`` when the budget ended
-    before any work), what it reached (``outcome``), and where its
-    checkpoint and summary are; then, with a checkpoint, the commands that
-    go on from it (``next_commands``)."""
+    """A trainer's last line when its run ends by itself: why it stopped (``summary["stopped_by"]``, or
+    ``nothing_done`` when the budget ended before any work), what it reached (``outcome``), and where its
+    checkpoint and summary are; then, with a checkpoint, the commands that go on from it (``next_commands``)."""
     by = summary.get("stopped_by")
     if nothing_done:
         head = nothing_done
@@ -144,12 +142,11 @@ def _after_older_event_files(run_dir: Path) -> None:
 
 class RunMonitor:
     def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
-        """``lock``: hold the run folder for this process (a trainer; eval's
-        video only adds an image to a run, maybe one still training).
+        """``lock``: hold the run folder for this process (a trainer; eval's video only adds an image to a run,
+        maybe one still training).
 
-        ``tracker`` (a ``tracking.Tracker``, set by the run with ``--track``)
-        gets every scalar written here, and at ``close`` the run's ``summary``
-        (the dict summary.json is written from) and its end."""
+        ``tracker`` (a ``tracking.Tracker``, set by the run with ``--track``) gets every scalar written here, and
+        at ``close`` the run's ``summary`` (the dict summary.json is written from) and its end."""
         from seedlocal.checkpoint import lock_run
 
         self.run_dir = Path(run_dir)
@@ -204,20 +201,16 @@ class RunMonitor:
     def close(self, failed: bool = False) -> None:
         if self.writer is None:
             return
-        try:
-            self._close_tracker(failed)
-        finally:
-            self._close_writer()
-
-    def _close_tracker(self, failed: bool) -> None:
         tracker, self.tracker = self.tracker, None
-        if tracker is None:
-            return
         try:
-            if self.summary:
+            if tracker is not None and self.summary:
                 tracker.summary(self.summary)
         finally:
-            tracker.finish(failed or (self.summary or {}).get("status", "done") != "done")
+            try:
+                if tracker is not None:
+                    tracker.finish(failed or (self.summary or {}).get("status", "done") != "done")
+            finally:
+                self._close_writer()
 
     def _close_writer(self) -> None:
         if self._tty and self.progress_enabled:
@@ -234,8 +227,8 @@ class RunMonitor:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
-        """Closes the run (its lock too). An exception leaving the run, Ctrl-C
-        included, carries the run folder for the CLI's last line."""
+        """Closes the run (its lock too). An exception leaving the run, Ctrl-C included, carries the run folder for
+        the CLI's last line."""
         if exc is not None and getattr(exc, "seedlocal_run_dir", None) is None:
             exc.seedlocal_run_dir = self.run_dir
         self.close(failed=exc is not None)
@@ -245,9 +238,8 @@ class RunMonitor:
             self._remove_empty_run()
 
     def _remove_empty_run(self) -> None:
-        """A new run refused before it began (e.g. sizes that do not fit in
-        memory) leaves no folder: it would hold only its lock and an events
-        file with the config text, and show in TensorBoard as a run."""
+        """A new run refused before it began (e.g. sizes that do not fit in memory) leaves no folder: it would hold
+        only its lock and an events file with the config text, and show in TensorBoard as a run."""
         files = [f for f in self.run_dir.iterdir() if f not in self._older]  # an earlier dead run's are kept
         if all(f.is_file() and (f.name == ".lock" or f.name.startswith("events.out.tfevents")) for f in files):
             for f in files:

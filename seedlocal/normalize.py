@@ -1,13 +1,11 @@
-"""Running statistics for continuous control: observation normalisation
-inside a network, and reward scaling beside a learner.
+"""Running statistics for continuous control: observation normalisation inside a network, and reward scaling
+beside a learner.
 
-Both keep exact running moments, merged batch by batch with Chan et al.'s
-parallel update (no decay), in float64: after millions of steps a float32
-count or sum of squares would lose the digits that matter.
+Both keep exact running moments, merged batch by batch with Chan et al.'s parallel update (no decay), in float64:
+after millions of steps a float32 count or sum of squares would lose the digits that matter.
 
-``RunningNorm`` is a module: its statistics are buffers, so they travel with
-the network's ``state_dict`` into checkpoints and are the same tensors for
-whoever runs the network (the inference loop reads the learner's own
+``RunningNorm`` is a module: its statistics are buffers, so they travel with the network's ``state_dict`` into
+checkpoints and are the same tensors for whoever runs the network (the inference loop reads the learner's own
 weights, and so its own statistics; updates go under the ``WeightLock``).
 """
 
@@ -30,9 +28,8 @@ def merge_moments(count: float, mean, var, batch_count: float, batch_mean, batch
 
 
 class RunningNorm(nn.Module):
-    """``(x - mean) / sqrt(var + eps)``, clipped to ``[-clip, clip]``, over the
-    last dimension of ``x`` [..., size], with the moments of every row passed
-    to ``update``. Before the first update it is the identity (mean 0, var 1)."""
+    """``(x - mean) / sqrt(var + eps)``, clipped to ``[-clip, clip]``, over the last dimension of ``x`` [..., size],
+    with the moments of every row passed to ``update``. Before the first update it is the identity."""
 
     def __init__(self, size: int, clip: float = 10.0, eps: float = 1e-8):
         super().__init__()
@@ -45,7 +42,11 @@ class RunningNorm(nn.Module):
     def update(self, x: torch.Tensor, pool=None) -> None:
         """Fold the rows of ``x`` in; with ``pool`` (data-parallel ranks' ``pool_moments``) every rank's rows."""
         rows = x.reshape(-1, x.shape[-1]).to(torch.float64)
-        n, batch_mean, batch_var = _moments(rows if pool is None else rows.cpu())
+        rows, n = rows if pool is None else rows.cpu(), float(len(rows))
+        if n:
+            batch_mean, batch_var = rows.mean(0), rows.var(0, unbiased=False)
+        else:  # a rank with no rows still joins the pool
+            batch_mean, batch_var = rows.new_zeros(rows.shape[-1]), rows.new_zeros(rows.shape[-1])
         if pool is not None:
             n, batch_mean, batch_var = pool(n, batch_mean, batch_var)
             batch_mean, batch_var = batch_mean.to(self.mean.device), batch_var.to(self.mean.device)
@@ -70,17 +71,9 @@ class RunningNorm(nn.Module):
         return torch.rsqrt(self.var + self.eps)
 
 
-def _moments(rows: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """(count, mean, population var) of float64 rows [n, size]; zeros for none."""
-    if not len(rows):
-        return 0.0, torch.zeros(rows.shape[-1], dtype=torch.float64), torch.zeros(rows.shape[-1], dtype=torch.float64)
-    return float(len(rows)), rows.mean(0), rows.var(0, unbiased=False)
-
-
 def normalise(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, clip: float) -> torch.Tensor:
-    """``RunningNorm``'s map given its mean and ``scale()``: also what a
-    population's forward applies with each slot's own copy of them (rows
-    [n, size], float32, so that no step converts or takes a root)."""
+    """``RunningNorm``'s map given its mean and ``scale()``: also what a population's forward applies with each
+    slot's own copy of them (rows [n, size], float32, so that no step converts or takes a root)."""
     return ((x - mean.to(x.dtype)) * scale.to(x.dtype)).clamp(-clip, clip)
 
 
@@ -101,15 +94,13 @@ def occurrence(ids: np.ndarray) -> np.ndarray:
 
 
 class RewardScaler:
-    """Rewards divided by the running standard deviation of each env's
-    discounted return (as OpenAI Baselines' VecNormalize and CleanRL's PPO),
-    clipped to ``[-clip, clip]``; only the learner's copy is scaled.
+    """Rewards divided by the running standard deviation of each env's discounted return (as OpenAI Baselines'
+    VecNormalize and CleanRL's PPO), clipped to ``[-clip, clip]``; only the learner's copy is scaled.
 
-    ``update`` takes a batch's rewards, episode ends and counted rows [T, B]
-    (host arrays, time order) with each column's env slot: each env's
-    discounted return runs on across unrolls and batches, two unrolls of one
-    env in a batch chained in the order they completed. Rows an auto-reset
-    ignored enter neither the return nor the statistics."""
+    ``update`` takes a batch's rewards, episode ends and counted rows [T, B] (host arrays, time order) with each
+    column's env slot: each env's discounted return runs on across unrolls and batches, two unrolls of one env in
+    a batch chained in the order they completed. Rows an auto-reset ignored enter neither the return nor the
+    statistics."""
 
     def __init__(self, num_envs: int, discount: float, clip: float = 10.0, eps: float = 1e-8):
         self.discount, self.clip, self.eps = discount, clip, eps

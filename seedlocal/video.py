@@ -1,14 +1,12 @@
-"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph).
+"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph says what
+each kind of env needs to draw them).
 
-The episode recorded is the one the policy plays: one env of the policy's
-own backend, made to render as well (``make_group(..., render=True)``), so
-the network gets its usual observations while the video gets the env's
-colour frames. Without a display MuJoCo needs a headless OpenGL context
-(``MUJOCO_GL``: egl here by default, or osmesa). An env that cannot render is
-no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
-an image env that only lacks ``render()`` is recorded from its observations.
-A GIF shows at most 50 frames a second (browsers slow shorter delays), so a
-faster env is drawn every k-th step only, which also spares the renderer.
+The episode recorded is the one the policy plays: one env of the policy's own backend, made to render as well
+(``make_group(..., render=True)``), so the network gets its usual observations while the video gets the env's
+frames. An env that cannot render is no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
+an image env that only lacks ``render()`` is recorded from its observations. A GIF shows at most 50 frames a
+second (browsers slow shorter delays), so a faster env is drawn every k-th step only, which also spares the
+renderer.
 """
 
 from __future__ import annotations
@@ -42,8 +40,8 @@ class RenderUnavailable(Exception):
     """This env cannot draw frames here; the message says why and what to install."""
 
 
-def _headless_gl(width: int = 480, height: int = 480) -> None:
-    """Make an OpenGL context current (MuJoCo through envpool draws into the caller's)."""
+def _headless_gl() -> None:
+    """Make an OpenGL context current (MuJoCo through envpool draws into the caller's), 480 x 480."""
     if _GL:
         _GL[0].make_current()
         return
@@ -53,7 +51,7 @@ def _headless_gl(width: int = 480, height: int = 480) -> None:
 
         # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
         module = importlib.import_module(f"mujoco.{backend}" if backend in ("egl", "osmesa", "glfw") else "mujoco")
-        ctx = module.GLContext(width, height)
+        ctx = module.GLContext(480, 480)
         ctx.make_current()
     except Exception as e:
         raise RenderUnavailable(f"no OpenGL context for MuJoCo ({type(e).__name__}: {e}); install the mujoco "
@@ -78,16 +76,9 @@ def _envpool_family(spec: EnvSpec) -> str:
     return str(entry[0]) if entry else ""
 
 
-def draws_with_opengl(spec: EnvSpec) -> bool:
-    """envpool's MuJoCo and dm_control envs draw into the caller's OpenGL
-    context (MuJoCo exits the process if there is none: it must be made first)."""
-    return _envpool_family(spec).startswith("envpool.mujoco")
-
-
 def steps_per_second(spec: EnvSpec) -> float:
-    """Env steps in one second of the real thing: an Atari console's 60 frames
-    over the frame skip, else the Gymnasium twin's ``render_fps`` (MuJoCo:
-    1 / dt), else ``DEFAULT_FPS``."""
+    """Env steps in one second of the real thing: an Atari console's 60 frames over the frame skip, else the
+    Gymnasium twin's ``render_fps`` (MuJoCo: 1 / dt), else ``DEFAULT_FPS``."""
     if _envpool_family(spec).startswith("envpool.atari"):
         return 60.0 / max(1, spec.frames_per_step)
     try:
@@ -132,19 +123,18 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     every = max(1, math.ceil(fps / MAX_FPS - 1e-9))
     try:
         env = make_group(spec, 1, 1, seed, render=True)
+        draw = env.render
     except Exception as e:
         if not image_obs:
             raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
-    else:
-        draw = env.render
     try:
         env.reset()
         obs, *_ = env.recv()
         if draw is not None:
             try:
-                if draws_with_opengl(spec):
-                    _headless_gl()
+                if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
+                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
                 first = _frame(draw())
             except RenderUnavailable:
                 raise
@@ -195,12 +185,12 @@ def _observed(obs: dict) -> np.ndarray:
     return np.asarray(x[-1] if x.shape[0] <= 16 else x[..., -1], dtype=np.uint8)
 
 
-def encode_gif(frames: list[np.ndarray], fps: float | None = None) -> tuple[bytes, int, int]:
-    """An animated GIF playing ``frames`` at ``fps`` (default: the clip's own real-time rate, ``video.Clip``;
-    else 30); frame delays are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
+def encode_gif(frames: list[np.ndarray]) -> tuple[bytes, int, int]:
+    """An animated GIF playing ``frames`` at their real-time rate (a ``Clip``'s; else ``DEFAULT_FPS``); frame delays
+    are rounded to the GIF's 10 ms so that their sum keeps to the clock."""
     from PIL import Image
 
-    fps = float(fps or getattr(frames, "fps", 30.0))
+    fps = float(getattr(frames, "fps", DEFAULT_FPS))
     ends = np.maximum(np.round(np.arange(1, len(frames) + 1) * 100.0 / fps), 2 * np.arange(1, len(frames) + 1))
     durations = (np.diff(ends, prepend=0.0) * 10).astype(int).tolist()  # centiseconds -> ms, each >= 20
     imgs = (Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames)  # one at a time: frames can be large

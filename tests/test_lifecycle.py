@@ -412,7 +412,7 @@ def test_the_forkserver_preloads_every_env_module_a_worker_steps_with_and_no_tor
     loaded = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert "torch" not in loaded
     assert {"seedlocal.envs.make", "seedlocal.envs.envpool_group", "seedlocal.envs.gymnasium_group",
-            "seedlocal.envs.null_group", "seedlocal.envs.bounds", "seedlocal.envs.ids"} <= set(loaded), loaded
+            "seedlocal.envs.bounds", "seedlocal.envs.ids"} <= set(loaded), loaded
 
 
 def test_a_gymnasium_envs_run_imports_no_envpool_in_any_process(tmp_path):

@@ -10,10 +10,10 @@ import torch
 from seedlocal import video
 from seedlocal.config.schema import EnvConfig
 from seedlocal.envs.spaces import validate_env
-from seedlocal.evaluate import Acting, encode_gif, record
+from seedlocal.evaluate import Acting
 from seedlocal.networks import ActorCritic
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.video import RenderUnavailable
+from seedlocal.video import RenderUnavailable, encode_gif
 from helpers import prepared
 
 
@@ -46,6 +46,11 @@ class Painted(gym.Env):
 
 gym.register("SeedlocalPainted-v0", entry_point=Painted, kwargs={"frame": "default"})
 gym.register("SeedlocalDrawsNothing-v0", entry_point=Painted, kwargs={"frame": None})
+
+
+def record(policy, seed: int, max_steps: int) -> video.Clip:
+    """The episode eval records: ``policy`` playing one env of its spec's backend."""
+    return video.record(Acting(policy, 1), policy.spec, seed, max_steps)
 
 
 def _model(env_id: str, greedy: bool = True):

@@ -27,14 +27,12 @@ def policy_range(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ActionBounds:
-    """What a Box action goes through on its way to the simulator: refused if it is NaN or infinite (a diverged
-    network; the inference loop stops first, this is the last line), mapped from the policy's [-1, 1] onto the
-    space's bounds where both are finite (``box_actions`` rescale: a policy starts at the centre of an action range
-    such as [0, 100], with a spread in proportion to it, where clipping gave it [0, 3] at first), clipped to the
-    bounds, rounded to the nearest value where the space's dtype is an integer or bool one, and given the space's
-    own shape and dtype (the pipeline's actions are flat float32 vectors). The learner keeps the policy's own
-    sample, before all of this: its probability is what the policy gave. Every env backend, and so training, eval
-    and the videos, steps through this one map."""
+    """What a Box action goes through on its way to the simulator (why: docs/mujoco.md, "Bounds far from [-1, 1]"):
+    refused if it is NaN or infinite (a diverged network; the inference loop stops first, this is the last line),
+    mapped from the policy's [-1, 1] onto the space's bounds where both are finite (``box_actions`` rescale),
+    clipped to the bounds, rounded to the nearest value where the space's dtype is an integer or bool one, and given
+    the space's own shape and dtype (the pipeline's actions are flat float32 vectors). The learner keeps the
+    policy's own sample, before all of this. Every env backend steps through this one map."""
 
     def __init__(self, spec: EnvSpec):
         self.env_id, self.shape = spec.env_id, spec.box_shape

@@ -14,8 +14,6 @@ def stack_kw(frame_stack: int) -> dict:
 
 
 class EnvpoolGroup:
-    """``envs_per_group`` envpool environments stepped together in envpool's threads."""
-
     def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
         import envpool
@@ -46,6 +44,4 @@ class EnvpoolGroup:
         return np.asarray(self._env.render())[0]
 
     def close(self) -> None:
-        close = getattr(self._env, "close", None)
-        if close is not None:
-            close()
+        self._env.close()

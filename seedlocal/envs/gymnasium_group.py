@@ -27,8 +27,6 @@ def quiet_gymnasium() -> None:
 
 
 class GymnasiumGroup:
-    """Plain Gymnasium envs stepped in turn by the worker itself, with envpool's next-step auto-reset."""
-
     def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
                  render: bool = False):
         import gymnasium
@@ -51,10 +49,14 @@ class GymnasiumGroup:
 
     def _put_obs(self, i: int, obs, info) -> None:
         for k in self._keys:
+            out = self._obs[k]
             if k == MASK_KEY and not (isinstance(obs, dict) and k in obs):
-                v, out = self._info_mask(info), self._obs[k]
+                v = info.get(MASK_KEY) if isinstance(info, dict) else None
+                if v is None:
+                    raise EnvContractError(f"{self._id}: its info has no {MASK_KEY!r} at this step; it had one at "
+                                           "reset, and every step must give it")
             elif isinstance(obs, dict) != self._plain and (self._plain or k in obs):
-                v, out = obs[k] if isinstance(obs, dict) else obs, self._obs[k]
+                v = obs[k] if isinstance(obs, dict) else obs
             else:  # Gymnasium's passive checker looks at the first reset and step only
                 raise EnvContractError(self._not_its_space(obs))
             if getattr(v, "shape", None) != out.shape[1:]:  # lists, scalars, other shapes
@@ -85,13 +87,6 @@ class GymnasiumGroup:
         what = (f"a dict with keys {', '.join(map(repr, obs))}" if isinstance(obs, dict)
                 else f"of type {type(obs).__name__}")
         return f"{self._id}: observation is {what}; its space is {space}"
-
-    def _info_mask(self, info):
-        mask = info.get(MASK_KEY) if isinstance(info, dict) else None
-        if mask is None:
-            raise EnvContractError(f"{self._id}: its info has no {MASK_KEY!r} at this step; it had one at reset, "
-                                   "and every step must give it")
-        return mask
 
     def reset(self) -> None:
         self._needs_reset[:] = True

@@ -69,38 +69,30 @@ def register_namespace(env_id: str) -> None:
         raise ValueError(f"env.id={env_id!r}: {namespace}/ ids need the package {NAMESPACE_PACKAGES[namespace]}")
 
 
-def import_env_module(env_id: str) -> str:
-    """For Gymnasium's ``module.path:EnvId-v0`` form, import the module (whose import registers the id) and return
-    the bare id; other ids pass through. ``gymnasium.make`` accepts the same form and imports the module itself,
-    so worker processes and ``eval`` need nothing but the id string."""
-    if ":" not in env_id:
-        register_namespace(env_id)
-        return env_id
-    import importlib
-
-    module, _, name = env_id.partition(":")
-    try:
-        importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"env.id={env_id!r}: cannot import module {module!r} ({e}); "
-                         "it must be importable (installed, or on PYTHONPATH)") from None
-    except Exception as e:
-        raise ValueError(f"env.id={env_id!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
-    if name not in _gymnasium_ids():
-        raise _unknown_id(env_id, f"importing {module!r} did not register {name!r} with Gymnasium",
-                          " (the module should call gymnasium.register)")
-    return name
-
-
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
-    """The backend that will run ``env_id``; ValueError if none can."""
+    """The backend that will run ``env_id``; ValueError if none can. Gymnasium's ``module.path:EnvId-v0`` form has
+    its module imported here, whose import registers the id; ``gymnasium.make`` accepts the same form and imports the
+    module itself, so worker processes and ``eval`` need nothing but the id string."""
     if backend not in BACKENDS:
         raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
-    import_env_module(env_id)
     if ":" in env_id:  # a user's own Gymnasium env, registered by its module
+        import importlib
+
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"env.id={env_id!r}: cannot import module {module!r} ({e}); "
+                             "it must be importable (installed, or on PYTHONPATH)") from None
+        except Exception as e:
+            raise ValueError(f"env.id={env_id!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+        if name not in _gymnasium_ids():
+            raise _unknown_id(env_id, f"importing {module!r} did not register {name!r} with Gymnasium",
+                              " (the module should call gymnasium.register)")
         if backend == "envpool":
             raise ValueError(f"env.id={env_id!r}: a module:EnvId id is a Gymnasium env, not an envpool one")
         return "gymnasium" if backend == "auto" else backend
+    register_namespace(env_id)
     in_envpool = env_id in envpool_ids()
     if backend == "auto":
         if in_envpool:

@@ -1,11 +1,12 @@
-"""The group a spec's backend names (``make_group``), and the range env seeds
+"""The group a spec's backend names (``make_group``), the null backend's (``NullGroup``), and the range env seeds
 must stay in (``SEED_END``, ``wrap_seed``)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from seedlocal.envs.envpool_group import EnvpoolGroup
 from seedlocal.envs.gymnasium_group import GymnasiumGroup, quiet_gymnasium
-from seedlocal.envs.null_group import NullGroup
 from seedlocal.spec import EnvSpec
 
 
@@ -19,6 +20,28 @@ def wrap_seed(seed: int, span: int) -> int:
     SEED_END: a block of ``span`` envs seeded ``seed + j`` then always fits envpool's int32, however far
     restarts or reconnections have counted a run's blocks up."""
     return seed % ((SEED_END // span - 1) * span)
+
+
+class NullGroup:
+    """No environment at all (``seedlocal bench``): returns the previous arrays at once, so that a run measures
+    the transport's own cost (slots, notification, gather, write-back)."""
+
+    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec):
+        self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self._reward = np.zeros(envs_per_group, np.float32)
+        self._false = np.zeros(envs_per_group, bool)
+
+    def reset(self) -> None:
+        pass
+
+    def send(self, actions) -> None:
+        pass
+
+    def recv(self):
+        return self._obs, self._reward, self._false, self._false
+
+    def close(self) -> None:
+        pass
 
 
 def make_group(spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):

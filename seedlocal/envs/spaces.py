@@ -61,17 +61,14 @@ def _leaf_spec(space) -> TensorSpec:
     raise ValueError(f"a {type(space).__name__} inside it")
 
 
-def _leaves(space) -> list:
-    """(key, space) of each field of an observation space: a Dict's, or ("", the space) for a plain one."""
+def _obs_spec(space) -> tuple[dict[str, TensorSpec], dict[str, tuple[int, int]]]:
+    """EnvSpec's ``obs`` and ``obs_classes`` of an observation space, with a field for each of a Dict's, or ``""``
+    for a plain one."""
     from gymnasium import spaces
 
-    return list(space.spaces.items()) if isinstance(space, spaces.Dict) else [("", space)]
-
-
-def _obs_classes(space) -> dict[str, tuple[int, int]]:
-    from gymnasium import spaces
-
-    return {k: (int(sub.n), int(sub.start)) for k, sub in _leaves(space) if isinstance(sub, spaces.Discrete)}
+    leaves = list(space.spaces.items()) if isinstance(space, spaces.Dict) else [("", space)]
+    classes = {k: (int(sub.n), int(sub.start)) for k, sub in leaves if isinstance(sub, spaces.Discrete)}
+    return {k: _leaf_spec(sub) for k, sub in leaves}, classes
 
 
 def _action_spec(space) -> dict:
@@ -110,9 +107,8 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
                 raise ValueError(f"env.frame_stack={frame_stack}: {env_id} does not take it ({e})") from None
             raise ValueError(f"env.id={env_id!r}: envpool could not make it ({type(e).__name__}: {e})") from None
         obs_space, act_space = env.observation_space, env.action_space
-        frames = int(getattr(env.spec.config, "frame_skip", 1))
-        info_mask = None  # envpool's envs have no action masks
-        env.close() if hasattr(env, "close") else None
+        frames, info_mask = int(getattr(env.spec.config, "frame_skip", 1)), None  # envpool's have no action masks
+        env.close()
     else:
         import gymnasium
 
@@ -121,11 +117,10 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         except Exception as e:  # the user's own constructor: name it, in one line
             raise ValueError(f"env.id={env_id!r}: making the env raised {type(e).__name__}: {e}") from None
         obs_space, act_space = env.observation_space, env.action_space
-        frames = 1
-        info_mask = _info_mask(env, obs_space, act_space)
+        frames, info_mask = 1, _info_mask(env, obs_space, act_space)
         _close_quietly(env)
     try:
-        obs = {k: _leaf_spec(sub) for k, sub in _leaves(obs_space)}
+        obs, classes = _obs_spec(obs_space)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: observation space {obs_space} is not supported ({e}): seedlocal "
                          "takes Box, Discrete, MultiBinary, MultiDiscrete or a flat Dict of those") from None
@@ -135,7 +130,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
     return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack,
-                   obs_classes=_obs_classes(obs_space), **action)
+                   obs_classes=classes, **action)
 
 
 def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
