@@ -42,7 +42,7 @@ CONFIGS = {"bench": ("seedlocal.measure.bench", "BenchConfig", None),
            "actors": ("seedlocal.pipeline.bridge.client", "ActorsConfig",
                       "An actor host: steps environments for a learner's bridge."),
            "eval": ("seedlocal.evaluate", "EvalConfig", None)}
-RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a run prepared by the command that started it
+RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a run its starting command prepared
 
 
 def _usage() -> str:
