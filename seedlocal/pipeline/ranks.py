@@ -251,9 +251,9 @@ def _stop_with_launcher(launcher: int, rank: int) -> None:
     """A rank that ``launch`` started gets SIGTERM (a clean stop: checkpoint, segments) when its launcher dies, even
     by SIGKILL (a notebook's kernel restarted): it would otherwise train on, unwatched, to its budget. One whose
     launcher is gone already (before this was armed) stops here."""
-    from seedlocal.pipeline.worker import _die_with_parent
+    from seedlocal.pipeline.worker import die_with_parent
 
-    if _die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
+    if die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
         raise PeerLost(f"learner rank {rank}: its launcher (pid {launcher}) is gone; not starting")
 
 

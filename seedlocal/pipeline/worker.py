@@ -65,7 +65,7 @@ def _leave_forkserver() -> None:
         server._forkserver_alive_fd = None
 
 
-def _die_with_parent() -> bool:
+def die_with_parent() -> bool:
     """Ask Linux to SIGTERM us if our parent dies, even by SIGKILL; whether it could (not elsewhere)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -110,7 +110,7 @@ def run_worker(args: WorkerArgs) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The parent is the learner's forkserver (actors.worker_context), which exits with the learner.
     _leave_forkserver()
-    _die_with_parent()
+    die_with_parent()
     # Compared with the pid the learner knew, not with the parent read here: a server that died before
     # PDEATHSIG was armed would leave this worker adopted, recording its new parent and never exiting.
     parent = args.parent_pid or os.getppid()

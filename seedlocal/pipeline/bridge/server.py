@@ -498,9 +498,9 @@ def run_bridge_server(a: ServerArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides how to stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (a closed terminal, too)
     signal.signal(signal.SIGTERM, _on_sigterm(a, made))
-    from seedlocal.pipeline.worker import _die_with_parent
+    from seedlocal.pipeline.worker import die_with_parent
 
-    _die_with_parent()
+    die_with_parent()
     # gRPC core logs each failed handshake (a host without --tls-ca) on stderr; the hosts are told why.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     code = 0
