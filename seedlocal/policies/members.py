@@ -142,5 +142,6 @@ class MembersPolicy(ModelPolicy):
         if len(present) == 1:
             return self.dist.sample(params, self.generators[present[0]])
         rows = [torch.from_numpy(np.flatnonzero(members == m)).to(params.device) for m in present]
-        drawn = [self.dist.sample(params.index_select(0, r), self.generators[m]) for r, m in zip(rows, present)]
-        return torch.cat(drawn).index_select(0, torch.cat(rows).argsort())  # back in the rows' order
+        drawn = torch.cat([self.dist.sample(params.index_select(0, r), self.generators[m])
+                           for r, m in zip(rows, present)])
+        return torch.empty_like(drawn).index_copy_(0, torch.cat(rows), drawn)  # each back in its row: no sort
