@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from seedlocal.algos.vtrace import clipped_gradients
 from seedlocal.networks import cut_rows
 from seedlocal.spec import episode_starts
 
@@ -159,17 +160,6 @@ def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
     return (base ** (1.0 + alpha * i / (n - 1))).float()
 
 
-def _gradients(loss: Tensor, online, optimizer, p: R2D2Params, ranks) -> Tensor:
-    """The loss's gradients, averaged over data-parallel ``ranks`` (``pipeline/ranks.py``) when given (the loss
-    is a mean over sequences, and every rank's batch has as many), then clipped; returns their norm."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if ranks is not None:
-        ranks.average_gradients(online.parameters(), 1.0)
-    max_norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
-    return torch.nn.utils.clip_grad_norm_(online.parameters(), max_norm)
-
-
 def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D2Params,
                  step_lock=None, ranks=None) -> tuple[dict[str, float], Tensor]:
     """One update on a batch of sequences; returns (stats, new priorities [B]).
@@ -178,7 +168,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     ``reward``, ``terminated``, ``truncated``, ``ignored`` [L, B] and ``core_state`` [B, 2, H], the recurrent state the
     actor had before row 0; optionally ``ignored_host``, a numpy copy of ``ignored``, so that nothing waits for the
     device. ``online.unroll(obs, core, first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the importance
-    weights of the sampled sequences. ``ranks``: data-parallel learners (``_gradients``), each sampling its own replay.
+    weights of the sampled sequences. ``ranks``: data-parallel learners, each sampling its own replay.
     """
     ignored = batch["ignored"]
     first = episode_starts(ignored)
@@ -213,7 +203,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     q_taken = q_online[:-1].float().gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     valid = ~ignored[b:-1]
     loss, delta = td_loss(q_taken, targets, valid, weights)
-    grad_norm = _gradients(loss, online, optimizer, p, ranks)
+    grad_norm = clipped_gradients(loss, online, optimizer, p, ranks)  # every rank has as many sequences
     with step_lock if step_lock is not None else contextlib.nullcontext():
         optimizer.step()
     priorities = sequence_priorities(delta.abs(), valid, p.priority_eta)

@@ -67,8 +67,7 @@ def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tenso
 
     next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     advantages = masked(rewards + discounts * next_vs - values, valid)
-    return VTraceReturns(vs=vs.detach(), pg_advantages=masked(rhos * advantages, valid).detach(), rhos=rhos.detach(),
-                         advantages=advantages.detach())
+    return VTraceReturns(vs=vs, pg_advantages=masked(rhos * advantages, valid), rhos=rhos, advantages=advantages)
 
 
 def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_returns: VTraceReturns, valid: Tensor,
@@ -84,7 +83,8 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
     advantages (as in APPO). It bounds how far one batch can pull the policy, which makes reusing a batch (``echo``)
     safe; IMPALA's rho-weighted gradient keeps pushing however far the policy already moved. With ``proximal_log_probs``
     the clip is decoupled PPO's (``_clipped_surrogate``). ``normalize_advantages`` rescales A to zero mean, unit
-    variance over the valid rows (or by ``moments``): the policy step is then independent of scale.
+    variance over the valid rows (or by ``moments(adv, valid)``, which data-parallel ranks take over every rank's rows):
+    the policy step is then independent of scale.
     """
     n_valid = valid.to(values.dtype).sum().clamp(min=1.0)
 
@@ -92,7 +92,15 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
         return masked(x, valid).sum() / n_valid
 
     action_log_probs = dist.log_prob(target_params, actions)
-    adv = _policy_advantages(vtrace_returns, clip, normalize_advantages, masked_mean, moments, valid)
+    # V-trace's rho-weighted advantages, or with ``clip`` the plain ones (the surrogate's ratio weights them)
+    adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
+    if normalize_advantages:
+        if moments is not None:
+            mean, std = moments(adv, valid)
+        else:
+            mean = masked_mean(adv)
+            std = masked_mean((adv - mean) ** 2).sqrt()
+        adv = (adv - mean) / (std + 1e-8)
     stats = {}
     if clipped(clip):
         policy_loss, stats["clip_fraction"] = _clipped_surrogate(
@@ -113,22 +121,6 @@ def clipped(clip: float | Tensor) -> bool:
     clips, one per member under vmap, which cannot branch on a member's value: the members of a batched update
     take the surrogate all or none, ``algos/population_vtrace.py``)."""
     return isinstance(clip, Tensor) or clip > 0
-
-
-def _policy_advantages(vtrace_returns: VTraceReturns, clip: float, normalize: bool, masked_mean, moments=None,
-                       valid: Tensor | None = None) -> Tensor:
-    """The detached advantages of ``impala_loss``'s policy term: V-trace's rho-weighted ones, or with ``clip``
-    the plain ones (the surrogate's ratio weights them); with ``normalize`` standardised over the valid rows
-    (or by ``moments(adv, valid)``, which data-parallel ranks take over every rank's rows)."""
-    adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
-    if not normalize:
-        return adv
-    if moments is not None:
-        mean, std = moments(adv, valid)
-    else:
-        mean = masked_mean(adv)
-        std = masked_mean((adv - mean) ** 2).sqrt()
-    return (adv - mean) / (std + 1e-8)
 
 
 def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, masked_mean, dtype: torch.dtype,
@@ -311,8 +303,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
         update(logits[:T], values[:T], targets)
     else:
         targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
-    # Device tensors, not floats: reading them here would make the host wait for the update to finish. The
-    # mean is over the updates made, whatever the split, so the mean, the counter and the lag agree.
+    # The mean is over the updates made, whatever the split, so the mean, the counter and the lag agree.
     out = {k: v / update.count for k, v in update.totals.items()}
     out.update(mean_rho=mean_rho(targets), updates=update.count, **(update.diag or {}))
     return out
@@ -353,11 +344,8 @@ class _Updater:
         model, p = self.model, self.p
         moments = None if self.ranks is None else self.ranks.masked_moments
         loss, stats = update_loss(p, self.dist, logits, values, t, moments)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.ranks is not None:  # the masked means' gradients, each rank weighted by its valid rows
-            self.ranks.average_gradients(model.parameters(), t.valid.sum())
-        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip(p))
+        # the masked means' gradients, each rank weighted by its valid rows
+        stats["grad_norm"] = clipped_gradients(loss, model, self.optimizer, p, self.ranks, t.valid.sum())
         before = None
         if self.diagnose and self.diag is None:
             before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
@@ -374,6 +362,16 @@ class _Updater:
 def grad_clip(p) -> float:
     """The norm a learner's gradients are clipped to: ``p.max_grad_norm``, no clip at 0."""
     return p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
+
+
+def clipped_gradients(loss: Tensor, model, optimizer, p, ranks=None, weight=1.0) -> Tensor:
+    """``loss``'s gradients, averaged over data-parallel ``ranks`` (``pipeline/ranks.py``; this rank's share
+    weighted by ``weight``) when given, then clipped to ``grad_clip(p)``; returns their norm."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if ranks is not None:
+        ranks.average_gradients(model.parameters(), weight)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip(p))
 
 
 def add_stats(totals: dict[str, Tensor], stats: dict[str, Tensor]) -> None:
