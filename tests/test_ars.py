@@ -171,10 +171,10 @@ def test_bad_values_are_named(field, value, message):
     assert str(e.value) == message
 
 
-def test_the_defaults_are_valid_and_a_prefix_names_the_field():
+def test_the_defaults_are_valid_and_a_refusal_names_the_field():
     ars.validate(ars.ARSParams())
-    with pytest.raises(ConfigError, match=r"^run\.algo\.noise="):
-        ars.validate(ars.ARSParams(noise=-1.0), prefix="run.algo")
+    with pytest.raises(ConfigError, match=r"^algo\.noise="):
+        ars.validate(ars.ARSParams(noise=-1.0))
 
 
 def test_ars_finds_a_linear_target():

@@ -337,5 +337,5 @@ def test_defaults_are_valid():
     ga.validate(ga.GAParams())
     es.validate(es.ESParams())
     random_search.validate(random_search.RSParams())
-    with pytest.raises(ConfigError, match=r"^ga\.truncation"):
-        ga.validate(ga.GAParams(truncation=0), prefix="ga")
+    with pytest.raises(ConfigError, match=r"^algo\.truncation"):
+        ga.validate(ga.GAParams(truncation=0))

@@ -50,11 +50,11 @@ class ARSParams:
         return 2 * self.directions
 
 
-def validate(p: ARSParams, prefix: str = "algo") -> None:
-    require(p.directions >= 1, prefix, p, "directions", "must be >= 1")
-    require(1 <= p.top <= p.directions, prefix, p, "top", f"must be in [1, {prefix}.directions ({p.directions})]")
+def validate(p: ARSParams) -> None:
+    require(p.directions >= 1, p, "directions", "must be >= 1")
+    require(1 <= p.top <= p.directions, p, "top", f"must be in [1, algo.directions ({p.directions})]")
     for name in ("step_size", "noise"):
-        require(getattr(p, name) > 0, prefix, p, name, "must be > 0")
+        require(getattr(p, name) > 0, p, name, "must be > 0")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: == on tensors is elementwise
@@ -75,10 +75,8 @@ def ask(state: ARSState, p: ARSParams) -> tuple[list[int], Tensor]:
 
 
 def top_directions(fitness: Tensor, b: int) -> Tensor:
-    """Indices of the b directions with the highest max(r+, r-), best first (ties: lower index first).
-
-    ``fitness`` is [2N] in ``ask``'s order, NaN already made -inf (``nan_to_worst``).
-    """
+    """Indices of the b directions with the highest max(r+, r-), best first (ties: lower index first); ``fitness`` is
+    [2N] in ``ask``'s order, NaN already made -inf (``nan_to_worst``)."""
     best = fitness.reshape(-1, 2).max(dim=1).values
     return torch.argsort(best, descending=True, stable=True)[:b]
 
@@ -89,8 +87,7 @@ def step(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> Tensor:
     if f.numel() != 2 * len(seeds):
         raise ValueError(f"{f.numel()} fitness values for {len(seeds)} directions")
     keep = top_directions(f, p.top)
-    # Ranking used -inf for a diverged evaluation, so it is never preferred;
-    # in the sum it is the generation's worst finite return, not an infinite weight.
+    # -inf in the ranking (never preferred); in the sum the generation's worst finite return, not an infinite weight.
     finite = f[torch.isfinite(f)]
     f = f.clamp(finite.min(), finite.max()) if finite.numel() else torch.zeros_like(f)
     pairs = f.reshape(-1, 2)[keep]

@@ -41,14 +41,14 @@ class ESParams:
     """Adam denominator epsilon"""
 
 
-def validate(p: ESParams, prefix: str = "algo") -> None:
-    require(p.population_size >= 2, prefix, p, "population_size", "must be >= 2 (one antithetic pair)")
-    require(p.population_size % 2 == 0, prefix, p, "population_size", "must be even (antithetic pairs)")
+def validate(p: ESParams) -> None:
+    require(p.population_size >= 2, p, "population_size", "must be >= 2 (one antithetic pair)")
+    require(p.population_size % 2 == 0, p, "population_size", "must be even (antithetic pairs)")
     for name in ("sigma", "learning_rate", "adam_eps"):
-        require(getattr(p, name) > 0, prefix, p, name, "must be > 0")
-    require(p.weight_decay >= 0, prefix, p, "weight_decay", "must be >= 0")
+        require(getattr(p, name) > 0, p, name, "must be > 0")
+    require(p.weight_decay >= 0, p, "weight_decay", "must be >= 0")
     for name in ("beta1", "beta2"):
-        require(0 <= getattr(p, name) < 1, prefix, p, name, "must be in [0, 1)")
+        require(0 <= getattr(p, name) < 1, p, name, "must be in [0, 1)")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: == on tensors is elementwise

@@ -45,15 +45,15 @@ class GAParams:
     """extra episodes per elite candidate"""
 
 
-def validate(p: GAParams, prefix: str = "algo") -> None:
-    require(p.population_size >= 2, prefix, p, "population_size", "must be >= 2 (the elite and at least one child)")
-    require(p.truncation >= 1, prefix, p, "truncation", "must be >= 1")
-    require(p.truncation <= p.population_size, prefix, p, "truncation",
-            f"must be <= {prefix}.population_size ({p.population_size})")
-    require(p.sigma > 0, prefix, p, "sigma", "must be > 0")
-    require(1 <= p.elite_candidates <= p.truncation, prefix, p, "elite_candidates",
-            f"must be in [1, {prefix}.truncation ({p.truncation})]")
-    require(p.elite_episodes >= 1, prefix, p, "elite_episodes", "must be >= 1")
+def validate(p: GAParams) -> None:
+    require(p.population_size >= 2, p, "population_size", "must be >= 2 (the elite and at least one child)")
+    require(p.truncation >= 1, p, "truncation", "must be >= 1")
+    require(p.truncation <= p.population_size, p, "truncation",
+            f"must be <= algo.population_size ({p.population_size})")
+    require(p.sigma > 0, p, "sigma", "must be > 0")
+    require(1 <= p.elite_candidates <= p.truncation, p, "elite_candidates",
+            f"must be in [1, algo.truncation ({p.truncation})]")
+    require(p.elite_episodes >= 1, p, "elite_episodes", "must be >= 1")
 
 
 def mutate(parent_vec: Tensor, seed: int, sigma: float) -> Tensor:
@@ -91,38 +91,29 @@ def tell(state: GAState, p: GAParams, fitness) -> list[Genome]:
     for i in _ranked(state, fitness)[: p.elite_candidates]:
         if state.genomes[i] not in candidates:
             candidates.append(state.genomes[i])
-    # The previous elite competes on fresh episodes rather than on its single
-    # (noisy) score of this generation, so one lucky episode cannot evict it.
+    # The previous elite competes on fresh episodes, not its one noisy score here: one lucky episode cannot evict it.
     if state.elite is not None and state.elite not in candidates:
         candidates.append(state.elite)
     return candidates
 
 
 def advance(state: GAState, p: GAParams, fitness, candidate_scores) -> GAState:
-    """The next generation: [elite] + (P - 1) mutated children of the top T.
-
-    ``candidate_scores[i]`` holds the extra-episode returns of ``tell(...)[i]``;
-    the elite is the candidate with the best mean (ties: the earlier candidate).
-    """
+    """The next generation: [elite] + (P - 1) mutated children of the top T. ``candidate_scores[i]`` holds the
+    extra-episode returns of ``tell(...)[i]``; the elite is the candidate with the best mean (ties: the earlier one)."""
     candidates = tell(state, p, fitness)
     if len(candidate_scores) != len(candidates):
         raise ValueError(f"{len(candidate_scores)} score lists for {len(candidates)} elite candidates")
-    means = []
-    for scores in candidate_scores:
-        s = nan_to_worst(scores)
-        if s.numel() == 0:
-            raise ValueError("every elite candidate needs at least one score")
-        means.append(float(s.mean()))
+    scores = [nan_to_worst(s) for s in candidate_scores]
+    if any(s.numel() == 0 for s in scores):
+        raise ValueError("every elite candidate needs at least one score")
+    means = [float(s.mean()) for s in scores]
     elite = candidates[max(range(len(means)), key=means.__getitem__)]
     return state.next(genomes=(elite,) + children(state, p, fitness), elite=elite)
 
 
 def children(state: GAState, p: GAParams, fitness) -> tuple[Genome, ...]:
-    """The next generation's P - 1 children: mutations of the top T by ``fitness``.
-
-    They depend on ``fitness`` alone, not on the elite's re-evaluation, so a
-    caller may start evaluating them while the elite candidates still play.
-    """
+    """The next generation's P - 1 children: mutations of the top T by ``fitness``. They depend on ``fitness`` alone,
+    not on the elite's re-evaluation, so a caller may start evaluating them while the elite candidates still play."""
     parents = [state.genomes[i] for i in _ranked(state, fitness)[: p.truncation]]
     rng = generation_rng(state.rng["seed"], state.generation + 1)
     picks = rng.integers(0, len(parents), size=p.population_size - 1)

@@ -43,8 +43,7 @@ class ParamSpace:
         """Freshly initialised parameters, a pure function of ``seed``."""
         module = copy.deepcopy(self.template)
         with torch.random.fork_rng(devices=[]):
-            # Seed only the CPU generator: torch.manual_seed would also reseed
-            # CUDA, which fork_rng(devices=[]) does not restore afterwards.
+            # CPU only: torch.manual_seed would also reseed CUDA, which fork_rng(devices=[]) does not restore.
             torch.default_generator.manual_seed(seed)
             for m in module.modules():
                 if hasattr(m, "reset_parameters"):
@@ -56,8 +55,7 @@ class ParamSpace:
         if flat.numel() != self.size:
             raise ValueError(f"vector has {flat.numel()} elements, the space {self.size}")
         first = next(module.parameters())
-        # vector_to_parameters rebinds param.data to slices of the vector, so
-        # the vector must already have the module's device and dtype.
+        # vector_to_parameters rebinds param.data to slices of the vector: it must have the module's device and dtype.
         vector_to_parameters(flat.detach().to(device=first.device, dtype=first.dtype), module.parameters())
 
     def stack(self, flats: list[Tensor]) -> Tensor:
@@ -93,11 +91,8 @@ def noise(seed: int, size: int) -> Tensor:
 
 def antithetic(theta: Tensor, seeds: list[int], scale: float) -> Tensor:
     """[2 len(seeds), size]: theta + scale * noise(s), then theta - scale * noise(s), for each seed in turn."""
-    rows = []
-    for s in seeds:
-        step = scale * noise(s, theta.numel())
-        rows += [theta + step, theta - step]
-    return torch.stack(rows)
+    steps = [scale * noise(s, theta.numel()) for s in seeds]
+    return torch.stack([row for step in steps for row in (theta + step, theta - step)])
 
 
 def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
@@ -109,13 +104,10 @@ def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
 
 
 def centered_ranks(x: Tensor) -> Tensor:
-    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.).
-
-    The smallest value gets -0.5, the largest +0.5, so the transform ignores the scale of the fitness and outliers. Tied
-    values share the mean of the ranks they span: games with small integer scores (MinAtar, Atari early on) tie most of
-    a population, and ranking ties by position would turn each tied antithetic pair into a step along its own noise. NaN
-    counts as the worst value.
-    """
+    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.): the smallest -0.5, the largest +0.5,
+    so the transform ignores the scale of the fitness and outliers. Tied values share the mean of the ranks they span:
+    games with small integer scores (MinAtar, Atari early on) tie most of a population, and ranking ties by position
+    would turn each tied antithetic pair into a step along its own noise. NaN counts as the worst value."""
     x = nan_to_worst(x.detach())
     n = x.numel()
     if n <= 1:
@@ -132,18 +124,15 @@ def new_seeds(rng: np.random.Generator, n: int) -> list[int]:
 
 
 def generation_rng(seed: int, generation: int) -> np.random.Generator:
-    """The generator for the draws of one generation of a run.
-
-    A fixed-length key keeps streams apart: SeedSequence pads short entropy
-    with zeros, so [seed] and [seed, 0] would collide.
-    """
+    """The generator for the draws of one generation of a run. A fixed-length key keeps streams apart: SeedSequence
+    pads short entropy with zeros, so [seed] and [seed, 0] would collide."""
     return np.random.default_rng([seed, generation])
 
 
-def require(ok: bool, prefix: str, p, name: str, rule: str) -> None:
+def require(ok: bool, p, name: str, rule: str) -> None:
     """A ``validate`` rule: refuse ``p.<name>`` unless ``ok``, written as what must hold (``x > 0``: NaN fails)."""
     if not ok:
-        fail(f"{prefix}.{name}", getattr(p, name), rule)
+        fail(f"algo.{name}", getattr(p, name), rule)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -26,8 +26,8 @@ class RSParams:
     """initialisation seeds evaluated per generation"""
 
 
-def validate(p: RSParams, prefix: str = "algo") -> None:
-    require(p.population_size >= 1, prefix, p, "population_size", "must be >= 1")
+def validate(p: RSParams) -> None:
+    require(p.population_size >= 1, p, "population_size", "must be >= 1")
 
 
 @dataclass(frozen=True)
