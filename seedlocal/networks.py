@@ -91,12 +91,9 @@ class MLPEncoder(nn.Module):
     def __init__(self, in_dim: int, hidden: tuple[int, ...] = (64, 64)):
         super().__init__()
         self.in_dim = in_dim
-        layers, d = [], in_dim
-        for h in hidden:
-            layers += [nn.Linear(d, h), Tanh()]
-            d = h
-        self.net = nn.Sequential(*layers)
-        self.out_dim = d
+        dims = (in_dim, *hidden)
+        self.net = nn.Sequential(*(m for d, h in zip(dims, dims[1:]) for m in (nn.Linear(d, h), Tanh())))
+        self.out_dim = dims[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -162,8 +159,7 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
     """An observation as a torso reads it: uint8 pixels scaled to [0, 1], anything else (0/1 grids too) unscaled."""
     if x.dtype not in (torch.uint8, torch.bool):
         return x.float()
-    # Under autocast, go straight to its dtype: a float32 frame batch would be
-    # written once here and once more by autocast's cast before the first conv.
+    # Under autocast straight to its dtype: a float32 batch would be written here and again by autocast's cast.
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.float32
     y = x.to(dtype)
     return y.div_(255.0) if x.dtype == torch.uint8 else y
@@ -322,12 +318,9 @@ def _one_hot(x: torch.Tensor, n: int, start: int) -> torch.Tensor:
 
 def conv_features(torso: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A convolutional torso's features of images ``x`` as the env gives them (uint8 or bool)."""
-    if getattr(torso, "hwc", False):
-        # (N, H, W, C) frames seen as (N, C, H, W): already the
-        # channels-last memory layout, so the reorder below copies nothing.
+    if getattr(torso, "hwc", False):  # (N, H, W, C) seen as (N, C, H, W): already channels last, no copy below
         x = x.permute(0, 3, 1, 2)
-    if getattr(torso, "channels_last", False):
-        # Reorder the uint8 or bool frames (a quarter of the bytes), then convert.
+    if getattr(torso, "channels_last", False):  # reorder the uint8/bool frames (a quarter of the bytes), then convert
         x = x.contiguous(memory_format=torch.channels_last)
     return torso(as_float(x))
 

@@ -109,15 +109,14 @@ def parse_space(items: Sequence[str], field: str = "population.sweep",
     return space
 
 
-def sweep_values(space: dict[str, Distribution], members: int, seed: int = 0,
-                 field: str = "population.sweep") -> list[dict]:
+def sweep_values(space: dict[str, Distribution], members: int, seed: int = 0) -> list[dict]:
     """One value per name for each of ``members`` members. The lists make a grid (every combination, the first
     name slowest), repeated to fill the population, so its size must divide ``members`` (8 members over
     lr=a,b: 4 seeds of each); each range is drawn for each member from ``np.random.default_rng(seed)``."""
     lists = {k: d.values for k, d in space.items() if isinstance(d, Choice)}
     grid = list(itertools.product(*lists.values()))
     if members % len(grid):
-        fail(field, " ".join(f"{k}={','.join(map(str, v))}" for k, v in lists.items()),
+        fail("population.sweep", " ".join(f"{k}={','.join(map(str, v))}" for k, v in lists.items()),
              f"the lists make {len(grid)} combinations, which do not divide the {members} members")
     rng = np.random.default_rng(seed)
     combos = [dict(zip(lists, grid[m % len(grid)])) for m in range(members)]
@@ -138,13 +137,13 @@ class PBTParams:
     factors: tuple[float, ...] = (0.8, 1.2)
     """a perturbation multiplies a range's value by one of these, chosen uniformly, then clips it to the range"""
 
-    def check(self, field: str = "population") -> None:
+    def check(self) -> None:
         if not 0 < self.quantile <= 0.5:
-            fail(f"{field}.quantile", self.quantile, "must lie in (0, 0.5]: the bottom and the top may not overlap")
+            fail("population.quantile", self.quantile, "must lie in (0, 0.5]: the bottom and the top may not overlap")
         if not 0 <= self.resample_probability <= 1:
-            fail(f"{field}.resample_probability", self.resample_probability, "must lie in [0, 1]")
+            fail("population.resample_probability", self.resample_probability, "must lie in [0, 1]")
         if not self.factors or not all(f > 0 and math.isfinite(f) for f in self.factors):
-            fail(f"{field}.factors", self.factors, "must be one or more positive numbers")
+            fail("population.factors", self.factors, "must be one or more positive numbers")
 
 
 def quantiles(scores: Sequence[float], quantile: float) -> tuple[list[int], list[int]]:
