@@ -369,9 +369,6 @@ class PolicyNet(_Encoded):
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return legal_only(self.policy(encode(self, obs)), obs)
 
-    def step(self, obs: dict[str, torch.Tensor], core=None):
-        return self.forward(obs), None, None
-
 
 def action_size(spec: EnvSpec) -> int:
     """Discrete actions, or the dimensions of a Box action."""

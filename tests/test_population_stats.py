@@ -9,7 +9,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from seedlocal.algos.population_stats import bootstrap_ci, iqm, ranking, summarize, trimmed_mean
+from seedlocal.algos.population_stats import bootstrap_ci, iqm, summarize, trimmed_mean
 from seedlocal.errors import ConfigError
 
 
@@ -94,8 +94,6 @@ def test_bad_scores_are_refused_in_one_line(bad, words):
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError):
         iqm(bad)
-    with pytest.raises(ConfigError):
-        ranking(bad)
 
 
 def test_bad_bootstrap_settings_are_refused():

@@ -86,17 +86,12 @@ class PopulationSummary:
         return asdict(self)
 
 
-def ranking(scores: Sequence[float] | np.ndarray) -> tuple[int, ...]:
-    """Member indices, best score first; equal scores keep the lower index first."""
-    x = scores_array(scores)
-    return tuple(int(i) for i in np.argsort(-x, kind="stable"))
-
-
 def summarize(scores: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
               seed: int = 0) -> PopulationSummary:
-    """Mean, IQM, their percentile-bootstrap intervals (the same resamples for both) and the ranking."""
+    """Mean, IQM, their percentile-bootstrap intervals (the same resamples for both) and the ranking (member indices,
+    best score first; equal scores keep the lower index first)."""
     x = scores_array(scores)
     mean_ci = bootstrap_ci(x, lambda rows: rows.mean(axis=-1), resamples, confidence, seed)
     iqm_ci = bootstrap_ci(x, trimmed_mean, resamples, confidence, seed)
-    return PopulationSummary(len(x), float(x.mean()), mean_ci, float(trimmed_mean(x)), iqm_ci, confidence,
-                             ranking(x))
+    ranking = tuple(int(i) for i in np.argsort(-x, kind="stable"))
+    return PopulationSummary(len(x), float(x.mean()), mean_ci, float(trimmed_mean(x)), iqm_ci, confidence, ranking)
