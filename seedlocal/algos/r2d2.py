@@ -173,8 +173,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     ignored = batch["ignored"]
     first = episode_starts(ignored)
     b = p.burn_in
-    # Where the LSTM must cut its fused runs, from the host's copy of the flags
-    # when the batch brings one: reading them off a GPU would wait for it.
+    # Where the LSTM cuts its fused runs, from the host's copy of the flags if any: reading a GPU's would wait for it.
     head_starts = tail_starts = None
     if batch.get("ignored_host") is not None:
         first_host = episode_starts(batch["ignored_host"])
@@ -183,14 +182,11 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     tail = {k: v[b:] for k, v in batch["obs"].items()}
     core = batch["core_state"]
     with torch.no_grad():
-        if b:
-            _, online_core = online.unroll(head, core, first[:b], head_starts)
-            _, target_core = target.unroll(head, core, first[:b], head_starts)
-            # unroll() expects the state before its row 0 already reset where that row starts an episode.
-            keep = (~first[b]).to(online_core.dtype).view(-1, 1, 1)
-            online_core, target_core = online_core * keep, target_core * keep
-        else:
-            online_core = target_core = core
+        online_core = target_core = core
+        if b:  # unroll() expects the state before its row 0 already reset where that row starts an episode
+            keep = (~first[b]).to(core.dtype).view(-1, 1, 1)
+            online_core, target_core = (net.unroll(head, core, first[:b], head_starts)[1] * keep
+                                        for net in (online, target))
         q_target, _ = target.unroll(tail, target_core, first[b:], tail_starts)
     q_online, _ = online.unroll(tail, online_core.detach(), first[b:], tail_starts)
     actions = batch["action"][b:-1].long()
@@ -208,8 +204,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
         optimizer.step()
     priorities = sequence_priorities(delta.abs(), valid, p.priority_eta)
     n_valid = valid.sum().clamp(min=1)
-    # 0-dim device tensors: summed by the caller and read once per log, so
-    # only the priorities (which the replay needs) cross to the host per update.
+    # 0-dim device tensors, summed by the caller and read once per log: only the priorities cross to the host per update
     stats = {"loss": loss.detach(), "grad_norm": grad_norm.detach(),
              "td_abs": torch.where(valid, delta.abs(), 0.0).sum() / n_valid,
              "q_mean": torch.where(valid, q_taken.detach(), 0.0).sum() / n_valid}
