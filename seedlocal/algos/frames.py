@@ -147,6 +147,5 @@ class UnrollStacks:
         stacks = ext[idx, torch.arange(B, device=frames.device)[None, None, :]].transpose(1, 2)  # [L, B, S, H, W]
         self.hist[ids] = stacks[-1]
         self.last_ignored[ids] = ignored[-2]
-        for g, ep in zip(groups, epochs):
-            self.epochs[g] = ep
+        self.epochs.update(zip(groups, epochs))
         return stacks

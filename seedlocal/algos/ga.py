@@ -87,10 +87,7 @@ def _ranked(state: GAState, fitness) -> list[int]:
 
 def tell(state: GAState, p: GAParams, fitness) -> list[Genome]:
     """The elite candidates to re-evaluate: the top C distinct genomes by ``fitness``, then the previous elite."""
-    candidates: list[Genome] = []
-    for i in _ranked(state, fitness)[: p.elite_candidates]:
-        if state.genomes[i] not in candidates:
-            candidates.append(state.genomes[i])
+    candidates = list(dict.fromkeys(state.genomes[i] for i in _ranked(state, fitness)[: p.elite_candidates]))
     # The previous elite competes on fresh episodes, not its one noisy score here: one lucky episode cannot evict it.
     if state.elite is not None and state.elite not in candidates:
         candidates.append(state.elite)

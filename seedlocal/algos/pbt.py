@@ -220,7 +220,6 @@ def pbt_round(scores: Sequence[float], values: Sequence[dict], space: dict[str, 
     """One PBT round over a population: every member's hyperparameters after it (the top and the middle keep
     theirs) and a record of each exploit. The caller copies each record's donor into its member
     (``copy_member``) and applies the new values."""
-    p.check()
     if len(values) != len(scores):
         fail("scores", list(scores), f"one score per member: {len(values)} members")
     out = [dict(v) for v in values]

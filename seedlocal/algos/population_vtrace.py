@@ -84,8 +84,6 @@ def _stacked_batch(batches: Sequence[dict]) -> dict:
 class _Member:
     """One member's network as ``algos/vtrace.py``'s helpers call a model, run on that member's tensors."""
 
-    lstm = None  # feed-forward only: the minibatches are rows
-
     def __init__(self, stack: MemberStack, tensors: dict[str, Tensor]):
         self.stack, self.tensors = stack, tensors
 
