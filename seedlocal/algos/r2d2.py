@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from seedlocal.algos.vtrace import clipped_gradients
+from seedlocal.algos.vtrace import clipped_gradients, masked_mean
 from seedlocal.networks import cut_rows
 from seedlocal.spec import episode_starts
 
@@ -203,9 +203,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     with step_lock if step_lock is not None else contextlib.nullcontext():
         optimizer.step()
     priorities = sequence_priorities(delta.abs(), valid, p.priority_eta)
-    n_valid = valid.sum().clamp(min=1)
     # 0-dim device tensors, summed by the caller and read once per log: only the priorities cross to the host per update
     stats = {"loss": loss.detach(), "grad_norm": grad_norm.detach(),
-             "td_abs": torch.where(valid, delta.abs(), 0.0).sum() / n_valid,
-             "q_mean": torch.where(valid, q_taken.detach(), 0.0).sum() / n_valid}
+             "td_abs": masked_mean(delta.abs(), valid), "q_mean": masked_mean(q_taken.detach(), valid)}
     return stats, priorities

@@ -46,6 +46,11 @@ def masked(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x, torch.zeros_like(x))
 
 
+def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """The mean of ``x`` over its ``valid`` rows: they neither contribute nor dilute (0 with none)."""
+    return masked(x, valid).sum() / valid.sum().clamp(min=1)
+
+
 @torch.no_grad()
 def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tensor, discounts: Tensor, values: Tensor,
            bootstrap_value: Tensor, valid: Tensor, rho_bar: float = 1.0, c_bar: float = 1.0,
@@ -86,11 +91,6 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
     variance over the valid rows (or by ``moments(adv, valid)``, which data-parallel ranks take over every rank's rows):
     the policy step is then independent of scale.
     """
-    n_valid = valid.to(values.dtype).sum().clamp(min=1.0)
-
-    def masked_mean(x: Tensor) -> Tensor:
-        return masked(x, valid).sum() / n_valid
-
     action_log_probs = dist.log_prob(target_params, actions)
     # V-trace's rho-weighted advantages, or with ``clip`` the plain ones (the surrogate's ratio weights them)
     adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
@@ -98,18 +98,18 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
         if moments is not None:
             mean, std = moments(adv, valid)
         else:
-            mean = masked_mean(adv)
-            std = masked_mean((adv - mean) ** 2).sqrt()
+            mean = masked_mean(adv, valid)
+            std = masked_mean((adv - mean) ** 2, valid).sqrt()
         adv = (adv - mean) / (std + 1e-8)
     stats = {}
     if clipped(clip):
         policy_loss, stats["clip_fraction"] = _clipped_surrogate(
-            action_log_probs, adv, clip, masked_mean, values.dtype, behaviour_log_probs, proximal_log_probs,
+            action_log_probs, adv, clip, valid, values.dtype, behaviour_log_probs, proximal_log_probs,
             vtrace_returns.rhos)
     else:
-        policy_loss = -masked_mean(action_log_probs * adv)
-    baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2)
-    entropy = masked_mean(dist.entropy(target_params))
+        policy_loss = -masked_mean(action_log_probs * adv, valid)
+    baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2, valid)
+    entropy = masked_mean(dist.entropy(target_params), valid)
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
     stats.update(policy_loss=policy_loss.detach(), baseline_loss=baseline_loss.detach(), entropy=entropy.detach(),
                  total_loss=total_loss.detach())
@@ -123,7 +123,7 @@ def clipped(clip: float | Tensor) -> bool:
     return isinstance(clip, Tensor) or clip > 0
 
 
-def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, masked_mean, dtype: torch.dtype,
+def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, valid: Tensor, dtype: torch.dtype,
                        behaviour_log_probs: Tensor | None, proximal_log_probs: Tensor | None = None,
                        rhos: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A) over the valid rows, on r = pi/mu; or, with
@@ -138,7 +138,7 @@ def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, masked_mean,
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
     if weights is not None:
         surrogate = weights * surrogate
-    return -masked_mean(surrogate), masked_mean(((ratio - 1.0).abs() > clip).to(dtype)).detach()
+    return -masked_mean(surrogate, valid), masked_mean(((ratio - 1.0).abs() > clip).to(dtype), valid).detach()
 
 
 # -- the learner step -----------------------------------------------------------
@@ -311,9 +311,7 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
 
 def mean_rho(targets: _Targets) -> Tensor:
     """The mean clipped importance weight over a batch's valid rows (1 with none): how far the actors lag."""
-    n_valid = targets.valid.sum()
-    rho_mean = torch.where(targets.valid, targets.returns.rhos, 0.0).sum() / n_valid.clamp(min=1)
-    return torch.where(n_valid > 0, rho_mean, 1.0).detach()
+    return torch.where(targets.valid.any(), masked_mean(targets.returns.rhos, targets.valid), 1.0).detach()
 
 
 def update_loss(p: VTraceParams, dist, logits: Tensor, values: Tensor, t: _Targets,
