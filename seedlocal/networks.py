@@ -507,8 +507,7 @@ class RecurrentQNet(_Encoded):
         self._register_load_state_dict_pre_hook(_lstm_cell_names)
 
     def _encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        x = next(iter(obs.values()))
-        with autocast(x.device, self.precision, cache=False):  # each weight is used once; safe to graph
+        with autocast(next(iter(obs.values())).device, self.precision, cache=False):  # each weight used once: graphable
             return encode(self, obs).float()
 
     def _q(self, h: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:

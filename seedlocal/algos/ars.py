@@ -91,8 +91,7 @@ def step(state: ARSState, p: ARSParams, seeds: list[int], fitness) -> Tensor:
     finite = f[torch.isfinite(f)]
     f = f.clamp(finite.min(), finite.max()) if finite.numel() else torch.zeros_like(f)
     pairs = f.reshape(-1, 2)[keep]
-    sigma = float(pairs.std(unbiased=False))
-    sigma = sigma if sigma > 0 else 1.0  # every kept return equal: every weight is 0 anyway
+    sigma = float(pairs.std(unbiased=False)) or 1.0  # 0: every kept return equal, every weight is 0 anyway
     g = noise_sum([plus - minus for plus, minus in pairs.tolist()], [seeds[k] for k in keep.tolist()],
                   state.theta.numel())
     return g * (p.step_size / (len(keep) * sigma))

@@ -61,10 +61,8 @@ def fit_frames(preset, spec, as_preset_sends):
             return preset
     except Exception:
         pass
-    env = dataclasses.replace(preset.env, frame_stack=0)
-    if not hasattr(preset, "frame_stack"):
-        return dataclasses.replace(preset, env=env)
-    return dataclasses.replace(preset, env=env, frame_stack=stack if stack_problem(spec, stack) is None else 0)
+    kept = {"frame_stack": stack if stack_problem(spec, stack) is None else 0} if hasattr(preset, "frame_stack") else {}
+    return dataclasses.replace(preset, env=dataclasses.replace(preset.env, frame_stack=0), **kept)
 
 
 class FrameHistory:

@@ -75,9 +75,7 @@ def noise_table_length(size: int) -> int:
 @functools.lru_cache(maxsize=4)
 def noise_table(length: int) -> Tensor:
     """The standard normal float32 noise table, drawn once per process from a fixed seed: the same everywhere."""
-    g = torch.Generator(device="cpu")
-    g.manual_seed(NOISE_TABLE_SEED)
-    return torch.randn(length, generator=g, dtype=torch.float32)
+    return torch.randn(length, generator=torch.Generator().manual_seed(NOISE_TABLE_SEED), dtype=torch.float32)
 
 
 def noise(seed: int, size: int) -> Tensor:

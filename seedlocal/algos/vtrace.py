@@ -344,9 +344,8 @@ class _Updater:
         loss, stats = update_loss(p, self.dist, logits, values, t, moments)
         # the masked means' gradients, each rank weighted by its valid rows
         stats["grad_norm"] = clipped_gradients(loss, model, self.optimizer, p, self.ranks, t.valid.sum())
-        before = None
-        if self.diagnose and self.diag is None:
-            before = {n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
+        before = ({n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
+                  if self.diagnose and self.diag is None else None)
         with self.step_lock if self.step_lock is not None else contextlib.nullcontext():
             self.optimizer.step()
             if self.after_update is not None:
@@ -390,8 +389,7 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
     """``p.echo`` shuffled passes of ``p.minibatches`` updates on V-trace targets computed once, without
     gradients (see ``learner_step``); returns those targets (as rows [T * B] without an LSTM)."""
     ignored = batch["ignored"]
-    L, B = ignored.shape
-    T = L - 1
+    T, B = ignored.shape[0] - 1, ignored.shape[1]
     with torch.no_grad():
         targets = batch_targets(p, batch, *network_outputs(model, batch, first, precision))
     recurrent = getattr(model, "lstm", None) is not None
