@@ -70,18 +70,14 @@ class FrameHistory:
     the slots it is asked about (eval learns its count from its first batch)."""
 
     def __init__(self, frame, stack: int, device, slots: int = 0):
-        self.frame, self.stack, self.device = frame, stack, device
-        self.hist = None  # [env slots, stack, H, W]
-        if slots:
-            self._grown(slots)
+        self.stack = stack
+        # [env slots, stack, H, W] in the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255.
+        self.hist = torch.zeros((slots, stack) + tuple(frame.shape[1:]), dtype=torch_dtype(frame.dtype), device=device)
 
     def _grown(self, rows: int) -> torch.Tensor:
-        if self.hist is None or len(self.hist) < rows:
-            # The frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255.
-            grown = torch.zeros((rows, self.stack) + tuple(self.frame.shape[1:]), dtype=torch_dtype(self.frame.dtype),
-                                device=self.device)
-            if self.hist is not None:
-                grown[:len(self.hist)] = self.hist
+        if len(self.hist) < rows:
+            grown = self.hist.new_zeros((rows,) + self.hist.shape[1:])
+            grown[:len(self.hist)] = self.hist
             self.hist = grown
         return self.hist
 
