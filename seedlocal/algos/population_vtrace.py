@@ -49,17 +49,15 @@ NOT_IN_THE_UPDATE = ("init", "init_std", "separate_critic", "reward_scale", "syn
 def shared_params(params: Sequence[VTraceParams]) -> VTraceParams:
     """The members' common hyperparameters: every field not in ``PER_MEMBER``, ``AFTER_GRADIENT`` or
     ``NOT_IN_THE_UPDATE`` must agree, and so must whether ``clip`` is on."""
-    first = params[0]
-    for f in dataclasses.fields(VTraceParams):
-        if f.name in PER_MEMBER + AFTER_GRADIENT + NOT_IN_THE_UPDATE:
-            continue
-        values = [getattr(p, f.name) for p in params]
+    free = PER_MEMBER + AFTER_GRADIENT + NOT_IN_THE_UPDATE
+    for name in [f.name for f in dataclasses.fields(VTraceParams) if f.name not in free]:
+        values = [getattr(p, name) for p in params]
         if any(v != values[0] for v in values):
-            fail(f"algo.{f.name}", values, "members of a batched update take one value (it shapes the update); "
+            fail(f"algo.{name}", values, "members of a batched update take one value (it shapes the update); "
                  f"they may differ in {', '.join(PER_MEMBER + AFTER_GRADIENT[:2])}")
     if len({p.clip > 0 for p in params}) > 1:
         fail("algo.clip", [p.clip for p in params], "members of a batched update clip all (> 0) or none (0)")
-    return first
+    return params[0]
 
 
 def _member_costs(params: Sequence[VTraceParams], device: torch.device) -> dict[str, Tensor]:
