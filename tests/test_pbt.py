@@ -3,6 +3,7 @@ of a donor's weights and optimizer state into a recipient."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -133,7 +134,7 @@ def test_a_pbt_round_records_every_exploit_and_is_seeded():
     assert r.old == values[2] and r.copied == values[1] and r.new == new[2]
     assert new[2]["entropy_cost"] == 0.01 and r.how["learning_rate"] in ("x0.8", "x1.2", "resample")
     assert [new[i] for i in (0, 1, 3)] == [values[i] for i in (0, 1, 3)]
-    assert json.loads(json.dumps(r.as_dict())) == r.as_dict()  # a lineage log's line as it is
+    assert json.loads(json.dumps(dataclasses.asdict(r))) == dataclasses.asdict(r)  # a lineage log's line as it is
     again, records_again = pbt_round(scores, values, space, PBTParams(), np.random.default_rng(2), 5_000_000)
     assert (again, records_again) == (new, records)
     with pytest.raises(ConfigError, match="one score per member"):

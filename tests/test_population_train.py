@@ -4,6 +4,7 @@ statistics, sweep, run PBT through the trainer's own step, resume whole, and ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -195,7 +196,7 @@ def test_a_pbt_exploit_copies_weights_and_optimizer_state_exactly():
         assert torch.equal(row[0], row[2]), name
     t.stack.check()
     r = records[0]
-    assert r.copied == top.values and low.values == r.new and t.lineage == [r.as_dict()]
+    assert r.copied == top.values and low.values == r.new and t.lineage == [dataclasses.asdict(r)]
     assert texts.lines and texts.lines[0][0] == "population/lineage" and "member 0" in texts.lines[0][1]
     assert not low.recent and t.next_round == 200
 

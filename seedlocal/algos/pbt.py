@@ -27,7 +27,7 @@ import copy
 import difflib
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Collection, Sequence
 
 import numpy as np
@@ -210,9 +210,6 @@ class Exploit:
     copied: dict
     new: dict
     how: dict
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def pbt_round(scores: Sequence[float], values: Sequence[dict], space: dict[str, Distribution], p: PBTParams,

@@ -17,7 +17,7 @@ not a number to average).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -81,9 +81,6 @@ class PopulationSummary:
     iqm_ci: tuple[float, float]
     confidence: float
     ranking: tuple[int, ...]
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def summarize(scores: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, confidence: float = CONFIDENCE,

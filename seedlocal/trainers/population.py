@@ -284,7 +284,7 @@ class PopulationTrainer(VTraceLearning):
             member = self.members[r.member]
             member.set_values(values[r.member])
             member.recent.clear()  # its returns were its old weights'
-            self.lineage.append(r.as_dict())
+            self.lineage.append(dataclasses.asdict(r))
             moves = ", ".join(f"{k} {r.copied[k]:.4g} -> {r.new[k]:.4g} ({r.how[k]})" for k in r.how)
             monitor.text("population/lineage", f"member {r.member} ({r.score:.2f}) <- member {r.donor} "
                          f"({r.donor_score:.2f}): {moves}", self.counters["steps"])
@@ -332,7 +332,7 @@ class PopulationTrainer(VTraceLearning):
     def results(self, run: Run) -> dict:
         best = self.best()
         finals = [mb.score() for mb in self.members]
-        stats = summarize(finals).as_dict() if all(f is not None for f in finals) else None
+        stats = dataclasses.asdict(summarize(finals)) if all(f is not None for f in finals) else None
         members = [{"member": mb.index, "values": mb.values, "steps": mb.counters["steps"],
                     "updates": mb.counters["updates"], "episodes": mb.counters["episodes"],
                     "mean_return_last20": finals[mb.index]} for mb in self.members]
