@@ -288,9 +288,8 @@ def checkpoint_network(identity: dict, spec: EnvSpec) -> NetworkConfig:
 def action_identity(spec: EnvSpec) -> dict:
     """A Box action space's part of a checkpoint's identity (Discrete ones are named by num_actions): its
     shape, and how its actions meet its bounds (the same network acts otherwise under the other way)."""
-    if spec.num_actions is not None:
-        return {}
-    return {"action_shape": list(spec.box_shape), "box_actions": spec.box_actions}
+    box = spec.num_actions is None
+    return {"action_shape": list(spec.box_shape), "box_actions": spec.box_actions} if box else {}
 
 
 def obs_identity(spec: EnvSpec) -> dict:
@@ -526,9 +525,7 @@ class RecurrentQNet(_Encoded):
         """A copy without gradients (R2D2's target network). ``deepcopy`` gives each LSTM weight its own storage, which
         cuDNN repacks on every call (its "not part of single contiguous chunk" warning, seen on the H200): the copy's
         weights go back into one flat buffer."""
-        twin = copy.deepcopy(self)
-        for prm in twin.parameters():
-            prm.requires_grad_(False)
+        twin = copy.deepcopy(self).requires_grad_(False)
         twin.lstm.flatten_parameters()  # a no-op off cuDNN
         return twin
 

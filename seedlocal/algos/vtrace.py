@@ -329,8 +329,7 @@ class _Updater:
     """One optimiser update per call on a minibatch's outputs and targets; sums the statistics into ``totals``
     and, with ``diagnose``, measures the first update into ``diag`` (see ``learner_step``)."""
 
-    def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool,
-                 ranks=None):
+    def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool, ranks):
         self.model, self.optimizer, self.p = model, optimizer, p
         self.step_lock, self.after_update, self.diagnose = step_lock, after_update, diagnose
         self.ranks, self.dist = ranks, dist
