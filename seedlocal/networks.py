@@ -57,13 +57,12 @@ def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
 
 def is_image(spec: TensorSpec) -> bool:
     """An image of at least 36 x 36 pixels: what the Nature CNN and the Atari-sized presets take (not a grid)."""
-    chw = image_shape(spec)
-    return chw is not None and min(chw[1:]) >= NATURE_MIN_SIDE
+    return conv_kind(spec) == "nature"
 
 
 def is_grid(spec: TensorSpec) -> bool:
     """A small image (MinAtar's 10 x 10 x C): at least 5 x 5 cells, below 36 x 36."""
-    return image_shape(spec) is not None and not is_image(spec)
+    return conv_kind(spec) == "minatar"
 
 
 def image_fields(spec: EnvSpec) -> list[str]:
@@ -84,7 +83,8 @@ def auto_encoder(spec: EnvSpec) -> str:
 
 def conv_kind(field: TensorSpec) -> str | None:
     """The torso ``auto`` gives an image: the Nature CNN from 36 x 36 pixels up, MinAtar's below; else None."""
-    return "nature" if is_image(field) else "minatar" if is_grid(field) else None
+    chw = image_shape(field)
+    return None if chw is None else "nature" if min(chw[1:]) >= NATURE_MIN_SIDE else "minatar"
 
 
 class MLPEncoder(nn.Module):
@@ -147,11 +147,9 @@ class ImpalaResNet(_ConvTorso):
     """The deep IMPALA torso (Espeholt et al. 2018, fig. 3): three stages of conv, max-pool and two residual blocks."""
 
     def __init__(self, in_shape: tuple[int, int, int]):
-        stages, c = [], in_shape[0]
-        for out_c in (16, 32, 32):
-            stages += [nn.Conv2d(c, out_c, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                       _ResidualBlock(out_c), _ResidualBlock(out_c)]
-            c = out_c
+        chans = (in_shape[0], 16, 32, 32)
+        stages = [m for c, out_c in zip(chans, chans[1:]) for m in (nn.Conv2d(c, out_c, 3, padding=1),
+                  nn.MaxPool2d(3, stride=2, padding=1), _ResidualBlock(out_c), _ResidualBlock(out_c))]
         super().__init__(nn.Sequential(*stages, nn.ReLU(), nn.Flatten()), in_shape, 256)
 
 
