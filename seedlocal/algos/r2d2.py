@@ -1,8 +1,7 @@
 """R2D2: recurrent experience replay in distributed Q-learning (the math).
 
 Reference: S. Kapturowski et al., 2019, "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019
-(SEED RL's ``agents/r2d2`` for the Atari settings). Pure tensor functions and one learner step; replay storage and
-acting live elsewhere.
+(SEED RL's ``agents/r2d2`` for the Atari settings).
 
 Conventions (time-major, a batch of B stored sequences of L rows):
   * row t holds the observation the actor saw, the action it took, the reward of that action and whether the episode
