@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from seedlocal.dtypes import torch_dtype
+from seedlocal.shm.rollout import obs_name
 
 # Store field -> batch key (obs fields keep their own names under "obs").
 FIELDS = {"action": "action", "reward": "reward", "terminated": "terminated", "truncated": "truncated",
@@ -85,7 +86,7 @@ class Batcher:
                 ready.record(self.stream)
             self._copied[slot] = ready
             tensors = self.dev[slot]
-        data = {"obs": {("" if n == "obs" else n[4:]): tensors[n] for n in self.obs_keys},
+        data = {"obs": {obs_name(n): tensors[n] for n in self.obs_keys},
                 **{key: tensors[name] for name, key in self.fields.items()},
                 "core_state": tensors.get("core_state"),
                 "policy_version": self.store["policy_version"][bufs][:, :-1].copy()}

@@ -35,6 +35,7 @@ from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
 from seedlocal.pipeline.unrolls import UnrollAllocator
+from seedlocal.shm.rollout import obs_name
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 
 
@@ -103,12 +104,9 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     n = actions.shape[0]
     parts = [actions, *outputs.values()]
     block = torch.cat([t.reshape(n, -1).float() for t in parts], dim=1).cpu().numpy()
-    out, o = [], 0
-    for t in parts:
-        w = t[0].numel()
-        dtype = np.float32 if t.dtype == torch.bfloat16 else numpy_dtype(t.dtype)
-        out.append(block[:, o:o + w].reshape(t.shape).astype(dtype))
-        o += w
+    columns = np.split(block, np.cumsum([t[0].numel() for t in parts])[:-1], axis=1)
+    out = [c.reshape(t.shape).astype(np.float32 if t.dtype == torch.bfloat16 else numpy_dtype(t.dtype))
+           for c, t in zip(columns, parts)]
     return out[0], dict(zip(outputs, out[1:]))
 
 
@@ -181,12 +179,11 @@ class InferenceLoop:
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
         self._flat_version = self.store["policy_version"].reshape(-1)
         self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)  # group g's env slots (env_ids)
-        self._staging = {k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=torch_dtype(self.store[k].dtype),
-                                        pin_memory=self.device.type == "cuda") for k in self._obs_keys}
-        self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
-        # What the policy reads of a batch of k groups: views [k * E, ...] of the staging buffer, for every k.
-        self._staged = {key: [None] + [v[:k].reshape((k * self.E,) + v.shape[2:]) for k in range(1, self.G + 1)]
-                        for key, v in self._staging.items()}
+        # The policy reads a batch of k groups as the first k * E rows of the staging buffer [G * E, ...]; np.take
+        # gathers into its [G, E, ...] view.
+        self._staging = {k: torch.empty((self.G * self.E,) + self.store[k].shape[3:], dtype=torch_dtype(
+            self.store[k].dtype), pin_memory=self.device.type == "cuda") for k in self._obs_keys}
+        self._staging_np = {k: v.numpy().reshape((self.G, self.E) + v.shape[1:]) for k, v in self._staging.items()}
         spec = self.policy.core_state
         self.core = None if spec is None else torch.zeros((self.G, self.E) + spec.shape, device=self.device)
 
@@ -218,9 +215,8 @@ class InferenceLoop:
 
     def start(self) -> None:
         # Every batch size (whole groups, 1 to all), e.g. for CUDA graph capture, before any learner or worker runs.
-        self.policy.prepare([k * self.E for k in range(1, self.G + 1)], {("" if k == "obs" else k[4:]): torch.zeros(
-            (1,) + tuple(self.store[k].shape[3:]), dtype=self._staging[k].dtype, device=self.device)
-            for k in self._obs_keys})
+        self.policy.prepare([k * self.E for k in range(1, self.G + 1)],
+                            {obs_name(k): torch.zeros_like(v[:1], device=self.device) for k, v in self._staging.items()})
         self._state[:] = STEPPING
         self.unrolls.bind_all()
         self.pool.start()
@@ -429,7 +425,7 @@ class InferenceLoop:
             # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
             # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.
             np.take(self._flat[key], b.flat, axis=0, out=self._staging_np[key][:k], mode="clip")
-            obs[key[4:] if key != "obs" else ""] = self._staged[key][k].to(self.device, non_blocking=True)
+            obs[obs_name(key)] = self._staging[key][:k * self.E].to(self.device, non_blocking=True)
         return obs
 
     def _scatter(self, b: _Batch) -> None:
