@@ -1,13 +1,12 @@
 """The inference loop: batches ready groups, runs the policy, writes actions.
 
-Each call of :meth:`InferenceLoop.step`
+Each :meth:`InferenceLoop.step`
 
-1. waits (in the kernel) until ``min_batch_envs`` observations are ready or ``batch_timeout_s`` has passed
-   since the first one was (``_collect``);
-2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll
-   (``pipeline/unrolls.py``), whose row 0 is the same observation. With none free the group is *parked*
-   (its worker sleeps) until one is released: this bounds the learner's policy lag by the number of
-   unrolls. No call blocks; the other groups are served on (``_rotate``);
+1. waits in the kernel until ``min_batch_envs`` observations are ready, or ``batch_timeout_s`` after the first
+   (``_collect``);
+2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll whose row 0
+   is the same observation (``pipeline/unrolls.py``); with none free the group is *parked* (its worker sleeps) until
+   one is released, which bounds the policy lag by the number of unrolls, and the others are served on (``_rotate``);
 3. gathers the observations into a staging buffer (pinned on CUDA) and copies it to the device (``_stage``);
 4. runs the policy (``_act``);
 5. scatters actions and outputs into the same rows and gives the slots back to their workers (``_scatter``).
@@ -44,12 +43,9 @@ class LoopStopped(Exception):
 
 
 class EpisodeLog:
-    """Finished episodes, counted exactly at any episode rate.
-
-    The inference thread ``add``s each batch's finished episodes; a reader ``take``s what finished since its
-    last take: the exact count and sums (so means are exact however many episodes end between two reads) and
-    the most recent ``keep`` episodes themselves. Memory stays bounded whether or not anyone reads.
-    """
+    """Finished episodes, counted exactly at any episode rate: the inference thread ``add``s each batch's, a reader
+    ``take``s the count and sums since its last take (exact means however many end between reads) and the last
+    ``keep`` episodes. Memory stays bounded whether or not anyone reads."""
 
     def __init__(self, keep: int = 1000):
         self._lock = threading.Lock()
@@ -472,12 +468,11 @@ class InferenceLoop:
 class StallWatch:
     """Notices a learner waiting on envs that make no progress (a hung env).
 
-    The learner calls ``start`` when it begins to wait and ``poll`` while it waits. Once no env step has arrived
-    for ``after`` seconds, ``poll`` says so (every ``every`` seconds), naming the local workers whose groups are
-    still inside their envs' step or reset, and returns True, so a run loop can stop at its time budget instead
-    of waiting for ever. A single worker stuck while the others run on is named too (after ``3 x after``
-    seconds). With a bridge a whole-run stall is said only where a local worker is stuck: waiting for actor
-    hosts is expected there (the bridge meter reports it).
+    The learner calls ``start`` when it begins to wait and ``poll`` while it waits. With no env step for ``after``
+    seconds, ``poll`` names (every ``every`` seconds) the local workers whose groups are still inside their envs'
+    step or reset, and returns True, so a run loop can stop at its time budget. A single stuck worker is named too
+    (after ``3 x after`` seconds). With a bridge, a whole-run stall is said only where a local worker is stuck
+    (waiting for actor hosts is expected: the bridge meter reports it).
     """
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):

@@ -50,11 +50,8 @@ class WorkerArgs:
 
 
 def _leave_forkserver() -> None:
-    """Drop this process's copy of the pipe that keeps multiprocessing's forkserver alive.
-
-    The server exits when every holder of that pipe's write end has closed it, and it hands a copy to each
-    process it forks (so that a child may fork more). A worker holding one would keep its parent, the server,
-    alive after the learner died, and so would never be orphaned: both would be left behind."""
+    """Close this process's copy of the forkserver's keep-alive pipe, which every forked child inherits: held, it
+    would keep the server, and so this worker, alive after the learner died (docs/architecture.md)."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
