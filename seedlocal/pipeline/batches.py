@@ -1,14 +1,13 @@
 """Unrolls to learner batches: one copy per field, one batch ahead.
 
-The store keeps unrolls as [buffers, L, E, ...]; the learner wants one time-major batch [L, k*E, ...] of k of them
-on its device. ``Batcher`` copies each unroll once, straight into its columns of a preallocated time-major host
-buffer (pinned when the device is CUDA, so the copy to the device runs asynchronously on a side stream); on a CPU
-learner that buffer *is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the learner, with two
-buffer sets: while the learner works on one batch, the next is collected and copied into the other set.
+``Batcher`` copies each unroll of the store's [buffers, L, E, ...] once, into its columns of a preallocated
+time-major batch [L, k*E, ...] (pinned on CUDA, copied to the device on a side stream; on a CPU learner the host
+set is the batch). ``Prefetcher`` does this in a thread, one batch ahead of the learner (docs/pipeline.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -138,12 +137,10 @@ class Prefetcher(threading.Thread):
             self.ready.put(e)
 
     def _get(self, q: queue.Queue):
-        while True:
-            try:
+        while not self._halt.is_set():
+            with contextlib.suppress(queue.Empty):
                 return q.get(timeout=0.2)
-            except queue.Empty:
-                if self._halt.is_set():
-                    raise _Stopped from None
+        raise _Stopped
 
     def next(self, timeout: float) -> Batch | None:
         """The next batch, or None after ``timeout`` seconds without one.

@@ -13,12 +13,9 @@ import torch
 
 class WeightLock:
     """A lock, plus CUDA events, between the optimiser's writes of the learner's weights and the inference thread's
-    reads of them, which read them in place, as in SEED (DESIGN decision 4).
-
-    The learner wraps each ``optimizer.step()`` in ``with lock:``; the inference thread wraps each forward in
-    ``with lock.reading():``. On a CPU that is all. On CUDA, where the inference thread has a stream of its own
-    (Python order is not GPU order), a read first waits for the event recorded after the last write, and a write
-    for the event recorded after the last read.
+    reads of them in place (SEED's way, DESIGN decision 4): the learner wraps each ``optimizer.step()`` in ``with
+    lock:``, the inference thread each forward in ``with lock.reading():``. On CUDA, where the inference thread has
+    its own stream, a read first waits for the event recorded after the last write, and a write for the last read's.
     """
 
     def __init__(self, device: torch.device | str = "cpu"):
@@ -78,11 +75,10 @@ class GraphedStep:
         return 1 << max(0, n - 1).bit_length()
 
     def capture(self, sizes, obs: dict[str, torch.Tensor], core: torch.Tensor | None = None) -> None:
-        """Capture the graph of every bucket that batches of ``sizes`` rows
-        fall in; ``obs`` and ``core`` give each input's row shape and dtype."""
-        for size in sorted({self.bucket(int(n)) for n in sizes}):
-            if size not in self.graphs:
-                self._capture(size, obs, core)
+        """Capture the graph of every bucket that batches of ``sizes`` rows fall in and has none yet; ``obs`` and
+        ``core`` give each input's row shape and dtype."""
+        for size in sorted({self.bucket(int(n)) for n in sizes} - self.graphs.keys()):
+            self._capture(size, obs, core)
 
     def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
         # Everything on the configured device (cuda:1 included): torch.cuda.graph's capture stream belongs to the
