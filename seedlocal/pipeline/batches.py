@@ -49,10 +49,8 @@ class Batcher:
         # core_state's [E, 2, H] -> [k*E, 2, H].
         self._axis = {name: 0 if name == "core_state" else 1 for name in
                       self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else [])}
-        shapes = {}
-        for name, axis in self._axis.items():
-            shapes[name] = list(store[name].shape[1:])
-            shapes[name][axis] *= k
+        shapes = {name: [d * k if i == axis else d for i, d in enumerate(store[name].shape[1:])]
+                  for name, axis in self._axis.items()}
         self.host_t: list[dict[str, torch.Tensor]] = [
             {n: torch.empty(shape, dtype=torch_dtype(store[n].dtype), pin_memory=self.cuda)
              for n, shape in shapes.items()} for _ in range(sets)]

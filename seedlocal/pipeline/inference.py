@@ -162,14 +162,10 @@ class InferenceLoop:
         self._unhold.connect(pool.obs_ready.post)
         # Which groups actor hosts step, behind the bridge (None: none).
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
-        self._batch_buffers()
-
-    def _batch_buffers(self) -> None:
-        """What every batch reuses, made once: flat views of the store's fields, a staging buffer per
-        observation field (pinned on CUDA) and the recurrent state of every env (when the policy has one)."""
+        # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields, so that one
+        # index per row (buf * L + row) reaches a field: one np.take gathers a batch's observations, every other
+        # field is one small read or write.
         self._obs_keys = self.layout.obs_keys()
-        # [buffers * rows, envs, ...] views, so that one index per row (buf * L + row) reaches a field: one
-        # np.take gathers a batch's observations, every other field is one small read or write.
         fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
         fields += [f"out.{name}" for name in self.layout.outputs]
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
@@ -211,8 +207,8 @@ class InferenceLoop:
 
     def start(self) -> None:
         # Every batch size (whole groups, 1 to all), e.g. for CUDA graph capture, before any learner or worker runs.
-        self.policy.prepare([k * self.E for k in range(1, self.G + 1)],
-                            {obs_name(k): torch.zeros_like(v[:1], device=self.device) for k, v in self._staging.items()})
+        zeros = {obs_name(k): torch.zeros_like(v[:1], device=self.device) for k, v in self._staging.items()}
+        self.policy.prepare([k * self.E for k in range(1, self.G + 1)], zeros)
         self._state[:] = STEPPING
         self.unrolls.bind_all()
         self.pool.start()
