@@ -55,12 +55,10 @@ class WeightLock:
 
 
 class GraphedStep:
-    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs: one per batch size rounded up
-    to a power of two, into one shared memory pool. ``capture`` takes every size a run will serve at start-up,
-    before the learner starts (a capture synchronises the device and empties the allocator's cache); a size that
-    still comes unannounced is captured when it comes. Inputs are copied into the graph's static buffers (pad rows
-    keep stale data; their outputs are dropped) and outputs are cloned out, so the caller may hold them past the
-    next call. Parameters are read where they live, so the next replay sees an optimiser step.
+    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs, one per batch size rounded up to
+    a power of two, in one memory pool; ``capture`` takes every size a run will serve before the learner starts, an
+    unannounced one is captured when it comes. Inputs are copied into static buffers (pad rows' outputs dropped),
+    outputs cloned out (the caller may keep them); parameters are read where they live (docs/pipeline.md).
     """
 
     def __init__(self, step, device: torch.device):

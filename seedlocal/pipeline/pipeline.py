@@ -4,10 +4,8 @@
     with Pipeline(env_cfg, pipe_cfg, make_policy, spec, shape) as pipe:
         pipe.loop.run(seconds=10)
 
-Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation: a trainer's, with what the trainer
-needs, or a bare pipeline's (``prepare_pipeline``).
-
-Leaving the ``with`` block, by return, exception or Ctrl-C, stops the workers and unlinks the shared memory.
+Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation. Leaving the ``with`` block, by
+return, exception or Ctrl-C, stops the workers and unlinks the shared memory.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The contract between the inference loop and what it runs on each batch.
 
-Every policy implements one protocol, ``Policy``; the loop calls it the same way whatever the algorithm, so a new
-kind of acting (a Gaussian for continuous actions, a population of networks) is one more class in
-``seedlocal/policies/`` and no branch in the loop. It lives here, beside the loop, so that the pipeline depends on
-no policy and the policies depend on the pipeline, not both ways. What a policy reads and writes is declared:
+Every policy implements ``Policy``, which the loop calls the same way whatever the algorithm: a new kind of acting
+(a Gaussian, a population of networks) is one more class in ``seedlocal/policies/``, no branch in the loop. It lives
+beside the loop, so that the policies depend on the pipeline and not both ways. What a policy reads and writes:
 
 * it **reads** a batch: the observations of ``n`` env rows (a dict of tensors on its device), their recurrent state
   (``core``, zeroed by the loop where an episode starts; None when ``core_state`` is None), each row's env slot
