@@ -141,10 +141,8 @@ class Prefetcher(threading.Thread):
         raise _Stopped
 
     def next(self, timeout: float) -> Batch | None:
-        """The next batch, or None after ``timeout`` seconds without one.
-
-        Without the thread started (``algo.sync``: the actors wait for every update, so there is no next batch to
-        fetch ahead) the caller collects and copies the batch itself."""
+        """The next batch, or None after ``timeout`` seconds without one. Without the thread started (``algo.sync``:
+        the actors wait for every update, so there is none to fetch ahead) the caller collects and copies it."""
         if not self.is_alive() and not self.release_early:
             return self._collect_here(timeout)
         try:

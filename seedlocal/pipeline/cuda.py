@@ -79,15 +79,11 @@ class GraphedStep:
             self._capture(size, obs, core)
 
     def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
-        # Everything on the configured device (cuda:1 included): torch.cuda.graph's capture stream belongs to the
-        # current one.
+        # On the configured device (cuda:1 too): torch.cuda.graph's capture stream belongs to the current one.
         with torch.cuda.device(self.device):
-            static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device)
-                          for k, v in obs.items()}
-            static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
-                                                                 device=self.device)
-            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as
-            # torch.cuda.graphs asks.
+            static_obs = {k: v.new_zeros((size,) + v.shape[1:], device=self.device) for k, v in obs.items()}
+            static_core = None if core is None else core.new_zeros((size,) + core.shape[1:], device=self.device)
+            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as torch asks.
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):

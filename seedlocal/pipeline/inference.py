@@ -445,12 +445,9 @@ class InferenceLoop:
         self.pool.obs_ready.post()
 
     def run_until_stopped(self) -> None:
-        """Serve batches until ``request_stop``; for an inference thread.
-
-        On CUDA the thread enqueues on a stream of its own, so its copies and forwards do not queue behind the
-        learner's kernels on the default stream. What it shares with the learner is ordered explicitly: the
-        weights by the policy's ``WeightLock``, everything created before it starts (recurrent state, frame
-        stacks) by one wait here."""
+        """Serve batches until ``request_stop``; for an inference thread. On CUDA it enqueues on a stream of its own
+        (not behind the learner's kernels); the weights are ordered by the policy's ``WeightLock``, everything made
+        before it starts (recurrent state, frame stacks) by one wait here (docs/pipeline.md)."""
         torch.set_num_threads(self.threads)
         cuda = self.device.type == "cuda"
         with contextlib.suppress(LoopStopped), (

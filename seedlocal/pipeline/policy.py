@@ -30,10 +30,8 @@ SERVE, HOLD, RESTART = 0, 1, 2
 
 
 class Unhold:
-    """A planning policy's request, from any thread, that the loop serve its held groups again.
-
-    The policy makes it when it is built; the loop built around that policy connects its wake-up to it. So the
-    policy holds no reference to the loop that holds the policy."""
+    """A planning policy's request, from any thread, that the loop serve its held groups again. The policy makes it;
+    the loop built around the policy connects its wake-up to it, so the policy holds no reference to the loop."""
 
     def __init__(self) -> None:
         self._asked = threading.Event()

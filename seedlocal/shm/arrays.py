@@ -154,11 +154,8 @@ def _unlink_recorded_semaphores(fd: int) -> None:
 
 
 class SharedArrays:
-    """A shared-memory segment seen as a dict of numpy arrays.
-
-    ``SharedArrays.create(specs, tag)`` allocates (zeroed) and owns; ``SharedArrays.attach(name, specs)`` maps an
-    existing segment. ``close()`` unmaps; the owner's ``close()`` also unlinks.
-    """
+    """A shared-memory segment seen as a dict of numpy arrays: ``create(specs, tag)`` allocates (zeroed) and owns,
+    ``attach(name, specs)`` maps an existing one; ``close()`` unmaps, and unlinks in the owner."""
 
     def __init__(self, shm: shared_memory.SharedMemory, specs: list[ArraySpec], owner: bool):
         self._shm, self.owner, self.specs = shm, owner, {s.name: s for s in specs}
