@@ -79,8 +79,7 @@ class Batcher:
                     self.stream.wait_event(self._released[slot])  # the learner is done reading this set
                 for name, t in tensors.items():
                     self.dev[slot][name].copy_(t, non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record(self.stream)
+                ready = self.stream.record_event()
             self._copied[slot] = ready
             tensors = self.dev[slot]
         data = {"obs": {obs_name(n): tensors[n] for n in self.obs_keys},
@@ -99,9 +98,7 @@ class Batcher:
     def done(self, batch: Batch) -> None:
         """The learner has queued its last work on ``batch``: its set may be refilled."""
         if self.cuda:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(self.device))
-            self._released[batch.slot] = ev
+            self._released[batch.slot] = torch.cuda.current_stream(self.device).record_event()
 
 
 class Prefetcher(threading.Thread):

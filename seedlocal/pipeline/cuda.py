@@ -28,11 +28,6 @@ class WeightLock:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
-    def _record(self):
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))  # this thread's current stream
-        return event
-
     def __enter__(self) -> WeightLock:
         self._lock.acquire()
         self._after(self._read)
@@ -41,7 +36,7 @@ class WeightLock:
     def __exit__(self, *exc) -> None:
         try:
             if self.cuda:
-                self._wrote = self._record()
+                self._wrote = torch.cuda.current_stream(self.device).record_event()  # this thread's stream
         finally:
             self._lock.release()
 
@@ -51,7 +46,7 @@ class WeightLock:
             self._after(self._wrote)
             yield
             if self.cuda:
-                self._read = self._record()
+                self._read = torch.cuda.current_stream(self.device).record_event()
 
 
 class GraphedStep:

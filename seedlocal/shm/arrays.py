@@ -102,9 +102,8 @@ def sweep_stale_segments() -> list[str]:
 
 
 def sweep_once() -> None:
-    """Sweep, unless this process did already: at the first segment it makes, and where a process will make
-    segments only later (an actor host, once a learner answers) as soon as it starts, so that what a killed
-    predecessor left does not wait for a learner to come up."""
+    """Sweep once per process: at its first segment, or as it starts where it makes segments only later (an actor
+    host, once a learner answers), so that what a killed predecessor left does not wait for a learner."""
     global _swept
     if not _swept:
         _swept = True
