@@ -73,10 +73,9 @@ def main_file_hidden_if_missing():
 
 
 def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> int:
-    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j): its
-    envs' place in the block of seeds of this rank and start (``PipelineShape.seed_block``), so that no restart
-    of any rank's worker takes another's seeds. The blocks wrap below envpool's int32 end: restarts are a
-    rate, not a count, over a long run."""
+    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j): their place
+    in this rank's and start's block (``PipelineShape.seed_block``), so that no restart of any rank's worker takes
+    another's seeds. The blocks wrap below envpool's int32 end (restarts are a rate over a long run)."""
     offset = shape.groups_of(worker).start * shape.envs_per_group
     return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 

@@ -262,11 +262,11 @@ def free_port() -> int:
 
 def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | None = None,
            interrupt_ranks: bool = False) -> int:
-    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them. When
-    one ends with an error or a signal, it is named in one line, and the others (whose next collective fails) get 2
-    x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On Ctrl-C, the ranks got
-    the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a notebook's interrupt reaches this
-    process alone) they are sent SIGTERM, a clean stop, here. Returns the exit status (130 after Ctrl-C)."""
+    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them. A rank
+    that ends with an error or a signal is named in one line; the others get 2 x ``timeout_s`` to end by themselves
+    before they are stopped (SIGTERM, then SIGKILL). On Ctrl-C the ranks got the terminal's SIGINT too; with
+    ``interrupt_ranks`` (``seedlocal.train``: a notebook's interrupt reaches this process alone) they are sent
+    SIGTERM here. Returns the exit status (130 after Ctrl-C)."""
     # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
     # the launcher's one line names the rank instead.
     warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))

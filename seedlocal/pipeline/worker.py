@@ -144,12 +144,9 @@ def run_worker(args: WorkerArgs) -> None:
 
 
 def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
-    """One thread per group, so each blocks on its own env and its own slot.
-
-    envpool releases the GIL while its threads step, so the other group's thread can publish and send meanwhile
-    (measured: two threads on two pools step Pong and CartPole as fast as raw envpool; one thread alternating
-    ``recv`` calls serialises the groups and halves Pong).
-    """
+    """One thread per group, so each blocks on its own env and its own slot: envpool releases the GIL while its
+    threads step, so the other group's thread publishes and sends meanwhile (measured: two threads on two pools
+    step Pong and CartPole as fast as raw envpool; one thread alternating ``recv`` calls halves Pong)."""
     try:
         _group_loop(args, g, env, control, store)
     except BaseException as e:
