@@ -121,21 +121,22 @@ class Prefetcher(threading.Thread):
             while not self._halt.is_set():
                 slot = self._get(self._free)
                 bufs = [self._get(self.loop.completed) for _ in range(self.batcher.k)]
+                if slot is None or None in bufs:  # halted
+                    return
                 batch = self.batcher.fill(bufs, slot)
                 if self.release_early:
                     for b in bufs:
                         self.loop.release(b)
                 self.ready.put(batch)
-        except _Stopped:
-            pass
         except BaseException as e:  # handed to the learner, which raises it
             self.ready.put(e)
 
     def _get(self, q: queue.Queue):
+        """The next item of ``q``; None once halted."""
         while not self._halt.is_set():
             with contextlib.suppress(queue.Empty):
                 return q.get(timeout=0.2)
-        raise _Stopped
+        return None
 
     def next(self, timeout: float) -> Batch | None:
         """The next batch, or None after ``timeout`` seconds without one. Without the thread started (``algo.sync``:
@@ -174,7 +175,3 @@ class Prefetcher(threading.Thread):
         self._halt.set()
         if self.is_alive():
             self.join(timeout=5)
-
-
-class _Stopped(Exception):
-    pass
