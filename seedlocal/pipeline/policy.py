@@ -70,9 +70,8 @@ class Policy(abc.ABC):
     unhold: Unhold | None = None
     """a planning policy's ``Unhold``: calling it has the groups it held served again"""
     generator: torch.Generator | None = None
-    """where its random draws come from (None: torch's global generator). The videos during training give each
-    policy they play one of its own: training's acting draws from the global one, whose stream a video's draws
-    would otherwise move"""
+    """where its random draws come from (None: torch's global generator, training's acting's; the videos during
+    training give each policy they play one of its own, so that its draws do not move that stream)"""
 
     def prepare(self, sizes: list[int], obs: dict[str, torch.Tensor]) -> None:
         """Before the run: ``sizes`` are every batch size (env rows) the loop
