@@ -459,14 +459,12 @@ class InferenceLoop:
 
 
 class StallWatch:
-    """Notices a learner waiting on envs that make no progress (a hung env).
+    """Notices a learner waiting on envs that make no progress (a hung env; docs/pipeline.md, "Failure handling").
 
-    The learner calls ``start`` when it begins to wait and ``poll`` while it waits. With no env step for ``after``
-    seconds, ``poll`` names (every ``every`` seconds) the local workers whose groups are still inside their envs'
-    step or reset, and returns True, so a run loop can stop at its time budget. A single stuck worker is named too
-    (after ``3 x after`` seconds). With a bridge, a whole-run stall is said only where a local worker is stuck
-    (waiting for actor hosts is expected: the bridge meter reports it).
-    """
+    The learner calls ``start`` as it begins to wait and ``poll`` while it waits: after ``after`` s without an env
+    step, ``poll`` names (every ``every`` s) the local workers still inside an env's step or reset and returns True,
+    so a run can stop at its budget; a lone stuck worker is named after ``3 x after`` s. With a bridge a whole-run
+    stall is said only where a local worker is stuck (the bridge meter reports waiting for actor hosts)."""
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
