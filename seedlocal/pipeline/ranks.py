@@ -158,13 +158,9 @@ class Ranks(Solo):
         self._call("the running statistics", dist.all_gather, got, mine, group=self.scalars)
         total, m, v = 0.0, mean, var
         for row in got:
-            c = float(row[0])
-            if c == 0:
-                continue
-            if total == 0:
-                total, m, v = c, row[1:1 + k], row[1 + k:]
-            else:
-                total, m, v = merge_moments(total, m, v, c, row[1:1 + k], row[1 + k:])
+            c, row_m, row_v = float(row[0]), row[1:1 + k], row[1 + k:]
+            if c:
+                total, m, v = (c, row_m, row_v) if total == 0 else merge_moments(total, m, v, c, row_m, row_v)
         return total, m, v
 
     def sum(self, values: list[float]) -> list[float]:
