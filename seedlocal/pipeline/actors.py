@@ -207,8 +207,7 @@ class ActorPool:
     def describe_exit(self, w: int, when: str = "") -> str:
         """One line: which worker, how it ended (``when``, e.g. "before ..."), and the exception it recorded."""
         p = self.procs[w]
-        code = p.exitcode
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
         errors = [e for e in (read_text(self.control, "group_error", g) for g in self.shape.groups_of(w)) if e]
         why = f" ({errors[0]})" if errors else ""
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
