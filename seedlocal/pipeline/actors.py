@@ -1,9 +1,8 @@
 """Starting, watching and stopping env worker processes.
 
-``ActorPool`` owns the shared memory of a run (control block and unroll store) and the worker processes, and,
-with a bridge, the bridge server process that serves the remote groups (numbered after the local ones). Whatever
-way the run ends (return, exception, Ctrl-C, SIGTERM), ``close()`` stops the workers within a few seconds,
-escalating to SIGKILL, and unlinks every segment.
+``ActorPool`` owns a run's shared memory (control block, unroll store), its worker processes and, with a bridge, the
+server process that serves the remote groups (numbered after the local ones). However the run ends, ``close()``
+stops them within a few seconds, escalating to SIGKILL, and unlinks every segment.
 """
 
 from __future__ import annotations
@@ -31,26 +30,23 @@ SERVER_GOODBYE_S = GOODBYE_S + 2.0
 
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
-# What every env worker imports before its first step (the worker module brings seedlocal/envs/ with it): forked
-# from a server that has it already, a worker starts at once (docs/architecture.md). The server outlives a process's
-# runs and exits with it, at once (forkserver_exit), so that its workers' PR_SET_PDEATHSIG follows a killed learner.
+# What every env worker imports before its first step (the worker module brings seedlocal/envs/), so that one forked
+# from the server starts at once; forkserver_exit makes the server exit at once with its process (docs/architecture.md).
 WORKER_PRELOAD = ["seedlocal.pipeline.forkserver_exit", "seedlocal.pipeline.worker"]
 
 
 def worker_context(envpool: bool = True):
-    """The multiprocessing context env workers start from: a forkserver (never a fork of the learner, whose
-    threads and CUDA state a child must not inherit) with the workers' imports preloaded, envpool too with
-    ``envpool`` (a Gymnasium env's workers never import it). The preloads are the server's first start's: a
-    later run of another backend in the same process imports what its workers lack at their start."""
+    """The multiprocessing context env workers start from: a forkserver (never a fork of the learner, whose threads
+    and CUDA state a child must not inherit) with the workers' imports preloaded, envpool too with ``envpool`` (a
+    Gymnasium env's workers never import it). The server's first start decides the preloads."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(WORKER_PRELOAD + (["envpool"] if envpool else []))
     return ctx
 
 
 def start_server(spec: EnvSpec) -> None:
-    """Start the workers' forkserver now rather than with the first worker, so that its imports (about a second)
-    run on another core while the learner builds its trainer. Nothing waits for it: the first worker's start
-    does."""
+    """Start the workers' forkserver now, so that its imports (about a second) run on another core while the learner
+    builds its trainer; the first worker's start waits for it."""
     forkserver_pid(spec.backend == "envpool")
 
 
@@ -62,9 +58,8 @@ def _main_has_file() -> bool:
 
 @contextmanager
 def main_file_hidden_if_missing():
-    """A child process runs the parent's ``__main__`` file again; read from standard input (``python -``), that
-    file is "<stdin>", which no child can open (every worker died before its first step). Such a ``__main__`` is
-    hidden while a process starts, as ``python -c``'s, which has no file, always is."""
+    """A child runs the parent's ``__main__`` file again; read from standard input (``python -``) that file is
+    "<stdin>", which no child can open, so it is hidden while a process starts (as ``python -c`` has none)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if path is None or os.path.isfile(path):
@@ -78,10 +73,9 @@ def main_file_hidden_if_missing():
 
 
 def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> int:
-    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j): its
-    envs' place in the block of seeds of this rank and start (``PipelineShape.seed_block``), so that no restart
-    of any rank's worker takes another's seeds. The blocks wrap below envpool's int32 end: restarts are a
-    rate, not a count, over a long run."""
+    """The seed of local worker ``worker``'s envs at its ``restarts``-th restart (env j gets this + j): their place
+    in this rank's and start's block (``PipelineShape.seed_block``), so that no restart of any rank's worker takes
+    another's seeds. The blocks wrap below envpool's int32 end (restarts are a rate over a long run)."""
     offset = shape.groups_of(worker).start * shape.envs_per_group
     return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 
@@ -113,9 +107,7 @@ class ActorPool:
         self.errors_file, self._shown_traceback = errors_file, False
         self._envpool = spec.backend == "envpool"  # whether the workers' forkserver preloads envpool (envs/make.py)
         self._ctx = worker_context(self._envpool)
-        self.control: SharedArrays | None = None
-        self.store: SharedArrays | None = None
-        self.semaphores: SharedArrays | None = None
+        self.control = self.store = self.semaphores = None  # SharedArrays, None once closed
         self.procs: list[mp.Process | None] = [None] * num_workers
         self.restarts = [0] * num_workers
         self._restarted_at: list[list[float]] = [[] for _ in range(num_workers)]  # monotonic times, per worker
@@ -215,16 +207,15 @@ class ActorPool:
     def describe_exit(self, w: int, when: str = "") -> str:
         """One line: which worker, how it ended (``when``, e.g. "before ..."), and the exception it recorded."""
         p = self.procs[w]
-        code = p.exitcode
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
         errors = [e for e in (read_text(self.control, "group_error", g) for g in self.shape.groups_of(w)) if e]
         why = f" ({errors[0]})" if errors else ""
         return f"env worker {w} (pid {p.pid}, env {self.spec.env_id}) {how}{when}{why}"
 
     def show_traceback(self, w: int) -> None:
-        """The first time a worker dies of its env's exception, that env's traceback (its own frames, so the
-        user's file and line) on stderr, and the file every worker's whole one goes to; each later death is
-        the caller's one line. Without a file the worker printed its whole traceback itself."""
+        """At the first worker that dies of its env's exception, that env's traceback (its own frames: the user's
+        file and line) on stderr, naming the file that has every whole one; a later death is the caller's one line.
+        Without a file the worker printed its traceback itself."""
         if not self.errors_file or self._shown_traceback:
             return
         trace = next((t for t in (read_text(self.control, "group_trace", g) for g in self.shape.groups_of(w)) if t), "")
@@ -234,11 +225,8 @@ class ActorPool:
                   f"{self.errors_file}):\n{trace.rstrip()}", file=sys.stderr, flush=True)
 
     def begin_restart(self, w: int) -> None:
-        """Take dead worker ``w``'s slots back, or raise ``WorkerDied``.
-
-        The caller then rebinds the worker's groups to fresh unrolls and calls ``spawn(w)``; the new worker sees
-        only what was bound after this.
-        """
+        """Take dead worker ``w``'s slots back, or raise ``WorkerDied``. The caller then rebinds its groups to fresh
+        unrolls and calls ``spawn(w)``: the new worker sees only what was bound after this."""
         code = self.procs[w].exitcode
         if self._group_steps(w) == self._steps_at_spawn[w] and (code > 0 or -code in _CRASH_SIGNALS):
             # It failed before its envs produced a first step (an exception, or native code aborting or crashing,
@@ -274,10 +262,9 @@ class ActorPool:
         """Totals over the local groups' threads (remote hosts keep their own): seconds waiting for actions (a wait
         under way counted up to now), seconds in the env, steps; ``threads`` divides a span's seconds into shares."""
         c = self.control
-        # The totals first, then one copy of the start times: a worker ends a wait by zeroing its start and then
-        # adding the wait to its total, so this order never counts a wait twice, and the copy keeps the mask and
-        # the values from one read (masking the live array, then indexing it again, could take a 0.0 written in
-        # between: ``now - 0.0``, the uptime).
+        # The totals first, then one copy of the start times: a worker zeroes its start before it adds the wait to
+        # its total, so this order never counts a wait twice, and the copy keeps mask and values from one read (the
+        # live array could give a 0.0 written in between: ``now - 0.0``, the uptime).
         done = float(c["group_wait_s"].sum())
         since = c["group_wait_since"].copy()
         now = time.perf_counter()

@@ -1,14 +1,13 @@
 """Unrolls to learner batches: one copy per field, one batch ahead.
 
-The store keeps unrolls as [buffers, L, E, ...]; the learner wants one time-major batch [L, k*E, ...] of k of them
-on its device. ``Batcher`` copies each unroll once, straight into its columns of a preallocated time-major host
-buffer (pinned when the device is CUDA, so the copy to the device runs asynchronously on a side stream); on a CPU
-learner that buffer *is* the batch. ``Prefetcher`` does this in a thread, one batch ahead of the learner, with two
-buffer sets: while the learner works on one batch, the next is collected and copied into the other set.
+``Batcher`` copies each unroll of the store's [buffers, L, E, ...] once, into its columns of a preallocated
+time-major batch [L, k*E, ...] (pinned on CUDA, copied to the device on a side stream; on a CPU learner the host
+set is the batch). ``Prefetcher`` does this in a thread, one batch ahead of the learner (docs/pipeline.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from seedlocal.dtypes import torch_dtype
+from seedlocal.shm.rollout import obs_name
 
 # Store field -> batch key (obs fields keep their own names under "obs").
 FIELDS = {"action": "action", "reward": "reward", "terminated": "terminated", "truncated": "truncated",
@@ -49,10 +49,8 @@ class Batcher:
         # core_state's [E, 2, H] -> [k*E, 2, H].
         self._axis = {name: 0 if name == "core_state" else 1 for name in
                       self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else [])}
-        shapes = {}
-        for name, axis in self._axis.items():
-            shapes[name] = list(store[name].shape[1:])
-            shapes[name][axis] *= k
+        shapes = {name: [d * k if i == axis else d for i, d in enumerate(store[name].shape[1:])]
+                  for name, axis in self._axis.items()}
         self.host_t: list[dict[str, torch.Tensor]] = [
             {n: torch.empty(shape, dtype=torch_dtype(store[n].dtype), pin_memory=self.cuda)
              for n, shape in shapes.items()} for _ in range(sets)]
@@ -81,11 +79,10 @@ class Batcher:
                     self.stream.wait_event(self._released[slot])  # the learner is done reading this set
                 for name, t in tensors.items():
                     self.dev[slot][name].copy_(t, non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record(self.stream)
+                ready = self.stream.record_event()
             self._copied[slot] = ready
             tensors = self.dev[slot]
-        data = {"obs": {("" if n == "obs" else n[4:]): tensors[n] for n in self.obs_keys},
+        data = {"obs": {obs_name(n): tensors[n] for n in self.obs_keys},
                 **{key: tensors[name] for name, key in self.fields.items()},
                 "core_state": tensors.get("core_state"),
                 "policy_version": self.store["policy_version"][bufs][:, :-1].copy()}
@@ -101,9 +98,7 @@ class Batcher:
     def done(self, batch: Batch) -> None:
         """The learner has queued its last work on ``batch``: its set may be refilled."""
         if self.cuda:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(self.device))
-            self._released[batch.slot] = ev
+            self._released[batch.slot] = torch.cuda.current_stream(self.device).record_event()
 
 
 class Prefetcher(threading.Thread):
@@ -126,29 +121,26 @@ class Prefetcher(threading.Thread):
             while not self._halt.is_set():
                 slot = self._get(self._free)
                 bufs = [self._get(self.loop.completed) for _ in range(self.batcher.k)]
+                if slot is None or None in bufs:  # halted
+                    return
                 batch = self.batcher.fill(bufs, slot)
                 if self.release_early:
                     for b in bufs:
                         self.loop.release(b)
                 self.ready.put(batch)
-        except _Stopped:
-            pass
         except BaseException as e:  # handed to the learner, which raises it
             self.ready.put(e)
 
     def _get(self, q: queue.Queue):
-        while True:
-            try:
+        """The next item of ``q``; None once halted."""
+        while not self._halt.is_set():
+            with contextlib.suppress(queue.Empty):
                 return q.get(timeout=0.2)
-            except queue.Empty:
-                if self._halt.is_set():
-                    raise _Stopped from None
+        return None
 
     def next(self, timeout: float) -> Batch | None:
-        """The next batch, or None after ``timeout`` seconds without one.
-
-        Without the thread started (``algo.sync``: the actors wait for every update, so there is no next batch to
-        fetch ahead) the caller collects and copies the batch itself."""
+        """The next batch, or None after ``timeout`` seconds without one. Without the thread started (``algo.sync``:
+        the actors wait for every update, so there is none to fetch ahead) the caller collects and copies it."""
         if not self.is_alive() and not self.release_early:
             return self._collect_here(timeout)
         try:
@@ -183,7 +175,3 @@ class Prefetcher(threading.Thread):
         self._halt.set()
         if self.is_alive():
             self.join(timeout=5)
-
-
-class _Stopped(Exception):
-    pass

@@ -13,12 +13,9 @@ import torch
 
 class WeightLock:
     """A lock, plus CUDA events, between the optimiser's writes of the learner's weights and the inference thread's
-    reads of them, which read them in place, as in SEED (DESIGN decision 4).
-
-    The learner wraps each ``optimizer.step()`` in ``with lock:``; the inference thread wraps each forward in
-    ``with lock.reading():``. On a CPU that is all. On CUDA, where the inference thread has a stream of its own
-    (Python order is not GPU order), a read first waits for the event recorded after the last write, and a write
-    for the event recorded after the last read.
+    reads of them in place (SEED's way, DESIGN decision 4): the learner wraps each ``optimizer.step()`` in ``with
+    lock:``, the inference thread each forward in ``with lock.reading():``. On CUDA, where the inference thread has
+    its own stream, a read first waits for the event recorded after the last write, and a write for the last read's.
     """
 
     def __init__(self, device: torch.device | str = "cpu"):
@@ -31,11 +28,6 @@ class WeightLock:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
-    def _record(self):
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))  # this thread's current stream
-        return event
-
     def __enter__(self) -> WeightLock:
         self._lock.acquire()
         self._after(self._read)
@@ -44,7 +36,7 @@ class WeightLock:
     def __exit__(self, *exc) -> None:
         try:
             if self.cuda:
-                self._wrote = self._record()
+                self._wrote = torch.cuda.current_stream(self.device).record_event()  # this thread's stream
         finally:
             self._lock.release()
 
@@ -54,16 +46,14 @@ class WeightLock:
             self._after(self._wrote)
             yield
             if self.cuda:
-                self._read = self._record()
+                self._read = torch.cuda.current_stream(self.device).record_event()
 
 
 class GraphedStep:
-    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs: one per batch size rounded up
-    to a power of two, into one shared memory pool. ``capture`` takes every size a run will serve at start-up,
-    before the learner starts (a capture synchronises the device and empties the allocator's cache); a size that
-    still comes unannounced is captured when it comes. Inputs are copied into the graph's static buffers (pad rows
-    keep stale data; their outputs are dropped) and outputs are cloned out, so the caller may hold them past the
-    next call. Parameters are read where they live, so the next replay sees an optimiser step.
+    """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs, one per batch size rounded up to
+    a power of two, in one memory pool; ``capture`` takes every size a run will serve before the learner starts, an
+    unannounced one is captured when it comes. Inputs are copied into static buffers (pad rows' outputs dropped),
+    outputs cloned out (the caller may keep them); parameters are read where they live (docs/pipeline.md).
     """
 
     def __init__(self, step, device: torch.device):
@@ -78,22 +68,17 @@ class GraphedStep:
         return 1 << max(0, n - 1).bit_length()
 
     def capture(self, sizes, obs: dict[str, torch.Tensor], core: torch.Tensor | None = None) -> None:
-        """Capture the graph of every bucket that batches of ``sizes`` rows
-        fall in; ``obs`` and ``core`` give each input's row shape and dtype."""
-        for size in sorted({self.bucket(int(n)) for n in sizes}):
-            if size not in self.graphs:
-                self._capture(size, obs, core)
+        """Capture the graph of every bucket that batches of ``sizes`` rows fall in and has none yet; ``obs`` and
+        ``core`` give each input's row shape and dtype."""
+        for size in sorted({self.bucket(int(n)) for n in sizes} - self.graphs.keys()):
+            self._capture(size, obs, core)
 
     def _capture(self, size: int, obs: dict[str, torch.Tensor], core):
-        # Everything on the configured device (cuda:1 included): torch.cuda.graph's capture stream belongs to the
-        # current one.
+        # On the configured device (cuda:1 too): torch.cuda.graph's capture stream belongs to the current one.
         with torch.cuda.device(self.device):
-            static_obs = {k: torch.zeros((size,) + v.shape[1:], dtype=v.dtype, device=self.device)
-                          for k, v in obs.items()}
-            static_core = None if core is None else torch.zeros((size,) + core.shape[1:], dtype=core.dtype,
-                                                                 device=self.device)
-            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as
-            # torch.cuda.graphs asks.
+            static_obs = {k: v.new_zeros((size,) + v.shape[1:], device=self.device) for k, v in obs.items()}
+            static_core = None if core is None else core.new_zeros((size,) + core.shape[1:], device=self.device)
+            # Warm-up off the capturing stream (lazy initialisation, cuDNN's algorithm choice), as torch asks.
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):

@@ -1,9 +1,8 @@
 """Imported by the env workers' forkserver only (``actors.WORKER_PRELOAD``): the server exits at once.
 
-The server leaves when its owner (the learner or the actor host) does, by SystemExit. An ordinary interpreter exit
-then tears down every module it preloaded (numpy, envpool, the worker: seconds on a loaded machine), and only when
-the server is gone does Linux send its workers their PR_SET_PDEATHSIG. The server holds nothing that needs that
-teardown (no segments, nothing to flush), so it ends with os._exit at the start of its exit instead.
+The server leaves with its owner (the learner or the actor host), by SystemExit; an ordinary exit would first tear
+down every module it preloaded (seconds on a loaded machine) while its workers wait for their PR_SET_PDEATHSIG. It
+holds nothing that needs that teardown, so it ends with os._exit at the start of its exit (docs/architecture.md).
 
 It also ignores SIGINT and SIGHUP from its import on: the server ignores SIGINT itself only once its preloads are
 imported (a Ctrl-C in a run's first second printed a traceback from envpool's import), and a SIGHUP to the process

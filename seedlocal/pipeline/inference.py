@@ -1,13 +1,12 @@
 """The inference loop: batches ready groups, runs the policy, writes actions.
 
-Each call of :meth:`InferenceLoop.step`
+Each :meth:`InferenceLoop.step`
 
-1. waits (in the kernel) until ``min_batch_envs`` observations are ready or ``batch_timeout_s`` has passed
-   since the first one was (``_collect``);
-2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll
-   (``pipeline/unrolls.py``), whose row 0 is the same observation. With none free the group is *parked*
-   (its worker sleeps) until one is released: this bounds the learner's policy lag by the number of
-   unrolls. No call blocks; the other groups are served on (``_rotate``);
+1. waits in the kernel until ``min_batch_envs`` observations are ready, or ``batch_timeout_s`` after the first
+   (``_collect``);
+2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll whose row 0
+   is the same observation (``pipeline/unrolls.py``); with none free the group is *parked* (its worker sleeps) until
+   one is released, which bounds the policy lag by the number of unrolls, and the others are served on (``_rotate``);
 3. gathers the observations into a staging buffer (pinned on CUDA) and copies it to the device (``_stage``);
 4. runs the policy (``_act``);
 5. scatters actions and outputs into the same rows and gives the slots back to their workers (``_scatter``).
@@ -35,6 +34,7 @@ from seedlocal.errors import Diverged
 from seedlocal.pipeline.actors import ActorPool
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
 from seedlocal.pipeline.unrolls import UnrollAllocator
+from seedlocal.shm.rollout import obs_name
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, UNBOUND
 
 
@@ -43,12 +43,9 @@ class LoopStopped(Exception):
 
 
 class EpisodeLog:
-    """Finished episodes, counted exactly at any episode rate.
-
-    The inference thread ``add``s each batch's finished episodes; a reader ``take``s what finished since its
-    last take: the exact count and sums (so means are exact however many episodes end between two reads) and
-    the most recent ``keep`` episodes themselves. Memory stays bounded whether or not anyone reads.
-    """
+    """Finished episodes, counted exactly at any episode rate: the inference thread ``add``s each batch's, a reader
+    ``take``s the count and sums since its last take (exact means however many end between reads) and the last
+    ``keep`` episodes. Memory stays bounded whether or not anyone reads."""
 
     def __init__(self, keep: int = 1000):
         self._lock = threading.Lock()
@@ -103,12 +100,9 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     n = actions.shape[0]
     parts = [actions, *outputs.values()]
     block = torch.cat([t.reshape(n, -1).float() for t in parts], dim=1).cpu().numpy()
-    out, o = [], 0
-    for t in parts:
-        w = t[0].numel()
-        dtype = np.float32 if t.dtype == torch.bfloat16 else numpy_dtype(t.dtype)
-        out.append(block[:, o:o + w].reshape(t.shape).astype(dtype))
-        o += w
+    columns = np.split(block, np.cumsum([t[0].numel() for t in parts])[:-1], axis=1)
+    out = [c.reshape(t.shape).astype(np.float32 if t.dtype == torch.bfloat16 else numpy_dtype(t.dtype))
+           for c, t in zip(columns, parts)]
     return out[0], dict(zip(outputs, out[1:]))
 
 
@@ -168,25 +162,20 @@ class InferenceLoop:
         self._unhold.connect(pool.obs_ready.post)
         # Which groups actor hosts step, behind the bridge (None: none).
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
-        self._batch_buffers()
-
-    def _batch_buffers(self) -> None:
-        """What every batch reuses, made once: flat views of the store's fields, a staging buffer per
-        observation field (pinned on CUDA) and the recurrent state of every env (when the policy has one)."""
+        # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields, so that one
+        # index per row (buf * L + row) reaches a field: one np.take gathers a batch's observations, every other
+        # field is one small read or write.
         self._obs_keys = self.layout.obs_keys()
-        # [buffers * rows, envs, ...] views, so that one index per row (buf * L + row) reaches a field: one
-        # np.take gathers a batch's observations, every other field is one small read or write.
         fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
         fields += [f"out.{name}" for name in self.layout.outputs]
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
         self._flat_version = self.store["policy_version"].reshape(-1)
         self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)  # group g's env slots (env_ids)
-        self._staging = {k: torch.empty((self.G,) + self.store[k].shape[2:], dtype=torch_dtype(self.store[k].dtype),
-                                        pin_memory=self.device.type == "cuda") for k in self._obs_keys}
-        self._staging_np = {k: v.numpy() for k, v in self._staging.items()}
-        # What the policy reads of a batch of k groups: views [k * E, ...] of the staging buffer, for every k.
-        self._staged = {key: [None] + [v[:k].reshape((k * self.E,) + v.shape[2:]) for k in range(1, self.G + 1)]
-                        for key, v in self._staging.items()}
+        # The policy reads a batch of k groups as the first k * E rows of the staging buffer [G * E, ...]; np.take
+        # gathers into its [G, E, ...] view.
+        self._staging = {k: torch.empty((self.G * self.E,) + self.store[k].shape[3:], dtype=torch_dtype(
+            self.store[k].dtype), pin_memory=self.device.type == "cuda") for k in self._obs_keys}
+        self._staging_np = {k: v.numpy().reshape((self.G, self.E) + v.shape[1:]) for k, v in self._staging.items()}
         spec = self.policy.core_state
         self.core = None if spec is None else torch.zeros((self.G, self.E) + spec.shape, device=self.device)
 
@@ -218,9 +207,8 @@ class InferenceLoop:
 
     def start(self) -> None:
         # Every batch size (whole groups, 1 to all), e.g. for CUDA graph capture, before any learner or worker runs.
-        self.policy.prepare([k * self.E for k in range(1, self.G + 1)], {("" if k == "obs" else k[4:]): torch.zeros(
-            (1,) + tuple(self.store[k].shape[3:]), dtype=self._staging[k].dtype, device=self.device)
-            for k in self._obs_keys})
+        zeros = {obs_name(k): torch.zeros_like(v[:1], device=self.device) for k, v in self._staging.items()}
+        self.policy.prepare([k * self.E for k in range(1, self.G + 1)], zeros)
         self._state[:] = STEPPING
         self.unrolls.bind_all()
         self.pool.start()
@@ -429,7 +417,7 @@ class InferenceLoop:
             # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
             # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.
             np.take(self._flat[key], b.flat, axis=0, out=self._staging_np[key][:k], mode="clip")
-            obs[key[4:] if key != "obs" else ""] = self._staged[key][k].to(self.device, non_blocking=True)
+            obs[obs_name(key)] = self._staging[key][:k * self.E].to(self.device, non_blocking=True)
         return obs
 
     def _scatter(self, b: _Batch) -> None:
@@ -457,12 +445,9 @@ class InferenceLoop:
         self.pool.obs_ready.post()
 
     def run_until_stopped(self) -> None:
-        """Serve batches until ``request_stop``; for an inference thread.
-
-        On CUDA the thread enqueues on a stream of its own, so its copies and forwards do not queue behind the
-        learner's kernels on the default stream. What it shares with the learner is ordered explicitly: the
-        weights by the policy's ``WeightLock``, everything created before it starts (recurrent state, frame
-        stacks) by one wait here."""
+        """Serve batches until ``request_stop``; for an inference thread. On CUDA it enqueues on a stream of its own
+        (not behind the learner's kernels); the weights are ordered by the policy's ``WeightLock``, everything made
+        before it starts (recurrent state, frame stacks) by one wait here (docs/pipeline.md)."""
         torch.set_num_threads(self.threads)
         cuda = self.device.type == "cuda"
         with contextlib.suppress(LoopStopped), (
@@ -474,15 +459,12 @@ class InferenceLoop:
 
 
 class StallWatch:
-    """Notices a learner waiting on envs that make no progress (a hung env).
+    """Notices a learner waiting on envs that make no progress (a hung env; docs/pipeline.md, "Failure handling").
 
-    The learner calls ``start`` when it begins to wait and ``poll`` while it waits. Once no env step has arrived
-    for ``after`` seconds, ``poll`` says so (every ``every`` seconds), naming the local workers whose groups are
-    still inside their envs' step or reset, and returns True, so a run loop can stop at its time budget instead
-    of waiting for ever. A single worker stuck while the others run on is named too (after ``3 x after``
-    seconds). With a bridge a whole-run stall is said only where a local worker is stuck: waiting for actor
-    hosts is expected there (the bridge meter reports it).
-    """
+    The learner calls ``start`` as it begins to wait and ``poll`` while it waits: after ``after`` s without an env
+    step, ``poll`` names (every ``every`` s) the local workers still inside an env's step or reset and returns True,
+    so a run can stop at its budget; a lone stuck worker is named after ``3 x after`` s. With a bridge a whole-run
+    stall is said only where a local worker is stuck (the bridge meter reports waiting for actor hosts)."""
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every

@@ -4,10 +4,8 @@
     with Pipeline(env_cfg, pipe_cfg, make_policy, spec, shape) as pipe:
         pipe.loop.run(seconds=10)
 
-Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation: a trainer's, with what the trainer
-needs, or a bare pipeline's (``prepare_pipeline``).
-
-Leaving the ``with`` block, by return, exception or Ctrl-C, stops the workers and unlinks the shared memory.
+Its sizes are a ``PipelineShape`` (``seedlocal/shape.py``), made by preparation. Leaving the ``with`` block, by
+return, exception or Ctrl-C, stops the workers and unlinks the shared memory.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
             "or bridge.remote_envs")
     if env.seed < 0:
         raise ConfigError(f"env.seed={env.seed}: must be >= 0")
-    # Env i of a rank's local worker's k-th start is seeded from its block (PipelineShape.seed_block), wrapping
-    # below int32's end (ActorPool.spawn); envpool asserts they fit (Gymnasium envs take any size): one start of
-    # every env of every rank must.
+    # Seeds come in blocks per start and rank, wrapping below int32's end (actors.local_seed); envpool asserts they
+    # fit (Gymnasium envs take any size), so one start of every env of every rank must.
     used = shape.ranks * shape.num_envs
     if spec.backend == "envpool" and env.seed + used - 1 > SEED_LIMIT:
         raise ConfigError(f"env.seed={env.seed}: envpool seeds are int32, and this run uses {used:,d} seeds from "

@@ -1,9 +1,8 @@
 """The contract between the inference loop and what it runs on each batch.
 
-Every policy implements one protocol, ``Policy``; the loop calls it the same way whatever the algorithm, so a new
-kind of acting (a Gaussian for continuous actions, a population of networks) is one more class in
-``seedlocal/policies/`` and no branch in the loop. It lives here, beside the loop, so that the pipeline depends on
-no policy and the policies depend on the pipeline, not both ways. What a policy reads and writes is declared:
+Every policy implements ``Policy``, which the loop calls the same way whatever the algorithm: a new kind of acting
+(a Gaussian, a population of networks) is one more class in ``seedlocal/policies/``, no branch in the loop. It lives
+beside the loop, so that the policies depend on the pipeline and not both ways. What a policy reads and writes:
 
 * it **reads** a batch: the observations of ``n`` env rows (a dict of tensors on its device), their recurrent state
   (``core``, zeroed by the loop where an episode starts; None when ``core_state`` is None), each row's env slot
@@ -31,10 +30,8 @@ SERVE, HOLD, RESTART = 0, 1, 2
 
 
 class Unhold:
-    """A planning policy's request, from any thread, that the loop serve its held groups again.
-
-    The policy makes it when it is built; the loop built around that policy connects its wake-up to it. So the
-    policy holds no reference to the loop that holds the policy."""
+    """A planning policy's request, from any thread, that the loop serve its held groups again. The policy makes it;
+    the loop built around the policy connects its wake-up to it, so the policy holds no reference to the loop."""
 
     def __init__(self) -> None:
         self._asked = threading.Event()
@@ -73,9 +70,8 @@ class Policy(abc.ABC):
     unhold: Unhold | None = None
     """a planning policy's ``Unhold``: calling it has the groups it held served again"""
     generator: torch.Generator | None = None
-    """where its random draws come from (None: torch's global generator). The videos during training give each
-    policy they play one of its own: training's acting draws from the global one, whose stream a video's draws
-    would otherwise move"""
+    """where its random draws come from (None: torch's global generator, training's acting's; the videos during
+    training give each policy they play one of its own, so that its draws do not move that stream)"""
 
     def prepare(self, sizes: list[int], obs: dict[str, torch.Tensor]) -> None:
         """Before the run: ``sizes`` are every batch size (env rows) the loop

@@ -1,23 +1,13 @@
 """Data-parallel learner ranks on one box, on torch.distributed (docs/distributed.md).
 
-A run of G ranks is G copies of the single-process run: each rank has its own env workers, inference loop, learner
-and share of the envs (its own env seeds), and they meet in collectives only where the update must be the same
-everywhere:
-
-* the parameters start equal (``broadcast_``, from rank 0);
-* each update's gradients are averaged, weighted by each rank's valid rows (``average_gradients``), so that G
-  half-batches give the whole batch's gradient, before clipping;
-* statistics that shape the update are pooled: observation normalisation and the reward scaler
-  (``pool_moments``), advantage normalisation (``masked_moments``);
-* whether to stop is decided together once per update (``sum``), so that no rank stops alone and leaves the
-  others waiting in a collective.
-
-Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group (``scalar_group``);
-NCCL carries only what lives on the GPU. ``Solo`` is the single-process run: every method returns its input and no
-torch.distributed call is made. A peer that dies or hangs makes the next collective fail (at once for a closed
-socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank.
-``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
-environment variables.
+G ranks are G copies of the single-process run (own workers, inference loop, learner, share of the envs and
+seeds) that meet in collectives only where the update must be the same everywhere: the start's parameters
+(``broadcast_``), each update's gradients, weighted by each rank's valid rows so that G half-batches give the whole
+batch's gradient (``average_gradients``), the statistics that shape it (``pool_moments``, ``masked_moments``) and,
+once per update, whether to stop (``sum``: no rank stops alone, leaving the others in a collective). Host scalars go
+over a CPU group (``scalar_group``). ``Solo`` is one process: every method returns its input, no torch.distributed
+call. A peer that dies or hangs fails the next collective (at once, or after ``--dist-timeout-s``): ``PeerLost``,
+one line naming the rank. ``launch`` is ``--learners G`` without torchrun.
 """
 
 from __future__ import annotations
@@ -97,11 +87,9 @@ class Ranks(Solo):
         self._flat: torch.Tensor | None = None  # the gradients' all-reduce buffer, kept from update to update
 
     def share(self, cfg):
-        """This rank's config: its share of the CPU's cores for its learner (learner threads left at 0 are
-        cores / G; its workers, envs and envpool threads are its shape's, ``shape.pipeline_shape``), its own
-        GPU (cuda:LOCAL_RANK, wrapping round the GPUs there are), its own bridge port (bridge.listen's + RANK:
-        each rank serves bridge.remote_envs envs to the actor hosts that connect to it). Its shape and its share
-        of the batch are preparation's (``prepare.for_rank``)."""
+        """This rank's config: learner threads left at 0 are cores / G, its own GPU (cuda:LOCAL_RANK, wrapping
+        round the GPUs there are), its own bridge port (bridge.listen's + RANK). Its shape and its share of the
+        batch are preparation's (``prepare.for_rank``); docs/distributed.md."""
         p = cfg.pipeline
         cores = max(1, usable_cores() // self.world)
         device = p.device
@@ -132,11 +120,10 @@ class Ranks(Solo):
                 self._call("the start (broadcast of the parameters)", dist.broadcast, t.data, 0)
 
     def average_gradients(self, params, weight) -> None:
-        """Every rank's gradients, each weighted by ``weight`` (its valid rows), averaged: one all-reduce of
-        one flat tensor, allocated once and reused (a Nature CNN's is 6.7 MB). ``weight`` of 0 (no valid row)
-        contributes nothing; with no valid row on any rank the gradients are zero, as one process's would be."""
+        """Every rank's gradients, each weighted by ``weight`` (its valid rows), averaged: one all-reduce of one
+        flat buffer of the gradients and the weight, reused while it fits (a Nature CNN's is 6.7 MB). With no valid
+        row on any rank the gradients are zero, as one process's would be."""
         grads = [p.grad for p in params if p.grad is not None]
-        # The buffer of the gradients and the weight after them: the last update's where it fits.
         n = sum(g.numel() for g in grads) + 1
         dtype, device = torch.promote_types(grads[0].dtype, torch.float32), grads[0].device
         if self._flat is None or (self._flat.numel(), self._flat.dtype, self._flat.device) != (n, dtype, device):
@@ -171,13 +158,9 @@ class Ranks(Solo):
         self._call("the running statistics", dist.all_gather, got, mine, group=self.scalars)
         total, m, v = 0.0, mean, var
         for row in got:
-            c = float(row[0])
-            if c == 0:
-                continue
-            if total == 0:
-                total, m, v = c, row[1:1 + k], row[1 + k:]
-            else:
-                total, m, v = merge_moments(total, m, v, c, row[1:1 + k], row[1 + k:])
+            c, row_m, row_v = float(row[0]), row[1:1 + k], row[1 + k:]
+            if c:
+                total, m, v = (c, row_m, row_v) if total == 0 else merge_moments(total, m, v, c, row_m, row_v)
         return total, m, v
 
     def sum(self, values: list[float]) -> list[float]:
@@ -275,11 +258,11 @@ def free_port() -> int:
 
 def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | None = None,
            interrupt_ranks: bool = False) -> int:
-    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them. When
-    one ends with an error or a signal, it is named in one line, and the others (whose next collective fails) get 2
-    x ``timeout_s`` to end by themselves before they are stopped (SIGTERM, then SIGKILL). On Ctrl-C, the ranks got
-    the terminal's SIGINT too; with ``interrupt_ranks`` (``seedlocal.train``: a notebook's interrupt reaches this
-    process alone) they are sent SIGTERM, a clean stop, here. Returns the exit status (130 after Ctrl-C)."""
+    """Run ``seedlocal <argv>`` (or ``command`` + ``argv``) as ``world`` ranks on this box and wait for them. A rank
+    that ends with an error or a signal is named in one line; the others get 2 x ``timeout_s`` to end by themselves
+    before they are stopped (SIGTERM, then SIGKILL). On Ctrl-C the ranks got the terminal's SIGINT too; with
+    ``interrupt_ranks`` (``seedlocal.train``: a notebook's interrupt reaches this process alone) they are sent
+    SIGTERM here. Returns the exit status (130 after Ctrl-C)."""
     # A killed rank's segments are unlinked by its resource tracker, which would also say so in two warnings:
     # the launcher's one line names the rank instead.
     warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning"]))

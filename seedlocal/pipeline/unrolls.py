@@ -93,12 +93,9 @@ class UnrollAllocator:
         self.state[g] = BOUND
 
     def bind_all(self) -> None:
-        """Every group into a fresh unroll, at start (there are at least as many as groups)."""
+        """Every group into a fresh unroll, at start (preparation's shape has at least as many as groups)."""
         for g in range(self.G):
-            buf = self._take()
-            if buf is None:
-                raise ValueError(f"{self.num_buffers} unrolls for {self.G} groups: need one per group")
-            self._bind(g, buf)
+            self._bind(g, self._take())
 
     def rotate(self, g: int, first: np.ndarray) -> int | None:
         """Group ``g`` filled its unroll's bootstrap row: hand the unroll on and continue in a free one whose row 0

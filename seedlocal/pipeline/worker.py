@@ -50,11 +50,8 @@ class WorkerArgs:
 
 
 def _leave_forkserver() -> None:
-    """Drop this process's copy of the pipe that keeps multiprocessing's forkserver alive.
-
-    The server exits when every holder of that pipe's write end has closed it, and it hands a copy to each
-    process it forks (so that a child may fork more). A worker holding one would keep its parent, the server,
-    alive after the learner died, and so would never be orphaned: both would be left behind."""
+    """Close this process's copy of the forkserver's keep-alive pipe, which every forked child inherits: held, it
+    would keep the server, and so this worker, alive after the learner died (docs/architecture.md)."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
@@ -147,12 +144,9 @@ def run_worker(args: WorkerArgs) -> None:
 
 
 def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: SharedArrays) -> None:
-    """One thread per group, so each blocks on its own env and its own slot.
-
-    envpool releases the GIL while its threads step, so the other group's thread can publish and send meanwhile
-    (measured: two threads on two pools step Pong and CartPole as fast as raw envpool; one thread alternating
-    ``recv`` calls serialises the groups and halves Pong).
-    """
+    """One thread per group, so each blocks on its own env and its own slot: envpool releases the GIL while its
+    threads step, so the other group's thread publishes and sends meanwhile (measured: two threads on two pools
+    step Pong and CartPole as fast as raw envpool; one thread alternating ``recv`` calls halves Pong)."""
     try:
         _group_loop(args, g, env, control, store)
     except BaseException as e:
@@ -164,10 +158,9 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
 
 
 def _report(args: WorkerArgs, control: SharedArrays, g: int, e: BaseException) -> None:
-    """Why this worker dies, for the learner: the exception in one line and the env's own frames of its
-    traceback (in shared memory: the learner shows the first death's, then one line a death); the whole
-    traceback goes to the run's ``errors_file``. Without a run folder (a bench, an actor host), or where it
-    cannot be written, the whole traceback goes to stderr instead, as the learner shows none."""
+    """Why this worker dies, for the learner: the exception in one line and the env's own frames of its traceback,
+    in shared memory; the whole traceback to the run's ``errors_file``, or to stderr without one (a bench, an
+    actor host) or where it cannot be written."""
     write_error(control, g, e)
     if isinstance(e, EnvContractError):  # its message is the whole story, and the learner prints it
         return

@@ -55,14 +55,12 @@ _CREATION_LOCK_WAIT_S = 2.0
 
 @contextlib.contextmanager
 def _creation_lock(exclusive: bool):
-    """A ``flock`` on the /dev/shm folder itself: creators hold it shared from creating a segment until they hold
-    its own lock; the sweeper holds it exclusively. So a segment without an owner's lock is, while the sweeper
-    looks, one whose owner died, never one being born.
-
-    Yields whether the lock is held. Either side waits at most ``_CREATION_LOCK_WAIT_S`` (both hold it for a
-    millisecond or so): a process stopped while holding it (Ctrl-Z) must not stall every seedlocal start on the
-    machine. A sweeper then skips its sweep (the next start sweeps); a creator goes on unlocked, which only a
-    sweeper resumed within its few microseconds between creating and locking the segment could catch."""
+    """A ``flock`` on the /dev/shm folder itself, held shared by a creator from creating a segment until it holds
+    the segment's own lock, and exclusively by the sweeper: while the sweeper looks, a segment without an owner's
+    lock is one whose owner died, never one being born. Yields whether it is held: either side waits at most
+    ``_CREATION_LOCK_WAIT_S`` (a process stopped holding it, Ctrl-Z, must not stall every seedlocal start), then a
+    sweeper skips its sweep and a creator goes on unlocked (only a sweeper resumed within the microseconds between
+    creating and locking a segment could catch that)."""
     try:
         fd = os.open(_SHM_DIR, os.O_RDONLY)
     except OSError:
@@ -87,13 +85,11 @@ def _creation_lock(exclusive: bool):
 def sweep_stale_segments() -> list[str]:
     """Unlink seedlocal segments that no live process owns; returns their names.
 
-    Every owner holds a shared ``flock`` on its segment for as long as the segment is open; the kernel drops it
-    when the owner dies, however it dies. Normally the owner (or Python's resource tracker) unlinks on exit, but a
-    SIGKILL of a whole process group (a job scheduler, ``killpg``, a machine's supervisor) takes the tracker too.
-    Each process that makes segments (a learner, an actor host) therefore first sweeps those whose lock nobody
-    holds, however young (``_creation_lock`` keeps segments being made out of it; ``sweep_once`` says when). The
-    lock, not the PID in the name, decides: containers that share ``/dev/shm`` across PID namespaces cannot make a
-    live segment look stale.
+    Every owner holds a shared ``flock`` on its segment while it is open, which the kernel drops however the owner
+    dies. The owner (or Python's resource tracker) unlinks on exit, but a SIGKILL of a whole process group (a job
+    scheduler, ``killpg``) takes the tracker too, so each process that makes segments first sweeps those whose lock
+    nobody holds (``sweep_once``). The lock, not the PID in the name, decides: containers that share ``/dev/shm``
+    across PID namespaces cannot make a live segment look stale.
     """
     with _creation_lock(exclusive=True) as held:
         if not held:
@@ -106,9 +102,8 @@ def sweep_stale_segments() -> list[str]:
 
 
 def sweep_once() -> None:
-    """Sweep, unless this process did already: at the first segment it makes, and where a process will make
-    segments only later (an actor host, once a learner answers) as soon as it starts, so that what a killed
-    predecessor left does not wait for a learner to come up."""
+    """Sweep once per process: at its first segment, or as it starts where it makes segments only later (an actor
+    host, once a learner answers), so that what a killed predecessor left does not wait for a learner."""
     global _swept
     if not _swept:
         _swept = True
@@ -122,17 +117,13 @@ def _unlink_if_orphaned(name: str) -> bool:
     except OSError:  # gone already, or another user's
         return False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False  # a live owner holds it
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if name.endswith("_" + SEMAPHORES_TAG):
             _unlink_recorded_semaphores(fd)
-        try:
-            os.unlink(path)
-            return True
-        except OSError:
-            return False
+        os.unlink(path)
+        return True
+    except OSError:  # a live owner holds it, or it went meanwhile
+        return False
     finally:
         os.close(fd)
 
@@ -162,11 +153,8 @@ def _unlink_recorded_semaphores(fd: int) -> None:
 
 
 class SharedArrays:
-    """A shared-memory segment seen as a dict of numpy arrays.
-
-    ``SharedArrays.create(specs, tag)`` allocates (zeroed) and owns; ``SharedArrays.attach(name, specs)`` maps an
-    existing segment. ``close()`` unmaps; the owner's ``close()`` also unlinks.
-    """
+    """A shared-memory segment seen as a dict of numpy arrays: ``create(specs, tag)`` allocates (zeroed) and owns,
+    ``attach(name, specs)`` maps an existing one; ``close()`` unmaps, and unlinks in the owner."""
 
     def __init__(self, shm: shared_memory.SharedMemory, specs: list[ArraySpec], owner: bool):
         self._shm, self.owner, self.specs = shm, owner, {s.name: s for s in specs}

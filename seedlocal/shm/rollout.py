@@ -71,6 +71,11 @@ def obs_key(k: str) -> str:
     return "obs" if k == "" else f"obs.{k}"
 
 
+def obs_name(key: str) -> str:
+    """``obs_key``'s inverse: the observation field a store key holds ("" for a lone one)."""
+    return "" if key == "obs" else key[4:]
+
+
 def create_store(layout: RolloutLayout) -> SharedArrays:
     store = SharedArrays.create(layout.specs(), "rollout")
     # A stale read stands out: NaN rewards, not plausible zeros.

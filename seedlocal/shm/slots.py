@@ -1,34 +1,30 @@
 """The slot protocol between env workers and the inference loop.
 
-A *group* is half of one worker's environments. Each group owns one slot in a small control segment; the slot's
-state says who may touch the group's rows:
+A *group* is half of one worker's environments. Its slot in a small control segment says who may touch its rows:
 
-    STEPPING      the worker: it is stepping the group's envs and will write the results into row ``target_row``
-                  of unroll ``target_buf``
+    STEPPING      the worker: it steps the group's envs and writes the results into row ``target_row`` of unroll
+                  ``target_buf``
     OBS_READY     the inference loop: observations are in that row
     ACTION_READY  the worker: actions are in row ``target_row - 1``
     RESET         the worker: reset every env of the group and write the first observations into row 0 of
                   ``target_buf`` (a fresh unroll); neuroevolution starts each generation this way
-    UNBOUND       the worker, before its first reset: wait for the wake token; the group has no unroll yet (a
-                  restarted worker whose group found every unroll held by the learner). The loop binds one, then
-                  says RESET
+    UNBOUND       the worker, before its first reset: the group has no unroll yet (a restarted worker whose group
+                  found every unroll held by the learner); it waits for the wake token, then the loop says RESET
 
 Publication order (correct on weakly ordered CPUs such as ARM, not only x86): a side reads the rows a state guards
-only after an *acquiring* operation that pairs with the other side's *releasing* operation made after it wrote
-them. The state array alone is never trusted for that: a plain store to ``state`` may become visible to another
-core before the stores to the rows it guards. The pairs are POSIX semaphores (glibc's ``sem_post`` is a release
-RMW, ``sem_wait``/``sem_trywait`` an acquire RMW on the same counter):
+only after an *acquiring* operation that pairs with the other side's *releasing* one made after it wrote them,
+never on the state alone (a plain store to ``state`` may become visible before the stores to the rows). The pairs
+are POSIX semaphores (glibc's ``sem_post`` is a release RMW, ``sem_wait``/``sem_trywait`` an acquire RMW):
 
     worker:  write obs/reward rows; state = OBS_READY; ready[g].post()
     loop:    ready[g].try_acquire() succeeds  ->  read those rows
     loop:    write action rows; state = ACTION_READY (or RESET); wake[g].post()
     worker:  wake[g].wait() succeeds  ->  read state and the action row
 
-Each transition posts exactly one token to the group's own semaphore, and the reader takes exactly one per
-transition, so a token it takes is always the one posted after the rows it is about to read. ``obs_ready`` is only
-a wake-up hint for the inference loop (one post per transition, plus control posts such as stop); it orders
-nothing. Waiting sides block in ``sem_timedwait`` (never spin), always with a timeout so that a dead peer is
-noticed.
+Each transition posts exactly one token to the group's own semaphore and the reader takes one per transition, so a
+token it takes is always the one posted after the rows it is about to read. ``obs_ready`` only wakes the loop (a
+post per transition, plus control posts such as stop) and orders nothing. Waiting sides block in ``sem_timedwait``
+(never spin), always with a timeout so that a dead peer is noticed.
 """
 
 from __future__ import annotations
@@ -78,9 +74,8 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("group_env_s", (num_groups,), "float64"),
         ArraySpec("group_steps", (num_groups,), "int64"),
         ArraySpec("group_episodes", (num_groups,), "int64"),
-        # Remote groups (the bridge, pipeline/bridge/server.py): the server bumps group_lost when the host stepping
-        # a group goes away; the loop drops the group's partial unroll, rebinds it fresh and sets group_lost_ack to
-        # match, then posts the group's wake token.
+        # Remote groups (pipeline/bridge/server.py): the server bumps group_lost when a group's host goes away; the
+        # loop rebinds the group fresh, sets group_lost_ack to match and posts the group's wake token.
         ArraySpec("group_lost", (num_groups,), "int64"),
         ArraySpec("group_lost_ack", (num_groups,), "int64"),
         ArraySpec("group_connected", (num_groups,), "int8"),
@@ -90,9 +85,8 @@ def control_specs(num_groups: int) -> list[ArraySpec]:
         ArraySpec("host_bytes", (num_groups,), "int64"),
         ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
         ArraySpec("bridge_disconnects", (1,), "int64"),
-        # Why a group's worker died: its exception as one line of UTF-8, for the learner's message, and the
-        # env's frames of its traceback, which the learner shows once (the whole one goes to the run's
-        # env_errors.log, or without a run folder to the worker's stderr).
+        # Why a group's worker died: its exception as one line of UTF-8, for the learner's message, and the env's
+        # frames of its traceback, which the learner shows once (pipeline/worker.py's _report).
         ArraySpec("group_error", (num_groups, ERROR_BYTES), "uint8"),
         ArraySpec("group_trace", (num_groups, TRACE_BYTES), "uint8"),
     ]
@@ -132,11 +126,10 @@ class Signal:
             pass
 
     def close(self) -> None:
-        """Unlink the semaphore's name now, not at this process's exit: multiprocessing does that when its
-        semaphore object is collected, and this is its only reference (a child's pickled copy is its own). A
-        process SIGKILLed in between (an actor host retrying a learner) left ``sem.mp-*`` in /dev/shm that no
-        sweep could name any more (the segment recording them is unlinked at close). Afterwards the Signal is
-        inert: a late ``post`` does nothing, a ``wait`` finds no token."""
+        """Unlink the semaphore's name now, not when this, its only reference, is collected (multiprocessing's way): a
+        process SIGKILLed in between (an actor host retrying a learner) left a ``sem.mp-*`` that no sweep could
+        name (the segment recording it goes at close). Afterwards a late ``post`` does nothing, a ``wait`` finds
+        no token."""
         self._sem = _CLOSED
 
 
