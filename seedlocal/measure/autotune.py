@@ -80,9 +80,8 @@ def autotune(cfg, spec) -> dict:
                                "ratio_random": best["ratio_random"], "pipeline": chosen}, indent=2) + "\n")
     print(f"\nchosen for {cfg.env} on {cpus} cores ({total} envs): {chosen}; written to {out} "
           f"(use: seedlocal train ... --pipeline-config {out})")
-    result = {**chosen, "ratio_random": best["ratio_random"], "steps_per_s": best["steps_per_s"],
-              "raw_best_steps_per_s": raw_best, "env": cfg.env, "file": str(out),
-              "candidates": len(rows), "seconds": round(time.monotonic() - t_start, 1)}
-    return result
+    return {**chosen, "ratio_random": best["ratio_random"], "steps_per_s": best["steps_per_s"],
+            "raw_best_steps_per_s": raw_best, "env": cfg.env, "file": str(out),
+            "candidates": len(rows), "seconds": round(time.monotonic() - t_start, 1)}
 
 

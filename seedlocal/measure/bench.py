@@ -22,7 +22,7 @@ import numpy as np
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.prepare import prepare_pipeline
 
@@ -227,30 +227,23 @@ def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
 
 def check(cfg: BenchConfig):
     """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
-    if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
-        fail("bench.seconds", cfg.seconds, "must be positive and finite")
-    for name in ("warmup", "batch_timeout_ms", "bridge_delay_ms"):
-        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
-            fail(f"bench.{name}", getattr(cfg, name), "must be >= 0 and finite")
+    fail_if(lambda v: not v > 0 or not math.isfinite(v), cfg, ("seconds",), "must be positive and finite", "bench.")
+    fail_if(lambda v: not v >= 0 or not math.isfinite(v), cfg, ("warmup", "batch_timeout_ms", "bridge_delay_ms"),
+            "must be >= 0 and finite", "bench.")
     if cfg.autotune:  # before minutes of trials, not after
         check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
-    if cfg.rounds < 1:
-        fail("bench.rounds", cfg.rounds, "must be positive")
+    fail_if(lambda v: v < 1, cfg, ("rounds",), "must be positive", "bench.")
     _refuse_with("raw_ceiling", cfg, "measures raw envpool alone", ("transport_only", "learning", "bridge", "autotune"))
     if cfg.ceiling_threads and not cfg.raw_ceiling:
         fail("bench.ceiling_threads", cfg.ceiling_threads, "only with --raw-ceiling")
-    bad = [t for t in cfg.ceiling_threads if t < 1]
-    if bad:
+    if bad := [t for t in cfg.ceiling_threads if t < 1]:
         fail("bench.ceiling_threads", cfg.ceiling_threads, f"every thread count must be positive ({bad[0]} is not)")
     # Without --bridge, --transport-only returns before every other row.
     _refuse_with("transport_only", cfg, "measures the pipeline without envs or model", ("learning", "autotune"))
-    if cfg.frame_stack < 0:
-        fail("bench.frame_stack", cfg.frame_stack, "must be >= 0")
+    fail_if(lambda v: v < 0, cfg, ("frame_stack",), "must be >= 0", "bench.")
     if cfg.bridge_delay_ms and not cfg.bridge:
         fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "only with --bridge")
-    for name in ("num_workers", "envs_per_worker"):
-        if getattr(cfg, name) < 0:
-            fail(f"bench.{name}", getattr(cfg, name), "must be 0 (automatic) or positive")
+    fail_if(lambda v: v < 0, cfg, ("num_workers", "envs_per_worker"), "must be 0 (automatic) or positive", "bench.")
     preset = training_preset(cfg.env)
     training = preset.env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
@@ -298,8 +291,8 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     if cfg.transport_only:
         p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)
         result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"],
-                       "transport_batches_per_s": p["batches_per_s"], "collect_ms_p50": p["collect_ms_p50"],
-                       "collect_ms_p99": p["collect_ms_p99"], "batch_fill": p["batch_fill"], "device": p["device"]})
+                       "transport_batches_per_s": p["batches_per_s"],
+                       **{k: p[k] for k in ("collect_ms_p50", "collect_ms_p99", "batch_fill", "device")}})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
         raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
@@ -378,9 +371,8 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
             kinds.pop("two_groups")
         per_threads.append({"threads": t, "best": rows[0], "rows": rows, "bench_kinds": kinds,
                             "bench_best_over_ceiling": max(kinds.values()) / rows[0]["steps_per_s"]})
-    first = per_threads[0]
+    first, top = per_threads[0], per_threads[-1]
     one = first["best"]["steps_per_s"]
-    top = per_threads[-1]
     result = {"env": cfg.env, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count(), "envs": n,
               "per_threads": per_threads,
               "ceiling_steps_per_s": top["best"]["steps_per_s"],
