@@ -36,7 +36,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail_if
 from seedlocal.config.checks import bridge_token, is_loopback, split_address
 from seedlocal.pipeline.bridge import wire
 from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
@@ -421,17 +421,11 @@ def _checked(cfg: ActorsConfig) -> str:
         if not token:
             raise ConfigError(f"insecure={cfg.insecure!r}: without TLS only a token verifies the learner: set "
                               "SEEDLOCAL_BRIDGE_TOKEN or --token-file")
-    for name in ("num_workers", "envs_per_worker"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 (0 = as the learner asks)")
-    if cfg.envs_per_worker % 2:
-        raise ConfigError(f"envs_per_worker={cfg.envs_per_worker!r}: must be even (two groups per worker)")
-    for name in ("retry_s", "delay_ms"):
-        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
-            raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 and finite")
-    if not cfg.answer_timeout_s >= 2 * wire.ALIVE_S or not math.isfinite(cfg.answer_timeout_s):
-        raise ConfigError(f"answer_timeout_s={cfg.answer_timeout_s!r}: must be at least {2 * wire.ALIVE_S:g} s (a "
-                          f"learner says it lives each {wire.ALIVE_S:g} s) and finite")
+    fail_if(lambda v: v < 0, cfg, ("num_workers", "envs_per_worker"), "must be >= 0 (0 = as the learner asks)")
+    fail_if(lambda v: v % 2, cfg, ("envs_per_worker",), "must be even (two groups per worker)")
+    fail_if(lambda v: not v >= 0 or not math.isfinite(v), cfg, ("retry_s", "delay_ms"), "must be >= 0 and finite")
+    fail_if(lambda v: not v >= 2 * wire.ALIVE_S or not math.isfinite(v), cfg, ("answer_timeout_s",),
+            f"must be at least {2 * wire.ALIVE_S:g} s (a learner says it lives each {wire.ALIVE_S:g} s) and finite")
     return token
 
 
