@@ -49,6 +49,7 @@ import json
 import re
 import secrets
 import struct
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,13 +79,7 @@ class WireError(ValueError):
     """A message that does not follow the protocol."""
 
 
-@dataclass(frozen=True)
-class Header:
-    kind: int
-    group: int
-    epoch: int
-    seq: int
-    length: int
+Header = namedtuple("Header", "kind group epoch seq length")
 
 
 def pack(kind: int, group: int = 0, epoch: int = 0, seq: int = 0, payload: bytes | bytearray | memoryview = b"") -> bytes:
