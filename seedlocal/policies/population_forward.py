@@ -77,9 +77,7 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
             plan[-1][-1] = m
         else:
             return None
-    if not plan or plan[-1][0] != "linear":
-        return None
-    return [tuple(p) for p in plan]
+    return plan if plan and plan[-1][0] == "linear" else None
 
 
 def strategies(template: nn.Module, plan: list | None = None) -> tuple[str, ...]:

@@ -78,12 +78,8 @@ class PopulationNorm:
 
     def _pooled(self, seen: RunningNorm | None, pool: Callable) -> RunningNorm | None:
         """Every rank's observations since the last commit (``pool``), merged in rank order."""
-        if seen is None:
-            n, mean, var = 0.0, torch.zeros(self.size, dtype=torch.float64), torch.ones(self.size,
-                                                                                        dtype=torch.float64)
-        else:
-            n, mean, var = float(seen.count), seen.mean.cpu(), seen.var.cpu()
-        n, mean, var = pool(n, mean, var)
+        seen = seen if seen is not None else RunningNorm(self.size)  # none of its own: count 0, means 0, variances 1
+        n, mean, var = pool(float(seen.count), seen.mean.cpu(), seen.var.cpu())
         return self._holding(n, mean, var) if n else None
 
     def _holding(self, count: float, mean: torch.Tensor, var: torch.Tensor, *clip_eps: float) -> RunningNorm:
