@@ -1,18 +1,16 @@
 """``seedlocal bench --autotune``: pick pipeline sizes for this machine.
 
-It measures the best raw envpool configuration once, then a small, bounded
-set of (num_workers, envs_per_worker, min_batch_envs) settings with a random
-policy, a few seconds each, and keeps the one with the most steps/s. The
-total env count is held at the training preset's (what a run would use), so
-only how the envs are spread over processes and batches changes:
+It measures the best raw envpool configuration once, then a small, bounded set of (num_workers, envs_per_worker,
+min_batch_envs) settings with a random policy, a few seconds each, and keeps the one with the most steps/s. The
+total env count is held at the training preset's (what a run would use), so only how the envs are spread over
+processes and batches changes:
 
 - workers: 1, 2, one per core, two per core (fewer cores: fewer candidates);
 - min_batch_envs: one group per worker (the default) or one group in all,
   which lets the loop serve each group as soon as it is ready.
 
 The result is written as JSON holding ``PipelineConfig`` fields, which
-``seedlocal train ... --pipeline-config FILE`` loads as the pipeline's
-defaults (options on the command line still win).
+``seedlocal train ... --pipeline-config FILE`` loads as the pipeline's defaults (options on the command line still win).
 """
 
 from __future__ import annotations

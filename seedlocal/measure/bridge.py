@@ -1,12 +1,10 @@
 """``seedlocal bench --bridge``: what the gRPC bridge costs, in one run.
 
-Two set-ups with the same envs and a random policy, alternating for
-``--rounds`` rounds so that drift on a shared machine hits both alike: the
-usual pipeline, ``W`` workers of ``E`` envs on this host, and a learner with
-``W x E`` remote envs only, on loopback, stepped by one ``seedlocal actors``
-process (a second "host" on the same cores, so this is a floor).
-``ratio_bridge`` = bridge steps/s / local steps/s; MB/s counts both
-directions. The keys and ``--bridge-delay-ms``: docs/multihost.md, "What to watch".
+Two set-ups with the same envs and a random policy, alternating for ``--rounds`` rounds so that drift on a shared
+machine hits both alike: the usual pipeline, ``W`` workers of ``E`` envs on this host, and a learner with ``W x E``
+remote envs only, on loopback, stepped by one ``seedlocal actors`` process (a second "host" on the same cores, so
+this is a floor). ``ratio_bridge`` = bridge steps/s / local steps/s; MB/s counts both directions. The keys and
+``--bridge-delay-ms``: docs/multihost.md, "What to watch".
 """
 
 from __future__ import annotations

@@ -45,12 +45,10 @@ def _timed(step, warmup: float, seconds: float) -> float:
 class RawEnvpool:
     """The three ways to step ``n`` envpool envs with random actions and no model.
 
-    The pools are built once and kept (idle pools sleep), so each round
-    measures all three under the same machine conditions. ``close()`` (or
-    leaving a ``with`` block) collects the steps left in flight and closes
-    them: an envpool destroyed at interpreter exit with a step in flight
-    can abort the process (``terminate called without an active
-    exception``), e.g. when SIGTERM ends a bench.
+    The pools are built once and kept (idle pools sleep), so each round measures all three under the same machine
+    conditions. ``close()`` (or leaving a ``with`` block) collects the steps left in flight and closes them: an
+    envpool destroyed at interpreter exit with a step in flight can abort the process
+    (``terminate called without an active exception``), e.g. when SIGTERM ends a bench.
     """
 
     KINDS = ("sync", "async_half", "two_groups")

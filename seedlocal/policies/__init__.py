@@ -1,6 +1,5 @@
-"""Policies: what the inference loop runs on each batch of env rows, each
-one class behind the loop's ``Policy`` protocol (``pipeline/policy.py``,
-which says what a policy reads and writes); docs/architecture.md lists them.
+"""Policies: what the inference loop runs on each batch of env rows, each one class behind the loop's ``Policy``
+protocol (``pipeline/policy.py``, which says what a policy reads and writes); docs/architecture.md lists them.
 """
 
 from __future__ import annotations

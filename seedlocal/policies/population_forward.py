@@ -1,10 +1,9 @@
 """Many different networks, one batched forward: the population's parameter rows and the forward over them.
 
-Uber's GPU deep neuroevolution (Such et al. 2017) evaluates a population of
-*different* networks in one accelerator call while CPUs step environments.
-Here a job's member is copied once into its slot's row of
-``PopulationForward.slots``, and every step reads the rows in place, a run of
-consecutive slots as a view (the README's "Neuroevolution").
+Uber's GPU deep neuroevolution (Such et al. 2017) evaluates a population of *different* networks in one accelerator
+call while CPUs step environments. Here a job's member is copied once into its slot's row of
+``PopulationForward.slots``, and every step reads the rows in place, a run of consecutive slots as a view (the
+README's "Neuroevolution").
 """
 
 from __future__ import annotations
