@@ -197,8 +197,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
             # Steps between the first logging point after the warm-up and the last one, over the time between them.
             window = [e for e in points if e.wall_time >= points[0].wall_time + cfg.warmup]
             first, last = (window[0], window[-1]) if len(window) >= 2 else (points[0], points[-1])
-            rate = (last.step - first.step) / max(1e-9, last.wall_time - first.wall_time)
-            since = first.wall_time
+            rate, since = (last.step - first.step) / max(1e-9, last.wall_time - first.wall_time), first.wall_time
 
         def mean_over(tag: str) -> float | None:
             vals = [e.value for e in ea.Scalars(tag) if e.wall_time >= since] \
@@ -280,7 +279,6 @@ def _refuse_with(mode: str, cfg: BenchConfig, what: str, others: tuple[str, ...]
 def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     """Raw envpool against the pipeline (or the transport alone): the table and the JSON line."""
     workers, envs = pipe_cfg.num_workers, pipe_cfg.envs_per_worker
-    n = workers * envs
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
@@ -295,7 +293,7 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
                        **{k: p[k] for k in ("collect_ms_p50", "collect_ms_p99", "batch_fill", "device")}})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
-        raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
+        raw = RawEnvpool(cfg.env, spec, workers * envs, threads) if spec.backend == "envpool" else None
         with raw if raw is not None else contextlib.nullcontext():
             _measure_all(cfg, pipe_cfg, spec, raw, rows, result)
 
@@ -324,13 +322,11 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
     rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
     result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
                    "random_detail": p, "device": p["device"]})
+    result.update({"model_policy_steps_per_s": None, "ratio_model": None})  # unless the model runs
     if not cfg.skip_model:
         m = pipeline_run(cfg, pipe_cfg, "auto", model=True, raw=raw)
         rows.append(("seedlocal, training's network", m["steps_per_s"], m["ratio"], _detail(m)))
-        result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
-                       "model_detail": m})
-    else:
-        result.update({"model_policy_steps_per_s": None, "ratio_model": None})
+        result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"], "model_detail": m})
     if cfg.learning:
         lr = learning_run(cfg, pipe_cfg)
         best = result.get("raw_best_steps_per_s")
