@@ -1,32 +1,26 @@
 """The learner host's end of the bridge: to the unroll store, one more worker.
 
-It runs in its own process (networking never takes the inference loop's
-time), attached to the learner's control block and unroll store like an env
-worker, and owns the *remote groups*: slots reserved for envs that actor
-hosts step (``seedlocal actors --connect``). For each group it does what a
-worker's group thread does, with the env replaced by a network stream:
+It runs in its own process (networking never takes the inference loop's time), attached to the learner's control
+block and unroll store like an env worker, and owns the *remote groups*: slots reserved for envs that actor hosts
+step (``seedlocal actors --connect``). For each group it does what a worker's group thread does, with the env
+replaced by a network stream:
 
     host's FIRST/STEP message  ->  validate  ->  write obs and step rows;
                                    state = OBS_READY; post ready[g]
     wake[g] (loop answered)    ->  ACTION_READY: send the action row;
                                    RESET: send RESET
 
-so the inference loop, the learners and the neuroevolution work queue
-cannot tell a remote slot from a local one. Everything a host sends is
-checked before a byte reaches the store (kind, group ownership, epoch,
-turn, size, finite floats); a host that breaks the protocol is logged with
-its address and disconnected.
+so the inference loop, the learners and the neuroevolution work queue cannot tell a remote slot from a local one.
+Everything a host sends is checked before a byte reaches the store (kind, group ownership, epoch, turn, size, finite
+floats); a host that breaks the protocol is logged with its address and disconnected.
 
-When a host goes away, its groups are *lost*: the server bumps
-``group_lost[g]`` and stops touching them; the inference loop drops their
-partial unrolls, rebinds them fresh (recurrent state zeroed) and
-acknowledges with ``group_lost_ack[g]`` plus a wake token. Only then can
-another host take them, starting with fresh episodes, so no step from
-before the loss is stitched to one after it.
+When a host goes away, its groups are *lost*: the server bumps ``group_lost[g]`` and stops touching them; the
+inference loop drops their partial unrolls, rebinds them fresh (recurrent state zeroed) and acknowledges with
+``group_lost_ack[g]`` plus a wake token. Only then can another host take them, starting with fresh episodes, so no
+step from before the loss is stitched to one after it.
 
-A host is let in only once it has proven the learner's token, where there is
-one (``wire`` describes the exchange). What a peer that has proven nothing
-can make the server hold is bounded (``_grpc_server``; docs/multihost.md,
+A host is let in only once it has proven the learner's token, where there is one (``wire`` describes the exchange).
+What a peer that has proven nothing can make the server hold is bounded (``_grpc_server``; docs/multihost.md,
 "Limits", says why each limit is what it is).
 """
 
@@ -148,8 +142,7 @@ class BridgeServer:
         self.assignments = 0
         self.stopping = threading.Event()
         self.said_goodbye = threading.Event()
-        c = self.control
-        self._state, self._tbuf, self._trow = c["state"], c["target_buf"], c["target_row"]
+        self._state, self._tbuf, self._trow = (self.control[k] for k in ("state", "target_buf", "target_row"))
 
     # -- the per-group side facing the inference loop ---------------------------
 
