@@ -52,8 +52,7 @@ def row_layout(members: np.ndarray, num_members: int) -> tuple[np.ndarray, int, 
         return present, per, None, None
     src = np.full(len(present) * per, -1, np.int64)
     src[pos] = np.arange(len(members))
-    src = src.reshape(len(present), per)
-    src = np.where(src < 0, src[:, :1], src).reshape(-1)  # a padded position rereads its member's first row
+    src = np.where(src < 0, np.repeat(src[::per], per), src)  # a padded position rereads its member's first row
     return present, per, src, pos
 
 

@@ -85,8 +85,7 @@ class PopulationPolicy(Policy):
         so far (see the module docstring)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
-        self.action_noise, self.reward_shift = action_noise, reward_shift
-        self.max_episode_steps = max_episode_steps
+        self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps
         self.acting = ("its output" + (f" plus noise of std {action_noise:g}" if action_noise else "")
                        if self.continuous else "argmax" if greedy else "sampled")
         n = envs_per_group * num_groups
@@ -149,8 +148,8 @@ class PopulationPolicy(Policy):
         return int(self.steps.max(initial=0))
 
     def commit_obs_stats(self) -> None:
-        """Take the observations gathered since the last commit into the statistics that jobs submitted from
-        now on normalise by (``PopulationNorm.commit``). Jobs already submitted keep theirs."""
+        """Jobs submitted from now on normalise by the observations gathered so far too (``PopulationNorm.commit``);
+        jobs already submitted keep theirs."""
         if self.norm is not None:
             self.norm.commit(self.forward.template, self.pool_stats)
 

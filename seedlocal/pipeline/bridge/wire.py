@@ -58,8 +58,7 @@ HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
 FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS, CHALLENGE, PROOF, ALIVE = range(11)
-KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS", "CHALLENGE", "PROOF",
-              "ALIVE")
+KIND_NAMES = "FIRST STEP ACTION RESET HELLO ASSIGN REFUSE STATS CHALLENGE PROOF ALIVE".split()
 # The step fields of a STEP message, in order (the unroll store's names).
 STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
 # A host's HELLO, PROOF and STATS are a few hundred bytes at most, and it cuts its REFUSE to fit: the learner
