@@ -23,12 +23,13 @@ from pathlib import Path
 
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
+from seedlocal.measure.bench import pipeline_run, training_preset
+from seedlocal.measure.raw import RawEnvpool
+from seedlocal.prepare import prepare_pipeline
 
 
 def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
     """(num_workers, envs_per_worker, min_batch_envs) settings of ``env`` (an ``EnvConfig``) worth measuring."""
-    from seedlocal.prepare import prepare_pipeline
-
     out = []
     for w in sorted({1, 2, cpus, 2 * cpus}):
         if total_envs % w:
@@ -44,9 +45,6 @@ def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
 
 
 def autotune(cfg, spec) -> dict:
-    from seedlocal.measure.bench import pipeline_run, training_preset
-    from seedlocal.measure.raw import RawEnvpool
-
     preset = training_preset(spec.env_id)
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (
         preset.pipeline.num_workers * preset.pipeline.envs_per_worker)

@@ -24,7 +24,8 @@ from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.measure.raw import RawEnvpool, ceiling
-from seedlocal.prepare import prepare_pipeline
+from seedlocal.networks import is_image
+from seedlocal.prepare import env_spec, prepare_pipeline, prepare_run, preset_for
 
 
 @dataclass
@@ -82,7 +83,6 @@ def training_preset(env_id: str):
     """The V-trace preset ``seedlocal train vtrace --env.id ENV`` starts from (``prepare.preset_for``: the one
     made for the env's kind, fitted to its frames: Atari's single frames, 0 where they do not fit)."""
     from seedlocal.families import recipe
-    from seedlocal.prepare import preset_for
 
     return preset_for(recipe("vtrace"), env_id)
 
@@ -173,7 +173,6 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from seedlocal.families import recipe
-    from seedlocal.prepare import prepare_run
     from seedlocal.trainers.vtrace import train
 
     env = EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack)
@@ -249,9 +248,6 @@ def check(cfg: BenchConfig):
         fail("bench.frame_stack", cfg.frame_stack, "the raw, transport and policy rows only (the learner, the "
              f"bridge and --autotune run the env as training does: {training})")
     cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
-    from seedlocal.networks import is_image
-    from seedlocal.prepare import env_spec
-
     env = EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack)
     spec = env_spec(env, "bench.env")
     if cfg.learning:  # the sizes not given are the training preset's

@@ -17,6 +17,9 @@ import time
 import numpy as np
 
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
+from seedlocal.pipeline.pipeline import Pipeline
+from seedlocal.policies import RandomPolicy
+from seedlocal.prepare import prepare_pipeline
 
 
 def _measure(pipe, seconds: float) -> tuple[float, float]:
@@ -41,10 +44,6 @@ def _actor_host(cfg, env: EnvConfig, port: int, workers: int, envs: int) -> subp
 
 
 def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
-    from seedlocal.policies import RandomPolicy
-    from seedlocal.pipeline.pipeline import Pipeline
-    from seedlocal.prepare import prepare_pipeline
-
     # The same envs stepped by local workers, and by one actor host through the bridge.
     env = EnvConfig(id=cfg.env, backend="null" if cfg.transport_only else "auto", frame_stack=cfg.frame_stack)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,

@@ -178,8 +178,7 @@ class _Session:
     def _handshake(self, channel) -> tuple[object, dict]:
         """HELLO, the token exchange where the learner asks for it, and its ASSIGN, within answer_timeout_s:
         the call and the assignment, verified as far as this host can before anything in it is used."""
-        cfg = self.cfg
-        nonce = wire.new_nonce()
+        cfg, nonce = self.cfg, wire.new_nonce()
         self._put(wire.pack_json(wire.HELLO, {
             "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
             "envs_per_worker": cfg.envs_per_worker, "host": socket.gethostname(), "nonce": nonce}))

@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -513,8 +514,6 @@ def run_bridge_server(a: ServerArgs) -> None:
         code = 1
         with contextlib.suppress(Exception):
             a.started.send(("error", f"{type(e).__name__}: {e}"))
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()
