@@ -124,8 +124,7 @@ class MembersPolicy(ModelPolicy):
         return np.asarray(env_ids, dtype=np.int64) // self.envs_per_member
 
     def _forward(self, obs, core, env_ids: np.ndarray):
-        params, values = self.forward(self.members_of(env_ids), obs)
-        return params, values, None
+        return (*self.forward(self.members_of(env_ids), obs), None)  # no recurrent core
 
     def _actions(self, params, env_ids: np.ndarray):
         members = self.members_of(env_ids)
