@@ -10,21 +10,17 @@ def main(cfg) -> dict:
 
     import torch
 
-    from seedlocal.measure.bench import check, run
+    from seedlocal.measure.autotune import autotune
+    from seedlocal.measure.bench import check, run, run_ceiling
+    from seedlocal.measure.bridge import run_bridge_bench
 
     torch.set_num_threads(1)
     spec, pipe_cfg = check(cfg)
     if cfg.autotune:
-        from seedlocal.measure.autotune import autotune
-
         result = autotune(cfg, spec)
     elif cfg.raw_ceiling:
-        from seedlocal.measure.bench import run_ceiling
-
         result = run_ceiling(cfg, spec, pipe_cfg)
     elif cfg.bridge:
-        from seedlocal.measure.bridge import run_bridge_bench
-
         result = run_bridge_bench(cfg, pipe_cfg.num_workers, pipe_cfg.envs_per_worker)
     else:
         result = run(cfg, spec, pipe_cfg)

@@ -1,18 +1,16 @@
 """``seedlocal bench --autotune``: pick pipeline sizes for this machine.
 
-It measures the best raw envpool configuration once, then a small, bounded
-set of (num_workers, envs_per_worker, min_batch_envs) settings with a random
-policy, a few seconds each, and keeps the one with the most steps/s. The
-total env count is held at the training preset's (what a run would use), so
-only how the envs are spread over processes and batches changes:
+It measures the best raw envpool configuration once, then a small, bounded set of (num_workers, envs_per_worker,
+min_batch_envs) settings with a random policy, a few seconds each, and keeps the one with the most steps/s. The
+total env count is held at the training preset's (what a run would use), so only how the envs are spread over
+processes and batches changes:
 
 - workers: 1, 2, one per core, two per core (fewer cores: fewer candidates);
 - min_batch_envs: one group per worker (the default) or one group in all,
   which lets the loop serve each group as soon as it is ready.
 
 The result is written as JSON holding ``PipelineConfig`` fields, which
-``seedlocal train ... --pipeline-config FILE`` loads as the pipeline's
-defaults (options on the command line still win).
+``seedlocal train ... --pipeline-config FILE`` loads as the pipeline's defaults (options on the command line still win).
 """
 
 from __future__ import annotations
@@ -25,12 +23,13 @@ from pathlib import Path
 
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
+from seedlocal.measure.bench import pipeline_run, training_preset
+from seedlocal.measure.raw import RawEnvpool
+from seedlocal.prepare import prepare_pipeline
 
 
 def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
     """(num_workers, envs_per_worker, min_batch_envs) settings of ``env`` (an ``EnvConfig``) worth measuring."""
-    from seedlocal.prepare import prepare_pipeline
-
     out = []
     for w in sorted({1, 2, cpus, 2 * cpus}):
         if total_envs % w:
@@ -46,9 +45,6 @@ def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
 
 
 def autotune(cfg, spec) -> dict:
-    from seedlocal.measure.bench import pipeline_run, training_preset
-    from seedlocal.measure.raw import RawEnvpool
-
     preset = training_preset(spec.env_id)
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (
         preset.pipeline.num_workers * preset.pipeline.envs_per_worker)
@@ -80,9 +76,8 @@ def autotune(cfg, spec) -> dict:
                                "ratio_random": best["ratio_random"], "pipeline": chosen}, indent=2) + "\n")
     print(f"\nchosen for {cfg.env} on {cpus} cores ({total} envs): {chosen}; written to {out} "
           f"(use: seedlocal train ... --pipeline-config {out})")
-    result = {**chosen, "ratio_random": best["ratio_random"], "steps_per_s": best["steps_per_s"],
-              "raw_best_steps_per_s": raw_best, "env": cfg.env, "file": str(out),
-              "candidates": len(rows), "seconds": round(time.monotonic() - t_start, 1)}
-    return result
+    return {**chosen, "ratio_random": best["ratio_random"], "steps_per_s": best["steps_per_s"],
+            "raw_best_steps_per_s": raw_best, "env": cfg.env, "file": str(out),
+            "candidates": len(rows), "seconds": round(time.monotonic() - t_start, 1)}
 
 

@@ -22,9 +22,10 @@ import numpy as np
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.config.checks import check_writable, resolve_device
-from seedlocal.errors import ConfigError, fail
+from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.measure.raw import RawEnvpool, ceiling
-from seedlocal.prepare import prepare_pipeline
+from seedlocal.networks import is_image
+from seedlocal.prepare import env_spec, prepare_pipeline, prepare_run, preset_for
 
 
 @dataclass
@@ -82,7 +83,6 @@ def training_preset(env_id: str):
     """The V-trace preset ``seedlocal train vtrace --env.id ENV`` starts from (``prepare.preset_for``: the one
     made for the env's kind, fitted to its frames: Atari's single frames, 0 where they do not fit)."""
     from seedlocal.families import recipe
-    from seedlocal.prepare import preset_for
 
     return preset_for(recipe("vtrace"), env_id)
 
@@ -173,7 +173,6 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from seedlocal.families import recipe
-    from seedlocal.prepare import prepare_run
     from seedlocal.trainers.vtrace import train
 
     env = EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack)
@@ -197,8 +196,7 @@ def learning_run(cfg: BenchConfig, pipe_cfg: PipelineConfig) -> dict:
             # Steps between the first logging point after the warm-up and the last one, over the time between them.
             window = [e for e in points if e.wall_time >= points[0].wall_time + cfg.warmup]
             first, last = (window[0], window[-1]) if len(window) >= 2 else (points[0], points[-1])
-            rate = (last.step - first.step) / max(1e-9, last.wall_time - first.wall_time)
-            since = first.wall_time
+            rate, since = (last.step - first.step) / max(1e-9, last.wall_time - first.wall_time), first.wall_time
 
         def mean_over(tag: str) -> float | None:
             vals = [e.value for e in ea.Scalars(tag) if e.wall_time >= since] \
@@ -227,39 +225,29 @@ def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
 
 def check(cfg: BenchConfig):
     """(env spec, pipeline config) of a bench run, or ConfigError naming the option."""
-    if not cfg.seconds > 0 or not math.isfinite(cfg.seconds):
-        fail("bench.seconds", cfg.seconds, "must be positive and finite")
-    for name in ("warmup", "batch_timeout_ms", "bridge_delay_ms"):
-        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
-            fail(f"bench.{name}", getattr(cfg, name), "must be >= 0 and finite")
+    fail_if(lambda v: not v > 0 or not math.isfinite(v), cfg, ("seconds",), "must be positive and finite", "bench.")
+    fail_if(lambda v: not v >= 0 or not math.isfinite(v), cfg, ("warmup", "batch_timeout_ms", "bridge_delay_ms"),
+            "must be >= 0 and finite", "bench.")
     if cfg.autotune:  # before minutes of trials, not after
         check_writable("bench.pipeline_out", cfg.pipeline_out, folder=False)
-    if cfg.rounds < 1:
-        fail("bench.rounds", cfg.rounds, "must be positive")
+    fail_if(lambda v: v < 1, cfg, ("rounds",), "must be positive", "bench.")
     _refuse_with("raw_ceiling", cfg, "measures raw envpool alone", ("transport_only", "learning", "bridge", "autotune"))
     if cfg.ceiling_threads and not cfg.raw_ceiling:
         fail("bench.ceiling_threads", cfg.ceiling_threads, "only with --raw-ceiling")
-    bad = [t for t in cfg.ceiling_threads if t < 1]
-    if bad:
+    if bad := [t for t in cfg.ceiling_threads if t < 1]:
         fail("bench.ceiling_threads", cfg.ceiling_threads, f"every thread count must be positive ({bad[0]} is not)")
     # Without --bridge, --transport-only returns before every other row.
     _refuse_with("transport_only", cfg, "measures the pipeline without envs or model", ("learning", "autotune"))
-    if cfg.frame_stack < 0:
-        fail("bench.frame_stack", cfg.frame_stack, "must be >= 0")
+    fail_if(lambda v: v < 0, cfg, ("frame_stack",), "must be >= 0", "bench.")
     if cfg.bridge_delay_ms and not cfg.bridge:
         fail("bench.bridge_delay_ms", cfg.bridge_delay_ms, "only with --bridge")
-    for name in ("num_workers", "envs_per_worker"):
-        if getattr(cfg, name) < 0:
-            fail(f"bench.{name}", getattr(cfg, name), "must be 0 (automatic) or positive")
+    fail_if(lambda v: v < 0, cfg, ("num_workers", "envs_per_worker"), "must be 0 (automatic) or positive", "bench.")
     preset = training_preset(cfg.env)
     training = preset.env.frame_stack
     if cfg.frame_stack and cfg.frame_stack != training and (cfg.learning or cfg.bridge or cfg.autotune):
         fail("bench.frame_stack", cfg.frame_stack, "the raw, transport and policy rows only (the learner, the "
              f"bridge and --autotune run the env as training does: {training})")
     cfg.frame_stack = cfg.frame_stack or training  # every row, the raw envpool ones too, runs this env
-    from seedlocal.networks import is_image
-    from seedlocal.prepare import env_spec
-
     env = EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack)
     spec = env_spec(env, "bench.env")
     if cfg.learning:  # the sizes not given are the training preset's
@@ -287,7 +275,6 @@ def _refuse_with(mode: str, cfg: BenchConfig, what: str, others: tuple[str, ...]
 def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     """Raw envpool against the pipeline (or the transport alone): the table and the JSON line."""
     workers, envs = pipe_cfg.num_workers, pipe_cfg.envs_per_worker
-    n = workers * envs
     threads = cfg.env_threads or os.cpu_count() or 1
     rows: list[tuple[str, float, float | None, str]] = []
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
@@ -298,11 +285,11 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     if cfg.transport_only:
         p = pipeline_run(cfg, pipe_cfg, "null", model=False, raw=None)
         result.update({"backend": "null", "transport_steps_per_s": p["steps_per_s"],
-                       "transport_batches_per_s": p["batches_per_s"], "collect_ms_p50": p["collect_ms_p50"],
-                       "collect_ms_p99": p["collect_ms_p99"], "batch_fill": p["batch_fill"], "device": p["device"]})
+                       "transport_batches_per_s": p["batches_per_s"],
+                       **{k: p[k] for k in ("collect_ms_p50", "collect_ms_p99", "batch_fill", "device")}})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
-        raw = RawEnvpool(cfg.env, spec, n, threads) if spec.backend == "envpool" else None
+        raw = RawEnvpool(cfg.env, spec, workers * envs, threads) if spec.backend == "envpool" else None
         with raw if raw is not None else contextlib.nullcontext():
             _measure_all(cfg, pipe_cfg, spec, raw, rows, result)
 
@@ -331,13 +318,11 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
     rows.append(("seedlocal, random policy", p["steps_per_s"], p["ratio"], _detail(p)))
     result.update({"random_policy_steps_per_s": p["steps_per_s"], "ratio_random": p["ratio"],
                    "random_detail": p, "device": p["device"]})
+    result.update({"model_policy_steps_per_s": None, "ratio_model": None})  # unless the model runs
     if not cfg.skip_model:
         m = pipeline_run(cfg, pipe_cfg, "auto", model=True, raw=raw)
         rows.append(("seedlocal, training's network", m["steps_per_s"], m["ratio"], _detail(m)))
-        result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"],
-                       "model_detail": m})
-    else:
-        result.update({"model_policy_steps_per_s": None, "ratio_model": None})
+        result.update({"model_policy_steps_per_s": m["steps_per_s"], "ratio_model": m["ratio"], "model_detail": m})
     if cfg.learning:
         lr = learning_run(cfg, pipe_cfg)
         best = result.get("raw_best_steps_per_s")
@@ -378,9 +363,8 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
             kinds.pop("two_groups")
         per_threads.append({"threads": t, "best": rows[0], "rows": rows, "bench_kinds": kinds,
                             "bench_best_over_ceiling": max(kinds.values()) / rows[0]["steps_per_s"]})
-    first = per_threads[0]
+    first, top = per_threads[0], per_threads[-1]
     one = first["best"]["steps_per_s"]
-    top = per_threads[-1]
     result = {"env": cfg.env, "frames_per_step": spec.frames_per_step, "cpu_count": os.cpu_count(), "envs": n,
               "per_threads": per_threads,
               "ceiling_steps_per_s": top["best"]["steps_per_s"],

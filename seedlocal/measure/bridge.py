@@ -1,12 +1,10 @@
 """``seedlocal bench --bridge``: what the gRPC bridge costs, in one run.
 
-Two set-ups with the same envs and a random policy, alternating for
-``--rounds`` rounds so that drift on a shared machine hits both alike: the
-usual pipeline, ``W`` workers of ``E`` envs on this host, and a learner with
-``W x E`` remote envs only, on loopback, stepped by one ``seedlocal actors``
-process (a second "host" on the same cores, so this is a floor).
-``ratio_bridge`` = bridge steps/s / local steps/s; MB/s counts both
-directions. The keys and ``--bridge-delay-ms``: docs/multihost.md, "What to watch".
+Two set-ups with the same envs and a random policy, alternating for ``--rounds`` rounds so that drift on a shared
+machine hits both alike: the usual pipeline, ``W`` workers of ``E`` envs on this host, and a learner with ``W x E``
+remote envs only, on loopback, stepped by one ``seedlocal actors`` process (a second "host" on the same cores, so
+this is a floor). ``ratio_bridge`` = bridge steps/s / local steps/s; MB/s counts both directions. The keys and
+``--bridge-delay-ms``: docs/multihost.md, "What to watch".
 """
 
 from __future__ import annotations
@@ -19,6 +17,9 @@ import time
 import numpy as np
 
 from seedlocal.config.schema import BridgeConfig, EnvConfig, PipelineConfig
+from seedlocal.pipeline.pipeline import Pipeline
+from seedlocal.policies import RandomPolicy
+from seedlocal.prepare import prepare_pipeline
 
 
 def _measure(pipe, seconds: float) -> tuple[float, float]:
@@ -43,10 +44,6 @@ def _actor_host(cfg, env: EnvConfig, port: int, workers: int, envs: int) -> subp
 
 
 def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
-    from seedlocal.policies import RandomPolicy
-    from seedlocal.pipeline.pipeline import Pipeline
-    from seedlocal.prepare import prepare_pipeline
-
     # The same envs stepped by local workers, and by one actor host through the bridge.
     env = EnvConfig(id=cfg.env, backend="null" if cfg.transport_only else "auto", frame_stack=cfg.frame_stack)
     pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,

@@ -4,6 +4,7 @@ pipeline ratio divides by (``seedlocal bench``, ``--autotune``, the scripts)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 
@@ -45,12 +46,10 @@ def _timed(step, warmup: float, seconds: float) -> float:
 class RawEnvpool:
     """The three ways to step ``n`` envpool envs with random actions and no model.
 
-    The pools are built once and kept (idle pools sleep), so each round
-    measures all three under the same machine conditions. ``close()`` (or
-    leaving a ``with`` block) collects the steps left in flight and closes
-    them: an envpool destroyed at interpreter exit with a step in flight
-    can abort the process (``terminate called without an active
-    exception``), e.g. when SIGTERM ends a bench.
+    The pools are built once and kept (idle pools sleep), so each round measures all three under the same machine
+    conditions. ``close()`` (or leaving a ``with`` block) collects the steps left in flight and closes them: an
+    envpool destroyed at interpreter exit with a step in flight can abort the process
+    (``terminate called without an active exception``), e.g. when SIGTERM ends a bench.
     """
 
     KINDS = ("sync", "async_half", "two_groups")
@@ -60,15 +59,13 @@ class RawEnvpool:
 
         from seedlocal.envs.envpool_group import stack_kw
 
-        kw = stack_kw(spec.frame_stack)
+        make = functools.partial(envpool.make, env_id, env_type="gymnasium", **stack_kw(spec.frame_stack))
         self.n, self.half = n, n // 2
-        self.sync = envpool.make(env_id, env_type="gymnasium", num_envs=n, num_threads=threads, **kw)
+        self.sync = make(num_envs=n, num_threads=threads)
         self.sync.reset()
-        self.async_env = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=self.half,
-                                      num_threads=threads, **kw)
+        self.async_env = make(num_envs=n, batch_size=self.half, num_threads=threads)
         self.async_env.async_reset()
-        self.groups = [envpool.make(env_id, env_type="gymnasium", num_envs=self.half,
-                                    num_threads=max(1, threads // 2), **kw) for _ in range(2)]
+        self.groups = [make(num_envs=self.half, num_threads=max(1, threads // 2)) for _ in range(2)]
         for g in self.groups:
             g.async_reset()
         rng = np.random.default_rng(0)

@@ -1,6 +1,5 @@
-"""Policies: what the inference loop runs on each batch of env rows, each
-one class behind the loop's ``Policy`` protocol (``pipeline/policy.py``,
-which says what a policy reads and writes); docs/architecture.md lists them.
+"""Policies: what the inference loop runs on each batch of env rows, each one class behind the loop's ``Policy``
+protocol (``pipeline/policy.py``, which says what a policy reads and writes); docs/architecture.md lists them.
 """
 
 from __future__ import annotations
@@ -30,21 +29,20 @@ class RandomPolicy(Policy):
         self.spec, self.device = spec, device
         self.outputs = policy_outputs(spec)
         if spec.num_actions is None:  # uniform over the env's bounds: over the policy's range that maps onto them
-            low, high = policy_range(spec)
-            self._low = torch.from_numpy(low).to(device).reshape(spec.action.shape)
-            self._high = torch.from_numpy(high).to(device).reshape(spec.action.shape)
+            self._low, self._high = (torch.from_numpy(b).to(device).reshape(spec.action.shape)
+                                     for b in policy_range(spec))
 
     def act(self, obs, core=None, env_ids=None, first=None):
         n = next(iter(obs.values())).shape[0]
+        value = torch.zeros(n, device=self.device)
         if self.spec.num_actions is None:
             u = torch.rand((n,) + self.spec.action.shape, device=self.device)
             params = torch.zeros((n,) + self.outputs["gaussian"].shape, device=self.device)
-            return self._low + u * (self._high - self._low), {"gaussian": params,
-                                                              "value": torch.zeros(n, device=self.device)}, None
+            return self._low + u * (self._high - self._low), {"gaussian": params, "value": value}, None
         logits = torch.zeros(n, self.spec.num_actions, device=self.device)
         if MASK_KEY in obs:  # uniform over the legal actions, by the sampling every policy uses; logits to match
             logits = legal_only(logits, obs)
             actions = Categorical.sample(logits)
         else:
             actions = torch.randint(self.spec.num_actions, (n,), device=self.device)
-        return actions, {"logits": logits, "value": torch.zeros(n, device=self.device)}, None
+        return actions, {"logits": logits, "value": value}, None

@@ -1,6 +1,5 @@
-"""Acting with an actor-critic (V-trace): actions sampled from its policy
-(a categorical, or a diagonal Gaussian for Box actions), the policy's
-parameters and the value stored for the learner."""
+"""Acting with an actor-critic (V-trace): actions sampled from its policy (a categorical, or a diagonal Gaussian for
+Box actions), the policy's parameters and the value stored for the learner."""
 
 from __future__ import annotations
 
@@ -20,12 +19,10 @@ from seedlocal.spec import EnvSpec
 class ModelPolicy(Policy):
     """Samples actions from an ``ActorCritic`` without tracking gradients.
 
-    ``lock`` (a ``WeightLock`` shared with the learner's optimiser step)
-    keeps a forward pass from reading parameters halfway through an update.
-    ``cuda_graphs`` replays the forward from CUDA graphs (``GraphedStep``).
-    ``greedy`` takes the distribution's mode (a categorical's argmax, a
-    Gaussian's mean) instead of a sample: ``seedlocal eval --policy argmax``.
-    ``stack`` > 1: the env sends single frames, stacked here per env slot
+    ``lock`` (a ``WeightLock`` shared with the learner's optimiser step) keeps a forward pass from reading
+    parameters halfway through an update. ``cuda_graphs`` replays the forward from CUDA graphs (``GraphedStep``).
+    ``greedy`` takes the distribution's mode (a categorical's argmax, a Gaussian's mean) instead of a sample:
+    ``seedlocal eval --policy argmax``. ``stack`` > 1: the env sends single frames, stacked here per env slot
     (``algos/frames.py``), as the learner stacks its unrolls.
     """
 

@@ -1,30 +1,22 @@
-"""One forward for a population of learners: every member's env rows in one
-batched call over the members' stacked weights (issue 46; the design's "a
-population is a batch dimension").
+"""One forward for a population of learners: every member's env rows in one batched call over the members' stacked
+weights (issue 46; the design's "a population is a batch dimension").
 
-Reference: PureJaxRL (Lu et al. 2022, "Discovered Policy Optimisation"):
-``vmap`` over agents' stacked parameters, here ``torch.func.vmap`` over
-``functional_call`` on an ``algos/member_stack.py`` ``MemberStack``.
+Reference: PureJaxRL (Lu et al. 2022, "Discovered Policy Optimisation"): ``vmap`` over agents' stacked parameters,
+here ``torch.func.vmap`` over ``functional_call`` on an ``algos/member_stack.py`` ``MemberStack``.
 
-Why not ``PopulationForward`` (``population_forward.py``), neuroevolution's
-batched forward: it keeps a copy of a network per *env slot* and runs each row
-through its own copy (a batched matrix-vector product per row), because a
-neuroevolution member plays one episode on one slot and moves on. A learner
-owns whole env groups for the whole run, and its weights change at every
-update: per-slot copies would be refreshed on every slot after every update,
-and each row would still be a product of its own. Here each member's rows
-go through its weights together (a matrix product per member), read in
-place from the stack the learners write, and an actor-critic's two heads
-come out as they do from ``ActorCritic.forward``.
+Why not ``PopulationForward`` (``population_forward.py``), neuroevolution's batched forward: it keeps a copy of a
+network per *env slot* and runs each row through its own copy (a batched matrix-vector product per row), because a
+neuroevolution member plays one episode on one slot and moves on. A learner owns whole env groups for the whole run,
+and its weights change at every update: per-slot copies would be refreshed on every slot after every update, and
+each row would still be a product of its own. Here each member's rows go through its weights together (a matrix
+product per member), read in place from the stack the learners write, and an actor-critic's two heads come out as
+they do from ``ActorCritic.forward``.
 
-Rows arrive in any order (whole env groups: usually contiguous runs) and are
-padded per member for one vmapped call (``row_layout``). On the 2-core
-development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in
-one call than in 8 (``scripts/bench_population_learners.py``); on a GPU,
-where P calls are P rounds of kernel launches, it is unmeasured. A batch of
-one member's rows (usually one group) goes through that member's own network
-instead: there vmap's fixed cost made the call about 3x a plain forward
-(docs/populations.md, "Remeasured with the box to itself").
+Rows arrive in any order (whole env groups: usually contiguous runs) and are padded per member for one vmapped call
+(``row_layout``). On the 2-core development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in one call
+than in 8 (``scripts/bench_population_learners.py``); on a GPU, where P calls are P rounds of kernel launches, it is
+unmeasured. A batch of one member's rows (usually one group) goes through that member's own network instead: there
+vmap's fixed cost made the call about 3x a plain forward (docs/populations.md, "Remeasured with the box to itself").
 """
 
 from __future__ import annotations
@@ -60,8 +52,7 @@ def row_layout(members: np.ndarray, num_members: int) -> tuple[np.ndarray, int, 
         return present, per, None, None
     src = np.full(len(present) * per, -1, np.int64)
     src[pos] = np.arange(len(members))
-    src = src.reshape(len(present), per)
-    src = np.where(src < 0, src[:, :1], src).reshape(-1)  # a padded position rereads its member's first row
+    src = np.where(src < 0, np.repeat(src[::per], per), src)  # a padded position rereads its member's first row
     return present, per, src, pos
 
 
@@ -133,8 +124,7 @@ class MembersPolicy(ModelPolicy):
         return np.asarray(env_ids, dtype=np.int64) // self.envs_per_member
 
     def _forward(self, obs, core, env_ids: np.ndarray):
-        params, values = self.forward(self.members_of(env_ids), obs)
-        return params, values, None
+        return (*self.forward(self.members_of(env_ids), obs), None)  # no recurrent core
 
     def _actions(self, params, env_ids: np.ndarray):
         members = self.members_of(env_ids)

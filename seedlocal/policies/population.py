@@ -1,17 +1,14 @@
 """A population of networks playing episodes: the work queue of (member, episode) jobs (the README's
 "Neuroevolution": slots, held groups, asynchronous jobs, the episode cap).
 
-Every env slot plays one (member, episode) job at a time, taken from the
-queue when its episode begins; an idle slot gets no forward pass, and a group
-whose envs all idle is *held* until more work arrives, then restarts on fresh
-episodes. The forward is ``policies/population_forward.py``'s, the shared
-observation statistics ``policies/population_norm.py``'s. A job's episode
-that reaches ``max_episode_steps`` ends there for its job, scored on its
-return so far; its env plays on unserved, as an idle slot's does.
+Every env slot plays one (member, episode) job at a time, taken from the queue when its episode begins; an idle slot
+gets no forward pass, and a group whose envs all idle is *held* until more work arrives, then restarts on fresh
+episodes. The forward is ``policies/population_forward.py``'s, the shared observation statistics
+``policies/population_norm.py``'s. A job's episode that reaches ``max_episode_steps`` ends there for its job, scored
+on its return so far; its env plays on unserved, as an idle slot's does.
 
-``seedlocal eval`` plays a checkpoint's member through the same class
-(``PopulationPolicy.serving``: that one member on every slot), so eval acts
-by training's forward and action rule.
+``seedlocal eval`` plays a checkpoint's member through the same class (``PopulationPolicy.serving``: that one member
+on every slot), so eval acts by training's forward and action rule.
 """
 
 from __future__ import annotations
@@ -88,8 +85,7 @@ class PopulationPolicy(Policy):
         so far (see the module docstring)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
-        self.action_noise, self.reward_shift = action_noise, reward_shift
-        self.max_episode_steps = max_episode_steps
+        self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps
         self.acting = ("its output" + (f" plus noise of std {action_noise:g}" if action_noise else "")
                        if self.continuous else "argmax" if greedy else "sampled")
         n = envs_per_group * num_groups
@@ -105,8 +101,7 @@ class PopulationPolicy(Policy):
         self._lock = threading.Lock()
         self._queue: deque[tuple[Job, int]] = deque()
         self._spare: deque[tuple[Job, int]] = deque()  # taken only when _queue is empty
-        self.forward_s = 0.0
-        self.forward_envs = 0
+        self.forward_s, self.forward_envs = 0.0, 0  # time in the forward and rows it served, for perf scalars
         self.episodes_scored = 0  # evaluation episodes that ended (idle slots' episodes are not counted)
         self.episodes_capped = 0  # of those, ended by max_episode_steps
         self.unhold = Unhold()  # wakes the groups ``plan`` held when work arrives
@@ -153,8 +148,8 @@ class PopulationPolicy(Policy):
         return int(self.steps.max(initial=0))
 
     def commit_obs_stats(self) -> None:
-        """Take the observations gathered since the last commit into the statistics that jobs submitted from
-        now on normalise by (``PopulationNorm.commit``). Jobs already submitted keep theirs."""
+        """Jobs submitted from now on normalise by the observations gathered so far too (``PopulationNorm.commit``);
+        jobs already submitted keep theirs."""
         if self.norm is not None:
             self.norm.commit(self.forward.template, self.pool_stats)
 
@@ -163,7 +158,7 @@ class PopulationPolicy(Policy):
     def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
              ep_length: np.ndarray | None = None) -> np.ndarray:
         codes = np.full(len(groups), SERVE, np.int8)
-        loads: dict[Job, tuple[list[int], list[int]]] = {}
+        loads: dict[Job, list[tuple[int, int]]] = {}  # (env slot, member) pairs each job starts now
         with self._lock:
             for i, g in enumerate(groups.tolist()):
                 lo = g * self.E
@@ -194,14 +189,13 @@ class PopulationPolicy(Policy):
                     job, m = queue.popleft()
                     a[j] = m
                     self._env_job[lo + j] = job
-                    envs, members = loads.setdefault(job, ([], []))
-                    envs.append(lo + j)
-                    members.append(m)
+                    loads.setdefault(job, []).append((lo + j, m))
                 if (a < 0).all():
                     # Idle group: restart it on fresh episodes if work waits
                     # (its envs are mid-episode), else let its worker sleep.
                     codes[i] = RESTART if self._queue or self._spare else HOLD
-        for job, (envs, members) in loads.items():
+        for job, pairs in loads.items():
+            envs, members = zip(*pairs)
             if job.made is not None:
                 stream = torch.cuda.current_stream(job.params.device)
                 stream.wait_event(job.made)

@@ -1,10 +1,9 @@
 """Many different networks, one batched forward: the population's parameter rows and the forward over them.
 
-Uber's GPU deep neuroevolution (Such et al. 2017) evaluates a population of
-*different* networks in one accelerator call while CPUs step environments.
-Here a job's member is copied once into its slot's row of
-``PopulationForward.slots``, and every step reads the rows in place, a run of
-consecutive slots as a view (the README's "Neuroevolution").
+Uber's GPU deep neuroevolution (Such et al. 2017) evaluates a population of *different* networks in one accelerator
+call while CPUs step environments. Here a job's member is copied once into its slot's row of
+``PopulationForward.slots``, and every step reads the rows in place, a run of consecutive slots as a view (the
+README's "Neuroevolution").
 """
 
 from __future__ import annotations
@@ -77,9 +76,7 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
             plan[-1][-1] = m
         else:
             return None
-    if not plan or plan[-1][0] != "linear":
-        return None
-    return [tuple(p) for p in plan]
+    return plan if plan and plan[-1][0] == "linear" else None
 
 
 def strategies(template: nn.Module, plan: list | None = None) -> tuple[str, ...]:
@@ -127,18 +124,15 @@ class PopulationForward:
         if strategy not in ("auto",) + self.candidates:
             raise ValueError(f"strategy={strategy!r}: expected auto or one of {', '.join(self.candidates)} "
                              f"for this network")
-        # Slot layout: each Linear weight stored [in, out] (see the class docstring);
-        # ``_perm`` maps slot positions to positions of the flat parameter vector.
-        self._transposed: set[str] = set()
-        self._perm = None
-        if self.plan is not None:
-            perm = torch.arange(self.size)
-            linear = [op for op in self.plan if op[0] == "linear"]
-            for _, w, out_f, in_f, _, _ in linear:
-                perm[w:w + out_f * in_f] = w + torch.arange(out_f * in_f).view(out_f, in_f).t().reshape(-1)
-            self._perm = perm.to(device)
-            self._transposed = {name for name, shape, _ in self.layout
-                                if offsets[name] in {op[1] for op in linear} and len(shape) == 2}
+        # Slot layout: each Linear weight of a plan stored [in, out] (see the class docstring); ``_perm`` maps slot
+        # positions to positions of the flat parameter vector (None: the same layout).
+        linear = [op for op in self.plan or () if op[0] == "linear"]
+        perm = torch.arange(self.size)
+        for _, w, out_f, in_f, _, _ in linear:
+            perm[w:w + out_f * in_f] = w + torch.arange(out_f * in_f).view(out_f, in_f).t().reshape(-1)
+        self._perm = perm.to(device) if linear else None
+        self._transposed = {name for name, shape, _ in self.layout
+                            if offsets[name] in {op[1] for op in linear} and len(shape) == 2}
         self.strategy = strategy
         self._trials: dict[str, list[float]] = {c: [] for c in self.candidates}
         norm = getattr(template, "obs_norm", None)

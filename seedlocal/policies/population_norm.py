@@ -1,13 +1,10 @@
 """A population's shared observation statistics: gathered while it plays, taken into use between generations.
 
-Every member of a population normalises its observations by the same
-statistics (ARS's V2, Mania et al. 2018), whatever member saw them. The inference
-thread adds the rows of every ``OBS_STATS_EVERY``-th batch it serves
-(``see``); the learner thread, between generations, merges them into the
-template's ``obs_norm`` (``commit``), which jobs submitted from then on copy
-(``PopulationForward.stats_of``). On CUDA the rows are written on the
-inference thread's stream and read on the learner's: a CUDA event recorded
-after each write hands them over.
+Every member of a population normalises its observations by the same statistics (ARS's V2, Mania et al. 2018),
+whatever member saw them. The inference thread adds the rows of every ``OBS_STATS_EVERY``-th batch it serves
+(``see``); the learner thread, between generations, merges them into the template's ``obs_norm`` (``commit``), which
+jobs submitted from then on copy (``PopulationForward.stats_of``). On CUDA the rows are written on the inference
+thread's stream and read on the learner's: a CUDA event recorded after each write hands them over.
 """
 
 from __future__ import annotations
@@ -57,15 +54,16 @@ class PopulationNorm:
             seen, written = self._seen, self._written
             self._seen = self._written = None
         if seen is not None and written is not None:
-            # The inference stream wrote ``seen``; this (the learner's) stream
-            # reads it only after that write, and the allocator reuses its
-            # memory only after these reads.
+            # The inference stream wrote ``seen``; this (the learner's) stream reads it only after that write, and
+            # the allocator reuses its memory only after these reads.
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(written)
             for t in seen.buffers():
                 t.record_stream(stream)
-        if pool is not None:
-            seen = self._pooled(seen, pool)  # on every rank at every commit, with or without rows of its own
+        if pool is not None:  # every rank's observations, merged in rank order: on every rank at every commit
+            mine = seen if seen is not None else RunningNorm(self.size)  # none of its own: count 0, mean 0, var 1
+            n, mean, var = pool(float(mine.count), mine.mean.cpu(), mine.var.cpu())
+            seen = self._holding(n, mean, var) if n else None
         if seen is None or float(seen.count) == 0:
             return
         current = template.obs_norm
@@ -75,16 +73,6 @@ class PopulationNorm:
             moments = merge_moments(float(current.count), current.mean, current.var, float(seen.count), seen.mean,
                                     seen.var)
         template.obs_norm = self._holding(*moments, current.clip, current.eps)
-
-    def _pooled(self, seen: RunningNorm | None, pool: Callable) -> RunningNorm | None:
-        """Every rank's observations since the last commit (``pool``), merged in rank order."""
-        if seen is None:
-            n, mean, var = 0.0, torch.zeros(self.size, dtype=torch.float64), torch.ones(self.size,
-                                                                                        dtype=torch.float64)
-        else:
-            n, mean, var = float(seen.count), seen.mean.cpu(), seen.var.cpu()
-        n, mean, var = pool(n, mean, var)
-        return self._holding(n, mean, var) if n else None
 
     def _holding(self, count: float, mean: torch.Tensor, var: torch.Tensor, *clip_eps: float) -> RunningNorm:
         """A new RunningNorm of ``size`` features holding these moments (``clip_eps``: RunningNorm's defaults)."""

@@ -1,8 +1,7 @@
-"""Acting with R2D2's recurrent Q-network: epsilon-greedy on the online
-network's Q-values, one epsilon per env slot (Ape-X's schedule), with each
-env's frame stack kept on the device when the env sends single frames. Where
-the env has an action mask, the greedy choice (the network gives illegal
-actions ``ILLEGAL`` Q-values) and the random one are both legal."""
+"""Acting with R2D2's recurrent Q-network: epsilon-greedy on the online network's Q-values, one epsilon per env slot
+(Ape-X's schedule), with each env's frame stack kept on the device when the env sends single frames. Where the env
+has an action mask, the greedy choice (the network gives illegal actions ``ILLEGAL`` Q-values) and the random one
+are both legal."""
 
 from __future__ import annotations
 

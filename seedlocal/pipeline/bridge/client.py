@@ -1,22 +1,17 @@
 """``seedlocal actors``: an actor host, stepping envs for a learner elsewhere.
 
-To its local env workers this process is the inference loop: it owns a
-small shared-memory store of its own (two rows per group: the step being
-written and its action), takes each group's ready token, ships the group's
-observations and step fields to the learner in one message, and writes the
-actions that come back into the group's slot. Workers, slots and the
-publication order are exactly those of a single-host run
-(``shm/slots.py``); only the policy is across the network.
+To its local env workers this process is the inference loop: it owns a small shared-memory store of its own (two
+rows per group: the step being written and its action), takes each group's ready token, ships the group's
+observations and step fields to the learner in one message, and writes the actions that come back into the group's
+slot. Workers, slots and the publication order are exactly those of a single-host run (``shm/slots.py``); only the
+policy is across the network.
 
-The learner decides what runs here (env id, backend, group size, seeds) in
-its answer to HELLO; a host whose env cannot produce the learner's spaces
-refuses the assignment. A learner that goes away without a word, or says
-nothing for ``--answer-timeout-s``, is retried for ``--retry-s``; one that
-ends its run on purpose says so, and the host exits at once, status 0
-(docs/multihost.md, "Faults"). What the learner sends is used only once it
-is verified as far as this host can, by TLS or the token; a ``module:EnvId``
-env id runs only if ``--allow-module`` names the module (docs/multihost.md,
-"Trust").
+The learner decides what runs here (env id, backend, group size, seeds) in its answer to HELLO; a host whose env
+cannot produce the learner's spaces refuses the assignment. A learner that goes away without a word, or says nothing
+for ``--answer-timeout-s``, is retried for ``--retry-s``; one that ends its run on purpose says so, and the host
+exits at once, status 0 (docs/multihost.md, "Faults"). What the learner sends is used only once it is verified as
+far as this host can, by TLS or the token; a ``module:EnvId`` env id runs only if ``--allow-module`` names the
+module (docs/multihost.md, "Trust").
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from seedlocal.errors import ConfigError
+from seedlocal.errors import ConfigError, fail_if
 from seedlocal.config.checks import bridge_token, is_loopback, split_address
 from seedlocal.pipeline.bridge import wire
 from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
@@ -134,12 +129,6 @@ class _HostGroups:
     sent_at: np.ndarray  # when each group's last message left (perf_counter), for the round trip
     in_flight: np.ndarray  # a message sent, its answer not yet back
 
-    @classmethod
-    def assigned(cls, answer: dict) -> _HostGroups:
-        G = len(answer["groups"])
-        return cls(list(answer["groups"]), list(answer["epochs"]), wire.GroupLayout.from_json(answer["layout"]),
-                   np.zeros(G, np.int64), np.zeros(G), np.zeros(G, bool))
-
 
 class _Session:
     """One connection: a local ActorPool served over one gRPC stream."""
@@ -189,8 +178,7 @@ class _Session:
     def _handshake(self, channel) -> tuple[object, dict]:
         """HELLO, the token exchange where the learner asks for it, and its ASSIGN, within answer_timeout_s:
         the call and the assignment, verified as far as this host can before anything in it is used."""
-        cfg = self.cfg
-        nonce = wire.new_nonce()
+        cfg, nonce = self.cfg, wire.new_nonce()
         self._put(wire.pack_json(wire.HELLO, {
             "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
             "envs_per_worker": cfg.envs_per_worker, "host": socket.gethostname(), "nonce": nonce}))
@@ -266,9 +254,10 @@ class _Session:
         """The local store and env workers for the assigned groups, each group set to step first."""
         from seedlocal.pipeline.actors import ActorPool
 
-        cfg = self.cfg
-        groups = _HostGroups.assigned(answer)
-        G, E = len(groups.ids), groups.layout.envs
+        cfg, G, layout = self.cfg, len(answer["groups"]), wire.GroupLayout.from_json(answer["layout"])
+        groups = _HostGroups(list(answer["groups"]), list(answer["epochs"]), layout, np.zeros(G, np.int64),
+                             np.zeros(G), np.zeros(G, bool))
+        E = layout.envs
         shape = actor_host_shape(G, E, cfg.env_threads)
         store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
         self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
@@ -295,9 +284,13 @@ class _Session:
             if now - self.heard > self.cfg.answer_timeout_s:
                 raise _Lost(f"the learner at {self.cfg.connect} said nothing for {self.cfg.answer_timeout_s:g} s "
                             "(--answer-timeout-s)")
-            if now - t_stats >= 1.0:
+            if now - t_stats >= 1.0:  # a dead worker stops this host (the learner restarts its envs elsewhere)
                 t_stats = now
-                self._each_second()
+                if dead := self.pool.dead_workers():
+                    raise HostStopped(f"{self.pool.describe_exit(dead[0])}; disconnecting so that the learner "
+                                      "restarts these envs", 1)
+                p50, p99 = self._rtt_ms()
+                self._put(wire.pack_json(wire.STATS, {"rtt_ms_p50": p50, "rtt_ms_p99": p99}))
             if self.cfg.progress and now - t_line >= 10.0:
                 p50, p99 = self._rtt_ms()
                 print(f"seedlocal actors: {(steps - steps_line) / (now - t_line):,.0f} steps/s, round trip "
@@ -308,8 +301,7 @@ class _Session:
         """Send the learner every group whose worker has published its observations (FIRST after a
         reset, else STEP); returns the env steps sent."""
         pool = self.pool
-        ctl, store = pool.control, pool.store
-        state, trow = ctl["state"], ctl["target_row"]
+        state, trow, store = pool.control["state"], pool.control["target_row"], pool.store
         steps = 0
         for i in np.flatnonzero((state == OBS_READY) & ~groups.in_flight).tolist():
             if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
@@ -326,15 +318,6 @@ class _Session:
             groups.sent_at[i] = time.perf_counter()
             self._put(msg)
         return steps
-
-    def _each_second(self) -> None:
-        """Stop if a worker died (the learner restarts its envs elsewhere); else send the round trip."""
-        dead = self.pool.dead_workers()
-        if dead:
-            raise HostStopped(f"{self.pool.describe_exit(dead[0])}; disconnecting so that the learner restarts these "
-                              "envs", 1)
-        p50, p99 = self._rtt_ms()
-        self._put(wire.pack_json(wire.STATS, {"rtt_ms_p50": p50, "rtt_ms_p99": p99}))
 
     def _rtt_ms(self) -> tuple[float, float]:
         """The round trip's p50 and p99 over the last 4,096 answers (0 before the first)."""
@@ -376,8 +359,7 @@ class _Session:
 
     def _read(self, call, groups: _HostGroups) -> None:
         pool, local = self.pool, {gid: i for i, gid in enumerate(groups.ids)}
-        ctl, store = pool.control, pool.store
-        state, trow = ctl["state"], ctl["target_row"]
+        state, trow, store = pool.control["state"], pool.control["target_row"], pool.store
         try:
             for msg in call:
                 h, payload = wire.unpack(msg)
@@ -421,17 +403,11 @@ def _checked(cfg: ActorsConfig) -> str:
         if not token:
             raise ConfigError(f"insecure={cfg.insecure!r}: without TLS only a token verifies the learner: set "
                               "SEEDLOCAL_BRIDGE_TOKEN or --token-file")
-    for name in ("num_workers", "envs_per_worker"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 (0 = as the learner asks)")
-    if cfg.envs_per_worker % 2:
-        raise ConfigError(f"envs_per_worker={cfg.envs_per_worker!r}: must be even (two groups per worker)")
-    for name in ("retry_s", "delay_ms"):
-        if not getattr(cfg, name) >= 0 or not math.isfinite(getattr(cfg, name)):
-            raise ConfigError(f"{name}={getattr(cfg, name)!r}: must be >= 0 and finite")
-    if not cfg.answer_timeout_s >= 2 * wire.ALIVE_S or not math.isfinite(cfg.answer_timeout_s):
-        raise ConfigError(f"answer_timeout_s={cfg.answer_timeout_s!r}: must be at least {2 * wire.ALIVE_S:g} s (a "
-                          f"learner says it lives each {wire.ALIVE_S:g} s) and finite")
+    fail_if(lambda v: v < 0, cfg, ("num_workers", "envs_per_worker"), "must be >= 0 (0 = as the learner asks)")
+    fail_if(lambda v: v % 2, cfg, ("envs_per_worker",), "must be even (two groups per worker)")
+    fail_if(lambda v: not v >= 0 or not math.isfinite(v), cfg, ("retry_s", "delay_ms"), "must be >= 0 and finite")
+    fail_if(lambda v: not v >= 2 * wire.ALIVE_S or not math.isfinite(v), cfg, ("answer_timeout_s",),
+            f"must be at least {2 * wire.ALIVE_S:g} s (a learner says it lives each {wire.ALIVE_S:g} s) and finite")
     return token
 
 

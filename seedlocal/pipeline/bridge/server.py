@@ -1,32 +1,26 @@
 """The learner host's end of the bridge: to the unroll store, one more worker.
 
-It runs in its own process (networking never takes the inference loop's
-time), attached to the learner's control block and unroll store like an env
-worker, and owns the *remote groups*: slots reserved for envs that actor
-hosts step (``seedlocal actors --connect``). For each group it does what a
-worker's group thread does, with the env replaced by a network stream:
+It runs in its own process (networking never takes the inference loop's time), attached to the learner's control
+block and unroll store like an env worker, and owns the *remote groups*: slots reserved for envs that actor hosts
+step (``seedlocal actors --connect``). For each group it does what a worker's group thread does, with the env
+replaced by a network stream:
 
     host's FIRST/STEP message  ->  validate  ->  write obs and step rows;
                                    state = OBS_READY; post ready[g]
     wake[g] (loop answered)    ->  ACTION_READY: send the action row;
                                    RESET: send RESET
 
-so the inference loop, the learners and the neuroevolution work queue
-cannot tell a remote slot from a local one. Everything a host sends is
-checked before a byte reaches the store (kind, group ownership, epoch,
-turn, size, finite floats); a host that breaks the protocol is logged with
-its address and disconnected.
+so the inference loop, the learners and the neuroevolution work queue cannot tell a remote slot from a local one.
+Everything a host sends is checked before a byte reaches the store (kind, group ownership, epoch, turn, size, finite
+floats); a host that breaks the protocol is logged with its address and disconnected.
 
-When a host goes away, its groups are *lost*: the server bumps
-``group_lost[g]`` and stops touching them; the inference loop drops their
-partial unrolls, rebinds them fresh (recurrent state zeroed) and
-acknowledges with ``group_lost_ack[g]`` plus a wake token. Only then can
-another host take them, starting with fresh episodes, so no step from
-before the loss is stitched to one after it.
+When a host goes away, its groups are *lost*: the server bumps ``group_lost[g]`` and stops touching them; the
+inference loop drops their partial unrolls, rebinds them fresh (recurrent state zeroed) and acknowledges with
+``group_lost_ack[g]`` plus a wake token. Only then can another host take them, starting with fresh episodes, so no
+step from before the loss is stitched to one after it.
 
-A host is let in only once it has proven the learner's token, where there is
-one (``wire`` describes the exchange). What a peer that has proven nothing
-can make the server hold is bounded (``_grpc_server``; docs/multihost.md,
+A host is let in only once it has proven the learner's token, where there is one (``wire`` describes the exchange).
+What a peer that has proven nothing can make the server hold is bounded (``_grpc_server``; docs/multihost.md,
 "Limits", says why each limit is what it is).
 """
 
@@ -39,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,8 +143,7 @@ class BridgeServer:
         self.assignments = 0
         self.stopping = threading.Event()
         self.said_goodbye = threading.Event()
-        c = self.control
-        self._state, self._tbuf, self._trow = c["state"], c["target_buf"], c["target_row"]
+        self._state, self._tbuf, self._trow = (self.control[k] for k in ("state", "target_buf", "target_row"))
 
     # -- the per-group side facing the inference loop ---------------------------
 
@@ -186,8 +180,7 @@ class BridgeServer:
         h, payload = wire.unpack(msg)
         if h.kind == wire.STATS:
             stats = wire.unpack_json(payload)
-            rtt = self.control["host_rtt_ms"][host.slot]
-            rtt[0], rtt[1] = float(stats.get("rtt_ms_p50", 0.0)), float(stats.get("rtt_ms_p99", 0.0))
+            self.control["host_rtt_ms"][host.slot] = [float(stats.get(k, 0.0)) for k in ("rtt_ms_p50", "rtt_ms_p99")]
             return
         if h.kind not in (wire.FIRST, wire.STEP):
             raise wire.WireError(f"a host may not send {wire.KIND_NAMES[h.kind]} messages")
@@ -231,9 +224,7 @@ class BridgeServer:
                               f"{shape.envs_per_worker} (or leave it out), not {epw}"}
         with self.lock:
             free = [g for g in self.groups.values() if g.host is None and not g.lost]
-            free = free[: shape.whole_workers(len(free))]
-            if want:
-                free = free[:want]
+            free = free[: shape.whole_workers(len(free))][: want or None]
             if not free:
                 return {"reason": "this learner has no free remote env slots (all of bridge.remote_envs are in use)"}
             self.assignments += 1
@@ -432,21 +423,6 @@ def _expect(requests, kind: int) -> dict:
     return wire.unpack_json(payload)
 
 
-def _on_sigterm(a: ServerArgs, made: list):
-    """SIGTERM ends this process at once only when there is no goodbye left to say: the learner died
-    (PR_SET_PDEATHSIG: a crash, so the hosts wait for a resume), or the goodbye is out and ActorPool.close()
-    escalates. Before the goodbye, while the learner lives, it was sent to the learner's whole process group
-    (a scheduler, systemd): the learner ends its run cleanly, and this process must live to tell the hosts,
-    even where the learner set ``stop`` first; the main loop says the goodbye at its next poll."""
-
-    def handler(signum, frame):
-        if os.getppid() != a.parent_pid or (made and made[0].said_goodbye.is_set()):
-            sys.stderr.flush()
-            os._exit(128 + signum)
-
-    return handler
-
-
 def _listen(server, a: ServerArgs) -> tuple[int, str]:
     """Open ``server``'s port where ``a`` says: (the port, "") or (0, why not). Where gRPC's own error says only
     "Failed to bind" (its reason going to its log), a plain socket's bind gives the system's reason."""
@@ -494,10 +470,21 @@ def _grpc_server(srv: BridgeServer):
 
 def run_bridge_server(a: ServerArgs) -> None:
     """Entry point of the bridge server process (started by ActorPool)."""
-    made: list = []  # the BridgeServer once made, for the SIGTERM handler
+    srv: BridgeServer | None = None
+
+    def on_sigterm(signum, frame):
+        # At once only when there is no goodbye left to say: the learner died (PR_SET_PDEATHSIG: a crash, so the
+        # hosts wait for a resume), or the goodbye is out and ActorPool.close() escalates. Before the goodbye, while
+        # the learner lives, SIGTERM was sent to its whole process group (a scheduler, systemd): the learner ends
+        # its run cleanly, and this process must live to tell the hosts, even where the learner set ``stop``
+        # first; the main loop says the goodbye at its next poll.
+        if os.getppid() != a.parent_pid or (srv is not None and srv.said_goodbye.is_set()):
+            sys.stderr.flush()
+            os._exit(128 + signum)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides how to stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (a closed terminal, too)
-    signal.signal(signal.SIGTERM, _on_sigterm(a, made))
+    signal.signal(signal.SIGTERM, on_sigterm)
     from seedlocal.pipeline.worker import die_with_parent
 
     die_with_parent()
@@ -506,7 +493,6 @@ def run_bridge_server(a: ServerArgs) -> None:
     code = 0
     try:
         srv = BridgeServer(a)
-        made.append(srv)
         server = _grpc_server(srv)
         port, why = _listen(server, a)
         if not port:
@@ -528,8 +514,6 @@ def run_bridge_server(a: ServerArgs) -> None:
         code = 1
         with contextlib.suppress(Exception):
             a.started.send(("error", f"{type(e).__name__}: {e}"))
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()

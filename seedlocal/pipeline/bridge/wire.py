@@ -1,44 +1,38 @@
 """The bridge's wire format: one group's step per message, as raw bytes.
 
-Every message is a fixed 24-byte header followed by a payload whose layout
-both ends derive from the same :class:`GroupLayout` (sent by the learner
-when a host connects), so no field names or per-env framing travel:
+Every message is a fixed 24-byte header followed by a payload whose layout both ends derive from the same
+:class:`GroupLayout` (sent by the learner when a host connects), so no field names or per-env framing travel:
 
     magic "SL" | version u8 | kind u8 | group u32 | epoch u32 | seq u64 | length u32
 
-``group`` is the learner's group id, ``epoch`` counts how often that group
-was handed to a host (a message of an older epoch is stale and refused),
-``seq`` is the group's step counter on the sending side.
+``group`` is the learner's group id, ``epoch`` counts how often that group was handed to a host (a message of an
+older epoch is stale and refused), ``seq`` is the group's step counter on the sending side.
 
 Host to learner:
     FIRST    the observations of a fresh (re)start: obs fields only
-    STEP     one step: obs fields, then reward, terminated, truncated,
-             ignored, ep_return, ep_length of the step that produced them
+    STEP     one step: obs fields, then reward, terminated, truncated, ignored, ep_return, ep_length of the step
+             that produced them
 Learner to host:
     ACTION   the actions for the group's last observations
     RESET    restart the group's envs on fresh episodes (no payload)
-    ALIVE    nothing else went out for ALIVE_S (no payload): the learner
-             lives while it holds the host's groups (parked, or between
-             generations), so a host can tell it from one that never answers
+    ALIVE    nothing else went out for ALIVE_S (no payload): the learner lives while it holds the host's groups
+             (parked, or between generations), so a host can tell it from one that never answers
 
-Each array is the numpy buffer as is (native byte order, little-endian on
-every platform seedlocal runs on); nothing is compressed.
+Each array is the numpy buffer as is (native byte order, little-endian on every platform seedlocal runs on); nothing
+is compressed.
 
-Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry
-UTF-8 JSON in the payload instead. A learner with a token and its host prove
-to each other that they hold it, and neither sends the token itself:
+Handshake messages (HELLO, CHALLENGE, PROOF, ASSIGN, REFUSE, STATS) carry UTF-8 JSON in the payload instead. A
+learner with a token and its host prove to each other that they hold it, and neither sends the token itself:
 
     host     HELLO      {nonce: Nh, ...}
     learner  CHALLENGE  {nonce: Nl}
     host     PROOF      {proof: HMAC(token, "host" Nh Nl)}     learner checks it
     learner  ASSIGN     {proof: HMAC(token, "learner" Nh Nl D), ...}  host checks it
 
-where D is :func:`assign_digest` of the ASSIGN's other fields. Each proof
-covers the nonce the other side just drew (a recorded exchange proves
-nothing later) and its role (one cannot be replayed as the other); why the
-host proves first, and what this does without TLS: docs/multihost.md,
-"Trust". A learner without a token answers HELLO with ASSIGN at once (no
-proof: a host that has a token refuses it).
+where D is :func:`assign_digest` of the ASSIGN's other fields. Each proof covers the nonce the other side just drew
+(a recorded exchange proves nothing later) and its role (one cannot be replayed as the other); why the host proves
+first, and what this does without TLS: docs/multihost.md, "Trust". A learner without a token answers HELLO with
+ASSIGN at once (no proof: a host that has a token refuses it).
 """
 
 from __future__ import annotations
@@ -49,6 +43,7 @@ import json
 import re
 import secrets
 import struct
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,8 +58,7 @@ HEADER = struct.Struct("<2sBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 
 FIRST, STEP, ACTION, RESET, HELLO, ASSIGN, REFUSE, STATS, CHALLENGE, PROOF, ALIVE = range(11)
-KIND_NAMES = ("FIRST", "STEP", "ACTION", "RESET", "HELLO", "ASSIGN", "REFUSE", "STATS", "CHALLENGE", "PROOF",
-              "ALIVE")
+KIND_NAMES = "FIRST STEP ACTION RESET HELLO ASSIGN REFUSE STATS CHALLENGE PROOF ALIVE".split()
 # The step fields of a STEP message, in order (the unroll store's names).
 STEP_ORDER = ("reward", "terminated", "truncated", "ignored", "ep_return", "ep_length")
 # A host's HELLO, PROOF and STATS are a few hundred bytes at most, and it cuts its REFUSE to fit: the learner
@@ -78,13 +72,7 @@ class WireError(ValueError):
     """A message that does not follow the protocol."""
 
 
-@dataclass(frozen=True)
-class Header:
-    kind: int
-    group: int
-    epoch: int
-    seq: int
-    length: int
+Header = namedtuple("Header", "kind group epoch seq length")
 
 
 def pack(kind: int, group: int = 0, epoch: int = 0, seq: int = 0, payload: bytes | bytearray | memoryview = b"") -> bytes:
