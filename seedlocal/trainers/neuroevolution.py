@@ -26,7 +26,7 @@ from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.networks import checkpoint_network
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.population import PopulationPolicy
-from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.prepare import Prepared
 from seedlocal.recipes.neuroevolution import (ARSRun, ESRun, GARun, NeuroevoRun, RandomSearchRun, build_policy,
                                               episode_frame_cap, fitness_shift, identity)
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
@@ -289,9 +289,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     """A checkpoint's best member acting alone by the population's rule: argmax or a sample over Discrete
     actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
     the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""
-    ident = state.get("identity", {})
-    spec = checkpoint_spec(state)
-    with rebuilding(state):
+    with rebuilding(state) as (ident, spec):
         cfg = NeuroevoRun(network=checkpoint_network(ident, spec))
         net = blank(lambda: build_policy(cfg, spec))
         torch.nn.utils.vector_to_parameters(state["best_params"].float(), net.parameters())

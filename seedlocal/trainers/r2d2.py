@@ -26,7 +26,7 @@ from seedlocal.networks import checkpoint_network
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.q_greedy import R2D2Policy
-from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.prepare import Prepared
 from seedlocal.recipes.r2d2 import R2D2Run, build_net, identity
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
@@ -82,10 +82,6 @@ class R2D2Trainer(StepTrainer):
         self.dropped = 0
         self._waiting = None  # when this wait for data began (None: learning)
         self._all_behind = False  # data-parallel ranks: every rank owes the replay ratio an update (spent)
-        # Data-parallel ranks: the mean over ranks of their last 20 training and evaluation returns, at the last
-        # all-reduce (spent), and at the last log.
-        self.all_ranks: dict = {}
-        self.logged_ranks: dict = {}
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -161,6 +157,7 @@ class R2D2Trainer(StepTrainer):
     def _summed(self, episodes: float, reached: float | None, more: list) -> None:
         behind, train, n_train, ev, n_ev = more
         self._all_behind = behind == self.ranks.world
+        # The mean over ranks of their last 20 training and evaluation returns.
         self.all_ranks = {"train": train / n_train if n_train else None, "eval": ev / n_ev if n_ev else None}
 
     def advance(self, run: Run) -> str | None:
@@ -254,11 +251,10 @@ class R2D2Trainer(StepTrainer):
         return mean_of(f.recent_train), mean_of(f.recent_eval)
 
     def has_last_log(self) -> bool:
-        # Episodes that end after the last update belong on the curve too (start() sets the count they add to);
-        # and with ranks, an all-reduce after the last log (spent() runs after log()) that moved the means.
+        # Episodes that end after the last update belong on the curve too (start() sets the count they add to).
         started = hasattr(self, "steps0")
-        return bool(self.acc) or (started and self.counters["episodes"] != self.logged_episodes) \
-            or self.all_ranks != self.logged_ranks
+        return super().has_last_log() or bool(self.acc) or (
+            started and self.counters["episodes"] != self.logged_episodes)
 
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):
@@ -288,9 +284,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     if greedy is False:
         raise ConfigError("policy=sample: R2D2 acts epsilon-greedily on Q-values, which are not a distribution "
                           "to sample; use --policy trained or argmax")
-    ident = state.get("identity", {})
-    spec = checkpoint_spec(state)
-    with rebuilding(state):
+    with rebuilding(state) as (ident, spec):
         stack = int(ident["frame_stack"])
         cfg = R2D2Run(frame_stack=stack, network=checkpoint_network(ident, net_spec(spec, stack)))
         net = blank(lambda: build_net(cfg, spec, device))

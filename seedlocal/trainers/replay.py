@@ -85,7 +85,7 @@ class SequenceReplay:
                  seed: int = 0):
         if length <= stride:
             raise ValueError(f"sequence length {length} must exceed the stride {stride}")
-        self.E, self.length, self.stride = num_envs, length, stride
+        self.length, self.stride = length, stride
         self.frame, self.stack, self.alpha, self.compress = frame, max(1, stack), alpha, compress
         per_env = max(1, -(-sequences // num_envs))
         self.capacity = sequences
@@ -229,12 +229,8 @@ class SequenceReplay:
         env = self.slot_env[slots]
         steps = self.slot_start[slots][None, :] + np.arange(self.length)[:, None]  # [L, B] absolute
         pos = steps % self.cap
-        out = {}
-        for name in self.fields:
-            if name == self.frame:
-                out[name] = self._stacked(env, steps)
-            else:
-                out[name] = self.data[name][env[None, :], pos]
+        out = {name: self._stacked(env, steps) if name == self.frame else self.data[name][env[None, :], pos]
+               for name in self.fields}
         if self.core is not None:
             out["core_state"] = self.core[slots]
         return out, slots, self.slot_gen[slots].copy(), weights

@@ -177,7 +177,7 @@ class VTraceLearning(StepTrainer):
     def has_last_log(self) -> bool:
         # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
         # curve too.
-        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
+        return super().has_last_log() or (self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0))
 
     def settle(self, run: Run) -> None:
         if self.iv is not None:
