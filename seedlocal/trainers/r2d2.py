@@ -138,8 +138,7 @@ class R2D2Trainer(StepTrainer):
 
     def start(self, run: Run) -> None:
         super().start(run)
-        self.t_log, self.log_steps = run.t_start, self.steps0
-        self.inserted0, self.log_updates = self.replay.added, self.counters["updates"]
+        self.log_steps, self.inserted0, self.log_updates = self.steps0, self.replay.added, self.counters["updates"]
         self.logged_episodes = self.counters["episodes"]
 
     def target_return(self) -> float | None:
@@ -169,11 +168,9 @@ class R2D2Trainer(StepTrainer):
         now, first = time.monotonic(), self.feeder.added_steps == 0
         if self.feeder.take(run.loop, WAIT_S):
             self._waiting = None
-            self.counters["episodes"] += self.feeder.episodes
-            self.local_episodes += self.feeder.episodes
-            self.feeder.episodes = 0
-            if first:  # rates from the first unroll on: the workers' start-up is no slow first point
-                self.t_log, self.log_steps = time.monotonic(), self._steps(run)
+            self._take_episodes()
+            if first:  # the interval from the first unroll on: the workers' start-up is no slow first point
+                run.logged_at, self.log_steps = time.monotonic(), self._steps(run)
             return None
         if self._waiting is None:  # time spent learning before this wait is no stall
             self._waiting = now
@@ -202,18 +199,21 @@ class R2D2Trainer(StepTrainer):
             self.acc[k] = self.acc.get(k, 0.0) + v
         self.acc["n"] = self.acc.get("n", 0) + 1
 
-    def log_due(self, run: Run, now: float) -> bool:
-        return now - self.t_log >= self.cfg.log_every_s
+    def _take_episodes(self) -> None:
+        self.counters["episodes"] += self.feeder.episodes
+        self.local_episodes += self.feeder.episodes
+        self.feeder.episodes = 0
 
     def log(self, run: Run, now: float, last: bool = False) -> None:
         a, f, r, c = self.a, self.feeder, self.replay, self.counters
-        step_now, dt = self._steps(run), max(1e-9, now - self.t_log)
+        step_now, dt = self._steps(run), max(1e-9, now - run.logged_at)
         n = max(1, self.acc.pop("n", 0))
         values = {f"losses/{k}": float(v) / n for k, v in self.acc.items()}  # device sums, read once
         train, ev = self._returns()
         self.logged_ranks = dict(self.all_ranks)
         values.update({
-            "charts/episode_return": train, "charts/eval_return": ev, "charts/episodes": c["episodes"], "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
+            "charts/episode_return": train, "charts/eval_return": ev, "charts/episodes": c["episodes"],
+            "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
             "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
             "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
             "replay/stale_updates_dropped": self.dropped,
@@ -228,7 +228,7 @@ class R2D2Trainer(StepTrainer):
                 "perf/updates_per_s": (c["updates"] - self.log_updates) / dt,
             })
         # Reset first: an interval is written once, whatever follows.
-        self.t_log, self.log_steps, self.acc, self.sampled_p = now, step_now, {}, []
+        self.log_steps, self.acc, self.sampled_p = step_now, {}, []
         self.inserted0, self.log_updates, self.logged_episodes = r.added, c["updates"], c["episodes"]
         run.monitor.scalars(step_now, values)
         if last:
@@ -259,8 +259,7 @@ class R2D2Trainer(StepTrainer):
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):
             self.counters["steps"] = self._steps(run)
-        self.counters["episodes"] += self.feeder.episodes
-        self.feeder.episodes = 0
+        self._take_episodes()
 
     def results(self, run: Run) -> dict:
         train, ev = self._returns()

@@ -261,8 +261,7 @@ class Run:
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
         self.watch = StallWatch(pipe.loop, after=cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
-        self._said_waiting = 0.0
-        self._said_no_host = False
+        self._said_waiting, self._said_no_host = 0.0, False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
@@ -273,8 +272,7 @@ class Run:
         if self.meter is None or self._said_no_host or now - self.t_start < 3 * self.cfg.pipeline.stall_s:
             return
         self._said_no_host = True
-        line = self.meter.waiting_line(self.pipe.pool.num_remote_groups)
-        if line:
+        if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
             print(f"{line} after {now - self.t_start:.0f} s; training goes on with the local envs", flush=True)
 
     def out_of_time(self) -> bool:
@@ -288,8 +286,7 @@ class Run:
         now = time.monotonic()
         if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
             self._said_waiting = now
-            line = self.meter.waiting_line(self.pipe.pool.num_remote_groups)
-            if line:
+            if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
                 print(line, flush=True)
         self.watch.poll()
         # Data-parallel ranks decide the time budget together (in the trainer's ``spent``): one that stopped
@@ -427,13 +424,6 @@ def _open_monitor(t: Trainer, cfg, run_dir: Path, resumed: dict | None) -> RunMo
     return monitor
 
 
-def _videos(t: Trainer, cfg, spec, monitor: RunMonitor, run_dir: Path, from_checkpoint) -> TrainingVideos:
-    """The videos during training (``--video-every-min``; none at 0), played by ``from_checkpoint``."""
-    base = {"identity": t.identity(), "config": dataclasses.asdict(cfg)}
-    every = cfg.video_every_min if t.ranks.main else 0.0  # rank 0's videos only
-    return TrainingVideos(every, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
-
-
 class _Quiet(nullcontext):
     """A data-parallel rank other than 0's monitor: it writes no TensorBoard scalars or text (rank 0 writes the
     run's, with every rank's counts reduced into them) and shows no progress line."""
@@ -488,7 +478,7 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
     with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
-            _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
+            TrainingVideos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
