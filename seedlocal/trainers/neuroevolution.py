@@ -111,10 +111,9 @@ class NeuroevoTrainer(Trainer):
 
     def policy(self):
         cfg = self.cfg
-        self.population = PopulationPolicy(self.template, self.shape.envs_per_group,
-                                           self.shape.num_groups, self.device, greedy=cfg.greedy,
-                                           strategy=cfg.forward, action_noise=cfg.action_noise,
-                                           reward_shift=fitness_shift(cfg, self.spec),
+        self.population = PopulationPolicy(self.template, self.shape.envs_per_group, self.shape.num_groups,
+                                           self.device, greedy=cfg.greedy, strategy=cfg.forward,
+                                           action_noise=cfg.action_noise, reward_shift=fitness_shift(cfg, self.spec),
                                            max_episode_steps=episode_step_cap(self.prepared))
         if self.ranks.world > 1:
             self.population.pool_stats = self.ranks.pool_moments

@@ -1,12 +1,10 @@
 """``seedlocal train r2d2``: recurrent prioritized replay on the SEED pipeline (docs/r2d2.md, "How it runs").
 
 The inference thread acts epsilon-greedily on the online network's Q-values, each env slot with its own epsilon
-(Ape-X's schedule), keeping every env's recurrent state and, for Atari, its frame stack. The main thread moves
-finished unrolls into the replay's per-env streams (``replay_feeder.py``), samples prioritized sequences, learns
-and writes the new priorities back, keeping to ``replay_ratio`` (trained rows per env step): while it is behind
-it takes no unrolls, so actors park on full buffers rather than outrun it. A few *evaluation* slots (the last
-local envs, so that ``--stop-at-return`` does not wait for actor hosts) act with ``eval_epsilon``, never write to
-replay, and give the return the target tests. On CUDA the next batch is sampled and staged while an update runs.
+(Ape-X's schedule); a few *evaluation* slots (``eval_env_ids``) act with ``eval_epsilon``, never write to replay,
+and give the return ``--stop-at-return`` tests. The main thread keeps the replay fed at ``replay_ratio``
+(``replay_feeder.py``), samples prioritized sequences (staged ahead on CUDA: ``BatchStager``), learns and writes
+the new priorities back.
 """
 
 from __future__ import annotations

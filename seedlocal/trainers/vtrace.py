@@ -140,8 +140,7 @@ class VTraceTrainer(VTraceLearning):
         self._take_episodes(run)
         if self.ranks.world == 1 and run.summary.get("steps_to_target") is None and self.reaches(self.target_return()):
             # The mean that met the target: episodes that end while the run stops may move the final one below it.
-            run.summary["steps_to_target"] = self._steps(run)
-            run.summary["return_at_target"] = float(np.mean(self.recent))
+            run.summary.update(steps_to_target=self._steps(run), return_at_target=float(np.mean(self.recent)))
         return None
 
     def _update_obs_norm(self, batch: dict) -> None:
@@ -155,10 +154,9 @@ class VTraceTrainer(VTraceLearning):
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
-        T = self.cfg.pipeline.unroll_length
         if self.scaler is None:
             return batch
-        host = self.prefetch.batcher.host[fetched.slot]
+        host, T = self.prefetch.batcher.host[fetched.slot], self.cfg.pipeline.unroll_length
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
