@@ -284,7 +284,8 @@ def train(prepared: Prepared) -> dict:
     return run(NeuroevoTrainer, prepared, from_checkpoint)
 
 
-def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> PopulationPolicy:
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None,
+                    epsilon: float = 0.0) -> PopulationPolicy:
     """A checkpoint's best member acting alone by the population's rule: argmax or a sample over Discrete
     actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
     the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""

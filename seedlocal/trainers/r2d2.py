@@ -115,8 +115,8 @@ class R2D2Trainer(StepTrainer):
     def describe(self) -> str:
         a, acting = self.a, int((~self.feeder.evaluating).sum())
         return (f"training R2D2 on {self.spec.env_id} ({self.online.kind} torso in {self.online.precision} + LSTM "
-                f"{self.cfg.network.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
-                f"{', lz4' if self.cfg.compress else ''})")
+                f"{self.cfg.network.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay "
+                f"{a.replay_size:,d} sequences{', lz4' if self.cfg.compress else ''})")
 
     def join_ranks(self, ranks) -> None:
         """Data-parallel: every rank starts from rank 0's online and target networks; each keeps its own replay."""

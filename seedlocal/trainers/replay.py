@@ -116,8 +116,8 @@ class SequenceReplay:
 
     def state_dict(self) -> dict:
         """Everything needed to continue sampling where this replay stood (for --checkpoint-replay)."""
-        return {**{k: getattr(self, k) for k in _ARRAYS}, "data": self.data, "tree": self.tree.tree, "free": list(self.free),
-                "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
+        return {**{k: getattr(self, k) for k in _ARRAYS}, "data": self.data, "tree": self.tree.tree,
+                "free": list(self.free), "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
                 "recent_max": list(self.recent_max), "added": self.added, "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:

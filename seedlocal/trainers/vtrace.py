@@ -209,8 +209,9 @@ class VTraceTrainer(VTraceLearning):
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
         ret = summary["mean_return_last20"]
-        idle = (f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
-                f"{self.rows_per_batch:,d} steps was learned from)") if summary["steps"] and not summary["updates"] else ""
+        idle = "" if not summary["steps"] or summary["updates"] else (
+            f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
+            f"{self.rows_per_batch:,d} steps was learned from)")
         return (f"{summary['steps']:,d} steps, {summary['updates']:,d} updates{idle}, mean return (last 20) "
                 f"{'-' if ret is None else f'{ret:.1f}'}", None if summary["steps"] else nothing_stepped(self.cfg))
 
