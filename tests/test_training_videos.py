@@ -109,7 +109,7 @@ def test_a_video_leaves_the_trainings_random_stream_as_it_was(tmp_path, family, 
     import torch
 
     from seedlocal.monitor import RunMonitor
-    from seedlocal.trainers.run import _videos
+    from seedlocal.trainers.videos import TrainingVideos
 
     module = importlib.import_module(f"seedlocal.trainers.{family}")
     recipe = importlib.import_module(f"seedlocal.recipes.{family}")
@@ -122,7 +122,7 @@ def test_a_video_leaves_the_trainings_random_stream_as_it_was(tmp_path, family, 
     try:
         torch.manual_seed(0)
         before = torch.get_rng_state()
-        with _videos(t, cfg, spec, monitor, tmp_path / "v", module.from_checkpoint) as videos:
+        with TrainingVideos(t, cfg, spec, monitor, tmp_path / "v", module.from_checkpoint) as videos:
             videos.maybe(time.monotonic() + 61.0, t)
         assert len(list((tmp_path / "v" / "videos").glob("steps_*.gif"))) == 1  # the video was made, to its end
         assert torch.equal(torch.get_rng_state(), before)

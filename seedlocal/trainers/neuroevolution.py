@@ -26,7 +26,7 @@ from seedlocal.algos.neuroevo import ParamSpace
 from seedlocal.networks import checkpoint_network
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.population import PopulationPolicy
-from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.prepare import Prepared
 from seedlocal.recipes.neuroevolution import (ARSRun, ESRun, GARun, NeuroevoRun, RandomSearchRun, build_policy,
                                               episode_frame_cap, fitness_shift, identity)
 from seedlocal.trainers.evolvers import ARSEvolver, ESEvolver, Evolver, GAEvolver, RandomSearchEvolver
@@ -111,10 +111,9 @@ class NeuroevoTrainer(Trainer):
 
     def policy(self):
         cfg = self.cfg
-        self.population = PopulationPolicy(self.template, self.shape.envs_per_group,
-                                           self.shape.num_groups, self.device, greedy=cfg.greedy,
-                                           strategy=cfg.forward, action_noise=cfg.action_noise,
-                                           reward_shift=fitness_shift(cfg, self.spec),
+        self.population = PopulationPolicy(self.template, self.shape.envs_per_group, self.shape.num_groups,
+                                           self.device, greedy=cfg.greedy, strategy=cfg.forward,
+                                           action_noise=cfg.action_noise, reward_shift=fitness_shift(cfg, self.spec),
                                            max_episode_steps=episode_step_cap(self.prepared))
         if self.ranks.world > 1:
             self.population.pool_stats = self.ranks.pool_moments
@@ -285,13 +284,12 @@ def train(prepared: Prepared) -> dict:
     return run(NeuroevoTrainer, prepared, from_checkpoint)
 
 
-def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> PopulationPolicy:
+def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None,
+                    epsilon: float = 0.0) -> PopulationPolicy:
     """A checkpoint's best member acting alone by the population's rule: argmax or a sample over Discrete
     actions as the run's ``greedy`` option said (``greedy`` None) or as asked, the output itself over a Box; with
     the population's observation statistics. ``epsilon`` is R2D2's; neuroevolution acts without it."""
-    ident = state.get("identity", {})
-    spec = checkpoint_spec(state)
-    with rebuilding(state):
+    with rebuilding(state) as (ident, spec):
         cfg = NeuroevoRun(network=checkpoint_network(ident, spec))
         net = blank(lambda: build_policy(cfg, spec))
         torch.nn.utils.vector_to_parameters(state["best_params"].float(), net.parameters())

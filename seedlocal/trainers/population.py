@@ -313,13 +313,12 @@ class PopulationTrainer(VTraceLearning):
         last-20 means (once every member has episodes)."""
         out: dict = {}
         for mb in self.members:
-            tag, score = f"member_{mb.index}/", mb.score()
-            out[tag + "charts/episode_return"] = mb.ep_sum / mb.ep_n if mb.ep_n else None
-            out[tag + "charts/return_mean20"] = score
-            out[tag + "charts/steps"] = mb.counters["steps"]
-            out[tag + "charts/learning_rate"] = mb.lr
-            out[tag + "losses/total_loss"] = mb.loss_sum / mb.n if mb.n else None
-            out.update({f"{tag}hyper/{k}": float(v) for k, v in mb.values.items()})
+            score = mb.score()
+            mine = {"charts/episode_return": mb.ep_sum / mb.ep_n if mb.ep_n else None, "charts/return_mean20": score,
+                    "charts/steps": mb.counters["steps"], "charts/learning_rate": mb.lr,
+                    "losses/total_loss": mb.loss_sum / mb.n if mb.n else None,
+                    **{f"hyper/{k}": float(v) for k, v in mb.values.items()}}
+            out.update({f"member_{mb.index}/{k}": v for k, v in mine.items()})
             if score is not None:
                 self.curves.append((step_now, mb.index, mb.counters["steps"], score))
             mb.restart_interval()

@@ -1,12 +1,10 @@
 """``seedlocal train r2d2``: recurrent prioritized replay on the SEED pipeline (docs/r2d2.md, "How it runs").
 
 The inference thread acts epsilon-greedily on the online network's Q-values, each env slot with its own epsilon
-(Ape-X's schedule), keeping every env's recurrent state and, for Atari, its frame stack. The main thread moves
-finished unrolls into the replay's per-env streams (``replay_feeder.py``), samples prioritized sequences, learns
-and writes the new priorities back, keeping to ``replay_ratio`` (trained rows per env step): while it is behind
-it takes no unrolls, so actors park on full buffers rather than outrun it. A few *evaluation* slots (the last
-local envs, so that ``--stop-at-return`` does not wait for actor hosts) act with ``eval_epsilon``, never write to
-replay, and give the return the target tests. On CUDA the next batch is sampled and staged while an update runs.
+(Ape-X's schedule); a few *evaluation* slots (``eval_env_ids``) act with ``eval_epsilon``, never write to replay,
+and give the return ``--stop-at-return`` tests. The main thread keeps the replay fed at ``replay_ratio``
+(``replay_feeder.py``), samples prioritized sequences (staged ahead on CUDA: ``BatchStager``), learns and writes
+the new priorities back.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from seedlocal.networks import checkpoint_network
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.q_greedy import R2D2Policy
-from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.prepare import Prepared
 from seedlocal.recipes.r2d2 import R2D2Run, build_net, identity
 from seedlocal.shm.rollout import obs_key
 from seedlocal.trainers.replay import SequenceReplay
@@ -82,10 +80,6 @@ class R2D2Trainer(StepTrainer):
         self.dropped = 0
         self._waiting = None  # when this wait for data began (None: learning)
         self._all_behind = False  # data-parallel ranks: every rank owes the replay ratio an update (spent)
-        # Data-parallel ranks: the mean over ranks of their last 20 training and evaluation returns, at the last
-        # all-reduce (spent), and at the last log.
-        self.all_ranks: dict = {}
-        self.logged_ranks: dict = {}
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -121,8 +115,8 @@ class R2D2Trainer(StepTrainer):
     def describe(self) -> str:
         a, acting = self.a, int((~self.feeder.evaluating).sum())
         return (f"training R2D2 on {self.spec.env_id} ({self.online.kind} torso in {self.online.precision} + LSTM "
-                f"{self.cfg.network.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay {a.replay_size:,d} sequences"
-                f"{', lz4' if self.cfg.compress else ''})")
+                f"{self.cfg.network.lstm_size}, {acting} acting + {a.eval_envs} evaluation envs, replay "
+                f"{a.replay_size:,d} sequences{', lz4' if self.cfg.compress else ''})")
 
     def join_ranks(self, ranks) -> None:
         """Data-parallel: every rank starts from rank 0's online and target networks; each keeps its own replay."""
@@ -142,8 +136,7 @@ class R2D2Trainer(StepTrainer):
 
     def start(self, run: Run) -> None:
         super().start(run)
-        self.t_log, self.log_steps = run.t_start, self.steps0
-        self.inserted0, self.log_updates = self.replay.added, self.counters["updates"]
+        self.log_steps, self.inserted0, self.log_updates = self.steps0, self.replay.added, self.counters["updates"]
         self.logged_episodes = self.counters["episodes"]
 
     def target_return(self) -> float | None:
@@ -161,6 +154,7 @@ class R2D2Trainer(StepTrainer):
     def _summed(self, episodes: float, reached: float | None, more: list) -> None:
         behind, train, n_train, ev, n_ev = more
         self._all_behind = behind == self.ranks.world
+        # The mean over ranks of their last 20 training and evaluation returns.
         self.all_ranks = {"train": train / n_train if n_train else None, "eval": ev / n_ev if n_ev else None}
 
     def advance(self, run: Run) -> str | None:
@@ -172,11 +166,9 @@ class R2D2Trainer(StepTrainer):
         now, first = time.monotonic(), self.feeder.added_steps == 0
         if self.feeder.take(run.loop, WAIT_S):
             self._waiting = None
-            self.counters["episodes"] += self.feeder.episodes
-            self.local_episodes += self.feeder.episodes
-            self.feeder.episodes = 0
-            if first:  # rates from the first unroll on: the workers' start-up is no slow first point
-                self.t_log, self.log_steps = time.monotonic(), self._steps(run)
+            self._take_episodes()
+            if first:  # the interval from the first unroll on: the workers' start-up is no slow first point
+                run.logged_at, self.log_steps = time.monotonic(), self._steps(run)
             return None
         if self._waiting is None:  # time spent learning before this wait is no stall
             self._waiting = now
@@ -205,18 +197,21 @@ class R2D2Trainer(StepTrainer):
             self.acc[k] = self.acc.get(k, 0.0) + v
         self.acc["n"] = self.acc.get("n", 0) + 1
 
-    def log_due(self, run: Run, now: float) -> bool:
-        return now - self.t_log >= self.cfg.log_every_s
+    def _take_episodes(self) -> None:
+        self.counters["episodes"] += self.feeder.episodes
+        self.local_episodes += self.feeder.episodes
+        self.feeder.episodes = 0
 
     def log(self, run: Run, now: float, last: bool = False) -> None:
         a, f, r, c = self.a, self.feeder, self.replay, self.counters
-        step_now, dt = self._steps(run), max(1e-9, now - self.t_log)
+        step_now, dt = self._steps(run), max(1e-9, now - run.logged_at)
         n = max(1, self.acc.pop("n", 0))
         values = {f"losses/{k}": float(v) / n for k, v in self.acc.items()}  # device sums, read once
         train, ev = self._returns()
         self.logged_ranks = dict(self.all_ranks)
         values.update({
-            "charts/episode_return": train, "charts/eval_return": ev, "charts/episodes": c["episodes"], "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
+            "charts/episode_return": train, "charts/eval_return": ev, "charts/episodes": c["episodes"],
+            "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
             "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
             "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
             "replay/stale_updates_dropped": self.dropped,
@@ -231,7 +226,7 @@ class R2D2Trainer(StepTrainer):
                 "perf/updates_per_s": (c["updates"] - self.log_updates) / dt,
             })
         # Reset first: an interval is written once, whatever follows.
-        self.t_log, self.log_steps, self.acc, self.sampled_p = now, step_now, {}, []
+        self.log_steps, self.acc, self.sampled_p = step_now, {}, []
         self.inserted0, self.log_updates, self.logged_episodes = r.added, c["updates"], c["episodes"]
         run.monitor.scalars(step_now, values)
         if last:
@@ -254,17 +249,15 @@ class R2D2Trainer(StepTrainer):
         return mean_of(f.recent_train), mean_of(f.recent_eval)
 
     def has_last_log(self) -> bool:
-        # Episodes that end after the last update belong on the curve too (start() sets the count they add to);
-        # and with ranks, an all-reduce after the last log (spent() runs after log()) that moved the means.
+        # Episodes that end after the last update belong on the curve too (start() sets the count they add to).
         started = hasattr(self, "steps0")
-        return bool(self.acc) or (started and self.counters["episodes"] != self.logged_episodes) \
-            or self.all_ranks != self.logged_ranks
+        return super().has_last_log() or bool(self.acc) or (
+            started and self.counters["episodes"] != self.logged_episodes)
 
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):
             self.counters["steps"] = self._steps(run)
-        self.counters["episodes"] += self.feeder.episodes
-        self.feeder.episodes = 0
+        self._take_episodes()
 
     def results(self, run: Run) -> dict:
         train, ev = self._returns()
@@ -288,9 +281,7 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     if greedy is False:
         raise ConfigError("policy=sample: R2D2 acts epsilon-greedily on Q-values, which are not a distribution "
                           "to sample; use --policy trained or argmax")
-    ident = state.get("identity", {})
-    spec = checkpoint_spec(state)
-    with rebuilding(state):
+    with rebuilding(state) as (ident, spec):
         stack = int(ident["frame_stack"])
         cfg = R2D2Run(frame_stack=stack, network=checkpoint_network(ident, net_spec(spec, stack)))
         net = blank(lambda: build_net(cfg, spec, device))

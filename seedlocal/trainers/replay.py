@@ -83,17 +83,13 @@ class SequenceReplay:
                  fields: dict[str, tuple[tuple[int, ...], str]], core_shape: tuple[int, ...] | None,
                  frame: str | None = None, stack: int = 1, alpha: float = 0.9, compress: bool = False,
                  seed: int = 0):
-        if length <= stride:
-            raise ValueError(f"sequence length {length} must exceed the stride {stride}")
-        self.E, self.length, self.stride = num_envs, length, stride
+        self.length, self.stride, self.capacity, self.fields = length, stride, sequences, fields
         self.frame, self.stack, self.alpha, self.compress = frame, max(1, stack), alpha, compress
-        per_env = max(1, -(-sequences // num_envs))
-        self.capacity = sequences
         # Room for every live sequence of an env plus the one being filled and the frames stacked before it.
-        self.cap = per_env * stride + length + self.stack
-        self.fields = fields
+        self.cap = max(1, -(-sequences // num_envs)) * stride + length + self.stack
         self.data = {name: np.empty((num_envs, self.cap), object) if compress and name == frame
-                     else np.zeros((num_envs, self.cap) + tuple(shape), dtype) for name, (shape, dtype) in fields.items()}
+                     else np.zeros((num_envs, self.cap) + tuple(shape), dtype)
+                     for name, (shape, dtype) in fields.items()}
         # Where each step's episode began (absolute step number), for stacking within an episode.
         self.ep_start = np.zeros((num_envs, self.cap), np.int64)
         self.count = np.zeros(num_envs, np.int64)  # steps written per env (absolute write position)
@@ -103,9 +99,7 @@ class SequenceReplay:
         self.core = np.zeros((self.capacity,) + tuple(core_shape), np.float32) if core_shape else None
         self.pending_core: dict[tuple[int, int], np.ndarray] = {}
         self.tree = SumTree(self.capacity)
-        self.slot_env = np.zeros(self.capacity, np.int64)
-        self.slot_start = np.zeros(self.capacity, np.int64)
-        self.slot_gen = np.zeros(self.capacity, np.int64)
+        self.slot_env, self.slot_start, self.slot_gen = (np.zeros(self.capacity, np.int64) for _ in range(3))
         self.free = deque(range(self.capacity))
         self.live: list[deque] = [deque() for _ in range(num_envs)]  # (start, slot) per env, oldest first
         self.next_start = np.zeros(num_envs, np.int64)
@@ -122,8 +116,8 @@ class SequenceReplay:
 
     def state_dict(self) -> dict:
         """Everything needed to continue sampling where this replay stood (for --checkpoint-replay)."""
-        return {**{k: getattr(self, k) for k in _ARRAYS}, "data": self.data, "tree": self.tree.tree, "free": list(self.free),
-                "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
+        return {**{k: getattr(self, k) for k in _ARRAYS}, "data": self.data, "tree": self.tree.tree,
+                "free": list(self.free), "live": [list(d) for d in self.live], "pending_core": dict(self.pending_core),
                 "recent_max": list(self.recent_max), "added": self.added, "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
@@ -150,9 +144,7 @@ class SequenceReplay:
     def cut(self, env: int) -> None:
         """The env's stream breaks (a restarted worker, a lost host): start sequences afresh."""
         start = -(-int(self.count[env]) // self.stride) * self.stride
-        self.count[env] = start
-        self.barrier[env] = start
-        self.next_start[env] = start
+        self.count[env] = self.barrier[env] = self.next_start[env] = start
         self.after_ignored[env] = True
         # States kept for sequences that will now never complete would stay (and be checkpointed) for ever.
         for key in [k for k in self.pending_core if k[0] == env]:
@@ -229,12 +221,8 @@ class SequenceReplay:
         env = self.slot_env[slots]
         steps = self.slot_start[slots][None, :] + np.arange(self.length)[:, None]  # [L, B] absolute
         pos = steps % self.cap
-        out = {}
-        for name in self.fields:
-            if name == self.frame:
-                out[name] = self._stacked(env, steps)
-            else:
-                out[name] = self.data[name][env[None, :], pos]
+        out = {name: self._stacked(env, steps) if name == self.frame else self.data[name][env[None, :], pos]
+               for name in self.fields}
         if self.core is not None:
             out["core_state"] = self.core[slots]
         return out, slots, self.slot_gen[slots].copy(), weights

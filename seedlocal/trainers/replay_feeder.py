@@ -23,12 +23,11 @@ class ReplayFeeder:
     def __init__(self, replay: SequenceReplay, evaluating: np.ndarray, envs_per_group: int, unroll_length: int,
                  replay_ratio: float, batch_size: int, min_replay: int):
         self.replay, self.evaluating, self.E, self.T = replay, evaluating, envs_per_group, unroll_length
-        self.stream_of = np.full(len(evaluating), -1, np.int64)
-        self.stream_of[~evaluating] = np.arange(int((~evaluating).sum()))
+        self.stream_of = np.where(evaluating, -1, np.cumsum(~evaluating) - 1)
         self.ratio, self.batch_rows = replay_ratio, batch_size * unroll_length
         self.learn_from = max(min_replay, batch_size)
         self.added_steps = self.learned_rows = 0  # acting steps in, rows trained on (this session)
-        self.episodes = 0
+        self.episodes = 0  # acting envs' episodes since the trainer last took them
         self.recent_train: deque[float] = deque(maxlen=20)
         self.recent_eval: deque[float] = deque(maxlen=20)
         self._epochs: dict[int, int] = {}

@@ -32,6 +32,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.config.checks import resolve_device, split_address
 from seedlocal.config.resume import resume_line
+from seedlocal.errors import ConfigError
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.actors import start_server
 from seedlocal.pipeline.bridge.server import BridgeMeter
@@ -39,7 +40,7 @@ from seedlocal.pipeline.inference import InferenceThread, StallWatch
 from seedlocal.pipeline.pipeline import Pipeline
 from seedlocal.pipeline.policy import Policy
 from seedlocal.pipeline.ranks import Solo, join
-from seedlocal.prepare import Prepared, for_rank
+from seedlocal.prepare import Prepared, checkpoint_spec, for_rank
 from seedlocal.shape import PipelineShape
 from seedlocal.trainers.videos import TrainingVideos
 
@@ -118,8 +119,6 @@ class Trainer(abc.ABC):
         """Be one of ``ranks``' learners (data-parallel, ``pipeline/ranks.py``): a trainer that can makes its
         parameters equal here; one that cannot refuses more than one."""
         if ranks.world > 1:
-            from seedlocal.errors import ConfigError
-
             raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; "
                               "give --learners 1")
 
@@ -178,6 +177,10 @@ class StepTrainer(Trainer):
     def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
         super().__init__(prepared, device, ranks)
         self.counters = {"steps": 0, "updates": 0, "episodes": 0}
+        # Data-parallel ranks: what the trainer logs of every rank's episodes, as of the last all-reduce (``_summed``)
+        # and as of the last log.
+        self.all_ranks: dict = {}
+        self.logged_ranks: dict = {}
 
     @abc.abstractmethod
     def target_return(self) -> float | None:
@@ -232,6 +235,11 @@ class StepTrainer(Trainer):
         """Data-parallel ranks: ``spent``'s all-reduce found the ranks' ``episodes`` this session, their mean of
         means ``reached`` and the sums of ``_more_sums``."""
 
+    def has_last_log(self) -> bool:
+        # With ranks, an all-reduce after the last log (spent() runs after log()) that moved the ranks' means, which
+        # is what stopped a run at its target.
+        return self.all_ranks != self.logged_ranks
+
     def results(self, run: "Run") -> dict:
         c, to_target = self.counters, run.summary.get("steps_to_target")
         return {"algo": self.algo, "env": self.spec.env_id, "steps": c["steps"],
@@ -253,8 +261,7 @@ class Run:
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
         self.watch = StallWatch(pipe.loop, after=cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
-        self._said_waiting = 0.0
-        self._said_no_host = False
+        self._said_waiting, self._said_no_host = 0.0, False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
@@ -265,8 +272,7 @@ class Run:
         if self.meter is None or self._said_no_host or now - self.t_start < 3 * self.cfg.pipeline.stall_s:
             return
         self._said_no_host = True
-        line = self.meter.waiting_line(self.pipe.pool.num_remote_groups)
-        if line:
+        if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
             print(f"{line} after {now - self.t_start:.0f} s; training goes on with the local envs", flush=True)
 
     def out_of_time(self) -> bool:
@@ -280,8 +286,7 @@ class Run:
         now = time.monotonic()
         if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
             self._said_waiting = now
-            line = self.meter.waiting_line(self.pipe.pool.num_remote_groups)
-            if line:
+            if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
                 print(line, flush=True)
         self.watch.poll()
         # Data-parallel ranks decide the time budget together (in the trainer's ``spent``): one that stopped
@@ -291,8 +296,8 @@ class Run:
     def save(self) -> None:
         t = self.trainer
         x, frames = t.position()
-        checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.saved_cfg), **t.state(),
-                                       "counters": dict(t.counters), "rng": rng_state()},
+        checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.saved_cfg),
+                                       **t.state(), "counters": dict(t.counters), "rng": rng_state()},
                         x, frames, keep=self.cfg.keep_checkpoints)
         self.saved_at = time.monotonic()
 
@@ -347,10 +352,10 @@ def restore_generators(saved: dict | None) -> None:
 
 @contextmanager
 def rebuilding(state: dict):
-    """Rebuild a checkpoint's network: what a damaged or foreign checkpoint raises becomes a CheckpointError
-    naming it."""
+    """Rebuild a checkpoint's network from what it yields, the checkpoint's identity and env (``checkpoint_spec``):
+    what a damaged or foreign checkpoint raises becomes a CheckpointError naming it."""
     try:
-        yield
+        yield state.get("identity", {}), checkpoint_spec(state)
     except checkpoint.CheckpointError:
         raise
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
@@ -366,9 +371,10 @@ def blank(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     return net.to_empty(device="cpu")
 
 
-def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo = Solo()) -> tuple[Trainer, dict | None, Path]:
+def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo) -> tuple[Trainer, dict | None, Path]:
     """The trainer (on ``ranks``' share of the run), seeded from the run's seed or, with ``cfg.resume``, restored
-    from its checkpoint (counters, state, generators); the checkpoint (None for a new run) and its run folder."""
+    from its checkpoint (counters, state, generators), with parameters equal on every rank; the checkpoint (None
+    for a new run) and its run folder."""
     cfg, spec = prepared.config, prepared.spec
     if ranks.world > 1:
         prepared = for_rank(prepared, ranks.rank, ranks.world, ranks.share(cfg))
@@ -395,6 +401,9 @@ def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo
         except (KeyError, ValueError, TypeError, RuntimeError) as e:  # what a part that does not fit raises
             raise checkpoint.CheckpointError(f"{resumed['path']}: cannot be resumed with this configuration "
                                              f"({type(e).__name__}: {e})") from None
+    if ranks.rank:  # each rank samples its own actions (rank 0's parameters come by broadcast)
+        seed_generators(stream_seed(cfg.env.seed, ranks.rank, "process", t.counters[t.x_axis]))
+    t.join_ranks(ranks)
     return t, resumed, run_dir
 
 
@@ -415,13 +424,6 @@ def _open_monitor(t: Trainer, cfg, run_dir: Path, resumed: dict | None) -> RunMo
     return monitor
 
 
-def _videos(t: Trainer, cfg, spec, monitor: RunMonitor, run_dir: Path, from_checkpoint) -> TrainingVideos:
-    """The videos during training (``--video-every-min``; none at 0), played by ``from_checkpoint``."""
-    base = {"identity": t.identity(), "config": dataclasses.asdict(cfg)}
-    every = cfg.video_every_min if t.ranks.main else 0.0  # rank 0's videos only
-    return TrainingVideos(every, run_dir, monitor, spec, from_checkpoint, cfg.env.seed + 10_000, base)
-
-
 class _Quiet(nullcontext):
     """A data-parallel rank other than 0's monitor: it writes no TensorBoard scalars or text (rank 0 writes the
     run's, with every rank's counts reduced into them) and shows no progress line."""
@@ -432,30 +434,15 @@ class _Quiet(nullcontext):
     scalars = text = progress = _nothing
 
 
-def _join(trainer_cls: type[Trainer], prepared: Prepared):
-    """This process's ranks (``Solo`` for one process: no torch.distributed call), its trainer on its share of
-    the run, started or resumed with parameters equal on every rank; the checkpoint and the run folder."""
-    cfg = prepared.config
-    ranks = join(cfg, resolve_device(cfg.pipeline.device).type)
-    try:
-        t, resumed, run_dir = _start_or_resume(trainer_cls, prepared, ranks)
-        if ranks.rank:  # each rank samples its own actions (rank 0's parameters come by broadcast)
-            seed_generators(stream_seed(cfg.env.seed, ranks.rank, "process", t.counters[t.x_axis]))
-        t.join_ranks(ranks)
-    except BaseException:
-        ranks.close()
-        raise
-    return ranks, t, resumed, run_dir
-
-
 def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable | None = None) -> dict:
     """Train the ``prepared`` run until a budget ends; returns the summary (also on Ctrl-C, re-raised after
     saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
     cfg, spec = prepared.config, prepared.spec
     if cfg.pipeline.num_workers > 0:
         start_server(spec)  # the config and env are valid: a process may start, beside the learner's
-    ranks, t, resumed, run_dir = _join(trainer_cls, prepared)
+    ranks = join(cfg, resolve_device(cfg.pipeline.device).type)  # Solo for one process: no torch.distributed call
     try:
+        t, resumed, run_dir = _start_or_resume(trainer_cls, prepared, ranks)
         policy = t.policy()
         if ranks.main:
             checkpoint.make_run_dir(run_dir)
@@ -491,7 +478,7 @@ def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict |
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
     with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
-            _videos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
+            TrainingVideos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,

@@ -11,6 +11,7 @@ is skipped; an env that cannot render is said once, and the run goes on without 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -56,12 +57,13 @@ class TrainingVideos:
     """The run's videos, for ``run``: ``maybe`` from the learner's thread after each unit of learning;
     ``close`` (or leaving the ``with`` block) drops an episode being recorded and ends the thread."""
 
-    def __init__(self, every_min: float, run_dir: Path, monitor, spec, from_checkpoint: Callable | None,
-                 seed: int, base: dict):
-        """``base``: what a checkpoint of the run holds besides the trainer's state (identity, config)."""
-        self.base = base
-        self.every_s, self.run_dir, self.monitor, self.spec = every_min * 60.0, Path(run_dir), monitor, spec
-        self.from_checkpoint, self.seed = from_checkpoint, seed
+    def __init__(self, trainer, cfg, spec, monitor, run_dir: Path, from_checkpoint: Callable | None):
+        """Every ``cfg.video_every_min`` minutes (none at 0; rank 0's only), played by ``from_checkpoint``."""
+        # What a checkpoint of the run holds besides the trainer's state.
+        self.base = {"identity": trainer.identity(), "config": dataclasses.asdict(cfg)}
+        self.every_s = (cfg.video_every_min if trainer.ranks.main else 0.0) * 60.0
+        self.run_dir, self.monitor, self.spec = Path(run_dir), monitor, spec
+        self.from_checkpoint, self.seed = from_checkpoint, cfg.env.seed + 10_000
         self.made = 0
         self._due = time.monotonic() + self.every_s
         self._cond = threading.Condition()

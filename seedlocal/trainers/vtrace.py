@@ -23,7 +23,7 @@ from seedlocal.normalize import RewardScaler
 from seedlocal.pipeline.batches import Batcher, Prefetcher
 from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.actor_critic import ModelPolicy
-from seedlocal.prepare import Prepared, checkpoint_spec
+from seedlocal.prepare import Prepared
 from seedlocal.recipes.vtrace import VTraceRun, build_model, identity
 from seedlocal.trainers.run import WAIT_S, Run, blank, mean_of, rebuilding, run
 from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, VTraceLearning
@@ -47,10 +47,6 @@ class VTraceTrainer(VTraceLearning):
         self.lr = a.learning_rate
         self.prefetch = None  # once the pipeline runs (start)
         self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
-        # Data-parallel ranks: every rank's episodes (sums) and the mean of their means at the last all-reduce
-        # (spent), and at the last log.
-        self.all_ranks: dict = {}
-        self.logged_ranks: dict = {"sums": (0, 0.0, 0.0), "mean20": None}
         self.scaler = RewardScaler(self.shape.num_envs, a.discount) if a.reward_scale else None
 
     def identity(self) -> dict:
@@ -115,7 +111,7 @@ class VTraceTrainer(VTraceLearning):
         return self.local_ep_sums
 
     def _summed(self, episodes: float, reached: float | None, more: list) -> None:
-        self.all_ranks = {"sums": (episodes, *more), "mean20": reached}
+        self.all_ranks = {"sums": (episodes, *more), "mean20": reached}  # every rank's episodes (sums), mean of means
 
     def advance(self, run: Run) -> str | None:
         """Wait for a batch of unrolls (gathered a batch ahead unless actors wait for the learner), learn from it."""
@@ -144,8 +140,7 @@ class VTraceTrainer(VTraceLearning):
         self._take_episodes(run)
         if self.ranks.world == 1 and run.summary.get("steps_to_target") is None and self.reaches(self.target_return()):
             # The mean that met the target: episodes that end while the run stops may move the final one below it.
-            run.summary["steps_to_target"] = self._steps(run)
-            run.summary["return_at_target"] = float(np.mean(self.recent))
+            run.summary.update(steps_to_target=self._steps(run), return_at_target=float(np.mean(self.recent)))
         return None
 
     def _update_obs_norm(self, batch: dict) -> None:
@@ -159,10 +154,9 @@ class VTraceTrainer(VTraceLearning):
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
-        T = self.cfg.pipeline.unroll_length
         if self.scaler is None:
             return batch
-        host = self.prefetch.batcher.host[fetched.slot]
+        host, T = self.prefetch.batcher.host[fetched.slot], self.cfg.pipeline.unroll_length
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
@@ -200,16 +194,11 @@ class VTraceTrainer(VTraceLearning):
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
         if not self.all_ranks:  # a run stopped in its first all-reduce
             return {}
-        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
+        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks.get("sums", (0, 0.0, 0.0))
         self.logged_ranks = self.all_ranks
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
                 "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
                 "charts/return_mean20": self.all_ranks["mean20"]}
-
-    def has_last_log(self) -> bool:
-        # With ranks also an all-reduce after the last log (spent() runs after log()) that moved the ranks' mean of
-        # means, which is what stopped a run at its target.
-        return super().has_last_log() or (bool(self.all_ranks) and self.all_ranks != self.logged_ranks)
 
     def stop(self, run: Run) -> None:
         if self.prefetch is not None:
@@ -220,8 +209,9 @@ class VTraceTrainer(VTraceLearning):
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
         ret = summary["mean_return_last20"]
-        idle = (f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
-                f"{self.rows_per_batch:,d} steps was learned from)") if summary["steps"] and not summary["updates"] else ""
+        idle = "" if not summary["steps"] or summary["updates"] else (
+            f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
+            f"{self.rows_per_batch:,d} steps was learned from)")
         return (f"{summary['steps']:,d} steps, {summary['updates']:,d} updates{idle}, mean return (last 20) "
                 f"{'-' if ret is None else f'{ret:.1f}'}", None if summary["steps"] else nothing_stepped(self.cfg))
 
@@ -240,10 +230,8 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
     """A checkpoint's network acting as training's inference serves it: sampling (``greedy`` None, as trained,
     or False), or its distribution's mode (True). ``epsilon`` is R2D2's; V-trace acts without it. The network
     is sized by the checkpoint's identity, as it was saved."""
-    ident = state.get("identity", {})
-    spec = checkpoint_spec(state)
-    stack = int(ident.get("frame_stack", 1))
-    with rebuilding(state):
+    with rebuilding(state) as (ident, spec):
+        stack = int(ident.get("frame_stack", 1))
         cfg = VTraceRun(network=checkpoint_network(ident, net_spec(spec, stack)), frame_stack=stack,
                         algo=VTraceParams(separate_critic=ident.get("separate_critic", False)))
         model = blank(lambda: build_model(cfg, spec))

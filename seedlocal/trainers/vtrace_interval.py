@@ -40,17 +40,15 @@ class Interval:
 
     def begin(self, now: float, steps: int, workers: dict) -> None:
         """Rates from here on: the first batch's arrival, so the workers' start-up is no slow first point."""
-        self.t0, self.steps, self.workers = now, steps, workers
-        self.begun = True
+        self.t0, self.steps, self.workers, self.begun = now, steps, workers, True
 
     def restart(self, now: float, steps: int, stats, workers: dict) -> None:
-        self.t0, self.steps = now, steps
+        self.t0, self.steps, self.workers = now, steps, workers
         self.wait_s = self.learn_s = 0.0
         self.acc: dict = {}
         self.n = self.rows_learned = 0
-        self.diag = None
+        self.diag = None  # the learner's diagnostics (DIAGNOSTICS), once measured
         self.ep_n, self.ep_ret, self.ep_len = 0, 0.0, 0
-        self.workers = workers
         self.forward_s, self.batches, self.batch_envs = stats.forward_s, stats.batches, stats.batch_envs
 
     def add(self, update_stats: dict, rows: int) -> None:
@@ -177,7 +175,7 @@ class VTraceLearning(StepTrainer):
     def has_last_log(self) -> bool:
         # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
         # curve too.
-        return self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0)
+        return super().has_last_log() or (self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0))
 
     def settle(self, run: Run) -> None:
         if self.iv is not None:
