@@ -53,51 +53,41 @@ class Prepared:
     """the run configuration, final (a data-parallel rank's: its share, ``for_rank``)"""
     spec: EnvSpec
     kind: Kind
-    machine: Machine
     shape: PipelineShape
     """the pipeline's sizes (a data-parallel rank's: the run's divided)"""
-    resumed: Resumed | None = None
     notes: tuple[str, ...] = ()
     """what preparation says, in order (the preset picked, the sizes chosen), one line each"""
-    run_config: object = None
-    """the whole run's configuration where ``config`` is a rank's share (what checkpoints hold)"""
-
-    @property
-    def saved_config(self):
-        return self.run_config if self.run_config is not None else self.config
 
 
 def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) -> Prepared:
     """The run ``request`` asks ``recipe``'s family for (module docstring), sized for ``machine`` (default: this
     one). A value that cannot run is refused here in one line naming its field, before any process starts."""
     notes: list[str] = []
-    cfg, resumed, given, machine = _configured(request, recipe, machine, notes)
+    cfg, resumed, given = _configured(request, recipe, machine, notes)
     derived = apply(cfg, recipe.derive(cfg, is_given(given)))
     notes += [f"seedlocal: {c}, to fit its groups" for c in _changes(cfg, derived)]
     cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
-    return _checked(recipe, cfg, machine, resumed, notes)
+    return _checked(recipe, cfg, notes)
 
 
 def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes: list[str]):
-    """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given, the
-    machine)."""
+    """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given)."""
     resumed = _resumed(request, recipe)
     given = dict(request.options)
     if request.pipeline_config:  # a pipeline file's options, beneath the command line's own
         given = {**{f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}, **given}
     cfg = apply(_base(request, recipe, resumed, notes), given)
-    machine = machine or Machine.detect(cfg.pipeline.device)
     if resumed is None:
-        cfg = _sized(cfg, recipe, machine, request, given, notes)
-    return cfg, resumed, given, machine
+        cfg = _sized(cfg, recipe, machine or Machine.detect(cfg.pipeline.device), request, given, notes)
+    return cfg, resumed, given
 
 
-def prepare_run(cfg, recipe: Recipe, machine: Machine | None = None) -> Prepared:
+def prepare_run(cfg, recipe: Recipe) -> Prepared:
     """A run configuration built whole in Python (the benchmark scripts, the tests), taken as it is (no preset,
     no sizing), then checked, described and shaped as ``prepare`` does."""
-    return _checked(recipe, cfg, machine or Machine.detect(cfg.pipeline.device), None, [])
+    return _checked(recipe, cfg, [])
 
 
 def preset_for(recipe: Recipe, env_id: str):
@@ -124,7 +114,7 @@ def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
         return pipeline_shape(cfg.pipeline, cfg.bridge, recipe.needs(cfg), rank=rank, ranks=ranks)
 
     share = recipe.per_rank(config, ranks, shape_of)
-    return dataclasses.replace(prepared, config=share, shape=shape_of(share), run_config=prepared.saved_config)
+    return dataclasses.replace(prepared, config=share, shape=shape_of(share))
 
 
 def check_learners(prepared: Prepared) -> None:
@@ -281,9 +271,9 @@ def _check_resume(cfg, resumed: Resumed) -> None:
     cfg.budget_spent(resumed.counters)
 
 
-def _checked(recipe: Recipe, cfg, machine: Machine, resumed: Resumed | None, notes: list[str]) -> Prepared:
+def _checked(recipe: Recipe, cfg, notes: list[str]) -> Prepared:
     """The checks every family shares, the env described, the shape built (once), the family's own checks."""
     validate_run_options(cfg)
     spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
     recipe.check(cfg, spec, shape)
-    return Prepared(recipe, cfg, spec, kind_of(spec), machine, shape, resumed, tuple(notes))
+    return Prepared(recipe, cfg, spec, kind_of(spec), shape, tuple(notes))
