@@ -99,9 +99,7 @@ def train(family: str, **overrides) -> Summary:
     prepared = _prepared(family, overrides)
     if prepared.config.learners > 1:
         from seedlocal.pipeline.ranks import from_environment
-        from seedlocal.prepare import check_learners
 
-        check_learners(prepared)  # refused before any rank starts, as the command line refuses it
         if from_environment() is None:  # not a rank already (torchrun's): start them, each a _rank_main
             code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
             with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds

@@ -253,9 +253,7 @@ def _run(argv: list[str]) -> int:
             cmd, cfg = _parse(argv)
         if cmd == "train" and cfg.config.learners > 1:
             from seedlocal.pipeline.ranks import from_environment
-            from seedlocal.prepare import check_learners
 
-            check_learners(cfg)  # a rank count the run cannot be divided into, refused before any rank starts
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
                 return launch_ranks(cfg)[0]
         _start_resource_tracker()

@@ -117,15 +117,6 @@ def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
     return dataclasses.replace(prepared, config=share, shape=shape_of(share))
 
 
-def check_learners(prepared: Prepared) -> None:
-    """A run of ``learners`` > 1 ranks, refused before any rank starts where its shape and batch cannot be
-    divided among them (``for_rank`` of every rank)."""
-    cfg = prepared.config
-    if cfg.learners > 1:
-        for rank in range(cfg.learners):
-            for_rank(prepared, rank, cfg.learners, cfg)
-
-
 def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_field: str = "env.id",
                      needs: ShapeNeeds = ShapeNeeds()) -> tuple[EnvSpec, PipelineShape]:
     """The env's spec and the pipeline's shape (for a trainer that ``needs`` it so), checked as a run's are, each
@@ -272,8 +263,13 @@ def _check_resume(cfg, resumed: Resumed) -> None:
 
 
 def _checked(recipe: Recipe, cfg, notes: list[str]) -> Prepared:
-    """The checks every family shares, the env described, the shape built (once), the family's own checks."""
+    """The checks every family shares, the env described, the shape built (once), the family's own checks, and
+    with ``learners`` > 1 each rank's share."""
     validate_run_options(cfg)
     spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
     recipe.check(cfg, spec, shape)
-    return Prepared(recipe, cfg, spec, kind_of(spec), shape, tuple(notes))
+    prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, tuple(notes))
+    if cfg.learners > 1:  # ranks that cannot divide its shape and batch, refused before any starts (for_rank)
+        for rank in range(cfg.learners):
+            for_rank(prepared, rank, cfg.learners, cfg)
+    return prepared
