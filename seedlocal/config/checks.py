@@ -39,8 +39,6 @@ def validate_run_options(cfg) -> None:
     for name, value in leaves(cfg).items():
         if isinstance(value, float) and not math.isfinite(value):
             fail(name, value, "must be a finite number")
-    if getattr(cfg, "log_every_s", 1.0) <= 0:
-        fail("log_every_s", cfg.log_every_s, "must be positive")
     if cfg.env.seed < 0:  # before the run's first line, as every other field
         fail("env.seed", cfg.env.seed, "must be >= 0")
     if cfg.keep_checkpoints < 0:
@@ -53,10 +51,9 @@ def validate_run_options(cfg) -> None:
              "and seedlocal keeps some for its own")
     if cfg.log_dir == "":
         fail("log_dir", "", "must name a folder (e.g. runs)")
-    if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
-        fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
     _check_choices(cfg)
-    if hasattr(cfg, "total_steps"):  # a run counted in steps (V-trace, R2D2)
+    if hasattr(cfg, "total_steps"):  # a run counted in steps, logged and saved by the clock (V-trace, R2D2)
+        fail_if(lambda v: v <= 0, cfg, ("log_every_s", "checkpoint_every_min"), "must be positive")
         fail_if(lambda v: v < 0, cfg, ("total_steps", "seconds"), "must be >= 0")
         if cfg.total_steps == 0 and cfg.seconds == 0:
             fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
@@ -151,8 +148,8 @@ def resolve_device(value: str) -> torch.device:
 
 def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     """The pipeline's fields besides its sizes, which ``shape.pipeline_shape`` checks as it derives them."""
-    fail_if(lambda v: v < 0, p, ("max_restarts",), "must be >= 0", f"{prefix}.")
-    fail_if(lambda v: v < 1, p, ("inference_threads",), "must be positive", f"{prefix}.")
+    fail_if(lambda v: v < 0, p, ("max_restarts", "batch_timeout_ms"), "must be >= 0", f"{prefix}.")
+    fail_if(lambda v: not v > 0, p, ("inference_threads", "stall_s"), "must be positive", f"{prefix}.")
     fail_if(lambda v: v < 0, p, ("env_threads", "learner_threads"), "must be 0 (automatic) or positive", f"{prefix}.")
     if not (math.isfinite(p.restart_window_s) and p.restart_window_s >= 0):
         fail(f"{prefix}.restart_window_s", p.restart_window_s, "must be >= 0 and finite (0 = the whole run)")
@@ -160,10 +157,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     fail_if(lambda v: v > THREADS_PER_CORE * cores, p, ("env_threads", "learner_threads", "inference_threads"),
             f"more than {THREADS_PER_CORE} per core of this machine's {cores}: threads beyond the cores only wait "
             "for them (and thousands fail to start)", f"{prefix}.")
-    if p.batch_timeout_ms < 0:
-        fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
-    if not p.stall_s > 0:
-        fail(f"{prefix}.stall_s", p.stall_s, "must be positive")
     try:
         device = resolve_device(p.device)
     except ConfigError as e:
