@@ -65,7 +65,7 @@ def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) ->
     notes: list[str] = []
     cfg, resumed, given = _configured(request, recipe, machine, notes)
     derived = apply(cfg, recipe.derive(cfg, is_given(given)))
-    notes += [f"seedlocal: {c}, to fit its groups" for c in _changes(cfg, derived)]
+    notes += [f"seedlocal: {c}, to fit its groups" for c in config_changes(cfg, derived, sep=" ")]
     cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
@@ -232,23 +232,18 @@ def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict,
     except Exception:
         return cfg  # validation names the env's problem
     sized = apply(cfg, recipe.sizing(cfg, kind, machine, is_given(given)))
-    said = _changes(cfg, sized)
+    said = config_changes(cfg, sized, sep=" ")
     if said:
         note = ""
         if "bridge.remote_envs" in given and "pipeline.envs_per_worker" not in given:
             free = apply(cfg, recipe.sizing(apply(cfg, {"bridge.remote_envs": 0}), kind, machine, is_given(
                 {k: v for k, v in given.items() if k != "bridge.remote_envs"})))
-            unlike = _changes(sized.pipeline, free.pipeline, "pipeline.")
+            unlike = config_changes(sized.pipeline, free.pipeline, "pipeline.", " ")
             if unlike:
                 note = (f" (workers of the preset's size, so that --bridge.remote-envs {given['bridge.remote_envs']} "
                         f"makes whole ones; without it {', '.join(unlike)})")
         notes.append(f"seedlocal: sized for this machine ({machine}): {', '.join(said)}{note}; {SIZED}")
     return sized
-
-
-def _changes(old, new, prefix: str = "") -> list[str]:
-    """``field old -> new`` for each option that differs, as a note says it."""
-    return [c.replace(":", "", 1) for c in config_changes(old, new, prefix)]
 
 
 def _check_resume(cfg, resumed: Resumed) -> None:
