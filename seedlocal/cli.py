@@ -5,6 +5,7 @@ starts.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import importlib
@@ -208,10 +209,8 @@ def exit_now(code: int) -> NoReturn:
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (main() said so already) or a stream closed
             stream.flush()
-        except (OSError, ValueError):  # a reader gone (main() said so already) or a stream closed
-            pass
     os._exit(code)
 
 

@@ -6,6 +6,7 @@ need it: an actor host (``seedlocal actors``) reads this module and needs no tor
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import math
 import os
 import typing
@@ -166,8 +167,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host in ("", "localhost"):
         return True
     try:
