@@ -301,7 +301,3 @@ RANK0_OUTCOME = ".rank0.json"  # beside a ranks' job file: how rank 0's training
 
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
                        errno.ENAMETOOLONG, errno.ENOMEM}
-
-
-if __name__ == "__main__":
-    run()

@@ -129,11 +129,9 @@ def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_f
     return validate_env(env, id_field=env_field), shape
 
 
-# An env described, refused in one line naming its field (ConfigError): for ``seedlocal bench``, which sizes its own
-# pipeline by the env.
+# The env described without a run: for ``seedlocal bench``, which sizes its pipeline by it (ConfigError naming its
+# field), and for an actor host (``seedlocal actors``), which runs the one its learner assigns (ValueError).
 env_spec = validate_env
-# The env a learner assigns an actor host (``seedlocal actors``), described where the host runs it (ValueError if
-# it cannot be made here).
 host_env = describe
 
 
