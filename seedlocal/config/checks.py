@@ -25,21 +25,16 @@ if TYPE_CHECKING:
 THREADS_PER_CORE = 8
 
 
-def _check_choices(cfg) -> None:
-    """Every option with a fixed set of values (a ``Literal``) holds one of them, also where a config was built
-    in Python or read from a checkpoint, which tyro never parsed."""
-    kinds = options_of(type(cfg))
-    for name, value in leaves(cfg).items():
-        if typing.get_origin(kinds[name]) is typing.Literal and value not in typing.get_args(kinds[name]):
-            fail(name, value, "expected " + ", ".join(map(str, typing.get_args(kinds[name]))))
-
-
 def validate_run_options(cfg) -> None:
-    """What every family's run (a ``RunConfig``) shares: numbers that are numbers, and a run folder that can be
-    written."""
+    """What every family's run (a ``RunConfig``) shares: numbers that are numbers, values among their choices,
+    and a run folder that can be written."""
+    kinds = options_of(type(cfg))
     for name, value in leaves(cfg).items():
         if isinstance(value, float) and not math.isfinite(value):
             fail(name, value, "must be a finite number")
+        # A Literal's choices, also where a config was built in Python or read from a checkpoint (tyro never parsed).
+        if typing.get_origin(kinds[name]) is typing.Literal and value not in typing.get_args(kinds[name]):
+            fail(name, value, "expected " + ", ".join(map(str, typing.get_args(kinds[name]))))
     if cfg.env.seed < 0:  # before the run's first line, as every other field
         fail("env.seed", cfg.env.seed, "must be >= 0")
     if cfg.keep_checkpoints < 0:
@@ -52,7 +47,6 @@ def validate_run_options(cfg) -> None:
              "and seedlocal keeps some for its own")
     if cfg.log_dir == "":
         fail("log_dir", "", "must name a folder (e.g. runs)")
-    _check_choices(cfg)
     if hasattr(cfg, "total_steps"):  # a run counted in steps, logged and saved by the clock (V-trace, R2D2)
         fail_if(lambda v: v <= 0, cfg, ("log_every_s", "checkpoint_every_min"), "must be positive")
         fail_if(lambda v: v < 0, cfg, ("total_steps", "seconds"), "must be >= 0")
