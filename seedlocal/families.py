@@ -6,8 +6,7 @@ trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``), two m
 names it and a title, so that the command line imports only what it runs (a trainer pulls in torch). This is
 the only place that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
 
-Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its trainer in ``trainers/``, and a line
-here (docs/architecture.md).
+Adding a family (its math, recipe and trainer, and a line here): docs/architecture.md, "Adding a family".
 """
 
 from __future__ import annotations
