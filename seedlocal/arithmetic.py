@@ -34,9 +34,8 @@ def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
     """``auto`` is bf16 on a CPU only where it measured faster: a CNN torso on a CPU with native bf16 (Nature CNN
     update 2.6x faster here, see docs/tuning.md); MLPs stay fp32 there (nothing to gain at their size). On CUDA
     ``auto`` is tf32: torch already runs cuDNN's convolutions in TF32 by default, so an "fp32" CNN was TF32 in its
-    convolutions and fp32 only in its matmuls; tf32 makes them one arithmetic (not yet timed on a GPU:
-    scripts/gpu_suite's learner_precision step times one update in each). ``tf32`` on a CPU is plain fp32 (no such
-    arithmetic there)."""
+    convolutions and fp32 only in its matmuls; tf32 makes them one arithmetic (the H200's timings: docs/gpu.md,
+    "Precision"). ``tf32`` on a CPU is plain fp32 (no such arithmetic there)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "auto":
