@@ -125,7 +125,7 @@ def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_f
     validate_pipeline(pipeline, prefix=prefix)
     shape = pipeline_shape(pipeline, bridge, needs, prefix=prefix)
     if bridge is not None:
-        validate_bridge(bridge, pipeline)
+        validate_bridge(bridge)
     return validate_env(env, id_field=env_field), shape
 
 

@@ -193,14 +193,12 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
     return os.environ.get("SEEDLOCAL_BRIDGE_TOKEN", "").strip()
 
 
-def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
+def validate_bridge(b: BridgeConfig) -> None:
     """The bridge's address, secrets and TLS files (its remote envs are sized by ``shape.pipeline_shape``)."""
     if not b.listen:
         for name in ("remote_envs", "token_file", "tls_cert", "tls_key", "insecure", "handshakes_per_peer"):
             if getattr(b, name) != getattr(BridgeConfig, name):  # would be silently ignored
                 fail(f"bridge.{name}", getattr(b, name), "needs bridge.listen HOST:PORT for actor hosts to connect to")
-        if p.num_workers == 0:
-            fail("pipeline.num_workers", 0, "no env would run: give workers, or bridge.listen and bridge.remote_envs")
         return
     host, _ = split_address("bridge.listen", b.listen, listen=True)
     token = bridge_token(b.token_file)  # read now: a bad path fails before the run starts
