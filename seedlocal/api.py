@@ -99,9 +99,7 @@ def train(family: str, **overrides) -> Summary:
     prepared = _prepared(family, overrides)
     if prepared.config.learners > 1:
         from seedlocal.pipeline.ranks import from_environment
-        from seedlocal.prepare import check_learners
 
-        check_learners(prepared)  # refused before any rank starts, as the command line refuses it
         if from_environment() is None:  # not a rank already (torchrun's): start them, each a _rank_main
             code = "import sys; from seedlocal.api import _rank_main; _rank_main(sys.argv[1])"
             with _sigterm_unwinds():  # the launcher then stops its ranks cleanly (SIGTERM) as it unwinds
@@ -110,7 +108,7 @@ def train(family: str, **overrides) -> Summary:
     _start_resource_tracker()
     try:
         with _sigterm_unwinds():
-            summary = _family(family).train(prepared)
+            summary = families.family(family).train(prepared)
     except (KeyboardInterrupt, Stopped) as e:
         print(_stopped_line(e, ["train", family]), file=sys.stderr)  # saved, and what to type next
         raise
@@ -145,7 +143,7 @@ def _rank_main(job: str) -> None:
     _start_resource_tracker()
     outcome, code = {}, 0
     try:
-        outcome["run_dir"] = _family(prepared.recipe.name).train(prepared)["run_dir"]
+        outcome["run_dir"] = families.family(prepared.recipe.name).train(prepared)["run_dir"]
     except (errors.SeedlocalError, KeyboardInterrupt, SystemExit) as e:
         kind = next(c.__name__ for c in type(e).__mro__ if c.__module__ in ("seedlocal.errors", "builtins"))
         where = getattr(e, "seedlocal_run_dir", None)
@@ -187,14 +185,8 @@ def _prepared(family: str, overrides: dict):
     from seedlocal.config.request import from_keywords
     from seedlocal.prepare import prepare
 
-    recipe = _family(family).recipe
+    recipe = families.family(family).recipe
     prepared = prepare(from_keywords(family, recipe.run, dict(overrides)), recipe)
     for line in prepared.notes:
         print(line, flush=True)
     return prepared
-
-
-def _family(name: str):
-    if name not in families.TABLE:
-        raise ConfigError(unknown(str(name), list(families.TABLE)).replace("no such option", "no such family"))
-    return families.family(name)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
+import statistics
+import timeit
 
 import torch
 from torch import nn
@@ -33,9 +34,8 @@ def resolve_precision(precision: str, kind: str, device: torch.device) -> str:
     """``auto`` is bf16 on a CPU only where it measured faster: a CNN torso on a CPU with native bf16 (Nature CNN
     update 2.6x faster here, see docs/tuning.md); MLPs stay fp32 there (nothing to gain at their size). On CUDA
     ``auto`` is tf32: torch already runs cuDNN's convolutions in TF32 by default, so an "fp32" CNN was TF32 in its
-    convolutions and fp32 only in its matmuls; tf32 makes them one arithmetic (not yet timed on a GPU:
-    scripts/gpu_suite's learner_precision step times one update in each). ``tf32`` on a CPU is plain fp32 (no such
-    arithmetic there)."""
+    convolutions and fp32 only in its matmuls; tf32 makes them one arithmetic (the H200's timings: docs/gpu.md,
+    "Precision"). ``tf32`` on a CPU is plain fp32 (no such arithmetic there)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "auto":
@@ -72,17 +72,14 @@ def _cpu_tanh_is_slow() -> bool:
     scalar speed (512 x 64 floats: 85 us against 14 us for sigmoid on the 2-core development machine), so the
     identity is about 3x faster there; a build with a vectorised tanh keeps it."""
     x = torch.linspace(-4, 4, 256 * 64).reshape(256, 64)  # not randn: the check must not draw from the run's stream
-    best = {}
-    for name, fn in (("tanh", torch.tanh), ("sigmoid", _tanh_from_sigmoid)):
+
+    def median_s(fn) -> float:  # of 7 calls, after one to warm up
         with torch.inference_mode():
             fn(x)
-            times = []
-            for _ in range(7):
-                t0 = time.perf_counter()
-                fn(x)
-                times.append(time.perf_counter() - t0)
-        best[name] = sorted(times)[len(times) // 2]
-    return best["sigmoid"] < 0.8 * best["tanh"]
+            return statistics.median(timeit.repeat(lambda: fn(x), number=1, repeat=7))
+
+    tanh = median_s(torch.tanh)
+    return median_s(_tanh_from_sigmoid) < 0.8 * tanh
 
 
 def _tanh_from_sigmoid(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ starts.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import importlib
@@ -208,10 +209,8 @@ def exit_now(code: int) -> NoReturn:
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (main() said so already) or a stream closed
             stream.flush()
-        except (OSError, ValueError):  # a reader gone (main() said so already) or a stream closed
-            pass
     os._exit(code)
 
 
@@ -253,9 +252,7 @@ def _run(argv: list[str]) -> int:
             cmd, cfg = _parse(argv)
         if cmd == "train" and cfg.config.learners > 1:
             from seedlocal.pipeline.ranks import from_environment
-            from seedlocal.prepare import check_learners
 
-            check_learners(cfg)  # a rank count the run cannot be divided into, refused before any rank starts
             if from_environment() is None:  # not yet a rank (torchrun's or ours): start them
                 return launch_ranks(cfg)[0]
         _start_resource_tracker()
@@ -304,7 +301,3 @@ RANK0_OUTCOME = ".rank0.json"  # beside a ranks' job file: how rank 0's training
 
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
                        errno.ENAMETOOLONG, errno.ENOMEM}
-
-
-if __name__ == "__main__":
-    run()

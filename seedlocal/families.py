@@ -6,8 +6,7 @@ trainer (``trainers/``: ``train`` of a prepared run, ``from_checkpoint``), two m
 names it and a title, so that the command line imports only what it runs (a trainer pulls in torch). This is
 the only place that chooses code by an algorithm's name (``tests/test_structure.py`` checks).
 
-Adding a family: its math in ``algos/``, its recipe in ``recipes/``, its trainer in ``trainers/``, and a line
-here (docs/architecture.md).
+Adding a family (its math, recipe and trainer, and a line here): docs/architecture.md, "Adding a family".
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Callable
 
-from seedlocal.errors import CheckpointError
+from seedlocal.config.overrides import unknown
+from seedlocal.errors import CheckpointError, ConfigError
 
 TABLE: dict[str, tuple[str, str]] = {
     "vtrace": ("vtrace", "IMPALA (V-trace) with central batched inference"),
@@ -49,7 +49,10 @@ def recipe(name: str):
 
 
 def family(name: str) -> Family:
-    """The family ``seedlocal train <name>`` runs (its recipe and trainer modules imported now)."""
+    """The family ``seedlocal train <name>`` runs (its recipe and trainer modules imported now); ConfigError, with
+    the nearest, for a name that is none (``seedlocal.train``'s first argument)."""
+    if name not in TABLE:
+        raise ConfigError(unknown(str(name), list(TABLE)).replace("no such option", "no such family"))
     trainer = import_module(f"seedlocal.trainers.{TABLE[name][0]}")
     return Family(name, recipe(name), trainer.train, trainer.from_checkpoint)
 

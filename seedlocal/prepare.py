@@ -53,51 +53,41 @@ class Prepared:
     """the run configuration, final (a data-parallel rank's: its share, ``for_rank``)"""
     spec: EnvSpec
     kind: Kind
-    machine: Machine
     shape: PipelineShape
     """the pipeline's sizes (a data-parallel rank's: the run's divided)"""
-    resumed: Resumed | None = None
     notes: tuple[str, ...] = ()
     """what preparation says, in order (the preset picked, the sizes chosen), one line each"""
-    run_config: object = None
-    """the whole run's configuration where ``config`` is a rank's share (what checkpoints hold)"""
-
-    @property
-    def saved_config(self):
-        return self.run_config if self.run_config is not None else self.config
 
 
 def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) -> Prepared:
     """The run ``request`` asks ``recipe``'s family for (module docstring), sized for ``machine`` (default: this
     one). A value that cannot run is refused here in one line naming its field, before any process starts."""
     notes: list[str] = []
-    cfg, resumed, given, machine = _configured(request, recipe, machine, notes)
+    cfg, resumed, given = _configured(request, recipe, machine, notes)
     derived = apply(cfg, recipe.derive(cfg, is_given(given)))
-    notes += [f"seedlocal: {c}, to fit its groups" for c in _changes(cfg, derived)]
+    notes += [f"seedlocal: {c}, to fit its groups" for c in config_changes(cfg, derived, sep=" ")]
     cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
-    return _checked(recipe, cfg, machine, resumed, notes)
+    return _checked(recipe, cfg, notes)
 
 
 def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes: list[str]):
-    """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given, the
-    machine)."""
+    """Steps 1 to 3 but ``derive`` (module docstring): (the config, the run it resumes, the options given)."""
     resumed = _resumed(request, recipe)
     given = dict(request.options)
     if request.pipeline_config:  # a pipeline file's options, beneath the command line's own
         given = {**{f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}, **given}
     cfg = apply(_base(request, recipe, resumed, notes), given)
-    machine = machine or Machine.detect(cfg.pipeline.device)
     if resumed is None:
-        cfg = _sized(cfg, recipe, machine, request, given, notes)
-    return cfg, resumed, given, machine
+        cfg = _sized(cfg, recipe, machine or Machine.detect(cfg.pipeline.device), request, given, notes)
+    return cfg, resumed, given
 
 
-def prepare_run(cfg, recipe: Recipe, machine: Machine | None = None) -> Prepared:
+def prepare_run(cfg, recipe: Recipe) -> Prepared:
     """A run configuration built whole in Python (the benchmark scripts, the tests), taken as it is (no preset,
     no sizing), then checked, described and shaped as ``prepare`` does."""
-    return _checked(recipe, cfg, machine or Machine.detect(cfg.pipeline.device), None, [])
+    return _checked(recipe, cfg, [])
 
 
 def preset_for(recipe: Recipe, env_id: str):
@@ -124,16 +114,7 @@ def for_rank(prepared: Prepared, rank: int, ranks: int, config) -> Prepared:
         return pipeline_shape(cfg.pipeline, cfg.bridge, recipe.needs(cfg), rank=rank, ranks=ranks)
 
     share = recipe.per_rank(config, ranks, shape_of)
-    return dataclasses.replace(prepared, config=share, shape=shape_of(share), run_config=prepared.saved_config)
-
-
-def check_learners(prepared: Prepared) -> None:
-    """A run of ``learners`` > 1 ranks, refused before any rank starts where its shape and batch cannot be
-    divided among them (``for_rank`` of every rank)."""
-    cfg = prepared.config
-    if cfg.learners > 1:
-        for rank in range(cfg.learners):
-            for_rank(prepared, rank, cfg.learners, cfg)
+    return dataclasses.replace(prepared, config=share, shape=shape_of(share))
 
 
 def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_field: str = "env.id",
@@ -144,15 +125,13 @@ def prepare_pipeline(env, pipeline, bridge=None, prefix: str = "pipeline", env_f
     validate_pipeline(pipeline, prefix=prefix)
     shape = pipeline_shape(pipeline, bridge, needs, prefix=prefix)
     if bridge is not None:
-        validate_bridge(bridge, pipeline)
+        validate_bridge(bridge)
     return validate_env(env, id_field=env_field), shape
 
 
-# An env described, refused in one line naming its field (ConfigError): for ``seedlocal bench``, which sizes its own
-# pipeline by the env.
+# The env described without a run: for ``seedlocal bench``, which sizes its pipeline by it (ConfigError naming its
+# field), and for an actor host (``seedlocal actors``), which runs the one its learner assigns (ValueError).
 env_spec = validate_env
-# The env a learner assigns an actor host (``seedlocal actors``), described where the host runs it (ValueError if
-# it cannot be made here).
 host_env = describe
 
 
@@ -251,23 +230,18 @@ def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict,
     except Exception:
         return cfg  # validation names the env's problem
     sized = apply(cfg, recipe.sizing(cfg, kind, machine, is_given(given)))
-    said = _changes(cfg, sized)
+    said = config_changes(cfg, sized, sep=" ")
     if said:
         note = ""
         if "bridge.remote_envs" in given and "pipeline.envs_per_worker" not in given:
             free = apply(cfg, recipe.sizing(apply(cfg, {"bridge.remote_envs": 0}), kind, machine, is_given(
                 {k: v for k, v in given.items() if k != "bridge.remote_envs"})))
-            unlike = _changes(sized.pipeline, free.pipeline, "pipeline.")
+            unlike = config_changes(sized.pipeline, free.pipeline, "pipeline.", " ")
             if unlike:
                 note = (f" (workers of the preset's size, so that --bridge.remote-envs {given['bridge.remote_envs']} "
                         f"makes whole ones; without it {', '.join(unlike)})")
         notes.append(f"seedlocal: sized for this machine ({machine}): {', '.join(said)}{note}; {SIZED}")
     return sized
-
-
-def _changes(old, new, prefix: str = "") -> list[str]:
-    """``field old -> new`` for each option that differs, as a note says it."""
-    return [c.replace(":", "", 1) for c in config_changes(old, new, prefix)]
 
 
 def _check_resume(cfg, resumed: Resumed) -> None:
@@ -281,9 +255,14 @@ def _check_resume(cfg, resumed: Resumed) -> None:
     cfg.budget_spent(resumed.counters)
 
 
-def _checked(recipe: Recipe, cfg, machine: Machine, resumed: Resumed | None, notes: list[str]) -> Prepared:
-    """The checks every family shares, the env described, the shape built (once), the family's own checks."""
+def _checked(recipe: Recipe, cfg, notes: list[str]) -> Prepared:
+    """The checks every family shares, the env described, the shape built (once), the family's own checks, and
+    with ``learners`` > 1 each rank's share."""
     validate_run_options(cfg)
     spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
     recipe.check(cfg, spec, shape)
-    return Prepared(recipe, cfg, spec, kind_of(spec), machine, shape, resumed, tuple(notes))
+    prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, tuple(notes))
+    if cfg.learners > 1:  # ranks that cannot divide its shape and batch, refused before any starts (for_rank)
+        for rank in range(cfg.learners):
+            for_rank(prepared, rank, cfg.learners, cfg)
+    return prepared

@@ -229,19 +229,18 @@ def test_ranks_sample_and_explore_from_streams_of_their_own():
 
 
 def test_a_run_its_ranks_cannot_divide_is_refused_before_any_rank_starts():
-    """What the command line and seedlocal.train ask before they start ranks (``prepare.check_learners``): the
-    run's envs divided among the ranks, and for R2D2 an env left to fill each rank's replay."""
+    """What preparation asks of a run of ranks (``prepare._checked``), before the command line or seedlocal.train
+    starts any: the run's envs divided among the ranks, and for R2D2 an env left to fill each rank's replay."""
     from helpers import prepared
     from seedlocal.errors import ConfigError
-    from seedlocal.prepare import check_learners
     from seedlocal.recipes.r2d2 import R2D2Run
     from seedlocal.recipes.vtrace import VTraceRun
 
-    check_learners(prepared(VTraceRun(learners=4)))  # 2 workers of 8: 1 worker of 4 a rank
+    prepared(VTraceRun(learners=4))  # 2 workers of 8: 1 worker of 4 a rank
     with pytest.raises(ConfigError, match=r"^pipeline.num_workers=2: 2 workers of 8 envs cannot be divided among 3 "):
-        check_learners(prepared(VTraceRun(learners=3)))
+        prepared(VTraceRun(learners=3))
     with pytest.raises(ConfigError) as e:
-        check_learners(prepared(R2D2Run(learners=4)))
+        prepared(R2D2Run(learners=4))
     assert str(e.value) == "algo.eval_envs=4: leaves no env of a learner rank's 4 to fill its replay (4 ranks)"
 
 
@@ -430,7 +429,6 @@ def test_each_rank_takes_its_share_of_workers_cores_and_its_own_bridge_port():
     assert (shape.num_workers, shape.envs_per_worker, shape.num_local_envs, shape.num_envs) == (3, 4, 12, 20)
     assert cfg.pipeline.num_workers == 3 and cfg.algo.batch_size == 4  # the run's own config is untouched
     assert one.config.algo.batch_size == 2  # the run's batch of one group of 4, split: a rank's group of 2
-    assert one.saved_config == cfg  # what its checkpoints hold: the run's
 
     minatar = rank(0, PRESETS["minatar"])  # 2 workers of 32 envs (groups of 16), batch 32
     assert minatar.shape.num_workers == 1

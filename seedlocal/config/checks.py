@@ -6,6 +6,7 @@ need it: an actor host (``seedlocal actors``) reads this module and needs no tor
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import math
 import os
 import typing
@@ -24,23 +25,16 @@ if TYPE_CHECKING:
 THREADS_PER_CORE = 8
 
 
-def _check_choices(cfg) -> None:
-    """Every option with a fixed set of values (a ``Literal``) holds one of them, also where a config was built
-    in Python or read from a checkpoint, which tyro never parsed."""
-    kinds = options_of(type(cfg))
-    for name, value in leaves(cfg).items():
-        if typing.get_origin(kinds[name]) is typing.Literal and value not in typing.get_args(kinds[name]):
-            fail(name, value, "expected " + ", ".join(map(str, typing.get_args(kinds[name]))))
-
-
 def validate_run_options(cfg) -> None:
-    """What every family's run (a ``RunConfig``) shares: numbers that are numbers, and a run folder that can be
-    written."""
+    """What every family's run (a ``RunConfig``) shares: numbers that are numbers, values among their choices,
+    and a run folder that can be written."""
+    kinds = options_of(type(cfg))
     for name, value in leaves(cfg).items():
         if isinstance(value, float) and not math.isfinite(value):
             fail(name, value, "must be a finite number")
-    if getattr(cfg, "log_every_s", 1.0) <= 0:
-        fail("log_every_s", cfg.log_every_s, "must be positive")
+        # A Literal's choices, also where a config was built in Python or read from a checkpoint (tyro never parsed).
+        if typing.get_origin(kinds[name]) is typing.Literal and value not in typing.get_args(kinds[name]):
+            fail(name, value, "expected " + ", ".join(map(str, typing.get_args(kinds[name]))))
     if cfg.env.seed < 0:  # before the run's first line, as every other field
         fail("env.seed", cfg.env.seed, "must be >= 0")
     if cfg.keep_checkpoints < 0:
@@ -53,10 +47,8 @@ def validate_run_options(cfg) -> None:
              "and seedlocal keeps some for its own")
     if cfg.log_dir == "":
         fail("log_dir", "", "must name a folder (e.g. runs)")
-    if getattr(cfg, "checkpoint_every_min", 1.0) <= 0:
-        fail("checkpoint_every_min", cfg.checkpoint_every_min, "must be positive")
-    _check_choices(cfg)
-    if hasattr(cfg, "total_steps"):  # a run counted in steps (V-trace, R2D2)
+    if hasattr(cfg, "total_steps"):  # a run counted in steps, logged and saved by the clock (V-trace, R2D2)
+        fail_if(lambda v: v <= 0, cfg, ("log_every_s", "checkpoint_every_min"), "must be positive")
         fail_if(lambda v: v < 0, cfg, ("total_steps", "seconds"), "must be >= 0")
         if cfg.total_steps == 0 and cfg.seconds == 0:
             fail("total_steps", 0, "with seconds=0 the run would never end; set one budget")
@@ -151,8 +143,8 @@ def resolve_device(value: str) -> torch.device:
 
 def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     """The pipeline's fields besides its sizes, which ``shape.pipeline_shape`` checks as it derives them."""
-    fail_if(lambda v: v < 0, p, ("max_restarts",), "must be >= 0", f"{prefix}.")
-    fail_if(lambda v: v < 1, p, ("inference_threads",), "must be positive", f"{prefix}.")
+    fail_if(lambda v: v < 0, p, ("max_restarts", "batch_timeout_ms"), "must be >= 0", f"{prefix}.")
+    fail_if(lambda v: not v > 0, p, ("inference_threads", "stall_s"), "must be positive", f"{prefix}.")
     fail_if(lambda v: v < 0, p, ("env_threads", "learner_threads"), "must be 0 (automatic) or positive", f"{prefix}.")
     if not (math.isfinite(p.restart_window_s) and p.restart_window_s >= 0):
         fail(f"{prefix}.restart_window_s", p.restart_window_s, "must be >= 0 and finite (0 = the whole run)")
@@ -160,10 +152,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     fail_if(lambda v: v > THREADS_PER_CORE * cores, p, ("env_threads", "learner_threads", "inference_threads"),
             f"more than {THREADS_PER_CORE} per core of this machine's {cores}: threads beyond the cores only wait "
             "for them (and thousands fail to start)", f"{prefix}.")
-    if p.batch_timeout_ms < 0:
-        fail(f"{prefix}.batch_timeout_ms", p.batch_timeout_ms, "must be >= 0")
-    if not p.stall_s > 0:
-        fail(f"{prefix}.stall_s", p.stall_s, "must be positive")
     try:
         device = resolve_device(p.device)
     except ConfigError as e:
@@ -173,8 +161,6 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host in ("", "localhost"):
         return True
     try:
@@ -207,14 +193,12 @@ def bridge_token(token_file: str, field: str = "bridge.token_file") -> str:
     return os.environ.get("SEEDLOCAL_BRIDGE_TOKEN", "").strip()
 
 
-def validate_bridge(b: BridgeConfig, p: PipelineConfig) -> None:
+def validate_bridge(b: BridgeConfig) -> None:
     """The bridge's address, secrets and TLS files (its remote envs are sized by ``shape.pipeline_shape``)."""
     if not b.listen:
         for name in ("remote_envs", "token_file", "tls_cert", "tls_key", "insecure", "handshakes_per_peer"):
             if getattr(b, name) != getattr(BridgeConfig, name):  # would be silently ignored
                 fail(f"bridge.{name}", getattr(b, name), "needs bridge.listen HOST:PORT for actor hosts to connect to")
-        if p.num_workers == 0:
-            fail("pipeline.num_workers", 0, "no env would run: give workers, or bridge.listen and bridge.remote_envs")
         return
     host, _ = split_address("bridge.listen", b.listen, listen=True)
     token = bridge_token(b.token_file)  # read now: a bad path fails before the run starts

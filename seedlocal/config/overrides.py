@@ -123,16 +123,11 @@ def load_pipeline_file(path: str) -> dict:
     except (OSError, ValueError) as e:
         raise ConfigError(f"pipeline_config={path!r}: not readable JSON ({e})") from None
     fields = data.get("pipeline", data) if isinstance(data, dict) else None
-    known = set(PipelineConfig.__dataclass_fields__)
-    if not isinstance(fields, dict) or not fields or set(fields) - known:
-        bad = sorted(set(fields) - known) if isinstance(fields, dict) else data
+    kinds = options_of(PipelineConfig)
+    if not isinstance(fields, dict) or not fields or set(fields) - set(kinds):
+        bad = sorted(set(fields) - set(kinds)) if isinstance(fields, dict) else data
         raise ConfigError(f"pipeline_config={path!r}: expected PipelineConfig fields, got {bad!r}")
-    # Each value must have its field's type (JSON gives int, float, bool, str): a "8" for envs_per_worker would
-    # otherwise fail deep in validation.
-    defaults = PipelineConfig()
-    for name, value in fields.items():
-        want = type(getattr(defaults, name))
-        a_bool = isinstance(value, bool) and want is not bool  # JSON's true is an int to isinstance
-        if a_bool or not isinstance(value, (int, float) if want is float else want):
-            raise ConfigError(f"pipeline_config={path!r}: {name}={value!r} should be a {want.__name__}")
-    return fields
+    try:  # each value of its field's type: a "8" for envs_per_worker would otherwise fail deep in validation
+        return {name: checked(name, value, kinds[name]) for name, value in fields.items()}
+    except ConfigError as e:
+        raise ConfigError(f"pipeline_config={path!r}: {e}") from None

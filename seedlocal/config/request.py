@@ -31,18 +31,16 @@ RENAMED = {f"{old}{name}": f"--network.{name}" for old in ("--algo.", "--") for 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A training run as asked for: nothing in it is derived."""
+    """A training run as asked for: nothing in it is derived. The fields after ``options`` are the command's own
+    options, each described by its --help in ``COMMAND_OPTIONS``."""
 
     family: str
     """the ``seedlocal train`` command (``families.py``)"""
     options: Mapping[str, object]
     """the run config's options that were given, by dotted name (``pipeline.num_workers``), with their values"""
     preset: str = ""
-    """a preset chosen by name; "" = the one made for the env's kind"""
     machine_sizing: bool = True
-    """whether the preset's sizes follow this machine (cores, GPU)"""
     pipeline_config: str = ""
-    """a pipeline file from ``seedlocal bench --autotune`` ("" = none)"""
 
     def __post_init__(self):
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))

@@ -42,19 +42,18 @@ def leaves(obj, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def config_changes(old, new, prefix: str = "") -> list[str]:
-    """``field: old -> new`` for every option that differs between two configs of one class."""
+def config_changes(old, new, prefix: str = "", sep: str = ": ") -> list[str]:
+    """``field: old -> new`` (``sep`` after the field) for every option that differs between two configs of one
+    class."""
     before = leaves(old, prefix)
-    return [f"{name}: {before[name]!r} -> {b!r}" for name, b in leaves(new, prefix).items() if before[name] != b]
+    return [f"{name}{sep}{before[name]!r} -> {b!r}" for name, b in leaves(new, prefix).items() if before[name] != b]
 
 
 def saved_config(cls, saved: dict, path: str):
-    """A checkpoint's saved config as ``cls`` (after ``cls.migrate`` where it has one, for what older runs saved),
+    """A checkpoint's saved config as ``cls`` (a ``RunConfig``, after its ``migrate`` for what older runs saved),
     or CheckpointError naming what is wrong with it."""
     try:
-        if hasattr(cls, "migrate"):
-            saved = cls.migrate(saved)
-        return from_dict(cls, saved)
+        return from_dict(cls, cls.migrate(saved))
     except (TypeError, ValueError, AttributeError, KeyError) as e:  # a checkpoint edited by hand, or damaged
         raise CheckpointError(f"{path}: its saved configuration cannot be read ({type(e).__name__}: {e})") from None
 

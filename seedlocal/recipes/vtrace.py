@@ -34,9 +34,8 @@ UNROLLS_PER_MINIBATCH = 16  # the H200 run's 128 unrolls in 8 minibatches; the 2
 def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
     """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of every
     local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
-    budget: issue 33's H200 run sized so reached +18.1 on Pong at 12.3M frames, past the preset's 10M, where its
-    rate has decayed to 0 (docs/gpu.md). MinAtar's preset on a GPU lets the actors run ahead (algo.sync off).
-    Everything else, and every CPU run, keeps the preset (docs/tuning.md, "Sized to the machine": the figures)."""
+    budget (issue 33's H200 run sized so learned on past where the preset's rate decays to 0: docs/gpu.md);
+    MinAtar's lets its actors run ahead (algo.sync off). Others, and every CPU run, keep the preset (docs/tuning.md)."""
     if not machine.accelerator:
         return {}
     if kind.name == "minatar":
