@@ -67,17 +67,12 @@ def play(policy: Policy, episodes: int, seed: int, max_steps: int,
     """One raw return per episode (each env plays its first episode), and how many of them ``max_steps`` cut
     short. ``ended`` hears each return as its episode ends: what an interrupted eval still has."""
     env = make_group(policy.spec, episodes, 1, seed)
-    in_flight = False
     try:
         act = Acting(policy, episodes)
-        env.reset()
-        obs, _, _, _ = env.recv()
+        obs, *_ = video.step(env)
         returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
         for _ in range(max_steps):
-            env.send(act(obs))
-            in_flight = True
-            obs, reward, terminated, truncated = env.recv()
-            in_flight = False
+            obs, reward, terminated, truncated = video.step(env, act(obs))
             returns += np.where(finished, 0.0, reward)
             now = (terminated | truncated) & ~finished
             finished |= now
@@ -86,8 +81,6 @@ def play(policy: Policy, episodes: int, seed: int, max_steps: int,
             if finished.all():
                 break
     finally:
-        if in_flight:  # Ctrl-C between send and recv: envpool closed with a step in flight can abort the process
-            env.recv()
         env.close()
     return returns, int((~finished).sum())
 

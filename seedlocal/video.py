@@ -12,12 +12,15 @@ renderer.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import math
 import os
 
 import numpy as np
 
+from seedlocal import checkpoint
+from seedlocal.envs.envpool_group import EnvpoolGroup
 from seedlocal.envs.make import make_group
 from seedlocal.spec import EnvSpec
 
@@ -112,6 +115,18 @@ def _cannot_render(spec: EnvSpec, e: BaseException) -> RenderUnavailable:
     return RenderUnavailable(why + "the env must take render_mode='rgb_array' and return frames from render()")
 
 
+def step(env, actions=None) -> tuple:
+    """``env.send(actions)`` (``reset()`` for None), then its ``recv()``, as eval steps: on envpool, which closed
+    with a step in flight can abort the process (and waits for ever in a ``recv()`` with none), Ctrl-C, SIGTERM and
+    SIGHUP wait until both are done. A Gymnasium group steps inside ``send``, which stays interruptible."""
+    with checkpoint.signals_held() if isinstance(env, EnvpoolGroup) else contextlib.nullcontext():
+        if actions is None:
+            env.reset()
+        else:
+            env.send(actions)
+        return env.recv()
+
+
 def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     """Frames of one episode the policy ``act(obs) -> actions`` (keeping its own state, e.g.
     ``pipeline.policy.Acting``) plays, at most ``max_steps`` steps, drawn every k-th step so that they
@@ -129,8 +144,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
             raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     try:
-        env.reset()
-        obs, *_ = env.recv()
+        obs, *_ = step(env)
         if draw is not None:
             try:
                 if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
@@ -144,8 +158,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
             first = _observed(obs)
         frames = Clip([first], fps / every)
         for t in range(1, max_steps):
-            env.send(act(obs))
-            obs, _, te, tr = env.recv()
+            obs, _, te, tr = step(env, act(obs))
             end = bool(te[0] or tr[0]) or t == max_steps - 1
             if t % every == 0 or end:  # the episode's last frame too
                 frames.append(_frame(draw()) if draw is not None else _observed(obs))
