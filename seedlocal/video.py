@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import io
 import math
 import os
@@ -50,8 +51,6 @@ def _headless_gl() -> None:
         return
     backend = os.environ.setdefault("MUJOCO_GL", "egl").lower()
     try:
-        import importlib
-
         # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
         module = importlib.import_module(f"mujoco.{backend}" if backend in ("egl", "osmesa", "glfw") else "mujoco")
         ctx = module.GLContext(480, 480)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 
 import numpy as np
 
@@ -21,8 +22,6 @@ _unseen_mask_said = False  # whether this process said that an env's info gives 
 def quiet_gymnasium() -> None:
     """Silence Gymnasium's per-env-creation warning that a float64 Box bound was cast to float32 (classic control):
     harmless, and printed by every worker at every start. Other warnings stay on."""
-    import warnings
-
     warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")
 
 

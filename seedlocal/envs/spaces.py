@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -185,8 +186,6 @@ def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
 def _close_quietly(env, timeout_s: float = 5.0) -> None:
     """Close the env built only to read its spaces: the spaces are what was wanted, so a ``close()`` that raises
     or hangs must not stop the run."""
-    import threading
-
     def close() -> None:
         with contextlib.suppress(Exception):
             env.close()
