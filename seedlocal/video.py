@@ -144,24 +144,20 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     try:
         obs, *_ = step(env)
-        if draw is not None:
-            try:
-                if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
-                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
-                first = _frame(draw())
-            except RenderUnavailable:
-                raise
-            except Exception as e:
-                raise _cannot_render(spec, e) from None
-        else:
-            first = _observed(obs)
-        frames = Clip([first], fps / every)
+        try:
+            if draw is not None and _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into
+                _headless_gl()  # the caller's OpenGL context, and MuJoCo exits the process if there is none
+            frames = Clip([_frame(draw()) if draw is not None else _observed(obs)], fps / every)
+        except RenderUnavailable:
+            raise
+        except Exception as e:
+            raise _cannot_render(spec, e) from None
         for t in range(1, max_steps):
             obs, _, te, tr = step(env, act(obs))
-            end = bool(te[0] or tr[0]) or t == max_steps - 1
-            if t % every == 0 or end:  # the episode's last frame too
+            end = bool(te[0] or tr[0])
+            if t % every == 0 or end or t == max_steps - 1:  # the episode's last frame too
                 frames.append(_frame(draw()) if draw is not None else _observed(obs))
-            if te[0] or tr[0]:
+            if end:
                 break
     finally:
         env.close()
@@ -170,15 +166,13 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
 
 def _frame(x) -> np.ndarray:
     """A rendered frame as [H, W, 3] uint8 (grey [H, W] widened), or RenderUnavailable for anything else."""
-    f = None if x is None else np.asarray(x)
-    if f is not None and f.dtype == object and f.ndim == 0 and f.item() is None:  # np.asarray(None)
-        x = f = None
-    if f is not None and f.ndim == 3 and f.shape[-1] == 4:
+    f = np.asarray(x)
+    if f.ndim == 3 and f.shape[-1] == 4:
         f = f[..., :3]
-    if f is not None and f.ndim == 2:
+    if f.ndim == 2:
         f = np.repeat(f[..., None], 3, axis=-1)
-    if f is None or f.ndim != 3 or f.shape[-1] != 3 or not f.size or not np.issubdtype(f.dtype, np.number):
-        what = "None" if x is None else f"an array of shape {getattr(f, 'shape', '?')}"
+    if f.ndim != 3 or f.shape[-1] != 3 or not f.size or not np.issubdtype(f.dtype, np.number):
+        what = "None" if f.ndim == 0 and f.item() is None else f"an array of shape {f.shape}"
         raise RenderUnavailable(f"render() returned {what}, not an [H, W, 3] image; the env must take "
                                 "render_mode='rgb_array' and return frames from render()")
     if np.issubdtype(f.dtype, np.floating):  # colours in [0, 1] as matplotlib takes them (MinAtar draws so),
