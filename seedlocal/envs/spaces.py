@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -26,11 +27,8 @@ def validate_env(env: EnvConfig, id_field: str = "env.id") -> EnvSpec:
     """Resolve a config's env id to a spec, or raise the ConfigError that names the field holding it."""
     try:
         spec = describe(env.id, env.backend, env.frame_stack)
-    except ValueError as e:
-        msg = str(e)
-        if msg.startswith("env.id="):
-            msg = id_field + msg[len("env.id"):]
-        raise ConfigError(msg) from None
+    except ValueError as e:  # its own words, naming the field the id came from
+        raise ConfigError(re.sub(r"^env\.id=", f"{id_field}=", str(e))) from None
     return with_box_actions(spec, env.box_actions)
 
 
