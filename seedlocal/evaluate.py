@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -21,6 +21,7 @@ import torch
 
 from seedlocal import checkpoint, families, video
 from seedlocal.config.checks import check_writable, resolve_device
+from seedlocal.config.overrides import apply, flatten
 from seedlocal.errors import fail
 from seedlocal.envs.make import make_group
 from seedlocal.pipeline.policy import Acting, Policy
@@ -208,12 +209,8 @@ def evaluate(checkpoint: str | Path, episodes: int = 10, **options) -> Evaluatio
     ``episodes``. ``options`` are eval's other options by name (``policy``, ``video``, ``device``, ``seed``,
     ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``, ``member``); what the command line refuses in one line is
     raised as a ``SeedlocalError`` with that line."""
-    from seedlocal.config.overrides import apply, flatten
-
-    cfg = apply(EvalConfig(checkpoint=str(checkpoint)), flatten(EvalConfig, {"episodes": episodes, **options}))
-    out = main(cfg)
-    return Evaluation(returns=out["returns"], mean=out["mean"], std=out["std"], policy=out["policy"],
-                      cut_short=out["cut_short"], video=out.get("video"))
+    out = main(apply(EvalConfig(checkpoint=str(checkpoint)), flatten(EvalConfig, {"episodes": episodes, **options})))
+    return Evaluation(**{f.name: out.get(f.name) for f in fields(Evaluation)})  # main's dict, less the member
 
 
 class _CallableModule(types.ModuleType):
