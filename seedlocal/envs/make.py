@@ -26,7 +26,7 @@ class NullGroup:
     """No environment at all (``seedlocal bench``): returns the previous arrays at once, so that a run measures
     the transport's own cost (slots, notification, gather, write-back)."""
 
-    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec):
+    def __init__(self, spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
         self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
         self._reward = np.zeros(envs_per_group, np.float32)
         self._false = np.zeros(envs_per_group, bool)
@@ -48,4 +48,4 @@ def make_group(spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, 
     """``render``: the envs also draw frames for a person (``group.render()``: eval's videos)."""
     quiet_gymnasium()
     cls = {"envpool": EnvpoolGroup, "gymnasium": GymnasiumGroup, "null": NullGroup}[spec.backend]
-    return cls(spec.env_id, envs_per_group, num_threads, seed, spec, **({"render": True} if render else {}))
+    return cls(spec, envs_per_group, num_threads, seed, render)
