@@ -320,9 +320,9 @@ def check_compatible(state: dict, expected: dict, needs: tuple[str, ...] = ()) -
     if missing:
         raise CheckpointError(f"{state.get('path')}: lacks {', '.join(missing)}, so it cannot be resumed "
                               "(damaged, or not written by this trainer)")
-    have = state.get("identity", {})
-    diffs = [f"{k}: checkpoint has {have.get(k, IDENTITY_BEFORE_KEY.get(k))!r}, this run has {v!r}"
-             for k, v in expected.items() if have.get(k, IDENTITY_BEFORE_KEY.get(k)) != v]
+    have = {**IDENTITY_BEFORE_KEY, **state.get("identity", {})}
+    diffs = [f"{k}: checkpoint has {have.get(k)!r}, this run has {v!r}" for k, v in expected.items()
+             if have.get(k) != v]
     if diffs:
         raise CheckpointError(f"{state.get('path')}: incompatible with this configuration; " + "; ".join(diffs))
 

@@ -217,8 +217,7 @@ class _CallableModule(types.ModuleType):
     """``seedlocal.evaluate`` names this module once it is imported (a package's attribute cannot be both the
     submodule and a function), so the module itself is the call: ``seedlocal.evaluate(checkpoint, ...)``."""
 
-    def __call__(self, checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
-        return evaluate(checkpoint, episodes, **options)
+    __call__ = staticmethod(evaluate)
 
 
 sys.modules[__name__].__class__ = _CallableModule

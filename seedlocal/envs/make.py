@@ -31,17 +31,13 @@ class NullGroup:
         self._reward = np.zeros(envs_per_group, np.float32)
         self._false = np.zeros(envs_per_group, bool)
 
-    def reset(self) -> None:
-        pass
+    def send(self, actions=None) -> None:
+        """Nothing to step (nor to reset or close)."""
 
-    def send(self, actions) -> None:
-        pass
+    reset = close = send
 
     def recv(self):
         return self._obs, self._reward, self._false, self._false
-
-    def close(self) -> None:
-        pass
 
 
 def make_group(spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
