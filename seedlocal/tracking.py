@@ -36,13 +36,12 @@ class Tracker:
         import wandb
 
         self._wandb, self.x_axis, self._lock = wandb, x_axis, threading.Lock()
-        rid, resumed = run_id(run_dir)
+        rid, self.resumed = run_id(run_dir)
         self.run = wandb.init(project=project, entity=entity or None, name=Path(run_dir).name, id=rid,
-                              resume="allow" if resumed else None, config=config, dir=str(run_dir),
+                              resume="allow" if self.resumed else None, config=config, dir=str(run_dir),
                               settings=wandb.Settings(console="off", quiet=True, silent=True))
         self.run.define_metric(x_axis)
         self.run.define_metric("*", step_metric=x_axis)
-        self.resumed = resumed
 
     def where(self) -> str:
         """Where the run's W&B data goes, for the run's first lines."""

@@ -53,9 +53,7 @@ def _leaf_spec(space) -> TensorSpec:
         if dtype == "uint8" and space.low.min() >= 0 and space.high.max() <= 1:
             dtype = "bool"
         return TensorSpec(tuple(space.shape), dtype)
-    if isinstance(space, spaces.Discrete):
-        return TensorSpec((), "int64")
-    if isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):
+    if isinstance(space, spaces.Discrete | spaces.MultiBinary | spaces.MultiDiscrete):  # a Discrete's shape is ()
         return TensorSpec(tuple(space.shape), "int64")
     raise ValueError(f"a {type(space).__name__} inside it")
 
