@@ -56,17 +56,16 @@ def register_namespace(env_id: str) -> None:
         return
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group="gymnasium.envs"):
-        if ep.name == namespace:
-            try:
-                register = ep.load()
-                if callable(register):
-                    register()
-            except Exception as e:
-                raise ValueError(f"env.id={env_id!r}: {ep.value} (which registers {namespace}/ ids) failed: "
-                                 f"{type(e).__name__}: {e}") from None
-            _registered.add(namespace)  # once per process: a misspelled id must not register it again
-            return
+    for ep in entry_points(group="gymnasium.envs", name=namespace):
+        try:
+            register = ep.load()
+            if callable(register):
+                register()
+        except Exception as e:
+            raise ValueError(f"env.id={env_id!r}: {ep.value} (which registers {namespace}/ ids) failed: "
+                             f"{type(e).__name__}: {e}") from None
+        _registered.add(namespace)  # once per process: a misspelled id must not register it again
+        return
     if namespace in NAMESPACE_PACKAGES and env_id not in envpool_ids():
         raise ValueError(f"env.id={env_id!r}: {namespace}/ ids need the package {NAMESPACE_PACKAGES[namespace]}")
 
