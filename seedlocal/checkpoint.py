@@ -86,9 +86,10 @@ def lock_run(run_dir: Path):
 
 
 @contextlib.contextmanager
-def _signals_held():
+def signals_held():
     """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after it: an exception raised inside
-    torch.save would abandon a half-written zip and report a crash where the user asked for a clean stop."""
+    torch.save would abandon a half-written zip and report a crash where the user asked for a clean stop (eval holds
+    them over an envpool step the same way: ``video.step``)."""
     held: list[int] = []
     previous = {}
     main = threading.current_thread() is threading.main_thread()  # the only thread that may set handlers
@@ -139,7 +140,7 @@ def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> 
     for stale in folder.glob(".tmp-*.pt"):  # left by a process killed mid-write (the run lock is ours)
         stale.unlink(missing_ok=True)
     path = folder / f"ckpt_{steps:012d}_{frames}.pt"
-    with _signals_held():
+    with signals_held():
         try:
             _write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f))
         except OSError as e:
@@ -319,9 +320,9 @@ def check_compatible(state: dict, expected: dict, needs: tuple[str, ...] = ()) -
     if missing:
         raise CheckpointError(f"{state.get('path')}: lacks {', '.join(missing)}, so it cannot be resumed "
                               "(damaged, or not written by this trainer)")
-    have = state.get("identity", {})
-    diffs = [f"{k}: checkpoint has {have.get(k, IDENTITY_BEFORE_KEY.get(k))!r}, this run has {v!r}"
-             for k, v in expected.items() if have.get(k, IDENTITY_BEFORE_KEY.get(k)) != v]
+    have = {**IDENTITY_BEFORE_KEY, **state.get("identity", {})}
+    diffs = [f"{k}: checkpoint has {have.get(k)!r}, this run has {v!r}" for k, v in expected.items()
+             if have.get(k) != v]
     if diffs:
         raise CheckpointError(f"{state.get('path')}: incompatible with this configuration; " + "; ".join(diffs))
 

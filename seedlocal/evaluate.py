@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -21,6 +21,7 @@ import torch
 
 from seedlocal import checkpoint, families, video
 from seedlocal.config.checks import check_writable, resolve_device
+from seedlocal.config.overrides import apply, flatten
 from seedlocal.errors import fail
 from seedlocal.envs.make import make_group
 from seedlocal.pipeline.policy import Acting, Policy
@@ -67,17 +68,12 @@ def play(policy: Policy, episodes: int, seed: int, max_steps: int,
     """One raw return per episode (each env plays its first episode), and how many of them ``max_steps`` cut
     short. ``ended`` hears each return as its episode ends: what an interrupted eval still has."""
     env = make_group(policy.spec, episodes, 1, seed)
-    in_flight = False
     try:
         act = Acting(policy, episodes)
-        env.reset()
-        obs, _, _, _ = env.recv()
+        obs, *_ = video.step(env)
         returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
         for _ in range(max_steps):
-            env.send(act(obs))
-            in_flight = True
-            obs, reward, terminated, truncated = env.recv()
-            in_flight = False
+            obs, reward, terminated, truncated = video.step(env, act(obs))
             returns += np.where(finished, 0.0, reward)
             now = (terminated | truncated) & ~finished
             finished |= now
@@ -86,8 +82,6 @@ def play(policy: Policy, episodes: int, seed: int, max_steps: int,
             if finished.all():
                 break
     finally:
-        if in_flight:  # Ctrl-C between send and recv: envpool closed with a step in flight can abort the process
-            env.recv()
         env.close()
     return returns, int((~finished).sum())
 
@@ -215,20 +209,15 @@ def evaluate(checkpoint: str | Path, episodes: int = 10, **options) -> Evaluatio
     ``episodes``. ``options`` are eval's other options by name (``policy``, ``video``, ``device``, ``seed``,
     ``max_steps``, ``epsilon``, ``video_max_steps``, ``out``, ``member``); what the command line refuses in one line is
     raised as a ``SeedlocalError`` with that line."""
-    from seedlocal.config.overrides import apply, flatten
-
-    cfg = apply(EvalConfig(checkpoint=str(checkpoint)), flatten(EvalConfig, {"episodes": episodes, **options}))
-    out = main(cfg)
-    return Evaluation(returns=out["returns"], mean=out["mean"], std=out["std"], policy=out["policy"],
-                      cut_short=out["cut_short"], video=out.get("video"))
+    out = main(apply(EvalConfig(checkpoint=str(checkpoint)), flatten(EvalConfig, {"episodes": episodes, **options})))
+    return Evaluation(**{f.name: out.get(f.name) for f in fields(Evaluation)})  # main's dict, less the member
 
 
 class _CallableModule(types.ModuleType):
     """``seedlocal.evaluate`` names this module once it is imported (a package's attribute cannot be both the
     submodule and a function), so the module itself is the call: ``seedlocal.evaluate(checkpoint, ...)``."""
 
-    def __call__(self, checkpoint: str | Path, episodes: int = 10, **options) -> Evaluation:
-        return evaluate(checkpoint, episodes, **options)
+    __call__ = staticmethod(evaluate)
 
 
 sys.modules[__name__].__class__ = _CallableModule

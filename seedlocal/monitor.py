@@ -1,7 +1,7 @@
 """TensorBoard scalars and the one-line terminal progress display.
 
-Metric names are part of the interface; this list is where they are defined.
-The x axis of every scalar is the agent step count (env.step calls).
+Metric names are part of the interface; this list is where they are defined. The x axis of every scalar is the
+agent step count (env.step calls).
 
 charts/episode_return     mean raw return of episodes finished since the last log
 charts/episode_length     their mean length, in steps
@@ -32,8 +32,7 @@ perf/policy_lag           parameter updates between acting and learning (average
 perf/worker_restarts      env workers restarted so far (every trainer logs it; a worker may restart
                           pipeline.max_restarts times within pipeline.restart_window_s)
 
-Neuroevolution (``train ga|es|random-search``) logs once per generation, with
-the generation number as the x axis:
+Neuroevolution (``train ga|es|random-search``) logs once per generation, with the generation number as the x axis:
 
 charts/best_fitness, charts/mean_fitness, charts/median_fitness   over the population
 charts/best_member_return the elite's / ES centre's / best member's mean return on fresh episodes
@@ -49,37 +48,38 @@ perf/worker_restarts      env workers restarted so far
 summary.json's frames (and steps, episodes) add those of a generation the run stopped inside, which its
 checkpoint does not hold (the README's "Neuroevolution" says what its progress line shows meanwhile).
 
-R2D2 (``train r2d2``) logs, against agent steps: charts/episode_return,
-charts/eval_return (the evaluation slots' return, epsilon ``eval_epsilon``),
-charts/episodes, charts/steps_per_s, charts/frames_per_s, charts/replay_ratio;
-losses/loss, losses/grad_norm, losses/td_abs (mean |TD error|), losses/q_mean;
-replay/size, replay/insert_per_s, replay/sample_per_s, replay/priority_mean,
-replay/priority_max, replay/stale_updates_dropped; perf/updates_per_s, perf/worker_restarts.
+R2D2 (``train r2d2``) logs, against agent steps: charts/episode_return, charts/eval_return (the evaluation slots'
+return, epsilon ``eval_epsilon``), charts/episodes, charts/steps_per_s, charts/frames_per_s, charts/replay_ratio;
+losses/loss, losses/grad_norm, losses/td_abs (mean |TD error|), losses/q_mean; replay/size, replay/insert_per_s,
+replay/sample_per_s, replay/priority_mean, replay/priority_max, replay/stale_updates_dropped; perf/updates_per_s,
+perf/worker_restarts.
 
-With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected,
-bridge/disconnects and per actor host bridge/host<N>/steps_per_s, mb_per_s,
-rtt_ms_p50, rtt_ms_p99.
+With a bridge (``--bridge.listen``), every trainer adds bridge/hosts_connected, bridge/disconnects and per actor
+host bridge/host<N>/steps_per_s, mb_per_s, rtt_ms_p50, rtt_ms_p99.
 
 With ``--video-every-min M`` every trainer adds videos/episode, an animated GIF under Images; with ``--track``
 every scalar above goes to Weights & Biases under the same name (docs/tracking.md says both).
 
-Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget,
-target, Ctrl-C or error): algo, env, steps, frames, seconds, the return
-(``mean_return_last20``; ``best_member_return`` for neuroevolution),
-``steps_to_target``/``frames_to_target`` (null unless --stop-at-return was
-reached; V-trace, R2D2 and populations add ``return_at_target``, the 20-episode mean that
-met it: episodes that end while the run stops can leave the final mean below),
-the checkpoint path and ``status`` (done, interrupted, error).
+Every ``train`` command also writes ``<run>/summary.json`` when it ends (budget, target, Ctrl-C or error): algo,
+env, steps, frames, seconds, the return (``mean_return_last20``; ``best_member_return`` for neuroevolution),
+``steps_to_target``/``frames_to_target`` (null unless --stop-at-return was reached; V-trace, R2D2 and populations
+add ``return_at_target``, the 20-episode mean that met it: episodes that end while the run stops can leave the
+final mean below), the checkpoint path and ``status`` (done, interrupted, error).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
+
+from seedlocal.checkpoint import lock_run
+from seedlocal.errors import ConfigError
 
 
 _BUDGETS = {"steps": "step budget spent", "frames": "frame budget spent", "seconds": "time budget spent",
@@ -96,8 +96,6 @@ def nothing_stepped(cfg) -> str:
 def next_commands(algo: str, run_dir, go_on: str = "") -> str:
     """What to type next about a run that has a checkpoint: play it, go on with it (``go_on``: the options
     a resume needs besides the run, e.g. a larger budget), and see its curves."""
-    import shlex
-
     run, log_dir = shlex.quote(str(run_dir)), shlex.quote(str(Path(run_dir).parent))
     return (f"  play it:     seedlocal eval --checkpoint {run}\n"
             f"  go on:       seedlocal train {algo} --resume {run}{go_on}\n"
@@ -130,8 +128,6 @@ def _after_older_event_files(run_dir: Path) -> None:
     TensorBoard reads a run's files in name order. A name holds the second it was made in, then a
     per-process counter that sorts as text (".10" before ".9"): a resume's file made in the same second
     as the run's last one could be read first, and the older steps after it then purge the resume's."""
-    import re
-
     seconds = [int(m.group(1)) for p in run_dir.glob("events.out.tfevents.*")
                if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", p.name))]
     if seconds:  # a file from the future (another machine's clock) is not waited for past a second
@@ -147,8 +143,6 @@ class RunMonitor:
 
         ``tracker`` (a ``tracking.Tracker``, set by the run with ``--track``) gets every scalar written here, and
         at ``close`` the run's ``summary`` (the dict summary.json is written from) and its end."""
-        from seedlocal.checkpoint import lock_run
-
         self.run_dir = Path(run_dir)
         self._lock = lock_run(self.run_dir) if lock else None
         self._new_run = lock and purge_step is None  # a trainer's new run, not a resume or a video
@@ -203,25 +197,18 @@ class RunMonitor:
             return
         tracker, self.tracker = self.tracker, None
         try:
-            if tracker is not None and self.summary:
-                tracker.summary(self.summary)
+            if tracker is not None:
+                tracker.finish(failed or (self.summary or {}).get("status", "done") != "done", self.summary)
         finally:
+            if self._tty and self.progress_enabled:
+                sys.stderr.write("\n")
             try:
-                if tracker is not None:
-                    tracker.finish(failed or (self.summary or {}).get("status", "done") != "done")
+                self.writer.flush()
+                self.writer.close()
             finally:
-                self._close_writer()
-
-    def _close_writer(self) -> None:
-        if self._tty and self.progress_enabled:
-            sys.stderr.write("\n")
-        try:
-            self.writer.flush()
-            self.writer.close()
-        finally:
-            self.writer = None
-            if self._lock is not None:
-                self._lock.close()
+                self.writer = None
+                if self._lock is not None:
+                    self._lock.close()
 
     def __enter__(self) -> "RunMonitor":
         return self
@@ -232,14 +219,10 @@ class RunMonitor:
         if exc is not None and getattr(exc, "seedlocal_run_dir", None) is None:
             exc.seedlocal_run_dir = self.run_dir
         self.close(failed=exc is not None)
-        from seedlocal.errors import ConfigError
-
-        if isinstance(exc, ConfigError) and self._new_run and not self._wrote_scalars:
-            self._remove_empty_run()
-
-    def _remove_empty_run(self) -> None:
-        """A new run refused before it began (e.g. sizes that do not fit in memory) leaves no folder: it would hold
-        only its lock and an events file with the config text, and show in TensorBoard as a run."""
+        if not (isinstance(exc, ConfigError) and self._new_run and not self._wrote_scalars):
+            return
+        # A new run refused before it began (e.g. sizes that do not fit in memory) leaves no folder: it would hold
+        # only its lock and an events file with the config text, and show in TensorBoard as a run.
         files = [f for f in self.run_dir.iterdir() if f not in self._older]  # an earlier dead run's are kept
         if all(f.is_file() and (f.name == ".lock" or f.name.startswith("events.out.tfevents")) for f in files):
             for f in files:

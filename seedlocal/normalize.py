@@ -79,17 +79,10 @@ def normalise(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, clip: fl
 
 def occurrence(ids: np.ndarray) -> np.ndarray:
     """For each entry of ``ids``, how many entries before it hold the same id (0 at an id's first)."""
-    n = len(ids)
-    if not n:
-        return np.empty(0, np.int64)
     order = np.argsort(ids, kind="stable")  # stable: each id's entries stay in their order
     sorted_ids = ids[order]
-    starts = np.empty(n, bool)
-    starts[0] = True
-    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=starts[1:])
-    ranks = np.arange(n)
-    out = np.empty(n, np.int64)
-    out[order] = ranks - np.maximum.accumulate(np.where(starts, ranks, 0))
+    out = np.empty(len(ids), np.int64)
+    out[order] = np.arange(len(ids)) - np.searchsorted(sorted_ids, sorted_ids)  # less the id's first place
     return out
 
 
@@ -127,16 +120,14 @@ class RewardScaler:
             self.returns[ids] = ret
             seen.append(out[counted[:, cols]])
         seen = np.concatenate(seen) if seen else np.empty(0)
-        n, mean, var = float(seen.size), float(seen.mean()) if seen.size else 0.0, float(seen.var()) if seen.size else 0.0
+        n, (mean, var) = float(seen.size), (float(seen.mean()), float(seen.var())) if seen.size else (0.0, 0.0)
         if pool is not None:
-            n, mean_t, var_t = pool(n, torch.tensor([mean], dtype=torch.float64), torch.tensor([var], dtype=torch.float64))
+            n, mean_t, var_t = pool(n, *(torch.tensor([m], dtype=torch.float64) for m in (mean, var)))
             mean, var = float(mean_t[0]), float(var_t[0])
         if n == 0:
             return
-        if self.count == 0:
-            self.count, self.mean, self.var = n, mean, var
-        else:
-            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, mean, var)
+        self.count, self.mean, self.var = (n, mean, var) if self.count == 0 else merge_moments(  # the first: its own
+            self.count, self.mean, self.var, n, mean, var)
 
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.var + self.eps)

@@ -8,6 +8,8 @@ it. wandb is an optional extra; ``config/checks.py`` refuses ``--track`` without
 from __future__ import annotations
 
 import os
+import secrets
+import string
 import threading
 from pathlib import Path
 
@@ -17,9 +19,6 @@ ID_FILE = "wandb_run_id"
 def run_id(run_dir: Path) -> tuple[str, bool]:
     """The W&B run id of ``run_dir`` (kept in its ``wandb_run_id`` file), and whether it was there already
     (a resumed run continues it); a new one is made and written otherwise."""
-    import secrets
-    import string
-
     path = Path(run_dir) / ID_FILE
     saved = path.read_text().strip() if path.exists() else ""
     if saved:
@@ -37,13 +36,12 @@ class Tracker:
         import wandb
 
         self._wandb, self.x_axis, self._lock = wandb, x_axis, threading.Lock()
-        rid, resumed = run_id(run_dir)
+        rid, self.resumed = run_id(run_dir)
         self.run = wandb.init(project=project, entity=entity or None, name=Path(run_dir).name, id=rid,
-                              resume="allow" if resumed else None, config=config, dir=str(run_dir),
+                              resume="allow" if self.resumed else None, config=config, dir=str(run_dir),
                               settings=wandb.Settings(console="off", quiet=True, silent=True))
         self.run.define_metric(x_axis)
         self.run.define_metric("*", step_metric=x_axis)
-        self.resumed = resumed
 
     def where(self) -> str:
         """Where the run's W&B data goes, for the run's first lines."""
@@ -64,14 +62,15 @@ class Tracker:
         with self._lock:
             self.run.log({tag: media, self.x_axis: step})
 
-    def summary(self, summary: dict) -> None:
-        with self._lock:
-            self.run.summary.update({k: v for k, v in summary.items() if v is not None})
-
-    def finish(self, failed: bool) -> None:
-        """End the W&B run (exit code 1 when the run stopped on an error or Ctrl-C) and its service process."""
+    def finish(self, failed: bool, summary: dict | None = None) -> None:
+        """Hand over the run's ``summary`` (summary.json's dict), then end the W&B run (exit code 1 when the run
+        stopped on an error or Ctrl-C) and its service process, whatever failed before."""
         with self._lock:
             try:
-                self.run.finish(exit_code=1 if failed else 0)
+                if summary:
+                    self.run.summary.update({k: v for k, v in summary.items() if v is not None})
             finally:
-                self._wandb.teardown()
+                try:
+                    self.run.finish(exit_code=1 if failed else 0)
+                finally:
+                    self._wandb.teardown()

@@ -12,12 +12,16 @@ renderer.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib
 import io
 import math
 import os
 
 import numpy as np
 
+from seedlocal import checkpoint
+from seedlocal.envs.envpool_group import EnvpoolGroup
 from seedlocal.envs.make import make_group
 from seedlocal.spec import EnvSpec
 
@@ -47,8 +51,6 @@ def _headless_gl() -> None:
         return
     backend = os.environ.setdefault("MUJOCO_GL", "egl").lower()
     try:
-        import importlib
-
         # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
         module = importlib.import_module(f"mujoco.{backend}" if backend in ("egl", "osmesa", "glfw") else "mujoco")
         ctx = module.GLContext(480, 480)
@@ -112,6 +114,18 @@ def _cannot_render(spec: EnvSpec, e: BaseException) -> RenderUnavailable:
     return RenderUnavailable(why + "the env must take render_mode='rgb_array' and return frames from render()")
 
 
+def step(env, actions=None) -> tuple:
+    """``env.send(actions)`` (``reset()`` for None), then its ``recv()``, as eval steps: on envpool, which closed
+    with a step in flight can abort the process (and waits for ever in a ``recv()`` with none), Ctrl-C, SIGTERM and
+    SIGHUP wait until both are done. A Gymnasium group steps inside ``send``, which stays interruptible."""
+    with checkpoint.signals_held() if isinstance(env, EnvpoolGroup) else contextlib.nullcontext():
+        if actions is None:
+            env.reset()
+        else:
+            env.send(actions)
+        return env.recv()
+
+
 def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     """Frames of one episode the policy ``act(obs) -> actions`` (keeping its own state, e.g.
     ``pipeline.policy.Acting``) plays, at most ``max_steps`` steps, drawn every k-th step so that they
@@ -129,27 +143,21 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
             raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     try:
-        env.reset()
-        obs, *_ = env.recv()
-        if draw is not None:
-            try:
-                if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
-                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
-                first = _frame(draw())
-            except RenderUnavailable:
-                raise
-            except Exception as e:
-                raise _cannot_render(spec, e) from None
-        else:
-            first = _observed(obs)
-        frames = Clip([first], fps / every)
+        obs, *_ = step(env)
+        try:
+            if draw is not None and _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into
+                _headless_gl()  # the caller's OpenGL context, and MuJoCo exits the process if there is none
+            frames = Clip([_frame(draw()) if draw is not None else _observed(obs)], fps / every)
+        except RenderUnavailable:
+            raise
+        except Exception as e:
+            raise _cannot_render(spec, e) from None
         for t in range(1, max_steps):
-            env.send(act(obs))
-            obs, _, te, tr = env.recv()
-            end = bool(te[0] or tr[0]) or t == max_steps - 1
-            if t % every == 0 or end:  # the episode's last frame too
+            obs, _, te, tr = step(env, act(obs))
+            end = bool(te[0] or tr[0])
+            if t % every == 0 or end or t == max_steps - 1:  # the episode's last frame too
                 frames.append(_frame(draw()) if draw is not None else _observed(obs))
-            if te[0] or tr[0]:
+            if end:
                 break
     finally:
         env.close()
@@ -158,15 +166,13 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
 
 def _frame(x) -> np.ndarray:
     """A rendered frame as [H, W, 3] uint8 (grey [H, W] widened), or RenderUnavailable for anything else."""
-    f = None if x is None else np.asarray(x)
-    if f is not None and f.dtype == object and f.ndim == 0 and f.item() is None:  # np.asarray(None)
-        x = f = None
-    if f is not None and f.ndim == 3 and f.shape[-1] == 4:
+    f = np.asarray(x)
+    if f.ndim == 3 and f.shape[-1] == 4:
         f = f[..., :3]
-    if f is not None and f.ndim == 2:
+    if f.ndim == 2:
         f = np.repeat(f[..., None], 3, axis=-1)
-    if f is None or f.ndim != 3 or f.shape[-1] != 3 or not f.size or not np.issubdtype(f.dtype, np.number):
-        what = "None" if x is None else f"an array of shape {getattr(f, 'shape', '?')}"
+    if f.ndim != 3 or f.shape[-1] != 3 or not f.size or not np.issubdtype(f.dtype, np.number):
+        what = "None" if f.ndim == 0 and f.item() is None else f"an array of shape {f.shape}"
         raise RenderUnavailable(f"render() returned {what}, not an [H, W, 3] image; the env must take "
                                 "render_mode='rgb_array' and return frames from render()")
     if np.issubdtype(f.dtype, np.floating):  # colours in [0, 1] as matplotlib takes them (MinAtar draws so),

@@ -201,7 +201,7 @@ def _group(env_id: str, n: int = 2):
     from seedlocal.envs.spaces import describe
 
     spec = describe(f"faulty_envs:{env_id}")  # imports the module, which registers the ids
-    return GymnasiumGroup(env_id, n, 1, 0, spec), spec
+    return GymnasiumGroup(spec, n, 1, 0), spec
 
 
 @pytest.mark.parametrize("env_id, message", [
@@ -222,7 +222,7 @@ def test_contract_breaks_after_the_first_step_are_named(env_id, message):
         for _ in range(5):
             group.send(actions)
             group.recv()
-    assert str(e.value).startswith(message), e.value
+    assert str(e.value).startswith(f"faulty_envs:{message}"), e.value  # the id as the run names it
 
 
 def test_integer_box_actions_reach_the_env_rounded_in_its_dtype():
@@ -255,7 +255,7 @@ def test_an_env_whose_close_raises_is_named_once_and_the_others_are_closed(capsy
     group.close()
     assert faulty_envs.CloseRaises.closed == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["seedlocal: CloseRaises-v0: close() raised in 3 of 3 envs (RuntimeError: close failed); "
+    assert err == ["seedlocal: faulty_envs:CloseRaises-v0: close() raised in 3 of 3 envs (RuntimeError: close failed); "
                    "ignored"], err
 
 

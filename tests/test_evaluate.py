@@ -6,6 +6,7 @@ device, actions come back to the host."""
 from __future__ import annotations
 
 import copy
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from seedlocal import checkpoint, families
+from seedlocal.envs.envpool_group import EnvpoolGroup
 from seedlocal.errors import ConfigError
 from seedlocal.evaluate import Acting, play, policy_of
 from seedlocal.policies.actor_critic import ModelPolicy
@@ -236,3 +238,64 @@ def test_a_neuroevolution_checkpoint_plays_the_returns_it_played_before():
         played, cut = play(policy_of(_state(name), torch.device("cpu"), greedy=True), episodes=8, seed=1,
                            max_steps=500)
         assert played.tolist() == returns and cut == 0, name
+
+
+class _InterruptedPool(EnvpoolGroup):
+    """envpool as eval steps it, with a Ctrl-C landing as its ``at``-th call (reset, send or recv) returns: where
+    CPython runs the handler of a signal that came during a C call. It keeps whether a step is in flight."""
+
+    def __init__(self, spec, envs: int, at: int):
+        self.obs = {k: np.zeros((envs,) + s.shape, s.dtype) for k, s in spec.obs.items()}
+        self.zeros, self.ended = np.zeros(envs, np.float32), np.zeros(envs, bool)
+        self.at, self.calls, self.in_flight, self.closed_in_flight = at, 0, False, None
+
+    def _called(self, in_flight: bool) -> None:
+        self.in_flight, self.calls = in_flight, self.calls + 1
+        if self.calls - 1 == self.at:
+            signal.raise_signal(signal.SIGINT)
+
+    def reset(self) -> None:
+        self.send(None)
+
+    def send(self, actions) -> None:
+        assert not self.in_flight, "a second step sent"
+        self._called(True)
+
+    def recv(self):
+        assert self.in_flight, "recv() with no step in flight: envpool would wait for ever"
+        self._called(False)
+        return self.obs, self.zeros, self.ended, self.ended
+
+    def render(self) -> np.ndarray:
+        return np.zeros((40, 40, 3), np.uint8)
+
+    def close(self) -> None:
+        self.closed_in_flight = self.in_flight
+
+
+@pytest.mark.parametrize("at", range(4))  # the reset, its recv, a step's send, its recv
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_ctrl_c_as_an_envpool_call_returns_leaves_no_step_in_flight(at, recorded, monkeypatch):
+    """envpool closed with a step in flight can abort the process, and a recv() with none waits for ever: a Ctrl-C
+    between a call and eval's own note of it must not leave either to the cleanup, in the scored episodes
+    (``play``) nor in the video's (``video.record``)."""
+    from seedlocal import evaluate, video
+
+    pools = []
+
+    def make_group(spec, envs, threads, seed, render=False):
+        pools.append(_InterruptedPool(spec, envs, at))
+        return pools[-1]
+
+    monkeypatch.setattr(video if recorded else evaluate, "make_group", make_group)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the CLI, whatever runs the tests
+    policy = policy_of(_state("vtrace"), torch.device("cpu"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if recorded:
+                video.record(Acting(policy, 1), policy.spec, 1, 50)
+            else:
+                play(policy, episodes=3, seed=1, max_steps=50)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert pools[0].closed_in_flight is False

@@ -84,7 +84,7 @@ def _episodes(env_id: str, n: int, steps: tuple[int, ...], seed: int) -> list[Se
     worker's new envs would too: here the same ones reset, so that both stay in lockstep)."""
     import envpool
 
-    single = EnvpoolGroup(env_id, n, 1, seed, describe(env_id, "envpool", 1))
+    single = EnvpoolGroup(describe(env_id, "envpool", 1), n, 1, seed)
     stack = envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=n, num_threads=1, seed=seed,
                          stack_num=4)
     assert not stack.config["episodic_life"] and not single._env.config["episodic_life"]

@@ -80,7 +80,8 @@ def test_a_namespace_package_that_fails_to_register_is_named(monkeypatch):
 
     import importlib.metadata
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()])
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group, name: [Broken()] if name == Broken.name else [])
     with pytest.raises(ValueError, match=r"brokengames.gym:register_envs \(which registers BrokenGames/ ids\) "
                                          r"failed: RuntimeError: no ROMs"):
         register_namespace("BrokenGames/Pong-v0")

@@ -14,15 +14,12 @@ def stack_kw(frame_stack: int) -> dict:
 
 
 class EnvpoolGroup:
-    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
-                 render: bool = False):
+    def __init__(self, spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
         import envpool
 
-        self._env = envpool.make(
-            env_id, env_type="gymnasium", num_envs=envs_per_group, batch_size=envs_per_group,
-            num_threads=num_threads, seed=seed, **stack_kw(spec.frame_stack),
-            **({"render_mode": "rgb_array"} if render else {}),
-        )
+        self._env = envpool.make(spec.env_id, env_type="gymnasium", num_envs=envs_per_group, batch_size=envs_per_group,
+                                 num_threads=num_threads, seed=seed, **stack_kw(spec.frame_stack),
+                                 **({"render_mode": "rgb_array"} if render else {}))
         self._dict_obs = len(spec.obs) > 1 or "" not in spec.obs
         self._bounds = action_bounds(spec)
 

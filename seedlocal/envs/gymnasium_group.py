@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 
 import numpy as np
 
@@ -21,20 +22,17 @@ _unseen_mask_said = False  # whether this process said that an env's info gives 
 def quiet_gymnasium() -> None:
     """Silence Gymnasium's per-env-creation warning that a float64 Box bound was cast to float32 (classic control):
     harmless, and printed by every worker at every start. Other warnings stay on."""
-    import warnings
-
     warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32.*")
 
 
 class GymnasiumGroup:
-    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec,
-                 render: bool = False):
+    def __init__(self, spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
         import gymnasium
 
-        register_namespace(env_id)
-        self._envs = [gymnasium.make(env_id, **({"render_mode": "rgb_array"} if render else {}))
+        register_namespace(spec.env_id)
+        self._envs = [gymnasium.make(spec.env_id, **({"render_mode": "rgb_array"} if render else {}))
                       for _ in range(envs_per_group)]
-        self._id, self._seed, self._start = env_id, seed, spec.action_start
+        self._id, self._seed, self._start = spec.env_id, seed, spec.action_start
         self._bounds = action_bounds(spec)
         self._keys = list(spec.obs)
         self._plain = "" in spec.obs  # not a Dict space (an info mask may sit beside it)

@@ -5,6 +5,8 @@ Refusals name ``env.id`` or ``env.backend`` and, for an unknown id, the ids it m
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
 
 
 BACKENDS = ("auto", "envpool", "gymnasium", "null")
@@ -54,17 +56,16 @@ def register_namespace(env_id: str) -> None:
         return
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group="gymnasium.envs"):
-        if ep.name == namespace:
-            try:
-                register = ep.load()
-                if callable(register):
-                    register()
-            except Exception as e:
-                raise ValueError(f"env.id={env_id!r}: {ep.value} (which registers {namespace}/ ids) failed: "
-                                 f"{type(e).__name__}: {e}") from None
-            _registered.add(namespace)  # once per process: a misspelled id must not register it again
-            return
+    for ep in entry_points(group="gymnasium.envs", name=namespace):
+        try:
+            register = ep.load()
+            if callable(register):
+                register()
+        except Exception as e:
+            raise ValueError(f"env.id={env_id!r}: {ep.value} (which registers {namespace}/ ids) failed: "
+                             f"{type(e).__name__}: {e}") from None
+        _registered.add(namespace)  # once per process: a misspelled id must not register it again
+        return
     if namespace in NAMESPACE_PACKAGES and env_id not in envpool_ids():
         raise ValueError(f"env.id={env_id!r}: {namespace}/ ids need the package {NAMESPACE_PACKAGES[namespace]}")
 
@@ -76,8 +77,6 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     if backend not in BACKENDS:
         raise ValueError(f"env.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
     if ":" in env_id:  # a user's own Gymnasium env, registered by its module
-        import importlib
-
         module, _, name = env_id.partition(":")
         try:
             importlib.import_module(module)
@@ -114,8 +113,6 @@ def registered_in_main(env_id: str) -> bool:
     """Whether the Gymnasium id's entry point lives in ``__main__`` (a script, notebook or ``python -``'s own
     code), which an env worker process sees only if that code has a file it runs again, and then only the part
     outside its ``if __name__ == "__main__":`` block."""
-    import sys
-
     gymnasium = sys.modules.get("gymnasium")
     if gymnasium is None:  # never imported here: nothing registered in this process
         return False

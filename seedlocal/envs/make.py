@@ -26,26 +26,22 @@ class NullGroup:
     """No environment at all (``seedlocal bench``): returns the previous arrays at once, so that a run measures
     the transport's own cost (slots, notification, gather, write-back)."""
 
-    def __init__(self, env_id: str, envs_per_group: int, num_threads: int, seed: int, spec: EnvSpec):
+    def __init__(self, spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
         self._obs = {k: np.zeros((envs_per_group,) + s.shape, s.dtype) for k, s in spec.obs.items()}
         self._reward = np.zeros(envs_per_group, np.float32)
         self._false = np.zeros(envs_per_group, bool)
 
-    def reset(self) -> None:
-        pass
+    def send(self, actions=None) -> None:
+        """Nothing to step (nor to reset or close)."""
 
-    def send(self, actions) -> None:
-        pass
+    reset = close = send
 
     def recv(self):
         return self._obs, self._reward, self._false, self._false
-
-    def close(self) -> None:
-        pass
 
 
 def make_group(spec: EnvSpec, envs_per_group: int, num_threads: int, seed: int, render: bool = False):
     """``render``: the envs also draw frames for a person (``group.render()``: eval's videos)."""
     quiet_gymnasium()
     cls = {"envpool": EnvpoolGroup, "gymnasium": GymnasiumGroup, "null": NullGroup}[spec.backend]
-    return cls(spec.env_id, envs_per_group, num_threads, seed, spec, **({"render": True} if render else {}))
+    return cls(spec, envs_per_group, num_threads, seed, render)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,11 +27,8 @@ def validate_env(env: EnvConfig, id_field: str = "env.id") -> EnvSpec:
     """Resolve a config's env id to a spec, or raise the ConfigError that names the field holding it."""
     try:
         spec = describe(env.id, env.backend, env.frame_stack)
-    except ValueError as e:
-        msg = str(e)
-        if msg.startswith("env.id="):
-            msg = id_field + msg[len("env.id"):]
-        raise ConfigError(msg) from None
+    except ValueError as e:  # its own words, naming the field the id came from
+        raise ConfigError(re.sub(r"^env\.id=", f"{id_field}=", str(e))) from None
     return with_box_actions(spec, env.box_actions)
 
 
@@ -54,9 +53,7 @@ def _leaf_spec(space) -> TensorSpec:
         if dtype == "uint8" and space.low.min() >= 0 and space.high.max() <= 1:
             dtype = "bool"
         return TensorSpec(tuple(space.shape), dtype)
-    if isinstance(space, spaces.Discrete):
-        return TensorSpec((), "int64")
-    if isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):
+    if isinstance(space, spaces.Discrete | spaces.MultiBinary | spaces.MultiDiscrete):  # a Discrete's shape is ()
         return TensorSpec(tuple(space.shape), "int64")
     raise ValueError(f"a {type(space).__name__} inside it")
 
@@ -185,8 +182,6 @@ def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
 def _close_quietly(env, timeout_s: float = 5.0) -> None:
     """Close the env built only to read its spaces: the spaces are what was wanted, so a ``close()`` that raises
     or hangs must not stop the run."""
-    import threading
-
     def close() -> None:
         with contextlib.suppress(Exception):
             env.close()
