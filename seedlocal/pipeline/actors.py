@@ -21,7 +21,7 @@ from seedlocal.envs.ids import main_registration_problem, registered_in_main
 from seedlocal.envs.make import wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import PipelineShape
-from seedlocal.shm.arrays import SharedArrays, record_semaphores
+from seedlocal.shm.arrays import record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_text
 
