@@ -933,6 +933,32 @@ def test_vtrace_learns_cartpole_with_every_env_remote(tmp_path):
         assert tag in tags, tag
 
 
+@pytest.mark.parametrize("family, options", [("r2d2", {}), ("vtrace", {"population": {"size": 2}})],
+                         ids=["r2d2", "population"])
+def test_r2d2_and_a_population_serve_remote_envs_and_log_the_bridges_curves(tmp_path, family, options):
+    """Every env on an actor host. R2D2 and the population learners wrote their own scalars without the
+    ``bridge/`` ones that V-trace and neuroevolution added (monitor.py says every trainer logs them); now every
+    trainer's scalars pass through ``Run.scalars``, which adds them."""
+    import seedlocal
+    from test_train_vtrace import scalars
+
+    port = free_port()
+    host = actors(port, "--retry-s", "60")
+    try:
+        summary = seedlocal.train(family, env={"id": "CartPole-v1"}, total_steps=4000, log_dir=str(tmp_path),
+                                  run_name="br", progress=False, log_every_s=0.2, **options,
+                                  pipeline={"num_workers": 0, "envs_per_worker": 8},
+                                  bridge={"listen": f"127.0.0.1:{port}", "remote_envs": 16})
+    finally:
+        out = finish(host)
+    assert summary.status == "done" and summary.steps >= 4000, summary
+    assert host.returncode == 0, out
+    tags, _ = scalars(tmp_path / "br")
+    for tag in ("bridge/hosts_connected", "bridge/disconnects", "bridge/host0/steps_per_s",
+                "bridge/host0/mb_per_s", "bridge/host0/rtt_ms_p50", "bridge/host0/rtt_ms_p99"):
+        assert tag in tags, tag
+
+
 def test_an_actor_host_starts_without_torch():
     """An actor host only steps envs: ``seedlocal actors`` imports no torch, which took 3-4 s of a host's start
     here (and made a host joining a short run late) when the run's preparation pulled it in."""

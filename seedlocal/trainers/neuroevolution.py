@@ -249,10 +249,8 @@ class NeuroevoTrainer(Trainer):
     save_due = log_due
 
     def log(self, run: Run, now: float, last: bool = False) -> None:
-        v = dict(self.values)
-        if run.meter is not None:
-            v.update(run.meter.scalars())
-        run.monitor.scalars(self.counters["generation"], v)
+        v = self.values
+        run.scalars(self.counters["generation"], v)
         run.monitor.progress(
             f"gen {self.counters['generation']:>4d}  best {v['charts/best_fitness']:8.1f}  "
             f"mean {v['charts/mean_fitness']:8.1f}  best member {v['charts/best_member_return']:8.1f}  "

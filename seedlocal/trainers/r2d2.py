@@ -228,7 +228,7 @@ class R2D2Trainer(StepTrainer):
         # Reset first: an interval is written once, whatever follows.
         self.log_steps, self.acc, self.sampled_p = step_now, {}, []
         self.inserted0, self.log_updates, self.logged_episodes = r.added, c["updates"], c["episodes"]
-        run.monitor.scalars(step_now, values)
+        run.scalars(step_now, values)
         if last:
             return
         shown = f"{ev:7.1f}" if ev is not None else "      -"

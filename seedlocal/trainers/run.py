@@ -266,6 +266,11 @@ class Run:
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
 
+    def scalars(self, step: int, values: dict) -> None:
+        """A trainer's scalars to TensorBoard (and W&B), with the bridge's when actor hosts serve this run: every
+        trainer's ``log`` writes through here, so none can leave the ``bridge/`` curves out."""
+        self.monitor.scalars(step, values if self.meter is None else {**values, **self.meter.scalars()})
+
     def no_host_yet(self, now: float) -> None:
         """Once, 3 x ``pipeline.stall_s`` in (30 s): remote groups that no actor host has taken while the local
         envs keep the run going (where the trainer waits for data, ``waiting`` says so every 10 s)."""

@@ -177,8 +177,6 @@ class VTraceTrainer(VTraceLearning):
 
     def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
         values = {"charts/learning_rate": self.lr}
-        if run.meter is not None and rates:
-            values.update(run.meter.scalars())
         if self.ranks.world > 1:
             values.update(self._all_ranks_episodes())
         return values

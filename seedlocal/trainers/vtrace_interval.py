@@ -160,7 +160,7 @@ class VTraceLearning(StepTrainer):
         values["charts/episodes"] = self.counters["episodes"]
         values.update(self._scalars(run, step_now, rates))
         iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
-        run.monitor.scalars(step_now, values)
+        run.scalars(step_now, values)
         if not last:
             run.monitor.progress(self._progress(step_now, values))
 
