@@ -45,7 +45,10 @@ def test_learning_mode_runs_the_vtrace_learner():
     assert r["num_workers"] == 2 and r["envs_per_worker"] == 8  # the CartPole training preset's sizes
     assert r["learning_steps_per_s"] >= 0 and r["learning_detail"]["updates_per_s"] >= 0
     assert abs(r["ratio_learning"] - r["learning_steps_per_s"] / r["raw_best_steps_per_s"]) < 1e-6
-    assert 0.0 <= r["learning_detail"]["learner_wait_share"] <= 1.0
+    # The run is time-boxed: on a loaded box it can end before its workers step or its first full interval. Its
+    # ratio is then 0.0 (it was None, and the subtraction above failed) and it may have no wait share to give.
+    share = r["learning_detail"]["learner_wait_share"]
+    assert share is None or 0.0 <= share <= 1.0
     assert "V-trace learner" in text
     assert r["learning_detail"]["batch_size"] == 4 and r["learning_detail"]["batch_size_why"] == "the preset's 4"
 

@@ -326,8 +326,8 @@ def _measure_all(cfg: BenchConfig, pipe_cfg: PipelineConfig, spec, raw: RawEnvpo
     if cfg.learning:
         lr = learning_run(cfg, pipe_cfg)
         best = result.get("raw_best_steps_per_s")
-        ratio = lr["learning_steps_per_s"] / best if best and lr["learning_steps_per_s"] else None
-        rows.append(("seedlocal, V-trace learner training", lr["learning_steps_per_s"] or 0.0, ratio,
+        ratio = lr["learning_steps_per_s"] / best if best else None  # 0.0 from a run that made no step in time
+        rows.append(("seedlocal, V-trace learner training", lr["learning_steps_per_s"], ratio,
                      f"learner waits {lr['learner_wait_share'] or 0:.0%}, workers wait "
                      f"{lr['worker_wait_share'] or 0:.0%}, {lr['updates_per_s']:.1f} updates/s of "
                      f"{lr['batch_size']} x {lr['unroll_length']} ({lr['batch_size_why']})"))
