@@ -86,15 +86,17 @@ def lock_run(run_dir: Path):
 
 
 @contextlib.contextmanager
-def signals_held():
+def signals_held(handled_only: bool = False):
     """Ctrl-C, SIGTERM or SIGHUP arriving mid-write is acted on right after it: an exception raised inside
     torch.save would abandon a half-written zip and report a crash where the user asked for a clean stop (eval holds
-    them over an envpool step the same way: ``video.step``)."""
+    them over an envpool step the same way: ``video.step``). ``handled_only``: hold only the signals a Python
+    handler takes, so that one left to its default action still ends the process at once."""
     held: list[int] = []
     previous = {}
     main = threading.current_thread() is threading.main_thread()  # the only thread that may set handlers
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main else ():
-        if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+        handler = signal.getsignal(sig)
+        if callable(handler) or (handler is signal.SIG_DFL and not handled_only):
             previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
         yield

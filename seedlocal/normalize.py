@@ -120,14 +120,18 @@ class RewardScaler:
             self.returns[ids] = ret
             seen.append(out[counted[:, cols]])
         seen = np.concatenate(seen) if seen else np.empty(0)
-        n, (mean, var) = float(seen.size), (float(seen.mean()), float(seen.var())) if seen.size else (0.0, 0.0)
+        n = float(seen.size)
+        mean, var = (float(seen.mean()), float(seen.var())) if seen.size else (0.0, 0.0)
         if pool is not None:
-            n, mean_t, var_t = pool(n, *(torch.tensor([m], dtype=torch.float64) for m in (mean, var)))
+            mean_t, var_t = (torch.tensor([x], dtype=torch.float64) for x in (mean, var))
+            n, mean_t, var_t = pool(n, mean_t, var_t)
             mean, var = float(mean_t[0]), float(var_t[0])
         if n == 0:
             return
-        self.count, self.mean, self.var = (n, mean, var) if self.count == 0 else merge_moments(  # the first: its own
-            self.count, self.mean, self.var, n, mean, var)
+        if self.count == 0:
+            self.count, self.mean, self.var = n, mean, var
+        else:
+            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, mean, var)
 
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.var + self.eps)

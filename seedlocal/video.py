@@ -117,8 +117,10 @@ def _cannot_render(spec: EnvSpec, e: BaseException) -> RenderUnavailable:
 def step(env, actions=None) -> tuple:
     """``env.send(actions)`` (``reset()`` for None), then its ``recv()``, as eval steps: on envpool, which closed
     with a step in flight can abort the process (and waits for ever in a ``recv()`` with none), Ctrl-C, SIGTERM and
-    SIGHUP wait until both are done. A Gymnasium group steps inside ``send``, which stays interruptible."""
-    with checkpoint.signals_held() if isinstance(env, EnvpoolGroup) else contextlib.nullcontext():
+    SIGHUP wait until both are done where Python handles them (a signal left to its default action still ends the
+    process at once, as ``kill`` should a hung eval). A Gymnasium group steps inside ``send``, which stays
+    interruptible."""
+    with checkpoint.signals_held(handled_only=True) if isinstance(env, EnvpoolGroup) else contextlib.nullcontext():
         if actions is None:
             env.reset()
         else:
@@ -144,14 +146,18 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     try:
         obs, *_ = step(env)
-        try:
-            if draw is not None and _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into
-                _headless_gl()  # the caller's OpenGL context, and MuJoCo exits the process if there is none
-            frames = Clip([_frame(draw()) if draw is not None else _observed(obs)], fps / every)
-        except RenderUnavailable:
-            raise
-        except Exception as e:
-            raise _cannot_render(spec, e) from None
+        if draw is not None:
+            try:
+                if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
+                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
+                first = _frame(draw())
+            except RenderUnavailable:
+                raise
+            except Exception as e:
+                raise _cannot_render(spec, e) from None
+        else:
+            first = _observed(obs)
+        frames = Clip([first], fps / every)
         for t in range(1, max_steps):
             obs, _, te, tr = step(env, act(obs))
             end = bool(te[0] or tr[0])

@@ -299,3 +299,23 @@ def test_a_ctrl_c_as_an_envpool_call_returns_leaves_no_step_in_flight(at, record
     finally:
         signal.signal(signal.SIGINT, previous)
     assert pools[0].closed_in_flight is False
+
+
+def test_an_envpool_step_holds_only_the_signals_python_handles():
+    """``video.step`` holds Ctrl-C over an envpool call, but a SIGTERM left to its default action (a library user's
+    process) must still end the process at once: eval's recv can hang, and ``kill`` is how a user ends it."""
+    from seedlocal.checkpoint import signals_held
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with signals_held(handled_only=True):
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # left alone
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # held
+        with signals_held():  # a checkpoint's write holds a default-action SIGTERM too (it is short)
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

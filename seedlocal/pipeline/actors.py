@@ -21,7 +21,7 @@ from seedlocal.envs.ids import main_registration_problem, registered_in_main
 from seedlocal.envs.make import wrap_seed
 from seedlocal.pipeline.worker import CONTRACT_EXIT, WorkerArgs, run_worker
 from seedlocal.shape import PipelineShape
-from seedlocal.shm.arrays import record_semaphores
+from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_text
 
@@ -107,7 +107,9 @@ class ActorPool:
         self.errors_file, self._shown_traceback = errors_file, False
         self._envpool = spec.backend == "envpool"  # whether the workers' forkserver preloads envpool (envs/make.py)
         self._ctx = worker_context(self._envpool)
-        self.control = self.store = self.semaphores = None  # SharedArrays, None once closed
+        self.control: SharedArrays | None = None  # each None once closed
+        self.store: SharedArrays | None = None
+        self.semaphores: SharedArrays | None = None
         self.procs: list[mp.Process | None] = [None] * num_workers
         self.restarts = [0] * num_workers
         self._restarted_at: list[list[float]] = [[] for _ in range(num_workers)]  # monotonic times, per worker

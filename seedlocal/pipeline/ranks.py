@@ -1,13 +1,23 @@
 """Data-parallel learner ranks on one box, on torch.distributed (docs/distributed.md).
 
-G ranks are G copies of the single-process run (own workers, inference loop, learner, share of the envs and
-seeds) that meet in collectives only where the update must be the same everywhere: the start's parameters
-(``broadcast_``), each update's gradients, weighted by each rank's valid rows so that G half-batches give the whole
-batch's gradient (``average_gradients``), the statistics that shape it (``pool_moments``, ``masked_moments``) and,
-once per update, whether to stop (``sum``: no rank stops alone, leaving the others in a collective). Host scalars go
-over a CPU group (``scalar_group``). ``Solo`` is one process: every method returns its input, no torch.distributed
-call. A peer that dies or hangs fails the next collective (at once, or after ``--dist-timeout-s``): ``PeerLost``,
-one line naming the rank. ``launch`` is ``--learners G`` without torchrun.
+A run of G ranks is G copies of the single-process run: each rank has its own env workers, inference loop, learner
+and share of the envs (its own env seeds), and they meet in collectives only where the update must be the same
+everywhere:
+
+* the parameters start equal (``broadcast_``, from rank 0);
+* each update's gradients are averaged, weighted by each rank's valid rows (``average_gradients``), so that G
+  half-batches give the whole batch's gradient, before clipping;
+* statistics that shape the update are pooled: observation normalisation and the reward scaler
+  (``pool_moments``), advantage normalisation (``masked_moments``);
+* whether to stop is decided together once per update (``sum``), so that no rank stops alone and leaves the
+  others waiting in a collective.
+
+Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group (``scalar_group``);
+NCCL carries only what lives on the GPU. ``Solo`` is the single-process run: every method returns its input and no
+torch.distributed call is made. A peer that dies or hangs makes the next collective fail (at once for a closed
+socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank.
+``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
+environment variables.
 """
 
 from __future__ import annotations

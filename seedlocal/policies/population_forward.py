@@ -52,8 +52,8 @@ def _conv(params: torch.Tensor, x: torch.Tensor, w: int, out_c: int, in_c: int, 
 def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     """The network as plain layers, when ``template`` is a PolicyNet whose torso is a chain of Conv2d (no padding,
     no dilation, one group), Flatten and Linear layers with elementwise activations (the MLP, MinAtar and Nature
-    torsos): [("conv", weight offset, out, in, k, stride, bias offset, activation) | ("flatten",) | ("linear",
-    weight offset, out, in, bias offset, activation)]. Else None (the IMPALA ResNet's residual blocks): those
+    torsos), each layer a list: ["conv", weight offset, out, in, k, stride, bias offset, activation] | ["flatten"] |
+    ["linear", weight offset, out, in, bias offset, activation]. Else None (the IMPALA ResNet's residual blocks): those
     networks get vmap and loop only."""
     if not isinstance(template, PolicyNet) or template.kind == MULTI:  # a MULTI torso is no chain of layers
         return None

@@ -34,7 +34,7 @@ UNROLLS_PER_MINIBATCH = 16  # the H200 run's 128 unrolls in 8 minibatches; the 2
 def sizing(cfg: VTraceRun, kind: Kind, machine: Machine, given: Given) -> dict:
     """On a GPU, image frames (Atari, Football) get ``machine.gpu_envs`` envs in workers of 32, a batch of every
     local env (whole groups), minibatches of 16 unrolls, and a constant learning rate over twice the step
-    budget (issue 33's H200 run sized so learned on past where the preset's rate decays to 0: docs/gpu.md);
+    budget (issue 33's sized H200 run still learned past where the preset's rate decays to 0: docs/gpu.md);
     MinAtar's lets its actors run ahead (algo.sync off). Others, and every CPU run, keep the preset (docs/tuning.md)."""
     if not machine.accelerator:
         return {}

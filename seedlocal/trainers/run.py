@@ -238,7 +238,7 @@ class StepTrainer(Trainer):
     def has_last_log(self) -> bool:
         # With ranks, an all-reduce after the last log (spent() runs after log()) that moved the ranks' means, which
         # is what stopped a run at its target.
-        return self.all_ranks != self.logged_ranks
+        return bool(self.all_ranks) and self.all_ranks != self.logged_ranks
 
     def results(self, run: "Run") -> dict:
         c, to_target = self.counters, run.summary.get("steps_to_target")

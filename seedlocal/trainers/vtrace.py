@@ -47,6 +47,8 @@ class VTraceTrainer(VTraceLearning):
         self.lr = a.learning_rate
         self.prefetch = None  # once the pipeline runs (start)
         self.local_ep_sums = [0.0, 0.0]  # data-parallel ranks: this rank's episodes' returns and lengths, summed
+        # As logged before any all-reduce: one that has found no episode yet leaves nothing for a last log.
+        self.logged_ranks = {"sums": (0, 0.0, 0.0), "mean20": None}
         self.scaler = RewardScaler(self.shape.num_envs, a.discount) if a.reward_scale else None
 
     def identity(self) -> dict:
@@ -192,7 +194,7 @@ class VTraceTrainer(VTraceLearning):
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
         if not self.all_ranks:  # a run stopped in its first all-reduce
             return {}
-        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks.get("sums", (0, 0.0, 0.0))
+        (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
         self.logged_ranks = self.all_ranks
         return {"charts/episode_return": (ret - ret0) / (n - n0) if n > n0 else None,
                 "charts/episode_length": (length - length0) / (n - n0) if n > n0 else None,
@@ -207,9 +209,10 @@ class VTraceTrainer(VTraceLearning):
 
     def outcome(self, summary: dict) -> tuple[str, str | None]:
         ret = summary["mean_return_last20"]
-        idle = "" if not summary["steps"] or summary["updates"] else (
-            f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
-            f"{self.rows_per_batch:,d} steps was learned from)")
+        idle = ""
+        if summary["steps"] and not summary["updates"]:
+            idle = (f" (the budget ended before a first batch of algo.batch_size x pipeline.unroll_length = "
+                    f"{self.rows_per_batch:,d} steps was learned from)")
         return (f"{summary['steps']:,d} steps, {summary['updates']:,d} updates{idle}, mean return (last 20) "
                 f"{'-' if ret is None else f'{ret:.1f}'}", None if summary["steps"] else nothing_stepped(self.cfg))
 

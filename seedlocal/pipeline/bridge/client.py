@@ -254,7 +254,8 @@ class _Session:
         """The local store and env workers for the assigned groups, each group set to step first."""
         from seedlocal.pipeline.actors import ActorPool
 
-        cfg, G, layout = self.cfg, len(answer["groups"]), wire.GroupLayout.from_json(answer["layout"])
+        cfg, G = self.cfg, len(answer["groups"])
+        layout = wire.GroupLayout.from_json(answer["layout"])
         groups = _HostGroups(list(answer["groups"]), list(answer["epochs"]), layout, np.zeros(G, np.int64),
                              np.zeros(G), np.zeros(G, bool))
         E = layout.envs
