@@ -157,7 +157,9 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
 def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_path):
     """Members are scored on whole episodes; episodes that never end must not
     keep a run past --seconds (the last whole generation is what is kept)."""
-    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "4",
+    # Any budget shows it (no episode ever ends); 2 s, so that the members' episodes have started (at 1 s a
+    # loaded machine may still be starting the workers).
+    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "2",
                     "--algo.population-size", "8", "--log-dir", str(tmp_path), "--run-name", "e", "--no-progress",
                     timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -169,8 +171,9 @@ def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_pat
 def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo):
     """An env stuck inside step(): the trainers say which workers hang and
     stop at --seconds instead of waiting for ever."""
-    # --pipeline.stall-s 1.5: the run says so after 1.5 s without a step (10 s by default).
-    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "5", "--pipeline.stall-s", "1.5",
+    # --pipeline.stall-s 0.5: the run says so after 0.5 s without a step (10 s by default). The budget leaves the
+    # workers' start the same 3.5 s before the stall must be seen as 5 s with a stall of 1.5 s did.
+    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "4", "--pipeline.stall-s", "0.5",
                     "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress", timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "seedlocal: no env steps for" in out.stdout and "still inside an env's step or reset" in out.stdout, (
