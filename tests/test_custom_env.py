@@ -157,9 +157,9 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
 def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_path):
     """Members are scored on whole episodes; episodes that never end must not
     keep a run past --seconds (the last whole generation is what is kept)."""
-    # Any budget shows it (no episode ever ends); 2 s, so that the members' episodes have started (at 1 s a
-    # loaded machine may still be starting the workers).
-    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "2",
+    # Any budget shows it (no episode ever ends); 3 s, so that the members' episodes have started (the clock
+    # starts before the workers do: at 1 s a loaded machine may still be starting them).
+    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "3",
                     "--algo.population-size", "8", "--log-dir", str(tmp_path), "--run-name", "e", "--no-progress",
                     timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
