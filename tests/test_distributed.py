@@ -663,12 +663,14 @@ def test_two_ranks_learn_cartpole_with_es(tmp_path):
     assert scalars(tmp_path / "l")[0]["charts/best_member_return"][-1][1] >= 475
 
 
-def test_a_rank_count_a_population_cannot_be_split_into_is_refused_before_any_rank_starts(tmp_path):
-    out = subprocess.run(_evolve(tmp_path, "ars", "x", "--learners", "17"), capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == ("seedlocal: error: learners=17: each rank evaluates a part of the population of "
-                                  "16: give at most that many ranks")
+def test_a_rank_count_a_population_cannot_be_split_into_is_refused_before_any_rank_starts(tmp_path, capsys):
+    # The command's own main in this process (what `seedlocal` runs, without a second interpreter's start-up): the
+    # refusal comes from parsing, before the launcher would start any rank.
+    from seedlocal.cli import main
+
+    assert main(_evolve(tmp_path, "ars", "x", "--learners", "17")[3:]) == 2
+    assert capsys.readouterr().err.strip() == ("seedlocal: error: learners=17: each rank evaluates a part of the "
+                                               "population of 16: give at most that many ranks")
     assert not list(tmp_path.iterdir())
 
 
@@ -752,10 +754,12 @@ def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
     assert curve == sorted(curve) and curve[-1] > steps  # one curve, going on past the checkpoint
 
 
-def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty_ones(tmp_path):
+def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty_ones(tmp_path, capsys):
     """A checkpoint holds one replay; ranks keep one each. --checkpoint-replay with 2 ranks (here: from a resumed
     run's saved config) is refused in one line before any rank starts; with --no-checkpoint-replay the ranks
     resume the checkpoint with empty replays, say so once, and learn together."""
+    from seedlocal.cli import main
+
     base = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--log-dir", str(tmp_path), "--no-progress"]
     out = subprocess.run(base + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
                                  "--run-name", "r"], capture_output=True, text=True, timeout=240)
@@ -764,12 +768,15 @@ def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty
     assert "replay" in state
     updates = state["counters"]["updates"]
     resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "8000"]
-    out = subprocess.run(base + resume, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
-                                  "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
-                                  "resumed run's ranks start with empty replays)")
-    assert "data-parallel learner ranks" not in out.stdout  # no rank started
+    # The refusal comes from the command's parsing, before the launcher would start a rank: its own main in this
+    # process (what `seedlocal` runs), without a second interpreter's start-up.
+    capsys.readouterr()
+    assert main(base[3:] + resume) == 2
+    said = capsys.readouterr()
+    assert said.err.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
+                                "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
+                                "resumed run's ranks start with empty replays)")
+    assert "data-parallel learner ranks" not in said.out  # no rank started
     out = subprocess.run(base + resume + ["--no-checkpoint-replay"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("the checkpoint's replay is one process's: each learner rank starts with an empty "
