@@ -737,10 +737,13 @@ def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
     """V-trace's checkpoint holds the run's config, parameters and optimiser, the same on every rank: one
     process's run resumed with 2 ranks goes on (rank 0's parameters broadcast, the batch per rank split where it
     can be) on the same curve."""
+    from seedlocal.cli import main
+
     # Rates every 0.2 s: a resumed run of 4,000 steps on 2 ranks may end inside one 2 s interval (CI saw its
-    # curve without a point past the checkpoint).
-    out = _train(tmp_path, "--total-steps", "4000", "--run-name", "v", "--log-every-s", "0.2")
-    assert out.returncode == 0, out.stdout + out.stderr
+    # curve without a point past the checkpoint). The one process's run is the command's main in this process
+    # (what `seedlocal` runs), without a second interpreter's start-up.
+    assert main(["train", "vtrace", "--log-dir", str(tmp_path), "--no-progress", "--total-steps", "4000",
+                 "--run-name", "v", "--log-every-s", "0.2"]) == 0
     steps = checkpoint.load(tmp_path / "v")["counters"]["steps"]
     out = _train(tmp_path, "--resume", str(tmp_path / "v"), "--learners", "2", "--total-steps", str(steps + 4000),
                  "--log-every-s", "0.2")
@@ -761,15 +764,15 @@ def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty
     from seedlocal.cli import main
 
     base = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--log-dir", str(tmp_path), "--no-progress"]
-    out = subprocess.run(base + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
-                                 "--run-name", "r"], capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
+    # The one process's run and the refusal: the command's main in this process (what `seedlocal` runs), without
+    # a second interpreter's start-up.
+    assert main(base[3:] + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
+                            "--run-name", "r"]) == 0
     state = checkpoint.load(tmp_path / "r")
     assert "replay" in state
     updates = state["counters"]["updates"]
     resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "8000"]
-    # The refusal comes from the command's parsing, before the launcher would start a rank: its own main in this
-    # process (what `seedlocal` runs), without a second interpreter's start-up.
+    # The refusal comes from the command's parsing, before the launcher would start a rank.
     capsys.readouterr()
     assert main(base[3:] + resume) == 2
     said = capsys.readouterr()
