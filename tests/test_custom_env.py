@@ -268,18 +268,21 @@ def test_an_env_whose_close_raises_is_named_once_and_the_others_are_closed(capsy
                    "ignored"], err
 
 
-def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
+def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path, capsys):
     """A zero-size Box inside a Dict failed with a reshape traceback after training began; an image inside
     a Dict gets a CNN beside the MLP (it entered the MLP flattened before), which the first lines say."""
+    from seedlocal.cli import main
     from seedlocal.envs.spaces import describe
 
     with pytest.raises(ValueError, match=r"a Box of shape \(0,\), which holds nothing"):
         describe("faulty_envs:EmptyField-v0")
-    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
-                    "--log-dir", str(tmp_path), "--no-progress")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "the Dict's image field 'img' gets a CNN of its own beside the MLP" in out.stderr + out.stdout, out.stderr
-    assert "multi torso" in out.stderr + out.stdout, out.stdout
+    # The command's main in this process (what `seedlocal` runs), without a second interpreter's start-up.
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
+                 "--log-dir", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "the Dict's image field 'img' gets a CNN of its own beside the MLP" in out.err + out.out, out.err
+    assert "multi torso" in out.err + out.out, out.out
 
 
 _MAIN_ENV = """
