@@ -53,7 +53,7 @@ def test_a_module_that_cannot_be_imported_or_registers_nothing_is_named(capsys):
     assert "did not register 'Other-v0'" in capsys.readouterr().err
 
 
-def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
+def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path, capsys):
     """A reset that always raises would fail the same way on every restart:
     the run stops at once, with one line naming the worker and the env's
     exception (the env's traceback is above it, shown once)."""
@@ -70,9 +70,14 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
     # A run that never stepped leaves no checkpoint, so the same name can be used again once the env is fixed.
     assert not list((tmp_path / "r").glob("checkpoints/ckpt_*.pt"))
-    again = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
-                      "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
-    assert "boom in reset" in again.stderr.strip().splitlines()[-1] and "already holds" not in again.stderr
+    # (The command's main in this process, without a second interpreter's start-up.)
+    from seedlocal.cli import main
+
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
+                 "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"]) == 1
+    again = capsys.readouterr().err
+    assert "boom in reset" in again.strip().splitlines()[-1] and "already holds" not in again
     # Native code aborting while the env starts is no different.
     last = aborts.stderr.strip().splitlines()[-1]
     assert aborts.returncode == 1 and "killed by signal 6 before its envs produced a first step" in last, last
