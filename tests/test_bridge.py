@@ -333,7 +333,7 @@ def test_learner_stop_ends_hosts_and_a_missing_learner_is_given_up_on():
     assert host.returncode == 0 and "learner" in out and "stopped" in out, out
     port = free_port()
     t0 = time.monotonic()
-    lonely = actors(port, "--retry-s", "2")
+    lonely = actors(port, "--retry-s", "0.5")  # a retry after 0.5 s, then it gives up
     out = finish(lonely)
     assert lonely.returncode == 1 and f"no learner at 127.0.0.1:{port}" in out, out
     assert time.monotonic() - t0 < 15
@@ -360,11 +360,11 @@ def test_tls_with_the_right_ca_and_a_clear_failure_without_or_with_another(tmp_p
             serve_until(pipe, lambda us: len(us) >= 4)
         finally:
             kill_host(host)
-        plain = actors(pipe.pool.bridge_port, "--retry-s", "1")
+        plain = actors(pipe.pool.bridge_port, "--retry-s", "0.5")
         out = finish(plain)
         assert plain.returncode == 1 and "giving up" in out, out
         assert "if it uses TLS (--bridge.tls-cert), pass the CA with --tls-ca" in out, out
-        wrong = actors(pipe.pool.bridge_port, "--tls-ca", str(other), "--retry-s", "1")
+        wrong = actors(pipe.pool.bridge_port, "--tls-ca", str(other), "--retry-s", "0.5")
         out = finish(wrong)
         last = out.strip().splitlines()[-1]
         assert wrong.returncode == 1 and "giving up" in last and "the TLS handshake failed" in last, out

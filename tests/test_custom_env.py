@@ -42,17 +42,18 @@ def test_train_and_eval_a_custom_env_by_module_id(tmp_path):
     assert "corridor:Corridor-v0: 4 episodes" in ev.stdout
 
 
-def test_a_module_that_cannot_be_imported_or_registers_nothing_is_named():
-    out, other = seedlocal_all([("train", "vtrace", "--env.id", "no_such_module:Thing-v0"),
-                                ("train", "vtrace", "--env.id", "corridor:Other-v0")])
-    assert out.returncode == 2
-    assert "env.id='no_such_module:Thing-v0': cannot import module 'no_such_module'" in out.stderr
-    out = other
-    assert out.returncode == 2
-    assert "did not register 'Other-v0'" in out.stderr
+def test_a_module_that_cannot_be_imported_or_registers_nothing_is_named(capsys):
+    # Both are refused while the command is parsed, before anything starts: the command's own main in this
+    # process (what `seedlocal` runs), without two more interpreters' start-up.
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--env.id", "no_such_module:Thing-v0"]) == 2
+    assert "env.id='no_such_module:Thing-v0': cannot import module 'no_such_module'" in capsys.readouterr().err
+    assert main(["train", "vtrace", "--env.id", "corridor:Other-v0"]) == 2
+    assert "did not register 'Other-v0'" in capsys.readouterr().err
 
 
-def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
+def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path, capsys):
     """A reset that always raises would fail the same way on every restart:
     the run stops at once, with one line naming the worker and the env's
     exception (the env's traceback is above it, shown once)."""
@@ -69,9 +70,14 @@ def test_an_env_that_cannot_start_stops_the_run_with_its_own_error(tmp_path):
     assert not leaked_segments()  # the runs above have exited; another test run's segments are not theirs
     # A run that never stepped leaves no checkpoint, so the same name can be used again once the env is fixed.
     assert not list((tmp_path / "r").glob("checkpoints/ckpt_*.pt"))
-    again = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
-                      "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress")
-    assert "boom in reset" in again.stderr.strip().splitlines()[-1] and "already holds" not in again.stderr
+    # (The command's main in this process, without a second interpreter's start-up.)
+    from seedlocal.cli import main
+
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--env.id", "faulty_envs:ResetRaises-v0", "--total-steps", "2000",
+                 "--log-dir", str(tmp_path), "--run-name", "r", "--no-progress"]) == 1
+    again = capsys.readouterr().err
+    assert "boom in reset" in again.strip().splitlines()[-1] and "already holds" not in again
     # Native code aborting while the env starts is no different.
     last = aborts.stderr.strip().splitlines()[-1]
     assert aborts.returncode == 1 and "killed by signal 6 before its envs produced a first step" in last, last
@@ -119,15 +125,20 @@ def test_an_env_that_raises_in_step_shows_its_traceback_once_and_keeps_every_one
     assert not leaked_segments()  # the run above has exited; another test run's segments are not its
 
 
-def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path):
+def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path, capsys):
     """``Discrete(2, start=1)``: the network picks 0 or 1, the env gets 1 or 2
     (in training, in eval, in an eval video)."""
-    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ActionStart-v0", "--total-steps", "3000",
-                    "--log-dir", str(tmp_path), "--run-name", "s", "--no-progress")
-    assert out.returncode == 0, out.stderr[-2000:]
-    ev = seedlocal("eval", "--checkpoint", str(tmp_path / "s"), "--episodes", "2", "--video", str(tmp_path / "v.gif"))
-    assert ev.returncode == 0, ev.stderr[-2000:]
-    assert "faulty_envs:ActionStart-v0: 2 episodes" in ev.stdout and (tmp_path / "v.gif").exists(), ev.stdout
+    # The command's main in this process (what `seedlocal` runs), without two interpreters' start-up: the env
+    # workers that step the env are their own processes either way, and eval plays it here either way.
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--env.id", "faulty_envs:ActionStart-v0", "--total-steps", "3000",
+                 "--log-dir", str(tmp_path), "--run-name", "s", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "s"), "--episodes", "2", "--video",
+                 str(tmp_path / "v.gif")]) == 0
+    out = capsys.readouterr().out
+    assert "faulty_envs:ActionStart-v0: 2 episodes" in out and (tmp_path / "v.gif").exists(), out
 
 
 def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
@@ -157,7 +168,9 @@ def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
 def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_path):
     """Members are scored on whole episodes; episodes that never end must not
     keep a run past --seconds (the last whole generation is what is kept)."""
-    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "4",
+    # Any budget shows it (no episode ever ends); 3 s, so that the members' episodes have started (the clock
+    # starts before the workers do: at 1 s a loaded machine may still be starting them).
+    out = seedlocal("train", "ga", "--env.id", "faulty_envs:Endless-v0", "--seconds", "3",
                     "--algo.population-size", "8", "--log-dir", str(tmp_path), "--run-name", "e", "--no-progress",
                     timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -169,8 +182,9 @@ def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_pat
 def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo):
     """An env stuck inside step(): the trainers say which workers hang and
     stop at --seconds instead of waiting for ever."""
-    # --pipeline.stall-s 1.5: the run says so after 1.5 s without a step (10 s by default).
-    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "5", "--pipeline.stall-s", "1.5",
+    # --pipeline.stall-s 0.5: the run says so after 0.5 s without a step (10 s by default). The budget leaves the
+    # workers' start the same 3.5 s before the stall must be seen as 5 s with a stall of 1.5 s did.
+    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "4", "--pipeline.stall-s", "0.5",
                     "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress", timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "seedlocal: no env steps for" in out.stdout and "still inside an env's step or reset" in out.stdout, (
@@ -259,18 +273,21 @@ def test_an_env_whose_close_raises_is_named_once_and_the_others_are_closed(capsy
                    "ignored"], err
 
 
-def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path):
+def test_spaces_that_hold_nothing_or_images_in_a_dict_are_said(tmp_path, capsys):
     """A zero-size Box inside a Dict failed with a reshape traceback after training began; an image inside
     a Dict gets a CNN beside the MLP (it entered the MLP flattened before), which the first lines say."""
+    from seedlocal.cli import main
     from seedlocal.envs.spaces import describe
 
     with pytest.raises(ValueError, match=r"a Box of shape \(0,\), which holds nothing"):
         describe("faulty_envs:EmptyField-v0")
-    out = seedlocal("train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
-                    "--log-dir", str(tmp_path), "--no-progress")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "the Dict's image field 'img' gets a CNN of its own beside the MLP" in out.stderr + out.stdout, out.stderr
-    assert "multi torso" in out.stderr + out.stdout, out.stdout
+    # The command's main in this process (what `seedlocal` runs), without a second interpreter's start-up.
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--env.id", "faulty_envs:ImageInDict-v0", "--total-steps", "64",
+                 "--log-dir", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "the Dict's image field 'img' gets a CNN of its own beside the MLP" in out.err + out.out, out.err
+    assert "multi torso" in out.err + out.out, out.out
 
 
 _MAIN_ENV = """

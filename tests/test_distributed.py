@@ -396,8 +396,12 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes(tmp_path):
     state = checkpoint.load(tmp_path / "k")
     steps = state["counters"]["steps"]
     assert steps > 0
-    out = _train(tmp_path, "--resume", str(tmp_path / "k"), "--total-steps", str(steps + 4000))
-    assert out.returncode == 0, out.stdout + out.stderr
+    # The resume (2 ranks, from the saved config): the command's main in this process launches them, as
+    # seedlocal.train does (test_api.py), without a launcher interpreter's start-up before theirs.
+    from seedlocal.cli import main
+
+    assert main(["train", "vtrace", "--log-dir", str(tmp_path), "--no-progress", "--resume", str(tmp_path / "k"),
+                 "--total-steps", str(steps + 4000)]) == 0
     summary = json.loads((tmp_path / "k" / "summary.json").read_text())
     assert summary["steps"] >= steps + 4000 and summary["status"] == "done"
     assert checkpoint.load(tmp_path / "k")["counters"]["updates"] > state["counters"]["updates"]
@@ -444,7 +448,8 @@ def test_a_hung_rank_is_named_and_stopped(tmp_path):
     """SIGSTOP to rank 1 (a hung rank): rank 0's next collective times out after --dist-timeout-s and it stops,
     naming rank 1, within 2 x --dist-timeout-s; the launcher then stops rank 1 (SIGTERM, which a stopped process
     takes once continued), and nothing is left behind."""
-    timeout_s = 5
+    # The test waits 3 x this (rank 0's timeout, then the launcher's 2 x for rank 1) once rank 1 is stopped.
+    timeout_s = 3
     cmd = [sys.executable, "-m", "seedlocal", "train", "vtrace", "--learners", "2", "--dist-timeout-s",
            str(timeout_s), "--total-steps", "10000000", "--log-dir", str(tmp_path), "--run-name", "h",
            "--no-progress", "--log-every-s", "0.5"]
@@ -662,12 +667,14 @@ def test_two_ranks_learn_cartpole_with_es(tmp_path):
     assert scalars(tmp_path / "l")[0]["charts/best_member_return"][-1][1] >= 475
 
 
-def test_a_rank_count_a_population_cannot_be_split_into_is_refused_before_any_rank_starts(tmp_path):
-    out = subprocess.run(_evolve(tmp_path, "ars", "x", "--learners", "17"), capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == ("seedlocal: error: learners=17: each rank evaluates a part of the population of "
-                                  "16: give at most that many ranks")
+def test_a_rank_count_a_population_cannot_be_split_into_is_refused_before_any_rank_starts(tmp_path, capsys):
+    # The command's own main in this process (what `seedlocal` runs, without a second interpreter's start-up): the
+    # refusal comes from parsing, before the launcher would start any rank.
+    from seedlocal.cli import main
+
+    assert main(_evolve(tmp_path, "ars", "x", "--learners", "17")[3:]) == 2
+    assert capsys.readouterr().err.strip() == ("seedlocal: error: learners=17: each rank evaluates a part of the "
+                                               "population of 16: give at most that many ranks")
     assert not list(tmp_path.iterdir())
 
 
@@ -734,10 +741,13 @@ def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
     """V-trace's checkpoint holds the run's config, parameters and optimiser, the same on every rank: one
     process's run resumed with 2 ranks goes on (rank 0's parameters broadcast, the batch per rank split where it
     can be) on the same curve."""
+    from seedlocal.cli import main
+
     # Rates every 0.2 s: a resumed run of 4,000 steps on 2 ranks may end inside one 2 s interval (CI saw its
-    # curve without a point past the checkpoint).
-    out = _train(tmp_path, "--total-steps", "4000", "--run-name", "v", "--log-every-s", "0.2")
-    assert out.returncode == 0, out.stdout + out.stderr
+    # curve without a point past the checkpoint). The one process's run is the command's main in this process
+    # (what `seedlocal` runs), without a second interpreter's start-up.
+    assert main(["train", "vtrace", "--log-dir", str(tmp_path), "--no-progress", "--total-steps", "4000",
+                 "--run-name", "v", "--log-every-s", "0.2"]) == 0
     steps = checkpoint.load(tmp_path / "v")["counters"]["steps"]
     out = _train(tmp_path, "--resume", str(tmp_path / "v"), "--learners", "2", "--total-steps", str(steps + 4000),
                  "--log-every-s", "0.2")
@@ -751,24 +761,29 @@ def test_a_vtrace_run_resumes_on_another_rank_count(tmp_path):
     assert curve == sorted(curve) and curve[-1] > steps  # one curve, going on past the checkpoint
 
 
-def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty_ones(tmp_path):
+def test_r2d2_ranks_refuse_one_replay_in_checkpoints_and_learn_together_on_empty_ones(tmp_path, capsys):
     """A checkpoint holds one replay; ranks keep one each. --checkpoint-replay with 2 ranks (here: from a resumed
     run's saved config) is refused in one line before any rank starts; with --no-checkpoint-replay the ranks
     resume the checkpoint with empty replays, say so once, and learn together."""
+    from seedlocal.cli import main
+
     base = [sys.executable, "-m", "seedlocal", "train", "r2d2", "--log-dir", str(tmp_path), "--no-progress"]
-    out = subprocess.run(base + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
-                                 "--run-name", "r"], capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
+    # The one process's run and the refusal: the command's main in this process (what `seedlocal` runs), without
+    # a second interpreter's start-up.
+    assert main(base[3:] + ["--checkpoint-replay", "--algo.min-replay", "50", "--total-steps", "2000",
+                            "--run-name", "r"]) == 0
     state = checkpoint.load(tmp_path / "r")
     assert "replay" in state
     updates = state["counters"]["updates"]
     resume = ["--resume", str(tmp_path / "r"), "--learners", "2", "--total-steps", "8000"]
-    out = subprocess.run(base + resume, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
-                                  "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
-                                  "resumed run's ranks start with empty replays)")
-    assert "data-parallel learner ranks" not in out.stdout  # no rank started
+    # The refusal comes from the command's parsing, before the launcher would start a rank.
+    capsys.readouterr()
+    assert main(base[3:] + resume) == 2
+    said = capsys.readouterr()
+    assert said.err.strip() == ("seedlocal: error: checkpoint_replay=True: with 2 learner ranks each rank keeps "
+                                "its own replay and a checkpoint holds one: give --no-checkpoint-replay (a "
+                                "resumed run's ranks start with empty replays)")
+    assert "data-parallel learner ranks" not in said.out  # no rank started
     out = subprocess.run(base + resume + ["--no-checkpoint-replay"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("the checkpoint's replay is one process's: each learner rank starts with an empty "
