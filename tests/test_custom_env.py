@@ -184,8 +184,9 @@ def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo)
     stop at --seconds instead of waiting for ever."""
     # --pipeline.stall-s 0.5: the run says so after 0.5 s without a step (10 s by default). The budget leaves the
     # workers' start the same 3.5 s before the stall must be seen as 5 s with a stall of 1.5 s did.
-    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "4", "--pipeline.stall-s", "0.5",
-                    "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress", timeout=150)
+    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "4",
+                    "--pipeline.stall-s", "0.5", "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress",
+                    timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "seedlocal: no env steps for" in out.stdout and "still inside an env's step or reset" in out.stdout, (
         out.stdout[-2000:])
