@@ -182,9 +182,9 @@ def test_neuroevolution_stops_at_its_time_budget_inside_endless_episodes(tmp_pat
 def test_a_hung_env_is_named_and_the_run_ends_at_its_time_budget(tmp_path, algo):
     """An env stuck inside step(): the trainers say which workers hang and
     stop at --seconds instead of waiting for ever."""
-    # --pipeline.stall-s 0.5: the run says so after 0.5 s without a step (10 s by default). The budget leaves the
-    # workers' start the same 3.5 s before the stall must be seen as 5 s with a stall of 1.5 s did.
-    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "4",
+    # --pipeline.stall-s 0.5: the run says so after 0.5 s without a step (10 s by default). The budget's clock starts
+    # before the workers do, so it leaves a slow or busy machine 7.5 s to start them before the stall must be seen.
+    out = seedlocal("train", algo, "--env.id", "faulty_envs:StepHangs-v0", "--seconds", "8",
                     "--pipeline.stall-s", "0.5", "--log-dir", str(tmp_path), "--run-name", algo, "--no-progress",
                     timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
