@@ -308,7 +308,7 @@ class PopulationTrainer(VTraceLearning):
         return (f"steps {step_now:>10,d}  frames/s {values['charts/frames_per_s']:>9,.0f}  "
                 f"return(20) {shown}  updates {self.counters['updates']:,d}")
 
-    def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
+    def _scalars(self, run: Run, step_now: int) -> dict:
         """Each member's curve (``member_<m>/...``) and the population's best, median and IQM of the members'
         last-20 means (once every member has episodes)."""
         out: dict = {}

@@ -217,7 +217,8 @@ class R2D2Trainer(StepTrainer):
             "replay/stale_updates_dropped": self.dropped,
             "perf/worker_restarts": run.loop.stats.restarts,
         })
-        if not last or dt >= self.cfg.log_every_s / 4:  # no rates from a fraction of an interval
+        rates = not last or dt >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
+        if rates:
             values.update({
                 "charts/steps_per_s": (step_now - self.log_steps) / dt,
                 "charts/frames_per_s": (step_now - self.log_steps) / dt * self.frames_per_step,
@@ -228,7 +229,7 @@ class R2D2Trainer(StepTrainer):
         # Reset first: an interval is written once, whatever follows.
         self.log_steps, self.acc, self.sampled_p = step_now, {}, []
         self.inserted0, self.log_updates, self.logged_episodes = r.added, c["updates"], c["episodes"]
-        run.scalars(step_now, values)
+        run.scalars(step_now, values, rates)
         if last:
             return
         shown = f"{ev:7.1f}" if ev is not None else "      -"

@@ -266,10 +266,13 @@ class Run:
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
 
-    def scalars(self, step: int, values: dict) -> None:
+    def scalars(self, step: int, values: dict, rates: bool = True) -> None:
         """A trainer's scalars to TensorBoard (and W&B), with the bridge's when actor hosts serve this run: every
-        trainer's ``log`` writes through here, so none can leave the ``bridge/`` curves out."""
-        self.monitor.scalars(step, values if self.meter is None else {**values, **self.meter.scalars()})
+        trainer's ``log`` writes through here, so none can leave the ``bridge/`` curves out. ``rates`` False (the
+        last log, a fraction of an interval): the bridge's rates would be noise, so none are added."""
+        if self.meter is not None and rates:
+            values = {**values, **self.meter.scalars()}
+        self.monitor.scalars(step, values)
 
     def no_host_yet(self, now: float) -> None:
         """Once, 3 x ``pipeline.stall_s`` in (30 s): remote groups that no actor host has taken while the local

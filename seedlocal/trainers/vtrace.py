@@ -177,7 +177,7 @@ class VTraceTrainer(VTraceLearning):
     def log_due(self, run: Run, now: float) -> bool:
         return now - self.iv.t0 >= self.cfg.log_every_s
 
-    def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
+    def _scalars(self, run: Run, step_now: int) -> dict:
         values = {"charts/learning_rate": self.lr}
         if self.ranks.world > 1:
             values.update(self._all_ranks_episodes())

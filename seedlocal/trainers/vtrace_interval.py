@@ -158,13 +158,13 @@ class VTraceLearning(StepTrainer):
         rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
         values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
         values["charts/episodes"] = self.counters["episodes"]
-        values.update(self._scalars(run, step_now, rates))
+        values.update(self._scalars(run, step_now))
         iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
-        run.scalars(step_now, values)
+        run.scalars(step_now, values, rates)
         if not last:
             run.monitor.progress(self._progress(step_now, values))
 
-    def _scalars(self, run: Run, step_now: int, rates: bool) -> dict:
+    def _scalars(self, run: Run, step_now: int) -> dict:
         """The trainer's scalars besides the interval's."""
         return {}
 

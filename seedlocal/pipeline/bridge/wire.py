@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import functools
 import json
+import math
 import re
 import secrets
 import struct
@@ -165,24 +167,33 @@ class GroupLayout:
             out += [(k, (self.envs,), np.dtype(STEP_FIELDS[k])) for k in STEP_ORDER]
         return out
 
+    @functools.cached_property
+    def _plans(self) -> dict[int, tuple[list[tuple[str, tuple[int, ...], np.dtype, int, int]], int]]:
+        """Per payload kind, built once (a host and the learner's bridge code every group step by it): its arrays as
+        (name, shape, dtype, byte offset, element count), and its size in bytes."""
+        plans = {}
+        for kind in (FIRST, STEP, ACTION):
+            fields, offset = [], 0
+            for k, shape, dtype in self._fields(kind):
+                fields.append((k, shape, dtype, offset, math.prod(shape)))
+                offset += math.prod(shape) * dtype.itemsize
+            plans[kind] = (fields, offset)
+        return plans
+
     def size(self, kind: int) -> int:
-        return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, s, d in self._fields(kind))
+        return self._plans[kind][1]
 
     def encode(self, kind: int, arrays: dict[str, np.ndarray]) -> bytes:
         """FIRST/STEP/ACTION payload from arrays keyed by obs key, step field names and "action"."""
-        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d in self._fields(kind))
+        return b"".join(np.ascontiguousarray(arrays[k], dtype=d).tobytes() for k, _, d, _, _ in self._plans[kind][0])
 
     def decode(self, kind: int, payload: memoryview) -> dict[str, np.ndarray]:
         """Zero-copy views of a FIRST/STEP/ACTION payload; checks its size."""
-        want = self.size(kind)
+        fields, want = self._plans[kind]
         if len(payload) != want:
             raise WireError(f"{KIND_NAMES[kind]} payload of {len(payload)} bytes, expected {want}")
-        out, offset = {}, 0
-        for k, shape, dtype in self._fields(kind):
-            n = int(np.prod(shape, dtype=np.int64))
-            out[k] = np.frombuffer(payload, dtype, count=n, offset=offset).reshape(shape)
-            offset += n * dtype.itemsize
-        return out
+        return {k: np.frombuffer(payload, dtype, count=n, offset=offset).reshape(shape)
+                for k, shape, dtype, offset, n in fields}
 
     def to_json(self) -> dict:
         return {"envs": self.envs, "obs": {k: [list(s.shape), s.dtype] for k, s in self.obs.items()},
