@@ -46,9 +46,10 @@ def masked(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x, torch.zeros_like(x))
 
 
-def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
-    """The mean of ``x`` over its ``valid`` rows: they neither contribute nor dilute (0 with none)."""
-    return masked(x, valid).sum() / valid.sum().clamp(min=1)
+def masked_mean(x: Tensor, valid: Tensor, n: Tensor | None = None) -> Tensor:
+    """The mean of ``x`` over its ``valid`` rows: they neither contribute nor dilute (0 with none). ``n``: their
+    count (at least 1), where a caller takes several means over the same rows."""
+    return masked(x, valid).sum() / (valid.sum().clamp(min=1) if n is None else n)
 
 
 @torch.no_grad()
@@ -94,22 +95,23 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
     action_log_probs = dist.log_prob(target_params, actions)
     # V-trace's rho-weighted advantages, or with ``clip`` the plain ones (the surrogate's ratio weights them)
     adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
+    n = valid.sum().clamp(min=1)  # the valid rows every mean below is over
     if normalize_advantages:
         if moments is not None:
             mean, std = moments(adv, valid)
         else:
-            mean = masked_mean(adv, valid)
-            std = masked_mean((adv - mean) ** 2, valid).sqrt()
+            mean = masked_mean(adv, valid, n)
+            std = masked_mean((adv - mean) ** 2, valid, n).sqrt()
         adv = (adv - mean) / (std + 1e-8)
     stats = {}
     if clipped(clip):
         policy_loss, stats["clip_fraction"] = _clipped_surrogate(
-            action_log_probs, adv, clip, valid, values.dtype, behaviour_log_probs, proximal_log_probs,
+            action_log_probs, adv, clip, valid, n, values.dtype, behaviour_log_probs, proximal_log_probs,
             vtrace_returns.rhos)
     else:
-        policy_loss = -masked_mean(action_log_probs * adv, valid)
-    baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2, valid)
-    entropy = masked_mean(dist.entropy(target_params), valid)
+        policy_loss = -masked_mean(action_log_probs * adv, valid, n)
+    baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2, valid, n)
+    entropy = masked_mean(dist.entropy(target_params), valid, n)
     total_loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
     stats.update(policy_loss=policy_loss.detach(), baseline_loss=baseline_loss.detach(), entropy=entropy.detach(),
                  total_loss=total_loss.detach())
@@ -123,7 +125,7 @@ def clipped(clip: float | Tensor) -> bool:
     return isinstance(clip, Tensor) or clip > 0
 
 
-def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, valid: Tensor, dtype: torch.dtype,
+def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, valid: Tensor, n: Tensor, dtype: torch.dtype,
                        behaviour_log_probs: Tensor | None, proximal_log_probs: Tensor | None = None,
                        rhos: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A) over the valid rows, on r = pi/mu; or, with
@@ -138,7 +140,7 @@ def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, valid: Tenso
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
     if weights is not None:
         surrogate = weights * surrogate
-    return -masked_mean(surrogate, valid), masked_mean(((ratio - 1.0).abs() > clip).to(dtype), valid).detach()
+    return -masked_mean(surrogate, valid, n), masked_mean(((ratio - 1.0).abs() > clip).to(dtype), valid, n).detach()
 
 
 # -- the learner step -----------------------------------------------------------

@@ -96,8 +96,10 @@ class GraphedStep:
 
     def __call__(self, obs: dict[str, torch.Tensor], core=None):
         n = next(iter(obs.values())).shape[0]
-        self.capture([n], obs, core)  # (a size that comes unannounced)
-        graph, static_obs, static_core, out = self.graphs[self.bucket(n)]
+        size = self.bucket(n)
+        if size not in self.graphs:  # a size that came unannounced
+            self._capture(size, obs, core)
+        graph, static_obs, static_core, out = self.graphs[size]
         for k, v in obs.items():
             static_obs[k][:n].copy_(v)
         if core is not None:

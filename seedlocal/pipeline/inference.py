@@ -18,6 +18,7 @@ once ``max_restarts`` is spent, the loop raises ``WorkerDied`` naming it.
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import sys
 import threading
@@ -100,9 +101,12 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     n = actions.shape[0]
     parts = [actions, *outputs.values()]
     block = torch.cat([t.reshape(n, -1).float() for t in parts], dim=1).cpu().numpy()
-    columns = np.split(block, np.cumsum([t[0].numel() for t in parts])[:-1], axis=1)
-    out = [c.reshape(t.shape).astype(np.float32 if t.dtype == torch.bfloat16 else numpy_dtype(t.dtype))
-           for c, t in zip(columns, parts)]
+    out, o = [], 0
+    for t in parts:  # column slices, not np.split: this runs once a batch, in the loop's thread
+        w = math.prod(t.shape[1:])
+        out.append(block[:, o:o + w].reshape(t.shape).astype(np.float32 if t.dtype == torch.bfloat16
+                                                               else numpy_dtype(t.dtype)))
+        o += w
     return out[0], dict(zip(outputs, out[1:]))
 
 
@@ -176,6 +180,8 @@ class InferenceLoop:
         self._staging = {k: torch.empty((self.G * self.E,) + self.store[k].shape[3:], dtype=torch_dtype(
             self.store[k].dtype), pin_memory=self.device.type == "cuda") for k in self._obs_keys}
         self._staging_np = {k: v.numpy().reshape((self.G, self.E) + v.shape[1:]) for k, v in self._staging.items()}
+        # Its first k groups' rows, for each k a batch can have (a torch slice costs more than the batch's copy).
+        self._staged = {k: [v[:n * self.E] for n in range(self.G + 1)] for k, v in self._staging.items()}
         spec = self.policy.core_state
         self.core = None if spec is None else torch.zeros((self.G, self.E) + spec.shape, device=self.device)
 
@@ -366,8 +372,11 @@ class InferenceLoop:
     def _rotate(self, b: _Batch) -> bool:
         """Groups whose unroll is full hand it on and go on in row 0 of a free one; with none free they leave the
         batch, parked. False once none is left."""
+        full = np.flatnonzero(b.rows == self.L - 1)
+        if not full.size:  # most batches
+            return True
         keep = np.ones(len(b.groups), bool)
-        for i in np.flatnonzero(b.rows == self.L - 1).tolist():
+        for i in full.tolist():
             new = self.unrolls.rotate(int(b.groups[i]), b.first[i])
             if new is None:  # parked until the consumer releases an unroll
                 keep[i] = False
@@ -417,7 +426,7 @@ class InferenceLoop:
             # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
             # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.
             np.take(self._flat[key], b.flat, axis=0, out=self._staging_np[key][:k], mode="clip")
-            obs[obs_name(key)] = self._staging[key][:k * self.E].to(self.device, non_blocking=True)
+            obs[obs_name(key)] = self._staged[key][k].to(self.device, non_blocking=True)
         return obs
 
     def _scatter(self, b: _Batch) -> None:
