@@ -75,6 +75,15 @@ def test_a_members_actions_do_not_depend_on_the_other_members_rows():
     t.members[1].sampling.manual_seed(7)
     alone, _, _ = policy.act({"": obs[""][E:]}, None, ids[E:], np.zeros(E, bool))
     assert torch.equal(alone, actions[E:])
+    mixed = np.random.default_rng(0).permutation(2 * E)  # members' rows interleaved, as a batch collects them
+    for mb in t.members:
+        mb.sampling.manual_seed(7)
+    actions, _, _ = policy.act({"": obs[""][mixed]}, None, ids[mixed], np.zeros(2 * E, bool))
+    for m, mb in enumerate(t.members):
+        rows = np.flatnonzero(ids[mixed] // E == m)
+        mb.sampling.manual_seed(7)
+        alone, _, _ = policy.act({"": obs[""][mixed[rows]]}, None, ids[mixed[rows]], np.zeros(len(rows), bool))
+        assert torch.equal(alone, actions[rows])
 
 
 def _reference_summary(scores):

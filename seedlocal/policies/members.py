@@ -128,10 +128,11 @@ class MembersPolicy(ModelPolicy):
 
     def _actions(self, params, env_ids: np.ndarray):
         members = self.members_of(env_ids)
-        present = np.unique(members).tolist()
+        present, counts = np.unique(members, return_counts=True)
         if len(present) == 1:
-            return self.dist.sample(params, self.generators[present[0]])
-        rows = [torch.from_numpy(np.flatnonzero(members == m)).to(params.device) for m in present]
+            return self.dist.sample(params, self.generators[int(present[0])])
+        # each member's rows in ascending order, all in one host-to-device copy; drawn back into their rows
+        order = torch.from_numpy(np.argsort(members, kind="stable")).to(params.device)
         drawn = torch.cat([self.dist.sample(params.index_select(0, r), self.generators[m])
-                           for r, m in zip(rows, present)])
-        return torch.empty_like(drawn).index_copy_(0, torch.cat(rows), drawn)  # each back in its row: no sort
+                           for r, m in zip(order.split(counts.tolist()), present.tolist())])
+        return torch.empty_like(drawn).index_copy_(0, order, drawn)
