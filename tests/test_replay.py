@@ -163,3 +163,20 @@ def test_episode_starts_follow_the_one_rule_everywhere():
     r.append(0, steps(0, 0, 3, ignored_at=(2,)))  # step 3, in the next append, starts an episode
     r.append(0, steps(0, 3, 3))
     assert r.ep_start[0, :6].tolist() == [0, 0, 0, 3, 3, 3]
+
+
+def test_the_learner_owes_no_updates_while_the_replay_warms_up():
+    """The progress line's "actors wait: N updates" (``owed_updates``) is for after the warm-up: before
+    ``min_replay`` sequences the learner does not learn and the actors step on."""
+    from seedlocal.trainers.replay_feeder import ReplayFeeder
+
+    r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
+                       frame="obs", stack=1)
+    feeder = ReplayFeeder(r, np.zeros(1, bool), 1, 4, replay_ratio=1.0, batch_size=2, min_replay=5)
+    for s in range(0, 20, 4):
+        r.append(0, steps(0, s, 4))
+        feeder.added_steps += 4
+    assert r.size == 4 and not feeder.behind() and feeder.owed_updates() == 0  # 20 steps in, warm-up not over
+    r.append(0, steps(0, 20, 4))
+    feeder.added_steps += 4
+    assert r.size == 5 and feeder.behind() and feeder.owed_updates() == 3  # 24 rows owed, 8 rows an update

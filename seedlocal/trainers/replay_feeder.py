@@ -37,6 +37,9 @@ class ReplayFeeder:
         return self.replay.size >= self.learn_from and self.learned_rows < self.ratio * self.added_steps
 
     def owed_updates(self) -> int:
+        """Updates the learner owes the replay ratio; none while the replay warms up (the actors step on)."""
+        if self.replay.size < self.learn_from:
+            return 0
         return int((self.ratio * self.added_steps - self.learned_rows) // self.batch_rows)
 
     def learned(self) -> None:
