@@ -87,6 +87,7 @@ class LoopStats:
     episodes: EpisodeLog = field(default_factory=EpisodeLog)
     restarts: int = 0
     timeouts: int = 0  # batches served short because batch_timeout_s ran out
+    first_batch_at: float = 0.0  # time.monotonic() when the first batch went back to its workers
 
 
 def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
@@ -439,6 +440,8 @@ class InferenceLoop:
         self._flat_version[b.flat] = self.version
         self._trow[b.groups] = b.rows + 1
         self._hand_back(b.groups, ACTION_READY)
+        if not self.stats.batches:
+            self.stats.first_batch_at = time.monotonic()
         self.stats.batches += 1
         self.stats.batch_envs += k * E
 

@@ -38,9 +38,11 @@ class Interval:
         self.restart(time.monotonic(), steps, stats, workers)
         self.begun = False
 
-    def begin(self, now: float, steps: int, workers: dict) -> None:
-        """Rates from here on: the first batch's arrival, so the workers' start-up is no slow first point."""
-        self.t0, self.steps, self.workers, self.begun = now, steps, workers, True
+    def begin(self, t0: float, workers: dict) -> None:
+        """Step rates from ``t0`` on, the first actions served, so the workers' start-up is no slow first point
+        while the first unroll's acting counts (from its arrival, a first update the actors waited for read 0
+        steps/s); the workers' time shares from now, the first batch's arrival."""
+        self.t0, self.workers, self.begun = t0, workers, True
 
     def restart(self, now: float, steps: int, stats, workers: dict) -> None:
         self.t0, self.steps, self.workers = now, steps, workers
@@ -123,7 +125,7 @@ class VTraceLearning(StepTrainer):
         """Now, a batch having come after a wait since ``t0``: the first begins the interval's rates (``begin``)."""
         t1 = time.monotonic()
         if not self.iv.begun:
-            self.iv.begin(t1, self._steps(run), run.pipe.pool.worker_stats())
+            self.iv.begin(run.loop.stats.first_batch_at or t1, run.pipe.pool.worker_stats())
         else:
             self.iv.wait_s += t1 - t0
         return t1
