@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,20 @@ def test_a_finished_run_says_the_commands_that_go_on_from_it(tmp_path, capsys):
     assert main(shlex.split(commands["play it"])[1:] + ["--episodes", "2"]) == 0
     assert main(shlex.split(commands["go on"])[1:] + ["--no-progress"]) == 0
     assert "seedlocal: done: step budget spent; 3," in capsys.readouterr().out
+
+
+def test_a_resume_from_another_folder_names_the_runs_tensorboard_folder(tmp_path, capsys, monkeypatch):
+    """A run's saved --log-dir is relative to the folder it started in: the resume's start line names the folder
+    that holds the run, from wherever it is resumed."""
+    from seedlocal.cli import main
+
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["train", "vtrace", "--total-steps", "600", "--log-dir", "runs", "--run-name", "r",
+                 "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["train", "vtrace", "--resume", "a/runs/r", "--total-steps", "1200", "--no-progress"]) == 0
+    start, = [ln for ln in capsys.readouterr().out.splitlines() if "TensorBoard: tensorboard --logdir" in ln]
+    logdir = start.split("--logdir ", 1)[1].split(" (run ", 1)[0]
+    assert Path(logdir).resolve() == (tmp_path / "a" / "runs").resolve(), start

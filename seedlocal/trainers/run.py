@@ -19,6 +19,7 @@ import abc
 import dataclasses
 import json
 import random
+import shlex
 import time
 import zlib
 from collections import deque
@@ -459,8 +460,9 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
                 print(aside, flush=True)
             shares = f", {ranks.world} data-parallel learner ranks (each {t.shape.describe_rank()})" \
                 if ranks.world > 1 else ""
-            print(f"seedlocal: {t.describe()}{shares}; TensorBoard: tensorboard --logdir {cfg.log_dir} "
-                  f"(run {run_dir})", flush=True)
+            # the run's own folder's parent: a resumed run's saved log_dir may be relative to another folder
+            print(f"seedlocal: {t.describe()}{shares}; TensorBoard: tensorboard --logdir "
+                  f"{shlex.quote(str(Path(run_dir).parent))} (run {run_dir})", flush=True)
             if monitor.tracker is not None:
                 print(f"seedlocal: {monitor.tracker.where()}", flush=True)
         else:
