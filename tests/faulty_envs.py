@@ -105,6 +105,19 @@ class BroadcastObs(_Short):
         return np.full((1,), self.t / 20, np.float32)
 
 
+class DictBare(_Short):
+    """A Dict space whose step() returns the bare array from its first step on (its reset is right)."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
+
+    def _obs(self):
+        return np.full((3,), self.t / 20, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        return {"pos": obs}, info
+
+
 class InitRaises(_Short):
     def __init__(self):
         raise FileNotFoundError("level file missing")
@@ -155,6 +168,7 @@ gym.register("OldGymStep-v0", entry_point=OldGymStep)
 gym.register("ActionStart-v0", entry_point=ActionStart)
 gym.register("NaNReward-v0", entry_point=NaNReward)
 gym.register("BroadcastObs-v0", entry_point=BroadcastObs)
+gym.register("DictBare-v0", entry_point=DictBare)
 gym.register("InitRaises-v0", entry_point=InitRaises)
 gym.register("Endless-v0", entry_point=Endless)
 gym.register("EvenSeedsEnd-v0", entry_point=EvenSeedsEnd)

@@ -143,10 +143,12 @@ def test_discrete_actions_that_start_above_zero_reach_the_env_offset(tmp_path, c
 
 def test_bad_rewards_observations_and_constructors_are_named(tmp_path):
     """A NaN reward or a wrong-shaped observation stops the run with one line
-    naming it (not NaN weights, not a silent broadcast); a constructor that
-    raises is named before anything starts."""
+    naming it (not NaN weights, not a silent broadcast, not Gymnasium's checker's
+    AssertionError and restarts); a constructor that raises is named before
+    anything starts."""
     cases = [("NaNReward-v0", "step() returned the reward nan; rewards must be finite numbers"),
              ("BroadcastObs-v0", "observation has shape (1,), its space says (3,)"),
+             ("DictBare-v0", "observation is of type ndarray; its space is a Dict with keys 'pos'"),  # 1st step
              ("OldGymStep-v0", "step() returned a tuple of 4; Gymnasium envs return (observation, "
                                "reward, terminated, truncated, info)")]
     *outs, ga = seedlocal_all([("train", "vtrace", "--env.id", f"faulty_envs:{env}", "--total-steps", "5000",

@@ -30,8 +30,10 @@ class GymnasiumGroup:
         import gymnasium
 
         register_namespace(spec.env_id)
-        self._envs = [gymnasium.make(spec.env_id, **({"render_mode": "rgb_array"} if render else {}))
-                      for _ in range(envs_per_group)]
+        # Gymnasium's passive checker off: its first reset and step raised a bare AssertionError, which restarted
+        # the worker, where this group's own checks (every step, not only the first) name the env in one line.
+        self._envs = [gymnasium.make(spec.env_id, disable_env_checker=True,
+                                     **({"render_mode": "rgb_array"} if render else {})) for _ in range(envs_per_group)]
         self._id, self._seed, self._start = spec.env_id, seed, spec.action_start
         self._bounds = action_bounds(spec)
         self._keys = list(spec.obs)
