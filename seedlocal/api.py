@@ -96,6 +96,9 @@ class Summary:
 def train(family: str, **overrides) -> Summary:
     """Train ``family`` (``vtrace``, ``r2d2``, ``ga``, ``es``, ``ars``, ``random-search``) with the command line's
     options as keywords (module docstring); returns the run's summary once a budget or target ends it."""
+    from seedlocal.pipeline.actors import refuse_unguarded_main
+
+    refuse_unguarded_main(f"seedlocal.train({family!r}, ...)")
     prepared = _prepared(family, overrides)
     if prepared.config.learners > 1:
         from seedlocal.pipeline.ranks import from_environment

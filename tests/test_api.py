@@ -223,6 +223,22 @@ if __name__ == "__main__":
 """
 
 
+def test_a_script_that_trains_at_its_top_level_is_told_to_guard_it(tmp_path):
+    """Every env worker imports the script again; a run started at its top level (directly or through a function
+    it calls there) would start one in each, which multiprocessing refuses with a traceback per worker and
+    seedlocal reported as an env that cannot start. It is refused first, in one line that says what to write."""
+    body = SCRIPT.replace('if __name__ == "__main__":\n    ', "def job():\n    ") + "\njob()\n"
+    (tmp_path / "job.py").write_text(body)
+    out = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and last == (
+        f"seedlocal.errors.ConfigError: seedlocal.train('vtrace', ...) runs at the top level of {tmp_path / 'job.py'} "
+        f"(line {body.splitlines().index('job()') + 1}), which every env worker imports again as it starts: put it "
+        'under if __name__ == "__main__":'), out.stderr[-2000:]
+    assert not (tmp_path / "t").exists() and "bootstrapping" not in out.stderr
+
+
 def test_a_script_stopped_by_sigterm_saves_and_releases_its_memory(tmp_path):
     """A script (a scheduler's job) that calls seedlocal.train and gets SIGTERM ends as the command line does:
     checkpoint, interrupted summary, no segment left, exit status 143."""

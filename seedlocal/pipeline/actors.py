@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from seedlocal.errors import ConfigError, WorkerDied
 from seedlocal.pipeline.bridge.server import GOODBYE_S
@@ -54,6 +55,33 @@ def _main_has_file() -> bool:
     """Whether ``__main__`` is a file a new process can run again (not a notebook, ``python -c`` or stdin)."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     return path is not None and os.path.isfile(path)
+
+
+def refuse_unguarded_main(call: str) -> None:
+    """A process a run starts imports the parent's ``__main__`` file again, so a script that calls ``call`` (a
+    run) at its top level, outside ``if __name__ == "__main__":``, would start a run in every worker, which
+    multiprocessing refuses there: say so now, in one line, before anything starts."""
+    main = sys.modules.get("__main__")
+    if not _main_has_file() or getattr(main.__spec__, "name", "").endswith("__main__"):
+        return  # nothing to import again, or a package's __main__ (``python -m pkg``), which a child never runs
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None or frame.f_lineno in _guarded_lines(main.__file__):
+        return
+    raise ConfigError(f"{call} runs at the top level of {main.__file__} (line {frame.f_lineno}), which every env "
+                      f"worker imports again as it starts: put it under if __name__ == \"__main__\":")
+
+
+def _guarded_lines(path: str) -> set[int]:
+    """The lines of the file at ``path`` inside an ``if __name__ == "__main__":`` block."""
+    import ast
+
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(Path(path).read_bytes())):
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
+            lines.update(range(node.body[0].lineno, node.end_lineno + 1))
+    return lines
 
 
 @contextmanager
