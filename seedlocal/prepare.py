@@ -165,7 +165,7 @@ def _resumed(request: Request, recipe: Recipe) -> Resumed | None:
     state = checkpoint.load(path)
     wrote = state.get("identity", {}).get("algo")
     if wrote != recipe.name:
-        raise ConfigError(f"resume={path!r}: {state.get('path')} is a {wrote} run; resume it with "
+        raise ConfigError(f"resume={path!r}: {state.get('path')} is a run of seedlocal train {wrote}; resume it with "
                           f"seedlocal train {wrote} --resume {path}")
     if request.preset:
         raise ConfigError("preset: a resumed run keeps the configuration saved with it; "

@@ -219,7 +219,8 @@ def test_resume_refuses_another_algorithms_run_and_a_spent_budget(cartpole_run, 
     _, _, run_dir, _ = cartpole_run
     before = (run_dir / "summary.json").read_text()
     assert main(["train", "r2d2", "--resume", str(run_dir)]) == 2
-    assert "is a vtrace run; resume it with seedlocal train vtrace --resume" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is a run of seedlocal train vtrace; resume it with seedlocal train vtrace --resume" in err
     assert main(["train", "vtrace", "--resume", str(run_dir), "--total-steps", "1000"]) == 2
     assert "total_steps=1000: the resumed run already has" in capsys.readouterr().err
     # A resumed run goes on in its own folder: another name or log dir would be ignored, so it is refused.

@@ -85,7 +85,7 @@ def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
     args = [a for a in spelled(args, run_cls) if a not in ("-h", "--help")]
     kinds = options_of(cls)  # the second default: every option another value of its type
     perturbed = apply(cls(), {name: _other(v, kinds[name]) for name, v in leaves(cls()).items()})
-    one, two = (tyro.cli(cls, args=args, default=d, prog="seedlocal train") for d in (cls(), perturbed))
+    one, two = (tyro.cli(cls, args=args, default=d, prog=f"seedlocal train {family}") for d in (cls(), perturbed))
     values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
     command = {name: given.pop(name) for name in list(given) if name in COMMAND_OPTIONS}
