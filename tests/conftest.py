@@ -1,7 +1,6 @@
 """Every test must leave no process and no shared-memory segment behind."""
 
 import os
-import sys
 
 # Before torch loads (here and in every process a test starts, which inherit it): the suite runs two test
 # processes (pyproject's -n 2), each starting learners and env workers, on 2-core machines. OpenMP's threads spin
@@ -10,12 +9,6 @@ import sys
 # 110-129 s spinning and 56 s passive. A run alone keeps the default: MinAtar's preset stepped 11.2K steps/s
 # with it, 10.2K passive (docs/tuning.md, "Two runs on the same cores").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# The README's test command installs with pip's --no-compile: byte-compiling every file of torch and envpool's
-# dependencies took 44 of its 99 s here, and the suite imports a small share of them. Each module is compiled on
-# its first import instead and cached for every later process, also where PYTHONDONTWRITEBYTECODE is set (it was on
-# the development machines; without a cache each of the suite's ~100 processes compiled torch again, 7 s each).
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
