@@ -1192,11 +1192,16 @@ def test_a_learner_says_where_its_bridge_listens_and_that_no_host_came(tmp_path,
     assert out.count("training goes on with the local envs") == 1
 
 
-def test_a_port_in_use_is_refused_with_the_systems_reason():
-    """gRPC says only "Failed to bind" (its reason goes to its own log): the line now gives the system's."""
+@pytest.mark.parametrize("reuse", [False, True], ids=["plain", "reuseport"])
+def test_a_port_in_use_is_refused_with_the_systems_reason(reuse):
+    """gRPC says only "Failed to bind" (its reason goes to its own log): the line now gives the system's. A port
+    held with SO_REUSEPORT, as another learner's gRPC server held it by default, is refused too: two learners
+    listened on one port and its hosts joined either."""
     from seedlocal.errors import ConfigError
 
     with socket.socket() as held:
+        if reuse:
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]

@@ -462,6 +462,7 @@ def _grpc_server(srv: BridgeServer):
         ("grpc.max_receive_message_length", srv.largest),  # the longest message a host sends in the run
         ("grpc.max_send_message_length", -1),  # what the learner builds itself
         ("grpc.max_concurrent_streams", 1),  # an actor host opens one stream per connection
+        ("grpc.so_reuseport", 0),  # gRPC's default lets a second learner listen on this port and take its hosts
         ("grpc.server_handshake_timeout_ms", ms), ("grpc.max_connection_idle_ms", ms)]
     return grpc.server(futures.ThreadPoolExecutor(max_workers=streams + 2),
                        handlers=[grpc.method_handlers_generic_handler(SERVICE, {"Stream": handler})],
