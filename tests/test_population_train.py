@@ -131,7 +131,8 @@ def test_eval_plays_the_best_member_by_default_or_the_one_asked(tmp_path, capsys
 
 @pytest.mark.parametrize("overrides, words", [
     (dict(population={"size": 8}), "members own whole env groups: the run's 4 groups"),
-    (dict(population={"size": 3}), "do not divide among 3 members"),
+    (dict(population={"size": 3}), "do not divide among 3 members; give --pipeline.num-workers 3 "),
+    (dict(population={"size": 6}), "do not divide among 6 members; give --pipeline.num-workers 3 "),
     (dict(population={"size": 4}, algo={"batch_size": 8}), "algo.batch_size=8: each member learns"),
     (dict(population={"size": 2}, learners=2), "not yet supported"),
     (dict(population={"size": 2}, network={"lstm_size": 8}), "not yet with a population"),
@@ -139,6 +140,11 @@ def test_eval_plays_the_best_member_by_default_or_the_one_asked(tmp_path, capsys
     (dict(population={"size": 2, "mode": "sweep", "sweep": ("learnin_rate=1e-3,1e-4",)}),
      "did you mean learning_rate"),
     (dict(population={"size": 2, "mode": "sweep", "sweep": ("init_std=1,2",)}), "no hyperparameter init_std"),
+    (dict(population={"size": 2, "mode": "sweep", "sweep": ("learning_rate=abc",)}),
+     "population.sweep='learning_rate=abc': 'abc' is not a finite number, which learning_rate is"),
+    (dict(population={"size": 2, "mode": "pbt", "sweep": ("learning_rate=nan,1e-3",)}), "nan is not a finite number"),
+    (dict(population={"size": 2, "mode": "pbt", "perturb": ("learnin_rate",)}),
+     "population.perturb='learnin_rate': no hyperparameter learnin_rate; did you mean learning_rate?"),
     (dict(population={"size": 2, "mode": "sweep", "sweep": ("clip=0.5,2",)}), "algo.clip=2"),
     (dict(population={"size": 1, "mode": "pbt"}), "needs population.size >= 2"),
     (dict(population={"size": 2}, network={"hidden": (16,), "obs_norm": True}), "obs_norm=True: not yet"),
@@ -243,6 +249,13 @@ def test_the_command_line_builds_the_population_the_keywords_build():
         "size": 2, "mode": "pbt", "sweep": ("learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03"),
         "perturb": ("learning_rate",)})
     assert cfg.population.sweep == ("learning_rate=1e-4..1e-2", "entropy_cost=0.01,0.03")
+
+
+def test_pbt_draws_from_a_stream_apart_from_the_sweeps_starting_values():
+    """The starting values are drawn from default_rng(seed) (``sweep_values``); PBT's rounds drew from a generator
+    seeded the same, so its first donor choices and resamples reused the numbers that had set the starting values."""
+    t = _trainer(size=4, mode="pbt", sweep=("learning_rate=1e-4..1e-2",), seed=3)
+    assert not np.array_equal(t.pbt_rng.random(8), np.random.default_rng(3).random(8))
 
 
 def test_pbt_perturbs_within_the_sweeps_range_or_a_decade_each_side_capped():

@@ -110,7 +110,9 @@ class PopulationTrainer(VTraceLearning):
         self.groups_per_member = self.shape.num_groups // pop.size
         self.rows_per_batch = self.k * self.shape.envs_per_group * cfg.pipeline.unroll_length
         self.pbt = pbt.PBTParams(pop.quantile, pop.resample_probability)
-        self.pbt_rng = np.random.default_rng(pop.seed)
+        # A stream of its own: default_rng(pop.seed) drew the sweep's starting values (pbt.sweep_values), and the
+        # first round's choices then reused those very numbers (a resample gave member 3 its own starting rate).
+        self.pbt_rng = np.random.default_rng([pop.seed, 1])
         self.lineage: list[dict] = []
         self.next_round = pop.interval
         self.curves: list[tuple[int, int, int, float]] = []  # (run steps, member, its steps, its mean of 20)
