@@ -102,11 +102,15 @@ def parse_space(items: Sequence[str], field: str = "population.sweep",
         if name in space:
             fail(field, item, f"{name} is given twice")
         if known is not None and name not in known:
-            near = difflib.get_close_matches(name, list(known), n=1)
-            hint = f"; did you mean {near[0]}?" if near else f"; it has {', '.join(sorted(known))}"
-            fail(field, item, f"no hyperparameter {name}{hint}")
+            fail(field, item, unknown_hyperparameter(name, known))
         space[name] = _distribution(field, item, value)
     return space
+
+
+def unknown_hyperparameter(name: str, known: Collection[str]) -> str:
+    """Why ``name`` is refused, with the nearest of ``known``."""
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f"no hyperparameter {name}" + (f"; did you mean {near[0]}?" if near else f"; it has {', '.join(sorted(known))}")
 
 
 def sweep_values(space: dict[str, Distribution], members: int, seed: int = 0) -> list[dict]:

@@ -198,7 +198,13 @@ PBT_SPAN, PBT_CAPS = 10.0, {"clip": 0.99, "discount": 1.0, "lam": 1.0}
 
 
 def _space(cfg: VTraceRun) -> dict:
-    return pbt.parse_space(cfg.population.sweep, "population.sweep", known=MEMBER_HYPERPARAMETERS)
+    space = pbt.parse_space(cfg.population.sweep, "population.sweep", known=MEMBER_HYPERPARAMETERS)
+    for name, dist in space.items():  # every member hyperparameter is a number (a range's ends are checked already)
+        bad = [v for v in getattr(dist, "values", ()) if isinstance(v, str) or not math.isfinite(v)]
+        if bad:
+            fail("population.sweep", f"{name}={','.join(map(str, dist.values))}",
+                 f"{bad[0]!r} is not a finite number, which {name} is")
+    return space
 
 
 def member_values(cfg: VTraceRun) -> list[dict]:
@@ -246,7 +252,7 @@ def check_population(cfg: VTraceRun, shape) -> None:
     if groups < pop.size or groups % pop.size:
         fail("population.size", pop.size, f"members own whole env groups: the run's {groups} groups (2 per "
              f"worker) do not divide among {pop.size} members; give --pipeline.num-workers "
-             f"{math.ceil(pop.size / 2)} (or a multiple)")
+             f"{pop.size // math.gcd(2, pop.size)} (or a multiple)")
     k = shape.unrolls_per_batch
     if k % pop.size:
         fail("algo.batch_size", cfg.algo.batch_size, f"each member learns from algo.batch_size / {pop.size} envs' "
@@ -260,7 +266,8 @@ def check_population(cfg: VTraceRun, shape) -> None:
         if pop.interval < 1:
             fail("population.interval", pop.interval, "must be >= 1 (a member's env steps between PBT rounds)")
         for name in pop.perturb:
-            pbt.parse_space([f"{name}=1"], "population.perturb", known=MEMBER_HYPERPARAMETERS)
+            if name not in MEMBER_HYPERPARAMETERS:
+                fail("population.perturb", name, pbt.unknown_hyperparameter(name, MEMBER_HYPERPARAMETERS))
         if not pbt_space(cfg):
             fail("population.perturb", " ".join(pop.perturb), "leaves PBT nothing to perturb (each is 0 here and "
                  "has no --population.sweep range)")
