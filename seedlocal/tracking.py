@@ -13,6 +13,8 @@ import string
 import threading
 from pathlib import Path
 
+from seedlocal.errors import ConfigError
+
 ID_FILE = "wandb_run_id"
 
 
@@ -37,9 +39,14 @@ class Tracker:
 
         self._wandb, self.x_axis, self._lock = wandb, x_axis, threading.Lock()
         rid, self.resumed = run_id(run_dir)
-        self.run = wandb.init(project=project, entity=entity or None, name=Path(run_dir).name, id=rid,
-                              resume="allow" if self.resumed else None, config=config, dir=str(run_dir),
-                              settings=wandb.Settings(console="off", quiet=True, silent=True))
+        try:
+            self.run = wandb.init(project=project, entity=entity or None, name=Path(run_dir).name, id=rid,
+                                  resume="allow" if self.resumed else None, config=config, dir=str(run_dir),
+                                  settings=wandb.Settings(console="off", quiet=True, silent=True))
+        except wandb.errors.Error as e:  # no API key (a batch job never logged in), a refused login: W&B's reason
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"track=True: W&B did not start the run: {reason} (or WANDB_MODE=offline to keep "
+                              "it here and upload it later with wandb sync)") from None
         self.run.define_metric(x_axis)
         self.run.define_metric("*", step_metric=x_axis)
 

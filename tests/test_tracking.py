@@ -121,3 +121,20 @@ def test_the_learners_log_call_does_not_wait_while_a_video_is_prepared_for_wandb
     (run,) = offline_runs(tmp_path)
     assert [row["steps"] for row in run.history if "losses/total_loss" in row] == [11]
     assert [row["steps"] for row in run.history if f"{TAG}/_type" in row] == [10]
+
+
+def test_track_without_a_login_stops_in_one_line(tmp_path, monkeypatch):
+    """A batch job that never ran ``wandb login``: W&B refuses the run, which seedlocal says in one line (it was a
+    30-line traceback) with the way to keep the run offline."""
+    pytest.importorskip("wandb")
+    from seedlocal.errors import ConfigError
+    from seedlocal.tracking import Tracker
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no saved key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(ConfigError) as e:
+        Tracker(tmp_path, {"seed": 1}, "seedlocal-tests", "", "steps")
+    assert str(e.value).startswith("track=True: W&B did not start the run: ") and "\n" not in str(e.value)
+    assert "WANDB_MODE=offline" in str(e.value)
