@@ -240,7 +240,8 @@ def _main(argv: list[str]) -> int:
     try:
         return _run(argv)
     except (KeyboardInterrupt, Stopped) as e:
-        print(_stopped_line(e, said), file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # rank 0 says what the run left; another rank wrote nothing
+            print(_stopped_line(e, said), file=sys.stderr)
         return e.code if isinstance(e, Stopped) else 130
 
 

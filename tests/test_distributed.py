@@ -500,6 +500,7 @@ def test_ctrl_c_stops_every_rank_together_with_one_checkpoint(tmp_path):
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "leaked" not in out, out
     assert out.count(f"stopped cleanly (checkpoint and summary in {tmp_path / 'c'})") == 1, out
+    assert out.count("stopped cleanly") == 1, out  # rank 1 said "(nothing written)" beside it
     assert f"seedlocal train vtrace --resume {tmp_path / 'c'}" in out, out
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
     assert not seedlocal_segments(ranks[0].pid) and not seedlocal_segments(ranks[1].pid)
