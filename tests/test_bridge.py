@@ -153,6 +153,7 @@ def test_wire_messages_round_trip_and_malformed_ones_are_named():
     (dict(listen="127.0.0.1:5000", remote_envs=6), {}, "multiple of pipeline.envs_per_worker"),
     (dict(listen="", remote_envs=8), {}, "needs bridge.listen"),
     (dict(listen="nonsense", remote_envs=8), {}, "expected HOST:PORT"),
+    (dict(listen="127.0.0.1:99999", remote_envs=8), {}, r"the port must be in 0\.\.65535 \(0: any free one\)"),
     (dict(), dict(num_workers=0), "or 0 with bridge.remote_envs"),
     (dict(listen=":5000", remote_envs=8, tls_cert="/no/such.pem"), {}, "TLS needs both"),
 ])
@@ -1211,3 +1212,13 @@ def test_a_port_in_use_is_refused_with_the_systems_reason(reuse):
                                RandomPolicy, bridge=BridgeConfig(listen=f"127.0.0.1:{port}", remote_envs=8)):
                 pass
     assert not leaked_segments()
+
+
+def test_grpcs_reason_is_said_once():
+    """gRPC's details may begin with the status code already (a host pointed at an HTTP server):
+    the line said "UNAVAILABLE: UNAVAILABLE: ..."."""
+    from seedlocal.pipeline.bridge.client import _unreachable
+
+    assert _unreachable("UNAVAILABLE", "UNAVAILABLE: Trying to connect an http1.x server", False) == \
+        "UNAVAILABLE: Trying to connect an http1.x server"
+    assert _unreachable("DEADLINE_EXCEEDED", "Deadline Exceeded", False) == "DEADLINE_EXCEEDED: Deadline Exceeded"

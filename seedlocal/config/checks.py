@@ -173,8 +173,11 @@ def split_address(field: str, address: str, listen: bool = False) -> tuple[str, 
     """``HOST:PORT`` (``[v6]:PORT``; a bare ``:PORT`` is loopback) as (host, port);
     a listening address may give port 0 (any free port)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not (0 if listen else 1) <= int(port) < 65536:
+    if not sep or not port.isdigit():
         fail(field, address, "expected HOST:PORT, e.g. 127.0.0.1:50051 or :50051")
+    if not (0 if listen else 1) <= int(port) < 65536:
+        fail(field, address, "the port must be in 0..65535 (0: any free one)" if listen else
+             "the port must be in 1..65535")
     if host.startswith("[") and host.endswith("]"):  # the brackets are the address's syntax, not the host's
         host = host[1:-1]
     return (host or "127.0.0.1"), int(port)

@@ -99,7 +99,7 @@ def _unreachable(code: str, details: str, tls: bool) -> str:
     if "Concurrent RPC limit" in detail:
         return ("the learner has as many streams as it takes (its remote groups + bridge.handshakes_per_peer) "
                 f"({code}: {detail})")
-    return f"{code}: {detail}"
+    return detail if detail.startswith(code) else f"{code}: {detail}"  # gRPC's details may begin with the code
 
 
 def _channel(cfg: ActorsConfig):
