@@ -141,6 +141,8 @@ class TrainingVideos:
         if self._thread is None:
             return
         with self._cond:
+            if finish and (self._busy or self._job is not None) and self._thread.is_alive():
+                print("seedlocal: finishing the last training video (its episode plays to its end)", flush=True)
             while finish and (self._busy or self._job is not None) and self._thread.is_alive():
                 self._cond.wait(timeout=1.0)
             self._stop = True
