@@ -156,8 +156,10 @@ class PopulationTrainer(VTraceLearning):
         mode = {"seeds": f"seeds {self.cfg.env.seed}..{self.cfg.env.seed + pop.size - 1}",
                 "sweep": f"a sweep of {', '.join(self.members[0].names)}",
                 "pbt": f"PBT over {', '.join(self.space)} every {pop.interval:,d} steps a member"}[pop.mode]
+        E, groups = self.shape.envs_per_group, self.groups_per_member
         return (f"training a population of {pop.size} V-trace learners on {self.spec.env_id} ({mode}; each "
-                f"{self.groups_per_member} env groups and batches of {self.k} unrolls; one inference call for "
+                f"{groups} env group{'s' * (groups != 1)} and batches of {self.k * E} of algo.batch_size's "
+                f"{self.shape.unrolls_per_batch * E} unrolls; one inference call for "
                 f"all, {self.precision} on {self.device}, members updating "
                 f"{'in one batched update' if self.device.type == 'cuda' else 'one after another'})")
 
