@@ -110,7 +110,8 @@ def parse_space(items: Sequence[str], field: str = "population.sweep",
 def unknown_hyperparameter(name: str, known: Collection[str]) -> str:
     """Why ``name`` is refused, with the nearest of ``known``."""
     near = difflib.get_close_matches(name, list(known), n=1)
-    return f"no hyperparameter {name}" + (f"; did you mean {near[0]}?" if near else f"; it has {', '.join(sorted(known))}")
+    hint = f"did you mean {near[0]}?" if near else f"it has {', '.join(sorted(known))}"
+    return f"no hyperparameter {name}; {hint}"
 
 
 def sweep_values(space: dict[str, Distribution], members: int, seed: int = 0) -> list[dict]:
