@@ -57,8 +57,11 @@ _KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 
 CHANNEL_OPTIONS = _KEEPALIVE + [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
                                 ("grpc.use_local_subchannel_pool", 1)]
 # How long the goodbye waits for each host to close its side (it does once it has read the goodbye), so that the
-# connection is not closed under a goodbye not yet read; ActorPool.close() gives the server this and more.
-GOODBYE_S = 2.0
+# connection is not closed under a goodbye not yet read; ActorPool.close() gives the server this and more. A host
+# answers in milliseconds; at 2 s a clean clone's suite on 2 busy cores once saw the learner's close() end the
+# server before its host had read it, and the host retried instead of exiting. Only a host that never answers
+# makes a stopping learner wait this long.
+GOODBYE_S = 5.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
 # A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty on any network, and a peer that has
 # not proven itself by then is cut off (keepalive alone would keep a silent stream open for good).
