@@ -240,7 +240,10 @@ def _main(argv: list[str]) -> int:
     try:
         return _run(argv)
     except (KeyboardInterrupt, Stopped) as e:
-        if os.environ.get("RANK", "0") == "0":  # rank 0 says what the run left; another rank wrote nothing
+        # Rank 0 says what the run left; another rank wrote nothing. (A rank has joined through pipeline.ranks; a
+        # process that has not loaded it is no rank, and need not load torch to learn so.)
+        ranks = sys.modules.get("seedlocal.pipeline.ranks")
+        if ranks is None or (ranks.from_environment() or (0,))[0] == 0:
             print(_stopped_line(e, said), file=sys.stderr)
         return e.code if isinstance(e, Stopped) else 130
 
