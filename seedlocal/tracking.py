@@ -45,6 +45,7 @@ class Tracker:
                                   settings=wandb.Settings(console="off", quiet=True, silent=True))
         except wandb.errors.Error as e:  # no API key (a batch job never logged in), a refused login: W&B's reason
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            wandb.teardown()  # its settings, read at the first init, would refuse a next run in this process
             raise ConfigError(f"track=True: W&B did not start the run: {reason} (or WANDB_MODE=offline to keep "
                               "it here and upload it later with wandb sync)") from None
         self.run.define_metric(x_axis)

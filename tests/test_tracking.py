@@ -138,3 +138,8 @@ def test_track_without_a_login_stops_in_one_line(tmp_path, monkeypatch):
         Tracker(tmp_path, {"seed": 1}, "seedlocal-tests", "", "steps")
     assert str(e.value).startswith("track=True: W&B did not start the run: ") and "\n" not in str(e.value)
     assert "WANDB_MODE=offline" in str(e.value)
+    # What the line says works in the same process (the Python API): W&B does not keep the refused settings.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    tracker = Tracker(tmp_path, {"seed": 1}, "seedlocal-tests", "", "steps")
+    tracker.finish(failed=False)
+    assert len(offline_runs(tmp_path)) == 1
