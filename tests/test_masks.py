@@ -14,6 +14,7 @@ from conftest import leaked_segments
 from helpers import prepared, seedlocal_runs
 
 from seedlocal.algos.distributions import Categorical
+from seedlocal.algos.frames import net_spec
 from seedlocal.algos.r2d2 import double_q_bootstrap, inverse_value_rescale
 from seedlocal.config.schema import EnvConfig
 from seedlocal.envs.spaces import describe, validate_env
@@ -24,7 +25,7 @@ from seedlocal.policies import RandomPolicy
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.policies.population import PopulationPolicy
 from seedlocal.policies.q_greedy import R2D2Policy
-from seedlocal.spec import MASK_KEY
+from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
 
 TESTS = Path(__file__).parent
 PICK, PICK_INFO = "mask_envs:Pick-v0", "mask_envs:PickInfo-v0"
@@ -76,6 +77,21 @@ def test_every_policy_acts_legally():
     lowest = mask.float().argmax(1)
     share = (actions[only_two] == lowest[only_two]).float().mean()
     assert 0.45 < share < 0.55, share
+
+
+def test_r2d2_acting_on_frames_stacked_beside_the_network_keeps_the_mask():
+    """Single-channel image frames with a mask beside them (a Gymnasium env's Dict): the greedy action over stacks
+    built on the device is still a legal one (the stack replaces the frame, not the observation)."""
+    torch.manual_seed(0)
+    spec = EnvSpec("frames-and-mask", "gymnasium", {"": TensorSpec((1, 12, 12), "uint8"),
+                                                   MASK_KEY: TensorSpec((8,), "bool")},
+                   TensorSpec((), "int64"), 8, None, None, 1)
+    net = RecurrentQNet(net_spec(spec, 4), lstm_size=16)
+    policy = R2D2Policy(net, spec, 0.0, WeightLock("cpu"), "cpu", stack=4, seed=0)
+    mask = random_batch(spec, 512)[MASK_KEY]
+    obs = {"": torch.randint(0, 256, (512, 1, 12, 12), dtype=torch.uint8), MASK_KEY: mask}
+    actions, _, _ = policy.act(obs, torch.zeros(512, 2, 16), np.arange(512), np.ones(512, bool))
+    assert mask[torch.arange(512), actions].all()
 
 
 def test_the_learners_see_only_legal_actions():

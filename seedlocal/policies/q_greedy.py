@@ -37,9 +37,9 @@ class R2D2Policy(Policy):
 
     def prepare(self, sizes, obs):
         if isinstance(self._step, GraphedStep):
-            if self.stack > 1:  # the network sees stacked frames
-                obs = {"": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
-                                       device=self.device)}
+            if self.stack > 1:  # the network sees stacked frames (and an action mask beside them)
+                obs = {**obs, "": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
+                                              device=self.device)}
             self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
 
     def _draws(self, n: int, actions: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +63,8 @@ class R2D2Policy(Policy):
         mask = obs.get(MASK_KEY)
         if self.stack > 1:
             starts = first if first is not None else np.zeros(n, bool)
-            obs = {"": self.frames(obs[""], ids, torch.from_numpy(starts).to(self.device), int(env_ids.max()) + 1)}
+            obs = {**obs, "": self.frames(obs[""], ids, torch.from_numpy(starts).to(self.device),
+                                          int(env_ids.max()) + 1)}
         with self.lock.reading():
             q, core = self._step(obs, core)
         u, random = self._draws(q.shape[0], q.shape[1], mask)
