@@ -67,6 +67,13 @@ def test_the_sizing_of_each_preset(name, preset, machine):
     assert _changes(name, preset, machine) == EXPECTED[name, preset].get(machine, {})
 
 
+def test_ars_on_image_frames_keeps_its_preset_on_a_gpu():
+    """ARS's population is two sides of each direction, not an option: a GPU machine's sizing of Atari frames
+    leaves its preset as docs/tuning.md says (it was a TypeError traceback: the sizing set a population size)."""
+    pong = {"env.id": "Pong-v5"}
+    assert _sized("ars", None, GPU16, **pong).config == _sized("ars", None, CPU16, **pong).config
+
+
 @pytest.mark.parametrize("machine", [CPU2, GPU8, GPU16, GPU64, Machine(3, True), Machine(1000, True)], ids=str)
 def test_every_sized_preset_keeps_a_valid_shape(machine):
     """Preparation builds and checks the sized run's shape and the family's checks (a V-trace batch of whole

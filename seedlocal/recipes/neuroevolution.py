@@ -100,8 +100,8 @@ def sizing(cfg: NeuroevoRun, kind: Kind, machine: Machine, given: Given) -> dict
     """On a GPU, image frames get ``machine.gpu_envs`` envs in workers of 32 and a population of at least 256
     (issue 33's GA target: P >= 256 Nature CNNs in one batched forward) and at least one member per env;
     everything else, and every CPU run, keeps the preset's sizes (docs/tuning.md)."""
-    if not machine.accelerator or not hasattr(cfg.algo, "population_size") or not kind.frames:
-        return {}
+    if not machine.accelerator or "population_size" not in vars(cfg.algo) or not kind.frames:
+        return {}  # ARS's population (2 x its directions) is not an option: its preset's sizes stay
     # Unmeasured on a GPU: the envs follow V-trace's measured 8 per core; the population is the issue's target.
     out, local = sized_pipeline(cfg.pipeline, machine.gpu_envs(), GPU_ENVS_PER_WORKER, cfg.bridge.remote_envs, given)
     population = max(GPU_POPULATION, cfg.algo.population_size, local)
