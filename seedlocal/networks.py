@@ -50,9 +50,7 @@ def image_layout(spec: TensorSpec) -> str | None:
 def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
     """(C, H, W) of an observation ``image_layout`` reads as an image, else None."""
     layout = image_layout(spec)
-    if layout == "hwc":
-        return (spec.shape[2], *spec.shape[:2])
-    return tuple(spec.shape) if layout == "chw" else None
+    return (spec.shape[2], *spec.shape[:2]) if layout == "hwc" else tuple(spec.shape) if layout == "chw" else None
 
 
 def is_image(spec: TensorSpec) -> bool:

@@ -61,31 +61,27 @@ class DiagGaussian:
         return 2 * action_dims
 
     @staticmethod
-    def split(params: Tensor) -> tuple[Tensor, Tensor]:
-        return params.chunk(2, dim=-1)
-
-    @staticmethod
     def log_prob(params: Tensor, actions: Tensor) -> Tensor:
         """log pi(a|x) [...]: the sum over the action's dimensions of
         -((a - mu) / sigma)^2 / 2 - log sigma - log sqrt(2 pi)."""
-        mean, log_std = DiagGaussian.split(params)
+        mean, log_std = params.chunk(2, dim=-1)
         z = (actions - mean) * torch.exp(-log_std)
         return (-0.5 * z * z - log_std - LOG_SQRT_2PI).sum(-1)
 
     @staticmethod
     def entropy(params: Tensor) -> Tensor:
-        _, log_std = DiagGaussian.split(params)
+        _, log_std = params.chunk(2, dim=-1)
         return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1)
 
     @staticmethod
     def sample(params: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        mean, log_std = DiagGaussian.split(params)
+        mean, log_std = params.chunk(2, dim=-1)
         noise = torch.randn(mean.shape, dtype=mean.dtype, device=mean.device, generator=generator)
         return mean + torch.exp(log_std) * noise
 
     @staticmethod
     def mode(params: Tensor) -> Tensor:
-        return DiagGaussian.split(params)[0]
+        return params.chunk(2, dim=-1)[0]
 
 
 def for_actions(num_actions: int | None):

@@ -74,22 +74,18 @@ class FrameHistory:
         # [env slots, stack, H, W] in the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255.
         self.hist = torch.zeros((slots, stack) + tuple(frame.shape[1:]), dtype=torch_dtype(frame.dtype), device=device)
 
-    def _grown(self, rows: int) -> torch.Tensor:
-        if len(self.hist) < rows:
-            grown = self.hist.new_zeros((rows,) + self.hist.shape[1:])
-            grown[:len(self.hist)] = self.hist
-            self.hist = grown
-        return self.hist
-
     def __call__(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, slots: int) -> torch.Tensor:
         """[n, 1, H, W] new frames of env slots ``ids`` -> [n, stack, H, W], an episode's first frame repeated
         at its start. ``slots``: one more than the largest of ``ids``, from the host (reading it from ``ids``
         on a GPU would wait for the device every batch)."""
-        hist = self._grown(slots)
-        rolled = torch.cat([hist[ids][:, 1:], frames], dim=1)
+        if len(self.hist) < slots:
+            grown = self.hist.new_zeros((slots,) + self.hist.shape[1:])
+            grown[:len(self.hist)] = self.hist
+            self.hist = grown
+        rolled = torch.cat([self.hist[ids][:, 1:], frames], dim=1)
         fresh = frames.expand(-1, self.stack, -1, -1)
         out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
-        hist[ids] = out
+        self.hist[ids] = out
         return out
 
 

@@ -48,10 +48,7 @@ def _stacked(rows: list[Tensor]) -> Tensor:
     strides = t.stride() if dense else torch.empty(t.shape).stride()
     out = torch.empty_strided((len(rows),) + tuple(t.shape), (max(t.numel(), 1),) + tuple(strides), dtype=t.dtype,
                               device=t.device)
-    with torch.no_grad():
-        for i, r in enumerate(rows):
-            out[i].copy_(r)
-    return out
+    return out.copy_(torch.stack(rows))
 
 
 def _template(net: nn.Module) -> _Method:

@@ -134,12 +134,10 @@ class _Steps:
         self.count = 0
 
     def __call__(self, grads: dict[str, Tensor], stats: dict[str, Tensor]) -> None:
-        norms = []
         for i, member in enumerate(self.stack.members):
-            prms = list(member.named_parameters())
-            for name, prm in prms:
+            for name, prm in member.named_parameters():
                 prm.grad = grads[name][i]
-            norms.append(torch.nn.utils.clip_grad_norm_([prm for _, prm in prms], self.max_norms[i]))
+        norms = [torch.nn.utils.clip_grad_norm_(m.parameters(), c) for m, c in zip(self.stack.members, self.max_norms)]
         with self.step_lock if self.step_lock is not None else contextlib.nullcontext():
             for opt in self.optimizers:
                 opt.step()

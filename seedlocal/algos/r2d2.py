@@ -152,11 +152,9 @@ class R2D2Params:
 
 
 def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
-    """Ape-X / R2D2 exploration: env i of n acts with base^(1 + alpha i / (n - 1))."""
-    if n == 1:
-        return torch.tensor([base])
+    """Ape-X / R2D2 exploration: env i of n acts with base^(1 + alpha i / (n - 1)); one env acts with base."""
     i = torch.arange(n, dtype=torch.float64)
-    return (base ** (1.0 + alpha * i / (n - 1))).float()
+    return (base ** (1.0 + alpha * i / max(n - 1, 1))).float()
 
 
 def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D2Params,

@@ -211,7 +211,6 @@ class _Targets(NamedTuple):
     proximal_log_probs: Tensor
 
     def map(self, fn) -> "_Targets":
-        """``fn`` applied to every tensor."""
         return _Targets(fn(self.actions), fn(self.behaviour_log_probs), fn(self.valid),
                         VTraceReturns(*map(fn, self.returns)), fn(self.proximal_log_probs))
 
