@@ -490,13 +490,12 @@ class RecurrentQNet(_Encoded):
     which CUDA graphs capture.
     """
 
-    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
-                 lstm_size: int = 64, head_size: int = 0):
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64), lstm_size: int = 64):
         super().__init__(spec, encoder, hidden, obs_norm=False)
         self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
-        head = head_size or lstm_size
-        self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
-        self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
+        h = lstm_size  # each head's hidden layer, as wide as the core
+        self.value = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
+        self.advantage = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, spec.num_actions))
         use_channels_last(self.kind, self.encoder)
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
         self._register_load_state_dict_pre_hook(_lstm_cell_names)

@@ -113,16 +113,14 @@ class UnrollStacks:
         nth = occurrence(np.asarray(groups))
         for js in (np.flatnonzero(nth == w).tolist() for w in range(int(nth.max(initial=-1)) + 1)):
             cols = torch.from_numpy((np.asarray(js)[:, None] * self.E + np.arange(self.E)).ravel()).to(frames.device)
-            envs = [g * self.E + e for g in (groups[j] for j in js) for e in range(self.E)]
-            out[:, cols] = self._wave(frames[:, cols, 0], ignored[:, cols], envs, [groups[j] for j in js],
+            out[:, cols] = self._wave(frames[:, cols, 0], ignored[:, cols], [groups[j] for j in js],
                                       [epochs[j] for j in js])
         return out
 
-    def _wave(self, frames: torch.Tensor, ignored: torch.Tensor, envs: list[int], groups: list[int],
-              epochs: list[int]) -> torch.Tensor:
+    def _wave(self, frames: torch.Tensor, ignored: torch.Tensor, groups: list[int], epochs: list[int]) -> torch.Tensor:
         """Unrolls of distinct groups: [L, B, H, W] frames -> [L, B, S, H, W]."""
         S, (L, B) = self.S, frames.shape[:2]
-        ids = torch.as_tensor(envs, device=frames.device)
+        ids = torch.as_tensor([g * self.E + e for g in groups for e in range(self.E)], device=frames.device)
         restarted = np.repeat([self.epochs.get(g) != ep for g, ep in zip(groups, epochs)], self.E)
         first = torch.empty((L, B), dtype=torch.bool, device=frames.device)
         first[0] = self.last_ignored[ids] | torch.from_numpy(restarted).to(frames.device)

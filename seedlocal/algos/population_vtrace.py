@@ -92,16 +92,11 @@ class _Member:
         return self.stack.call(self.tensors, "forward", obs)
 
 
-def _outputs(member: _Member, batch: dict, precision: str) -> tuple[Tensor, Tensor]:
-    """A member's logits [L, B, A] and values [L, B] on its whole batch."""
-    return network_outputs(member, {**batch, "core_state": None}, episode_starts(batch["ignored"]), precision)
-
-
 def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
     """IMPALA's one update on a whole batch, targets from the differentiated forward (as ``learner_step``)."""
     member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
     T = batch["ignored"].shape[0] - 1
-    logits, values = _outputs(member, batch, precision)
+    logits, values = network_outputs(member, batch, episode_starts(batch["ignored"]), precision)
     targets = batch_targets(pm, batch, logits.detach(), values.detach())
     loss, stats = update_loss(pm, policy_dist(batch), logits[:T], values[:T], targets)
     return loss, {**stats, "mean_rho": mean_rho(targets)}
@@ -110,7 +105,7 @@ def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
 def _batch_targets(tensors, batch, costs, *, stack, p, precision):
     """V-trace targets over a whole batch, as rows (no gradient: they stay fixed for the batch's updates)."""
     member, pm = _Member(stack, tensors), dataclasses.replace(p, **costs)
-    targets = batch_targets(pm, batch, *_outputs(member, batch, precision))
+    targets = batch_targets(pm, batch, *network_outputs(member, batch, episode_starts(batch["ignored"]), precision))
     return as_rows(batch["obs"], targets)
 
 

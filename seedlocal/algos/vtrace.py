@@ -86,13 +86,13 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
     baseline's graph, ``target_params`` (the policy's parameters under ``dist``) the policy's.
 
     With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et al. 2017) on r = pi/mu with the V-trace
-    advantages (as in APPO), and ``clip_fraction`` the share of valid rows whose r lies outside the clip range. It bounds
-    how far one batch can pull the policy, which makes reusing a batch (``echo``) safe; IMPALA's rho-weighted gradient
-    keeps pushing however far the policy already moved. With ``proximal_log_probs`` (the learner's policy at the batch's
-    start) it is decoupled PPO (Hilton et al. 2021): r = pi/pi_prox, each row weighted by V-trace's min(rho_bar,
-    pi_prox/mu). With no lag that is PPO's; with actors running ahead (algo.sync off) a stale row no longer starts
-    outside the clip range, and the truncated weight corrects for mu. ``clip`` may be a tensor (a population's clips,
-    one per member under vmap, which cannot branch on a member's value: the members of a batched update take the
+    advantages (as in APPO), and ``clip_fraction`` the share of valid rows whose r lies outside the clip range. It
+    bounds how far one batch can pull the policy, which makes reusing a batch (``echo``) safe; IMPALA's rho-weighted
+    gradient keeps pushing however far the policy already moved. With ``proximal_log_probs`` (the learner's policy at
+    the batch's start) it is decoupled PPO (Hilton et al. 2021): r = pi/pi_prox, each row weighted by V-trace's
+    min(rho_bar, pi_prox/mu). With no lag that is PPO's; with actors running ahead (algo.sync off) a stale row no longer
+    starts outside the clip range, and the truncated weight corrects for mu. ``clip`` may be a tensor (a population's
+    clips, one per member under vmap, which cannot branch on a member's value: the members of a batched update take the
     surrogate all or none, ``algos/population_vtrace.py``). ``normalize_advantages`` rescales A to zero mean, unit
     variance over the valid rows (or by ``moments(adv, valid)``, which data-parallel ranks take over every rank's rows):
     the policy step is then independent of scale.
@@ -219,8 +219,9 @@ class _Targets(NamedTuple):
 
 
 def network_outputs(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
-    """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``)."""
-    obs, core = batch["obs"], batch["core_state"]
+    """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``); ``core_state`` None or absent
+    for a feed-forward network."""
+    obs, core = batch["obs"], batch.get("core_state")
     if cols is not None:
         obs = {k: v[:, cols] for k, v in obs.items()}
         core, first = (None if core is None else core[cols]), first[:, cols]
