@@ -219,8 +219,7 @@ class MultiInputEncoder(nn.Module):
                                               spec.env_id) for k in self.image_keys)
         self.vector_keys = [k for k in net_obs(spec) if k not in self.image_keys]
         self.mlp = vector_mlp(spec, self.vector_keys, hidden) if self.vector_keys else None
-        self.classes = self.mlp.classes if self.mlp is not None else {}
-        self.in_dim = self.mlp.in_dim if self.mlp is not None else 0
+        self.classes, self.in_dim = (self.mlp.classes, self.mlp.in_dim) if self.mlp is not None else ({}, 0)
         self.out_dim = sum(t.out_dim for t in self.convs) + (self.mlp.out_dim if self.mlp is not None else 0)
 
     def forward(self, obs: dict[str, torch.Tensor], vector: torch.Tensor | None = None) -> torch.Tensor:

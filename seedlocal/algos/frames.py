@@ -4,16 +4,13 @@ An Atari env that stacks its own frames sends each 84 x 84 frame four times over
 observations): four times the bytes through the workers' shared memory, the inference loop's gather and the learner's
 batches. With ``--env.frame-stack 1`` and ``frame_stack 4`` the env sends single frames and the stack is rebuilt here,
 on the device, where the network reads it. Both sides build the same stacks as envpool's own: frames t-3 .. t, oldest
-first, an episode's first frame repeated before its start.
-
-* ``FrameHistory`` is the acting side: each env slot's last stack, rolled on by one frame per step (``policies/``).
-* ``UnrollStacks`` is the learner's side for unrolls that overlap by one row (V-trace): a batch's [L, B, 1, H, W] frames
-  -> [L, B, S, H, W], each unroll continuing from the stack its group's previous unroll ended with.
-* ``net_spec`` is the observation the network is built for.
+first, an episode's first frame repeated before its start: ``FrameHistory`` for acting, ``UnrollStacks`` for V-trace's
+learner (docs/pipeline.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -56,11 +53,9 @@ def fit_frames(preset, spec, as_preset_sends):
     (``as_preset_sends()``, the env described with them, raises: envpool's --env.frame-stack on a Gymnasium env) the
     preset with the env's own frames (``spec``), stacked beside the network only where they are single-channel."""
     stack = getattr(preset, "frame_stack", 0)
-    try:
+    with contextlib.suppress(Exception):
         if stack_problem(as_preset_sends(), stack) is None:
             return preset
-    except Exception:
-        pass
     kept = {"frame_stack": stack if stack_problem(spec, stack) is None else 0} if hasattr(preset, "frame_stack") else {}
     return dataclasses.replace(preset, env=dataclasses.replace(preset.env, frame_stack=0), **kept)
 

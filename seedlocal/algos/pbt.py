@@ -23,6 +23,7 @@ caller owns (and checkpoints).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import itertools
@@ -66,10 +67,8 @@ Distribution = Choice | LogUniform
 def _number(token: str):
     """A list value as written: an int, else a float, else the word itself (``adam``)."""
     for kind in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return kind(token)
-        except ValueError:
-            pass
     return token
 
 
