@@ -376,7 +376,6 @@ def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A network's torso output for a batch of observations."""
     if net.kind in CONV_ENCODERS:
         return conv_features(net.encoder, obs[""])
     if net.kind == MULTI:

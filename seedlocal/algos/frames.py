@@ -94,7 +94,7 @@ class UnrollStacks:
     first unroll after a restart (a new ``epoch``: its envs reset), or in its first unroll of all."""
 
     def __init__(self, stack: int, num_envs: int, envs_per_group: int, frame_shape, dtype, device):
-        self.S, self.E, self.device = stack, envs_per_group, device
+        self.S, self.E = stack, envs_per_group
         self.hist = torch.zeros((num_envs, stack) + tuple(frame_shape), dtype=dtype, device=device)
         self.last_ignored = torch.ones(num_envs, dtype=torch.bool, device=device)  # row T-1's flag, per env
         self.epochs: dict[int, int] = {}

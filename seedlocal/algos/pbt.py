@@ -158,9 +158,7 @@ def quantiles(scores: Sequence[float], quantile: float) -> tuple[list[int], list
     if x.ndim != 1 or np.isnan(x).any():
         fail("scores", list(scores), "PBT needs one score per member, none NaN")
     n = len(x)
-    if n < 2:
-        return [], []
-    k = min(math.ceil(n * quantile - 1e-9), n // 2)
+    k = min(math.ceil(n * quantile - 1e-9), n // 2)  # 0 for fewer than 2 members
     order = [int(i) for i in np.argsort(x, kind="stable")]
     return order[:k], order[n - k:]
 
