@@ -80,16 +80,12 @@ def _stacked_batch(batches: Sequence[dict]) -> dict:
 
 
 class _Member:
-    """One member's network as ``algos/vtrace.py``'s helpers call a model, run on that member's tensors."""
+    """One member's network, its ``unroll`` and ``forward`` (as ``algos/vtrace.py``'s helpers call a model's) run on
+    that member's tensors."""
 
     def __init__(self, stack: MemberStack, tensors: dict[str, Tensor]):
-        self.stack, self.tensors = stack, tensors
-
-    def unroll(self, obs, core, first):
-        return self.stack.call(self.tensors, "unroll", obs, core, first)
-
-    def __call__(self, obs):
-        return self.stack.call(self.tensors, "forward", obs)
+        self.unroll = functools.partial(stack.call, tensors, "unroll")
+        self.forward = functools.partial(stack.call, tensors, "forward")
 
 
 def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
@@ -113,7 +109,7 @@ def _minibatch_loss(params, buffers, obs, targets, idx, costs, *, stack, p, prec
     """One update's loss on the rows ``idx`` of a member's batch (as ``learner_step``'s minibatch passes)."""
     member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
     with autocast(idx.device, precision):
-        logits, values = member({k: v[idx] for k, v in obs.items()})
+        logits, values = member.forward({k: v[idx] for k, v in obs.items()})
     return update_loss(pm, dist, logits.float(), values.float(), targets.select(idx))
 
 
