@@ -21,10 +21,7 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 class Categorical:
     field = "logits"  # the store output (out.<field>) and batch key (behaviour_<field>) of its parameters
-
-    @staticmethod
-    def size(num_actions: int) -> int:
-        return num_actions
+    width = 1  # parameters per action: its logit
 
     @staticmethod
     def log_prob(params: Tensor, actions: Tensor) -> Tensor:
@@ -55,10 +52,7 @@ class Categorical:
 
 class DiagGaussian:
     field = "gaussian"
-
-    @staticmethod
-    def size(action_dims: int) -> int:
-        return 2 * action_dims
+    width = 2  # parameters per action dimension: a mean and a log-std
 
     @staticmethod
     def log_prob(params: Tensor, actions: Tensor) -> Tensor:
