@@ -91,10 +91,9 @@ class _Member:
 def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
     """IMPALA's one update on a whole batch, targets from the differentiated forward (as ``learner_step``)."""
     member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
-    T = batch["ignored"].shape[0] - 1
     logits, values = network_outputs(member, batch, episode_starts(batch["ignored"]), precision)
     targets = batch_targets(pm, batch, logits.detach(), values.detach())
-    loss, stats = update_loss(pm, policy_dist(batch), logits[:T], values[:T], targets)
+    loss, stats = update_loss(pm, policy_dist(batch), logits[:-1], values[:-1], targets)  # row T only bootstraps
     return loss, {**stats, "mean_rho": mean_rho(targets)}
 
 

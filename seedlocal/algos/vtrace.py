@@ -282,10 +282,9 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     first = episode_starts(batch["ignored"])
     update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose, ranks)
     if p.echo == 1 and p.minibatches == 1:
-        T = batch["ignored"].shape[0] - 1
         logits, values = network_outputs(model, batch, first, precision)
         targets = batch_targets(p, batch, logits.detach(), values.detach())
-        update(logits[:T], values[:T], targets)
+        update(logits[:-1], values[:-1], targets)  # row T only bootstraps
     else:
         targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
     # The mean is over the updates made, whatever the split, so the mean, the counter and the lag agree.
