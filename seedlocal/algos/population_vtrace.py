@@ -71,12 +71,9 @@ def _member_costs(params: Sequence[VTraceParams], device: torch.device) -> dict[
 def _stacked_batch(batches: Sequence[dict]) -> dict:
     """P members' batches (``learner_step``'s layout, one shape) as one with a leading member dimension; without
     ``core_state``, which is None for the feed-forward networks a stack batches."""
-    def stacked(key: str, value):
-        if isinstance(value, dict):
-            return {f: torch.stack([b[key][f] for b in batches]) for f in value}
-        return torch.stack([b[key] for b in batches])
-
-    return {key: stacked(key, value) for key, value in batches[0].items() if key != "core_state"}
+    out = {k: torch.stack([b[k] for b in batches]) for k in batches[0] if k not in ("obs", "core_state")}
+    out["obs"] = {f: torch.stack([b["obs"][f] for b in batches]) for f in batches[0]["obs"]}
+    return out
 
 
 class _Member:
