@@ -219,9 +219,8 @@ class _Targets(NamedTuple):
 
 
 def network_outputs(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
-    """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``); ``core_state`` None or absent
-    for a feed-forward network."""
-    obs, core = batch["obs"], batch.get("core_state")
+    """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``)."""
+    obs, core = batch["obs"], batch.get("core_state")  # none in a population's stacked batch
     if cols is not None:
         obs = {k: v[:, cols] for k, v in obs.items()}
         core, first = (None if core is None else core[cols]), first[:, cols]
