@@ -173,14 +173,12 @@ def _perturb(value, dist: Distribution, p: PBTParams, rng: np.random.Generator) 
     """(new value, how) for one hyperparameter: resampled with ``p.resample_probability`` (or when a list's value
     is not in the list), else a list's neighbour (up or down, staying at an end) or a range's value times a
     factor, clipped to the range."""
+    if (isinstance(dist, Choice) and value not in dist.values) or rng.random() < p.resample_probability:
+        return dist.sample(rng), "resample"
     if isinstance(dist, Choice):
-        if value not in dist.values or rng.random() < p.resample_probability:
-            return dist.sample(rng), "resample"
         i = dist.values.index(value)
         up = rng.random() < 0.5
         return dist.values[min(i + 1, len(dist.values) - 1) if up else max(i - 1, 0)], "up" if up else "down"
-    if rng.random() < p.resample_probability:
-        return dist.sample(rng), "resample"
     factor = p.factors[int(rng.integers(len(p.factors)))]
     return dist.clip(float(value) * factor), f"x{factor:g}"
 
