@@ -64,8 +64,7 @@ def _member_costs(params: Sequence[VTraceParams], device: torch.device) -> dict[
     """The per-member loss hyperparameters as [P] float32 tensors (``clip`` only when on: 0 means the plain
     policy gradient, which ``impala_loss`` chooses by a Python test)."""
     names = [n for n in PER_MEMBER if n != "clip" or params[0].clip > 0]
-    return {n: torch.tensor([float(getattr(p, n)) for p in params], dtype=torch.float32, device=device)
-            for n in names}
+    return {n: torch.tensor([float(getattr(p, n)) for p in params], dtype=torch.float32, device=device) for n in names}
 
 
 def _stacked_batch(batches: Sequence[dict]) -> dict:
