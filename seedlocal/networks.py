@@ -50,9 +50,7 @@ def image_layout(spec: TensorSpec) -> str | None:
 def image_shape(spec: TensorSpec) -> tuple[int, int, int] | None:
     """(C, H, W) of an observation ``image_layout`` reads as an image, else None."""
     layout = image_layout(spec)
-    if layout == "hwc":
-        return (spec.shape[2], *spec.shape[:2])
-    return tuple(spec.shape) if layout == "chw" else None
+    return (spec.shape[2], *spec.shape[:2]) if layout == "hwc" else tuple(spec.shape) if layout == "chw" else None
 
 
 def is_image(spec: TensorSpec) -> bool:
@@ -221,8 +219,7 @@ class MultiInputEncoder(nn.Module):
                                               spec.env_id) for k in self.image_keys)
         self.vector_keys = [k for k in net_obs(spec) if k not in self.image_keys]
         self.mlp = vector_mlp(spec, self.vector_keys, hidden) if self.vector_keys else None
-        self.classes = self.mlp.classes if self.mlp is not None else {}
-        self.in_dim = self.mlp.in_dim if self.mlp is not None else 0
+        self.classes, self.in_dim = (self.mlp.classes, self.mlp.in_dim) if self.mlp is not None else ({}, 0)
         self.out_dim = sum(t.out_dim for t in self.convs) + (self.mlp.out_dim if self.mlp is not None else 0)
 
     def forward(self, obs: dict[str, torch.Tensor], vector: torch.Tensor | None = None) -> torch.Tensor:
@@ -379,7 +376,6 @@ def mlp_input(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def encode(net: nn.Module, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A network's torso output for a batch of observations."""
     if net.kind in CONV_ENCODERS:
         return conv_features(net.encoder, obs[""])
     if net.kind == MULTI:
@@ -492,13 +488,12 @@ class RecurrentQNet(_Encoded):
     which CUDA graphs capture.
     """
 
-    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64),
-                 lstm_size: int = 64, head_size: int = 0):
+    def __init__(self, spec: EnvSpec, encoder: str = "auto", hidden: tuple[int, ...] = (64, 64), lstm_size: int = 64):
         super().__init__(spec, encoder, hidden, obs_norm=False)
         self.lstm = nn.LSTM(self.encoder.out_dim, lstm_size)
-        head = head_size or lstm_size
-        self.value = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, 1))
-        self.advantage = nn.Sequential(nn.Linear(lstm_size, head), nn.ReLU(), nn.Linear(head, spec.num_actions))
+        h = lstm_size  # each head's hidden layer, as wide as the core
+        self.value = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
+        self.advantage = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, spec.num_actions))
         use_channels_last(self.kind, self.encoder)
         self.precision = "fp32"  # the torso's arithmetic (resolve_precision); the rest is fp32
         self._register_load_state_dict_pre_hook(_lstm_cell_names)

@@ -21,10 +21,7 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 class Categorical:
     field = "logits"  # the store output (out.<field>) and batch key (behaviour_<field>) of its parameters
-
-    @staticmethod
-    def size(num_actions: int) -> int:
-        return num_actions
+    width = 1  # parameters per action: its logit
 
     @staticmethod
     def log_prob(params: Tensor, actions: Tensor) -> Tensor:
@@ -55,37 +52,30 @@ class Categorical:
 
 class DiagGaussian:
     field = "gaussian"
-
-    @staticmethod
-    def size(action_dims: int) -> int:
-        return 2 * action_dims
-
-    @staticmethod
-    def split(params: Tensor) -> tuple[Tensor, Tensor]:
-        return params.chunk(2, dim=-1)
+    width = 2  # parameters per action dimension: a mean and a log-std
 
     @staticmethod
     def log_prob(params: Tensor, actions: Tensor) -> Tensor:
         """log pi(a|x) [...]: the sum over the action's dimensions of
         -((a - mu) / sigma)^2 / 2 - log sigma - log sqrt(2 pi)."""
-        mean, log_std = DiagGaussian.split(params)
+        mean, log_std = params.chunk(2, dim=-1)
         z = (actions - mean) * torch.exp(-log_std)
         return (-0.5 * z * z - log_std - LOG_SQRT_2PI).sum(-1)
 
     @staticmethod
     def entropy(params: Tensor) -> Tensor:
-        _, log_std = DiagGaussian.split(params)
+        _, log_std = params.chunk(2, dim=-1)
         return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1)
 
     @staticmethod
     def sample(params: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        mean, log_std = DiagGaussian.split(params)
+        mean, log_std = params.chunk(2, dim=-1)
         noise = torch.randn(mean.shape, dtype=mean.dtype, device=mean.device, generator=generator)
         return mean + torch.exp(log_std) * noise
 
     @staticmethod
     def mode(params: Tensor) -> Tensor:
-        return DiagGaussian.split(params)[0]
+        return params.chunk(2, dim=-1)[0]
 
 
 def for_actions(num_actions: int | None):

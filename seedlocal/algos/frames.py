@@ -4,16 +4,13 @@ An Atari env that stacks its own frames sends each 84 x 84 frame four times over
 observations): four times the bytes through the workers' shared memory, the inference loop's gather and the learner's
 batches. With ``--env.frame-stack 1`` and ``frame_stack 4`` the env sends single frames and the stack is rebuilt here,
 on the device, where the network reads it. Both sides build the same stacks as envpool's own: frames t-3 .. t, oldest
-first, an episode's first frame repeated before its start.
-
-* ``FrameHistory`` is the acting side: each env slot's last stack, rolled on by one frame per step (``policies/``).
-* ``UnrollStacks`` is the learner's side for unrolls that overlap by one row (V-trace): a batch's [L, B, 1, H, W] frames
-  -> [L, B, S, H, W], each unroll continuing from the stack its group's previous unroll ended with.
-* ``net_spec`` is the observation the network is built for.
+first, an episode's first frame repeated before its start: ``FrameHistory`` for acting, ``UnrollStacks`` for V-trace's
+learner (docs/pipeline.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -56,11 +53,9 @@ def fit_frames(preset, spec, as_preset_sends):
     (``as_preset_sends()``, the env described with them, raises: envpool's --env.frame-stack on a Gymnasium env) the
     preset with the env's own frames (``spec``), stacked beside the network only where they are single-channel."""
     stack = getattr(preset, "frame_stack", 0)
-    try:
+    with contextlib.suppress(Exception):
         if stack_problem(as_preset_sends(), stack) is None:
             return preset
-    except Exception:
-        pass
     kept = {"frame_stack": stack if stack_problem(spec, stack) is None else 0} if hasattr(preset, "frame_stack") else {}
     return dataclasses.replace(preset, env=dataclasses.replace(preset.env, frame_stack=0), **kept)
 
@@ -74,22 +69,18 @@ class FrameHistory:
         # [env slots, stack, H, W] in the frames' own dtype: a bool grid stored as uint8 would be scaled by 1/255.
         self.hist = torch.zeros((slots, stack) + tuple(frame.shape[1:]), dtype=torch_dtype(frame.dtype), device=device)
 
-    def _grown(self, rows: int) -> torch.Tensor:
-        if len(self.hist) < rows:
-            grown = self.hist.new_zeros((rows,) + self.hist.shape[1:])
-            grown[:len(self.hist)] = self.hist
-            self.hist = grown
-        return self.hist
-
     def __call__(self, frames: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, slots: int) -> torch.Tensor:
         """[n, 1, H, W] new frames of env slots ``ids`` -> [n, stack, H, W], an episode's first frame repeated
         at its start. ``slots``: one more than the largest of ``ids``, from the host (reading it from ``ids``
         on a GPU would wait for the device every batch)."""
-        hist = self._grown(slots)
-        rolled = torch.cat([hist[ids][:, 1:], frames], dim=1)
+        if len(self.hist) < slots:
+            grown = self.hist.new_zeros((slots,) + self.hist.shape[1:])
+            grown[:len(self.hist)] = self.hist
+            self.hist = grown
+        rolled = torch.cat([self.hist[ids][:, 1:], frames], dim=1)
         fresh = frames.expand(-1, self.stack, -1, -1)
         out = torch.where(first.view(-1, 1, 1, 1), fresh, rolled)
-        hist[ids] = out
+        self.hist[ids] = out
         return out
 
 
@@ -103,7 +94,7 @@ class UnrollStacks:
     first unroll after a restart (a new ``epoch``: its envs reset), or in its first unroll of all."""
 
     def __init__(self, stack: int, num_envs: int, envs_per_group: int, frame_shape, dtype, device):
-        self.S, self.E, self.device = stack, envs_per_group, device
+        self.S, self.E = stack, envs_per_group
         self.hist = torch.zeros((num_envs, stack) + tuple(frame_shape), dtype=dtype, device=device)
         self.last_ignored = torch.ones(num_envs, dtype=torch.bool, device=device)  # row T-1's flag, per env
         self.epochs: dict[int, int] = {}
@@ -117,16 +108,14 @@ class UnrollStacks:
         nth = occurrence(np.asarray(groups))
         for js in (np.flatnonzero(nth == w).tolist() for w in range(int(nth.max(initial=-1)) + 1)):
             cols = torch.from_numpy((np.asarray(js)[:, None] * self.E + np.arange(self.E)).ravel()).to(frames.device)
-            envs = [g * self.E + e for g in (groups[j] for j in js) for e in range(self.E)]
-            out[:, cols] = self._wave(frames[:, cols, 0], ignored[:, cols], envs, [groups[j] for j in js],
+            out[:, cols] = self._wave(frames[:, cols, 0], ignored[:, cols], [groups[j] for j in js],
                                       [epochs[j] for j in js])
         return out
 
-    def _wave(self, frames: torch.Tensor, ignored: torch.Tensor, envs: list[int], groups: list[int],
-              epochs: list[int]) -> torch.Tensor:
+    def _wave(self, frames: torch.Tensor, ignored: torch.Tensor, groups: list[int], epochs: list[int]) -> torch.Tensor:
         """Unrolls of distinct groups: [L, B, H, W] frames -> [L, B, S, H, W]."""
         S, (L, B) = self.S, frames.shape[:2]
-        ids = torch.as_tensor(envs, device=frames.device)
+        ids = torch.as_tensor([g * self.E + e for g in groups for e in range(self.E)], device=frames.device)
         restarted = np.repeat([self.epochs.get(g) != ep for g, ep in zip(groups, epochs)], self.E)
         first = torch.empty((L, B), dtype=torch.bool, device=frames.device)
         first[0] = self.last_ignored[ids] | torch.from_numpy(restarted).to(frames.device)

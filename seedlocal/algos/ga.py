@@ -72,7 +72,6 @@ class GAState(Generation):
 
 def init(p: GAParams, seed: int) -> GAState:
     """Generation 0: P genomes, each a fresh initialisation seed."""
-    validate(p)
     seeds = new_seeds(generation_rng(seed, 0), p.population_size)
     return GAState(genomes=tuple((s,) for s in seeds), generation=0, elite=None, rng={"seed": int(seed)})
 

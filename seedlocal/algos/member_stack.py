@@ -48,13 +48,10 @@ def _stacked(rows: list[Tensor]) -> Tensor:
     strides = t.stride() if dense else torch.empty(t.shape).stride()
     out = torch.empty_strided((len(rows),) + tuple(t.shape), (max(t.numel(), 1),) + tuple(strides), dtype=t.dtype,
                               device=t.device)
-    with torch.no_grad():
-        for i, r in enumerate(rows):
-            out[i].copy_(r)
-    return out
+    return out.copy_(torch.stack(rows))
 
 
-def _template(net: nn.Module) -> _Method:
+def _template(net: nn.Module) -> nn.Module:
     """A copy of ``net`` without storage (on the meta device), which ``functional_call`` runs on each member's
     tensors: never a member itself, whose attributes the call would swap under the learner's feet."""
     twin = copy.deepcopy(net).to("meta")
@@ -63,7 +60,7 @@ def _template(net: nn.Module) -> _Method:
         # a convolution is one grouped convolution over members anyway.
         if getattr(m, "channels_last", False):
             m.channels_last = False
-    return _Method(twin)
+    return twin
 
 
 class MemberStack:
@@ -81,7 +78,7 @@ class MemberStack:
         for i, theirs in enumerate(layouts[1:], 1):
             if theirs != layouts[0]:
                 raise ValueError(f"member {i}'s network differs from member 0's (names, shapes, dtypes or devices)")
-        self._template = _template(self.members[0])
+        self.template = _template(self.members[0])  # the architecture, for its attributes (lstm, core_spec)
         self._local = threading.local()
         self.params = self._stack([dict(m.named_parameters()) for m in self.members])
         self.buffers = self._stack([dict(m.named_buffers()) for m in self.members])
@@ -97,11 +94,6 @@ class MemberStack:
     def __len__(self) -> int:
         return len(self.members)
 
-    @property
-    def template(self) -> nn.Module:
-        """The architecture (without storage): for its attributes, e.g. ``lstm``, ``core_spec``."""
-        return self._template.net
-
     def tensors(self) -> dict[str, Tensor]:
         """Every stacked parameter and buffer by name, [P, ...] each."""
         return {**self.params, **self.buffers}
@@ -115,7 +107,7 @@ class MemberStack:
         for the length of the call, so the inference thread's forward and the learner's update must never run
         on one module at once."""
         if getattr(self._local, "template", None) is None:
-            self._local.template = copy.deepcopy(self._template)
+            self._local.template = _Method(copy.deepcopy(self.template))
         return self._local.template
 
     def refuse_recurrent(self) -> None:

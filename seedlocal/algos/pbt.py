@@ -23,6 +23,7 @@ caller owns (and checkpoints).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import itertools
@@ -66,10 +67,8 @@ Distribution = Choice | LogUniform
 def _number(token: str):
     """A list value as written: an int, else a float, else the word itself (``adam``)."""
     for kind in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return kind(token)
-        except ValueError:
-            pass
     return token
 
 
@@ -159,9 +158,7 @@ def quantiles(scores: Sequence[float], quantile: float) -> tuple[list[int], list
     if x.ndim != 1 or np.isnan(x).any():
         fail("scores", list(scores), "PBT needs one score per member, none NaN")
     n = len(x)
-    if n < 2:
-        return [], []
-    k = min(math.ceil(n * quantile - 1e-9), n // 2)
+    k = min(math.ceil(n * quantile - 1e-9), n // 2)  # 0 for fewer than 2 members
     order = [int(i) for i in np.argsort(x, kind="stable")]
     return order[:k], order[n - k:]
 
@@ -176,14 +173,12 @@ def _perturb(value, dist: Distribution, p: PBTParams, rng: np.random.Generator) 
     """(new value, how) for one hyperparameter: resampled with ``p.resample_probability`` (or when a list's value
     is not in the list), else a list's neighbour (up or down, staying at an end) or a range's value times a
     factor, clipped to the range."""
+    if (isinstance(dist, Choice) and value not in dist.values) or rng.random() < p.resample_probability:
+        return dist.sample(rng), "resample"
     if isinstance(dist, Choice):
-        if value not in dist.values or rng.random() < p.resample_probability:
-            return dist.sample(rng), "resample"
         i = dist.values.index(value)
         up = rng.random() < 0.5
         return dist.values[min(i + 1, len(dist.values) - 1) if up else max(i - 1, 0)], "up" if up else "down"
-    if rng.random() < p.resample_probability:
-        return dist.sample(rng), "resample"
     factor = p.factors[int(rng.integers(len(p.factors)))]
     return dist.clip(float(value) * factor), f"x{factor:g}"
 

@@ -64,53 +64,39 @@ def _member_costs(params: Sequence[VTraceParams], device: torch.device) -> dict[
     """The per-member loss hyperparameters as [P] float32 tensors (``clip`` only when on: 0 means the plain
     policy gradient, which ``impala_loss`` chooses by a Python test)."""
     names = [n for n in PER_MEMBER if n != "clip" or params[0].clip > 0]
-    return {n: torch.tensor([float(getattr(p, n)) for p in params], dtype=torch.float32, device=device)
-            for n in names}
+    return {n: torch.tensor([float(getattr(p, n)) for p in params], dtype=torch.float32, device=device) for n in names}
 
 
 def _stacked_batch(batches: Sequence[dict]) -> dict:
     """P members' batches (``learner_step``'s layout, one shape) as one with a leading member dimension; without
     ``core_state``, which is None for the feed-forward networks a stack batches."""
-    def stacked(key: str, value):
-        if isinstance(value, dict):
-            return {f: torch.stack([b[key][f] for b in batches]) for f in value}
-        return torch.stack([b[key] for b in batches])
-
-    return {key: stacked(key, value) for key, value in batches[0].items() if key != "core_state"}
+    out = {k: torch.stack([b[k] for b in batches]) for k in batches[0] if k not in ("obs", "core_state")}
+    out["obs"] = {f: torch.stack([b["obs"][f] for b in batches]) for f in batches[0]["obs"]}
+    return out
 
 
 class _Member:
-    """One member's network as ``algos/vtrace.py``'s helpers call a model, run on that member's tensors."""
+    """One member's network, its ``unroll`` and ``forward`` (as ``algos/vtrace.py``'s helpers call a model's) run on
+    that member's tensors."""
 
     def __init__(self, stack: MemberStack, tensors: dict[str, Tensor]):
-        self.stack, self.tensors = stack, tensors
-
-    def unroll(self, obs, core, first):
-        return self.stack.call(self.tensors, "unroll", obs, core, first)
-
-    def __call__(self, obs):
-        return self.stack.call(self.tensors, "forward", obs)
-
-
-def _outputs(member: _Member, batch: dict, precision: str) -> tuple[Tensor, Tensor]:
-    """A member's logits [L, B, A] and values [L, B] on its whole batch."""
-    return network_outputs(member, {**batch, "core_state": None}, episode_starts(batch["ignored"]), precision)
+        self.unroll = functools.partial(stack.call, tensors, "unroll")
+        self.forward = functools.partial(stack.call, tensors, "forward")
 
 
 def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
     """IMPALA's one update on a whole batch, targets from the differentiated forward (as ``learner_step``)."""
     member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
-    T = batch["ignored"].shape[0] - 1
-    logits, values = _outputs(member, batch, precision)
+    logits, values = network_outputs(member, batch, episode_starts(batch["ignored"]), precision)
     targets = batch_targets(pm, batch, logits.detach(), values.detach())
-    loss, stats = update_loss(pm, policy_dist(batch), logits[:T], values[:T], targets)
+    loss, stats = update_loss(pm, policy_dist(batch), logits[:-1], values[:-1], targets)  # row T only bootstraps
     return loss, {**stats, "mean_rho": mean_rho(targets)}
 
 
 def _batch_targets(tensors, batch, costs, *, stack, p, precision):
     """V-trace targets over a whole batch, as rows (no gradient: they stay fixed for the batch's updates)."""
     member, pm = _Member(stack, tensors), dataclasses.replace(p, **costs)
-    targets = batch_targets(pm, batch, *_outputs(member, batch, precision))
+    targets = batch_targets(pm, batch, *network_outputs(member, batch, episode_starts(batch["ignored"]), precision))
     return as_rows(batch["obs"], targets)
 
 
@@ -118,7 +104,7 @@ def _minibatch_loss(params, buffers, obs, targets, idx, costs, *, stack, p, prec
     """One update's loss on the rows ``idx`` of a member's batch (as ``learner_step``'s minibatch passes)."""
     member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
     with autocast(idx.device, precision):
-        logits, values = member({k: v[idx] for k, v in obs.items()})
+        logits, values = member.forward({k: v[idx] for k, v in obs.items()})
     return update_loss(pm, dist, logits.float(), values.float(), targets.select(idx))
 
 
@@ -134,12 +120,10 @@ class _Steps:
         self.count = 0
 
     def __call__(self, grads: dict[str, Tensor], stats: dict[str, Tensor]) -> None:
-        norms = []
         for i, member in enumerate(self.stack.members):
-            prms = list(member.named_parameters())
-            for name, prm in prms:
+            for name, prm in member.named_parameters():
                 prm.grad = grads[name][i]
-            norms.append(torch.nn.utils.clip_grad_norm_([prm for _, prm in prms], self.max_norms[i]))
+        norms = [torch.nn.utils.clip_grad_norm_(m.parameters(), c) for m, c in zip(self.stack.members, self.max_norms)]
         with self.step_lock if self.step_lock is not None else contextlib.nullcontext():
             for opt in self.optimizers:
                 opt.step()

@@ -54,10 +54,9 @@ def n_step_returns(rewards: Tensor, terminated: Tensor, truncated: Tensor, boots
     T = rewards.shape[0] - 1
     dtype = bootstrap.dtype
 
-    def padded(x: Tensor) -> Tensor:  # row t + k for every t: past the end zeros (never used: alive stops there)
-        return torch.cat([x, x.new_zeros((n,) + x.shape[1:])])
-
-    r, te, tr, v = padded(rewards.to(dtype)), padded(terminated), padded(truncated), padded(bootstrap)
+    # Padded by n rows so that row t + k exists for every t: past the end zeros (never used: alive stops there).
+    r, te, tr, v = (torch.cat([x, x.new_zeros((n,) + x.shape[1:])])
+                    for x in (rewards.to(dtype), terminated, truncated, bootstrap))
     t_index = torch.arange(T, device=rewards.device).view(-1, *([1] * (rewards.dim() - 1)))
     returns = torch.zeros((T,) + rewards.shape[1:], dtype=dtype, device=rewards.device)
     alive = torch.ones_like(returns, dtype=torch.bool)
@@ -152,11 +151,9 @@ class R2D2Params:
 
 
 def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
-    """Ape-X / R2D2 exploration: env i of n acts with base^(1 + alpha i / (n - 1))."""
-    if n == 1:
-        return torch.tensor([base])
+    """Ape-X / R2D2 exploration: env i of n acts with base^(1 + alpha i / (n - 1)); one env acts with base."""
     i = torch.arange(n, dtype=torch.float64)
-    return (base ** (1.0 + alpha * i / (n - 1))).float()
+    return (base ** (1.0 + alpha * i / max(n - 1, 1))).float()
 
 
 def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D2Params,

@@ -86,15 +86,21 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
     baseline's graph, ``target_params`` (the policy's parameters under ``dist``) the policy's.
 
     With ``clip`` > 0 the policy term is PPO's clipped surrogate (Schulman et al. 2017) on r = pi/mu with the V-trace
-    advantages (as in APPO). It bounds how far one batch can pull the policy, which makes reusing a batch (``echo``)
-    safe; IMPALA's rho-weighted gradient keeps pushing however far the policy already moved. With ``proximal_log_probs``
-    the clip is decoupled PPO's (``_clipped_surrogate``). ``normalize_advantages`` rescales A to zero mean, unit
+    advantages (as in APPO), and ``clip_fraction`` the share of valid rows whose r lies outside the clip range. It
+    bounds how far one batch can pull the policy, which makes reusing a batch (``echo``) safe; IMPALA's rho-weighted
+    gradient keeps pushing however far the policy already moved. With ``proximal_log_probs`` (the learner's policy at
+    the batch's start) it is decoupled PPO (Hilton et al. 2021): r = pi/pi_prox, each row weighted by V-trace's
+    min(rho_bar, pi_prox/mu). With no lag that is PPO's; with actors running ahead (algo.sync off) a stale row no longer
+    starts outside the clip range, and the truncated weight corrects for mu. ``clip`` may be a tensor (a population's
+    clips, one per member under vmap, which cannot branch on a member's value: the members of a batched update take the
+    surrogate all or none, ``algos/population_vtrace.py``). ``normalize_advantages`` rescales A to zero mean, unit
     variance over the valid rows (or by ``moments(adv, valid)``, which data-parallel ranks take over every rank's rows):
     the policy step is then independent of scale.
     """
+    clipped = isinstance(clip, Tensor) or clip > 0
     action_log_probs = dist.log_prob(target_params, actions)
     # V-trace's rho-weighted advantages, or with ``clip`` the plain ones (the surrogate's ratio weights them)
-    adv = (vtrace_returns.advantages if clipped(clip) else vtrace_returns.pg_advantages).detach()
+    adv = (vtrace_returns.advantages if clipped else vtrace_returns.pg_advantages).detach()
     n = valid.sum().clamp(min=1)  # the valid rows every mean below is over
     if normalize_advantages:
         if moments is not None:
@@ -104,10 +110,12 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
             std = masked_mean((adv - mean) ** 2, valid, n).sqrt()
         adv = (adv - mean) / (std + 1e-8)
     stats = {}
-    if clipped(clip):
-        policy_loss, stats["clip_fraction"] = _clipped_surrogate(
-            action_log_probs, adv, clip, valid, n, values.dtype, behaviour_log_probs, proximal_log_probs,
-            vtrace_returns.rhos)
+    if clipped:
+        decoupled = proximal_log_probs is not None
+        ratio = torch.exp(action_log_probs - (proximal_log_probs if decoupled else behaviour_log_probs))
+        surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+        policy_loss = -masked_mean(vtrace_returns.rhos * surrogate if decoupled else surrogate, valid, n)
+        stats["clip_fraction"] = masked_mean(((ratio - 1.0).abs() > clip).to(values.dtype), valid, n).detach()
     else:
         policy_loss = -masked_mean(action_log_probs * adv, valid, n)
     baseline_loss = 0.5 * masked_mean((vtrace_returns.vs.detach() - values) ** 2, valid, n)
@@ -116,31 +124,6 @@ def impala_loss(target_params: Tensor, actions: Tensor, values: Tensor, vtrace_r
     stats.update(policy_loss=policy_loss.detach(), baseline_loss=baseline_loss.detach(), entropy=entropy.detach(),
                  total_loss=total_loss.detach())
     return total_loss, stats
-
-
-def clipped(clip: float | Tensor) -> bool:
-    """Whether the policy term is PPO's clipped surrogate: ``clip`` > 0, or ``clip`` a tensor (a population's
-    clips, one per member under vmap, which cannot branch on a member's value: the members of a batched update
-    take the surrogate all or none, ``algos/population_vtrace.py``)."""
-    return isinstance(clip, Tensor) or clip > 0
-
-
-def _clipped_surrogate(log_probs: Tensor, adv: Tensor, clip: float, valid: Tensor, n: Tensor, dtype: torch.dtype,
-                       behaviour_log_probs: Tensor | None, proximal_log_probs: Tensor | None = None,
-                       rhos: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """PPO's clipped policy loss -min(r A, clip(r, 1 - clip, 1 + clip) A) over the valid rows, on r = pi/mu; or, with
-    ``proximal_log_probs`` (the learner's policy at the batch's start), decoupled PPO (Hilton et al. 2021):
-    r = pi/pi_prox, each row weighted by ``rhos`` (V-trace's min(rho_bar, pi_prox/mu)). With no lag that is PPO's; with
-    actors running ahead (algo.sync off) a stale row no longer starts outside the clip range, and the truncated weight
-    corrects for mu. Also the share of valid rows whose ratio lies outside the clip range (detached, in ``dtype``)."""
-    anchor, weights = (proximal_log_probs, rhos) if proximal_log_probs is not None else (behaviour_log_probs, None)
-    if anchor is None:
-        raise ValueError("clip > 0 needs behaviour_log_probs")
-    ratio = torch.exp(log_probs - anchor)
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
-    if weights is not None:
-        surrogate = weights * surrogate
-    return -masked_mean(surrogate, valid, n), masked_mean(((ratio - 1.0).abs() > clip).to(dtype), valid, n).detach()
 
 
 # -- the learner step -----------------------------------------------------------
@@ -228,7 +211,6 @@ class _Targets(NamedTuple):
     proximal_log_probs: Tensor
 
     def map(self, fn) -> "_Targets":
-        """``fn`` applied to every tensor."""
         return _Targets(fn(self.actions), fn(self.behaviour_log_probs), fn(self.valid),
                         VTraceReturns(*map(fn, self.returns)), fn(self.proximal_log_probs))
 
@@ -238,7 +220,7 @@ class _Targets(NamedTuple):
 
 def network_outputs(model, batch: dict, first: Tensor, precision: str, cols=None) -> tuple[Tensor, Tensor]:
     """Logits [L, B, A] and values [L, B] of whole unrolls (or of columns ``cols``)."""
-    obs, core = batch["obs"], batch["core_state"]
+    obs, core = batch["obs"], batch.get("core_state")  # none in a population's stacked batch
     if cols is not None:
         obs = {k: v[:, cols] for k, v in obs.items()}
         core, first = (None if core is None else core[cols]), first[:, cols]
@@ -299,10 +281,9 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     first = episode_starts(batch["ignored"])
     update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose, ranks)
     if p.echo == 1 and p.minibatches == 1:
-        T = batch["ignored"].shape[0] - 1
         logits, values = network_outputs(model, batch, first, precision)
         targets = batch_targets(p, batch, logits.detach(), values.detach())
-        update(logits[:T], values[:T], targets)
+        update(logits[:-1], values[:-1], targets)  # row T only bootstraps
     else:
         targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
     # The mean is over the updates made, whatever the split, so the mean, the counter and the lag agree.

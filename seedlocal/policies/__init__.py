@@ -18,7 +18,7 @@ def policy_outputs(spec: EnvSpec) -> dict[str, TensorSpec]:
     parameters (the logits of a categorical, a Gaussian's mean and log-std:
     enough to recompute the probability of the action taken) and its value."""
     dist = for_actions(spec.num_actions)
-    return {dist.field: TensorSpec((dist.size(action_size(spec)),), "float32"), "value": TensorSpec((), "float32")}
+    return {dist.field: TensorSpec((dist.width * action_size(spec),), "float32"), "value": TensorSpec((), "float32")}
 
 
 class RandomPolicy(Policy):
