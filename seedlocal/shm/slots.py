@@ -30,6 +30,7 @@ post per transition, plus control posts such as stop) and orders nothing. Waitin
 from __future__ import annotations
 
 import multiprocessing as mp
+from types import SimpleNamespace
 
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 
@@ -97,11 +98,9 @@ def create_control(num_groups: int) -> SharedArrays:
 
 
 class Signal:
-    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel.
-
-    Tokens may outnumber real events (a waiter re-checks the slot states after waking), so a spurious wake-up is
-    harmless; a missed one costs at most the waiter's timeout.
-    """
+    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel. Tokens may outnumber real events (a
+    waiter re-checks the slot states after waking), so a spurious wake-up is harmless; a missed one costs at most the
+    waiter's timeout."""
 
     def __init__(self, ctx: mp.context.BaseContext):
         self._sem = ctx.Semaphore(0)
@@ -133,12 +132,4 @@ class Signal:
         self._sem = _CLOSED
 
 
-class _Closed:
-    def release(self) -> None:
-        pass
-
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        return False
-
-
-_CLOSED = _Closed()
+_CLOSED = SimpleNamespace(release=lambda: None, acquire=lambda block=True, timeout=None: False)
