@@ -40,8 +40,7 @@ BOUND, PARKED, WAITING = 0, 1, 2
 class UnrollAllocator:
     def __init__(self, store, control, num_groups: int, obs_keys: list[str], epoch_of: Callable[[int], int],
                  hand_on: Callable[[int], None] | None = None):
-        """``hand_on(buf)`` passes a full unroll to the consumer; None: no
-        consumer, it is free again at once (neuroevolution, the bench)."""
+        """``hand_on(buf)`` passes a full unroll to the consumer; None: none, it is free at once (neuroevolution)."""
         self.store, self.obs_keys, self.epoch_of = store, obs_keys, epoch_of
         self._tbuf, self._trow = control["target_buf"], control["target_row"]
         self.G = num_groups
