@@ -55,8 +55,6 @@ class UnrollAllocator:
         self._since = np.zeros(num_groups, np.int64)  # when each unbound group became unbound (a count)
         self._unbound_count = 0
 
-    # -- queries ------------------------------------------------------------------
-
     def unbound(self) -> np.ndarray:
         """Groups that hold no unroll (parked or waiting): they cannot be served."""
         return self.state != BOUND
@@ -68,13 +66,9 @@ class UnrollAllocator:
         """The episode-start flags a parked group stopped with (once, at its first serve after unparking)."""
         return self._resume_first.pop(g, None)
 
-    # -- the consumer's side -----------------------------------------------------
-
     def release(self, buf: int) -> None:
         with self._lock:
             self._free.append(buf)
-
-    # -- the loop's side ----------------------------------------------------------
 
     def _take(self) -> int | None:
         with self._lock:
