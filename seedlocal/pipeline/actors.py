@@ -67,21 +67,19 @@ def refuse_unguarded_main(call: str) -> None:
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
         frame = frame.f_back
-    if frame is None or frame.f_lineno in _guarded_lines(main.__file__):
+    if frame is None or _under_main_guard(main.__file__, frame.f_lineno):
         return
     raise ConfigError(f"{call} runs at the top level of {main.__file__} (line {frame.f_lineno}), which every env "
                       f"worker imports again as it starts: put it under if __name__ == \"__main__\":")
 
 
-def _guarded_lines(path: str) -> set[int]:
-    """The lines of the file at ``path`` inside an ``if __name__ == "__main__":`` block."""
+def _under_main_guard(path: str, line: int) -> bool:
+    """Whether ``line`` of the file at ``path`` is inside an ``if __name__ == "__main__":`` block."""
     import ast
 
-    lines: set[int] = set()
-    for node in ast.walk(ast.parse(Path(path).read_bytes())):
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
-            lines.update(range(node.body[0].lineno, node.end_lineno + 1))
-    return lines
+    return any(isinstance(node, ast.If) and node.body[0].lineno <= line <= node.end_lineno
+               and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test)
+               for node in ast.walk(ast.parse(Path(path).read_bytes())))
 
 
 @contextmanager
