@@ -416,8 +416,7 @@ class InferenceLoop:
         return core
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
-        """The observations of the batch's rows: one ``np.take`` per field into the staging buffer, then to the
-        device."""
+        """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
         k = len(b.groups)
         obs = {}
         for key in self._obs_keys:
@@ -480,8 +479,7 @@ class StallWatch:
         n = loop.pool.num_local_groups
         self.enabled, self._hosts_too = n > 0, loop.pool.num_remote_groups > 0
         self._said = self._said_one = -float("inf")
-        self._group_steps, self._group_t = np.zeros(n, np.int64), np.zeros(n)
-        self._candidate = np.zeros(n, bool)
+        self._group_steps, self._group_t, self._candidate = np.zeros(n, np.int64), np.zeros(n), np.zeros(n, bool)
         self.start()
 
     def start(self) -> None:

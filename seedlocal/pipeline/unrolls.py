@@ -43,9 +43,7 @@ class UnrollAllocator:
         """``hand_on(buf)`` passes a full unroll to the consumer; None: none, it is free at once (neuroevolution)."""
         self.store, self.obs_keys, self.epoch_of = store, obs_keys, epoch_of
         self._tbuf, self._trow = control["target_buf"], control["target_row"]
-        self.G = num_groups
-        self.num_buffers = store["unroll_group"].shape[0]
-        self.L = store["reward"].shape[1]
+        self.G, self.num_buffers, self.L = num_groups, store["unroll_group"].shape[0], store["reward"].shape[1]
         self._hand_on = hand_on
         self._free: deque[int] = deque(range(self.num_buffers))
         self._lock = threading.Lock()

@@ -46,8 +46,7 @@ def write_error(control, group: int, exc: BaseException) -> None:
 
 
 def write_trace(control, group: int, text: str) -> None:
-    """Record the traceback of group ``group``'s env (its own frames); a longer one keeps its end, where the
-    env raised."""
+    """Record the traceback of group ``group``'s env (its own frames); a longer one keeps its end, where it raised."""
     _write_text(control["group_trace"][group], text.encode("utf-8", "replace")[-(TRACE_BYTES - 1):])
 
 
@@ -126,9 +125,8 @@ class Signal:
 
     def close(self) -> None:
         """Unlink the semaphore's name now, not when this, its only reference, is collected (multiprocessing's way): a
-        process SIGKILLed in between (an actor host retrying a learner) left a ``sem.mp-*`` that no sweep could
-        name (the segment recording it goes at close). Afterwards a late ``post`` does nothing, a ``wait`` finds
-        no token."""
+        process SIGKILLed in between (an actor host retrying a learner) left a ``sem.mp-*`` that no sweep could name
+        (the segment recording it goes at close). Afterwards a late ``post`` does nothing, a ``wait`` finds no token."""
         self._sem = _CLOSED
 
 
