@@ -75,8 +75,7 @@ class _GroupWriter:
     """Per-group bookkeeping the worker keeps between steps."""
 
     def __init__(self, n: int):
-        self.ep_return = np.zeros(n, np.float32)
-        self.ep_length = np.zeros(n, np.int32)
+        self.ep_return, self.ep_length = np.zeros(n, np.float32), np.zeros(n, np.int32)
         # Envs whose last step ended an episode: their next action is ignored.
         self.was_done = np.zeros(n, bool)
 
