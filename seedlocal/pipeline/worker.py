@@ -114,8 +114,7 @@ def run_worker(args: WorkerArgs) -> None:
         print(f"seedlocal env worker {args.index}: its forkserver (pid {parent}) was gone before it started; "
               "exiting", file=sys.stderr, flush=True)
         os._exit(1)
-    control = SharedArrays.attach(*args.control)
-    store = SharedArrays.attach(*args.rollout)
+    control, store = SharedArrays.attach(*args.control), SharedArrays.attach(*args.rollout)
     code = 0
     try:
         envs = [make_group(args.spec, args.envs_per_group, args.threads_per_group, args.seed + i * args.envs_per_group)
