@@ -67,21 +67,19 @@ def refuse_unguarded_main(call: str) -> None:
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
         frame = frame.f_back
-    if frame is None or frame.f_lineno in _guarded_lines(main.__file__):
+    if frame is None or _under_main_guard(main.__file__, frame.f_lineno):
         return
     raise ConfigError(f"{call} runs at the top level of {main.__file__} (line {frame.f_lineno}), which every env "
                       f"worker imports again as it starts: put it under if __name__ == \"__main__\":")
 
 
-def _guarded_lines(path: str) -> set[int]:
-    """The lines of the file at ``path`` inside an ``if __name__ == "__main__":`` block."""
+def _under_main_guard(path: str, line: int) -> bool:
+    """Whether ``line`` of the file at ``path`` is inside an ``if __name__ == "__main__":`` block."""
     import ast
 
-    lines: set[int] = set()
-    for node in ast.walk(ast.parse(Path(path).read_bytes())):
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
-            lines.update(range(node.body[0].lineno, node.end_lineno + 1))
-    return lines
+    return any(isinstance(node, ast.If) and node.body[0].lineno <= line <= node.end_lineno
+               and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test)
+               for node in ast.walk(ast.parse(Path(path).read_bytes())))
 
 
 @contextmanager
@@ -124,10 +122,8 @@ class ActorPool:
         """``bridge``: where actor hosts connect, for ``shape``'s remote groups. ``errors_file``: where the
         workers append their tracebacks (the run's env_errors.log; "": each on the worker's stderr)."""
         self.spec, self.layout, self.shape = spec, layout, shape
-        num_workers = self.num_workers = shape.num_workers
-        self.envs_per_group, self.threads_per_group = shape.envs_per_group, shape.threads_per_group
+        self.envs_per_group, num_workers = shape.envs_per_group, shape.num_workers
         self.num_local_groups, self.num_remote_groups = shape.num_local_groups, shape.num_remote_groups
-        self.num_groups = shape.num_groups
         self.bridge = bridge if bridge is not None and bridge.listen else None
         self.server: mp.Process | None = None
         self.bridge_port: int | None = None
@@ -143,12 +139,12 @@ class ActorPool:
         self._restarted_at: list[list[float]] = [[] for _ in range(num_workers)]  # monotonic times, per worker
         self._steps_at_spawn = [0] * num_workers  # its groups' step count when a worker was (re)started
         self.obs_ready = Signal(self._ctx)  # a wake-up hint for the inference loop
-        self.ready = [Signal(self._ctx) for _ in range(self.num_groups)]  # per group: its rows are published
-        self.wake = [Signal(self._ctx) for _ in range(self.num_groups)]
+        self.ready = [Signal(self._ctx) for _ in range(shape.num_groups)]  # per group: its rows are published
+        self.wake = [Signal(self._ctx) for _ in range(shape.num_groups)]
         try:
             signals = [self.obs_ready, *self.ready, *self.wake]
             self.semaphores = record_semaphores([s.name for s in signals if s.name])
-            self.control = create_control(self.num_groups)
+            self.control = create_control(shape.num_groups)
             self.store = create_store(layout)
         except BaseException:
             self.close()
@@ -161,15 +157,15 @@ class ActorPool:
         return int(self.control["group_lost"][group])
 
     def start(self) -> None:
-        if self.num_workers and registered_in_main(self.spec.env_id) and not _main_has_file():
+        if self.shape.num_workers and registered_in_main(self.spec.env_id) and not _main_has_file():
             raise ConfigError("env.id=" + main_registration_problem(self.spec.env_id, False))
-        for w in range(self.num_workers):
+        for w in range(self.shape.num_workers):
             self.spawn(w)
         if self.bridge is not None:
             self._start_server()
 
     def remote_groups(self) -> range:
-        return range(self.num_local_groups, self.num_groups)
+        return range(self.num_local_groups, self.shape.num_groups)
 
     def _start_server(self) -> None:
         from seedlocal.config.checks import bridge_token, split_address
@@ -215,7 +211,7 @@ class ActorPool:
         groups = self.shape.groups_of(w)
         args = WorkerArgs(
             index=w, groups=tuple(groups), envs_per_group=self.envs_per_group,
-            threads_per_group=self.threads_per_group, seed=local_seed(self.seed, w, self.restarts[w], self.shape),
+            threads_per_group=self.shape.threads_per_group, seed=local_seed(self.seed, w, self.restarts[w], self.shape),
             spec=self.spec, control=self.control.handle(), rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready, parent_pid=forkserver_pid(self._envpool), errors_file=self.errors_file)
@@ -320,7 +316,7 @@ class ActorPool:
                 if p.is_alive():
                     end()
                     p.join(1.0)
-        self.procs, self.server = [None] * self.num_workers, None
+        self.procs, self.server = [None] * self.shape.num_workers, None
         for sig in (self.obs_ready, *self.ready, *self.wake):  # before the segment that records their names
             sig.close()
         for seg in (self.store, self.control, self.semaphores):

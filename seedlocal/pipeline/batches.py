@@ -1,8 +1,6 @@
-"""Unrolls to learner batches: one copy per field, one batch ahead.
-
-``Batcher`` copies each unroll of the store's [buffers, L, E, ...] once, into its columns of a preallocated
-time-major batch [L, k*E, ...] (pinned on CUDA, copied to the device on a side stream; on a CPU learner the host
-set is the batch). ``Prefetcher`` does this in a thread, one batch ahead of the learner (docs/pipeline.md).
+"""Unrolls to learner batches: ``Batcher`` copies each unroll of the store's [buffers, L, E, ...] once, into its
+columns of a preallocated time-major batch [L, k*E, ...] (pinned on CUDA, copied to the device on a side stream; on
+a CPU learner the host set is the batch); ``Prefetcher`` does this in a thread, one batch ahead (docs/pipeline.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Imported by the env workers' forkserver only (``actors.WORKER_PRELOAD``): the server exits at once.
+"""Imported by the env workers' forkserver (``actors.WORKER_PRELOAD``): the server exits at once. Imported anywhere
+else, it does nothing.
 
 The server leaves with its owner (the learner or the actor host), by SystemExit; an ordinary exit would first tear
 down every module it preloaded (seconds on a loaded machine) while its workers wait for their PR_SET_PDEATHSIG. It
@@ -8,8 +9,6 @@ It also ignores SIGINT and SIGHUP from its import on: the server ignores SIGINT 
 imported (a Ctrl-C in a run's first second printed a traceback from envpool's import), and a SIGHUP to the process
 group (a closed terminal) killed it, so that its workers died of their PR_SET_PDEATHSIG while the learner was
 saving and stopping. Its workers ignore both anyway; the server still exits with the learner.
-
-Anywhere else, importing this module does nothing.
 """
 
 from __future__ import annotations
@@ -25,11 +24,9 @@ def _in_forkserver() -> bool:
     # Nothing here may raise: the server skips a preload that fails with ImportError only, and dies of any other.
     code = getattr(getattr(sys.modules.get("multiprocessing.forkserver"), "main", None), "__code__", None)
     frame = sys._getframe() if code is not None else None
-    while frame is not None:
-        if frame.f_code is code:
-            return True
+    while frame is not None and frame.f_code is not code:
         frame = frame.f_back
-    return False
+    return frame is not None
 
 
 if _in_forkserver():

@@ -44,9 +44,8 @@ class LoopStopped(Exception):
 
 
 class EpisodeLog:
-    """Finished episodes, counted exactly at any episode rate: the inference thread ``add``s each batch's, a reader
-    ``take``s the count and sums since its last take (exact means however many end between reads) and the last
-    ``keep`` episodes. Memory stays bounded whether or not anyone reads."""
+    """Finished episodes: the inference thread ``add``s each batch's, a reader ``take``s the count and sums since its
+    last take (exact, however many end between reads) and the last ``keep``; memory stays bounded if none reads."""
 
     def __init__(self, keep: int = 1000):
         self._lock = threading.Lock()
@@ -149,7 +148,7 @@ class InferenceLoop:
         self.pool, self.policy, self.device, self.threads = pool, policy, device, threads
         self.store, ctl, self.layout = pool.store, pool.control, pool.layout
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-        self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.num_groups
+        self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.shape.num_groups
         self.min_batch_envs, self.batch_timeout_s = max(1, min_batch_envs), batch_timeout_s
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
@@ -167,9 +166,8 @@ class InferenceLoop:
         self._unhold.connect(pool.obs_ready.post)
         # Which groups actor hosts step, behind the bridge (None: none).
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
-        # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields, so that one
-        # index per row (buf * L + row) reaches a field: one np.take gathers a batch's observations, every other
-        # field is one small read or write.
+        # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields: one index per
+        # row (buf * L + row) reaches a field, so one np.take gathers a batch's observations.
         self._obs_keys = self.layout.obs_keys()
         fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
         fields += [f"out.{name}" for name in self.layout.outputs]
@@ -388,12 +386,11 @@ class InferenceLoop:
     def _act(self, b: _Batch) -> None:
         """The forward: the batch's recurrent state and observations on the device, the policy, its actions and
         outputs back on the host (into ``b.actions``, ``b.outputs``)."""
-        E = self.E
         b.flat = b.bufs * self.L + b.rows
         core = self._batch_core(b)
         obs = self._stage(b)
         t0 = time.perf_counter()
-        flat_core = None if core is None else core.reshape((len(b.groups) * E,) + core.shape[2:])
+        flat_core = None if core is None else core.reshape((len(b.groups) * self.E,) + core.shape[2:])
         env_ids = self._env_ids[b.groups].ravel()
         actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, b.first.ravel())
         host_actions, host_out = to_host(actions, outputs)
@@ -419,8 +416,7 @@ class InferenceLoop:
         return core
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
-        """The observations of the batch's rows: one ``np.take`` per field into the staging buffer, then to the
-        device."""
+        """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
         k = len(b.groups)
         obs = {}
         for key in self._obs_keys:
@@ -483,8 +479,7 @@ class StallWatch:
         n = loop.pool.num_local_groups
         self.enabled, self._hosts_too = n > 0, loop.pool.num_remote_groups > 0
         self._said = self._said_one = -float("inf")
-        self._group_steps, self._group_t = np.zeros(n, np.int64), np.zeros(n)
-        self._candidate = np.zeros(n, bool)
+        self._group_steps, self._group_t, self._candidate = np.zeros(n, np.int64), np.zeros(n), np.zeros(n, bool)
         self.start()
 
     def start(self) -> None:

@@ -10,6 +10,7 @@ return, exception or Ctrl-C, stops the workers and unlinks the shared memory.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Callable
 
 import torch
@@ -51,7 +52,7 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
                           f"it (one per env): at most {SEED_LIMIT - used + 1:,d}")
 
 
-class Pipeline:
+class Pipeline(AbstractContextManager):
     def __init__(self, env: EnvConfig, pipe: PipelineConfig, make_policy: Callable[[EnvSpec, torch.device], object],
                  spec: EnvSpec, shape: PipelineShape, consume: bool = False, bridge: BridgeConfig | None = None,
                  errors_file: str = ""):
@@ -82,9 +83,6 @@ class Pipeline:
 
     def close(self) -> None:
         self.pool.close()
-
-    def __enter__(self) -> "Pipeline":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

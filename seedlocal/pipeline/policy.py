@@ -35,12 +35,11 @@ class Unhold:
 
     def __init__(self) -> None:
         self._asked = threading.Event()
-        self._wake: Callable[[], None] | None = None
+        self._wake: Callable[[], None] = lambda: None
 
     def __call__(self) -> None:
         self._asked.set()
-        if self._wake is not None:
-            self._wake()
+        self._wake()
 
     def connect(self, wake: Callable[[], None]) -> None:
         """The loop's wake-up, called after each request."""
@@ -74,14 +73,12 @@ class Policy(abc.ABC):
     training give each policy they play one of its own, so that its draws do not move that stream)"""
 
     def prepare(self, sizes: list[int], obs: dict[str, torch.Tensor]) -> None:
-        """Before the run: ``sizes`` are every batch size (env rows) the loop
-        will serve; ``obs`` one zero row of each observation field."""
+        """Before the run: ``sizes``, every batch size (env rows) the loop will serve; ``obs``, one zero row of each."""
 
     def plan(self, groups: np.ndarray, first: np.ndarray, done: np.ndarray, ep_return: np.ndarray,
              ep_length: np.ndarray | None = None) -> np.ndarray:
-        """SERVE, HOLD or RESTART for each ready group (only if ``plans``):
-        ``first``/``done``/``ep_return``/``ep_length`` [groups, E] are its envs' episode starts, and the episode
-        ends, returns and lengths of the step just taken."""
+        """SERVE, HOLD or RESTART for each ready group (only if ``plans``). ``first``, ``done``, ``ep_return`` and
+        ``ep_length`` [groups, E]: its envs' episode starts; episode ends, returns and lengths of the last step."""
         return np.full(len(groups), SERVE, np.int8)
 
     @abc.abstractmethod

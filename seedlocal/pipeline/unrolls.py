@@ -40,13 +40,10 @@ BOUND, PARKED, WAITING = 0, 1, 2
 class UnrollAllocator:
     def __init__(self, store, control, num_groups: int, obs_keys: list[str], epoch_of: Callable[[int], int],
                  hand_on: Callable[[int], None] | None = None):
-        """``hand_on(buf)`` passes a full unroll to the consumer; None: no
-        consumer, it is free again at once (neuroevolution, the bench)."""
+        """``hand_on(buf)`` passes a full unroll to the consumer; None: none, it is free at once (neuroevolution)."""
         self.store, self.obs_keys, self.epoch_of = store, obs_keys, epoch_of
         self._tbuf, self._trow = control["target_buf"], control["target_row"]
-        self.G = num_groups
-        self.num_buffers = store["unroll_group"].shape[0]
-        self.L = store["reward"].shape[1]
+        self.G, self.num_buffers, self.L = num_groups, store["unroll_group"].shape[0], store["reward"].shape[1]
         self._hand_on = hand_on
         self._free: deque[int] = deque(range(self.num_buffers))
         self._lock = threading.Lock()
@@ -55,8 +52,6 @@ class UnrollAllocator:
         self._resume_first: dict[int, np.ndarray] = {}
         self._since = np.zeros(num_groups, np.int64)  # when each unbound group became unbound (a count)
         self._unbound_count = 0
-
-    # -- queries ------------------------------------------------------------------
 
     def unbound(self) -> np.ndarray:
         """Groups that hold no unroll (parked or waiting): they cannot be served."""
@@ -69,13 +64,9 @@ class UnrollAllocator:
         """The episode-start flags a parked group stopped with (once, at its first serve after unparking)."""
         return self._resume_first.pop(g, None)
 
-    # -- the consumer's side -----------------------------------------------------
-
     def release(self, buf: int) -> None:
         with self._lock:
             self._free.append(buf)
-
-    # -- the loop's side ----------------------------------------------------------
 
     def _take(self) -> int | None:
         with self._lock:

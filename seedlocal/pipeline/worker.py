@@ -75,8 +75,7 @@ class _GroupWriter:
     """Per-group bookkeeping the worker keeps between steps."""
 
     def __init__(self, n: int):
-        self.ep_return = np.zeros(n, np.float32)
-        self.ep_length = np.zeros(n, np.int32)
+        self.ep_return, self.ep_length = np.zeros(n, np.float32), np.zeros(n, np.int32)
         # Envs whose last step ended an episode: their next action is ignored.
         self.was_done = np.zeros(n, bool)
 
@@ -115,8 +114,7 @@ def run_worker(args: WorkerArgs) -> None:
         print(f"seedlocal env worker {args.index}: its forkserver (pid {parent}) was gone before it started; "
               "exiting", file=sys.stderr, flush=True)
         os._exit(1)
-    control = SharedArrays.attach(*args.control)
-    store = SharedArrays.attach(*args.rollout)
+    control, store = SharedArrays.attach(*args.control), SharedArrays.attach(*args.rollout)
     code = 0
     try:
         envs = [make_group(args.spec, args.envs_per_group, args.threads_per_group, args.seed + i * args.envs_per_group)

@@ -2,9 +2,7 @@
 
 One process (the owner) creates a segment from a list of :class:`ArraySpec` and is the only one that unlinks it;
 any other process attaches by the segment's name and the same specs. Every array is a zero-copy numpy view of the
-segment (``torch.from_numpy`` on it is zero-copy too).
-
-This module is the only place in seedlocal that allocates or names shared memory.
+segment (``torch.from_numpy`` on it is zero-copy too). No other module of seedlocal allocates or names shared memory.
 """
 
 from __future__ import annotations

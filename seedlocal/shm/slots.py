@@ -30,6 +30,7 @@ post per transition, plus control posts such as stop) and orders nothing. Waitin
 from __future__ import annotations
 
 import multiprocessing as mp
+from types import SimpleNamespace
 
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 
@@ -45,8 +46,7 @@ def write_error(control, group: int, exc: BaseException) -> None:
 
 
 def write_trace(control, group: int, text: str) -> None:
-    """Record the traceback of group ``group``'s env (its own frames); a longer one keeps its end, where the
-    env raised."""
+    """Record the traceback of group ``group``'s env (its own frames); a longer one keeps its end, where it raised."""
     _write_text(control["group_trace"][group], text.encode("utf-8", "replace")[-(TRACE_BYTES - 1):])
 
 
@@ -97,11 +97,9 @@ def create_control(num_groups: int) -> SharedArrays:
 
 
 class Signal:
-    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel.
-
-    Tokens may outnumber real events (a waiter re-checks the slot states after waking), so a spurious wake-up is
-    harmless; a missed one costs at most the waiter's timeout.
-    """
+    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel. Tokens may outnumber real events (a
+    waiter re-checks the slot states after waking), so a spurious wake-up is harmless; a missed one costs at most the
+    waiter's timeout."""
 
     def __init__(self, ctx: mp.context.BaseContext):
         self._sem = ctx.Semaphore(0)
@@ -127,18 +125,9 @@ class Signal:
 
     def close(self) -> None:
         """Unlink the semaphore's name now, not when this, its only reference, is collected (multiprocessing's way): a
-        process SIGKILLed in between (an actor host retrying a learner) left a ``sem.mp-*`` that no sweep could
-        name (the segment recording it goes at close). Afterwards a late ``post`` does nothing, a ``wait`` finds
-        no token."""
+        process SIGKILLed in between (an actor host retrying a learner) left a ``sem.mp-*`` that no sweep could name
+        (the segment recording it goes at close). Afterwards a late ``post`` does nothing, a ``wait`` finds no token."""
         self._sem = _CLOSED
 
 
-class _Closed:
-    def release(self) -> None:
-        pass
-
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        return False
-
-
-_CLOSED = _Closed()
+_CLOSED = SimpleNamespace(release=lambda: None, acquire=lambda block=True, timeout=None: False)
