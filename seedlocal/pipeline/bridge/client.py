@@ -161,9 +161,9 @@ class _Session:
         channel = _channel(self.cfg)
         try:
             call, answer = self._handshake(channel)
-            spec = self._accept(answer)
-            groups = self._start_workers(answer, spec)
-            self._step_loop(call, groups, spec)
+            spec, layout = self._accept(answer)
+            groups = self._start_workers(answer, spec, layout)
+            self._step_loop(call, groups)
             if self.final:  # said after an ASSIGN this host accepted: by a learner verified as far as it can be
                 raise HostStopped(f"the learner at {self.cfg.connect} stopped; exiting", 0)
             raise _Lost(self.ended)
@@ -228,9 +228,9 @@ class _Session:
                          "on the way)")
         return answer
 
-    def _accept(self, answer: dict):
-        """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
-        never imported, and an env whose spaces differ from the learner's is not run."""
+    def _accept(self, answer: dict) -> tuple[object, wire.GroupLayout]:
+        """The EnvSpec of the learner's (verified) env and its group layout, or a refusal: a module this host does
+        not allow is never imported, and an env whose spaces differ from the learner's is not run."""
         from seedlocal.envs.spaces import with_box_actions
 
         env_id = str(answer.get("env_id", ""))
@@ -248,14 +248,13 @@ class _Session:
             self._refuse(f"observations here are {spec.obs}, the learner's are {want.obs}")
         if want.action != spec.action:
             self._refuse(f"actions here are {spec.action}, the learner's are {want.action}")
-        return spec
+        return spec, want
 
-    def _start_workers(self, answer: dict, spec) -> _HostGroups:
+    def _start_workers(self, answer: dict, spec, layout: wire.GroupLayout) -> _HostGroups:
         """The local store and env workers for the assigned groups, each group set to step first."""
         from seedlocal.pipeline.actors import ActorPool
 
         cfg, G = self.cfg, len(answer["groups"])
-        layout = wire.GroupLayout.from_json(answer["layout"])
         groups = _HostGroups(list(answer["groups"]), list(answer["epochs"]), layout, np.zeros(G, np.int64),
                              np.zeros(G), np.zeros(G, bool))
         E = layout.envs
@@ -270,7 +269,7 @@ class _Session:
                   f"({shape.num_workers} worker{'s' if shape.num_workers > 1 else ''})", flush=True)
         return groups
 
-    def _step_loop(self, call, groups: _HostGroups, spec) -> None:
+    def _step_loop(self, call, groups: _HostGroups) -> None:
         """Until the stream ends (the reader thread says why) or the learner is silent for answer_timeout_s:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
@@ -280,7 +279,7 @@ class _Session:
         steps = steps_line = 0
         while self.ended is None:
             self.pool.obs_ready.wait(0.1)
-            steps += self._send_ready_groups(groups, spec)
+            steps += self._send_ready_groups(groups)
             now = time.monotonic()
             if now - self.heard > self.cfg.answer_timeout_s:
                 raise _Lost(f"the learner at {self.cfg.connect} said nothing for {self.cfg.answer_timeout_s:g} s "
@@ -298,7 +297,7 @@ class _Session:
                       f"p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
                 t_line, steps_line = now, steps
 
-    def _send_ready_groups(self, groups: _HostGroups, spec) -> int:
+    def _send_ready_groups(self, groups: _HostGroups) -> int:
         """Send the learner every group whose worker has published its observations (FIRST after a
         reset, else STEP); returns the env steps sent."""
         pool = self.pool
@@ -308,7 +307,7 @@ class _Session:
             if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
                 continue
             kind = wire.FIRST if trow[i] == 0 else wire.STEP
-            arrays = {k: store[obs_key(k)][i, trow[i]] for k in spec.obs}
+            arrays = {k: store[obs_key(k)][i, trow[i]] for k in groups.layout.obs}
             if kind == wire.STEP:
                 arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
                 steps += groups.layout.envs
