@@ -189,6 +189,8 @@ class _Session:
         deadline.start()
         try:
             return call, self._assignment(call, nonce)
+        except wire.WireError as e:  # a message, or the nonce in one, that breaks the protocol
+            raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
         finally:
             deadline.cancel()
 
@@ -202,10 +204,7 @@ class _Session:
         h, answer = self._next(call)
         learner_nonce = None
         if h.kind == wire.CHALLENGE:
-            try:
-                learner_nonce = wire.check_nonce(answer.get("nonce"))
-            except wire.WireError as e:
-                raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
+            learner_nonce = wire.check_nonce(answer.get("nonce"))
             # Without a token this host cannot prove anything: the learner refuses it, and says so.
             proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
             self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
@@ -325,7 +324,7 @@ class _Session:
         return float(np.percentile(rtt, 50)), float(np.percentile(rtt, 99))
 
     def _next(self, call) -> tuple[wire.Header, dict]:
-        """The learner's next handshake message, or why there is none."""
+        """The learner's next handshake message, or why there is none (a malformed one raises WireError)."""
         import grpc
 
         try:
@@ -344,8 +343,6 @@ class _Session:
             raise _Lost(_unreachable(e.code().name, e.details() or "", bool(self.cfg.tls_ca))) from None
         except StopIteration:
             raise _Lost("the learner closed the connection") from None
-        except wire.WireError as e:
-            raise HostStopped(f"the learner at {self.cfg.connect} broke the handshake: {e}", 2) from None
 
     def _refuse(self, why: str):
         """Turn the learner's assignment down: it logs ``why``, and this host exits saying it."""
