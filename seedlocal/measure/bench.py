@@ -21,7 +21,7 @@ import numpy as np
 
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
-from seedlocal.config.checks import check_writable, resolve_device
+from seedlocal.config.checks import check_writable
 from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.networks import is_image
@@ -261,7 +261,6 @@ def check(cfg: BenchConfig):
                               min_batch_envs=cfg.min_batch_envs, batch_timeout_ms=cfg.batch_timeout_ms,
                               unroll_length=unroll)
     prepare_pipeline(env, pipe_cfg, prefix="bench", env_field="bench.env")
-    resolve_device(cfg.device)
     return spec, pipe_cfg
 
 
