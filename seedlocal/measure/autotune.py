@@ -39,8 +39,7 @@ def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
             _, shape = prepare_pipeline(env, PipelineConfig(num_workers=w, envs_per_worker=per_worker))
         except ConfigError:  # envs that make no two equal groups per worker
             continue
-        for min_batch in sorted({shape.min_batch_envs, shape.envs_per_group}):
-            out.append((w, per_worker, min_batch))
+        out += [(w, per_worker, min_batch) for min_batch in sorted({shape.min_batch_envs, shape.envs_per_group})]
     return out
 
 
