@@ -216,8 +216,7 @@ def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
     group, groups = shape.envs_per_group, shape.num_groups
     if algo.batch_size % group == 0 and algo.batch_size // group <= groups:
         return algo.batch_size, f"the preset's {algo.batch_size}"
-    k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if lstm_size else 1)
-    k = min(k, groups)
+    k = min(groups, max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if lstm_size else 1))
     return k * group, (f"the preset's {algo.batch_size}, as {k} whole group(s) of {group} envs "
                        f"(half of envs_per_worker {shape.envs_per_worker})")
 
