@@ -21,7 +21,7 @@ import numpy as np
 
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
-from seedlocal.config.checks import check_writable, resolve_device
+from seedlocal.config.checks import check_writable
 from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.networks import is_image
@@ -115,7 +115,6 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         pipe.loop.stats.collect_s.clear()
         raws, pipes, ratios, totals, threads = _alternate(cfg, pipe, raw)
         lat = np.array(pipe.loop.stats.collect_s) * 1e3
-        min_batch = pipe.shape.min_batch_envs
         batches = max(1, totals["batches"])
         thread_s = totals["dt"] * max(1, threads)
         return {
@@ -128,8 +127,8 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
             # The mean batch over the one the loop waits for (min_batch_envs; default half of all envs, since the
             # other half is stepping by design): below 1 the timeout cut batches short; above 1 more groups were
             # ready than it waits for.
-            "min_batch": min_batch,
-            "batch_fill": totals["envs"] / batches / min_batch,
+            "min_batch": shape.min_batch_envs,
+            "batch_fill": totals["envs"] / batches / shape.min_batch_envs,
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "collect_ms_p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
             "forward_ms_per_batch": totals["fwd"] / batches * 1e3,
@@ -217,8 +216,7 @@ def learning_batch(algo, shape, lstm_size: int = 0) -> tuple[int, str]:
     group, groups = shape.envs_per_group, shape.num_groups
     if algo.batch_size % group == 0 and algo.batch_size // group <= groups:
         return algo.batch_size, f"the preset's {algo.batch_size}"
-    k = max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if lstm_size else 1)
-    k = min(k, groups)
+    k = min(groups, max(1, round(algo.batch_size / group), -(-algo.minibatches // group) if lstm_size else 1))
     return k * group, (f"the preset's {algo.batch_size}, as {k} whole group(s) of {group} envs "
                        f"(half of envs_per_worker {shape.envs_per_worker})")
 
@@ -261,7 +259,6 @@ def check(cfg: BenchConfig):
                               min_batch_envs=cfg.min_batch_envs, batch_timeout_ms=cfg.batch_timeout_ms,
                               unroll_length=unroll)
     prepare_pipeline(env, pipe_cfg, prefix="bench", env_field="bench.env")
-    resolve_device(cfg.device)
     return spec, pipe_cfg
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 import time
 
@@ -30,15 +31,13 @@ def _async_step(env, acts: list[np.ndarray], batch: int):
 
 
 def _timed(step, warmup: float, seconds: float) -> float:
-    i, end = 0, time.perf_counter() + warmup
+    i, end = itertools.count(), time.perf_counter() + warmup
     while time.perf_counter() < end:
-        step(i)
-        i += 1
+        step(next(i))
     steps, t0 = 0, time.perf_counter()
     end = t0 + seconds
     while True:  # one step at least: a loaded machine can give a short window none, and 0 steps/s measures nothing
-        steps += step(i)
-        i += 1
+        steps += step(next(i))
         if time.perf_counter() >= end:
             return steps / (time.perf_counter() - t0)
 

@@ -180,8 +180,7 @@ class ActorPool:
             host=host, port=port, token=bridge_token(b.token_file), tls_cert=b.tls_cert, tls_key=b.tls_key,
             groups=tuple(groups), handshakes_per_peer=b.handshakes_per_peer, shape=self.shape,
             layout=wire.GroupLayout(self.envs_per_group, self.layout.obs, self.layout.action).to_json(),
-            env_id=self.spec.env_id, backend=self.spec.backend, frame_stack=self.spec.frame_stack,
-            box_actions=self.spec.box_actions, seed=self.seed,
+            spec=self.spec, seed=self.seed,
             control=self.control.handle(), rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
             obs_ready=self.obs_ready, started=send, parent_pid=os.getpid())

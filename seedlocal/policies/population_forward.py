@@ -79,10 +79,9 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     return plan if plan and plan[-1][0] == "linear" else None
 
 
-def strategies(template: nn.Module, plan: list | None = None) -> tuple[str, ...]:
+def strategies(template: nn.Module) -> tuple[str, ...]:
     """The population forward strategies a network can use (see ``PopulationForward``)."""
-    if plan is None:
-        plan = _layer_plan(template, _offsets(template))
+    plan = _layer_plan(template, _offsets(template))
     if plan is None:
         return ("vmap", "loop")
     # mulsum's broadcast product is [rows, in, out]: fine for an MLP's layers, a
@@ -120,7 +119,7 @@ class PopulationForward:
         offsets = _offsets(template)
         self.size = sum(n for _, _, n in self.layout)
         self.plan = _layer_plan(template, offsets)
-        self.candidates = strategies(template, self.plan)
+        self.candidates = strategies(template)
         if strategy not in ("auto",) + self.candidates:
             raise ValueError(f"strategy={strategy!r}: expected auto or one of {', '.join(self.candidates)} "
                              f"for this network")

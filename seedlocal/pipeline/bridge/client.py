@@ -161,9 +161,9 @@ class _Session:
         channel = _channel(self.cfg)
         try:
             call, answer = self._handshake(channel)
-            spec = self._accept(answer)
-            groups = self._start_workers(answer, spec)
-            self._step_loop(call, groups, spec)
+            spec, layout = self._accept(answer)
+            groups = self._start_workers(answer, spec, layout)
+            self._step_loop(call, groups)
             if self.final:  # said after an ASSIGN this host accepted: by a learner verified as far as it can be
                 raise HostStopped(f"the learner at {self.cfg.connect} stopped; exiting", 0)
             raise _Lost(self.ended)
@@ -189,6 +189,8 @@ class _Session:
         deadline.start()
         try:
             return call, self._assignment(call, nonce)
+        except wire.WireError as e:  # a message, or the nonce in one, that breaks the protocol
+            raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
         finally:
             deadline.cancel()
 
@@ -202,10 +204,7 @@ class _Session:
         h, answer = self._next(call)
         learner_nonce = None
         if h.kind == wire.CHALLENGE:
-            try:
-                learner_nonce = wire.check_nonce(answer.get("nonce"))
-            except wire.WireError as e:
-                raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
+            learner_nonce = wire.check_nonce(answer.get("nonce"))
             # Without a token this host cannot prove anything: the learner refuses it, and says so.
             proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
             self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
@@ -228,9 +227,9 @@ class _Session:
                          "on the way)")
         return answer
 
-    def _accept(self, answer: dict):
-        """The EnvSpec of the learner's (verified) env, or a refusal: a module this host does not allow is
-        never imported, and an env whose spaces differ from the learner's is not run."""
+    def _accept(self, answer: dict) -> tuple[object, wire.GroupLayout]:
+        """The EnvSpec of the learner's (verified) env and its group layout, or a refusal: a module this host does
+        not allow is never imported, and an env whose spaces differ from the learner's is not run."""
         from seedlocal.envs.spaces import with_box_actions
 
         env_id = str(answer.get("env_id", ""))
@@ -248,14 +247,13 @@ class _Session:
             self._refuse(f"observations here are {spec.obs}, the learner's are {want.obs}")
         if want.action != spec.action:
             self._refuse(f"actions here are {spec.action}, the learner's are {want.action}")
-        return spec
+        return spec, want
 
-    def _start_workers(self, answer: dict, spec) -> _HostGroups:
+    def _start_workers(self, answer: dict, spec, layout: wire.GroupLayout) -> _HostGroups:
         """The local store and env workers for the assigned groups, each group set to step first."""
         from seedlocal.pipeline.actors import ActorPool
 
         cfg, G = self.cfg, len(answer["groups"])
-        layout = wire.GroupLayout.from_json(answer["layout"])
         groups = _HostGroups(list(answer["groups"]), list(answer["epochs"]), layout, np.zeros(G, np.int64),
                              np.zeros(G), np.zeros(G, bool))
         E = layout.envs
@@ -270,7 +268,7 @@ class _Session:
                   f"({shape.num_workers} worker{'s' if shape.num_workers > 1 else ''})", flush=True)
         return groups
 
-    def _step_loop(self, call, groups: _HostGroups, spec) -> None:
+    def _step_loop(self, call, groups: _HostGroups) -> None:
         """Until the stream ends (the reader thread says why) or the learner is silent for answer_timeout_s:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
@@ -280,7 +278,7 @@ class _Session:
         steps = steps_line = 0
         while self.ended is None:
             self.pool.obs_ready.wait(0.1)
-            steps += self._send_ready_groups(groups, spec)
+            steps += self._send_ready_groups(groups)
             now = time.monotonic()
             if now - self.heard > self.cfg.answer_timeout_s:
                 raise _Lost(f"the learner at {self.cfg.connect} said nothing for {self.cfg.answer_timeout_s:g} s "
@@ -298,7 +296,7 @@ class _Session:
                       f"p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
                 t_line, steps_line = now, steps
 
-    def _send_ready_groups(self, groups: _HostGroups, spec) -> int:
+    def _send_ready_groups(self, groups: _HostGroups) -> int:
         """Send the learner every group whose worker has published its observations (FIRST after a
         reset, else STEP); returns the env steps sent."""
         pool = self.pool
@@ -308,7 +306,7 @@ class _Session:
             if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
                 continue
             kind = wire.FIRST if trow[i] == 0 else wire.STEP
-            arrays = {k: store[obs_key(k)][i, trow[i]] for k in spec.obs}
+            arrays = {k: store[obs_key(k)][i, trow[i]] for k in groups.layout.obs}
             if kind == wire.STEP:
                 arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
                 steps += groups.layout.envs
@@ -326,7 +324,7 @@ class _Session:
         return float(np.percentile(rtt, 50)), float(np.percentile(rtt, 99))
 
     def _next(self, call) -> tuple[wire.Header, dict]:
-        """The learner's next handshake message, or why there is none."""
+        """The learner's next handshake message, or why there is none (a malformed one raises WireError)."""
         import grpc
 
         try:
@@ -345,8 +343,6 @@ class _Session:
             raise _Lost(_unreachable(e.code().name, e.details() or "", bool(self.cfg.tls_ca))) from None
         except StopIteration:
             raise _Lost("the learner closed the connection") from None
-        except wire.WireError as e:
-            raise HostStopped(f"the learner at {self.cfg.connect} broke the handshake: {e}", 2) from None
 
     def _refuse(self, why: str):
         """Turn the learner's assignment down: it logs ``why``, and this host exits saying it."""

@@ -46,6 +46,7 @@ from seedlocal.shape import PipelineShape
 from seedlocal.shm.arrays import ArraySpec, SharedArrays
 from seedlocal.shm.rollout import obs_key
 from seedlocal.shm.slots import ACTION_READY, OBS_READY, RESET, STEPPING, Signal
+from seedlocal.spec import EnvSpec
 
 SERVICE = "seedlocal.Bridge"
 METHOD = f"/{SERVICE}/Stream"
@@ -90,10 +91,7 @@ class ServerArgs:
     handshakes_per_peer: int  # bridge.handshakes_per_peer
     shape: PipelineShape  # the learner's: actor hosts run workers of its size
     layout: dict  # wire.GroupLayout.to_json()
-    env_id: str
-    backend: str
-    frame_stack: int
-    box_actions: str  # EnvSpec's: the host's envs meet the Box bounds as the learner's do
+    spec: EnvSpec  # the learner's env, as its hosts run it (its id, backend, frames and Box bounds rule)
     seed: int
     control: tuple[str, list[ArraySpec]]
     rollout: tuple[str, list[ArraySpec]]
@@ -238,8 +236,8 @@ class BridgeServer:
             host.groups = [g.gid for g in free]
             self.control["host_connected"][host.slot] = 1
         return {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
-                "env_id": self.a.env_id, "backend": self.a.backend, "frame_stack": self.a.frame_stack,
-                "box_actions": self.a.box_actions, "layout": self.a.layout,
+                "env_id": self.a.spec.env_id, "backend": self.a.spec.backend, "frame_stack": self.a.spec.frame_stack,
+                "box_actions": self.a.spec.box_actions, "layout": self.a.layout,
                 "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, shape),
                 "version": wire.VERSION}
 

@@ -158,23 +158,18 @@ class GroupLayout:
     obs: dict[str, TensorSpec]
     action: TensorSpec
 
-    def _fields(self, kind: int) -> list[tuple[str, tuple[int, ...], np.dtype]]:
-        """The arrays of a FIRST, STEP or ACTION payload, in order: (name, shape, dtype)."""
-        if kind == ACTION:
-            return [("action", (self.envs,) + self.action.shape, np.dtype(self.action.dtype))]
-        out = [(k, (self.envs,) + s.shape, np.dtype(s.dtype)) for k, s in self.obs.items()]
-        if kind == STEP:
-            out += [(k, (self.envs,), np.dtype(STEP_FIELDS[k])) for k in STEP_ORDER]
-        return out
-
     @functools.cached_property
     def _plans(self) -> dict[int, tuple[list[tuple[str, tuple[int, ...], np.dtype, int, int]], int]]:
-        """Per payload kind, built once (a host and the learner's bridge code every group step by it): its arrays as
-        (name, shape, dtype, byte offset, element count), and its size in bytes."""
+        """Per payload kind (FIRST, STEP, ACTION), built once (a host and the learner's bridge code every group step by
+        it): its arrays in order as (name, shape, dtype, byte offset, element count), and its size in bytes."""
+        obs = [(k, s.shape, s.dtype) for k, s in self.obs.items()]
+        kinds = {FIRST: obs, STEP: obs + [(k, (), STEP_FIELDS[k]) for k in STEP_ORDER],
+                 ACTION: [("action", self.action.shape, self.action.dtype)]}
         plans = {}
-        for kind in (FIRST, STEP, ACTION):
+        for kind, arrays in kinds.items():
             fields, offset = [], 0
-            for k, shape, dtype in self._fields(kind):
+            for k, shape, dtype in arrays:
+                shape, dtype = (self.envs,) + shape, np.dtype(dtype)
                 fields.append((k, shape, dtype, offset, math.prod(shape)))
                 offset += math.prod(shape) * dtype.itemsize
             plans[kind] = (fields, offset)
