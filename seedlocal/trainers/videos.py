@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import AbstractContextManager
 import threading
 import time
 from pathlib import Path
@@ -53,7 +54,7 @@ def _lowest_priority() -> None:
     torch.set_num_threads(1)
 
 
-class TrainingVideos:
+class TrainingVideos(AbstractContextManager):
     """The run's videos, for ``run``: ``maybe`` from the learner's thread after each unit of learning;
     ``close`` (or leaving the ``with`` block) drops an episode being recorded and ends the thread."""
 
@@ -149,9 +150,6 @@ class TrainingVideos:
             self._cond.notify_all()
         self._thread.join(timeout=30)  # an env step at most, then the encoding of the frames so far
         self._thread = None
-
-    def __enter__(self) -> "TrainingVideos":
-        return self
 
     def __exit__(self, kind, exc, tb) -> None:
         """An error or Ctrl-C drops the video being made; a run's normal end finishes it."""
