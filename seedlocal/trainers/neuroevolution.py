@@ -137,9 +137,7 @@ class NeuroevoTrainer(Trainer):
     def _out_of_time(self, run: Run) -> bool:
         """Whether the time budget has ended: for one rank, for all (a rank that stopped alone would leave the
         others waiting in the next fitness all-gather)."""
-        if self.ranks.world == 1:
-            return run.out_of_time()
-        return bool(self.ranks.sum([float(run.out_of_time())])[0])
+        return run.out_of_time() if self.ranks.world == 1 else bool(self.ranks.sum([float(run.out_of_time())])[0])
 
     def _totals(self, loop) -> tuple[int, int, int, int]:
         """Running totals the counters advance by: rows served to members (each one step of a member's episode),

@@ -34,14 +34,12 @@ class _Stopped(Exception):
 
 
 def on_cpu(state):
-    """A copy of ``state`` (nested dicts, lists, tensors) whose tensors are on the CPU and no longer the
-    learner's: it goes on updating its own while the copy is played."""
+    """A copy of ``state`` (nested dicts of tensors: ``Trainer.acting_state``) whose tensors are on the CPU and no
+    longer the learner's: it goes on updating its own while the copy is played."""
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):
         return {k: on_cpu(v) for k, v in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(on_cpu(v) for v in state)
     return state
 
 
