@@ -52,7 +52,7 @@ class VTraceTrainer(VTraceLearning):
         self.logged_ranks = {"sums": (0, 0.0, 0.0), "mean20": None}
         self.scaler = RewardScaler(self.shape.num_envs, a.discount) if a.reward_scale else None
         # What pools the running statistics' moments over the ranks; None for one process (no collective call).
-        self.pool = ranks.pool_moments if ranks.world > 1 else None
+        self.pool_moments = ranks.pool_moments if ranks.world > 1 else None
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -150,7 +150,7 @@ class VTraceTrainer(VTraceLearning):
         if self.model.obs_norm is not None:
             T = self.cfg.pipeline.unroll_length
             with self.lock:
-                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()}, pool=self.pool)
+                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()}, pool=self.pool_moments)
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
@@ -160,7 +160,7 @@ class VTraceTrainer(VTraceLearning):
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
-                           ~host["ignored"][:T], pool=self.pool)
+                           ~host["ignored"][:T], pool=self.pool_moments)
         return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
