@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from contextlib import AbstractContextManager
 import threading
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Callable
 
