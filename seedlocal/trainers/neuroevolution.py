@@ -137,9 +137,7 @@ class NeuroevoTrainer(Trainer):
     def _out_of_time(self, run: Run) -> bool:
         """Whether the time budget has ended: for one rank, for all (a rank that stopped alone would leave the
         others waiting in the next fitness all-gather)."""
-        if self.ranks.world == 1:
-            return run.out_of_time()
-        return bool(self.ranks.sum([float(run.out_of_time())])[0])
+        return run.out_of_time() if self.ranks.world == 1 else bool(self.ranks.sum([float(run.out_of_time())])[0])
 
     def _totals(self, loop) -> tuple[int, int, int, int]:
         """Running totals the counters advance by: rows served to members (each one step of a member's episode),
@@ -221,16 +219,15 @@ class NeuroevoTrainer(Trainer):
         self.frames_run += frames
         c["episodes"] += scored
         loop.stats.episodes.take()
-        self.values = {f"charts/{k}": v for k, v in stats.items()}
-        self.values.update({
-            "charts/frames": c["frames"], "charts/episodes": c["episodes"],
-            "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
+        self.values = {
+            **{f"charts/{k}": v for k, v in stats.items()}, "charts/frames": c["frames"],
+            "charts/episodes": c["episodes"], "perf/frames_per_generation": frames, "perf/frames_per_s": frames / dt,
             "perf/idle_share": 1.0 - served / stepped if stepped else 0.0, "perf/generation_s": dt,
             "perf/env_time_s": (w1["env_s"] - w0["env_s"]) / max(1, w1["threads"]),
             "perf/inference_time_s": pop.forward_s - fwd0,
             "perf/capped_share": capped / scored if scored else 0.0,
             "perf/worker_restarts": loop.stats.restarts,
-        })
+        }
 
     def _progress_inside(self, run: Run, t0: float) -> None:
         """The progress line while a generation runs (the monitor rate-limits it)."""

@@ -65,9 +65,6 @@ class Member:
     def values(self) -> dict:
         return {n: getattr(self.params, n) for n in self.names}
 
-    def set_values(self, values: dict) -> None:
-        self.params = dataclasses.replace(self.params, **values)
-
     def score(self) -> float | None:
         """The mean of its last 20 episodes (None before its first)."""
         return float(np.mean(self.recent)) if self.recent else None
@@ -82,7 +79,7 @@ class Member:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.shuffle.set_state(saved["shuffle"])
         self.sampling.set_state(saved["sampling"])  # a CUDA generator's state too is a CPU byte tensor
-        self.set_values(saved["values"])
+        self.params = dataclasses.replace(self.params, **saved["values"])
         self.counters.update(saved["counters"])
         self.recent.extend(saved["recent"])
 
@@ -134,8 +131,6 @@ class PopulationTrainer(VTraceLearning):
                                "pbt_rng": json.dumps(self.pbt_rng.bit_generator.state)}}
 
     def restore(self, saved: dict) -> None:
-        if len(saved["members"]) != len(self.members):
-            raise ValueError(f"the checkpoint holds {len(saved['members'])} members, this run {len(self.members)}")
         start = self.counters["steps"]
         for mb, own in zip(self.members, saved["members"]):
             mb.restore(own)
@@ -286,7 +281,7 @@ class PopulationTrainer(VTraceLearning):
                 pbt.copy_member(donor.model, donor.optimizer, member.model, member.optimizer)
         for r in records:
             member = self.members[r.member]
-            member.set_values(values[r.member])
+            member.params = dataclasses.replace(member.params, **values[r.member])
             member.recent.clear()  # its returns were its old weights'
             self.lineage.append(dataclasses.asdict(r))
             moves = ", ".join(f"{k} {r.copied[k]:.4g} -> {r.new[k]:.4g} ({r.how[k]})" for k in r.how)

@@ -35,9 +35,8 @@ from seedlocal.trainers.run import WAIT_S, Run, StepTrainer, blank, mean_of, reb
 def eval_env_ids(num_local: int, num_envs: int, eval_envs: int) -> np.ndarray:
     """The evaluation slots: the last local envs (actor hosts may come late, or never: --stop-at-return must not
     wait for them), and only where there are too few local ones, the last remote envs."""
-    if eval_envs <= num_local:
-        return np.arange(num_local - eval_envs, num_local)
-    return np.arange(num_envs - eval_envs, num_envs)
+    last = num_local if eval_envs <= num_local else num_envs
+    return np.arange(last - eval_envs, last)
 
 
 def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape, seed: int) -> SequenceReplay:
@@ -244,16 +243,14 @@ class R2D2Trainer(StepTrainer):
     def _returns(self) -> tuple[float | None, float | None]:
         """The mean training and evaluation returns of the last 20 episodes: this process's, or with
         data-parallel ranks the mean over the ranks of theirs (as of the last all-reduce)."""
-        f = self.feeder
         if self.ranks.world > 1 and self.all_ranks:
             return self.all_ranks["train"], self.all_ranks["eval"]
-        return mean_of(f.recent_train), mean_of(f.recent_eval)
+        return mean_of(self.feeder.recent_train), mean_of(self.feeder.recent_eval)
 
     def has_last_log(self) -> bool:
         # Episodes that end after the last update belong on the curve too (start() sets the count they add to).
-        started = hasattr(self, "steps0")
         return super().has_last_log() or bool(self.acc) or (
-            started and self.counters["episodes"] != self.logged_episodes)
+            hasattr(self, "steps0") and self.counters["episodes"] != self.logged_episodes)
 
     def settle(self, run: Run) -> None:
         if hasattr(self, "steps0"):

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import threading
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Callable
 
@@ -33,14 +34,12 @@ class _Stopped(Exception):
 
 
 def on_cpu(state):
-    """A copy of ``state`` (nested dicts, lists, tensors) whose tensors are on the CPU and no longer the
-    learner's: it goes on updating its own while the copy is played."""
+    """A copy of ``state`` (nested dicts of tensors: ``Trainer.acting_state``) whose tensors are on the CPU and no
+    longer the learner's: it goes on updating its own while the copy is played."""
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):
         return {k: on_cpu(v) for k, v in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(on_cpu(v) for v in state)
     return state
 
 
@@ -53,7 +52,7 @@ def _lowest_priority() -> None:
     torch.set_num_threads(1)
 
 
-class TrainingVideos:
+class TrainingVideos(AbstractContextManager):
     """The run's videos, for ``run``: ``maybe`` from the learner's thread after each unit of learning;
     ``close`` (or leaving the ``with`` block) drops an episode being recorded and ends the thread."""
 
@@ -149,9 +148,6 @@ class TrainingVideos:
             self._cond.notify_all()
         self._thread.join(timeout=30)  # an env step at most, then the encoding of the frames so far
         self._thread = None
-
-    def __enter__(self) -> "TrainingVideos":
-        return self
 
     def __exit__(self, kind, exc, tb) -> None:
         """An error or Ctrl-C drops the video being made; a run's normal end finishes it."""

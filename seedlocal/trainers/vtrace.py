@@ -25,6 +25,7 @@ from seedlocal.pipeline.ranks import Solo
 from seedlocal.policies.actor_critic import ModelPolicy
 from seedlocal.prepare import Prepared
 from seedlocal.recipes.vtrace import VTraceRun, build_model, identity
+from seedlocal.trainers.population import PopulationTrainer
 from seedlocal.trainers.run import WAIT_S, Run, blank, mean_of, rebuilding, run
 from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, VTraceLearning
 
@@ -50,6 +51,8 @@ class VTraceTrainer(VTraceLearning):
         # As logged before any all-reduce: one that has found no episode yet leaves nothing for a last log.
         self.logged_ranks = {"sums": (0, 0.0, 0.0), "mean20": None}
         self.scaler = RewardScaler(self.shape.num_envs, a.discount) if a.reward_scale else None
+        # What pools the running statistics' moments over the ranks; None for one process (no collective call).
+        self.pool_moments = ranks.pool_moments if ranks.world > 1 else None
 
     def identity(self) -> dict:
         return identity(self.cfg, self.spec)
@@ -87,11 +90,6 @@ class VTraceTrainer(VTraceLearning):
         """Data-parallel: every rank starts from rank 0's parameters and observation statistics (a resumed
         run's are equal already; the optimiser's state is too, fresh or loaded from the same checkpoint)."""
         ranks.broadcast_(self.model)
-
-    def _pool_moments(self):
-        """What pools the running statistics' moments over the ranks, or None for one process (which then makes no
-        collective call)."""
-        return self.ranks.pool_moments if self.ranks.world > 1 else None
 
     def policy(self):
         return ModelPolicy(self.model, self.spec, self.lock, precision=self.precision,
@@ -152,7 +150,7 @@ class VTraceTrainer(VTraceLearning):
         if self.model.obs_norm is not None:
             T = self.cfg.pipeline.unroll_length
             with self.lock:
-                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()}, pool=self._pool_moments())
+                self.model.update_obs_norm({k: v[:T] for k, v in batch["obs"].items()}, pool=self.pool_moments)
 
     def _scale_rewards(self, batch: dict, fetched) -> dict:
         """The rewards' running scale, from this batch (on its host copy, in time order per env)."""
@@ -162,7 +160,7 @@ class VTraceTrainer(VTraceLearning):
         E = self.shape.envs_per_group
         env_ids = (np.asarray(fetched.groups)[:, None] * E + np.arange(E)).ravel()
         self.scaler.update(host["reward"][:T], host["terminated"][:T] | host["truncated"][:T], env_ids,
-                           ~host["ignored"][:T], pool=self._pool_moments())
+                           ~host["ignored"][:T], pool=self.pool_moments)
         return {**batch, "reward": self.scaler(batch["reward"])}
 
     def _take_episodes(self, run: Run) -> None:
@@ -178,10 +176,7 @@ class VTraceTrainer(VTraceLearning):
         return now - self.iv.t0 >= self.cfg.log_every_s
 
     def _scalars(self, run: Run, step_now: int) -> dict:
-        values = {"charts/learning_rate": self.lr}
-        if self.ranks.world > 1:
-            values.update(self._all_ranks_episodes())
-        return values
+        return {"charts/learning_rate": self.lr, **self._all_ranks_episodes()}
 
     def _progress(self, step_now: int, values: dict) -> str:
         ret = f"{np.mean(self.recent):7.1f}" if self.recent else "      -"
@@ -192,7 +187,7 @@ class VTraceTrainer(VTraceLearning):
     def _all_ranks_episodes(self) -> dict:
         """Data-parallel ranks: the episode scalars of every rank's episodes (as of the last all-reduce) since the
         last log, and the mean of the ranks' means of their last 20 (the target's); rank 0 writes them."""
-        if not self.all_ranks:  # a run stopped in its first all-reduce
+        if not self.all_ranks:  # one process, or a run stopped in its first all-reduce
             return {}
         (n, ret, length), (n0, ret0, length0) = self.all_ranks["sums"], self.logged_ranks["sums"]
         self.logged_ranks = self.all_ranks
@@ -220,11 +215,7 @@ class VTraceTrainer(VTraceLearning):
 def train(prepared: Prepared) -> dict:
     """Train until a budget ends; returns a summary (also on Ctrl-C, re-raised after saving). A population
     (``--population.size`` > 1) is ``trainers/population.py``'s."""
-    if prepared.config.population.size > 1:
-        from seedlocal.trainers.population import PopulationTrainer
-
-        return run(PopulationTrainer, prepared, from_checkpoint)
-    return run(VTraceTrainer, prepared, from_checkpoint)
+    return run(PopulationTrainer if prepared.config.population.size > 1 else VTraceTrainer, prepared, from_checkpoint)
 
 
 def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = None, epsilon: float = 0.0) -> ModelPolicy:

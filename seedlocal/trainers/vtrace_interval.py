@@ -71,29 +71,27 @@ class Interval:
         thread_s = dt * max(1, workers["threads"])
         sps = (steps - self.steps) / dt
         # The one read of the device-side sums per logging interval.
-        values = {f"losses/{key}": float(v) / n for key, v in self.acc.items() if key != "policy_lag"}
-        values.update({(key if key.startswith("update_ratio/") else f"losses/{key}"): v
-                       for key, v in (self.diag or {}).items()})
-        values.update({
+        values = {
+            **{f"losses/{key}": float(v) / n for key, v in self.acc.items() if key != "policy_lag"},
+            **{(k if k.startswith("update_ratio/") else f"losses/{k}"): v for k, v in (self.diag or {}).items()},
             "charts/episode_return": self.ep_ret / self.ep_n if self.ep_n else None,
             "charts/episode_length": self.ep_len / self.ep_n if self.ep_n else None,
             "charts/return_mean20": float(np.mean(recent)) if len(recent) == recent.maxlen else None,
-        })
-        if not rates:
-            return values
-        values.update({
-            "charts/steps_per_s": sps,
-            "charts/frames_per_s": sps * frames_per_step,
-            "charts/replay_ratio": self.rows_learned / max(1, steps - self.steps),
-            "perf/inference_batch_size": (stats.batch_envs - self.batch_envs) / nb,
-            "perf/inference_forward_ms": (stats.forward_s - self.forward_s) / nb * 1e3,
-            "perf/batch_collect_ms": float(np.median(stats.collect_s)) * 1e3 if stats.collect_s else None,
-            "perf/worker_wait_share": (workers["wait_s"] - self.workers["wait_s"]) / thread_s,
-            "perf/worker_env_share": (workers["env_s"] - self.workers["env_s"]) / thread_s,
-            "perf/learner_wait_share": self.wait_s / max(1e-9, self.wait_s + self.learn_s),
-            "perf/policy_lag": float(self.acc.get("policy_lag", 0.0)) / n,
-            "perf/worker_restarts": stats.restarts,
-        })
+        }
+        if rates:
+            values.update({
+                "charts/steps_per_s": sps,
+                "charts/frames_per_s": sps * frames_per_step,
+                "charts/replay_ratio": self.rows_learned / max(1, steps - self.steps),
+                "perf/inference_batch_size": (stats.batch_envs - self.batch_envs) / nb,
+                "perf/inference_forward_ms": (stats.forward_s - self.forward_s) / nb * 1e3,
+                "perf/batch_collect_ms": float(np.median(stats.collect_s)) * 1e3 if stats.collect_s else None,
+                "perf/worker_wait_share": (workers["wait_s"] - self.workers["wait_s"]) / thread_s,
+                "perf/worker_env_share": (workers["env_s"] - self.workers["env_s"]) / thread_s,
+                "perf/learner_wait_share": self.wait_s / max(1e-9, self.wait_s + self.learn_s),
+                "perf/policy_lag": float(self.acc.get("policy_lag", 0.0)) / n,
+                "perf/worker_restarts": stats.restarts,
+            })
         return values
 
 
@@ -158,9 +156,8 @@ class VTraceLearning(StepTrainer):
     def log(self, run: Run, now: float, last: bool = False) -> None:
         step_now, workers, iv = self._steps(run), run.pipe.pool.worker_stats(), self.iv
         rates = not last or now - iv.t0 >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
-        values = iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates)
-        values["charts/episodes"] = self.counters["episodes"]
-        values.update(self._scalars(run, step_now))
+        values = {**iv.scalars(now, step_now, run.loop.stats, workers, self.recent, self.frames_per_step, rates),
+                  "charts/episodes": self.counters["episodes"], **self._scalars(run, step_now)}
         iv.restart(now, step_now, run.loop.stats, workers)  # first: an interval is written once, whatever follows
         run.scalars(step_now, values, rates)
         if not last:
