@@ -27,7 +27,7 @@ from seedlocal.config.overrides import apply, load_pipeline_file
 from seedlocal.config.request import Request, is_given
 from seedlocal.config.resume import config_changes, saved_config
 from seedlocal.envs.spaces import describe, validate_env, with_box_actions
-from seedlocal.errors import CheckpointError, ConfigError
+from seedlocal.errors import CheckpointError, ConfigError, fail
 from seedlocal.recipes import Kind, Recipe, kind_of
 from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
 from seedlocal.spec import EnvSpec
@@ -252,7 +252,10 @@ def _check_resume(cfg, resumed: Resumed) -> None:
             if name in resumed.saved and getattr(cfg, name) != resumed.saved[name]:
                 raise ConfigError(f"{name}={getattr(cfg, name)!r}: a resumed run goes on in its own folder "
                                   f"({cfg.resume}); leave --{name.replace('_', '-')} out")
-    cfg.budget_spent(resumed.counters)
+    for name, counter, unit in cfg.budgets:
+        budget, done = getattr(cfg, name), resumed.counters.get(counter, 0)
+        if budget and done >= budget:
+            fail(name, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")
 
 
 def _checked(recipe: Recipe, cfg, notes: list[str]) -> Prepared:
