@@ -79,8 +79,8 @@ def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes
     if request.pipeline_config:  # a pipeline file's options, beneath the command line's own
         given = {**{f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}, **given}
     cfg = apply(_base(request, recipe, resumed, notes), given)
-    if resumed is None:
-        cfg = _sized(cfg, recipe, machine or Machine.detect(cfg.pipeline.device), request, given, notes)
+    if resumed is None and request.machine_sizing:
+        cfg = _sized(cfg, recipe, machine or Machine.detect(cfg.pipeline.device), given, notes)
     return cfg, resumed, given
 
 
@@ -221,10 +221,8 @@ def _dict_images(spec) -> str:
             f"flattens {'them' if many else 'it'} into the MLP)")
 
 
-def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict, notes: list[str]):
+def _sized(cfg, recipe: Recipe, machine: Machine, given: dict, notes: list[str]):
     """``cfg`` sized for ``machine`` where the user gave no size (``Recipe.sizing``), said in one line."""
-    if not request.machine_sizing:
-        return cfg
     try:
         kind = kind_of(describe(cfg.env.id, cfg.env.backend, cfg.env.frame_stack))
     except Exception:
