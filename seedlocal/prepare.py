@@ -69,7 +69,7 @@ def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) ->
     cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
-    return _checked(recipe, cfg, notes)
+    return prepare_run(cfg, recipe, tuple(notes))
 
 
 def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes: list[str]):
@@ -84,10 +84,18 @@ def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes
     return cfg, resumed, given
 
 
-def prepare_run(cfg, recipe: Recipe) -> Prepared:
-    """A run configuration built whole in Python (the benchmark scripts, the tests), taken as it is (no preset,
-    no sizing), then checked, described and shaped as ``prepare`` does."""
-    return _checked(recipe, cfg, [])
+def prepare_run(cfg, recipe: Recipe, notes: tuple[str, ...] = ()) -> Prepared:
+    """Step 5 (module docstring) of a run configuration, or of one built whole in Python (the benchmark scripts,
+    the tests: no preset, no sizing): the checks every family shares, the env described, the shape built (once),
+    the family's own checks, and with ``learners`` > 1 each rank's share refused before any starts."""
+    validate_run_options(cfg)
+    spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
+    recipe.check(cfg, spec, shape)
+    prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, notes)
+    if cfg.learners > 1:  # ranks that cannot divide its shape and batch (for_rank)
+        for rank in range(cfg.learners):
+            for_rank(prepared, rank, cfg.learners, cfg)
+    return prepared
 
 
 def preset_for(recipe: Recipe, env_id: str):
@@ -255,15 +263,3 @@ def _check_resume(cfg, resumed: Resumed) -> None:
         if budget and done >= budget:
             fail(name, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")
 
-
-def _checked(recipe: Recipe, cfg, notes: list[str]) -> Prepared:
-    """The checks every family shares, the env described, the shape built (once), the family's own checks, and
-    with ``learners`` > 1 each rank's share."""
-    validate_run_options(cfg)
-    spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
-    recipe.check(cfg, spec, shape)
-    prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, tuple(notes))
-    if cfg.learners > 1:  # ranks that cannot divide its shape and batch, refused before any starts (for_rank)
-        for rank in range(cfg.learners):
-            for_rank(prepared, rank, cfg.learners, cfg)
-    return prepared
