@@ -1,4 +1,4 @@
-"""The ``seedlocal`` command (also ``python -m seedlocal``): train, eval, bench and actors (``USAGE_TAIL``), each
+"""The ``seedlocal`` command (also ``python -m seedlocal``): train, eval, bench and actors (``USAGE``), each
 with ``--help``. Configuration errors print one line naming the field and exit with status 2 before any process
 starts.
 """
@@ -23,8 +23,7 @@ from seedlocal.families import TABLE, family, recipe, usage
 # Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
 # as quietly as one during a run.
 
-USAGE_HEAD = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n"
-USAGE_TAIL = """
+USAGE = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n" + usage() + """
   train ALGO --help    its options and presets: --preset NAME, or without it the preset
                        made for --env.id's kind (image frames, small grids, Box actions);
                        --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
@@ -44,10 +43,6 @@ CONFIGS = {"bench": ("seedlocal.measure.bench", "BenchConfig", None),
                       "An actor host: steps environments for a learner's bridge."),
            "eval": ("seedlocal.evaluate", "EvalConfig", None)}
 RANK_COMMAND = "__rank"  # ``seedlocal __rank ALGO JOB``: a learner rank of a run its starting command prepared
-
-
-def _usage() -> str:
-    return USAGE_HEAD + usage() + USAGE_TAIL
 
 
 class Stopped(SystemExit):
@@ -132,7 +127,7 @@ def _parse(argv: list[str]):
     import tyro
 
     if argv[:1] in ([], ["-h"], ["--help"]) or argv[:1] == ["train"] and argv[1:2] in ([], ["-h"], ["--help"]):
-        print(_usage())  # no command, or train without an algorithm
+        print(USAGE)  # no command, or train without an algorithm
         raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd in CONFIGS:
@@ -143,10 +138,10 @@ def _parse(argv: list[str]):
         if rest[0] not in TABLE:
             near = difflib.get_close_matches(rest[0], list(TABLE), n=1, cutoff=0.6)
             print(f"seedlocal: error: train needs an algorithm ({', '.join(TABLE)}), got {rest[0]}"
-                  f"{f' (did you mean {near[0]}?)' if near else ''}\n\n{_usage()}", file=sys.stderr)
+                  f"{f' (did you mean {near[0]}?)' if near else ''}\n\n{USAGE}", file=sys.stderr)
             raise SystemExit(2)
         return "train", _prepared(rest[0], rest[1:])
-    print(f"seedlocal: error: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
+    print(f"seedlocal: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     raise SystemExit(2)
 
 

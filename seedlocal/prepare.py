@@ -27,7 +27,7 @@ from seedlocal.config.overrides import apply, load_pipeline_file
 from seedlocal.config.request import Request, is_given
 from seedlocal.config.resume import config_changes, saved_config
 from seedlocal.envs.spaces import describe, validate_env, with_box_actions
-from seedlocal.errors import CheckpointError, ConfigError
+from seedlocal.errors import CheckpointError, ConfigError, fail
 from seedlocal.recipes import Kind, Recipe, kind_of
 from seedlocal.shape import PipelineShape, ShapeNeeds, pipeline_shape
 from seedlocal.spec import EnvSpec
@@ -69,7 +69,7 @@ def prepare(request: Request, recipe: Recipe, machine: Machine | None = None) ->
     cfg = derived
     if resumed is not None:
         _check_resume(cfg, resumed)
-    return _checked(recipe, cfg, notes)
+    return prepare_run(cfg, recipe, tuple(notes))
 
 
 def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes: list[str]):
@@ -79,15 +79,23 @@ def _configured(request: Request, recipe: Recipe, machine: Machine | None, notes
     if request.pipeline_config:  # a pipeline file's options, beneath the command line's own
         given = {**{f"pipeline.{k}": v for k, v in load_pipeline_file(request.pipeline_config).items()}, **given}
     cfg = apply(_base(request, recipe, resumed, notes), given)
-    if resumed is None:
-        cfg = _sized(cfg, recipe, machine or Machine.detect(cfg.pipeline.device), request, given, notes)
+    if resumed is None and request.machine_sizing:
+        cfg = _sized(cfg, recipe, machine or Machine.detect(cfg.pipeline.device), given, notes)
     return cfg, resumed, given
 
 
-def prepare_run(cfg, recipe: Recipe) -> Prepared:
-    """A run configuration built whole in Python (the benchmark scripts, the tests), taken as it is (no preset,
-    no sizing), then checked, described and shaped as ``prepare`` does."""
-    return _checked(recipe, cfg, [])
+def prepare_run(cfg, recipe: Recipe, notes: tuple[str, ...] = ()) -> Prepared:
+    """Step 5 (module docstring) of a run configuration, or of one built whole in Python (the benchmark scripts,
+    the tests: no preset, no sizing): the checks every family shares, the env described, the shape built (once),
+    the family's own checks, and with ``learners`` > 1 each rank's share refused before any starts."""
+    validate_run_options(cfg)
+    spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
+    recipe.check(cfg, spec, shape)
+    prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, notes)
+    if cfg.learners > 1:  # ranks that cannot divide its shape and batch (for_rank)
+        for rank in range(cfg.learners):
+            for_rank(prepared, rank, cfg.learners, cfg)
+    return prepared
 
 
 def preset_for(recipe: Recipe, env_id: str):
@@ -221,10 +229,8 @@ def _dict_images(spec) -> str:
             f"flattens {'them' if many else 'it'} into the MLP)")
 
 
-def _sized(cfg, recipe: Recipe, machine: Machine, request: Request, given: dict, notes: list[str]):
+def _sized(cfg, recipe: Recipe, machine: Machine, given: dict, notes: list[str]):
     """``cfg`` sized for ``machine`` where the user gave no size (``Recipe.sizing``), said in one line."""
-    if not request.machine_sizing:
-        return cfg
     try:
         kind = kind_of(describe(cfg.env.id, cfg.env.backend, cfg.env.frame_stack))
     except Exception:
@@ -252,17 +258,8 @@ def _check_resume(cfg, resumed: Resumed) -> None:
             if name in resumed.saved and getattr(cfg, name) != resumed.saved[name]:
                 raise ConfigError(f"{name}={getattr(cfg, name)!r}: a resumed run goes on in its own folder "
                                   f"({cfg.resume}); leave --{name.replace('_', '-')} out")
-    cfg.budget_spent(resumed.counters)
+    for name, counter, unit in cfg.budgets:
+        budget, done = getattr(cfg, name), resumed.counters.get(counter, 0)
+        if budget and done >= budget:
+            fail(name, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")
 
-
-def _checked(recipe: Recipe, cfg, notes: list[str]) -> Prepared:
-    """The checks every family shares, the env described, the shape built (once), the family's own checks, and
-    with ``learners`` > 1 each rank's share."""
-    validate_run_options(cfg)
-    spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
-    recipe.check(cfg, spec, shape)
-    prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, tuple(notes))
-    if cfg.learners > 1:  # ranks that cannot divide its shape and batch, refused before any starts (for_rank)
-        for rank in range(cfg.learners):
-            for_rank(prepared, rank, cfg.learners, cfg)
-    return prepared

@@ -42,6 +42,26 @@ def test_an_option_given_is_told_from_its_default_even_with_the_default_value():
     assert from_command_line("vtrace", VTraceRun, []) == Request("vtrace", {})
 
 
+@pytest.mark.parametrize("name, budget, counters, refused", [
+    ("vtrace", {"total_steps": 5}, {"steps": 5}, "total_steps=5: the resumed run already has 5 steps"),
+    ("ga", {"generations": 3}, {"generation": 3}, "generations=3: the resumed run already has 3 generations"),
+    ("es", {"generations": 0, "total_frames": 10}, {"frames": 12}, "total_frames=10: the resumed run already has 12"),
+    ("r2d2", {"total_steps": 5}, {"steps": 4}, None), ("ars", {"generations": 3}, {"generation": 2}, None)])
+def test_a_resume_needs_budget_left(name, budget, counters, refused):
+    """Each family's budgets (``RunConfig.budgets``) against the counters its checkpoint holds; 0 is no budget."""
+    from seedlocal.config.overrides import apply
+    from seedlocal.errors import ConfigError
+    from seedlocal.families import recipe
+    from seedlocal.prepare import Resumed, _check_resume
+
+    cfg = apply(recipe(name).run(), budget)
+    if refused is None:
+        _check_resume(cfg, Resumed("run", None, counters))
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            _check_resume(cfg, Resumed("run", None, counters))
+
+
 def test_an_old_spelling_is_said_once_and_taken(capsys):
     from seedlocal.recipes.vtrace import VTraceRun
 

@@ -127,7 +127,7 @@ def test_a_pipeline_file_is_given_options_and_its_device_is_the_one_sized_for(tm
     monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, device: asked.append(device) or GPU16))
     import seedlocal.config.checks as checks
 
-    monkeypatch.setattr(checks, "resolve_device", lambda value: __import__("torch").device("cpu"))
+    monkeypatch.setattr(checks, "resolve_device", lambda value, field="device": __import__("torch").device("cpu"))
     prepared = prepare(Request("vtrace", {}, preset="atari", pipeline_config=str(path)), recipe("vtrace"))
     cfg = prepared.config
     assert asked == ["cuda"]
@@ -143,7 +143,7 @@ def test_the_machine_is_read_from_this_process_and_the_device(monkeypatch):
 
     assert usable_cores() == (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     assert Machine.detect("cpu") == Machine(usable_cores(), False)
-    monkeypatch.setattr(checks, "resolve_device", lambda value: __import__("torch").device("cuda"))
+    monkeypatch.setattr(checks, "resolve_device", lambda value, field="device": __import__("torch").device("cuda"))
     assert Machine.detect("auto").accelerator
     monkeypatch.undo()
     # CUDA asked for on a machine without it: no GPU to size for (validation names the device later).
@@ -158,7 +158,7 @@ def gpu16(monkeypatch):
     import seedlocal.config.checks as checks
 
     monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, device: GPU16))
-    monkeypatch.setattr(checks, "resolve_device", lambda value: __import__("torch").device("cpu"))
+    monkeypatch.setattr(checks, "resolve_device", lambda value, field="device": __import__("torch").device("cpu"))
 
 
 def _parse(args: list[str]):

@@ -122,7 +122,7 @@ def available_bytes() -> int | None:
         return None
 
 
-def resolve_device(value: str) -> torch.device:
+def resolve_device(value: str, field: str = "device") -> torch.device:
     import torch  # here, not at the top: an actor host (seedlocal actors) reads this module and needs no torch
 
     if value == "auto":
@@ -130,14 +130,14 @@ def resolve_device(value: str) -> torch.device:
     try:
         dev = torch.device(value)
     except RuntimeError:
-        fail("device", value, "not a torch device name (auto, cpu, cuda, cuda:N)")
+        fail(field, value, "not a torch device name (auto, cpu, cuda, cuda:N)")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            fail("device", value, "CUDA is not available on this machine (torch sees no GPU)")
+            fail(field, value, "CUDA is not available on this machine (torch sees no GPU)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            fail("device", value, f"only {torch.cuda.device_count()} CUDA device(s) here")
+            fail(field, value, f"only {torch.cuda.device_count()} CUDA device(s) here")
     elif dev.type != "cpu":
-        fail("device", value, "only cpu and cuda devices are supported")
+        fail(field, value, "only cpu and cuda devices are supported")
     return dev
 
 
@@ -152,10 +152,7 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     fail_if(lambda v: v > THREADS_PER_CORE * cores, p, ("env_threads", "learner_threads", "inference_threads"),
             f"more than {THREADS_PER_CORE} per core of this machine's {cores}: threads beyond the cores only wait "
             "for them (and thousands fail to start)", f"{prefix}.")
-    try:
-        device = resolve_device(p.device)
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}.{e}") from None
+    device = resolve_device(p.device, f"{prefix}.device")
     if p.cuda_graphs and device.type != "cuda":
         fail(f"{prefix}.cuda_graphs", p.cuda_graphs, f"needs a CUDA device ({prefix}.device={p.device!r} is {device})")
 

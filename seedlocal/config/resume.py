@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from seedlocal.errors import CheckpointError, fail
+from seedlocal.errors import CheckpointError
 
 
 def from_dict(cls, d: dict, base=None):
@@ -67,9 +67,3 @@ def resume_line(saved: dict | None, cfg, path: str) -> str:
         return f"seedlocal: resuming {path} with its saved configuration"
     return f"seedlocal: resuming {path}; changed from its saved configuration: " + "; ".join(changes)
 
-
-def budget_left(field: str, budget: int, done: int, unit: str) -> None:
-    """Refuse a resumed run whose budget is spent: it would start its workers only to stop at once and rewrite
-    its summary with an empty one."""
-    if budget and done >= budget:
-        fail(field, budget, f"the resumed run already has {done:,d} {unit}; give a larger budget")

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 
 @dataclass
@@ -135,6 +135,9 @@ class RunConfig:
     the budget, logging and checkpoint options every family uses. A family's own options follow these
     (``trainers/*.py``); a budget only some families count in (steps, generations) is theirs."""
 
+    budgets: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    """the budgets a resumed run must have left (not a field): (field, its checkpoint counter, the counter's unit)"""
+
     env: EnvConfig = field(default_factory=EnvConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
@@ -187,14 +190,12 @@ class RunConfig:
             rest["algo"] = {k: v for k, v in algo.items() if k not in NETWORK_OPTIONS}
         return {**rest, "network": network}
 
-    def budget_spent(self, counters: dict) -> None:
-        """Fail (ConfigError) if a resumed run whose checkpoint holds ``counters`` has no budget left: it
-        would start its workers only to stop at once."""
-
 
 @dataclass
 class StepRunConfig(RunConfig):
     """A run counted in agent steps, logged and saved by the clock (V-trace, R2D2)."""
+
+    budgets: ClassVar[tuple[tuple[str, str, str], ...]] = (("total_steps", "steps", "steps"),)
 
     total_steps: int = 300_000
     """agent steps (env.step calls over all envs) to train for; 0 = no step limit"""
@@ -204,8 +205,3 @@ class StepRunConfig(RunConfig):
     """minutes between checkpoints (one is also written at exit, Ctrl-C included)"""
     frame_stack: int = 0
     """frames stacked beside the network for single-channel image frames (Atari presets: 4 over env.frame_stack 1)"""
-
-    def budget_spent(self, counters: dict) -> None:
-        from seedlocal.config.resume import budget_left
-
-        budget_left("total_steps", self.total_steps, counters.get("steps", 0), "steps")

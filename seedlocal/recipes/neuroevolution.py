@@ -11,7 +11,6 @@ from seedlocal.algos import ars, es, ga, random_search
 from seedlocal.algos.neuroevo import NOISE_TABLE_SEED
 from seedlocal.config.checks import check_network_fits
 from seedlocal.config.machine import Machine
-from seedlocal.config.resume import budget_left
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.errors import fail, fail_if
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
@@ -27,6 +26,8 @@ class NeuroevoRun(RunConfig):
     """the command's name (``seedlocal train <name>``), the checkpoint identity's algo and the run name's part"""
     algo_module: ClassVar[ModuleType]
     """the algorithm's math (``algos/``), whose ``validate`` checks ``algo``"""
+    budgets: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("generations", "generation", "generations"), ("total_frames", "frames", "frames"))
 
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(
         num_workers=2, envs_per_worker=32, unroll_length=8))  # slots are scratch (no learner reads them): short unrolls
@@ -54,10 +55,6 @@ class NeuroevoRun(RunConfig):
     forward: str = "auto"
     """population forward: auto (times the others on the first batches and keeps the fastest);
     MLPs: bmm, mulsum, vmap; the MinAtar and Nature CNNs: bmm, vmap, loop; the IMPALA ResNet: vmap, loop"""
-
-    def budget_spent(self, counters: dict) -> None:
-        budget_left("generations", self.generations, counters.get("generation", 0), "generations")
-        budget_left("total_frames", self.total_frames, counters.get("frames", 0), "frames")
 
 
 @dataclass
