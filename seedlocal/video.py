@@ -60,12 +60,7 @@ def _headless_gl() -> None:
                                 "package (pip install mujoco) and EGL (apt install libegl1) or OSMesa (apt install "
                                 "libosmesa6, then MUJOCO_GL=osmesa)") from None
     _GL.append(ctx)
-    atexit.register(_free_gl)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
-
-
-def _free_gl() -> None:
-    while _GL:
-        _GL.pop().free()
+    atexit.register(ctx.free)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
 
 
 def _envpool_family(spec: EnvSpec) -> str:
