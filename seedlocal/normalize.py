@@ -128,10 +128,8 @@ class RewardScaler:
             mean, var = float(mean_t[0]), float(var_t[0])
         if n == 0:
             return
-        if self.count == 0:
-            self.count, self.mean, self.var = n, mean, var
-        else:
-            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, mean, var)
+        moments = (n, mean, var) if self.count == 0 else merge_moments(self.count, self.mean, self.var, n, mean, var)
+        self.count, self.mean, self.var = moments
 
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.var + self.eps)
