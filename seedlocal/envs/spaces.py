@@ -76,8 +76,7 @@ def _action_spec(space) -> dict:
         return dict(action=TensorSpec((), "int64"), num_actions=int(space.n), action_low=None, action_high=None,
                     action_start=int(space.start))
     if isinstance(space, spaces.Box):
-        low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
-        high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
+        low, high = (tuple(map(float, np.broadcast_to(b, space.shape).ravel())) for b in (space.low, space.high))
         return dict(action=TensorSpec((len(low),), "float32"), num_actions=None, action_low=low, action_high=high,
                     box_shape=tuple(int(n) for n in space.shape), box_dtype=np.dtype(space.dtype).name)
     raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete or a Box "
