@@ -78,8 +78,7 @@ def lock_run(run_dir: Path):
         f.close()
         raise ConfigError(f"run_name: {run_dir} is in use by another seedlocal run (pid {holder}); "
                           "wait for it to end or pick another --run-name")
-    f.seek(0)
-    f.truncate()
+    f.truncate(0)  # "a+": the write then goes to its start
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
