@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -151,8 +152,6 @@ def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
 def _names_the_mask(env) -> bool:
     """Whether the module of the env's class, or of one of its wrappers', names ``action_mask`` in its source
     (Gymnasium's own wrappers do not)."""
-    import inspect
-
     while env is not None:
         try:
             if MASK_KEY in inspect.getsource(inspect.getmodule(type(env))):
