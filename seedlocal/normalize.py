@@ -131,11 +131,8 @@ class RewardScaler:
         moments = (n, mean, var) if self.count == 0 else merge_moments(self.count, self.mean, self.var, n, mean, var)
         self.count, self.mean, self.var = moments
 
-    def scale(self) -> float:
-        return 1.0 / math.sqrt(self.var + self.eps)
-
     def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
-        return (rewards * self.scale()).clamp(-self.clip, self.clip)
+        return (rewards * (1.0 / math.sqrt(self.var + self.eps))).clamp(-self.clip, self.clip)
 
     def state_dict(self) -> dict:
         return {"count": self.count, "mean": self.mean, "var": self.var}
