@@ -253,10 +253,9 @@ def resolve(path: str | Path) -> Path:
     if p.is_file():
         return p
     if p.is_dir():
-        for folder in (p / "checkpoints", p):
-            found = all_checkpoints(folder)
-            if found:
-                return found[-1]
+        found = all_checkpoints(p / "checkpoints") or all_checkpoints(p)
+        if found:
+            return found[-1]
         try:  # the pid of a seedlocal run still writing it
             with open(p / ".lock") as f:
                 holder = _held_by(f)
