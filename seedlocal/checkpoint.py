@@ -16,8 +16,8 @@ import numbers
 import os
 import pickle
 import re
+import secrets
 import signal
-import tempfile
 import threading
 import time
 import warnings
@@ -78,8 +78,7 @@ def lock_run(run_dir: Path):
         f.close()
         raise ConfigError(f"run_name: {run_dir} is in use by another seedlocal run (pid {holder}); "
                           "wait for it to end or pick another --run-name")
-    f.seek(0)
-    f.truncate()
+    f.truncate(0)  # "a+": the write then goes to its start
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
@@ -197,17 +196,18 @@ def write_json(path: str | Path, data: dict) -> None:
 
 
 def _write_atomically(path: Path, write) -> None:
-    """``write(binary file)`` into a temporary file beside ``path``, synced, then renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    """``write(binary file)`` into a temporary file beside ``path``, synced, then renamed over it. The file is
+    made with mode 0666 less the umask, as any other file this user writes (mkstemp's would be 0600)."""
+    tmp = path.parent / f".tmp-{secrets.token_hex(8)}{path.suffix}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        _readable_as_umask_allows(tmp)
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         # A full disk inside torch.save surfaces as a RuntimeError raised while handling the OSError: the
         # OSError, with the path, is the news.
         cause = e
@@ -216,18 +216,6 @@ def _write_atomically(path: Path, write) -> None:
         if cause is not None and cause.errno is not None and (cause is not e or not e.filename):
             raise OSError(cause.errno, cause.strerror, str(path)) from e
         raise
-
-
-def _readable_as_umask_allows(path) -> None:
-    """mkstemp makes files 0600; a checkpoint should have the mode any other file this user writes gets (usually
-    0644)."""
-    mask = 0o022
-    try:  # read, not set-and-restore: os.umask would briefly change it for every thread
-        with open("/proc/self/status") as f:
-            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):
-        pass
-    os.chmod(path, 0o666 & ~mask)
 
 
 def _finite_or_none(value):
@@ -265,10 +253,9 @@ def resolve(path: str | Path) -> Path:
     if p.is_file():
         return p
     if p.is_dir():
-        for folder in (p / "checkpoints", p):
-            found = all_checkpoints(folder)
-            if found:
-                return found[-1]
+        found = all_checkpoints(p / "checkpoints") or all_checkpoints(p)
+        if found:
+            return found[-1]
         try:  # the pid of a seedlocal run still writing it
             with open(p / ".lock") as f:
                 holder = _held_by(f)

@@ -76,6 +76,7 @@ import sys
 import time
 from pathlib import Path
 
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
 from seedlocal.checkpoint import lock_run
@@ -175,8 +176,6 @@ class RunMonitor:
 
     def image_summary(self, tag: str, encoded: bytes, height: int, width: int, step: int) -> None:
         """An already-encoded image (PNG, or an animated GIF, which TensorBoard plays)."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         img = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=encoded)
         self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=img)]), step)
 
@@ -203,8 +202,7 @@ class RunMonitor:
             if self._tty and self.progress_enabled:
                 sys.stderr.write("\n")
             try:
-                self.writer.flush()
-                self.writer.close()
+                self.writer.close()  # flushes first
             finally:
                 self.writer = None
                 if self._lock is not None:

@@ -128,16 +128,11 @@ class RewardScaler:
             mean, var = float(mean_t[0]), float(var_t[0])
         if n == 0:
             return
-        if self.count == 0:
-            self.count, self.mean, self.var = n, mean, var
-        else:
-            self.count, self.mean, self.var = merge_moments(self.count, self.mean, self.var, n, mean, var)
-
-    def scale(self) -> float:
-        return 1.0 / math.sqrt(self.var + self.eps)
+        moments = (n, mean, var) if self.count == 0 else merge_moments(self.count, self.mean, self.var, n, mean, var)
+        self.count, self.mean, self.var = moments
 
     def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
-        return (rewards * self.scale()).clamp(-self.clip, self.clip)
+        return (rewards * (1.0 / math.sqrt(self.var + self.eps))).clamp(-self.clip, self.clip)
 
     def state_dict(self) -> dict:
         return {"count": self.count, "mean": self.mean, "var": self.var}

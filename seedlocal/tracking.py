@@ -15,13 +15,11 @@ from pathlib import Path
 
 from seedlocal.errors import ConfigError
 
-ID_FILE = "wandb_run_id"
-
 
 def run_id(run_dir: Path) -> tuple[str, bool]:
     """The W&B run id of ``run_dir`` (kept in its ``wandb_run_id`` file), and whether it was there already
     (a resumed run continues it); a new one is made and written otherwise."""
-    path = Path(run_dir) / ID_FILE
+    path = Path(run_dir) / "wandb_run_id"
     saved = path.read_text().strip() if path.exists() else ""
     if saved:
         return saved, True

@@ -1,12 +1,11 @@
-"""Eval's videos: what a person sees, the env's own colour frames (the README's "Videos" paragraph says what
-each kind of env needs to draw them).
+"""Videos of an episode (eval's, and training's ``--video-every-min``): what a person sees, the env's own colour
+frames (the README's "Videos" paragraph says what each kind of env needs to draw them).
 
 The episode recorded is the one the policy plays: one env of the policy's own backend, made to render as well
 (``make_group(..., render=True)``), so the network gets its usual observations while the video gets the env's
 frames. An env that cannot render is no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
-an image env that only lacks ``render()`` is recorded from its observations. A GIF shows at most 50 frames a
-second (browsers slow shorter delays), so a faster env is drawn every k-th step only, which also spares the
-renderer.
+an image env that only lacks ``render()`` is recorded from its observations. An env faster than ``MAX_FPS`` is
+drawn every k-th step only, which also spares the renderer.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from seedlocal.envs.make import make_group
 from seedlocal.spec import EnvSpec
 
 _GL: list = []  # the headless OpenGL context, once made (kept alive for the process)
-MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms
+MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms (browsers slow shorter ones)
 DEFAULT_FPS = 30.0  # an env that says nothing of its speed
 MIN_SIDE = 32  # frames smaller than this (on their shorter side) are enlarged, each cell a square block ...
 ENLARGED_SIDE = 160  # ... to at least this many pixels (Atari's width)
@@ -60,12 +59,7 @@ def _headless_gl() -> None:
                                 "package (pip install mujoco) and EGL (apt install libegl1) or OSMesa (apt install "
                                 "libosmesa6, then MUJOCO_GL=osmesa)") from None
     _GL.append(ctx)
-    atexit.register(_free_gl)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
-
-
-def _free_gl() -> None:
-    while _GL:
-        _GL.pop().free()
+    atexit.register(ctx.free)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
 
 
 def _envpool_family(spec: EnvSpec) -> str:

@@ -10,20 +10,19 @@ from seedlocal.spec import EnvSpec
 BOX_ACTIONS = ("rescale", "clip")  # EnvConfig.box_actions, EnvSpec.box_actions
 
 
-def rescaled(spec: EnvSpec) -> np.ndarray:
-    """Which components of a Box action the policy acts on in [-1, 1], mapped onto the env's bounds: those
-    with both bounds finite, under ``box_actions`` rescale. The others reach the env as the policy gave
-    them, clipped to their bounds."""
+def _bounds(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The env's (low, high) (float64, flat), and which components of a Box action the policy acts on in [-1, 1],
+    mapped onto them: those with both bounds finite, under ``box_actions`` rescale. The others reach the env as
+    the policy gave them, clipped to their bounds."""
     low, high = np.asarray(spec.action_low, np.float64), np.asarray(spec.action_high, np.float64)
-    return np.isfinite(low) & np.isfinite(high) & (spec.box_actions == "rescale")
+    return low, high, np.isfinite(low) & np.isfinite(high) & (spec.box_actions == "rescale")
 
 
 def policy_range(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) of the policy's own actions that the env's bounds stand for: [-1, 1] where they are
     rescaled, the env's bounds elsewhere (float32, flat)."""
-    mapped = rescaled(spec)
-    low = np.where(mapped, -1.0, np.asarray(spec.action_low, np.float64)).astype(np.float32)
-    return low, np.where(mapped, 1.0, np.asarray(spec.action_high, np.float64)).astype(np.float32)
+    low, high, mapped = _bounds(spec)
+    return np.where(mapped, -1.0, low).astype(np.float32), np.where(mapped, 1.0, high).astype(np.float32)
 
 
 class ActionBounds:
@@ -36,11 +35,10 @@ class ActionBounds:
 
     def __init__(self, spec: EnvSpec):
         self.env_id, self.shape = spec.env_id, spec.box_shape
-        low, high = np.asarray(spec.action_low, np.float64), np.asarray(spec.action_high, np.float64)
+        low, high, mapped = _bounds(spec)
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         # a -> low + (a + 1) / 2 * (high - low), as scale * a + centre; halves first, so that bounds near
         # float32's limits do not overflow.
-        mapped = rescaled(spec)
         low, high = np.where(mapped, low, -1.0), np.where(mapped, high, 1.0)  # unmapped: scale 1, centre 0
         self.scale = (high / 2 - low / 2).astype(np.float32)
         self.centre = (high / 2 + low / 2).astype(np.float32)

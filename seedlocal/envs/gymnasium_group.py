@@ -36,7 +36,6 @@ class GymnasiumGroup:
                                      **({"render_mode": "rgb_array"} if render else {})) for _ in range(envs_per_group)]
         self._id, self._seed, self._start = spec.env_id, seed, spec.action_start
         self._bounds = action_bounds(spec)
-        self._keys = list(spec.obs)
         self._plain = "" in spec.obs  # not a Dict space (an info mask may sit beside it)
         self._classes = {k: (start, start + n) for k, (n, start) in spec.obs_classes.items()}  # [low, high)
         self._float_keys = [k for k, s in spec.obs.items() if np.dtype(s.dtype).kind == "f"]
@@ -48,8 +47,7 @@ class GymnasiumGroup:
         self._t = np.zeros(envs_per_group, np.int64)  # steps into each env's episode, for a mask's error
 
     def _put_obs(self, i: int, obs, info) -> None:
-        for k in self._keys:
-            out = self._obs[k]
+        for k, out in self._obs.items():
             if k == MASK_KEY and not (isinstance(obs, dict) and k in obs):
                 v = info.get(MASK_KEY) if isinstance(info, dict) else None
                 if v is None:
@@ -82,7 +80,7 @@ class GymnasiumGroup:
                                    f"{self._t[i]} of its episode; only an episode's terminal step may")
 
     def _not_its_space(self, obs) -> str:
-        keys = [k for k in self._keys if k != MASK_KEY]
+        keys = [k for k in self._obs if k != MASK_KEY]
         space = "a Dict with keys " + ", ".join(map(repr, keys)) if not self._plain else "not a Dict"
         what = (f"a dict with keys {', '.join(map(repr, obs))}" if isinstance(obs, dict)
                 else f"of type {type(obs).__name__}")

@@ -4,8 +4,10 @@ Refusals name ``env.id`` or ``env.backend`` and, for an unknown id, the ids it m
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
+import re
 import sys
 
 
@@ -30,9 +32,6 @@ def _gymnasium_ids() -> frozenset[str]:
 def _unknown_id(env_id: str, why: str, otherwise: str = "") -> ValueError:
     """The error for an id nothing registered, with the ids it may have meant: the same name's latest version first
     (seedlocal wants the version spelled out: a run's checkpoints are for one version), then near spellings."""
-    import difflib
-    import re
-
     name = env_id.partition(":")[2] or env_id
     known = envpool_ids() | _gymnasium_ids()
     versions = sorted((int(m.group(1)), i) for i in known if (m := re.fullmatch(re.escape(name) + r"-v(\d+)", i)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -76,8 +77,7 @@ def _action_spec(space) -> dict:
         return dict(action=TensorSpec((), "int64"), num_actions=int(space.n), action_low=None, action_high=None,
                     action_start=int(space.start))
     if isinstance(space, spaces.Box):
-        low = tuple(float(x) for x in np.broadcast_to(space.low, space.shape).ravel())
-        high = tuple(float(x) for x in np.broadcast_to(space.high, space.shape).ravel())
+        low, high = (tuple(map(float, np.broadcast_to(b, space.shape).ravel())) for b in (space.low, space.high))
         return dict(action=TensorSpec((len(low),), "float32"), num_actions=None, action_low=low, action_high=high,
                     box_shape=tuple(int(n) for n in space.shape), box_dtype=np.dtype(space.dtype).name)
     raise ValueError(f"action space {space} is not supported: seedlocal's algorithms act in a Discrete or a Box "
@@ -152,8 +152,6 @@ def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
 def _names_the_mask(env) -> bool:
     """Whether the module of the env's class, or of one of its wrappers', names ``action_mask`` in its source
     (Gymnasium's own wrappers do not)."""
-    import inspect
-
     while env is not None:
         try:
             if MASK_KEY in inspect.getsource(inspect.getmodule(type(env))):
