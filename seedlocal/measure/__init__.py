@@ -17,11 +17,11 @@ def main(cfg) -> dict:
     torch.set_num_threads(1)
     spec, pipe_cfg = check(cfg)
     if cfg.autotune:
-        result = autotune(cfg, spec, pipe_cfg)
+        result = autotune(cfg, spec)
     elif cfg.raw_ceiling:
         result = run_ceiling(cfg, spec, pipe_cfg)
     elif cfg.bridge:
-        result = run_bridge_bench(cfg, pipe_cfg)
+        result = run_bridge_bench(cfg, pipe_cfg.num_workers, pipe_cfg.envs_per_worker)
     else:
         result = run(cfg, spec, pipe_cfg)
     print(json.dumps(result, default=float))

@@ -43,23 +43,25 @@ def candidates(env, total_envs: int, cpus: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def autotune(cfg, spec, pipe_cfg: PipelineConfig) -> dict:
+def autotune(cfg, spec) -> dict:
     preset = training_preset(spec.env_id)
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (
         preset.pipeline.num_workers * preset.pipeline.envs_per_worker)
     cpus = os.cpu_count() or 1
+    threads = cfg.env_threads or cpus
     seconds = min(cfg.seconds, 3.0)
     t_start = time.monotonic()
     raw_best = None
     if spec.backend == "envpool":
-        with RawEnvpool(cfg.env, spec, total, cfg.env_threads or cpus) as raw:
+        with RawEnvpool(cfg.env, spec, total, threads) as raw:
             raw_best = max(raw.measure(0.5, seconds).values())
     rows = []
     one = dataclasses.replace(cfg, seconds=seconds, warmup=min(cfg.warmup, 1.0), rounds=1)  # each candidate's run
     for w, per_worker, min_batch in candidates(EnvConfig(id=cfg.env, frame_stack=cfg.frame_stack), total, cpus):
-        candidate = dataclasses.replace(pipe_cfg, num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,
-                                        unroll_length=preset.pipeline.unroll_length)
-        p = pipeline_run(one, candidate, "auto", model=False, raw=None)
+        pipe_cfg = PipelineConfig(num_workers=w, envs_per_worker=per_worker, min_batch_envs=min_batch,
+                                  env_threads=cfg.env_threads, device=cfg.device,
+                                  batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=preset.pipeline.unroll_length)
+        p = pipeline_run(one, pipe_cfg, "auto", model=False, raw=None)
         ratio = p["steps_per_s"] / raw_best if raw_best else None
         rows.append({"num_workers": w, "envs_per_worker": per_worker, "min_batch_envs": min_batch,
                      "steps_per_s": p["steps_per_s"], "ratio_random": ratio})

@@ -115,6 +115,7 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
         pipe.loop.stats.collect_s.clear()
         raws, pipes, ratios, totals, threads = _alternate(cfg, pipe, raw)
         lat = np.array(pipe.loop.stats.collect_s) * 1e3
+        min_batch = pipe.shape.min_batch_envs
         batches = max(1, totals["batches"])
         thread_s = totals["dt"] * max(1, threads)
         return {
@@ -127,8 +128,8 @@ def pipeline_run(cfg: BenchConfig, pipe_cfg: PipelineConfig, backend: str, model
             # The mean batch over the one the loop waits for (min_batch_envs; default half of all envs, since the
             # other half is stepping by design): below 1 the timeout cut batches short; above 1 more groups were
             # ready than it waits for.
-            "min_batch": shape.min_batch_envs,
-            "batch_fill": totals["envs"] / batches / shape.min_batch_envs,
+            "min_batch": min_batch,
+            "batch_fill": totals["envs"] / batches / min_batch,
             "collect_ms_p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "collect_ms_p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
             "forward_ms_per_batch": totals["fwd"] / batches * 1e3,

@@ -9,7 +9,6 @@ this is a floor). ``ratio_bridge`` = bridge steps/s / local steps/s; MB/s counts
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -44,12 +43,13 @@ def _actor_host(cfg, env: EnvConfig, port: int, workers: int, envs: int) -> subp
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def run_bridge_bench(cfg, pipe_cfg: PipelineConfig) -> dict:
-    # The same envs (bench.check's ``pipe_cfg``) stepped by local workers, and by one actor host through the bridge.
+def run_bridge_bench(cfg, workers: int, envs: int) -> dict:
+    # The same envs stepped by local workers, and by one actor host through the bridge.
     env = EnvConfig(id=cfg.env, backend="null" if cfg.transport_only else "auto", frame_stack=cfg.frame_stack)
-    pipe_cfg = dataclasses.replace(pipe_cfg, unroll_length=32)
-    remote_cfg = dataclasses.replace(pipe_cfg, num_workers=0)
-    workers, envs = pipe_cfg.num_workers, pipe_cfg.envs_per_worker
+    pipe_cfg = PipelineConfig(num_workers=workers, envs_per_worker=envs, env_threads=cfg.env_threads,
+                              device=cfg.device, min_batch_envs=cfg.min_batch_envs,
+                              batch_timeout_ms=cfg.batch_timeout_ms, unroll_length=32)
+    remote_cfg = PipelineConfig(**{**pipe_cfg.__dict__, "num_workers": 0})
     bridge = BridgeConfig(listen="127.0.0.1:0", remote_envs=workers * envs)
     spec, shape = prepare_pipeline(env, pipe_cfg)
     _, remote_shape = prepare_pipeline(env, remote_cfg, bridge)
