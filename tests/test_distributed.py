@@ -229,7 +229,7 @@ def test_ranks_sample_and_explore_from_streams_of_their_own():
 
 
 def test_a_run_its_ranks_cannot_divide_is_refused_before_any_rank_starts():
-    """What preparation asks of a run of ranks (``prepare._checked``), before the command line or seedlocal.train
+    """What preparation asks of a run of ranks (``prepare.prepare_run``), before the command line or seedlocal.train
     starts any: the run's envs divided among the ranks, and for R2D2 an env left to fill each rank's replay."""
     from helpers import prepared
     from seedlocal.errors import ConfigError
