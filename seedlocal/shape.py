@@ -18,9 +18,9 @@ This module is the only place that computes a group's size or the number of grou
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from seedlocal.config.checks import usable_cores
 from seedlocal.config.schema import BridgeConfig, PipelineConfig
 from seedlocal.errors import fail, fail_if
 
@@ -185,7 +185,7 @@ def _threads_per_group(p: PipelineConfig, workers: int, ranks: int) -> int:
     """envpool threads of each group: the cores (a learner rank's share of them) shared out over all local groups.
     Each group its worker's whole share measured worse on 2 cores (Pong 0.77-0.87 of raw vs 0.96-1.00, CartPole
     0.86 vs 1.18): a small group split over two threads waits on its slowest env every step."""
-    total = max(1, (p.env_threads or os.cpu_count() or 1) // ranks)
+    total = max(1, (p.env_threads or usable_cores()) // ranks)
     return max(1, total // worker_groups(max(1, workers)))
 
 

@@ -5,10 +5,12 @@ follows from it is derived again (issue 44, item 8). No test here starts an env 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
-from seedlocal.config.machine import Machine, usable_cores
+from seedlocal.config.checks import usable_cores
+from seedlocal.config.machine import Machine
 from seedlocal.config.request import Request
 from seedlocal.config.resume import config_changes
 from seedlocal.families import TABLE, recipe
@@ -165,6 +167,24 @@ def _parse(args: list[str]):
     from seedlocal.cli import _parse
 
     return _parse(["train", *args])[1].config
+
+def test_threads_count_the_cores_this_process_may_use(monkeypatch):
+    """A run confined to one core of a 64-core machine (taskset, a container's or a batch system's cpuset): its
+    envpool threads, its learners' torch threads and the thread limit count that core, not os.cpu_count()'s 64
+    (64 OpenMP threads of a learner on one core wait on each other)."""
+    import torch
+
+    from seedlocal.errors import ConfigError
+    from seedlocal.trainers.r2d2 import R2D2Trainer
+    from seedlocal.trainers.vtrace import VTraceTrainer
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert _sized("vtrace", "atari", CPU16).shape.threads_per_group == 1
+    assert VTraceTrainer(_sized("vtrace", "atari", CPU16), torch.device("cpu")).learner_threads() == 1
+    assert R2D2Trainer(_sized("r2d2", "atari", CPU16), torch.device("cpu")).learner_threads() == 1
+    with pytest.raises(ConfigError, match=r"pipeline.env_threads=9: more than 8 per core of the 1 this process"):
+        _sized("vtrace", "cartpole", CPU16, **{"pipeline.env_threads": 9})
 
 
 def test_the_cli_sizes_the_preset_and_says_so_in_one_line(gpu16, capsys):

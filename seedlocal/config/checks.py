@@ -122,6 +122,14 @@ def available_bytes() -> int | None:
         return None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it: taskset, a container's or a batch
+    system's cpuset), else all: what thread defaults and limits count, as ``os.cpu_count()`` counts every core."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def resolve_device(value: str, field: str = "device") -> torch.device:
     import torch  # here, not at the top: an actor host (seedlocal actors) reads this module and needs no torch
 
@@ -148,10 +156,10 @@ def validate_pipeline(p: PipelineConfig, prefix: str = "pipeline") -> None:
     fail_if(lambda v: v < 0, p, ("env_threads", "learner_threads"), "must be 0 (automatic) or positive", f"{prefix}.")
     if not (math.isfinite(p.restart_window_s) and p.restart_window_s >= 0):
         fail(f"{prefix}.restart_window_s", p.restart_window_s, "must be >= 0 and finite (0 = the whole run)")
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     fail_if(lambda v: v > THREADS_PER_CORE * cores, p, ("env_threads", "learner_threads", "inference_threads"),
-            f"more than {THREADS_PER_CORE} per core of this machine's {cores}: threads beyond the cores only wait "
-            "for them (and thousands fail to start)", f"{prefix}.")
+            f"more than {THREADS_PER_CORE} per core of the {cores} this process may use: threads beyond the cores only "
+            "wait for them (and thousands fail to start)", f"{prefix}.")
     device = resolve_device(p.device, f"{prefix}.device")
     if p.cuda_graphs and device.type != "cuda":
         fail(f"{prefix}.cuda_graphs", p.cuda_graphs, f"needs a CUDA device ({prefix}.device={p.device!r} is {device})")

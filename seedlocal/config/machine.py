@@ -6,8 +6,10 @@ A preset is a learning recipe; its sizes follow the machine (DESIGN.md, decision
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from seedlocal.config import checks
+from seedlocal.errors import ConfigError
 
 ENVS_PER_CORE = 8
 """envs stepped per usable core on a GPU machine (issue 33's H200 run: 128 envs on 16 cores)"""
@@ -26,14 +28,11 @@ class Machine:
     def detect(cls, device: str) -> Machine:
         """This machine, for a run on ``device`` (pipeline.device). A device that cannot be had counts as none:
         validation names it."""
-        from seedlocal.config.checks import resolve_device
-        from seedlocal.errors import ConfigError
-
         try:
-            cuda = resolve_device(device).type == "cuda"
+            cuda = checks.resolve_device(device).type == "cuda"
         except ConfigError:
             cuda = False
-        return cls(cores=usable_cores(), accelerator=cuda)
+        return cls(cores=checks.usable_cores(), accelerator=cuda)
 
     def __str__(self) -> str:
         return f"{self.cores} cores, {'cuda' if self.accelerator else 'cpu'}"
@@ -42,9 +41,3 @@ class Machine:
         """Local envs for a GPU run: ``ENVS_PER_CORE`` per core, at most ``MAX_ENVS``; 0 without a GPU."""
         return min(MAX_ENVS, ENVS_PER_CORE * self.cores) if self.accelerator else 0
 
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it: taskset, a cpuset), else all."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

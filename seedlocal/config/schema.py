@@ -31,7 +31,7 @@ class PipelineConfig:
     envs_per_worker: int = 32
     """environments per worker, stepped in two equal groups (double buffering)"""
     env_threads: int = 0
-    """envpool threads over all workers; 0 = one per CPU core"""
+    """envpool threads over all workers; 0 = one per CPU core this process may use (taskset, a cpuset)"""
     unroll_length: int = 32
     """steps per unroll (T); each unroll stores T + 1 observations (R2D2: 0 = algo.unroll_length, the only
     length it takes)"""
@@ -57,7 +57,7 @@ class PipelineConfig:
     inference_threads: int = 1
     """torch CPU threads of the inference thread (cores are better spent on environments)"""
     learner_threads: int = 0
-    """torch CPU threads of the learner thread; 0 = one per CPU core"""
+    """torch CPU threads of the learner thread; 0 = one per CPU core this process may use"""
 
 
 @dataclass

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
+from seedlocal.config.checks import usable_cores
 from seedlocal.config.schema import EnvConfig, PipelineConfig
 from seedlocal.errors import ConfigError
 from seedlocal.measure.bench import pipeline_run, training_preset
@@ -47,7 +47,7 @@ def autotune(cfg, spec) -> dict:
     preset = training_preset(spec.env_id)
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (
         preset.pipeline.num_workers * preset.pipeline.envs_per_worker)
-    cpus = os.cpu_count() or 1
+    cpus = usable_cores()
     threads = cfg.env_threads or cpus
     seconds = min(cfg.seconds, 3.0)
     t_start = time.monotonic()

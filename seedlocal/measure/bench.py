@@ -21,7 +21,7 @@ import numpy as np
 
 from seedlocal.algos.frames import stacking
 from seedlocal.config.schema import EnvConfig, PipelineConfig
-from seedlocal.config.checks import check_writable
+from seedlocal.config.checks import check_writable, usable_cores
 from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.measure.raw import RawEnvpool, ceiling
 from seedlocal.networks import is_image
@@ -273,7 +273,7 @@ def _refuse_with(mode: str, cfg: BenchConfig, what: str, others: tuple[str, ...]
 def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     """Raw envpool against the pipeline (or the transport alone): the table and the JSON line."""
     workers, envs = pipe_cfg.num_workers, pipe_cfg.envs_per_worker
-    threads = cfg.env_threads or os.cpu_count() or 1
+    threads = cfg.env_threads or usable_cores()
     rows: list[tuple[str, float, float | None, str]] = []
     result = {"env": cfg.env, "backend": spec.backend, "num_workers": workers, "envs_per_worker": envs,
               "env_threads": threads, "frames_per_step": spec.frames_per_step, "frame_stack": cfg.frame_stack,
@@ -351,7 +351,7 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     if spec.backend != "envpool":
         raise ConfigError(f"bench.raw_ceiling: {cfg.env} is not an envpool env (backend {spec.backend})")
     n = pipe_cfg.num_workers * pipe_cfg.envs_per_worker
-    most = cfg.env_threads or os.cpu_count() or 1
+    most = cfg.env_threads or usable_cores()
     per_threads = []
     for t in sorted(set(cfg.ceiling_threads)) or thread_counts(most):
         rows = ceiling(cfg.env, spec, t, min(0.5, cfg.warmup), cfg.seconds)

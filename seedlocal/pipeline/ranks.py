@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from seedlocal.config.machine import usable_cores
+from seedlocal.config.checks import usable_cores
 from seedlocal.errors import ConfigError, WorkerDied
 from seedlocal.normalize import merge_moments
 

@@ -9,7 +9,6 @@ the new priorities back.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from seedlocal.algos.frames import net_spec, stacking
 from seedlocal.algos.r2d2 import learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision
+from seedlocal.config.checks import usable_cores
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import checkpoint_network
@@ -131,7 +131,7 @@ class R2D2Trainer(StepTrainer):
         # A small MLP + LSTM update gains nothing from more threads, and OpenMP threads that wait on each
         # other while env workers hold the cores made CartPole updates ~50x slower on a loaded 2-core box.
         big = self.online.kind in ("nature", "impala")
-        return self.cfg.pipeline.learner_threads or ((os.cpu_count() or 1) if big else 1)
+        return self.cfg.pipeline.learner_threads or (usable_cores() if big else 1)
 
     def start(self, run: Run) -> None:
         super().start(run)

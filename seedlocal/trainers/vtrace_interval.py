@@ -5,7 +5,6 @@ episodes and rates."""
 from __future__ import annotations
 
 import abc
-import os
 import time
 from collections import deque
 
@@ -13,6 +12,7 @@ import numpy as np
 
 from seedlocal.algos.frames import UnrollStacks, stacking
 from seedlocal.algos.vtrace import VTraceParams
+from seedlocal.config.checks import usable_cores
 from seedlocal.dtypes import torch_dtype
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.ranks import Solo
@@ -108,7 +108,7 @@ class VTraceLearning(StepTrainer):
         self.iv: Interval | None = None  # once the pipeline runs (start)
 
     def learner_threads(self) -> int:
-        return self.cfg.pipeline.learner_threads or os.cpu_count() or 1
+        return self.cfg.pipeline.learner_threads or usable_cores()
 
     def start(self, run: Run) -> None:
         super().start(run)
