@@ -21,7 +21,6 @@ from seedlocal.normalize import RunningNorm
 from seedlocal.spec import MASK_KEY, EnvSpec, TensorSpec
 
 
-ENCODERS = ("auto", "mlp", "minatar", "nature", "impala")
 CONV_ENCODERS = ("minatar", "nature", "impala")
 MULTI = "multi"  # the torso of a Dict observation with image fields: a CNN each, an MLP for the rest
 IMAGE_DTYPES = ("uint8", "bool")  # a Dict's field is an image only in these: pixels, or 0/1 grids
@@ -164,8 +163,6 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 def build_encoder(spec: EnvSpec, encoder: str, hidden: tuple[int, ...]) -> tuple[str, nn.Module]:
     """(kind, torso) for an env (``auto``: ``auto_encoder``'s). A convolutional encoder named for a Dict
     observation is its image fields' torso (``MultiInputEncoder``); an MLP with ``hidden`` empty is linear."""
-    if encoder not in ENCODERS:
-        raise ValueError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
     single = spec.obs.get("")
     if encoder == "auto":
         encoder = auto_encoder(spec)
@@ -407,10 +404,8 @@ class ActorCritic(_Encoded):
         self.policy = nn.Linear(d, action_size(spec))
         self.log_std = nn.Parameter(torch.full((action_size(spec),), math.log(init_std))) if self.continuous else None
         self.value = nn.Linear(d, 1)
-        if init == "orthogonal":
+        if init == "orthogonal":  # else torch's (the config's choices are checked before a network is built)
             orthogonal_init(self)
-        elif init != "torch":
-            raise ValueError(f"init={init!r}: expected orthogonal or torch")
         use_channels_last(self.kind, self.encoder)  # after init: orthogonal_ needs contiguous weights
 
     def _heads(self, h: torch.Tensor, obs: dict[str, torch.Tensor],
