@@ -279,16 +279,32 @@ def learner_step(model, optimizer, batch: dict, p: VTraceParams, step_lock=None,
     waits for the device.
     """
     first = episode_starts(batch["ignored"])
-    update = _Updater(model, optimizer, p, policy_dist(batch), step_lock, after_update, diagnose, ranks)
     if p.echo == 1 and p.minibatches == 1:
         logits, values = network_outputs(model, batch, first, precision)
         targets = batch_targets(p, batch, logits.detach(), values.detach())
-        update(logits[:-1], values[:-1], targets)  # row T only bootstraps
+        updates = [(logits[:-1], values[:-1], targets)]  # row T only bootstraps
     else:
-        targets = _minibatch_passes(model, batch, first, p, precision, shuffle, update)
+        with torch.no_grad():
+            targets = batch_targets(p, batch, *network_outputs(model, batch, first, precision))
+        updates = _minibatch_passes(model, batch, first, targets, p, precision, shuffle)
+    dist, moments = policy_dist(batch), None if ranks is None else ranks.masked_moments
+    totals, diag = {}, {}
+    for count, (logits, values, t) in enumerate(updates, 1):
+        loss, stats = update_loss(p, dist, logits, values, t, moments)
+        # the masked means' gradients, each rank weighted by its valid rows
+        stats["grad_norm"] = clipped_gradients(loss, model, optimizer, p, ranks, t.valid.sum())
+        before = ({n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
+                  if diagnose and count == 1 else None)
+        with step_lock if step_lock is not None else contextlib.nullcontext():
+            optimizer.step()
+            if after_update is not None:
+                after_update()  # inside: no forward runs between the write and the version bump
+        if before is not None:
+            diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
+        add_stats(totals, stats)
     # The mean is over the updates made, whatever the split, so the mean, the counter and the lag agree.
-    out = {k: v / update.count for k, v in update.totals.items()}
-    out.update(mean_rho=mean_rho(targets), updates=update.count, **(update.diag or {}))
+    out = {k: v / count for k, v in totals.items()}
+    out.update(mean_rho=mean_rho(targets), updates=count, **diag)
     return out
 
 
@@ -306,36 +322,6 @@ def update_loss(p: VTraceParams, dist, logits: Tensor, values: Tensor, t: _Targe
                        entropy_cost=p.entropy_cost, clip=p.clip, dist=dist,
                        normalize_advantages=p.normalize_advantages, moments=moments,
                        behaviour_log_probs=t.behaviour_log_probs, proximal_log_probs=proximal)
-
-
-class _Updater:
-    """One optimiser update per call on a minibatch's outputs and targets; sums the statistics into ``totals``
-    and, with ``diagnose``, measures the first update into ``diag`` (see ``learner_step``)."""
-
-    def __init__(self, model, optimizer, p: VTraceParams, dist, step_lock, after_update, diagnose: bool, ranks):
-        self.model, self.optimizer, self.p = model, optimizer, p
-        self.step_lock, self.after_update, self.diagnose = step_lock, after_update, diagnose
-        self.ranks, self.dist = ranks, dist
-        self.totals: dict[str, Tensor] = {}
-        self.count = 0
-        self.diag: dict[str, float] | None = None
-
-    def __call__(self, logits: Tensor, values: Tensor, t: _Targets) -> None:
-        model, p = self.model, self.p
-        moments = None if self.ranks is None else self.ranks.masked_moments
-        loss, stats = update_loss(p, self.dist, logits, values, t, moments)
-        # the masked means' gradients, each rank weighted by its valid rows
-        stats["grad_norm"] = clipped_gradients(loss, model, self.optimizer, p, self.ranks, t.valid.sum())
-        before = ({n: w.detach().clone() for n, w in model.named_parameters() if w.dim() > 1}
-                  if self.diagnose and self.diag is None else None)
-        with self.step_lock if self.step_lock is not None else contextlib.nullcontext():
-            self.optimizer.step()
-            if self.after_update is not None:
-                self.after_update()  # inside: no forward runs between the write and the version bump
-        if before is not None:
-            self.diag = _diagnostics(model, before, t.returns, values.detach(), t.valid)
-        add_stats(self.totals, stats)
-        self.count += 1
 
 
 def grad_clip(p) -> float:
@@ -366,14 +352,12 @@ def as_rows(obs: dict, targets: _Targets) -> tuple[dict, _Targets]:
     return {k: v[:T].flatten(0, 1) for k, v in obs.items()}, targets.map(lambda x: x.flatten(0, 1))
 
 
-def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precision: str,
-                      shuffle: torch.Generator | None, update: _Updater) -> _Targets:
-    """``p.echo`` shuffled passes of ``p.minibatches`` updates on V-trace targets computed once, without
-    gradients (see ``learner_step``); returns those targets (as rows [T * B] without an LSTM)."""
+def _minibatch_passes(model, batch: dict, first: Tensor, targets: _Targets, p: VTraceParams, precision: str,
+                      shuffle: torch.Generator | None):
+    """The network's outputs and the targets of each update, made as it is asked for: ``p.echo`` shuffled passes
+    of ``p.minibatches`` over the batch's rows (its unrolls with an LSTM), see ``learner_step``."""
     ignored = batch["ignored"]
     T, B = ignored.shape[0] - 1, ignored.shape[1]
-    with torch.no_grad():
-        targets = batch_targets(p, batch, *network_outputs(model, batch, first, precision))
     recurrent = getattr(model, "lstm", None) is not None
     n = B if recurrent else T * B
     if not recurrent:
@@ -386,12 +370,11 @@ def _minibatch_passes(model, batch: dict, first: Tensor, p: VTraceParams, precis
         for idx in order.tensor_split(p.minibatches):
             if recurrent:
                 logits, values = network_outputs(model, batch, first, precision, cols=idx)
-                update(logits[:T], values[:T], targets.select((slice(None), idx)))
+                yield logits[:T], values[:T], targets.select((slice(None), idx))
             else:
                 with autocast(ignored.device, precision):
                     logits, values = model({k: v[idx] for k, v in obs.items()})
-                update(logits.float(), values.float(), targets.select(idx))
-    return targets
+                yield logits.float(), values.float(), targets.select(idx)
 
 
 @torch.no_grad()
