@@ -72,16 +72,14 @@ def per_rank(cfg: VTraceRun, ranks: int, shape_of) -> VTraceRun:
     return cfg
 
 
-# The presets' learner beside CartPole's: PPO's clipped surrogate with normalised advantages, GAE (lambda 0.95),
-# Adam (eps 1e-5), gradients clipped to norm 0.5 and orthogonal init.
+# The presets' learner beside CartPole's: PPO's settings (lam as GAE's lambda), with each preset's own clip.
 CLIPPED = dict(normalize_advantages=True, optimizer="adam", optimizer_eps=1e-5, lam=0.95, max_grad_norm=0.5,
                init="orthogonal")
 
 PRESETS: dict[str, VTraceRun] = {
     "cartpole": VTraceRun(),
-    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md): small batches and many updates, a
-    # mean loss with Adam, orthogonal init, on envpool's v5 preprocessing (84x84 gray), its 4-frame stack built
-    # beside the network from single frames (algos/frames.py, docs/pipeline.md).
+    # Sized for a workstation's data rate, not a cluster's (docs/tuning.md): small batches and many updates, on
+    # envpool's v5 frames (84x84 gray), stacked 4 deep beside the network (algos/frames.py, docs/pipeline.md).
     "atari": VTraceRun(
         env=EnvConfig(id="Pong-v5", frame_stack=1), frame_stack=4,
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, unroll_length=64),
@@ -89,10 +87,8 @@ PRESETS: dict[str, VTraceRun] = {
                           entropy_cost=0.01, reward_clip=1.0, separate_critic=False),
         network=NetworkConfig(encoder="nature"), total_steps=2_500_000,
     ),
-    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso and the Atari preset's
-    # clipped surrogate on 1,024-step batches, but from more and shorter unrolls (64 envs x 32 steps), in 2
-    # passes instead of 4, at a larger step size: the network is tiny, so the CPU learner's cost is per
-    # minibatch, not per weight.
+    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the Atari preset's learner on shorter unrolls, in
+    # fewer passes at a larger step size: the network is tiny, so the CPU learner's cost is per minibatch, not weight.
     "minatar": VTraceRun(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=32, unroll_length=32),
@@ -110,10 +106,8 @@ PRESETS: dict[str, VTraceRun] = {
                           discount=0.993, entropy_cost=0.003, reward_clip=1.0, separate_critic=False),
         network=NetworkConfig(encoder="nature"), total_steps=1_000_000,
     ),
-    # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it
-    # (docs/mujoco.md): separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent
-    # std, observation normalisation, reward scaling, clip 0.2, 10 passes of 32 minibatches over each
-    # 2,048-step batch, Adam 3e-4 decayed to 0.
+    # Continuous control as SEED's MuJoCo PPO config and "What Matters in On-Policy RL" run it (docs/mujoco.md):
+    # separate 2 x 64 tanh MLPs for policy and value, a Gaussian with a state-independent std.
     "mujoco": VTraceRun(
         env=EnvConfig(id="HalfCheetah-v5"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=8, unroll_length=128),
@@ -165,8 +159,6 @@ def check(cfg: VTraceRun, spec, shape) -> None:
 
 def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
     """One learner's hyperparameters (each member's in a population), its batch of ``batch`` unrolls."""
-    if not a.init_std > 0:
-        fail("algo.init_std", a.init_std, "must be > 0")
     if a.echo < 1:
         fail("algo.echo", a.echo, "must be >= 1 (updates each batch of unrolls takes part in)")
     if a.minibatches < 1:
@@ -180,7 +172,8 @@ def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
         fail("algo.proximal", a.proximal, "keeps the clipped surrogate near the learner's policy: give algo.clip > 0")
     if not 0 <= a.clip < 1:
         fail("algo.clip", a.clip, "must be in [0, 1) (0 = IMPALA's policy gradient)")
-    fail_if(lambda v: v <= 0, a, ("learning_rate", "optimizer_eps", "rho_bar", "c_bar"), "must be positive", "algo.")
+    fail_if(lambda v: v <= 0, a, ("learning_rate", "optimizer_eps", "rho_bar", "c_bar", "init_std"), "must be positive",
+            "algo.")
     fail_if(lambda v: not 0 <= v <= 1, a, ("discount", "lam"), "must be in [0, 1]", "algo.")
     fail_if(lambda v: v < 0, a, ("entropy_cost", "baseline_cost", "reward_clip", "max_grad_norm"), "must be >= 0",
             "algo.")
@@ -253,8 +246,7 @@ def check_population(cfg: VTraceRun, shape) -> None:
         fail("population.size", pop.size, f"members own whole env groups: the run's {groups} groups (2 per "
              f"worker) do not divide among {pop.size} members; give --pipeline.num-workers "
              f"{pop.size // math.gcd(2, pop.size)} (or a multiple)")
-    k = shape.unrolls_per_batch
-    if k % pop.size:
+    if shape.unrolls_per_batch % pop.size:
         fail("algo.batch_size", cfg.algo.batch_size, f"each member learns from algo.batch_size / {pop.size} envs' "
              f"unrolls, whole groups of {shape.envs_per_group}: give a multiple of {pop.size * shape.envs_per_group}")
     if pop.mode == "seeds" and pop.sweep:
