@@ -190,11 +190,9 @@ class R2D2Trainer(StepTrainer):
         self.counters["updates"] += 1
         self.feeder.learned()
         if self.counters["updates"] % a.target_update_every == 0:
-            with torch.no_grad():
-                self.target.load_state_dict(self.online.state_dict())
-        for k, v in stats.items():
-            self.acc[k] = self.acc.get(k, 0.0) + v
-        self.acc["n"] = self.acc.get("n", 0) + 1
+            self.target.load_state_dict(self.online.state_dict())
+        for k, v in {**stats, "n": 1}.items():
+            self.acc[k] = self.acc.get(k, 0) + v
 
     def _take_episodes(self) -> None:
         self.counters["episodes"] += self.feeder.episodes
@@ -213,8 +211,7 @@ class R2D2Trainer(StepTrainer):
             "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
             "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
             "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
-            "replay/stale_updates_dropped": self.dropped,
-            "perf/worker_restarts": run.loop.stats.restarts,
+            "replay/stale_updates_dropped": self.dropped, "perf/worker_restarts": run.loop.stats.restarts,
         })
         rates = not last or dt >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
         if rates:
