@@ -146,8 +146,7 @@ class SequenceReplay:
         self.count[env] = self.barrier[env] = self.next_start[env] = start
         self.after_ignored[env] = True
         # States kept for sequences that will now never complete would stay (and be checkpointed) for ever.
-        for key in [k for k in self.pending_core if k[0] == env]:
-            del self.pending_core[key]
+        self.pending_core = {k: v for k, v in self.pending_core.items() if k[0] != env}
 
     def set_core(self, env: int, step: int, core: np.ndarray) -> None:
         """The recurrent state the actor had before absolute step ``step`` of ``env``."""
