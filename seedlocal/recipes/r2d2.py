@@ -73,9 +73,8 @@ def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
 
 PRESETS: dict[str, R2D2Run] = {
     "cartpole": R2D2Run(),
-    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and burn-in/unroll 40/80 ->
-    # 20/40 (a CPU update on 64 x 121 frames takes seconds), replay 100k -> 20k sequences; n = 5, gamma 0.997,
-    # eta 0.9, alpha 0.9, beta 0.6 as published.
+    # SEED's Atari settings, with what a CPU learner cannot afford scaled down (batch, burn-in/unroll, replay size:
+    # docs/r2d2.md, "Measured on this 2-core machine", has each and why); the rest as published.
     "atari": R2D2Run(
         env=EnvConfig(id="Pong-v5", frame_stack=1),
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
@@ -84,11 +83,9 @@ PRESETS: dict[str, R2D2Run] = {
                         min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, max_grad_norm=40.0),
         network=NetworkConfig(encoder="nature", lstm_size=512), frame_stack=4, compress=True, total_steps=5_000_000,
     ),
-    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso under a 128-unit LSTM,
-    # no frame stack (MinAtar's trail channel already shows motion). Replay ratio 8 (MinAtar's DQN trains 32
-    # rows per frame): at 2, Asterix and Seaquest stayed near random play to 1M steps (issue 44,
-    # docs/minatar.md). Short sequences (4 + 10 rows) in batches of 64, Adam 1e-3, a target copied every 100
-    # updates, n = 3 (longer ones, in smaller batches, stayed at random's return on Breakout).
+    # Small pixel grids (MinAtar's 10 x 10 x C; the runs behind each value: docs/minatar.md): the one-conv torso,
+    # no frame stack (MinAtar's trail channel shows motion), replay ratio 8 (at 2, Asterix and Seaquest stayed near
+    # random play to 1M steps), batches of 64 short sequences (the published shape stayed at random on Breakout).
     "minatar": R2D2Run(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
