@@ -253,14 +253,10 @@ def resolve(path: str | Path) -> Path:
     if p.is_dir():
         if found := all_checkpoints(p / "checkpoints") or all_checkpoints(p):
             return found[-1]
-        try:  # the pid of a seedlocal run still writing it
-            with open(p / ".lock") as f:
-                holder = _held_by(f)
-        except OSError:
-            holder = None
-        if holder is not None:
-            raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
-                                  "a run writes one periodically and when it stops: try again after that")
+        with contextlib.suppress(OSError), open(p / ".lock") as f:  # the pid of a seedlocal run still writing it
+            if (holder := _held_by(f)) is not None:
+                raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
+                                      "a run writes one periodically and when it stops: try again after that")
         raise CheckpointError(f"{p}: no checkpoint (ckpt_*.pt) in this directory or its checkpoints/")
     raise CheckpointError(f"{p}: no such checkpoint file or run directory")
 

@@ -64,8 +64,7 @@ class R2D2Trainer(StepTrainer):
         self.target = self.online.frozen_copy()
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
         num_envs = self.shape.num_envs
-        evaluating = np.zeros(num_envs, bool)
-        evaluating[eval_env_ids(self.shape.num_local_envs, num_envs, a.eval_envs)] = True
+        evaluating = np.isin(np.arange(num_envs), eval_env_ids(self.shape.num_local_envs, num_envs, a.eval_envs))
         self.eps = torch.full((num_envs,), a.eval_epsilon)
         self.eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base,
                                                                   a.epsilon_alpha)
