@@ -101,11 +101,9 @@ class R2D2Trainer(StepTrainer):
             print(f"seedlocal: replay restored with {self.replay.size:,d} sequences", flush=True)
 
     def state(self) -> dict:
-        out = {"model": self.online.state_dict(), "target": self.target.state_dict(),
-               "optimizer": self.optimizer.state_dict()}
-        if self.cfg.checkpoint_replay:
-            out["replay"] = replay_to_checkpoint(self.replay.state_dict())
-        return out
+        replay = {"replay": replay_to_checkpoint(self.replay.state_dict())} if self.cfg.checkpoint_replay else {}
+        return {"model": self.online.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), **replay}
 
     def acting_state(self) -> dict:
         return {"model": self.online.state_dict()}

@@ -79,9 +79,8 @@ class ReplayFeeder:
             stream = int(self.stream_of[env])
             if fresh and replay.count[stream]:
                 replay.cut(stream)
-            rows = {k: store[k][b, :T, e] for k in replay.fields}
             replay.set_core(stream, int(replay.count[stream]), store["core_state"][b, e])
-            replay.append(stream, rows)
+            replay.append(stream, {k: store[k][b, :T, e] for k in replay.fields})
             self.added_steps += T
 
 
