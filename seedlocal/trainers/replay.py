@@ -238,8 +238,7 @@ class SequenceReplay:
 
     def _stacked(self, env: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """[L, B, stack, *frame]: frames t-stack+1 .. t of each row, repeating an episode's first frame."""
-        L, B = steps.shape
-        e2 = np.broadcast_to(env[None, :], (L, B))
+        e2 = np.broadcast_to(env[None, :], steps.shape)
         if self.stack == 1:
             return self._frames(e2, steps % self.cap)
         first = self.ep_start[e2, steps % self.cap]
