@@ -73,8 +73,7 @@ def lock_run(run_dir: Path):
     instead of mixing two curves and two sets of checkpoints. Released by closing the returned file, or by the
     kernel when the process dies."""
     f = open(Path(run_dir) / ".lock", "a+")
-    holder = _held_by(f)
-    if holder is not None:
+    if (holder := _held_by(f)) is not None:
         f.close()
         raise ConfigError(f"run_name: {run_dir} is in use by another seedlocal run (pid {holder}); "
                           "wait for it to end or pick another --run-name")
@@ -129,8 +128,7 @@ def finish_run(run_dir: Path, summary: dict, failure: BaseException | None, save
 
 
 def save(run_dir: Path, state: dict, steps: int, frames: int, keep: int = 3) -> None:
-    bad = _non_finite(state)
-    if bad:
+    if bad := _non_finite(state):
         last = newest(run_dir)
         raise Diverged(f"training diverged by step {steps:,d}: NaN or inf in {', '.join(bad[:3])}"
                        f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}; not saved"
@@ -253,17 +251,12 @@ def resolve(path: str | Path) -> Path:
     if p.is_file():
         return p
     if p.is_dir():
-        found = all_checkpoints(p / "checkpoints") or all_checkpoints(p)
-        if found:
+        if found := all_checkpoints(p / "checkpoints") or all_checkpoints(p):
             return found[-1]
-        try:  # the pid of a seedlocal run still writing it
-            with open(p / ".lock") as f:
-                holder = _held_by(f)
-        except OSError:
-            holder = None
-        if holder is not None:
-            raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
-                                  "a run writes one periodically and when it stops: try again after that")
+        with contextlib.suppress(OSError), open(p / ".lock") as f:  # the pid of a seedlocal run still writing it
+            if (holder := _held_by(f)) is not None:
+                raise CheckpointError(f"{p}: no checkpoint yet: this run is still going (pid {holder}); "
+                                      "a run writes one periodically and when it stops: try again after that")
         raise CheckpointError(f"{p}: no checkpoint (ckpt_*.pt) in this directory or its checkpoints/")
     raise CheckpointError(f"{p}: no such checkpoint file or run directory")
 
@@ -282,12 +275,9 @@ def load(path: str | Path) -> dict:
                 zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
         except OSError as oe:
             raise CheckpointError(f"{p}: cannot be read ({oe.strerror})") from None
-        if not zipped:
-            why = "not a file torch.save wrote"
-        elif isinstance(e, pickle.UnpicklingError):
-            why = "it holds objects other than tensors and plain values, so it was not written by seedlocal"
-        else:
-            why = "the file is truncated or corrupt"
+        why = ("not a file torch.save wrote" if not zipped else
+               "it holds objects other than tensors and plain values, so it was not written by seedlocal"
+               if isinstance(e, pickle.UnpicklingError) else "the file is truncated or corrupt")
         found = all_checkpoints(p.parent) if Path(path).is_dir() else []
         older = found[:found.index(p)] if p in found else []
         hint = f"; the run's next newest is {older[-1]}: pass that file instead" if older else ""

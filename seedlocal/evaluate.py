@@ -22,7 +22,7 @@ import torch
 from seedlocal import checkpoint, families, video
 from seedlocal.config.checks import check_writable, resolve_device
 from seedlocal.config.overrides import apply, flatten
-from seedlocal.errors import fail
+from seedlocal.errors import fail, fail_if
 from seedlocal.envs.make import make_group
 from seedlocal.pipeline.policy import Acting, Policy
 
@@ -87,16 +87,13 @@ def play(policy: Policy, episodes: int, seed: int, max_steps: int,
 
 
 def main(cfg: EvalConfig) -> dict:
-    for name in ("episodes", "max_steps", "video_max_steps"):
-        if getattr(cfg, name) < 1:
-            fail(name, getattr(cfg, name), "must be positive")
+    fail_if(lambda v: v < 1, cfg, ("episodes", "max_steps", "video_max_steps"), "must be positive")
     if cfg.video and not cfg.video.lower().endswith(".gif"):
         fail("video", cfg.video, "only .gif output is supported")
     for name in ("video", "out"):  # before the episodes are played, not after
         if getattr(cfg, name):
             check_writable(name, getattr(cfg, name), folder=False)
-    if not 0 <= cfg.epsilon <= 1:
-        fail("epsilon", cfg.epsilon, "must be in [0, 1]")
+    fail_if(lambda v: not 0 <= v <= 1, cfg, ("epsilon",), "must be in [0, 1]")
     state = checkpoint.member_of(checkpoint.load(cfg.checkpoint), cfg.member)
     trained, device = cfg.policy == "trained", resolve_device(cfg.device)
     acting = (state, device, None if trained else cfg.policy == "argmax", cfg.epsilon if trained else 0.0)

@@ -73,9 +73,8 @@ def per_rank(cfg: R2D2Run, ranks: int, shape_of) -> R2D2Run:
 
 PRESETS: dict[str, R2D2Run] = {
     "cartpole": R2D2Run(),
-    # SEED's Atari settings scaled to a workstation (docs/r2d2.md): batch 64 -> 16 and burn-in/unroll 40/80 ->
-    # 20/40 (a CPU update on 64 x 121 frames takes seconds), replay 100k -> 20k sequences; n = 5, gamma 0.997,
-    # eta 0.9, alpha 0.9, beta 0.6 as published.
+    # SEED's Atari settings, with what a CPU learner cannot afford scaled down (batch, burn-in/unroll, replay size:
+    # docs/r2d2.md, "Measured on this 2-core machine", has each and why); the rest as published.
     "atari": R2D2Run(
         env=EnvConfig(id="Pong-v5", frame_stack=1),
         pipeline=PipelineConfig(num_workers=1, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
@@ -84,11 +83,9 @@ PRESETS: dict[str, R2D2Run] = {
                         min_replay=500, replay_ratio=1.0, eval_envs=2, reward_clip=1.0, max_grad_norm=40.0),
         network=NetworkConfig(encoder="nature", lstm_size=512), frame_stack=4, compress=True, total_steps=5_000_000,
     ),
-    # Small pixel grids (MinAtar's 10 x 10 x C, docs/minatar.md): the one-conv torso under a 128-unit LSTM,
-    # no frame stack (MinAtar's trail channel already shows motion). Replay ratio 8 (MinAtar's DQN trains 32
-    # rows per frame): at 2, Asterix and Seaquest stayed near random play to 1M steps (issue 44,
-    # docs/minatar.md). Short sequences (4 + 10 rows) in batches of 64, Adam 1e-3, a target copied every 100
-    # updates, n = 3 (longer ones, in smaller batches, stayed at random's return on Breakout).
+    # Small pixel grids (MinAtar's 10 x 10 x C; the runs behind each value: docs/minatar.md): the one-conv torso,
+    # no frame stack (MinAtar's trail channel shows motion), replay ratio 8 (at 2, Asterix and Seaquest stayed near
+    # random play to 1M steps), batches of 64 short sequences (the published shape stayed at random on Breakout).
     "minatar": R2D2Run(
         env=EnvConfig(id="MinAtar/Breakout-v1"),
         pipeline=PipelineConfig(num_workers=2, envs_per_worker=16, min_batch_envs=8, unroll_length=0),
@@ -135,24 +132,6 @@ def shape_needs(cfg: R2D2Run) -> ShapeNeeds:
     return ShapeNeeds(unroll_length=cfg.algo.unroll_length, buffers_per_group=2)
 
 
-def _validate_algo(a: R2D2Params) -> None:
-    """The algorithm's own values, each in its range and consistent with the others (``check`` has the rest)."""
-    fail_if(lambda v: v < 1, a, ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay",
-                                 "target_update_every"), "must be positive", "algo.")
-    # max_grad_norm, reward_clip: 0 = off
-    fail_if(lambda v: v < 0, a, ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"),
-            "must be >= 0", "algo.")
-    if a.n_step >= a.unroll_length:
-        fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
-    fail_if(lambda v: not 0 <= v <= 1, a, ("priority_exponent", "importance_exponent", "priority_eta",
-                                           "epsilon_base", "eval_epsilon", "discount"), "must be in [0, 1]", "algo.")
-    if a.replay_size < a.batch_size:
-        fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
-    if a.min_replay > a.replay_size:
-        fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
-    fail_if(lambda v: v <= 0, a, ("adam_eps", "learning_rate", "replay_ratio"), "must be positive", "algo.")
-
-
 def check(cfg: R2D2Run, spec, shape) -> None:
     """R2D2's own refusals, one line each naming the field."""
     a, p = cfg.algo, cfg.pipeline
@@ -169,18 +148,32 @@ def check(cfg: R2D2Run, spec, shape) -> None:
     if p.unroll_length and p.unroll_length != a.unroll_length:
         fail("pipeline.unroll_length", p.unroll_length, "R2D2's unrolls are its sequences' stride: leave it 0 "
              f"(= algo.unroll_length, {a.unroll_length}) and set --algo.unroll-length instead")
-    _validate_algo(a)
+    fail_if(lambda v: v < 1, a, ("batch_size", "unroll_length", "n_step", "replay_size", "min_replay",
+                                 "target_update_every"), "must be positive", "algo.")
+    # max_grad_norm, reward_clip: 0 = off
+    fail_if(lambda v: v < 0, a, ("burn_in", "eval_envs", "max_grad_norm", "reward_clip", "epsilon_alpha"),
+            "must be >= 0", "algo.")
+    if a.n_step >= a.unroll_length:
+        fail("algo.n_step", a.n_step, f"must be shorter than algo.unroll_length ({a.unroll_length})")
+    fail_if(lambda v: not 0 <= v <= 1, a, ("priority_exponent", "importance_exponent", "priority_eta",
+                                           "epsilon_base", "eval_epsilon", "discount"), "must be in [0, 1]", "algo.")
+    if a.replay_size < a.batch_size:
+        fail("algo.replay_size", a.replay_size, f"smaller than a batch (algo.batch_size={a.batch_size})")
+    if a.min_replay > a.replay_size:
+        fail("algo.min_replay", a.min_replay, f"more than the replay holds (algo.replay_size={a.replay_size})")
+    fail_if(lambda v: v <= 0, a, ("adam_eps", "learning_rate", "replay_ratio"), "must be positive", "algo.")
     envs = shape.num_envs
     if a.eval_envs >= envs:
         fail("algo.eval_envs", a.eval_envs, f"leaves no env to fill the replay (the run has {envs})")
-    per_env = -(-a.replay_size // max(1, envs - a.eval_envs))
+    acting = envs - a.eval_envs
+    per_env = -(-a.replay_size // acting)
     if per_env * a.unroll_length < a.burn_in + a.unroll_length + 1:
         fail("algo.replay_size", a.replay_size, "too small to hold one burn-in + unroll sequence per env")
     if (problem := stack_problem(spec, cfg.frame_stack)) is not None:
         fail("frame_stack", cfg.frame_stack, problem)
     check_network_fits(lambda: build_net(cfg, spec), 6, "network.hidden, network.lstm_size",
                        "the online and target networks, gradients, Adam state and the actors' copy")
-    need = replay_bytes_needed(cfg, spec, max(1, envs - a.eval_envs))
+    need = replay_bytes_needed(cfg, spec, acting)
     if (have := short_of_memory(need)) is not None:
         fail("algo.replay_size", a.replay_size, f"the replay needs {need / 1e9:.1f} GB"
              f"{' (frames at 1/8 size, compressed)' if cfg.compress else ''}, {have / 1e9:.1f} GB are available: "

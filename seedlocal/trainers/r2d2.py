@@ -64,8 +64,7 @@ class R2D2Trainer(StepTrainer):
         self.target = self.online.frozen_copy()
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=a.learning_rate, eps=a.adam_eps)
         num_envs = self.shape.num_envs
-        evaluating = np.zeros(num_envs, bool)
-        evaluating[eval_env_ids(self.shape.num_local_envs, num_envs, a.eval_envs)] = True
+        evaluating = np.isin(np.arange(num_envs), eval_env_ids(self.shape.num_local_envs, num_envs, a.eval_envs))
         self.eps = torch.full((num_envs,), a.eval_epsilon)
         self.eps[torch.from_numpy(~evaluating)] = per_env_epsilons(num_envs - a.eval_envs, a.epsilon_base,
                                                                   a.epsilon_alpha)
@@ -102,11 +101,9 @@ class R2D2Trainer(StepTrainer):
             print(f"seedlocal: replay restored with {self.replay.size:,d} sequences", flush=True)
 
     def state(self) -> dict:
-        out = {"model": self.online.state_dict(), "target": self.target.state_dict(),
-               "optimizer": self.optimizer.state_dict()}
-        if self.cfg.checkpoint_replay:
-            out["replay"] = replay_to_checkpoint(self.replay.state_dict())
-        return out
+        replay = {"replay": replay_to_checkpoint(self.replay.state_dict())} if self.cfg.checkpoint_replay else {}
+        return {"model": self.online.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), **replay}
 
     def acting_state(self) -> dict:
         return {"model": self.online.state_dict()}
@@ -190,11 +187,9 @@ class R2D2Trainer(StepTrainer):
         self.counters["updates"] += 1
         self.feeder.learned()
         if self.counters["updates"] % a.target_update_every == 0:
-            with torch.no_grad():
-                self.target.load_state_dict(self.online.state_dict())
-        for k, v in stats.items():
-            self.acc[k] = self.acc.get(k, 0.0) + v
-        self.acc["n"] = self.acc.get("n", 0) + 1
+            self.target.load_state_dict(self.online.state_dict())
+        for k, v in {**stats, "n": 1}.items():
+            self.acc[k] = self.acc.get(k, 0) + v
 
     def _take_episodes(self) -> None:
         self.counters["episodes"] += self.feeder.episodes
@@ -213,8 +208,7 @@ class R2D2Trainer(StepTrainer):
             "charts/replay_ratio": f.learned_rows / max(1, f.added_steps),
             "replay/size": r.size, "replay/priority_mean": float(np.mean(self.sampled_p)) if self.sampled_p else None,
             "replay/priority_max": float(np.max(self.sampled_p)) if self.sampled_p else None,
-            "replay/stale_updates_dropped": self.dropped,
-            "perf/worker_restarts": run.loop.stats.restarts,
+            "replay/stale_updates_dropped": self.dropped, "perf/worker_restarts": run.loop.stats.restarts,
         })
         rates = not last or dt >= self.cfg.log_every_s / 4  # no rates from a fraction of an interval
         if rates:

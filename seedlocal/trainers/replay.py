@@ -11,7 +11,6 @@ stored lz4-compressed one by one (its decompression runs at GB/s).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 import numpy as np
@@ -28,8 +27,8 @@ class SumTree:
     """Non-negative priorities of ``capacity`` items; batched update and sampling."""
 
     def __init__(self, capacity: int):
-        self.leaves = 1 << max(0, math.ceil(math.log2(max(1, capacity))))
-        self.depth = int(math.log2(self.leaves))
+        self.depth = (max(1, capacity) - 1).bit_length()  # levels below the root
+        self.leaves = 1 << self.depth
         self.tree = np.zeros(2 * self.leaves, np.float64)
 
     @property
@@ -147,8 +146,7 @@ class SequenceReplay:
         self.count[env] = self.barrier[env] = self.next_start[env] = start
         self.after_ignored[env] = True
         # States kept for sequences that will now never complete would stay (and be checkpointed) for ever.
-        for key in [k for k in self.pending_core if k[0] == env]:
-            del self.pending_core[key]
+        self.pending_core = {k: v for k, v in self.pending_core.items() if k[0] != env}
 
     def set_core(self, env: int, step: int, core: np.ndarray) -> None:
         """The recurrent state the actor had before absolute step ``step`` of ``env``."""
@@ -160,7 +158,8 @@ class SequenceReplay:
         n = len(rows["ignored"])
         if not n:
             return
-        pos = (self.count[env] + np.arange(n)) % self.cap
+        steps = self.count[env] + np.arange(n)  # absolute
+        pos = steps % self.cap
         # Evict sequences whose rows (or the frames stacked before them) these steps overwrite.
         oldest_kept = self.count[env] + n - self.cap
         live = self.live[env]
@@ -179,11 +178,10 @@ class SequenceReplay:
             else:
                 self.data[name][env, pos] = values
         ign = np.asarray(rows["ignored"], bool)
-        abs_steps = self.count[env] + np.arange(n)
         first = episode_starts(ign, before=self.after_ignored[env])
         # Each row's episode began at the latest start at or before it (or where the last append's did).
         latest = np.maximum.accumulate(np.where(first, np.arange(n), -1))
-        self.ep_start[env, pos] = np.where(latest >= 0, abs_steps[np.maximum(latest, 0)], self.cur_ep[env])
+        self.ep_start[env, pos] = np.where(latest >= 0, steps[np.maximum(latest, 0)], self.cur_ep[env])
         self.cur_ep[env] = self.ep_start[env, pos[-1]]
         self.after_ignored[env] = ign[-1]
         self.count[env] += n
@@ -193,9 +191,8 @@ class SequenceReplay:
 
     def _add_sequence(self, env: int, start: int) -> None:
         core = self.pending_core.pop((env, start), None)
-        if self.core is not None and core is None:
-            return  # no recurrent state for this start (e.g. the stream was cut): skip it
-        if start < self.barrier[env] or not self.free:
+        # Skipped: a start without its recurrent state (e.g. the stream was cut), before a cut, or with no free slot.
+        if (self.core is not None and core is None) or start < self.barrier[env] or not self.free:
             return
         slot = self.free.popleft()
         self.slot_env[slot], self.slot_start[slot] = env, start
@@ -241,8 +238,7 @@ class SequenceReplay:
 
     def _stacked(self, env: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """[L, B, stack, *frame]: frames t-stack+1 .. t of each row, repeating an episode's first frame."""
-        L, B = steps.shape
-        e2 = np.broadcast_to(env[None, :], (L, B))
+        e2 = np.broadcast_to(env[None, :], steps.shape)
         if self.stack == 1:
             return self._frames(e2, steps % self.cap)
         first = self.ep_start[e2, steps % self.cap]
@@ -264,12 +260,7 @@ class SequenceReplay:
 
     def nbytes(self) -> int:
         """Bytes held, every field included (compressed frames at their compressed size)."""
-        total = self.ep_start.nbytes + self.tree.tree.nbytes + 4 * self.slot_env.nbytes
-        for name, arr in self.data.items():
-            if arr.dtype == object:
-                total += sum(len(b) for b in arr.ravel() if b is not None) + arr.size * 8
-            else:
-                total += arr.nbytes
-        if self.core is not None:
-            total += self.core.nbytes
-        return total
+        data = sum(sum(len(b) for b in arr.ravel() if b is not None) + arr.size * 8 if arr.dtype == object
+                   else arr.nbytes for arr in self.data.values())
+        core = self.core.nbytes if self.core is not None else 0
+        return self.ep_start.nbytes + self.tree.tree.nbytes + 4 * self.slot_env.nbytes + data + core

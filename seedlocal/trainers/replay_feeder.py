@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from seedlocal.dtypes import torch_dtype
+from seedlocal.shm.rollout import obs_name
 from seedlocal.trainers.replay import SequenceReplay
+
 
 class ReplayFeeder:
     """``evaluating`` [envs] marks the evaluation slots; acting env i writes replay stream ``stream_of[i]``."""
@@ -77,9 +79,8 @@ class ReplayFeeder:
             stream = int(self.stream_of[env])
             if fresh and replay.count[stream]:
                 replay.cut(stream)
-            rows = {k: store[k][b, :T, e] for k in replay.fields}
             replay.set_core(stream, int(replay.count[stream]), store["core_state"][b, e])
-            replay.append(stream, rows)
+            replay.append(stream, {k: store[k][b, :T, e] for k in replay.fields})
             self.added_steps += T
 
 
@@ -130,7 +131,7 @@ class BatchStager:
             x = t.pop(k)
             if k == "obs" and x.dtype == torch.uint8 and x.dim() == 6:
                 x = x.flatten(2, 3)  # [L, B, stack, C, H, W] -> [L, B, stack*C, H, W]
-            obs["" if k == "obs" else k[4:]] = x
+            obs[obs_name(k)] = x
         t["obs"] = obs
         t["core_state"] = t["core_state"].float()
         t["ignored_host"] = rows["ignored"]  # the learner's episode cuts, without asking the device
@@ -153,8 +154,6 @@ class BatchStager:
         done.synchronize()
         return out.numpy()
 
-
-# -- a replay inside a checkpoint (loaded with weights_only=True: tensors and plain types only) --
 
 def replay_to_checkpoint(obj):
     """numpy inside a replay state -> tensors and plain types (checkpoints load with weights_only=True)."""
