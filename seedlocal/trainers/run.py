@@ -1,16 +1,8 @@
-"""One run's life, the same for every trainer.
-
-``run(Trainer, cfg)`` owns everything around the algorithm:
-
-    validate the config -> resume (checkpoint, its config, its counters) -> run folder, TensorBoard, the first
-    line -> the pipeline and its inference thread -> until a budget ends or the trainer stops: the trainer's
-    ``advance``; its scalars and checkpoints when due -> whatever way it ends (budget, target, Ctrl-C, SIGTERM,
-    an error): stop threads, last scalars, checkpoint, summary.json, the closing line.
-
-A trainer (``Trainer``) supplies the parts that differ: what it builds, how it acts (its policy), one unit of
-learning (``advance``), what it saves, logs and reports. ``Run`` is what a trainer sees of the run while it goes:
-the pipeline, the clock and the helpers every wait needs (``Run.waiting`` checks the inference thread, the stall
-watch, the bridge and the time budget).
+"""One run's life, the same for every trainer: ``run(Trainer, prepared)`` owns everything around the algorithm,
+in the order docs/architecture.md gives ("A run, from the command line to its trainer"); a ``Trainer`` supplies
+the parts that differ (its hooks). ``Run`` is what a trainer sees of the run while it goes: the pipeline, the
+clock and the helpers every wait needs (``Run.waiting`` checks the inference thread, the stall watch, the bridge
+and the time budget).
 """
 
 from __future__ import annotations
@@ -120,8 +112,7 @@ class Trainer(abc.ABC):
         """Be one of ``ranks``' learners (data-parallel, ``pipeline/ranks.py``): a trainer that can makes its
         parameters equal here; one that cannot refuses more than one."""
         if ranks.world > 1:
-            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; "
-                              "give --learners 1")
+            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; give --learners 1")
 
     def start(self, run: "Run") -> None:
         """The pipeline and its inference thread are up."""
@@ -546,16 +537,14 @@ def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) 
         save=r.save if t.counters[t.x_axis] or resumed is not None else None, results=results)
 
 
-# The budgets a resumed run counts from its start (its checkpoint's counters): to go on, give a larger one. A
-# time budget counts each session's own seconds, so a resume with the same one goes on.
-_TOTALS = {"steps": "total_steps", "frames": "total_frames", "generations": "generations"}
-
-
 def larger_budget(cfg, stopped_by: str | None) -> str:
-    """The option a resume of a run that spent its budget (``stopped_by``) needs to go on: that budget, doubled."""
-    name = _TOTALS.get(stopped_by)
-    value = getattr(cfg, name, 0) if name else 0
-    return f" --{name.replace('_', '-')} {2 * value}" if value else ""
+    """The option a resume of a run that spent its budget (``stopped_by``: a unit of ``cfg.budgets``, which a
+    resumed run counts from its start) needs to go on: that budget, doubled. A time budget counts each session's
+    own seconds, so a resume with the same one goes on."""
+    for name, _, unit in cfg.budgets:
+        if unit == stopped_by and getattr(cfg, name):
+            return f" --{name.replace('_', '-')} {2 * getattr(cfg, name)}"
+    return ""
 
 
 def mean_of(recent: deque) -> float | None:
