@@ -18,12 +18,13 @@ from typing import NoReturn
 
 from seedlocal.config.request import COMMAND_OPTIONS, command_class, from_command_line, whole_numbers
 from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
-from seedlocal.families import TABLE, family, recipe, usage
+from seedlocal.families import TABLE, family, recipe
 
 # Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
 # as quietly as one during a run.
 
-USAGE = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n" + usage() + """
+USAGE = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n" + "\n".join(
+    f"  train {name:<14s} {title}" for name, (_, title) in TABLE.items()) + """
   train ALGO --help    its options and presets: --preset NAME, or without it the preset
                        made for --env.id's kind (image frames, small grids, Box actions);
                        --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
