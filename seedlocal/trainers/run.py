@@ -437,9 +437,9 @@ class _Quiet(nullcontext):
 def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable | None = None) -> dict:
     """Train the ``prepared`` run until a budget ends; returns the summary (also on Ctrl-C, re-raised after
     saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
-    cfg, spec = prepared.config, prepared.spec
+    cfg = prepared.config
     if cfg.pipeline.num_workers > 0:
-        start_server(spec)  # the config and env are valid: a process may start, beside the learner's
+        start_server(prepared.spec)  # the config and env are valid: a process may start, beside the learner's
     ranks = join(cfg, resolve_device(cfg.pipeline.device).type)  # Solo for one process: no torch.distributed call
     try:
         t, resumed, run_dir = _start_or_resume(trainer_cls, prepared, ranks)
@@ -458,7 +458,7 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
                 print(f"seedlocal: {monitor.tracker.where()}", flush=True)
         else:
             monitor = _Quiet()
-        summary = _loop(t, cfg, spec, policy, monitor, run_dir, resumed, from_checkpoint)
+        summary = _loop(t, cfg, policy, monitor, run_dir, resumed, from_checkpoint)
     finally:
         ranks.close()
     if ranks.main:
@@ -470,16 +470,16 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
 ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
 
 
-def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict | None,
+def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
           from_checkpoint: Callable | None) -> dict:
     """The pipeline, the trainer's updates until a budget ends, and whatever way it ends, the last writes
     (rank 0's only)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
-    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
+    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, t.spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
-            TrainingVideos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
+            TrainingVideos(t, cfg, t.spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
