@@ -123,8 +123,7 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def advance(self, run: "Run") -> str | None:
-        """One unit of learning (an update, a generation). Returns what ended the run while it waited (e.g.
-        "seconds"), or None."""
+        """One unit of learning (an update, a generation); what ended the run while it waited ("seconds"), or None."""
 
     def log_due(self, run: "Run", now: float) -> bool:
         return now - run.logged_at >= self.cfg.log_every_s
@@ -303,8 +302,7 @@ class Run:
 
 
 def rng_state() -> dict:
-    """The process-wide generators a run draws from (action sampling, init, exploration):
-    torch's CPU and CUDA ones, numpy's and Python's global ones."""
+    """The process-wide generators a run draws from (action sampling, init, exploration), for a checkpoint."""
     # numpy's state as plain numbers and a tensor: checkpoints load with weights_only=True.
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     out = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -472,8 +470,7 @@ ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback
 
 def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
           from_checkpoint: Callable | None) -> dict:
-    """The pipeline, the trainer's updates until a budget ends, and whatever way it ends, the last writes
-    (rank 0's only)."""
+    """The pipeline, the trainer's updates until a budget ends, and however it ends, the last writes (rank 0's)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
