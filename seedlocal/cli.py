@@ -59,14 +59,10 @@ def _sigterm_as_exit(signum, frame):
     raise Stopped(signum)
 
 
-# pipeline/ranks.py's LAUNCHED, not imported from there: that module loads torch, and the first line must not wait.
-RANK_OF = "SEEDLOCAL_RANK_OF"
-
-
 def _say(*args, **kwargs) -> None:
-    """``print``, but once per run of data-parallel ranks: by the launcher of ``--learners G`` (under torchrun,
-    rank 0), not by its ranks, which parse the same command line again. Errors are each rank's own line."""
-    if not os.environ.get(RANK_OF) and os.environ.get("RANK", "0") in ("", "0"):
+    """``print``, but once per run of torchrun's data-parallel ranks (each parses the same command line): by rank 0.
+    The ranks ``--learners G`` starts parse none (they take their launcher's prepared run). Errors: each rank's."""
+    if os.environ.get("RANK", "0") in ("", "0"):
         print(*args, **kwargs)
 
 
