@@ -276,7 +276,7 @@ def _run(argv: list[str]) -> int:
 
 def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bool = False) -> tuple[int, str]:
     """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as prepared here
-    (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
+    (``seedlocal __rank ALGO JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
     status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for the command line's ranks)."""
     import tempfile
 
