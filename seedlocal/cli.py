@@ -18,12 +18,13 @@ from typing import NoReturn
 
 from seedlocal.config.request import COMMAND_OPTIONS, command_class, from_command_line, whole_numbers
 from seedlocal.errors import CheckpointError, ConfigError, Diverged, WorkerDied
-from seedlocal.families import TABLE, family, recipe, usage
+from seedlocal.families import TABLE, family, recipe
 
 # Nothing heavy at import time (the trainers pull in torch, a second or two): a Ctrl-C while it loads must end
 # as quietly as one during a run.
 
-USAGE = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n" + usage() + """
+USAGE = "usage: seedlocal {train ALGO,eval,bench,actors} [--help] [options]\n\n" + "\n".join(
+    f"  train {name:<14s} {title}" for name, (_, title) in TABLE.items()) + """
   train ALGO --help    its options and presets: --preset NAME, or without it the preset
                        made for --env.id's kind (image frames, small grids, Box actions);
                        --pipeline-config FILE: pipeline sizes from seedlocal bench --autotune
@@ -58,14 +59,10 @@ def _sigterm_as_exit(signum, frame):
     raise Stopped(signum)
 
 
-# pipeline/ranks.py's LAUNCHED, not imported from there: that module loads torch, and the first line must not wait.
-RANK_OF = "SEEDLOCAL_RANK_OF"
-
-
 def _say(*args, **kwargs) -> None:
-    """``print``, but once per run of data-parallel ranks: by the launcher of ``--learners G`` (under torchrun,
-    rank 0), not by its ranks, which parse the same command line again. Errors are each rank's own line."""
-    if not os.environ.get(RANK_OF) and os.environ.get("RANK", "0") in ("", "0"):
+    """``print``, but once per run of torchrun's data-parallel ranks (each parses the same command line): by rank 0.
+    The ranks ``--learners G`` starts parse none (they take their launcher's prepared run). Errors: each rank's."""
+    if os.environ.get("RANK", "0") in ("", "0"):
         print(*args, **kwargs)
 
 
@@ -279,7 +276,7 @@ def _run(argv: list[str]) -> int:
 
 def launch_ranks(prepared, command: list[str] | None = None, interrupt_ranks: bool = False) -> tuple[int, str]:
     """The ``learners`` data-parallel ranks of a ``prepared`` run, each a process that trains it as prepared here
-    (``seedlocal __rank JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
+    (``seedlocal __rank ALGO JOB``, or ``command JOB``), started and watched by ``ranks.launch``; returns the exit
     status, and what rank 0 wrote of how it ended (``RANK0_OUTCOME``; "" for the command line's ranks)."""
     import tempfile
 

@@ -66,11 +66,6 @@ def of_checkpoint(state: dict) -> Family:
     return family(algo)
 
 
-def usage() -> str:
-    """The ``train`` lines of the command line's usage text."""
-    return "\n".join(f"  train {name:<14s} {title}" for name, (_, title) in TABLE.items())
-
-
 def markdown() -> str:
     """docs/families.md: each family's command, title, presets and where its code lives."""
     rows = ["| command | what it trains | presets | run configuration | trainer |", "|---|---|---|---|---|"]

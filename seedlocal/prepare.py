@@ -145,19 +145,16 @@ host_env = describe
 
 def checkpoint_spec(state: dict) -> EnvSpec:
     """The env a checkpoint was trained on, as it is here now; CheckpointError unless its observations and actions
-    are still those the network was trained on (a user's own env may have changed)."""
+    are still those the network was trained on (a user's own env may have changed). Read inside
+    ``trainers/run.rebuilding``, which names what a damaged identity raises."""
     from seedlocal import checkpoint
     from seedlocal.networks import action_identity, obs_identity
 
     ident = state.get("identity", {})
-    try:
-        spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
-        # Its Box actions meet their bounds as they did in training (an older checkpoint's were clipped).
-        spec = with_box_actions(spec, ident.get("box_actions", checkpoint.IDENTITY_BEFORE_KEY["box_actions"]))
-    except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{state.get('path')}: cannot rebuild its network ({e})") from None
-    checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec),
-                                        **action_identity(spec)})
+    spec = describe(ident["env_id"], "auto", int(ident.get("env_frame_stack", 0)))
+    # Its Box actions meet their bounds as they did in training (an older checkpoint's were clipped).
+    spec = with_box_actions(spec, ident.get("box_actions", checkpoint.IDENTITY_BEFORE_KEY["box_actions"]))
+    checkpoint.check_compatible(state, {"num_actions": spec.num_actions, **obs_identity(spec), **action_identity(spec)})
     return spec
 
 

@@ -127,16 +127,15 @@ def pipeline_shape(p: PipelineConfig, bridge: BridgeConfig | None = None, needs:
     groups = local + remote
     buffers = _rank_share(p.num_buffers, ranks)
     each = f" (a learner rank's share: {buffers})" if ranks > 1 else ""
-    if buffers and buffers < groups:
-        fail(f"{prefix}.num_buffers", p.num_buffers, f"needs at least one unroll per group ({groups}){each}")
-    if buffers and buffers < k:
-        fail(f"{prefix}.num_buffers", p.num_buffers,
-             f"needs one unroll per group ({groups}) and at least a batch ({k}){each}")
+    if buffers and buffers < max(groups, k):
+        why = (f"needs at least one unroll per group ({groups})" if buffers < groups else
+               f"needs one unroll per group ({groups}) and at least a batch ({k})")
+        fail(f"{prefix}.num_buffers", p.num_buffers, why + each)
     return PipelineShape(
         num_workers=workers, envs_per_group=group, num_local_groups=local, num_remote_groups=remote,
         unroll_length=p.unroll_length or needs.unroll_length or 0,
         num_buffers=buffers or max(needs.buffers_per_group * groups, k),
-        min_batch_envs=_rank_share(p.min_batch_envs, ranks) or (local + remote) * group // 2,
+        min_batch_envs=_rank_share(p.min_batch_envs, ranks) or groups * group // 2,
         threads_per_group=_threads_per_group(p, workers, ranks), unrolls_per_batch=k, rank=rank, ranks=ranks)
 
 

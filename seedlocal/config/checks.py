@@ -175,8 +175,7 @@ def is_loopback(host: str) -> bool:
 
 
 def split_address(field: str, address: str, listen: bool = False) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``; a bare ``:PORT`` is loopback) as (host, port);
-    a listening address may give port 0 (any free port)."""
+    """``HOST:PORT`` (``[v6]:PORT``; a bare ``:PORT`` is loopback) as (host, port); a listening address may give 0."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         fail(field, address, "expected HOST:PORT, e.g. 127.0.0.1:50051 or :50051")

@@ -101,15 +101,9 @@ def checked(name: str, value, kind):
 
 def apply(cfg, values: dict[str, object]):
     """A copy of ``cfg`` with ``values`` (dotted names) set; ``cfg`` and its sub-configs are left as they are."""
-    top: dict[str, object] = {}
-    nested: dict[str, dict[str, object]] = {}
-    for name, value in values.items():
-        head, dot, rest = name.partition(".")
-        if dot:
-            nested.setdefault(head, {})[rest] = value
-        else:
-            top[head] = value
-    for head, sub in nested.items():
+    top = {name: value for name, value in values.items() if "." not in name}
+    for head in {name.split(".", 1)[0] for name in values if "." in name}:
+        sub = {name.split(".", 1)[1]: value for name, value in values.items() if name.startswith(head + ".")}
         top[head] = apply(getattr(cfg, head), sub)
     return dataclasses.replace(copy.deepcopy(cfg), **top)
 

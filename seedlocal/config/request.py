@@ -107,8 +107,7 @@ def spelled(args: list[str], run_cls: type) -> list[str]:
     for a in args:
         name, eq, value = a.partition("=")
         if name in RENAMED:
-            print(f"seedlocal: {name} is now {RENAMED[name]} (the old spelling will go)", file=sys.stderr,
-                  flush=True)
+            print(f"seedlocal: {name} is now {RENAMED[name]} (the old spelling will go)", file=sys.stderr, flush=True)
             a = RENAMED[name] + eq + value
         out.append(a)
     return whole_numbers(out, run_cls)

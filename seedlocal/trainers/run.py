@@ -1,16 +1,8 @@
-"""One run's life, the same for every trainer.
-
-``run(Trainer, cfg)`` owns everything around the algorithm:
-
-    validate the config -> resume (checkpoint, its config, its counters) -> run folder, TensorBoard, the first
-    line -> the pipeline and its inference thread -> until a budget ends or the trainer stops: the trainer's
-    ``advance``; its scalars and checkpoints when due -> whatever way it ends (budget, target, Ctrl-C, SIGTERM,
-    an error): stop threads, last scalars, checkpoint, summary.json, the closing line.
-
-A trainer (``Trainer``) supplies the parts that differ: what it builds, how it acts (its policy), one unit of
-learning (``advance``), what it saves, logs and reports. ``Run`` is what a trainer sees of the run while it goes:
-the pipeline, the clock and the helpers every wait needs (``Run.waiting`` checks the inference thread, the stall
-watch, the bridge and the time budget).
+"""One run's life, the same for every trainer: ``run(Trainer, prepared)`` owns everything around the algorithm,
+in the order docs/architecture.md gives ("A run, from the command line to its trainer"); a ``Trainer`` supplies
+the parts that differ (its hooks). ``Run`` is what a trainer sees of the run while it goes: the pipeline, the
+clock and the helpers every wait needs (``Run.waiting`` checks the inference thread, the stall watch, the bridge
+and the time budget).
 """
 
 from __future__ import annotations
@@ -120,8 +112,7 @@ class Trainer(abc.ABC):
         """Be one of ``ranks``' learners (data-parallel, ``pipeline/ranks.py``): a trainer that can makes its
         parameters equal here; one that cannot refuses more than one."""
         if ranks.world > 1:
-            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; "
-                              "give --learners 1")
+            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; give --learners 1")
 
     def start(self, run: "Run") -> None:
         """The pipeline and its inference thread are up."""
@@ -132,8 +123,7 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def advance(self, run: "Run") -> str | None:
-        """One unit of learning (an update, a generation). Returns what ended the run while it waited (e.g.
-        "seconds"), or None."""
+        """One unit of learning (an update, a generation); what ended the run while it waited ("seconds"), or None."""
 
     def log_due(self, run: "Run", now: float) -> bool:
         return now - run.logged_at >= self.cfg.log_every_s
@@ -312,8 +302,7 @@ class Run:
 
 
 def rng_state() -> dict:
-    """The process-wide generators a run draws from (action sampling, init, exploration):
-    torch's CPU and CUDA ones, numpy's and Python's global ones."""
+    """The process-wide generators a run draws from (action sampling, init, exploration), for a checkpoint."""
     # numpy's state as plain numbers and a tensor: checkpoints load with weights_only=True.
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     out = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -446,9 +435,9 @@ class _Quiet(nullcontext):
 def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable | None = None) -> dict:
     """Train the ``prepared`` run until a budget ends; returns the summary (also on Ctrl-C, re-raised after
     saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
-    cfg, spec = prepared.config, prepared.spec
+    cfg = prepared.config
     if cfg.pipeline.num_workers > 0:
-        start_server(spec)  # the config and env are valid: a process may start, beside the learner's
+        start_server(prepared.spec)  # the config and env are valid: a process may start, beside the learner's
     ranks = join(cfg, resolve_device(cfg.pipeline.device).type)  # Solo for one process: no torch.distributed call
     try:
         t, resumed, run_dir = _start_or_resume(trainer_cls, prepared, ranks)
@@ -467,7 +456,7 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
                 print(f"seedlocal: {monitor.tracker.where()}", flush=True)
         else:
             monitor = _Quiet()
-        summary = _loop(t, cfg, spec, policy, monitor, run_dir, resumed, from_checkpoint)
+        summary = _loop(t, cfg, policy, monitor, run_dir, resumed, from_checkpoint)
     finally:
         ranks.close()
     if ranks.main:
@@ -479,16 +468,15 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
 ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
 
 
-def _loop(t: Trainer, cfg, spec, policy, monitor, run_dir: Path, resumed: dict | None,
+def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
           from_checkpoint: Callable | None) -> dict:
-    """The pipeline, the trainer's updates until a budget ends, and whatever way it ends, the last writes
-    (rank 0's only)."""
+    """The pipeline, the trainer's updates until a budget ends, and however it ends, the last writes (rank 0's)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
-    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, spec, t.shape, consume=t.consume,
+    with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, t.spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
-            TrainingVideos(t, cfg, spec, monitor, run_dir, from_checkpoint) as videos:
+            TrainingVideos(t, cfg, t.spec, monitor, run_dir, from_checkpoint) as videos:
         r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
@@ -546,16 +534,14 @@ def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) 
         save=r.save if t.counters[t.x_axis] or resumed is not None else None, results=results)
 
 
-# The budgets a resumed run counts from its start (its checkpoint's counters): to go on, give a larger one. A
-# time budget counts each session's own seconds, so a resume with the same one goes on.
-_TOTALS = {"steps": "total_steps", "frames": "total_frames", "generations": "generations"}
-
-
 def larger_budget(cfg, stopped_by: str | None) -> str:
-    """The option a resume of a run that spent its budget (``stopped_by``) needs to go on: that budget, doubled."""
-    name = _TOTALS.get(stopped_by)
-    value = getattr(cfg, name, 0) if name else 0
-    return f" --{name.replace('_', '-')} {2 * value}" if value else ""
+    """The option a resume of a run that spent its budget (``stopped_by``: a unit of ``cfg.budgets``, which a
+    resumed run counts from its start) needs to go on: that budget, doubled. A time budget counts each session's
+    own seconds, so a resume with the same one goes on."""
+    for name, _, unit in cfg.budgets:
+        if unit == stopped_by and getattr(cfg, name):
+            return f" --{name.replace('_', '-')} {2 * getattr(cfg, name)}"
+    return ""
 
 
 def mean_of(recent: deque) -> float | None:
