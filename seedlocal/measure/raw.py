@@ -63,15 +63,14 @@ class RawEnvpool:
         self.sync = make(num_envs=n, num_threads=threads)
         self.sync.reset()
         self.async_env = make(num_envs=n, batch_size=self.half, num_threads=threads)
-        self.async_env.async_reset()
         self.groups = [make(num_envs=self.half, num_threads=max(1, threads // 2)) for _ in range(2)]
-        for g in self.groups:
-            g.async_reset()
+        # Every pool but the synchronous one has one batch in flight between measurements.
+        self._in_flight = [self.async_env, *self.groups]
+        for env in self._in_flight:
+            env.async_reset()
         rng = np.random.default_rng(0)
         self.acts = _raw_actions(spec, n, rng)
         self.half_acts = _raw_actions(spec, self.half, rng)
-        # Every pool but the synchronous one has one batch in flight between measurements.
-        self._in_flight = [self.async_env, *self.groups]
 
     def close(self) -> None:
         pools, self._in_flight = self._in_flight, []
