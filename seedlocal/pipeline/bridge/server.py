@@ -202,9 +202,8 @@ class BridgeServer:
             if h.kind == wire.STEP:
                 for k in wire.STEP_ORDER:
                     self.store[k][buf, row - 1] = arrays[k]
-                n = self.layout.envs
-                self.control["group_steps"][g.gid] += n
-                self.control["host_steps"][host.slot] += n
+                self.control["group_steps"][g.gid] += self.layout.envs
+                self.control["host_steps"][host.slot] += self.layout.envs
                 self.control["group_episodes"][g.gid] += int((arrays["terminated"] | arrays["truncated"]).sum())
             g.expect = None
             self._state[g.gid] = OBS_READY
