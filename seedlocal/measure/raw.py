@@ -156,8 +156,7 @@ def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affi
 
 
 def ceiling(env_id: str, spec, threads: int, warmup: float, seconds: float) -> list[dict]:
-    """Every setting of ``ceiling_grid(threads)`` measured in turn: rows of
-    num_envs, batch_size, thread_affinity_offset and steps_per_s, best first."""
+    """Every setting of ``ceiling_grid(threads)`` measured in turn, best first."""
     rows = [{"num_envs": n, "batch_size": b, "thread_affinity_offset": a, "threads": threads,
              "steps_per_s": _async_rate(env_id, spec, n, b, threads, a, warmup, seconds)}
             for n, b, a in ceiling_grid(threads)]
