@@ -72,7 +72,7 @@ class Tracker:
     def finish(self, failed: bool, summary: dict | None = None) -> None:
         """Hand over the run's ``summary`` (summary.json's dict), then end the W&B run (exit code 1 when the run
         stopped on an error or Ctrl-C) and its service process, whatever failed before."""
-        with self._lock, contextlib.ExitStack() as last:  # its callbacks run last first, each whatever failed
+        with self._lock, contextlib.ExitStack() as last:  # finish, then teardown: each runs whatever failed before
             last.callback(self._wandb.teardown)
             last.callback(self.run.finish, exit_code=1 if failed else 0)
             if summary:
