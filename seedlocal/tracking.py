@@ -7,6 +7,7 @@ it. wandb is an optional extra; ``config/checks.py`` refuses ``--track`` without
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import string
@@ -71,12 +72,8 @@ class Tracker:
     def finish(self, failed: bool, summary: dict | None = None) -> None:
         """Hand over the run's ``summary`` (summary.json's dict), then end the W&B run (exit code 1 when the run
         stopped on an error or Ctrl-C) and its service process, whatever failed before."""
-        with self._lock:
-            try:
-                if summary:
-                    self.run.summary.update({k: v for k, v in summary.items() if v is not None})
-            finally:
-                try:
-                    self.run.finish(exit_code=1 if failed else 0)
-                finally:
-                    self._wandb.teardown()
+        with self._lock, contextlib.ExitStack() as last:  # finish, then teardown: each runs whatever failed before
+            last.callback(self._wandb.teardown)
+            last.callback(self.run.finish, exit_code=1 if failed else 0)
+            if summary:
+                self.run.summary.update({k: v for k, v in summary.items() if v is not None})

@@ -48,12 +48,11 @@ def autotune(cfg, spec) -> dict:
     total = cfg.num_workers * cfg.envs_per_worker if cfg.num_workers and cfg.envs_per_worker else (
         preset.pipeline.num_workers * preset.pipeline.envs_per_worker)
     cpus = usable_cores()
-    threads = cfg.env_threads or cpus
     seconds = min(cfg.seconds, 3.0)
     t_start = time.monotonic()
     raw_best = None
     if spec.backend == "envpool":
-        with RawEnvpool(cfg.env, spec, total, threads) as raw:
+        with RawEnvpool(cfg.env, spec, total, cfg.env_threads or cpus) as raw:
             raw_best = max(raw.measure(0.5, seconds).values())
     rows = []
     one = dataclasses.replace(cfg, seconds=seconds, warmup=min(cfg.warmup, 1.0), rounds=1)  # each candidate's run

@@ -63,15 +63,14 @@ class RawEnvpool:
         self.sync = make(num_envs=n, num_threads=threads)
         self.sync.reset()
         self.async_env = make(num_envs=n, batch_size=self.half, num_threads=threads)
-        self.async_env.async_reset()
         self.groups = [make(num_envs=self.half, num_threads=max(1, threads // 2)) for _ in range(2)]
-        for g in self.groups:
-            g.async_reset()
+        # Every pool but the synchronous one has one batch in flight between measurements.
+        self._in_flight = [self.async_env, *self.groups]
+        for env in self._in_flight:
+            env.async_reset()
         rng = np.random.default_rng(0)
         self.acts = _raw_actions(spec, n, rng)
         self.half_acts = _raw_actions(spec, self.half, rng)
-        # Every pool but the synchronous one has one batch in flight between measurements.
-        self._in_flight = [self.async_env, *self.groups]
 
     def close(self) -> None:
         pools, self._in_flight = self._in_flight, []
@@ -157,8 +156,7 @@ def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affi
 
 
 def ceiling(env_id: str, spec, threads: int, warmup: float, seconds: float) -> list[dict]:
-    """Every setting of ``ceiling_grid(threads)`` measured in turn: rows of
-    num_envs, batch_size, thread_affinity_offset and steps_per_s, best first."""
+    """Every setting of ``ceiling_grid(threads)`` measured in turn, best first."""
     rows = [{"num_envs": n, "batch_size": b, "thread_affinity_offset": a, "threads": threads,
              "steps_per_s": _async_rate(env_id, spec, n, b, threads, a, warmup, seconds)}
             for n, b, a in ceiling_grid(threads)]

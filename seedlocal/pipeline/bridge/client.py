@@ -31,7 +31,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from seedlocal.errors import ConfigError, fail_if
+from seedlocal.errors import ConfigError, fail, fail_if
 from seedlocal.config.checks import bridge_token, is_loopback, split_address
 from seedlocal.pipeline.bridge import wire
 from seedlocal.pipeline.bridge.server import CHANNEL_OPTIONS, METHOD
@@ -394,9 +394,8 @@ def _checked(cfg: ActorsConfig) -> str:
     if not is_loopback(host) and not cfg.tls_ca:
         # As on the learner (bridge.insecure): this host would run whatever a stranger on the path sends.
         if not cfg.insecure:
-            raise ConfigError(f"connect={cfg.connect!r}: beyond loopback without TLS the bridge can be read and "
-                              "altered on the way: pass --tls-ca (the CA of the learner's --bridge.tls-cert), or "
-                              "--insecure if this network is trusted")
+            fail("connect", cfg.connect, "beyond loopback without TLS the bridge can be read and altered on the way: "
+                 "pass --tls-ca (the CA of the learner's --bridge.tls-cert), or --insecure if this network is trusted")
         if not token:
             raise ConfigError(f"insecure={cfg.insecure!r}: without TLS only a token verifies the learner: set "
                               "SEEDLOCAL_BRIDGE_TOKEN or --token-file")

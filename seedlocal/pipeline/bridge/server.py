@@ -59,9 +59,8 @@ CHANNEL_OPTIONS = _KEEPALIVE + [("grpc.max_send_message_length", -1), ("grpc.max
                                 ("grpc.use_local_subchannel_pool", 1)]
 # How long the goodbye waits for each host to close its side (it does once it has read the goodbye), so that the
 # connection is not closed under a goodbye not yet read; ActorPool.close() gives the server this and more. A host
-# answers in milliseconds; at 2 s a clean clone's suite on 2 busy cores once saw the learner's close() end the
-# server before its host had read it, and the host retried instead of exiting. Only a host that never answers
-# makes a stopping learner wait this long.
+# answers in milliseconds, but 2 s proved too short on 2 busy cores (the host retried instead of exiting); only a
+# host that never answers makes a stopping learner wait this long.
 GOODBYE_S = 5.0
 _GOODBYE = object()  # queued for a host's stream: the run ended on purpose
 # A host's HELLO and PROOF take one round trip and an HMAC: seconds are plenty on any network, and a peer that has
@@ -154,10 +153,8 @@ class BridgeServer:
             if not wake.wait(0.5):
                 continue
             with g.lock:
-                if g.lost:
-                    # The token that follows the loop's acknowledgement (acquire).
-                    if self.control["group_lost_ack"][g.gid] == self.control["group_lost"][g.gid]:
-                        g.lost = False
+                if g.lost:  # until the token that follows the loop's acknowledgement (acquire)
+                    g.lost = bool(self.control["group_lost_ack"][g.gid] != self.control["group_lost"][g.gid])
                     continue
                 host, state = g.host, int(self._state[g.gid])
                 if host is None or g.expect is not None or state not in (ACTION_READY, RESET):
@@ -205,9 +202,8 @@ class BridgeServer:
             if h.kind == wire.STEP:
                 for k in wire.STEP_ORDER:
                     self.store[k][buf, row - 1] = arrays[k]
-                n = self.layout.envs
-                self.control["group_steps"][g.gid] += n
-                self.control["host_steps"][host.slot] += n
+                self.control["group_steps"][g.gid] += self.layout.envs
+                self.control["host_steps"][host.slot] += self.layout.envs
                 self.control["group_episodes"][g.gid] += int((arrays["terminated"] | arrays["truncated"]).sum())
             g.expect = None
             self._state[g.gid] = OBS_READY
@@ -272,12 +268,8 @@ class BridgeServer:
         finally:
             with self.lock:
                 self.handshaking[address] -= 1
-        if shaken is None:
-            return
-        admitted = yield from self._admit(peer, *shaken)
-        if admitted is None:
-            return
-        yield from self._serve(requests, *admitted)
+        if shaken is not None:
+            yield from self._admit(requests, peer, *shaken)
 
     def _begin_handshake(self, peer: str, context) -> str:
         """Count the stream against its address's handshakes (returned), or refuse it before reading a byte:
@@ -338,16 +330,16 @@ class BridgeServer:
             return None
         return hello, nonces
 
-    def _admit(self, peer: str, hello: dict, nonces: tuple[str, str] | None):
-        """A host slot and free groups for a host that passed the handshake: (host, its ASSIGN, proven
-        where the host proved the token), or None once it is refused."""
+    def _admit(self, requests, peer: str, hello: dict, nonces: tuple[str, str] | None):
+        """A host slot and free groups for a host that passed the handshake, and its ASSIGN (proven where the
+        host proved the token) and stream (``_serve``), or its refusal."""
         with self.lock:
             slot = next((i for i, h in enumerate(self.host_slots) if h is None), None)
             if slot is not None:
                 host = self.host_slots[slot] = _Host(slot, peer)
         if slot is None:
             yield wire.pack_json(wire.REFUSE, {"reason": "this learner has no free remote env slots"})
-            return None
+            return
         try:
             answer = self.assign(host, hello)
         except (ValueError, TypeError) as e:
@@ -356,13 +348,13 @@ class BridgeServer:
             log(f"refused {peer}: {answer['reason']}")
             self.drop(host, "refused")
             yield wire.pack_json(wire.REFUSE, answer)
-            return None
+            return
         log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
         if nonces is not None:
             # Only to a host that has proven the token: a stranger learns nothing derived from it. It covers
             # every field, so that no one on the path can change what the host runs (env id, seeds, layout).
             answer["proof"] = wire.token_proof(self.a.token, "learner", *nonces, answer)
-        return host, answer
+        yield from self._serve(requests, host, answer)
 
     def _serve(self, requests, host: _Host, answer: dict):
         """Send the ASSIGN, then the host's outgoing queue (the group threads' actions and resets) until

@@ -126,10 +126,8 @@ def check_nonce(nonce) -> str:
 
 
 def assign_digest(fields: dict) -> str:
-    """sha256 of an ASSIGN's fields but its proof, as JSON in one canonical form.
-
-    Both ends digest the parsed fields, not the bytes received, so what the
-    host checks is exactly what it then uses."""
+    """sha256 of an ASSIGN's fields but its proof, as JSON in one canonical form. Both ends digest the parsed
+    fields, not the bytes received, so what the host checks is exactly what it then uses."""
     body = {k: v for k, v in fields.items() if k != "proof"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
