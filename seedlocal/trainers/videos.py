@@ -66,8 +66,8 @@ class TrainingVideos(AbstractContextManager):
         self.made = 0
         self._due = time.monotonic() + self.every_s
         self._cond = threading.Condition()
-        self._job: tuple | None = None
-        self._busy = self._stop = False
+        self._job: tuple | None = None  # handed over, and kept until its video is done
+        self._stop = False
         self._thread = None
         if self.every_s > 0 and from_checkpoint is not None:
             self._thread = threading.Thread(target=self._serve, name="seedlocal-videos", daemon=True)
@@ -79,7 +79,7 @@ class TrainingVideos(AbstractContextManager):
             return
         self._due = now + self.every_s
         with self._cond:
-            if self._busy or self._job is not None:
+            if self._job is not None:
                 return  # the last video is still being made: this one is skipped
         state = trainer.acting_state()
         if state is None:  # nothing to act with yet (a population before its first generation)
@@ -98,7 +98,7 @@ class TrainingVideos(AbstractContextManager):
                     self._cond.wait()
                 if self._stop:
                     return
-                job, self._job, self._busy = self._job, None, True
+                job = self._job
             try:
                 self._record(*job)
             except _Stopped:
@@ -111,7 +111,7 @@ class TrainingVideos(AbstractContextManager):
                 return
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._job = None
                     self._cond.notify_all()
 
     def _record(self, state: dict, x_axis: str, x: int) -> None:
@@ -140,9 +140,11 @@ class TrainingVideos(AbstractContextManager):
         if self._thread is None:
             return
         with self._cond:
-            if finish and (self._busy or self._job is not None) and self._thread.is_alive():
-                print("seedlocal: finishing the last training video (its episode plays to its end)", flush=True)
-            while finish and (self._busy or self._job is not None) and self._thread.is_alive():
+            said = False
+            while finish and self._job is not None and self._thread.is_alive():
+                if not said:
+                    print("seedlocal: finishing the last training video (its episode plays to its end)", flush=True)
+                    said = True
                 self._cond.wait(timeout=1.0)
             self._stop = True
             self._cond.notify_all()
