@@ -137,7 +137,7 @@ def _after_older_event_files(run_dir: Path) -> None:
             time.sleep(max(0.01, until - time.time()))
 
 
-class RunMonitor:
+class RunMonitor(contextlib.AbstractContextManager):
     def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
         """``lock``: hold the run folder for this process (a trainer; eval's video only adds an image to a run,
         maybe one still training).
@@ -207,9 +207,6 @@ class RunMonitor:
                 self.writer = None
                 if self._lock is not None:
                     self._lock.close()
-
-    def __enter__(self) -> "RunMonitor":
-        return self
 
     def __exit__(self, kind, exc, tb) -> None:
         """Closes the run (its lock too). An exception leaving the run, Ctrl-C included, carries the run folder for
