@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib
 import io
 import math
@@ -24,7 +25,6 @@ from seedlocal.envs.envpool_group import EnvpoolGroup
 from seedlocal.envs.make import make_group
 from seedlocal.spec import EnvSpec
 
-_GL: list = []  # the headless OpenGL context, once made (kept alive for the process)
 MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms (browsers slow shorter ones)
 DEFAULT_FPS = 30.0  # an env that says nothing of its speed
 MIN_SIDE = 32  # frames smaller than this (on their shorter side) are enlarged, each cell a square block ...
@@ -43,11 +43,9 @@ class RenderUnavailable(Exception):
     """This env cannot draw frames here; the message says why and what to install."""
 
 
-def _headless_gl() -> None:
-    """Make an OpenGL context current (MuJoCo through envpool draws into the caller's), 480 x 480."""
-    if _GL:
-        _GL[0].make_current()
-        return
+@functools.cache
+def _headless_gl():
+    """A 480 x 480 OpenGL context for MuJoCo through envpool, which draws into the caller's current one; made once."""
     backend = os.environ.setdefault("MUJOCO_GL", "egl").lower()
     try:
         # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
@@ -58,8 +56,8 @@ def _headless_gl() -> None:
         raise RenderUnavailable(f"no OpenGL context for MuJoCo ({type(e).__name__}: {e}); install the mujoco "
                                 "package (pip install mujoco) and EGL (apt install libegl1) or OSMesa (apt install "
                                 "libosmesa6, then MUJOCO_GL=osmesa)") from None
-    _GL.append(ctx)
     atexit.register(ctx.free)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
+    return ctx
 
 
 def _envpool_family(spec: EnvSpec) -> str:
@@ -143,7 +141,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
         if draw is not None:
             try:
                 if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
-                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
+                    _headless_gl().make_current()  # OpenGL context, and MuJoCo exits the process if there is none
                 first = _frame(draw())
             except RenderUnavailable:
                 raise
