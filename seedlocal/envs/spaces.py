@@ -126,8 +126,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         obs = _with_mask(obs, action["num_actions"], info_mask)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
-    return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack,
-                   obs_classes=classes, **action)
+    return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack, obs_classes=classes, **action)
 
 
 def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
@@ -172,8 +171,7 @@ def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
     if num_actions is None:
         raise ValueError(f"it gives an {MASK_KEY}, which masks Discrete actions; its action space is a Box")
     if tuple(shape) != (num_actions,):
-        raise ValueError(f"its {MASK_KEY} has shape {tuple(shape)}; it must hold one flag per action "
-                         f"({num_actions},)")
+        raise ValueError(f"its {MASK_KEY} has shape {tuple(shape)}; it must hold one flag per action ({num_actions},)")
     return {**obs, MASK_KEY: TensorSpec((num_actions,), "bool")}
 
 
