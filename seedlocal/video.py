@@ -1,11 +1,8 @@
-"""Videos of an episode (eval's, and training's ``--video-every-min``): what a person sees, the env's own colour
-frames (the README's "Videos" paragraph says what each kind of env needs to draw them).
-
-The episode recorded is the one the policy plays: one env of the policy's own backend, made to render as well
-(``make_group(..., render=True)``), so the network gets its usual observations while the video gets the env's
-frames. An env that cannot render is no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
-an image env that only lacks ``render()`` is recorded from its observations. An env faster than ``MAX_FPS`` is
-drawn every k-th step only, which also spares the renderer.
+"""Videos of an episode (eval's, and training's ``--video-every-min``): the env's own colour frames (the README's
+"Videos" says what each kind of env needs to draw them), from one env of the policy's own backend made to render as
+well (``make_group(..., render=True)``), so that the network gets its usual observations. An env that cannot render
+raises ``RenderUnavailable`` (why, and what to install: eval still plays its episodes); an image env that only lacks
+``render()`` is recorded from its observations.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Videos while training (``--video-every-min M``): the policy as it improves (docs/tracking.md).
-
-Every M minutes one episode of the current policy is played in an env of its own, drawn with eval's frames
-(``video.record``), and written as an animated GIF to ``<run>/videos/<x>_<n>.gif``, to TensorBoard under
-``videos/episode`` and, with ``--track``, to W&B. The learner's thread only copies the acting network's weights
-to the CPU (``Trainer.acting_state``); a thread of its own at nice 19 rebuilds the policy through the family's
-``from_checkpoint`` (the one ``seedlocal eval`` plays), plays, encodes and writes, drawing from a generator of
-its own, so training's random stream stays as it was. A video that falls due while the last is still being made
-is skipped; an env that cannot render is said once, and the run goes on without videos.
+"""Videos while training (``--video-every-min M``): every M minutes an episode of the current policy, drawn with
+eval's frames (``video.record``), as an animated GIF in ``<run>/videos/``, TensorBoard's ``videos/episode`` and W&B.
+The learner's thread only copies the acting weights to the CPU; a thread of its own at nice 19 rebuilds the policy
+(the family's ``from_checkpoint``, as ``seedlocal eval``), plays it with a generator of its own (training's random
+stream stays as it was), encodes and writes. A video due while the last is being made is skipped. docs/tracking.md
+says how, and what it costs.
 """
 
 from __future__ import annotations
