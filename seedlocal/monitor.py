@@ -185,8 +185,7 @@ class RunMonitor(contextlib.AbstractContextManager):
             return
         now = time.monotonic()
         if self._tty:
-            sys.stderr.write("\r" + line[:160].ljust(100))
-            sys.stderr.flush()
+            print("\r" + line[:160].ljust(100), end="", file=sys.stderr, flush=True)
         elif now - self._last_line >= 10.0:
             print(line, file=sys.stderr, flush=True)
             self._last_line = now

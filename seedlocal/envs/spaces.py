@@ -152,11 +152,9 @@ def _names_the_mask(env) -> bool:
     """Whether the module of the env's class, or of one of its wrappers', names ``action_mask`` in its source
     (Gymnasium's own wrappers do not)."""
     while env is not None:
-        try:
+        with contextlib.suppress(TypeError, OSError):  # no source: a compiled module
             if MASK_KEY in inspect.getsource(inspect.getmodule(type(env))):
                 return True
-        except (TypeError, OSError):  # no source: a compiled module
-            pass
         env = getattr(env, "env", None)
     return False
 

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import threading
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Callable
 
@@ -42,10 +42,8 @@ def on_cpu(state):
 
 def _lowest_priority() -> None:
     """This thread (and the threads it starts: envpool's) at nice 19; Linux sets priority per thread."""
-    try:
+    with suppress(OSError, AttributeError):  # another kernel: the video still plays, at the learner's priority
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (OSError, AttributeError):
-        pass  # another kernel: the video still plays, at the learner's priority
     torch.set_num_threads(1)
 
 
