@@ -79,11 +79,8 @@ def steps_per_second(spec: EnvSpec) -> float:
         entry = gymnasium.spec(spec.env_id).entry_point
         fps = getattr(load_env_creator(entry) if isinstance(entry, str) else entry, "metadata", {}).get("render_fps")
         if not fps:  # MuJoCo sets it per instance, from its dt
-            env = gymnasium.make(spec.env_id)
-            try:
+            with contextlib.closing(gymnasium.make(spec.env_id)) as env:
                 fps = env.metadata.get("render_fps") or 1.0 / env.unwrapped.dt
-            finally:
-                env.close()
         return float(fps) if float(fps) > 0 else DEFAULT_FPS
     except Exception:  # not a Gymnasium id (dm_control, MiniGrid ...), or it says nothing
         return DEFAULT_FPS
