@@ -120,14 +120,13 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     play in real time at no more than ``MAX_FPS``; or ``RenderUnavailable``."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # Gymnasium's MuJoCo envs would try a window (GLFW) otherwise
-    image_obs = spec.obs.get("") is not None and len(spec.obs[""].shape) == 3
     fps = steps_per_second(spec)
     every = max(1, math.ceil(fps / MAX_FPS - 1e-9))
     try:
         env = make_group(spec, 1, 1, seed, render=True)
         draw = env.render
     except Exception as e:
-        if not image_obs:
+        if spec.obs.get("") is None or len(spec.obs[""].shape) != 3:  # not an image env
             raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     try:
