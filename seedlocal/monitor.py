@@ -123,21 +123,20 @@ def closing_line(summary: dict, outcome: str, nothing_done: str | None = None, g
     return line
 
 
-def _after_older_event_files(run_dir: Path) -> None:
-    """Wait, at most a second, until a new event file's name sorts after the run's older ones.
+def _after_older_event_files(older: set[Path]) -> None:
+    """Wait, at most a second, until a new event file's name sorts after the run's ``older`` ones.
 
     TensorBoard reads a run's files in name order. A name holds the second it was made in, then a
     per-process counter that sorts as text (".10" before ".9"): a resume's file made in the same second
     as the run's last one could be read first, and the older steps after it then purge the resume's."""
-    seconds = [int(m.group(1)) for p in run_dir.glob("events.out.tfevents.*")
-               if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", p.name))]
+    seconds = [int(m.group(1)) for p in older if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", p.name))]
     if seconds:  # a file from the future (another machine's clock) is not waited for past a second
         until = min(max(seconds) + 1, time.time() + 1)
         while time.time() < until:
             time.sleep(max(0.01, until - time.time()))
 
 
-class RunMonitor:
+class RunMonitor(contextlib.AbstractContextManager):
     def __init__(self, run_dir: Path, purge_step: int | None = None, progress: bool = True, lock: bool = True):
         """``lock``: hold the run folder for this process (a trainer; eval's video only adds an image to a run,
         maybe one still training).
@@ -154,7 +153,7 @@ class RunMonitor:
             purge_step = 0
             print(f"seedlocal: {self.run_dir} holds the TensorBoard files of a run that saved no checkpoint; this "
                   "run's curve replaces its points (its files are kept)", flush=True)
-        _after_older_event_files(self.run_dir)
+        _after_older_event_files(self._older)
         self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         self._wrote_scalars = False
         self.progress_enabled = progress
@@ -185,8 +184,7 @@ class RunMonitor:
             return
         now = time.monotonic()
         if self._tty:
-            sys.stderr.write("\r" + line[:160].ljust(100))
-            sys.stderr.flush()
+            print("\r" + line[:160].ljust(100), end="", file=sys.stderr, flush=True)
         elif now - self._last_line >= 10.0:
             print(line, file=sys.stderr, flush=True)
             self._last_line = now
@@ -207,9 +205,6 @@ class RunMonitor:
                 self.writer = None
                 if self._lock is not None:
                     self._lock.close()
-
-    def __enter__(self) -> "RunMonitor":
-        return self
 
     def __exit__(self, kind, exc, tb) -> None:
         """Closes the run (its lock too). An exception leaving the run, Ctrl-C included, carries the run folder for

@@ -1,17 +1,15 @@
-"""Videos of an episode (eval's, and training's ``--video-every-min``): what a person sees, the env's own colour
-frames (the README's "Videos" paragraph says what each kind of env needs to draw them).
-
-The episode recorded is the one the policy plays: one env of the policy's own backend, made to render as well
-(``make_group(..., render=True)``), so the network gets its usual observations while the video gets the env's
-frames. An env that cannot render is no error: ``RenderUnavailable`` says why, and eval still plays its episodes;
-an image env that only lacks ``render()`` is recorded from its observations. An env faster than ``MAX_FPS`` is
-drawn every k-th step only, which also spares the renderer.
+"""Videos of an episode (eval's, and training's ``--video-every-min``): the env's own colour frames (the README's
+"Videos" says what each kind of env needs to draw them), from one env of the policy's own backend made to render as
+well (``make_group(..., render=True)``), so that the network gets its usual observations. An env that cannot render
+raises ``RenderUnavailable`` (why, and what to install: eval still plays its episodes); an image env that only lacks
+``render()`` is recorded from its observations.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib
 import io
 import math
@@ -24,7 +22,6 @@ from seedlocal.envs.envpool_group import EnvpoolGroup
 from seedlocal.envs.make import make_group
 from seedlocal.spec import EnvSpec
 
-_GL: list = []  # the headless OpenGL context, once made (kept alive for the process)
 MAX_FPS = 50.0  # a GIF's shortest reliable frame delay is 20 ms (browsers slow shorter ones)
 DEFAULT_FPS = 30.0  # an env that says nothing of its speed
 MIN_SIDE = 32  # frames smaller than this (on their shorter side) are enlarged, each cell a square block ...
@@ -43,11 +40,9 @@ class RenderUnavailable(Exception):
     """This env cannot draw frames here; the message says why and what to install."""
 
 
-def _headless_gl() -> None:
-    """Make an OpenGL context current (MuJoCo through envpool draws into the caller's), 480 x 480."""
-    if _GL:
-        _GL[0].make_current()
-        return
+@functools.cache
+def _headless_gl():
+    """A 480 x 480 OpenGL context for MuJoCo through envpool, which draws into the caller's current one; made once."""
     backend = os.environ.setdefault("MUJOCO_GL", "egl").lower()
     try:
         # The backend's own module: mujoco.GLContext was fixed by MUJOCO_GL when mujoco was first imported.
@@ -58,8 +53,8 @@ def _headless_gl() -> None:
         raise RenderUnavailable(f"no OpenGL context for MuJoCo ({type(e).__name__}: {e}); install the mujoco "
                                 "package (pip install mujoco) and EGL (apt install libegl1) or OSMesa (apt install "
                                 "libosmesa6, then MUJOCO_GL=osmesa)") from None
-    _GL.append(ctx)
     atexit.register(ctx.free)  # while the modules it calls still exist (OSMesa's __del__ at exit would complain)
+    return ctx
 
 
 def _envpool_family(spec: EnvSpec) -> str:
@@ -84,11 +79,8 @@ def steps_per_second(spec: EnvSpec) -> float:
         entry = gymnasium.spec(spec.env_id).entry_point
         fps = getattr(load_env_creator(entry) if isinstance(entry, str) else entry, "metadata", {}).get("render_fps")
         if not fps:  # MuJoCo sets it per instance, from its dt
-            env = gymnasium.make(spec.env_id)
-            try:
+            with contextlib.closing(gymnasium.make(spec.env_id)) as env:
                 fps = env.metadata.get("render_fps") or 1.0 / env.unwrapped.dt
-            finally:
-                env.close()
         return float(fps) if float(fps) > 0 else DEFAULT_FPS
     except Exception:  # not a Gymnasium id (dm_control, MiniGrid ...), or it says nothing
         return DEFAULT_FPS
@@ -128,14 +120,13 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
     play in real time at no more than ``MAX_FPS``; or ``RenderUnavailable``."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # Gymnasium's MuJoCo envs would try a window (GLFW) otherwise
-    image_obs = spec.obs.get("") is not None and len(spec.obs[""].shape) == 3
     fps = steps_per_second(spec)
     every = max(1, math.ceil(fps / MAX_FPS - 1e-9))
     try:
         env = make_group(spec, 1, 1, seed, render=True)
         draw = env.render
     except Exception as e:
-        if not image_obs:
+        if spec.obs.get("") is None or len(spec.obs[""].shape) != 3:  # not an image env
             raise _cannot_render(spec, e) from None
         env, draw = make_group(spec, 1, 1, seed), None  # an image env without render(): its observations
     try:
@@ -143,7 +134,7 @@ def record(act, spec: EnvSpec, seed: int, max_steps: int) -> Clip:
         if draw is not None:
             try:
                 if _envpool_family(spec).startswith("envpool.mujoco"):  # MuJoCo, dm_control: into the caller's
-                    _headless_gl()  # OpenGL context, and MuJoCo exits the process if there is none
+                    _headless_gl().make_current()  # OpenGL context, and MuJoCo exits the process if there is none
                 first = _frame(draw())
             except RenderUnavailable:
                 raise

@@ -128,3 +128,34 @@ def test_a_video_leaves_the_trainings_random_stream_as_it_was(tmp_path, family, 
         assert torch.equal(torch.get_rng_state(), before)
     finally:
         monitor.close()
+
+
+def test_a_run_that_ends_finishes_the_video_handed_over_last_and_says_so_once(tmp_path, monkeypatch, capsys):
+    """``close(finish=True)`` waits, past its one-second polls, for the video it handed over last, and says so in
+    one line."""
+    import dataclasses
+    import time
+    import types
+
+    from seedlocal.trainers import videos
+
+    @dataclasses.dataclass
+    class Cfg:
+        video_every_min: float = 1.0
+        env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+
+    made = []
+
+    def record(self, state, x_axis, x):
+        time.sleep(2.2)
+        made.append((x_axis, x))
+
+    monkeypatch.setattr(videos, "_lowest_priority", lambda: None)  # torch's threads are the test process's
+    monkeypatch.setattr(videos.TrainingVideos, "_record", record)
+    trainer = types.SimpleNamespace(identity=dict, ranks=types.SimpleNamespace(main=True), acting_state=dict,
+                                    counters={"steps": 7}, x_axis="steps")
+    with videos.TrainingVideos(trainer, Cfg(), None, None, tmp_path, lambda *a: None) as v:
+        v.maybe(time.monotonic() + 61.0, trainer)
+        v.maybe(time.monotonic() + 122.0, trainer)  # due while the first is made: skipped
+    assert made == [("steps", 7)]
+    assert capsys.readouterr().out.count("finishing the last training video") == 1

@@ -125,7 +125,7 @@ class GymnasiumGroup:
             bad = ~np.isfinite(self._obs[k]).reshape(len(self._envs), -1).all(1)
             if bad.any():
                 raise EnvContractError(f"{self._id}: env {int(np.argmax(bad))} returned an observation"
-                                 f"{f' {k!r}' if k else ''} with NaN or inf; observations must be finite")
+                                       f"{f' {k!r}' if k else ''} with NaN or inf; observations must be finite")
         return self._obs, self._reward, self._terminated, self._truncated
 
     def render(self) -> np.ndarray:

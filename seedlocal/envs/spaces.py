@@ -126,8 +126,7 @@ def describe(env_id: str, backend: str = "auto", frame_stack: int = 0) -> EnvSpe
         obs = _with_mask(obs, action["num_actions"], info_mask)
     except ValueError as e:
         raise ValueError(f"env.id={env_id!r}: {e}") from None
-    return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack,
-                   obs_classes=classes, **action)
+    return EnvSpec(env_id, backend, obs, frames_per_step=frames, frame_stack=frame_stack, obs_classes=classes, **action)
 
 
 def _info_mask(env, obs_space, act_space) -> tuple[int, ...] | None:
@@ -153,11 +152,9 @@ def _names_the_mask(env) -> bool:
     """Whether the module of the env's class, or of one of its wrappers', names ``action_mask`` in its source
     (Gymnasium's own wrappers do not)."""
     while env is not None:
-        try:
+        with contextlib.suppress(TypeError, OSError):  # no source: a compiled module
             if MASK_KEY in inspect.getsource(inspect.getmodule(type(env))):
                 return True
-        except (TypeError, OSError):  # no source: a compiled module
-            pass
         env = getattr(env, "env", None)
     return False
 
@@ -172,8 +169,7 @@ def _with_mask(obs: dict[str, TensorSpec], num_actions: int | None,
     if num_actions is None:
         raise ValueError(f"it gives an {MASK_KEY}, which masks Discrete actions; its action space is a Box")
     if tuple(shape) != (num_actions,):
-        raise ValueError(f"its {MASK_KEY} has shape {tuple(shape)}; it must hold one flag per action "
-                         f"({num_actions},)")
+        raise ValueError(f"its {MASK_KEY} has shape {tuple(shape)}; it must hold one flag per action ({num_actions},)")
     return {**obs, MASK_KEY: TensorSpec((num_actions,), "bool")}
 
 

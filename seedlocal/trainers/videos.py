@@ -1,12 +1,9 @@
-"""Videos while training (``--video-every-min M``): the policy as it improves (docs/tracking.md).
-
-Every M minutes one episode of the current policy is played in an env of its own, drawn with eval's frames
-(``video.record``), and written as an animated GIF to ``<run>/videos/<x>_<n>.gif``, to TensorBoard under
-``videos/episode`` and, with ``--track``, to W&B. The learner's thread only copies the acting network's weights
-to the CPU (``Trainer.acting_state``); a thread of its own at nice 19 rebuilds the policy through the family's
-``from_checkpoint`` (the one ``seedlocal eval`` plays), plays, encodes and writes, drawing from a generator of
-its own, so training's random stream stays as it was. A video that falls due while the last is still being made
-is skipped; an env that cannot render is said once, and the run goes on without videos.
+"""Videos while training (``--video-every-min M``): every M minutes an episode of the current policy, drawn with
+eval's frames (``video.record``), as an animated GIF in ``<run>/videos/``, TensorBoard's ``videos/episode`` and W&B.
+The learner's thread only copies the acting weights to the CPU; a thread of its own at nice 19 rebuilds the policy
+(the family's ``from_checkpoint``, as ``seedlocal eval``), plays it with a generator of its own (training's random
+stream stays as it was), encodes and writes. A video due while the last is being made is skipped. docs/tracking.md
+says how, and what it costs.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import dataclasses
 import os
 import threading
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Callable
 
@@ -45,10 +42,8 @@ def on_cpu(state):
 
 def _lowest_priority() -> None:
     """This thread (and the threads it starts: envpool's) at nice 19; Linux sets priority per thread."""
-    try:
+    with suppress(OSError, AttributeError):  # another kernel: the video still plays, at the learner's priority
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (OSError, AttributeError):
-        pass  # another kernel: the video still plays, at the learner's priority
     torch.set_num_threads(1)
 
 
@@ -66,8 +61,8 @@ class TrainingVideos(AbstractContextManager):
         self.made = 0
         self._due = time.monotonic() + self.every_s
         self._cond = threading.Condition()
-        self._job: tuple | None = None
-        self._busy = self._stop = False
+        self._job: tuple | None = None  # handed over, and kept until its video is done
+        self._stop = False
         self._thread = None
         if self.every_s > 0 and from_checkpoint is not None:
             self._thread = threading.Thread(target=self._serve, name="seedlocal-videos", daemon=True)
@@ -79,7 +74,7 @@ class TrainingVideos(AbstractContextManager):
             return
         self._due = now + self.every_s
         with self._cond:
-            if self._busy or self._job is not None:
+            if self._job is not None:
                 return  # the last video is still being made: this one is skipped
         state = trainer.acting_state()
         if state is None:  # nothing to act with yet (a population before its first generation)
@@ -98,7 +93,7 @@ class TrainingVideos(AbstractContextManager):
                     self._cond.wait()
                 if self._stop:
                     return
-                job, self._job, self._busy = self._job, None, True
+                job = self._job
             try:
                 self._record(*job)
             except _Stopped:
@@ -111,7 +106,7 @@ class TrainingVideos(AbstractContextManager):
                 return
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._job = None
                     self._cond.notify_all()
 
     def _record(self, state: dict, x_axis: str, x: int) -> None:
@@ -140,9 +135,11 @@ class TrainingVideos(AbstractContextManager):
         if self._thread is None:
             return
         with self._cond:
-            if finish and (self._busy or self._job is not None) and self._thread.is_alive():
-                print("seedlocal: finishing the last training video (its episode plays to its end)", flush=True)
-            while finish and (self._busy or self._job is not None) and self._thread.is_alive():
+            said = False
+            while finish and self._job is not None and self._thread.is_alive():
+                if not said:
+                    print("seedlocal: finishing the last training video (its episode plays to its end)", flush=True)
+                    said = True
                 self._cond.wait(timeout=1.0)
             self._stop = True
             self._cond.notify_all()
