@@ -222,6 +222,17 @@ class IntBoxAction(_Short):
         return super().step(1)
 
 
+class KeepsAction(_Short):
+    """A float Box action that the env keeps past its step, as an action-rate penalty does (by reference, as
+    Gymnasium allows: the action is the env's once passed)."""
+
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def step(self, action):
+        self.kept = getattr(self, "kept", []) + [action]
+        return super().step(1)
+
+
 class LaterBareArray(_Short):
     """A Dict space whose env returns a bare array from its second step on, past Gymnasium's first-step check."""
 
@@ -271,5 +282,5 @@ class ImageInDict(_Short):
         return {"img": np.zeros((40, 40, 3), np.uint8), "vec": np.full(3, self.t / 20, np.float32)}
 
 
-for _env in (IntBoxAction, LaterBareArray, DiscreteObsOutOfRange, HugeReward, CloseRaises, EmptyField, ImageInDict):
+for _env in (IntBoxAction, KeepsAction, LaterBareArray, DiscreteObsOutOfRange, HugeReward, CloseRaises, EmptyField, ImageInDict):
     gym.register(f"{_env.__name__}-v0", entry_point=_env)

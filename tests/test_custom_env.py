@@ -255,6 +255,20 @@ def test_integer_box_actions_reach_the_env_rounded_in_its_dtype():
     group.close()
 
 
+def test_an_env_keeps_the_actions_it_was_sent():
+    """An env may keep an action past its step (an action-rate penalty compares it with the next one): each env
+    gets an array of its own, not a view of a buffer that the next step's actions overwrite."""
+    group, _ = _group("KeepsAction-v0")
+    group.reset()
+    sent = [np.array([[0.5, -0.5], [0.25, 0.75]], np.float32), np.array([[-1, 1], [0, 0]], np.float32)]
+    for actions in sent:
+        group.send(actions.copy())
+        group.recv()
+    for i, env in enumerate(group._envs):
+        assert [a.tolist() for a in env.unwrapped.kept] == [s[i].tolist() for s in sent]
+    group.close()
+
+
 def test_a_float32_box_action_is_sent_as_before():
     from seedlocal.envs.bounds import ActionBounds
     from seedlocal.envs.spaces import describe

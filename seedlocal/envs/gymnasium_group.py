@@ -91,8 +91,10 @@ class GymnasiumGroup:
         self.send(None)
 
     def send(self, actions: np.ndarray | None) -> None:
-        if actions is not None and self._bounds is not None:
-            actions = self._bounds(actions)
+        # A copy of their own: an env may keep its action past the step (an action-rate penalty), and the buffers
+        # the actions arrive in hold the next step's by then.
+        if actions is not None:
+            actions = np.array(actions if self._bounds is None else self._bounds(actions))
         for i, env in enumerate(self._envs):
             if self._needs_reset[i]:
                 out = env.reset(seed=self._seed + i if self._first else None)
