@@ -90,12 +90,11 @@ def short_of_memory(need: float) -> int | None:
     return have if have is not None and need > 0.8 * have else None
 
 
-def check_network_fits(make, copies: int, fields: str, what: str, algo: tuple[str, ...] = ()):
+def check_network_fits(make, copies: int, fields: str, what: str):
     """Build ``make()`` on the meta device (shapes only, no memory) and refuse a network whose ``copies`` float32
     copies (``what``: weights, gradients, optimiser state ...) would not fit in memory, naming the ``fields``
     that size it; otherwise torch would fail inside the allocator with a traceback. Returns the meta network.
-    The constructor's refusal (``encoder=...: why``) is raised named by the option it came from: one of the
-    network's, or one of the family's own ``algo`` options (e.g. V-trace's separate_critic)."""
+    The constructor's refusal (``encoder=...: why``) is raised named by the network option it came from."""
     import torch
 
     try:
@@ -103,8 +102,7 @@ def check_network_fits(make, copies: int, fields: str, what: str, algo: tuple[st
             net = make()
     except ValueError as e:
         text = str(e)
-        raise ConfigError(f"network.{text}" if text.startswith(NETWORK_OPTIONS) else
-                          f"algo.{text}" if algo and text.startswith(algo) else text) from None
+        raise ConfigError(f"network.{text}" if text.startswith(NETWORK_OPTIONS) else text) from None
     n = sum(p.numel() for p in net.parameters())
     need = n * 4 * copies
     if (have := short_of_memory(need)) is not None:

@@ -154,7 +154,7 @@ def check(cfg: VTraceRun, spec, shape) -> None:
     for values in member_values(cfg):  # each member's hyperparameters (the run's own without a population)
         _check_params(dataclasses.replace(a, **values), cfg.pipeline.unroll_length, cfg.network.lstm_size, batch)
     check_network_fits(lambda: build_model(cfg, spec), 5, "network.hidden, network.lstm_size",
-                       "its weights, gradients, Adam state and the actors' copy", algo=("separate_critic",))
+                       "its weights, gradients, Adam state and the actors' copy")
 
 
 def _check_params(a: VTraceParams, unroll: int, lstm: int, batch: int) -> None:
