@@ -92,9 +92,8 @@ def prepare_run(cfg, recipe: Recipe, notes: tuple[str, ...] = ()) -> Prepared:
     spec, shape = prepare_pipeline(cfg.env, cfg.pipeline, cfg.bridge, needs=recipe.needs(cfg))
     recipe.check(cfg, spec, shape)
     prepared = Prepared(recipe, cfg, spec, kind_of(spec), shape, notes)
-    if cfg.learners > 1:  # ranks that cannot divide its shape and batch (for_rank)
-        for rank in range(cfg.learners):
-            for_rank(prepared, rank, cfg.learners, cfg)
+    if cfg.learners > 1:  # ranks that cannot divide its shape and batch (for_rank: every rank's share is alike)
+        for_rank(prepared, 0, cfg.learners, cfg)
     return prepared
 
 
