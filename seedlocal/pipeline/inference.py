@@ -94,8 +94,7 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     """What the workers need of a batch, as numpy. On an accelerator (``pack`` defaults to that) the actions and
     every output go in one float32 block, so a batch costs one device-to-host copy and one wait rather than one
     per field; integer actions survive the round trip exactly (< 2**24)."""
-    if pack is None:
-        pack = actions.device.type != "cpu"
+    pack = actions.device.type != "cpu" if pack is None else pack
     if not pack:
         return actions.cpu().numpy(), {name: t.cpu().numpy() for name, t in outputs.items()}
     n = actions.shape[0]
@@ -312,22 +311,17 @@ class InferenceLoop:
         with ``_gather`` (where the rows are, the episodes the last step ended) and a planning policy's ``_plan``
         (hold or restart groups) after the wait; a phase that leaves no group ends the batch there."""
         batch = self._gather(self._collect())
-        if self.policy.plans and not self._plan(batch):
-            return batch.steps
-        if not self._rotate(batch):
-            return batch.steps
-        self._act(batch)
-        self._scatter(batch)
+        if (not self.policy.plans or self._plan(batch)) and self._rotate(batch):
+            self._act(batch)
+            self._scatter(batch)
         return batch.steps
 
     def _gather(self, ready: np.ndarray) -> _Batch:
         """The ready groups' rows, whether each env's observation starts an episode, and the episode ends of the
         step that produced them (added to ``stats.episodes``)."""
         flat, E = self._flat, self.E
-        bufs = self._tbuf[ready].astype(np.int64)
-        rows = self._trow[ready].astype(np.int64)
+        bufs, rows = self._tbuf[ready].astype(np.int64), self._trow[ready].astype(np.int64)
         stepped = rows > 0
-        # Episode ends and auto-reset flags of the step that produced these obs.
         prev = (bufs * self.L + rows)[stepped] - 1
         ignored = flat["ignored"].take(prev, axis=0)
         n_stepped = len(prev)
@@ -393,15 +387,14 @@ class InferenceLoop:
         flat_core = None if core is None else core.reshape((len(b.groups) * self.E,) + core.shape[2:])
         env_ids = self._env_ids[b.groups].ravel()
         actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, b.first.ravel())
-        host_actions, host_out = to_host(actions, outputs)
-        if host_actions.dtype.kind == "f" and not np.isfinite(host_actions).all():
+        b.actions, b.outputs = to_host(actions, outputs)
+        if b.actions.dtype.kind == "f" and not np.isfinite(b.actions).all():
             # Never sent: a simulator stepped with NaN goes on silently with NaN state.
             raise Diverged("the policy produced a NaN or infinite action (its weights or its observation "
                            "statistics diverged); no env was stepped with it")
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
             self.core[torch.from_numpy(b.groups)] = new_core.reshape(core.shape)
-        b.actions, b.outputs = host_actions, host_out
 
     def _batch_core(self, b: _Batch) -> torch.Tensor | None:
         """The groups' recurrent state [k, E, ...], zeroed where an episode starts; stored as the start state of
