@@ -60,9 +60,7 @@ class Batcher:
         self._copied = [None] * sets  # CUDA events: the last host-to-device copy out of each host set
 
     def fill(self, bufs: list[int], slot: int) -> Batch:
-        """Copy unrolls ``bufs`` into set ``slot``: the one host copy of each field."""
-        if len(bufs) != self.k:
-            raise ValueError(f"{len(bufs)} unrolls for a batch of {self.k}")
+        """Copy unrolls ``bufs`` (``k`` of them) into set ``slot``: the one host copy of each field."""
         host = self.host[slot]
         if self._copied[slot] is not None:
             # The last copy out of this pinned set may still be in flight: the learner waited for it on the device,

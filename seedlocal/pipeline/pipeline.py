@@ -42,8 +42,6 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
             f"{layout.num_buffers:,d} unrolls x {layout.length:,d} steps x {layout.envs} envs ({store / 1e9:.1f} GB); "
             "lower pipeline.num_workers, pipeline.num_buffers (V-trace: algo.batch_size), pipeline.unroll_length "
             "or bridge.remote_envs")
-    if env.seed < 0:
-        raise ConfigError(f"env.seed={env.seed}: must be >= 0")
     # Seeds come in blocks per start and rank, wrapping below int32's end (actors.local_seed); envpool asserts they
     # fit (Gymnasium envs take any size), so one start of every env of every rank must.
     used = shape.ranks * shape.num_envs

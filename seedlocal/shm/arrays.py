@@ -92,11 +92,7 @@ def sweep_stale_segments() -> list[str]:
     with _creation_lock(exclusive=True) as held:
         if not held:
             return []
-        try:
-            names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
-        except OSError:
-            return []
-        return [name for name in names if _unlink_if_orphaned(name)]
+        return [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX) and _unlink_if_orphaned(n)]
 
 
 def sweep_once() -> None:
