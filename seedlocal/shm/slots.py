@@ -61,29 +61,23 @@ def read_text(control, field: str, group: int) -> str:
 
 
 def control_specs(num_groups: int) -> list[ArraySpec]:
+    G = (num_groups,)
     return [
-        ArraySpec("state", (num_groups,), "int32"),
-        ArraySpec("target_buf", (num_groups,), "int32"),
-        ArraySpec("target_row", (num_groups,), "int32"),
+        ArraySpec("state", G, "int32"), ArraySpec("target_buf", G, "int32"), ArraySpec("target_row", G, "int32"),
         ArraySpec("stop", (1,), "int32"),
-        # Per-group counters that only the group's own thread writes.
-        ArraySpec("group_wait_s", (num_groups,), "float64"),
-        # perf_counter() when the group began waiting for actions, 0 while it is not: readers count a wait still
-        # under way up to now, so a share of one interval's time never takes in a wait begun before it.
-        ArraySpec("group_wait_since", (num_groups,), "float64"),
-        ArraySpec("group_env_s", (num_groups,), "float64"),
-        ArraySpec("group_steps", (num_groups,), "int64"),
-        ArraySpec("group_episodes", (num_groups,), "int64"),
+        # Per-group counters that only the group's own thread writes. group_wait_since: perf_counter() when the group
+        # began waiting for actions, 0 while it is not: readers count a wait still under way up to now, so a share
+        # of one interval's time never takes in a wait begun before it.
+        ArraySpec("group_wait_s", G, "float64"), ArraySpec("group_wait_since", G, "float64"),
+        ArraySpec("group_env_s", G, "float64"), ArraySpec("group_steps", G, "int64"),
+        ArraySpec("group_episodes", G, "int64"),
         # Remote groups (pipeline/bridge/server.py): the server bumps group_lost when a group's host goes away; the
         # loop rebinds the group fresh, sets group_lost_ack to match and posts the group's wake token.
-        ArraySpec("group_lost", (num_groups,), "int64"),
-        ArraySpec("group_lost_ack", (num_groups,), "int64"),
-        ArraySpec("group_connected", (num_groups,), "int8"),
+        ArraySpec("group_lost", G, "int64"), ArraySpec("group_lost_ack", G, "int64"),
+        ArraySpec("group_connected", G, "int8"),
         # Per actor host (at most one per group), written by the bridge server.
-        ArraySpec("host_connected", (num_groups,), "int8"),
-        ArraySpec("host_steps", (num_groups,), "int64"),
-        ArraySpec("host_bytes", (num_groups,), "int64"),
-        ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
+        ArraySpec("host_connected", G, "int8"), ArraySpec("host_steps", G, "int64"),
+        ArraySpec("host_bytes", G, "int64"), ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
         ArraySpec("bridge_disconnects", (1,), "int64"),
         # Why a group's worker died: its exception as one line of UTF-8, for the learner's message, and the env's
         # frames of its traceback, which the learner shows once (pipeline/worker.py's _report).
