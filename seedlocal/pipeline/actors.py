@@ -26,9 +26,6 @@ from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_text
 
-# The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's half-second grace on top, and its exit.
-SERVER_GOODBYE_S = GOODBYE_S + 2.0
-
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
 # What every env worker imports before its first step (the worker module brings seedlocal/envs/), so that one forked
@@ -308,8 +305,9 @@ class ActorPool:
                 p.join(max(0.0, deadline - time.monotonic()))
         if self.server is not None:
             # Its own time, whatever the workers took: it tells each actor host that the run ended (they then exit
-            # rather than retry), and gRPC gets its grace to deliver that before the server stops.
-            self.server.join(max(SERVER_GOODBYE_S, deadline - time.monotonic()))
+            # rather than retry) and waits GOODBYE_S for them to read it; gRPC's half-second grace to deliver that
+            # and the server's exit take the 2 s on top.
+            self.server.join(max(GOODBYE_S + 2.0, deadline - time.monotonic()))
         for p in [p for p in self.procs + [self.server] if p is not None]:
             for end in (p.terminate, p.kill):
                 if p.is_alive():

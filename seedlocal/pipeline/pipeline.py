@@ -79,8 +79,5 @@ class Pipeline(AbstractContextManager):
     def store(self):
         return self.pool.store
 
-    def close(self) -> None:
-        self.pool.close()
-
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.pool.close()
