@@ -161,9 +161,6 @@ class ActorPool:
         if self.bridge is not None:
             self._start_server()
 
-    def remote_groups(self) -> range:
-        return range(self.num_local_groups, self.shape.num_groups)
-
     def _start_server(self) -> None:
         from seedlocal.config.checks import bridge_token, split_address
         from seedlocal.pipeline.bridge import wire
@@ -171,7 +168,7 @@ class ActorPool:
 
         b = self.bridge
         host, port = split_address("bridge.listen", b.listen, listen=True)
-        groups = self.remote_groups()
+        groups = range(self.num_local_groups, self.shape.num_groups)  # the remote ones, numbered after the local
         recv, send = self._ctx.Pipe(duplex=False)
         args = ServerArgs(
             host=host, port=port, token=bridge_token(b.token_file), tls_cert=b.tls_cert, tls_key=b.tls_key,

@@ -183,8 +183,6 @@ class InferenceLoop:
         spec = self.policy.core_state
         self.core = None if spec is None else torch.zeros((self.G, self.E) + spec.shape, device=self.device)
 
-    # -- unrolls -------------------------------------------------------------------
-
     def release(self, buf: int) -> None:
         """The consumer is done with a completed unroll (any thread)."""
         self.unrolls.release(buf)
@@ -206,8 +204,6 @@ class InferenceLoop:
                 self._ack_remote(g)
             else:
                 self._hand_back(g, RESET)  # the restarted worker waits for this (UNBOUND) before its reset
-
-    # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
         # Every batch size (whole groups, 1 to all), e.g. for CUDA graph capture, before any learner or worker runs.
@@ -252,8 +248,6 @@ class InferenceLoop:
         ctl = self.pool.control
         ctl["group_lost_ack"][g] = ctl["group_lost"][g]
         self.pool.wake[g].post()  # the release that publishes the rebind
-
-    # -- one batch ----------------------------------------------------------------
 
     def _collect(self) -> np.ndarray:
         t0 = time.perf_counter()
