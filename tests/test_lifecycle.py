@@ -389,11 +389,13 @@ def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch):
     PR_SET_PDEATHSIG leaves it adopted: it must exit, not record its new
     parent and step forever. Here the pid the learner passes is one that is
     not the worker's parent (this test process), as it would be then."""
+    from types import SimpleNamespace
+
     from seedlocal.pipeline import actors
 
     # multiprocessing's own record of its server (a private attribute): without it workers fall back to racing.
-    assert actors.forkserver_pid() > 0
-    monkeypatch.setattr(actors, "forkserver_pid", lambda envpool=True: os.getpid())
+    assert actors.start_server(SimpleNamespace(backend="envpool")) > 0
+    monkeypatch.setattr(actors, "start_server", lambda spec: os.getpid())
     # (Its own line goes to the forkserver's stderr, which an earlier test's server may hold.)
     with pytest.raises(WorkerDied, match="exited with code 1 before its envs produced a first step"):
         with tiny_pipeline(RandomPolicy) as pipe:

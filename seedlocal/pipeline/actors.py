@@ -42,10 +42,15 @@ def worker_context(envpool: bool = True):
     return ctx
 
 
-def start_server(spec: EnvSpec) -> None:
-    """Start the workers' forkserver now, so that its imports (about a second) run on another core while the learner
-    builds its trainer; the first worker's start waits for it."""
-    forkserver_pid(spec.backend == "envpool")
+def start_server(spec: EnvSpec) -> int:
+    """Start the workers' forkserver if it is not running (early, so that its imports, about a second, run on another
+    core while the learner builds its trainer; the first worker's start waits for it). Returns its pid (0 where
+    multiprocessing does not say), which a worker checks is still its parent once it is set to die with it."""
+    from multiprocessing import forkserver
+
+    worker_context(spec.backend == "envpool")  # the server, if this starts it, preloads what the workers import
+    forkserver.ensure_running()
+    return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
 
 
 def _main_has_file() -> bool:
@@ -103,16 +108,6 @@ def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> i
     return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 
 
-def forkserver_pid(envpool: bool = True) -> int:
-    """The pid of the workers' forkserver (started now if need be; 0 where multiprocessing does not say), which
-    a worker checks is still its parent once it is set to die with it."""
-    from multiprocessing import forkserver
-
-    worker_context(envpool)  # the server, if this starts it, preloads what the workers import
-    forkserver.ensure_running()
-    return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
-
-
 class ActorPool:
     def __init__(self, spec: EnvSpec, layout: RolloutLayout, shape: PipelineShape, seed: int, max_restarts: int,
                  bridge=None, restart_window_s: float = 0.0, errors_file: str = ""):
@@ -126,8 +121,7 @@ class ActorPool:
         self.bridge_port: int | None = None
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self.errors_file, self._shown_traceback = errors_file, False
-        self._envpool = spec.backend == "envpool"  # whether the workers' forkserver preloads envpool (envs/make.py)
-        self._ctx = worker_context(self._envpool)
+        self._ctx = worker_context(spec.backend == "envpool")  # whether its forkserver preloads envpool (envs/make.py)
         self.control: SharedArrays | None = None  # each None once closed
         self.store: SharedArrays | None = None
         self.semaphores: SharedArrays | None = None
@@ -207,7 +201,7 @@ class ActorPool:
             threads_per_group=self.shape.threads_per_group, seed=local_seed(self.seed, w, self.restarts[w], self.shape),
             spec=self.spec, control=self.control.handle(), rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
-            obs_ready=self.obs_ready, parent_pid=forkserver_pid(self._envpool), errors_file=self.errors_file)
+            obs_ready=self.obs_ready, parent_pid=start_server(self.spec), errors_file=self.errors_file)
         self.control["group_error"][groups.start:groups.stop] = 0
         self.control["group_trace"][groups.start:groups.stop] = 0
         self._steps_at_spawn[w] = self._group_steps(w)
