@@ -304,7 +304,11 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
         for p in procs:
             if interrupt_ranks and p.poll() is None:
                 p.terminate()
-        _wait_all(procs, 2 * timeout_s)
+        end = time.monotonic() + 2 * timeout_s
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C ends the wait
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=max(0.0, end - time.monotonic()))
     finally:
         _stop(procs)
     return status
@@ -315,14 +319,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _wait_all(procs: list, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    with contextlib.suppress(KeyboardInterrupt):
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.0, end - time.monotonic()))
 
 
 def _stop(procs: list) -> None:
