@@ -242,9 +242,8 @@ class ActorPool:
         unrolls and calls ``spawn(w)``: the new worker sees only what was bound after this."""
         code = self.procs[w].exitcode
         if self._group_steps(w) == self._steps_at_spawn[w] and (code > 0 or -code in _CRASH_SIGNALS):
-            # It failed before its envs produced a first step (an exception, or native code aborting or crashing,
-            # while making or resetting them): a restart would fail the same way. A kill from outside (SIGKILL,
-            # SIGTERM) says nothing about the env.
+            # It failed before its envs' first step (an exception, or native code aborting or crashing, making or
+            # resetting them): a restart would fail alike. A kill from outside (SIGKILL, SIGTERM) says nothing of it.
             hint = (f"; {main_registration_problem(self.spec.env_id, _main_has_file())}"
                     if registered_in_main(self.spec.env_id) else "")
             raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "

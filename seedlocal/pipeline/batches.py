@@ -63,8 +63,7 @@ class Batcher:
         """Copy unrolls ``bufs`` (``k`` of them) into set ``slot``: the one host copy of each field."""
         host = self.host[slot]
         if self._copied[slot] is not None:
-            # The last copy out of this pinned set may still be in flight: the learner waited for it on the device,
-            # the host never did.
+            # The last copy out of this pinned set may be in flight: the learner waited for it on the device only.
             self._copied[slot].synchronize()
         for name, dst in host.items():
             np.concatenate([self.store[name][b] for b in bufs], axis=self._axis[name], out=dst)

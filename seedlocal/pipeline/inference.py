@@ -414,8 +414,7 @@ class InferenceLoop:
         return obs
 
     def _scatter(self, b: _Batch) -> None:
-        """Actions, outputs and the policy version into the batch's rows; the groups move to their next row and
-        go back to their workers."""
+        """Actions, outputs and policy version into the batch's rows; its groups, a row on, back to their workers."""
         flat, k, E = self._flat, len(b.groups), self.E
         flat["action"][b.flat] = b.actions.reshape((k, E) + b.actions.shape[1:])
         for name, v in b.outputs.items():
@@ -473,8 +472,7 @@ class StallWatch:
         self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
 
     def _waiting(self) -> np.ndarray:
-        """Local groups inside their env (STEPPING) or not taking their actions (ACTION_READY: a stopped or
-        starved process)."""
+        """Local groups in their env (STEPPING) or not taking actions (ACTION_READY: a stopped or starved process)."""
         state = self.loop.pool.control["state"][:self.loop.pool.num_local_groups]
         return (state == STEPPING) | (state == ACTION_READY)
 

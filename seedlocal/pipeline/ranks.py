@@ -90,8 +90,7 @@ class Ranks(Solo):
     def __init__(self, rank: int, world: int, local_rank: int, timeout_s: float, device: str = "cpu",
                  scalars=None):
         """``device``: where the gradients and the advantages' moments are reduced (NCCL's: cuda). ``scalars``:
-        the process group of the collectives of host numbers, on the CPU (``scalar_group``; None: the default
-        group, itself a CPU one)."""
+        the process group of host numbers' collectives, on the CPU (``scalar_group``; None: the default, a CPU one)."""
         self.rank, self.world, self.local_rank, self.timeout_s = rank, world, local_rank, timeout_s
         self.main, self.device, self.scalars = rank == 0, torch.device(device), scalars
         self._flat: torch.Tensor | None = None  # the gradients' all-reduce buffer, kept from update to update
@@ -215,9 +214,8 @@ def from_environment() -> tuple[int, int, int] | None:
 
 
 def join(cfg, device_kind: str = "cpu") -> Solo:
-    """This process's place among the learner ranks: ``Solo()`` for one process (no torch.distributed call),
-    else a ``Ranks`` joined to the group, gloo on CPUs and NCCL on GPUs (gloo when there are fewer GPUs than
-    ranks: NCCL takes one GPU per rank)."""
+    """This process's place among the learner ranks: ``Solo()`` for one process (no torch.distributed call), else
+    a ``Ranks`` in the group, gloo on CPUs and NCCL on GPUs (gloo with fewer GPUs than ranks: NCCL takes one each)."""
     found = from_environment()
     if found is None:
         if cfg.learners > 1:

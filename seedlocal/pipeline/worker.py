@@ -150,8 +150,7 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
     except BaseException as e:
         _report(args, control, g, e)
         sys.stderr.flush()
-        # A half-dead worker must look dead to the inference loop; a broken env contract says so by its exit code
-        # (no restart would help).
+        # A half-dead worker must look dead; a broken env contract says so by its exit code (no restart would help).
         os._exit(CONTRACT_EXIT if isinstance(e, EnvContractError) else 1)
 
 

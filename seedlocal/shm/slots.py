@@ -91,9 +91,8 @@ def create_control(num_groups: int) -> SharedArrays:
 
 
 class Signal:
-    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel. Tokens may outnumber real events (a
-    waiter re-checks the slot states after waking), so a spurious wake-up is harmless; a missed one costs at most the
-    waiter's timeout."""
+    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel. Tokens may outnumber events (a waiter
+    re-checks the states after waking), so a spurious wake-up is harmless; a missed one costs at most its timeout."""
 
     def __init__(self, ctx: mp.context.BaseContext):
         self._sem = ctx.Semaphore(0)
