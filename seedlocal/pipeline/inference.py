@@ -2,8 +2,7 @@
 
 Each :meth:`InferenceLoop.step`
 
-1. waits in the kernel until ``min_batch_envs`` observations are ready, or ``batch_timeout_s`` after the first
-   (``_collect``);
+1. waits in the kernel for ``min_batch_envs`` ready observations, or ``batch_timeout_s`` after the first (``_collect``);
 2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll whose row 0
    is the same observation (``pipeline/unrolls.py``); with none free the group is *parked* (its worker sleeps) until
    one is released, which bounds the policy lag by the number of unrolls, and the others are served on (``_rotate``);
@@ -379,8 +378,7 @@ class InferenceLoop:
         obs = self._stage(b)
         t0 = time.perf_counter()
         flat_core = None if core is None else core.reshape((len(b.groups) * self.E,) + core.shape[2:])
-        env_ids = self._env_ids[b.groups].ravel()
-        actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, b.first.ravel())
+        actions, outputs, new_core = self.policy.act(obs, flat_core, self._env_ids[b.groups].ravel(), b.first.ravel())
         b.actions, b.outputs = to_host(actions, outputs)
         if b.actions.dtype.kind == "f" and not np.isfinite(b.actions).all():
             # Never sent: a simulator stepped with NaN goes on silently with NaN state.

@@ -15,9 +15,8 @@ everywhere:
 Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group (``scalar_group``);
 NCCL carries only what lives on the GPU. ``Solo`` is the single-process run: every method returns its input and no
 torch.distributed call is made. A peer that dies or hangs makes the next collective fail (at once for a closed
-socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank.
-``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
-environment variables.
+socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank. ``launch``
+is ``--learners G`` without torchrun: G copies of this command, each told its rank in torchrun's environment variables.
 """
 
 from __future__ import annotations

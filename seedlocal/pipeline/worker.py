@@ -1,9 +1,8 @@
 """The env worker process: steps environments, nothing else.
 
 A worker holds two groups of environments, each driven by its own thread: while one group waits for its actions,
-the other steps (envpool steps in its own threads, without the GIL). Results go straight into the rows of the
-unroll store that the inference loop assigned (``target_buf``, ``target_row``). It never imports torch and never
-allocates shared memory.
+the other steps (envpool steps in its own threads, without the GIL). Results go into the rows of the unroll store
+that the inference loop assigned (``target_buf``, ``target_row``). It never imports torch nor allocates shared memory.
 """
 
 from __future__ import annotations
