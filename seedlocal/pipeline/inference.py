@@ -127,8 +127,7 @@ class _Batch:
     outputs: dict[str, np.ndarray] | None = None
 
     def keep(self, mask: np.ndarray) -> bool:
-        """Only the groups where ``mask`` is True stay; whether any does (``stepped``, ``prev`` and ``done``
-        stay as they were: only ``_plan`` reads them, before any group leaves)."""
+        """Keep the groups where ``mask`` is True (``stepped``, ``prev``, ``done`` as they were); whether any is left."""
         self.groups, self.bufs, self.rows, self.first = (
             self.groups[mask], self.bufs[mask], self.rows[mask], self.first[mask])
         return bool(len(self.groups))
@@ -389,8 +388,7 @@ class InferenceLoop:
             self.core[torch.from_numpy(b.groups)] = new_core.reshape(core.shape)
 
     def _batch_core(self, b: _Batch) -> torch.Tensor | None:
-        """The groups' recurrent state [k, E, ...], zeroed where an episode starts; stored as the start state of
-        each unroll that starts here."""
+        """The groups' recurrent state [k, E, ...], zeroed at episode starts; stored for each unroll starting here."""
         if self.core is None:
             return None
         core = self.core[torch.from_numpy(b.groups)]
