@@ -127,7 +127,7 @@ class _Batch:
     outputs: dict[str, np.ndarray] | None = None
 
     def keep(self, mask: np.ndarray) -> bool:
-        """Keep the groups where ``mask`` is True (``stepped``, ``prev``, ``done`` as they were); whether any is left."""
+        """Keep the groups where ``mask`` is True (``stepped``, ``prev``, ``done`` as they were); whether any is."""
         self.groups, self.bufs, self.rows, self.first = (
             self.groups[mask], self.bufs[mask], self.rows[mask], self.first[mask])
         return bool(len(self.groups))
