@@ -54,9 +54,8 @@ class Pipeline(AbstractContextManager):
     def __init__(self, env: EnvConfig, pipe: PipelineConfig, make_policy: Callable[[EnvSpec, torch.device], object],
                  spec: EnvSpec, shape: PipelineShape, consume: bool = False, bridge: BridgeConfig | None = None,
                  errors_file: str = ""):
-        """``spec`` and ``shape``: the env's and the pipeline's sizes, as preparation made and checked them from
-        this config (``seedlocal/prepare.py``; nothing is checked or derived again here). ``errors_file``: where
-        env workers' tracebacks go (``ActorPool``)."""
+        """``spec`` and ``shape``: preparation's, from this config (the module docstring; nothing is checked or
+        derived again here). ``errors_file``: where env workers' tracebacks go (``ActorPool``)."""
         self.shape, self.spec = shape, spec
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)

@@ -86,8 +86,7 @@ def sweep_stale_segments() -> list[str]:
     dies. The owner (or Python's resource tracker) unlinks on exit, but a SIGKILL of a whole process group (a job
     scheduler, ``killpg``) takes the tracker too, so each process that makes segments first sweeps those whose lock
     nobody holds (``sweep_once``). The lock, not the PID in the name, decides: containers that share ``/dev/shm``
-    across PID namespaces cannot make a live segment look stale.
-    """
+    across PID namespaces cannot make a live segment look stale."""
     with _creation_lock(exclusive=True) as held:
         if not held:
             return []
