@@ -294,9 +294,8 @@ class ActorPool:
             if p is not None:
                 p.join(max(0.0, deadline - time.monotonic()))
         if self.server is not None:
-            # Its own time, whatever the workers took: it tells each actor host that the run ended (they then exit
-            # rather than retry) and waits GOODBYE_S for them to read it; gRPC's half-second grace to deliver that
-            # and the server's exit take the 2 s on top.
+            # Its own time, whatever the workers took: it tells each actor host the run ended (they exit, not retry) and
+            # waits GOODBYE_S for them to read it; gRPC's half-second grace and its exit take the 2 s on top.
             self.server.join(max(GOODBYE_S + 2.0, deadline - time.monotonic()))
         for p in [p for p in self.procs + [self.server] if p is not None]:
             for end in (p.terminate, p.kill):

@@ -97,9 +97,8 @@ class Batcher:
 
 
 class Prefetcher(threading.Thread):
-    """Collects k completed unrolls, fills a free set and queues the batch, one batch ahead of the learner. With
-    ``release_early`` the unrolls go back to the actors as soon as they are copied; otherwise (``algo.sync``) only
-    when the learner is done with the batch."""
+    """Collects k completed unrolls, fills a free set and queues the batch, one ahead of the learner. With
+    ``release_early`` the unrolls go back to the actors once copied; else (``algo.sync``) once the learner is done."""
 
     def __init__(self, loop, batcher: Batcher, release_early: bool):
         super().__init__(name="seedlocal-prefetch", daemon=True)

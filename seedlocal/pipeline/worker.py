@@ -178,9 +178,8 @@ _SEEDLOCAL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
 
 
 def _env_traceback(e: BaseException) -> str:
-    """``e``'s traceback from the env's own frames: seedlocal's (this worker's loop, the env backend) and
-    Gymnasium's wrappers (the time limit, the checkers) left out, the frame that raised always kept, so
-    that the file and line of the user's code are what it shows."""
+    """``e``'s traceback from the env's own frames: seedlocal's (the worker's loop, the env backend) and Gymnasium's
+    wrappers (time limit, checkers) left out, the raising frame always kept: it shows the user's file and line."""
     gym = sys.modules.get("gymnasium")
     passing = (_SEEDLOCAL,) + ((os.path.dirname(gym.__file__) + os.sep,) if gym and gym.__file__ else ())
     te = traceback.TracebackException.from_exception(e)
