@@ -154,9 +154,8 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
 
 
 def _report(args: WorkerArgs, control: SharedArrays, g: int, e: BaseException) -> None:
-    """Why this worker dies, for the learner: the exception in one line and the env's own frames of its traceback,
-    in shared memory; the whole traceback to the run's ``errors_file``, or to stderr without one (a bench, an
-    actor host) or where it cannot be written."""
+    """Why this worker dies, for the learner: the exception in one line and its env's own frames, in shared memory; the
+    whole traceback to the run's ``errors_file``, or to stderr without one (a bench, an actor host) or if unwritable."""
     write_error(control, g, e)
     if isinstance(e, EnvContractError):  # its message is the whole story, and the learner prints it
         return
