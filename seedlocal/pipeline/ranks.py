@@ -222,8 +222,14 @@ def join(cfg, device_kind: str = "cpu") -> Solo:
                               "itself or torchrun)")
         return Solo()
     rank, world, local_rank = found
-    if os.environ.get(LAUNCHED):
-        _stop_with_launcher(int(os.environ[LAUNCHED]), rank)
+    if launched := os.environ.get(LAUNCHED):
+        # Started by ``launch``: SIGTERM (a clean stop: checkpoint, segments) when the launcher dies, even by SIGKILL (a
+        # notebook's kernel restarted), rather than train on unwatched to its budget; if it is gone already, stop here.
+        from seedlocal.pipeline.worker import die_with_parent
+
+        launcher = int(launched)
+        if die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
+            raise PeerLost(f"learner rank {rank}: its launcher (pid {launcher}) is gone; not starting")
     if cfg.learners > 1 and cfg.learners != world:
         raise ConfigError(f"learners={cfg.learners}: torchrun started {world} ranks (WORLD_SIZE); give "
                           f"--learners {world} or leave it out")
@@ -235,16 +241,6 @@ def join(cfg, device_kind: str = "cpu") -> Solo:
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     return Ranks(rank, world, local_rank, cfg.dist_timeout_s, "cuda" if backend == "nccl" else "cpu",
                  scalars=scalar_group(backend, timeout))
-
-
-def _stop_with_launcher(launcher: int, rank: int) -> None:
-    """A rank that ``launch`` started gets SIGTERM (a clean stop: checkpoint, segments) when its launcher dies, even
-    by SIGKILL (a notebook's kernel restarted): it would otherwise train on, unwatched, to its budget. One whose
-    launcher is gone already (before this was armed) stops here."""
-    from seedlocal.pipeline.worker import die_with_parent
-
-    if die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
-        raise PeerLost(f"learner rank {rank}: its launcher (pid {launcher}) is gone; not starting")
 
 
 def scalar_group(backend: str, timeout: timedelta):
