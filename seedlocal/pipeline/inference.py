@@ -158,9 +158,8 @@ class InferenceLoop:
         # Groups whose ready token the loop took: their rows are published to this thread (shm/slots.py) until it
         # hands them back to the worker.
         self._owned = np.zeros(self.G, bool)
-        # A planning policy's requests to serve held groups again, which wake the loop.
         self._unhold = policy.unhold if policy.unhold is not None else Unhold()
-        self._unhold.connect(pool.obs_ready.post)
+        self._unhold.connect(pool.obs_ready.post)  # a planning policy's request to serve held groups wakes the loop
         # Which groups actor hosts step, behind the bridge (None: none).
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
         # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields: one index per
