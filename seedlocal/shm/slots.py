@@ -2,8 +2,7 @@
 
 A *group* is half of one worker's environments. Its slot in a small control segment says who may touch its rows:
 
-    STEPPING      the worker: it steps the group's envs and writes the results into row ``target_row`` of unroll
-                  ``target_buf``
+    STEPPING      the worker: it steps the group's envs and writes the results into row ``target_row`` of ``target_buf``
     OBS_READY     the inference loop: observations are in that row
     ACTION_READY  the worker: actions are in row ``target_row - 1``
     RESET         the worker: reset every env of the group and write the first observations into row 0 of
