@@ -43,8 +43,7 @@ class Batcher:
         self.fields = {name: key for name, key in FIELDS.items() if name in store}
         self.obs_keys = list(obs_keys)
         self.cuda = device.type == "cuda"
-        # The axis of one unroll's envs, along which k unrolls go side by side: [L, E, ...] -> [L, k*E, ...], and
-        # core_state's [E, 2, H] -> [k*E, 2, H].
+        # k unrolls side by side on their envs' axis: [L, E, ...] -> [L, k*E, ...], core_state [E, 2, H] -> [k*E, 2, H].
         self._axis = {name: 0 if name == "core_state" else 1 for name in
                       self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else [])}
         shapes = {name: [d * k if i == axis else d for i, d in enumerate(store[name].shape[1:])]
