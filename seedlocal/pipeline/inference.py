@@ -155,7 +155,7 @@ class InferenceLoop:
         self._last_check = 0.0
         self._stop = threading.Event()
         self._held = np.zeros(self.G, bool)  # parked by a planning policy (their workers sleep) until ``unhold``
-        # Groups whose ready token the loop took: their rows are published to it (shm/slots.py) until it hands them back.
+        # Groups whose ready token the loop took: their rows are published to it (shm/slots.py) until handed back.
         self._owned = np.zeros(self.G, bool)
         self._unhold = policy.unhold if policy.unhold is not None else Unhold()
         self._unhold.connect(pool.obs_ready.post)  # a planning policy's request to serve held groups wakes the loop
