@@ -213,7 +213,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
                                           num_buffers=8))
     layout = RolloutLayout(num_buffers=8, length=5, envs=2, obs=spec.obs, action=spec.action, outputs=policy.outputs)
     with contextlib.closing(ActorPool(spec, layout, shape, seed=0, max_restarts=0)) as pool:
-        loop = InferenceLoop(pool, policy, torch.device("cpu"), min_batch_envs=2, batch_timeout_s=0.0)
+        loop = InferenceLoop(pool, policy, torch.device("cpu"), batch_timeout_s=0.0)  # the shape's min batch: 2
         state = pool.control["state"]
         loop.unrolls.bind_all()  # as start() would, without spawning the worker
         # Loop side: a group whose state says OBS_READY but whose token is not posted is not served.

@@ -137,8 +137,8 @@ class InferenceLoop:
     poll_s = 0.25  # the longest a wait for ready groups sleeps before it checks the workers anyway
     check_every_s = 0.1  # a waitpid per worker: cheap
 
-    def __init__(self, pool: ActorPool, policy: Policy, device: torch.device, min_batch_envs: int,
-                 batch_timeout_s: float, consume: bool = False, threads: int = 1):
+    def __init__(self, pool: ActorPool, policy: Policy, device: torch.device, batch_timeout_s: float,
+                 consume: bool = False, threads: int = 1):
         """``consume``: full unrolls go to ``completed`` for a consumer, which ``release``s each (else they are
         free again at once). ``threads``: torch's CPU threads for whichever thread serves batches (a count per
         OS thread, so a learner in another thread keeps its own)."""
@@ -146,7 +146,7 @@ class InferenceLoop:
         self.store, ctl, self.layout = pool.store, pool.control, pool.layout
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
         self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.shape.num_groups
-        self.min_batch_envs, self.batch_timeout_s = max(1, min_batch_envs), batch_timeout_s
+        self.min_batch_envs, self.batch_timeout_s = max(1, pool.shape.min_batch_envs), batch_timeout_s
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
         self.completed: queue.Queue[int] = queue.Queue()

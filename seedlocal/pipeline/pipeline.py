@@ -66,9 +66,8 @@ class Pipeline(AbstractContextManager):
         self.pool = ActorPool(self.spec, self.layout, shape, env.seed, pipe.max_restarts, bridge=bridge,
                               restart_window_s=pipe.restart_window_s, errors_file=errors_file)
         try:
-            self.loop = InferenceLoop(self.pool, self.policy, self.device, min_batch_envs=shape.min_batch_envs,
-                                      batch_timeout_s=pipe.batch_timeout_ms / 1000.0, consume=consume,
-                                      threads=pipe.inference_threads)
+            self.loop = InferenceLoop(self.pool, self.policy, self.device, pipe.batch_timeout_ms / 1000.0,
+                                      consume=consume, threads=pipe.inference_threads)
             self.loop.start()
         except BaseException:
             self.pool.close()
