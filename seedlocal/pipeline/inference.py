@@ -246,8 +246,7 @@ class InferenceLoop:
         self.pool.wake[g].post()  # the release that publishes the rebind
 
     def _collect(self) -> np.ndarray:
-        t0 = time.perf_counter()
-        deadline = None
+        t0, deadline = time.perf_counter(), None
         while True:
             if self._stop.is_set():
                 raise LoopStopped
@@ -398,8 +397,7 @@ class InferenceLoop:
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
         """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
-        k = len(b.groups)
-        obs = {}
+        k, obs = len(b.groups), {}
         for key in self._obs_keys:
             # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
             # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.

@@ -288,8 +288,7 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
                     print(f"seedlocal: learner rank {r} (pid {p.pid}) was killed by {_signal_name(-rc)}; the other "
                           "ranks stop", file=sys.stderr, flush=True)
                 if rc != 0 and deadline is None:
-                    deadline = time.monotonic() + 2 * timeout_s
-                    status = 1 if rc < 0 else rc
+                    deadline, status = time.monotonic() + 2 * timeout_s, 1 if rc < 0 else rc
             if deadline is not None and time.monotonic() > deadline:
                 break
     except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves

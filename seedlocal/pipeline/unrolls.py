@@ -120,8 +120,7 @@ class UnrollAllocator:
     def resume(self) -> list[int]:
         """Bind parked and waiting groups while unrolls are free, in the order they became unbound. Parked groups
         go on at once (row 0 is their kept observation); returns the waiting ones bound, which the caller restarts."""
-        started = []
-        unbound = np.flatnonzero(self.state != BOUND)
+        started, unbound = [], np.flatnonzero(self.state != BOUND)
         for g in unbound[np.argsort(self._since[unbound], kind="stable")].tolist():
             buf = self._take()
             if buf is None:
