@@ -133,8 +133,7 @@ class ActorPool:
         self.ready = [Signal(self._ctx) for _ in range(shape.num_groups)]  # per group: its rows are published
         self.wake = [Signal(self._ctx) for _ in range(shape.num_groups)]
         try:
-            signals = [self.obs_ready, *self.ready, *self.wake]
-            self.semaphores = record_semaphores([s.name for s in signals if s.name])
+            self.semaphores = record_semaphores([s.name for s in (self.obs_ready, *self.ready, *self.wake) if s.name])
             self.control = create_control(shape.num_groups)
             self.store = create_store(layout)
         except BaseException:

@@ -98,8 +98,7 @@ class Ranks(Solo):
         """This rank's config: learner threads left at 0 are cores / G, its own GPU (cuda:LOCAL_RANK, wrapping
         round the GPUs there are), its own bridge port (bridge.listen's + RANK). Its shape and its share of the
         batch are preparation's (``prepare.for_rank``); docs/distributed.md."""
-        p = cfg.pipeline
-        cores = max(1, usable_cores() // self.world)
+        p, cores = cfg.pipeline, max(1, usable_cores() // self.world)
         device = p.device
         if device in ("auto", "cuda") and torch.cuda.is_available():
             device = f"cuda:{self.local_rank % torch.cuda.device_count()}"
