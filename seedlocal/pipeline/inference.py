@@ -271,8 +271,7 @@ class InferenceLoop:
                 if len(ready):
                     self.stats.timeouts += 1
                     break
-                # The groups it began waiting with are gone (a dead worker's, un-owned by _check_workers): an
-                # empty batch has nothing to act on, so wait afresh.
+                # Its groups are gone (a dead worker's, un-owned by _check_workers): nothing to act on, so wait afresh.
                 deadline = None
             if len(ready) and deadline is None:
                 deadline = now + self.batch_timeout_s
