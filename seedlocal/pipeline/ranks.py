@@ -249,9 +249,6 @@ def scalar_group(backend: str, timeout: timedelta):
     return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
 
 
-# -- launching ranks without torchrun ----------------------------------------------------------
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
