@@ -152,8 +152,7 @@ class InferenceLoop:
         self.completed: queue.Queue[int] = queue.Queue()
         self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
                                        hand_on=self.completed.put if consume else None)
-        self._last_check = 0.0
-        self._stop = threading.Event()
+        self._last_check, self._stop = 0.0, threading.Event()
         self._held = np.zeros(self.G, bool)  # parked by a planning policy (their workers sleep) until ``unhold``
         # Groups whose ready token the loop took: their rows are published to it (shm/slots.py) until handed back.
         self._owned = np.zeros(self.G, bool)
