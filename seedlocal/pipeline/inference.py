@@ -310,8 +310,7 @@ class InferenceLoop:
         bufs, rows = self._tbuf[ready].astype(np.int64), self._trow[ready].astype(np.int64)
         stepped = rows > 0
         prev = (bufs * self.L + rows)[stepped] - 1
-        ignored = flat["ignored"].take(prev, axis=0)
-        n_stepped = len(prev)
+        ignored, n_stepped = flat["ignored"].take(prev, axis=0), len(prev)
         # An observation starts an episode where the step before it was ignored (spec.py's episode_starts).
         if n_stepped == len(ready):  # (take made a new array: first is the batch's own)
             first = ignored

@@ -159,8 +159,7 @@ class Ranks(Solo):
     def pool_moments(self, n: float, mean: torch.Tensor, var: torch.Tensor):
         """(count, mean, var) of every rank's rows, from each rank's (float64 vectors on the CPU): gathered
         and merged in rank order, so that every rank computes the same numbers."""
-        k = len(mean)
-        mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
+        k, mine = len(mean), torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
         got = [torch.empty_like(mine) for _ in range(self.world)]
         self._call("the running statistics", dist.all_gather, got, mine, group=self.scalars)
         total, m, v = 0.0, mean, var
