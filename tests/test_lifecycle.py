@@ -213,7 +213,7 @@ def test_rows_are_read_only_after_the_acquiring_token():
                                           num_buffers=8))
     layout = RolloutLayout(num_buffers=8, length=5, envs=2, obs=spec.obs, action=spec.action, outputs=policy.outputs)
     with contextlib.closing(ActorPool(spec, layout, shape, seed=0, max_restarts=0)) as pool:
-        loop = InferenceLoop(pool, policy, torch.device("cpu"), min_batch_envs=2, batch_timeout_s=0.0)
+        loop = InferenceLoop(pool, policy, torch.device("cpu"), batch_timeout_s=0.0)  # the shape's min batch: 2
         state = pool.control["state"]
         loop.unrolls.bind_all()  # as start() would, without spawning the worker
         # Loop side: a group whose state says OBS_READY but whose token is not posted is not served.
@@ -389,11 +389,13 @@ def test_a_worker_whose_forkserver_died_before_it_was_armed_exits(monkeypatch):
     PR_SET_PDEATHSIG leaves it adopted: it must exit, not record its new
     parent and step forever. Here the pid the learner passes is one that is
     not the worker's parent (this test process), as it would be then."""
+    from types import SimpleNamespace
+
     from seedlocal.pipeline import actors
 
     # multiprocessing's own record of its server (a private attribute): without it workers fall back to racing.
-    assert actors.forkserver_pid() > 0
-    monkeypatch.setattr(actors, "forkserver_pid", lambda envpool=True: os.getpid())
+    assert actors.start_server(SimpleNamespace(backend="envpool")) > 0
+    monkeypatch.setattr(actors, "start_server", lambda spec: os.getpid())
     # (Its own line goes to the forkserver's stderr, which an earlier test's server may hold.)
     with pytest.raises(WorkerDied, match="exited with code 1 before its envs produced a first step"):
         with tiny_pipeline(RandomPolicy) as pipe:

@@ -26,9 +26,6 @@ from seedlocal.shm.arrays import SharedArrays, record_semaphores
 from seedlocal.shm.rollout import RolloutLayout, create_store
 from seedlocal.shm.slots import STEPPING, Signal, create_control, read_text
 
-# The bridge server's goodbye: GOODBYE_S for its hosts to read it, gRPC's half-second grace on top, and its exit.
-SERVER_GOODBYE_S = GOODBYE_S + 2.0
-
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
 # What every env worker imports before its first step (the worker module brings seedlocal/envs/), so that one forked
@@ -45,10 +42,15 @@ def worker_context(envpool: bool = True):
     return ctx
 
 
-def start_server(spec: EnvSpec) -> None:
-    """Start the workers' forkserver now, so that its imports (about a second) run on another core while the learner
-    builds its trainer; the first worker's start waits for it."""
-    forkserver_pid(spec.backend == "envpool")
+def start_server(spec: EnvSpec) -> int:
+    """Start the workers' forkserver if it is not running (early, so that its imports, about a second, run on another
+    core while the learner builds its trainer; the first worker's start waits for it). Returns its pid (0 where
+    multiprocessing does not say), which a worker checks is still its parent once it is set to die with it."""
+    from multiprocessing import forkserver
+
+    worker_context(spec.backend == "envpool")  # the server, if this starts it, preloads what the workers import
+    forkserver.ensure_running()
+    return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
 
 
 def _main_has_file() -> bool:
@@ -106,16 +108,6 @@ def local_seed(base: int, worker: int, restarts: int, shape: PipelineShape) -> i
     return wrap_seed(base + shape.seed_block(restarts) + offset, shape.num_envs)
 
 
-def forkserver_pid(envpool: bool = True) -> int:
-    """The pid of the workers' forkserver (started now if need be; 0 where multiprocessing does not say), which
-    a worker checks is still its parent once it is set to die with it."""
-    from multiprocessing import forkserver
-
-    worker_context(envpool)  # the server, if this starts it, preloads what the workers import
-    forkserver.ensure_running()
-    return int(getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", 0) or 0)
-
-
 class ActorPool:
     def __init__(self, spec: EnvSpec, layout: RolloutLayout, shape: PipelineShape, seed: int, max_restarts: int,
                  bridge=None, restart_window_s: float = 0.0, errors_file: str = ""):
@@ -129,8 +121,7 @@ class ActorPool:
         self.bridge_port: int | None = None
         self.seed, self.max_restarts, self.restart_window_s = seed, max_restarts, restart_window_s
         self.errors_file, self._shown_traceback = errors_file, False
-        self._envpool = spec.backend == "envpool"  # whether the workers' forkserver preloads envpool (envs/make.py)
-        self._ctx = worker_context(self._envpool)
+        self._ctx = worker_context(spec.backend == "envpool")  # whether its forkserver preloads envpool (envs/make.py)
         self.control: SharedArrays | None = None  # each None once closed
         self.store: SharedArrays | None = None
         self.semaphores: SharedArrays | None = None
@@ -142,8 +133,7 @@ class ActorPool:
         self.ready = [Signal(self._ctx) for _ in range(shape.num_groups)]  # per group: its rows are published
         self.wake = [Signal(self._ctx) for _ in range(shape.num_groups)]
         try:
-            signals = [self.obs_ready, *self.ready, *self.wake]
-            self.semaphores = record_semaphores([s.name for s in signals if s.name])
+            self.semaphores = record_semaphores([s.name for s in (self.obs_ready, *self.ready, *self.wake) if s.name])
             self.control = create_control(shape.num_groups)
             self.store = create_store(layout)
         except BaseException:
@@ -164,9 +154,6 @@ class ActorPool:
         if self.bridge is not None:
             self._start_server()
 
-    def remote_groups(self) -> range:
-        return range(self.num_local_groups, self.shape.num_groups)
-
     def _start_server(self) -> None:
         from seedlocal.config.checks import bridge_token, split_address
         from seedlocal.pipeline.bridge import wire
@@ -174,7 +161,7 @@ class ActorPool:
 
         b = self.bridge
         host, port = split_address("bridge.listen", b.listen, listen=True)
-        groups = self.remote_groups()
+        groups = range(self.num_local_groups, self.shape.num_groups)  # the remote ones, numbered after the local
         recv, send = self._ctx.Pipe(duplex=False)
         args = ServerArgs(
             host=host, port=port, token=bridge_token(b.token_file), tls_cert=b.tls_cert, tls_key=b.tls_key,
@@ -213,7 +200,7 @@ class ActorPool:
             threads_per_group=self.shape.threads_per_group, seed=local_seed(self.seed, w, self.restarts[w], self.shape),
             spec=self.spec, control=self.control.handle(), rollout=self.store.handle(),
             wake=tuple(self.wake[g] for g in groups), ready=tuple(self.ready[g] for g in groups),
-            obs_ready=self.obs_ready, parent_pid=forkserver_pid(self._envpool), errors_file=self.errors_file)
+            obs_ready=self.obs_ready, parent_pid=start_server(self.spec), errors_file=self.errors_file)
         self.control["group_error"][groups.start:groups.stop] = 0
         self.control["group_trace"][groups.start:groups.stop] = 0
         self._steps_at_spawn[w] = self._group_steps(w)
@@ -254,9 +241,8 @@ class ActorPool:
         unrolls and calls ``spawn(w)``: the new worker sees only what was bound after this."""
         code = self.procs[w].exitcode
         if self._group_steps(w) == self._steps_at_spawn[w] and (code > 0 or -code in _CRASH_SIGNALS):
-            # It failed before its envs produced a first step (an exception, or native code aborting or crashing,
-            # while making or resetting them): a restart would fail the same way. A kill from outside (SIGKILL,
-            # SIGTERM) says nothing about the env.
+            # It failed before its envs' first step (an exception, or native code aborting or crashing, making or
+            # resetting them): a restart would fail alike. A kill from outside (SIGKILL, SIGTERM) says nothing of it.
             hint = (f"; {main_registration_problem(self.spec.env_id, _main_has_file())}"
                     if registered_in_main(self.spec.env_id) else "")
             raise WorkerDied(f"{self.describe_exit(w, ' before its envs produced a first step')}; "
@@ -307,9 +293,9 @@ class ActorPool:
             if p is not None:
                 p.join(max(0.0, deadline - time.monotonic()))
         if self.server is not None:
-            # Its own time, whatever the workers took: it tells each actor host that the run ended (they then exit
-            # rather than retry), and gRPC gets its grace to deliver that before the server stops.
-            self.server.join(max(SERVER_GOODBYE_S, deadline - time.monotonic()))
+            # Its own time, whatever the workers took: it tells each actor host the run ended (they exit, not retry) and
+            # waits GOODBYE_S for them to read it; gRPC's half-second grace and its exit take the 2 s on top.
+            self.server.join(max(GOODBYE_S + 2.0, deadline - time.monotonic()))
         for p in [p for p in self.procs + [self.server] if p is not None]:
             for end in (p.terminate, p.kill):
                 if p.is_alive():

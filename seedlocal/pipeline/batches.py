@@ -41,10 +41,8 @@ class Batcher:
     def __init__(self, store: dict, obs_keys: list[str], k: int, device: torch.device, sets: int = 2):
         self.store, self.k, self.device = store, k, device
         self.fields = {name: key for name, key in FIELDS.items() if name in store}
-        self.obs_keys = list(obs_keys)
-        self.cuda = device.type == "cuda"
-        # The axis of one unroll's envs, along which k unrolls go side by side: [L, E, ...] -> [L, k*E, ...], and
-        # core_state's [E, 2, H] -> [k*E, 2, H].
+        self.obs_keys, self.cuda = list(obs_keys), device.type == "cuda"
+        # k unrolls side by side on their envs' axis: [L, E, ...] -> [L, k*E, ...], core_state [E, 2, H] -> [k*E, 2, H].
         self._axis = {name: 0 if name == "core_state" else 1 for name in
                       self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else [])}
         shapes = {name: [d * k if i == axis else d for i, d in enumerate(store[name].shape[1:])]
@@ -60,13 +58,10 @@ class Batcher:
         self._copied = [None] * sets  # CUDA events: the last host-to-device copy out of each host set
 
     def fill(self, bufs: list[int], slot: int) -> Batch:
-        """Copy unrolls ``bufs`` into set ``slot``: the one host copy of each field."""
-        if len(bufs) != self.k:
-            raise ValueError(f"{len(bufs)} unrolls for a batch of {self.k}")
+        """Copy unrolls ``bufs`` (``k`` of them) into set ``slot``: the one host copy of each field."""
         host = self.host[slot]
         if self._copied[slot] is not None:
-            # The last copy out of this pinned set may still be in flight: the learner waited for it on the device,
-            # the host never did.
+            # The last copy out of this pinned set may be in flight: the learner waited for it on the device only.
             self._copied[slot].synchronize()
         for name, dst in host.items():
             np.concatenate([self.store[name][b] for b in bufs], axis=self._axis[name], out=dst)
@@ -100,9 +95,8 @@ class Batcher:
 
 
 class Prefetcher(threading.Thread):
-    """Collects k completed unrolls, fills a free set and queues the batch, one batch ahead of the learner. With
-    ``release_early`` the unrolls go back to the actors as soon as they are copied; otherwise (``algo.sync``) only
-    when the learner is done with the batch."""
+    """Collects k completed unrolls, fills a free set and queues the batch, one ahead of the learner. With
+    ``release_early`` the unrolls go back to the actors once copied; else (``algo.sync``) once the learner is done."""
 
     def __init__(self, loop, batcher: Batcher, release_early: bool):
         super().__init__(name="seedlocal-prefetch", daemon=True)

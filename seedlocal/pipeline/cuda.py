@@ -15,13 +15,11 @@ class WeightLock:
     """A lock, plus CUDA events, between the optimiser's writes of the learner's weights and the inference thread's
     reads of them in place (SEED's way, DESIGN decision 4): the learner wraps each ``optimizer.step()`` in ``with
     lock:``, the inference thread each forward in ``with lock.reading():``. On CUDA, where the inference thread has
-    its own stream, a read first waits for the event recorded after the last write, and a write for the last read's.
-    """
+    its own stream, a read first waits for the event recorded after the last write, and a write for the last read's."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self._lock = threading.Lock()
+        self.cuda, self._lock = self.device.type == "cuda", threading.Lock()
         self._wrote = self._read = None  # CUDA events (recorded only on CUDA)
 
     def _after(self, event) -> None:
@@ -53,8 +51,7 @@ class GraphedStep:
     """``step(obs, core)`` (a network's one-step forward) replayed from CUDA graphs, one per batch size rounded up to
     a power of two, in one memory pool; ``capture`` takes every size a run will serve before the learner starts, an
     unannounced one is captured when it comes. Inputs are copied into static buffers (pad rows' outputs dropped),
-    outputs cloned out (the caller may keep them); parameters are read where they live (docs/pipeline.md).
-    """
+    outputs cloned out (the caller may keep them); parameters are read where they live (docs/pipeline.md)."""
 
     def __init__(self, step, device: torch.device):
         self.step, self.device = step, torch.device(device)  # a CUDA one: checks.validate_pipeline refuses others

@@ -1,9 +1,8 @@
-"""Imported by the env workers' forkserver (``actors.WORKER_PRELOAD``): the server exits at once. Imported anywhere
-else, it does nothing.
+"""Imported by the env workers' forkserver (``actors.WORKER_PRELOAD``): the server exits at once. Elsewhere: nothing.
 
 The server leaves with its owner (the learner or the actor host), by SystemExit; an ordinary exit would first tear
 down every module it preloaded (seconds on a loaded machine) while its workers wait for their PR_SET_PDEATHSIG. It
-holds nothing that needs that teardown, so it ends with os._exit at the start of its exit (docs/architecture.md).
+holds nothing that needs that teardown, so it ends with os._exit as its exit starts (docs/architecture.md).
 
 It also ignores SIGINT and SIGHUP from its import on: the server ignores SIGINT itself only once its preloads are
 imported (a Ctrl-C in a run's first second printed a traceback from envpool's import), and a SIGHUP to the process

@@ -2,8 +2,7 @@
 
 Each :meth:`InferenceLoop.step`
 
-1. waits in the kernel until ``min_batch_envs`` observations are ready, or ``batch_timeout_s`` after the first
-   (``_collect``);
+1. waits in the kernel for ``min_batch_envs`` ready observations, or ``batch_timeout_s`` after the first (``_collect``);
 2. hands every group that filled its unroll's last row to the consumer and rebinds it to a free unroll whose row 0
    is the same observation (``pipeline/unrolls.py``); with none free the group is *parked* (its worker sleeps) until
    one is released, which bounds the policy lag by the number of unrolls, and the others are served on (``_rotate``);
@@ -94,8 +93,7 @@ def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
     """What the workers need of a batch, as numpy. On an accelerator (``pack`` defaults to that) the actions and
     every output go in one float32 block, so a batch costs one device-to-host copy and one wait rather than one
     per field; integer actions survive the round trip exactly (< 2**24)."""
-    if pack is None:
-        pack = actions.device.type != "cpu"
+    pack = actions.device.type != "cpu" if pack is None else pack
     if not pack:
         return actions.cpu().numpy(), {name: t.cpu().numpy() for name, t in outputs.items()}
     n = actions.shape[0]
@@ -129,8 +127,7 @@ class _Batch:
     outputs: dict[str, np.ndarray] | None = None
 
     def keep(self, mask: np.ndarray) -> bool:
-        """Only the groups where ``mask`` is True stay; whether any does (``stepped``, ``prev`` and ``done``
-        stay as they were: only ``_plan`` reads them, before any group leaves)."""
+        """Keep the groups where ``mask`` is True (``stepped``, ``prev``, ``done`` as they were); whether any is."""
         self.groups, self.bufs, self.rows, self.first = (
             self.groups[mask], self.bufs[mask], self.rows[mask], self.first[mask])
         return bool(len(self.groups))
@@ -140,8 +137,8 @@ class InferenceLoop:
     poll_s = 0.25  # the longest a wait for ready groups sleeps before it checks the workers anyway
     check_every_s = 0.1  # a waitpid per worker: cheap
 
-    def __init__(self, pool: ActorPool, policy: Policy, device: torch.device, min_batch_envs: int,
-                 batch_timeout_s: float, consume: bool = False, threads: int = 1):
+    def __init__(self, pool: ActorPool, policy: Policy, device: torch.device, batch_timeout_s: float,
+                 consume: bool = False, threads: int = 1):
         """``consume``: full unrolls go to ``completed`` for a consumer, which ``release``s each (else they are
         free again at once). ``threads``: torch's CPU threads for whichever thread serves batches (a count per
         OS thread, so a learner in another thread keeps its own)."""
@@ -149,21 +146,18 @@ class InferenceLoop:
         self.store, ctl, self.layout = pool.store, pool.control, pool.layout
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
         self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.shape.num_groups
-        self.min_batch_envs, self.batch_timeout_s = max(1, min_batch_envs), batch_timeout_s
+        self.min_batch_envs, self.batch_timeout_s = max(1, pool.shape.min_batch_envs), batch_timeout_s
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
         self.completed: queue.Queue[int] = queue.Queue()
         self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
                                        hand_on=self.completed.put if consume else None)
-        self._last_check = 0.0
-        self._stop = threading.Event()
+        self._last_check, self._stop = 0.0, threading.Event()
         self._held = np.zeros(self.G, bool)  # parked by a planning policy (their workers sleep) until ``unhold``
-        # Groups whose ready token the loop took: their rows are published to this thread (shm/slots.py) until it
-        # hands them back to the worker.
+        # Groups whose ready token the loop took: their rows are published to it (shm/slots.py) until handed back.
         self._owned = np.zeros(self.G, bool)
-        # A planning policy's requests to serve held groups again, which wake the loop.
         self._unhold = policy.unhold if policy.unhold is not None else Unhold()
-        self._unhold.connect(pool.obs_ready.post)
+        self._unhold.connect(pool.obs_ready.post)  # a planning policy's request to serve held groups wakes the loop
         # Which groups actor hosts step, behind the bridge (None: none).
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
         # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields: one index per
@@ -183,8 +177,6 @@ class InferenceLoop:
         self._staged = {k: [v[:n * self.E] for n in range(self.G + 1)] for k, v in self._staging.items()}
         spec = self.policy.core_state
         self.core = None if spec is None else torch.zeros((self.G, self.E) + spec.shape, device=self.device)
-
-    # -- unrolls -------------------------------------------------------------------
 
     def release(self, buf: int) -> None:
         """The consumer is done with a completed unroll (any thread)."""
@@ -207,8 +199,6 @@ class InferenceLoop:
                 self._ack_remote(g)
             else:
                 self._hand_back(g, RESET)  # the restarted worker waits for this (UNBOUND) before its reset
-
-    # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
         # Every batch size (whole groups, 1 to all), e.g. for CUDA graph capture, before any learner or worker runs.
@@ -254,11 +244,8 @@ class InferenceLoop:
         ctl["group_lost_ack"][g] = ctl["group_lost"][g]
         self.pool.wake[g].post()  # the release that publishes the rebind
 
-    # -- one batch ----------------------------------------------------------------
-
     def _collect(self) -> np.ndarray:
-        t0 = time.perf_counter()
-        deadline = None
+        t0, deadline = time.perf_counter(), None
         while True:
             if self._stop.is_set():
                 raise LoopStopped
@@ -283,8 +270,7 @@ class InferenceLoop:
                 if len(ready):
                     self.stats.timeouts += 1
                     break
-                # The groups it began waiting with are gone (a dead worker's, un-owned by _check_workers): an
-                # empty batch has nothing to act on, so wait afresh.
+                # Its groups are gone (a dead worker's, un-owned by _check_workers): nothing to act on, so wait afresh.
                 deadline = None
             if len(ready) and deadline is None:
                 deadline = now + self.batch_timeout_s
@@ -312,25 +298,19 @@ class InferenceLoop:
         with ``_gather`` (where the rows are, the episodes the last step ended) and a planning policy's ``_plan``
         (hold or restart groups) after the wait; a phase that leaves no group ends the batch there."""
         batch = self._gather(self._collect())
-        if self.policy.plans and not self._plan(batch):
-            return batch.steps
-        if not self._rotate(batch):
-            return batch.steps
-        self._act(batch)
-        self._scatter(batch)
+        if (not self.policy.plans or self._plan(batch)) and self._rotate(batch):
+            self._act(batch)
+            self._scatter(batch)
         return batch.steps
 
     def _gather(self, ready: np.ndarray) -> _Batch:
         """The ready groups' rows, whether each env's observation starts an episode, and the episode ends of the
         step that produced them (added to ``stats.episodes``)."""
         flat, E = self._flat, self.E
-        bufs = self._tbuf[ready].astype(np.int64)
-        rows = self._trow[ready].astype(np.int64)
+        bufs, rows = self._tbuf[ready].astype(np.int64), self._trow[ready].astype(np.int64)
         stepped = rows > 0
-        # Episode ends and auto-reset flags of the step that produced these obs.
         prev = (bufs * self.L + rows)[stepped] - 1
-        ignored = flat["ignored"].take(prev, axis=0)
-        n_stepped = len(prev)
+        ignored, n_stepped = flat["ignored"].take(prev, axis=0), len(prev)
         # An observation starts an episode where the step before it was ignored (spec.py's episode_starts).
         if n_stepped == len(ready):  # (take made a new array: first is the batch's own)
             first = ignored
@@ -391,21 +371,18 @@ class InferenceLoop:
         obs = self._stage(b)
         t0 = time.perf_counter()
         flat_core = None if core is None else core.reshape((len(b.groups) * self.E,) + core.shape[2:])
-        env_ids = self._env_ids[b.groups].ravel()
-        actions, outputs, new_core = self.policy.act(obs, flat_core, env_ids, b.first.ravel())
-        host_actions, host_out = to_host(actions, outputs)
-        if host_actions.dtype.kind == "f" and not np.isfinite(host_actions).all():
+        actions, outputs, new_core = self.policy.act(obs, flat_core, self._env_ids[b.groups].ravel(), b.first.ravel())
+        b.actions, b.outputs = to_host(actions, outputs)
+        if b.actions.dtype.kind == "f" and not np.isfinite(b.actions).all():
             # Never sent: a simulator stepped with NaN goes on silently with NaN state.
             raise Diverged("the policy produced a NaN or infinite action (its weights or its observation "
                            "statistics diverged); no env was stepped with it")
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
             self.core[torch.from_numpy(b.groups)] = new_core.reshape(core.shape)
-        b.actions, b.outputs = host_actions, host_out
 
     def _batch_core(self, b: _Batch) -> torch.Tensor | None:
-        """The groups' recurrent state [k, E, ...], zeroed where an episode starts; stored as the start state of
-        each unroll that starts here."""
+        """The groups' recurrent state [k, E, ...], zeroed at episode starts; stored for each unroll starting here."""
         if self.core is None:
             return None
         core = self.core[torch.from_numpy(b.groups)]
@@ -417,8 +394,7 @@ class InferenceLoop:
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
         """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
-        k = len(b.groups)
-        obs = {}
+        k, obs = len(b.groups), {}
         for key in self._obs_keys:
             # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
             # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.
@@ -427,8 +403,7 @@ class InferenceLoop:
         return obs
 
     def _scatter(self, b: _Batch) -> None:
-        """Actions, outputs and the policy version into the batch's rows; the groups move to their next row and
-        go back to their workers."""
+        """Actions, outputs and policy version into the batch's rows; its groups, a row on, back to their workers."""
         flat, k, E = self._flat, len(b.groups), self.E
         flat["action"][b.flat] = b.actions.reshape((k, E) + b.actions.shape[1:])
         for name, v in b.outputs.items():
@@ -486,8 +461,7 @@ class StallWatch:
         self._steps, self._t = self.loop.stats.env_steps, time.monotonic()
 
     def _waiting(self) -> np.ndarray:
-        """Local groups inside their env (STEPPING) or not taking their actions (ACTION_READY: a stopped or
-        starved process)."""
+        """Local groups in their env (STEPPING) or not taking actions (ACTION_READY: a stopped or starved process)."""
         state = self.loop.pool.control["state"][:self.loop.pool.num_local_groups]
         return (state == STEPPING) | (state == ACTION_READY)
 

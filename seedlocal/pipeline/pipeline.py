@@ -42,8 +42,6 @@ def _check_fits(env: EnvConfig, spec: EnvSpec, shape: PipelineShape, layout: Rol
             f"{layout.num_buffers:,d} unrolls x {layout.length:,d} steps x {layout.envs} envs ({store / 1e9:.1f} GB); "
             "lower pipeline.num_workers, pipeline.num_buffers (V-trace: algo.batch_size), pipeline.unroll_length "
             "or bridge.remote_envs")
-    if env.seed < 0:
-        raise ConfigError(f"env.seed={env.seed}: must be >= 0")
     # Seeds come in blocks per start and rank, wrapping below int32's end (actors.local_seed); envpool asserts they
     # fit (Gymnasium envs take any size), so one start of every env of every rank must.
     used = shape.ranks * shape.num_envs
@@ -56,9 +54,8 @@ class Pipeline(AbstractContextManager):
     def __init__(self, env: EnvConfig, pipe: PipelineConfig, make_policy: Callable[[EnvSpec, torch.device], object],
                  spec: EnvSpec, shape: PipelineShape, consume: bool = False, bridge: BridgeConfig | None = None,
                  errors_file: str = ""):
-        """``spec`` and ``shape``: the env's and the pipeline's sizes, as preparation made and checked them from
-        this config (``seedlocal/prepare.py``; nothing is checked or derived again here). ``errors_file``: where
-        env workers' tracebacks go (``ActorPool``)."""
+        """``spec`` and ``shape``: preparation's, from this config (the module docstring; nothing is checked or
+        derived again here). ``errors_file``: where env workers' tracebacks go (``ActorPool``)."""
         self.shape, self.spec = shape, spec
         self.device = resolve_device(pipe.device)
         self.policy = make_policy(self.spec, self.device)
@@ -69,9 +66,8 @@ class Pipeline(AbstractContextManager):
         self.pool = ActorPool(self.spec, self.layout, shape, env.seed, pipe.max_restarts, bridge=bridge,
                               restart_window_s=pipe.restart_window_s, errors_file=errors_file)
         try:
-            self.loop = InferenceLoop(self.pool, self.policy, self.device, min_batch_envs=shape.min_batch_envs,
-                                      batch_timeout_s=pipe.batch_timeout_ms / 1000.0, consume=consume,
-                                      threads=pipe.inference_threads)
+            self.loop = InferenceLoop(self.pool, self.policy, self.device, pipe.batch_timeout_ms / 1000.0,
+                                      consume=consume, threads=pipe.inference_threads)
             self.loop.start()
         except BaseException:
             self.pool.close()
@@ -81,8 +77,5 @@ class Pipeline(AbstractContextManager):
     def store(self):
         return self.pool.store
 
-    def close(self) -> None:
-        self.pool.close()
-
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.pool.close()

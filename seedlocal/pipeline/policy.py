@@ -25,8 +25,7 @@ import torch
 
 from seedlocal.spec import EnvSpec, TensorSpec
 
-# What a planning policy may ask for each ready group.
-SERVE, HOLD, RESTART = 0, 1, 2
+SERVE, HOLD, RESTART = 0, 1, 2  # what a planning policy may ask for each ready group
 
 
 class Unhold:

@@ -15,9 +15,8 @@ everywhere:
 Scalars (the stop decision, pooled statistics, a population's scores) go over a CPU group (``scalar_group``);
 NCCL carries only what lives on the GPU. ``Solo`` is the single-process run: every method returns its input and no
 torch.distributed call is made. A peer that dies or hangs makes the next collective fail (at once for a closed
-socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank.
-``launch`` is ``--learners G`` without torchrun: G copies of this command line, each told its rank in torchrun's
-environment variables.
+socket, after ``--dist-timeout-s`` for a silent peer): it becomes ``PeerLost``, one line naming the rank. ``launch``
+is ``--learners G`` without torchrun: G copies of this command, each told its rank in torchrun's environment variables.
 """
 
 from __future__ import annotations
@@ -90,8 +89,7 @@ class Ranks(Solo):
     def __init__(self, rank: int, world: int, local_rank: int, timeout_s: float, device: str = "cpu",
                  scalars=None):
         """``device``: where the gradients and the advantages' moments are reduced (NCCL's: cuda). ``scalars``:
-        the process group of the collectives of host numbers, on the CPU (``scalar_group``; None: the default
-        group, itself a CPU one)."""
+        the process group of host numbers' collectives, on the CPU (``scalar_group``; None: the default, a CPU one)."""
         self.rank, self.world, self.local_rank, self.timeout_s = rank, world, local_rank, timeout_s
         self.main, self.device, self.scalars = rank == 0, torch.device(device), scalars
         self._flat: torch.Tensor | None = None  # the gradients' all-reduce buffer, kept from update to update
@@ -100,8 +98,7 @@ class Ranks(Solo):
         """This rank's config: learner threads left at 0 are cores / G, its own GPU (cuda:LOCAL_RANK, wrapping
         round the GPUs there are), its own bridge port (bridge.listen's + RANK). Its shape and its share of the
         batch are preparation's (``prepare.for_rank``); docs/distributed.md."""
-        p = cfg.pipeline
-        cores = max(1, usable_cores() // self.world)
+        p, cores = cfg.pipeline, max(1, usable_cores() // self.world)
         device = p.device
         if device in ("auto", "cuda") and torch.cuda.is_available():
             device = f"cuda:{self.local_rank % torch.cuda.device_count()}"
@@ -162,8 +159,7 @@ class Ranks(Solo):
     def pool_moments(self, n: float, mean: torch.Tensor, var: torch.Tensor):
         """(count, mean, var) of every rank's rows, from each rank's (float64 vectors on the CPU): gathered
         and merged in rank order, so that every rank computes the same numbers."""
-        k = len(mean)
-        mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
+        k, mine = len(mean), torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
         got = [torch.empty_like(mine) for _ in range(self.world)]
         self._call("the running statistics", dist.all_gather, got, mine, group=self.scalars)
         total, m, v = 0.0, mean, var
@@ -215,9 +211,8 @@ def from_environment() -> tuple[int, int, int] | None:
 
 
 def join(cfg, device_kind: str = "cpu") -> Solo:
-    """This process's place among the learner ranks: ``Solo()`` for one process (no torch.distributed call),
-    else a ``Ranks`` joined to the group, gloo on CPUs and NCCL on GPUs (gloo when there are fewer GPUs than
-    ranks: NCCL takes one GPU per rank)."""
+    """This process's place among the learner ranks: ``Solo()`` for one process (no torch.distributed call), else
+    a ``Ranks`` in the group, gloo on CPUs and NCCL on GPUs (gloo with fewer GPUs than ranks: NCCL takes one each)."""
     found = from_environment()
     if found is None:
         if cfg.learners > 1:
@@ -225,8 +220,14 @@ def join(cfg, device_kind: str = "cpu") -> Solo:
                               "itself or torchrun)")
         return Solo()
     rank, world, local_rank = found
-    if os.environ.get(LAUNCHED):
-        _stop_with_launcher(int(os.environ[LAUNCHED]), rank)
+    if launched := os.environ.get(LAUNCHED):
+        # Started by ``launch``: SIGTERM (a clean stop: checkpoint, segments) when the launcher dies, even by SIGKILL (a
+        # notebook's kernel restarted), rather than train on unwatched to its budget; if it is gone already, stop here.
+        from seedlocal.pipeline.worker import die_with_parent
+
+        launcher = int(launched)
+        if die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
+            raise PeerLost(f"learner rank {rank}: its launcher (pid {launcher}) is gone; not starting")
     if cfg.learners > 1 and cfg.learners != world:
         raise ConfigError(f"learners={cfg.learners}: torchrun started {world} ranks (WORLD_SIZE); give "
                           f"--learners {world} or leave it out")
@@ -240,24 +241,11 @@ def join(cfg, device_kind: str = "cpu") -> Solo:
                  scalars=scalar_group(backend, timeout))
 
 
-def _stop_with_launcher(launcher: int, rank: int) -> None:
-    """A rank that ``launch`` started gets SIGTERM (a clean stop: checkpoint, segments) when its launcher dies, even
-    by SIGKILL (a notebook's kernel restarted): it would otherwise train on, unwatched, to its budget. One whose
-    launcher is gone already (before this was armed) stops here."""
-    from seedlocal.pipeline.worker import die_with_parent
-
-    if die_with_parent() and os.getppid() != launcher:  # (not on Linux: no such guard)
-        raise PeerLost(f"learner rank {rank}: its launcher (pid {launcher}) is gone; not starting")
-
-
 def scalar_group(backend: str, timeout: timedelta):
     """The process group for the collectives of host numbers (``Ranks.sum``, ``gather``, ``pool_moments``):
     beside NCCL, a gloo group of the same ranks, so that reading them back never waits for the GPU's queue
     (docs/distributed.md, "Backends"). None (the default group) when that is gloo already."""
     return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
-
-
-# -- launching ranks without torchrun ----------------------------------------------------------
 
 
 def free_port() -> int:
@@ -295,8 +283,7 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
                     print(f"seedlocal: learner rank {r} (pid {p.pid}) was killed by {_signal_name(-rc)}; the other "
                           "ranks stop", file=sys.stderr, flush=True)
                 if rc != 0 and deadline is None:
-                    deadline = time.monotonic() + 2 * timeout_s
-                    status = 1 if rc < 0 else rc
+                    deadline, status = time.monotonic() + 2 * timeout_s, 1 if rc < 0 else rc
             if deadline is not None and time.monotonic() > deadline:
                 break
     except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves
@@ -304,7 +291,11 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
         for p in procs:
             if interrupt_ranks and p.poll() is None:
                 p.terminate()
-        _wait_all(procs, 2 * timeout_s)
+        end = time.monotonic() + 2 * timeout_s
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C ends the wait
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=max(0.0, end - time.monotonic()))
     finally:
         _stop(procs)
     return status
@@ -315,14 +306,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _wait_all(procs: list, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    with contextlib.suppress(KeyboardInterrupt):
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.0, end - time.monotonic()))
 
 
 def _stop(procs: list) -> None:

@@ -1,29 +1,25 @@
 """Which unroll each group writes into: the allocator beside the batch server.
 
-The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is *free*, *bound* to the one group that
-fills it, or *held* by the consumer (the learner) between its hand-off and its ``release``. Each group is in
-exactly one of three states:
+The store holds ``num_buffers`` unrolls (``shm/rollout.py``). An unroll is *free*, *bound* to the group filling it,
+or *held* by the consumer (the learner) between its hand-off and ``release``. Each group is in one of three states:
 
     bound     it writes into one unroll: ``target_buf[g]``, row ``target_row[g]``
     parked    it filled its unroll, which went on to the consumer, and found no free one to continue in: its last
               observation and episode starts wait aside (its worker sleeps on its slot) until one is
-    waiting   it must restart on fresh episodes (a dead worker, a lost actor host) and found no free unroll to
-              start in
+    waiting   it must restart on fresh episodes (a dead worker, a lost actor host) and found no free unroll
 
 Invariants (``tests/test_unrolls.py`` checks each):
 
 * buffers are conserved: free + bound + held = ``num_buffers``, each once;
 * no call blocks: a group that finds no free unroll parks or waits, and the batch server goes on serving the
   others, so a consumer waiting for more unrolls always gets them from the groups still bound;
-* a parked group continues from the observation it stopped at; a waiting one starts fresh (its old rows are never
-  handed on);
+* a parked group goes on from the observation it stopped at; a waiting one starts fresh (its old rows never handed on);
 * first parked, first resumed: unbound groups are bound in the order they became unbound, and with a consumer a
   group that fills its unroll while others wait joins the back of the line instead of taking a free unroll ahead
   of them (else a consumer that releases one owner's unrolls at a time, a population's members, starves the others:
   docs/populations.md, "members starved one another").
 
-Everything here runs on the inference loop's thread except ``release`` (the consumer's), which only touches the
-free list under its lock.
+All but ``release`` (the consumer's: it only touches the free list, under its lock) runs on the inference loop's thread.
 """
 
 from __future__ import annotations
@@ -41,10 +37,9 @@ class UnrollAllocator:
     def __init__(self, store, control, num_groups: int, obs_keys: list[str], epoch_of: Callable[[int], int],
                  hand_on: Callable[[int], None] | None = None):
         """``hand_on(buf)`` passes a full unroll to the consumer; None: none, it is free at once (neuroevolution)."""
-        self.store, self.obs_keys, self.epoch_of = store, obs_keys, epoch_of
+        self.store, self.obs_keys, self.epoch_of, self._hand_on = store, obs_keys, epoch_of, hand_on
         self._tbuf, self._trow = control["target_buf"], control["target_row"]
         self.G, self.num_buffers, self.L = num_groups, store["unroll_group"].shape[0], store["reward"].shape[1]
-        self._hand_on = hand_on
         self._free: deque[int] = deque(range(self.num_buffers))
         self._lock = threading.Lock()
         self.state = np.full(num_groups, WAITING, np.int8)
@@ -123,10 +118,8 @@ class UnrollAllocator:
 
     def resume(self) -> list[int]:
         """Bind parked and waiting groups while unrolls are free, in the order they became unbound. Parked groups
-        continue at once (row 0 is their kept observation); returns the waiting groups just bound, which the caller
-        starts on fresh episodes."""
-        started = []
-        unbound = np.flatnonzero(self.state != BOUND)
+        go on at once (row 0 is their kept observation); returns the waiting ones bound, which the caller restarts."""
+        started, unbound = [], np.flatnonzero(self.state != BOUND)
         for g in unbound[np.argsort(self._since[unbound], kind="stable")].tolist():
             buf = self._take()
             if buf is None:

@@ -1,9 +1,8 @@
 """The env worker process: steps environments, nothing else.
 
 A worker holds two groups of environments, each driven by its own thread: while one group waits for its actions,
-the other steps (envpool steps in its own threads, without the GIL). Results go straight into the rows of the
-unroll store that the inference loop assigned (``target_buf``, ``target_row``). It never imports torch and never
-allocates shared memory.
+the other steps (envpool steps in its own threads, without the GIL). Results go into the rows of the unroll store
+that the inference loop assigned (``target_buf``, ``target_row``). It never imports torch nor allocates shared memory.
 """
 
 from __future__ import annotations
@@ -150,15 +149,13 @@ def _run_group(args: WorkerArgs, g: int, env, control: SharedArrays, store: Shar
     except BaseException as e:
         _report(args, control, g, e)
         sys.stderr.flush()
-        # A half-dead worker must look dead to the inference loop; a broken env contract says so by its exit code
-        # (no restart would help).
+        # A half-dead worker must look dead; a broken env contract says so by its exit code (no restart would help).
         os._exit(CONTRACT_EXIT if isinstance(e, EnvContractError) else 1)
 
 
 def _report(args: WorkerArgs, control: SharedArrays, g: int, e: BaseException) -> None:
-    """Why this worker dies, for the learner: the exception in one line and the env's own frames of its traceback,
-    in shared memory; the whole traceback to the run's ``errors_file``, or to stderr without one (a bench, an
-    actor host) or where it cannot be written."""
+    """Why this worker dies, for the learner: the exception in one line and its env's own frames, in shared memory; the
+    whole traceback to the run's ``errors_file``, or to stderr without one (a bench, an actor host) or if unwritable."""
     write_error(control, g, e)
     if isinstance(e, EnvContractError):  # its message is the whole story, and the learner prints it
         return
@@ -180,9 +177,8 @@ _SEEDLOCAL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
 
 
 def _env_traceback(e: BaseException) -> str:
-    """``e``'s traceback from the env's own frames: seedlocal's (this worker's loop, the env backend) and
-    Gymnasium's wrappers (the time limit, the checkers) left out, the frame that raised always kept, so
-    that the file and line of the user's code are what it shows."""
+    """``e``'s traceback from the env's own frames: seedlocal's (the worker's loop, the env backend) and Gymnasium's
+    wrappers (time limit, checkers) left out, the raising frame always kept: it shows the user's file and line."""
     gym = sys.modules.get("gymnasium")
     passing = (_SEEDLOCAL,) + ((os.path.dirname(gym.__file__) + os.sep,) if gym and gym.__file__ else ())
     te = traceback.TracebackException.from_exception(e)

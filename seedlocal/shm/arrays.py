@@ -53,12 +53,11 @@ _CREATION_LOCK_WAIT_S = 2.0
 
 @contextlib.contextmanager
 def _creation_lock(exclusive: bool):
-    """A ``flock`` on the /dev/shm folder itself, held shared by a creator from creating a segment until it holds
-    the segment's own lock, and exclusively by the sweeper: while the sweeper looks, a segment without an owner's
-    lock is one whose owner died, never one being born. Yields whether it is held: either side waits at most
-    ``_CREATION_LOCK_WAIT_S`` (a process stopped holding it, Ctrl-Z, must not stall every seedlocal start), then a
-    sweeper skips its sweep and a creator goes on unlocked (only a sweeper resumed within the microseconds between
-    creating and locking a segment could catch that)."""
+    """A ``flock`` on the /dev/shm folder, held shared by a creator from creating a segment until it holds the segment's
+    own lock, and exclusively by the sweeper: while it looks, a segment without an owner's lock is one whose owner died,
+    never one being born. Yields whether it is held: either side waits at most ``_CREATION_LOCK_WAIT_S`` (a process
+    stopped holding it, Ctrl-Z, must not stall every seedlocal start), then a sweeper skips its sweep and a creator goes
+    on unlocked (only a sweeper resumed in the microseconds between creating and locking a segment could catch that)."""
     try:
         fd = os.open(_SHM_DIR, os.O_RDONLY)
     except OSError:
@@ -87,16 +86,11 @@ def sweep_stale_segments() -> list[str]:
     dies. The owner (or Python's resource tracker) unlinks on exit, but a SIGKILL of a whole process group (a job
     scheduler, ``killpg``) takes the tracker too, so each process that makes segments first sweeps those whose lock
     nobody holds (``sweep_once``). The lock, not the PID in the name, decides: containers that share ``/dev/shm``
-    across PID namespaces cannot make a live segment look stale.
-    """
+    across PID namespaces cannot make a live segment look stale."""
     with _creation_lock(exclusive=True) as held:
         if not held:
             return []
-        try:
-            names = [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX)]
-        except OSError:
-            return []
-        return [name for name in names if _unlink_if_orphaned(name)]
+        return [n for n in os.listdir(_SHM_DIR) if n.startswith(SEGMENT_PREFIX) and _unlink_if_orphaned(n)]
 
 
 def sweep_once() -> None:

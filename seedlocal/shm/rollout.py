@@ -1,7 +1,6 @@
 """Unroll storage: the one place a step's data lives, from env to learner.
 
-The store holds ``num_buffers`` unrolls. An unroll is ``length`` rows (T steps plus one bootstrap row) of one group
-of ``envs`` environments:
+The store holds ``num_buffers`` unrolls, each ``length`` rows (T steps and a bootstrap row) of a group's ``envs`` envs:
 
     obs[k]        observation the policy acted on at row t   (worker)
     action        action chosen at row t                     (inference loop)

@@ -2,8 +2,7 @@
 
 A *group* is half of one worker's environments. Its slot in a small control segment says who may touch its rows:
 
-    STEPPING      the worker: it steps the group's envs and writes the results into row ``target_row`` of unroll
-                  ``target_buf``
+    STEPPING      the worker: it steps the group's envs and writes the results into row ``target_row`` of ``target_buf``
     OBS_READY     the inference loop: observations are in that row
     ACTION_READY  the worker: actions are in row ``target_row - 1``
     RESET         the worker: reset every env of the group and write the first observations into row 0 of
@@ -61,29 +60,23 @@ def read_text(control, field: str, group: int) -> str:
 
 
 def control_specs(num_groups: int) -> list[ArraySpec]:
+    G = (num_groups,)
     return [
-        ArraySpec("state", (num_groups,), "int32"),
-        ArraySpec("target_buf", (num_groups,), "int32"),
-        ArraySpec("target_row", (num_groups,), "int32"),
+        ArraySpec("state", G, "int32"), ArraySpec("target_buf", G, "int32"), ArraySpec("target_row", G, "int32"),
         ArraySpec("stop", (1,), "int32"),
-        # Per-group counters that only the group's own thread writes.
-        ArraySpec("group_wait_s", (num_groups,), "float64"),
-        # perf_counter() when the group began waiting for actions, 0 while it is not: readers count a wait still
-        # under way up to now, so a share of one interval's time never takes in a wait begun before it.
-        ArraySpec("group_wait_since", (num_groups,), "float64"),
-        ArraySpec("group_env_s", (num_groups,), "float64"),
-        ArraySpec("group_steps", (num_groups,), "int64"),
-        ArraySpec("group_episodes", (num_groups,), "int64"),
+        # Per-group counters that only the group's own thread writes. group_wait_since: perf_counter() when the group
+        # began waiting for actions, 0 while it is not: readers count a wait still under way up to now, so a share
+        # of one interval's time never takes in a wait begun before it.
+        ArraySpec("group_wait_s", G, "float64"), ArraySpec("group_wait_since", G, "float64"),
+        ArraySpec("group_env_s", G, "float64"), ArraySpec("group_steps", G, "int64"),
+        ArraySpec("group_episodes", G, "int64"),
         # Remote groups (pipeline/bridge/server.py): the server bumps group_lost when a group's host goes away; the
         # loop rebinds the group fresh, sets group_lost_ack to match and posts the group's wake token.
-        ArraySpec("group_lost", (num_groups,), "int64"),
-        ArraySpec("group_lost_ack", (num_groups,), "int64"),
-        ArraySpec("group_connected", (num_groups,), "int8"),
+        ArraySpec("group_lost", G, "int64"), ArraySpec("group_lost_ack", G, "int64"),
+        ArraySpec("group_connected", G, "int8"),
         # Per actor host (at most one per group), written by the bridge server.
-        ArraySpec("host_connected", (num_groups,), "int8"),
-        ArraySpec("host_steps", (num_groups,), "int64"),
-        ArraySpec("host_bytes", (num_groups,), "int64"),
-        ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
+        ArraySpec("host_connected", G, "int8"), ArraySpec("host_steps", G, "int64"),
+        ArraySpec("host_bytes", G, "int64"), ArraySpec("host_rtt_ms", (num_groups, 2), "float64"),
         ArraySpec("bridge_disconnects", (1,), "int64"),
         # Why a group's worker died: its exception as one line of UTF-8, for the learner's message, and the env's
         # frames of its traceback, which the learner shows once (pipeline/worker.py's _report).
@@ -97,9 +90,8 @@ def create_control(num_groups: int) -> SharedArrays:
 
 
 class Signal:
-    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel. Tokens may outnumber real events (a
-    waiter re-checks the slot states after waking), so a spurious wake-up is harmless; a missed one costs at most the
-    waiter's timeout."""
+    """A counting wake-up: ``post`` never blocks, ``wait`` blocks in the kernel. Tokens may outnumber events (a waiter
+    re-checks the states after waking), so a spurious wake-up is harmless; a missed one costs at most its timeout."""
 
     def __init__(self, ctx: mp.context.BaseContext):
         self._sem = ctx.Semaphore(0)
