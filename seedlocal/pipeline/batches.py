@@ -41,7 +41,8 @@ class Batcher:
     def __init__(self, store: dict, obs_keys: list[str], k: int, device: torch.device, sets: int = 2):
         self.store, self.k, self.device = store, k, device
         self.fields = {name: key for name, key in FIELDS.items() if name in store}
-        self.obs_keys, self.cuda = list(obs_keys), device.type == "cuda"
+        self.obs_keys = list(obs_keys)
+        self.cuda = device.type == "cuda"
         # k unrolls side by side on their envs' axis: [L, E, ...] -> [L, k*E, ...], core_state [E, 2, H] -> [k*E, 2, H].
         self._axis = {name: 0 if name == "core_state" else 1 for name in
                       self.obs_keys + list(self.fields) + (["core_state"] if "core_state" in store else [])}

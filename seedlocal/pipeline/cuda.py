@@ -19,7 +19,8 @@ class WeightLock:
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
-        self.cuda, self._lock = self.device.type == "cuda", threading.Lock()
+        self.cuda = self.device.type == "cuda"
+        self._lock = threading.Lock()
         self._wrote = self._read = None  # CUDA events (recorded only on CUDA)
 
     def _after(self, event) -> None:

@@ -152,7 +152,8 @@ class InferenceLoop:
         self.completed: queue.Queue[int] = queue.Queue()
         self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
                                        hand_on=self.completed.put if consume else None)
-        self._last_check, self._stop = 0.0, threading.Event()
+        self._last_check = 0.0
+        self._stop = threading.Event()
         self._held = np.zeros(self.G, bool)  # parked by a planning policy (their workers sleep) until ``unhold``
         # Groups whose ready token the loop took: their rows are published to it (shm/slots.py) until handed back.
         self._owned = np.zeros(self.G, bool)
@@ -245,7 +246,8 @@ class InferenceLoop:
         self.pool.wake[g].post()  # the release that publishes the rebind
 
     def _collect(self) -> np.ndarray:
-        t0, deadline = time.perf_counter(), None
+        t0 = time.perf_counter()
+        deadline = None
         while True:
             if self._stop.is_set():
                 raise LoopStopped
@@ -310,7 +312,8 @@ class InferenceLoop:
         bufs, rows = self._tbuf[ready].astype(np.int64), self._trow[ready].astype(np.int64)
         stepped = rows > 0
         prev = (bufs * self.L + rows)[stepped] - 1
-        ignored, n_stepped = flat["ignored"].take(prev, axis=0), len(prev)
+        ignored = flat["ignored"].take(prev, axis=0)
+        n_stepped = len(prev)
         # An observation starts an episode where the step before it was ignored (spec.py's episode_starts).
         if n_stepped == len(ready):  # (take made a new array: first is the batch's own)
             first = ignored
@@ -394,7 +397,8 @@ class InferenceLoop:
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
         """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
-        k, obs = len(b.groups), {}
+        k = len(b.groups)
+        obs = {}
         for key in self._obs_keys:
             # mode="clip": with out= and the default mode="raise", numpy gathers into a temporary and copies that
             # (3x a memcpy for Pong frames); the rows are the allocator's own, always in range.

@@ -159,7 +159,8 @@ class Ranks(Solo):
     def pool_moments(self, n: float, mean: torch.Tensor, var: torch.Tensor):
         """(count, mean, var) of every rank's rows, from each rank's (float64 vectors on the CPU): gathered
         and merged in rank order, so that every rank computes the same numbers."""
-        k, mine = len(mean), torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
+        k = len(mean)
+        mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean.cpu(), var.cpu()])
         got = [torch.empty_like(mine) for _ in range(self.world)]
         self._call("the running statistics", dist.all_gather, got, mine, group=self.scalars)
         total, m, v = 0.0, mean, var
@@ -283,7 +284,8 @@ def launch(argv: list[str], world: int, timeout_s: float, command: list[str] | N
                     print(f"seedlocal: learner rank {r} (pid {p.pid}) was killed by {_signal_name(-rc)}; the other "
                           "ranks stop", file=sys.stderr, flush=True)
                 if rc != 0 and deadline is None:
-                    deadline, status = time.monotonic() + 2 * timeout_s, 1 if rc < 0 else rc
+                    deadline = time.monotonic() + 2 * timeout_s
+                    status = 1 if rc < 0 else rc
             if deadline is not None and time.monotonic() > deadline:
                 break
     except KeyboardInterrupt:  # every rank got the terminal's SIGINT too: they save and stop by themselves

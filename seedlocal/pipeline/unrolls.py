@@ -37,9 +37,10 @@ class UnrollAllocator:
     def __init__(self, store, control, num_groups: int, obs_keys: list[str], epoch_of: Callable[[int], int],
                  hand_on: Callable[[int], None] | None = None):
         """``hand_on(buf)`` passes a full unroll to the consumer; None: none, it is free at once (neuroevolution)."""
-        self.store, self.obs_keys, self.epoch_of, self._hand_on = store, obs_keys, epoch_of, hand_on
+        self.store, self.obs_keys, self.epoch_of = store, obs_keys, epoch_of
         self._tbuf, self._trow = control["target_buf"], control["target_row"]
         self.G, self.num_buffers, self.L = num_groups, store["unroll_group"].shape[0], store["reward"].shape[1]
+        self._hand_on = hand_on
         self._free: deque[int] = deque(range(self.num_buffers))
         self._lock = threading.Lock()
         self.state = np.full(num_groups, WAITING, np.int8)
@@ -119,7 +120,8 @@ class UnrollAllocator:
     def resume(self) -> list[int]:
         """Bind parked and waiting groups while unrolls are free, in the order they became unbound. Parked groups
         go on at once (row 0 is their kept observation); returns the waiting ones bound, which the caller restarts."""
-        started, unbound = [], np.flatnonzero(self.state != BOUND)
+        started = []
+        unbound = np.flatnonzero(self.state != BOUND)
         for g in unbound[np.argsort(self._since[unbound], kind="stable")].tolist():
             buf = self._take()
             if buf is None:
