@@ -53,11 +53,6 @@ class Trainer(abc.ABC):
     ranks: Solo = Solo()
     """the data-parallel learner ranks this trainer is one of (``join_ranks``)"""
 
-    @classmethod
-    def algo_name(cls, cfg) -> str:
-        """The algorithm's name in run folders and summaries."""
-        return cls.algo
-
     def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
         """``prepared``: the run (a data-parallel rank's share of it, one of ``ranks``: ``prepare.for_rank``)."""
         self.prepared = prepared
@@ -242,15 +237,15 @@ class StepTrainer(Trainer):
 class Run:
     """What a trainer sees of the run while it goes."""
 
-    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, summary: dict, saved_cfg):
+    def __init__(self, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, summary: dict, saved_cfg):
         """``summary``: what summary.json will hold (a trainer records when it met the target there);
-        ``saved_cfg``: the config checkpoints hold (``cfg`` is one data-parallel rank's share of it)."""
-        self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = cfg, trainer, pipe, monitor, run_dir
+        ``saved_cfg``: the config checkpoints hold (the trainer's ``cfg`` is one data-parallel rank's share of it)."""
+        self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = trainer.cfg, trainer, pipe, monitor, run_dir
         self.summary, self.saved_cfg = summary, saved_cfg
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
         self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
-        self.watch = StallWatch(pipe.loop, after=cfg.pipeline.stall_s)
+        self.watch = StallWatch(pipe.loop, after=self.cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting, self._said_no_host = 0.0, False
 
@@ -382,7 +377,7 @@ def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo
     if resumed is not None:
         run_dir = checkpoint.run_dir_of(resumed["path"])
     else:
-        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__{trainer_cls.algo_name(cfg)}__"
+        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__{prepared.recipe.name}__"
                                 f"{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
     t = trainer_cls(prepared, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
@@ -476,8 +471,8 @@ def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
     with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, t.spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
-            TrainingVideos(t, cfg, t.spec, monitor, run_dir, from_checkpoint) as videos:
-        r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
+            TrainingVideos(t, cfg, monitor, from_checkpoint) as videos:
+        r = Run(t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
                               pipe.pool.envs_per_group), flush=True)
