@@ -41,10 +41,9 @@ WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting
 
 
 class Trainer(abc.ABC):
-    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and ``x_axis`` (the counter TensorBoard's x axis
-    and checkpoint names follow) and fill ``counters`` in ``__init__``."""
+    """An algorithm's parts, for ``run``. Subclasses set ``x_axis`` (the counter TensorBoard's x axis and
+    checkpoint names follow) and fill ``counters`` in ``__init__``."""
 
-    algo: str
     x_axis: str = "steps"
     checkpoint_parts: tuple[str, ...] = ("counters",)
     """what a checkpoint must hold for this trainer to resume it"""
@@ -55,7 +54,7 @@ class Trainer(abc.ABC):
 
     def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
         """``prepared``: the run (a data-parallel rank's share of it, one of ``ranks``: ``prepare.for_rank``)."""
-        self.prepared = prepared
+        self.prepared, self.algo = prepared, prepared.recipe.name  # the algorithm's name in summaries and errors
         self.cfg, self.spec, self.device, self.ranks = prepared.config, prepared.spec, device, ranks
         self.counters: dict[str, int] = {}
         self.frames_per_step = prepared.spec.frames_per_step
@@ -501,7 +500,7 @@ def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
             finally:
                 r.runner.stop()
                 t.settle(r)
-                _finish(t, r, run_dir, summary, failure, resumed)
+                _finish(r, failure, resumed)
     return summary
 
 
@@ -515,8 +514,9 @@ def bridge_line(listen: str, port: int, groups: int, envs_per_group: int) -> str
             f"{'<this machine' + chr(39) + 's address>' if wildcard else host}:{port}")
 
 
-def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) -> None:
+def _finish(r: Run, failure, resumed) -> None:
     """The last scalars, checkpoint and summary.json: rank 0's; another rank only fills its summary."""
+    t, run_dir, summary = r.trainer, r.run_dir, r.summary
     results = lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),  # noqa: E731
                        "checkpoint": checkpoint.newest(run_dir) if t.ranks.main else None}
     if not t.ranks.main:

@@ -31,7 +31,6 @@ from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, VTraceLearning
 
 
 class VTraceTrainer(VTraceLearning):
-    algo = "vtrace"
     checkpoint_parts = ("model", "optimizer", "counters")
 
     def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
