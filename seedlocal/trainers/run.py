@@ -243,7 +243,8 @@ class Run:
         self.summary, self.saved_cfg = summary, saved_cfg
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
-        self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
+        remote = pipe.pool.num_remote_groups
+        self.meter = BridgeMeter(pipe.pool.control, remote) if remote else None
         self.watch = StallWatch(pipe.loop, after=self.cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting, self._said_no_host = 0.0, False
@@ -265,7 +266,7 @@ class Run:
         if self.meter is None or self._said_no_host or now - self.t_start < 3 * self.cfg.pipeline.stall_s:
             return
         self._said_no_host = True
-        if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
+        if line := self.meter.waiting_line():
             print(f"{line} after {now - self.t_start:.0f} s; training goes on with the local envs", flush=True)
 
     def out_of_time(self) -> bool:
@@ -279,7 +280,7 @@ class Run:
         now = time.monotonic()
         if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
             self._said_waiting = now
-            if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
+            if line := self.meter.waiting_line():
                 print(line, flush=True)
         self.watch.poll()
         # Data-parallel ranks decide the time budget together (in the trainer's ``spent``): one that stopped
