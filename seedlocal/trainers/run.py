@@ -427,7 +427,7 @@ class _Quiet(nullcontext):
     scalars = text = progress = _nothing
 
 
-def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable | None = None) -> dict:
+def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable) -> dict:
     """Train the ``prepared`` run until a budget ends; returns the summary (also on Ctrl-C, re-raised after
     saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
     cfg = prepared.config
@@ -463,8 +463,7 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
 ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
 
 
-def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
-          from_checkpoint: Callable | None) -> dict:
+def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None, from_checkpoint: Callable) -> dict:
     """The pipeline, the trainer's updates until a budget ends, and however it ends, the last writes (rank 0's)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())

@@ -50,7 +50,7 @@ class TrainingVideos(AbstractContextManager):
     """The run's videos, for ``run``: ``maybe`` from the learner's thread after each unit of learning;
     ``close`` (or leaving the ``with`` block) drops an episode being recorded and ends the thread."""
 
-    def __init__(self, trainer, cfg, monitor, from_checkpoint: Callable | None):
+    def __init__(self, trainer, cfg, monitor, from_checkpoint: Callable):
         """Every ``cfg.video_every_min`` minutes (none at 0; rank 0's only), played by ``from_checkpoint``."""
         # What a checkpoint of the run holds besides the trainer's state.
         self.base = {"identity": trainer.identity(), "config": dataclasses.asdict(cfg)}
@@ -63,7 +63,7 @@ class TrainingVideos(AbstractContextManager):
         self._job: tuple | None = None  # handed over, and kept until its video is done
         self._stop = False
         self._thread = None
-        if self.every_s > 0 and from_checkpoint is not None:
+        if self.every_s > 0:
             self._thread = threading.Thread(target=self._serve, name="seedlocal-videos", daemon=True)
             self._thread.start()
 
