@@ -183,7 +183,7 @@ def main(a: Args) -> None:
     act_batch = time_act(model, obs, group, device, precision)
 
     n_envs = shape.num_local_envs
-    with RawEnvpool(spec.env_id, spec, n_envs, cfg.pipeline.env_threads or cores) as raw:
+    with RawEnvpool(spec, n_envs, cfg.pipeline.env_threads or cores) as raw:
         raw_steps = max(raw.measure(0.5, 3.0).values())
 
     steps = (L - 1) * B  # agent steps per learner batch

@@ -140,7 +140,7 @@ def train_part(a: Args, device: torch.device) -> list[dict]:
                                    envs_per_worker=a.envs_per_worker or pipe.envs_per_worker, device=str(device))
         n = pipe.num_workers * pipe.envs_per_worker
         threads = pipe.env_threads or os.cpu_count() or 1
-        with RawEnvpool(env.id, spec, n, threads) as raw:
+        with RawEnvpool(spec, n, threads) as raw:
             before = max(raw.measure(a.raw_seconds / 6, a.raw_seconds).values())
             with tempfile.TemporaryDirectory(prefix="seedlocal-bench-") as tmp:
                 cfg = dataclasses.replace(cfg, pipeline=pipe, log_dir=tmp,

@@ -189,7 +189,7 @@ def _prepared(family: str, overrides: dict):
     from seedlocal.prepare import prepare
 
     recipe = families.family(family).recipe
-    prepared = prepare(from_keywords(family, recipe.run, dict(overrides)), recipe)
+    prepared = prepare(from_keywords(recipe.run, dict(overrides)), recipe)
     for line in prepared.notes:
         print(line, flush=True)
     return prepared

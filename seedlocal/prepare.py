@@ -100,7 +100,7 @@ def prepare_run(cfg, recipe: Recipe, notes: tuple[str, ...] = ()) -> Prepared:
 def preset_for(recipe: Recipe, env_id: str):
     """The preset ``prepare`` starts ``env_id``'s runs of ``recipe`` from: the one made for its kind, fitted to
     its frames (CartPole's where it has none)."""
-    return _base(Request(recipe.name, {"env.id": env_id}), recipe, None, [])
+    return _base(Request({"env.id": env_id}), recipe, None, [])
 
 
 def for_help(request: Request, recipe: Recipe):

@@ -21,10 +21,10 @@ def test_the_command_line_and_keywords_make_the_same_request():
     cli = from_command_line("vtrace", VTraceRun, [
         "--env.id", "Pong-v5", "--preset", "atari", "--no-machine-sizing", "--pipeline.num-workers", "1",
         "--algo.no-normalize-advantages", "--total-steps", "1e6", "--network.hidden", "32", "32"])
-    api = from_keywords("vtrace", VTraceRun, dict(
+    api = from_keywords(VTraceRun, dict(
         env={"id": "Pong-v5"}, preset="atari", machine_sizing=False, pipeline={"num_workers": 1},
         algo={"normalize_advantages": False}, total_steps=1_000_000, network={"hidden": (32, 32)}))
-    assert cli == api == Request("vtrace", {
+    assert cli == api == Request({
         "env.id": "Pong-v5", "pipeline.num_workers": 1, "algo.normalize_advantages": False, "total_steps": 1_000_000,
         "network.hidden": (32, 32)}, preset="atari", machine_sizing=False)
 
@@ -39,7 +39,7 @@ def test_an_option_given_is_told_from_its_default_even_with_the_default_value():
     assert set(r.options) == {"pipeline.num_workers", "algo.learning_rate", "env.backend", "pipeline.cuda_graphs"}
     given = is_given(r.options)
     assert given("pipeline") and given("pipeline.num_workers") and not given("pipeline.envs_per_worker")
-    assert from_command_line("vtrace", VTraceRun, []) == Request("vtrace", {})
+    assert from_command_line("vtrace", VTraceRun, []) == Request({})
 
 
 @pytest.mark.parametrize("name, budget, counters, refused", [

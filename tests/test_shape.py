@@ -232,8 +232,8 @@ def test_a_learner_ranks_shape_is_the_runs_divided():
     from seedlocal.pipeline.ranks import Ranks
     from seedlocal.prepare import for_rank, prepare
 
-    atari = prepare(Request("r2d2", {}, preset="atari"), recipe("r2d2"), Machine(16, True))
-    minatar = prepare(Request("r2d2", {}, preset="minatar"), recipe("r2d2"), Machine(2, False))
+    atari = prepare(Request({}, preset="atari"), recipe("r2d2"), Machine(16, True))
+    minatar = prepare(Request({}, preset="minatar"), recipe("r2d2"), Machine(2, False))
     for prepared, G, want in [(atari, 2, (4, 16, 64, 32)), (atari, 4, (2, 16, 32, 16)), (minatar, 4, (1, 8, 8, 2))]:
         cfg, run = prepared.config, prepared.shape
         for r in range(G):

@@ -22,7 +22,7 @@ GPU8, GPU16, GPU64 = Machine(8, True), Machine(16, True), Machine(64, True)
 
 def _sized(name: str, preset: str, machine: Machine, **options):
     """The run ``seedlocal train <name> --preset <preset>`` with ``options`` prepares on ``machine``."""
-    return prepare(Request(name, options, preset=preset), recipe(name), machine)
+    return prepare(Request(options, preset=preset), recipe(name), machine)
 
 
 def _changes(name: str, preset: str, machine: Machine) -> dict:
@@ -130,7 +130,7 @@ def test_a_pipeline_file_is_given_options_and_its_device_is_the_one_sized_for(tm
     import seedlocal.config.checks as checks
 
     monkeypatch.setattr(checks, "resolve_device", lambda value, field="device": __import__("torch").device("cpu"))
-    prepared = prepare(Request("vtrace", {}, preset="atari", pipeline_config=str(path)), recipe("vtrace"))
+    prepared = prepare(Request({}, preset="atari", pipeline_config=str(path)), recipe("vtrace"))
     cfg = prepared.config
     assert asked == ["cuda"]
     assert (cfg.pipeline.num_workers, cfg.pipeline.envs_per_worker, cfg.algo.batch_size) == (2, 24, 24)

@@ -115,14 +115,13 @@ def test_a_video_leaves_the_trainings_random_stream_as_it_was(tmp_path, family, 
     recipe = importlib.import_module(f"seedlocal.recipes.{family}")
     cfg = getattr(recipe, run)(video_every_min=1.0, env=EnvConfig(seed=5), log_dir=str(tmp_path), run_name="v")
     p = prepared(cfg)
-    spec = p.spec
     t = getattr(module, trainer)(p, torch.device("cpu"))
     (tmp_path / "v").mkdir()
     monitor = RunMonitor(tmp_path / "v")
     try:
         torch.manual_seed(0)
         before = torch.get_rng_state()
-        with TrainingVideos(t, cfg, spec, monitor, tmp_path / "v", module.from_checkpoint) as videos:
+        with TrainingVideos(t, cfg, monitor, module.from_checkpoint) as videos:
             videos.maybe(time.monotonic() + 61.0, t)
         assert len(list((tmp_path / "v" / "videos").glob("steps_*.gif"))) == 1  # the video was made, to its end
         assert torch.equal(torch.get_rng_state(), before)
@@ -153,8 +152,9 @@ def test_a_run_that_ends_finishes_the_video_handed_over_last_and_says_so_once(tm
     monkeypatch.setattr(videos, "_lowest_priority", lambda: None)  # torch's threads are the test process's
     monkeypatch.setattr(videos.TrainingVideos, "_record", record)
     trainer = types.SimpleNamespace(identity=dict, ranks=types.SimpleNamespace(main=True), acting_state=dict,
-                                    counters={"steps": 7}, x_axis="steps")
-    with videos.TrainingVideos(trainer, Cfg(), None, None, tmp_path, lambda *a: None) as v:
+                                    counters={"steps": 7}, x_axis="steps", spec=None)
+    monitor = types.SimpleNamespace(run_dir=tmp_path)
+    with videos.TrainingVideos(trainer, Cfg(), monitor, lambda *a: None) as v:
         v.maybe(time.monotonic() + 61.0, trainer)
         v.maybe(time.monotonic() + 122.0, trainer)  # due while the first is made: skipped
     assert made == [("steps", 7)]

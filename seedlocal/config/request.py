@@ -34,8 +34,6 @@ class Request:
     """A training run as asked for: nothing in it is derived. The fields after ``options`` are the command's own
     options, each described by its --help in ``COMMAND_OPTIONS``."""
 
-    family: str
-    """the ``seedlocal train`` command (``families.py``)"""
     options: Mapping[str, object]
     """the run config's options that were given, by dotted name (``pipeline.num_workers``), with their values"""
     preset: str = ""
@@ -89,15 +87,15 @@ def from_command_line(family: str, run_cls: type, args: list[str]) -> Request:
     values, other = leaves(one), leaves(two)
     given = {name: v for name, v in values.items() if _same(other[name], v)}
     command = {name: given.pop(name) for name in list(given) if name in COMMAND_OPTIONS}
-    return Request(family, {name.removeprefix("run."): v for name, v in given.items()}, **command)
+    return Request({name.removeprefix("run."): v for name, v in given.items()}, **command)
 
 
-def from_keywords(family: str, run_cls: type, keywords: dict) -> Request:
+def from_keywords(run_cls: type, keywords: dict) -> Request:
     """The request ``seedlocal.train(family, **keywords)`` makes: the same options as keywords, a group as a
     dict (``config/overrides.py``), the command's choices by their names here."""
     command = {name: keywords.pop(name) for name in COMMAND_OPTIONS if name in keywords}
     command = {name: checked(name, v, COMMAND_OPTIONS[name][0]) for name, v in command.items() if v is not None}
-    return Request(family, flatten(run_cls, keywords, also=tuple(COMMAND_OPTIONS)), **command)
+    return Request(flatten(run_cls, keywords, also=tuple(COMMAND_OPTIONS)), **command)
 
 
 def spelled(args: list[str], run_cls: type) -> list[str]:

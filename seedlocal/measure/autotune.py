@@ -52,7 +52,7 @@ def autotune(cfg, spec) -> dict:
     t_start = time.monotonic()
     raw_best = None
     if spec.backend == "envpool":
-        with RawEnvpool(cfg.env, spec, total, cfg.env_threads or cpus) as raw:
+        with RawEnvpool(spec, total, cfg.env_threads or cpus) as raw:
             raw_best = max(raw.measure(0.5, seconds).values())
     rows = []
     one = dataclasses.replace(cfg, seconds=seconds, warmup=min(cfg.warmup, 1.0), rounds=1)  # each candidate's run

@@ -287,7 +287,7 @@ def run(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
                        **{k: p[k] for k in ("collect_ms_p50", "collect_ms_p99", "batch_fill", "device")}})
         rows.append(("transport only (null env)", p["steps_per_s"], None, _detail(p)))
     else:
-        raw = RawEnvpool(cfg.env, spec, workers * envs, threads) if spec.backend == "envpool" else None
+        raw = RawEnvpool(spec, workers * envs, threads) if spec.backend == "envpool" else None
         with raw if raw is not None else contextlib.nullcontext():
             _measure_all(cfg, pipe_cfg, spec, raw, rows, result)
 
@@ -354,8 +354,8 @@ def run_ceiling(cfg: BenchConfig, spec, pipe_cfg: PipelineConfig) -> dict:
     most = cfg.env_threads or usable_cores()
     per_threads = []
     for t in sorted(set(cfg.ceiling_threads)) or thread_counts(most):
-        rows = ceiling(cfg.env, spec, t, min(0.5, cfg.warmup), cfg.seconds)
-        with RawEnvpool(cfg.env, spec, n, t) as raw:
+        rows = ceiling(spec, t, min(0.5, cfg.warmup), cfg.seconds)
+        with RawEnvpool(spec, n, t) as raw:
             kinds = raw.measure(min(0.5, cfg.warmup), cfg.seconds)
         if t < 2:  # two_groups gives each half pool max(1, t // 2) threads: two, not t, below 2
             kinds.pop("two_groups")

@@ -53,12 +53,12 @@ class RawEnvpool:
 
     KINDS = ("sync", "async_half", "two_groups")
 
-    def __init__(self, env_id: str, spec, n: int, threads: int):
+    def __init__(self, spec, n: int, threads: int):
         import envpool
 
         from seedlocal.envs.envpool_group import stack_kw
 
-        make = functools.partial(envpool.make, env_id, env_type="gymnasium", **stack_kw(spec.frame_stack))
+        make = functools.partial(envpool.make, spec.env_id, env_type="gymnasium", **stack_kw(spec.frame_stack))
         self.n, self.half = n, n // 2
         self.sync = make(num_envs=n, num_threads=threads)
         self.sync.reset()
@@ -138,13 +138,12 @@ def ceiling_grid(threads: int) -> list[tuple[int, int, int]]:
             for affinity in (-1, 0)]
 
 
-def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affinity: int,
-                warmup: float, seconds: float) -> float:
+def _async_rate(spec, num_envs: int, batch: int, threads: int, affinity: int, warmup: float, seconds: float) -> float:
     import envpool
 
     from seedlocal.envs.envpool_group import stack_kw
 
-    env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch, num_threads=threads,
+    env = envpool.make(spec.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch, num_threads=threads,
                        thread_affinity_offset=affinity, **stack_kw(spec.frame_stack))
     acts = _raw_actions(spec, batch, np.random.default_rng(0))
     env.async_reset()
@@ -155,9 +154,9 @@ def _async_rate(env_id: str, spec, num_envs: int, batch: int, threads: int, affi
         env.close()
 
 
-def ceiling(env_id: str, spec, threads: int, warmup: float, seconds: float) -> list[dict]:
+def ceiling(spec, threads: int, warmup: float, seconds: float) -> list[dict]:
     """Every setting of ``ceiling_grid(threads)`` measured in turn, best first."""
     rows = [{"num_envs": n, "batch_size": b, "thread_affinity_offset": a, "threads": threads,
-             "steps_per_s": _async_rate(env_id, spec, n, b, threads, a, warmup, seconds)}
+             "steps_per_s": _async_rate(spec, n, b, threads, a, warmup, seconds)}
             for n, b, a in ceiling_grid(threads)]
     return sorted(rows, key=lambda r: -r["steps_per_s"])

@@ -52,7 +52,6 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape, seed: int) -> Seq
 
 
 class R2D2Trainer(StepTrainer):
-    algo = "r2d2"
     checkpoint_parts = ("model", "target", "optimizer", "counters")
 
     def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):

@@ -40,10 +40,9 @@ WAIT_S = 0.5  # how often a trainer waiting for data checks the run (Run.waiting
 
 
 class Trainer(abc.ABC):
-    """An algorithm's parts, for ``run``. Subclasses set ``algo`` and ``x_axis`` (the counter TensorBoard's x axis
-    and checkpoint names follow) and fill ``counters`` in ``__init__``."""
+    """An algorithm's parts, for ``run``. Subclasses set ``x_axis`` (the counter TensorBoard's x axis and
+    checkpoint names follow) and fill ``counters`` in ``__init__``."""
 
-    algo: str
     x_axis: str = "steps"
     checkpoint_parts: tuple[str, ...] = ("counters",)
     """what a checkpoint must hold for this trainer to resume it"""
@@ -52,14 +51,9 @@ class Trainer(abc.ABC):
     ranks: Solo = Solo()
     """the data-parallel learner ranks this trainer is one of (``join_ranks``)"""
 
-    @classmethod
-    def algo_name(cls, cfg) -> str:
-        """The algorithm's name in run folders and summaries."""
-        return cls.algo
-
     def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
         """``prepared``: the run (a data-parallel rank's share of it, one of ``ranks``: ``prepare.for_rank``)."""
-        self.prepared = prepared
+        self.prepared, self.algo = prepared, prepared.recipe.name  # the algorithm's name in summaries and errors
         self.cfg, self.spec, self.device, self.ranks = prepared.config, prepared.spec, device, ranks
         self.counters: dict[str, int] = {}
         self.frames_per_step = prepared.spec.frames_per_step
@@ -239,15 +233,16 @@ class StepTrainer(Trainer):
 class Run:
     """What a trainer sees of the run while it goes."""
 
-    def __init__(self, cfg, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, summary: dict, saved_cfg):
+    def __init__(self, trainer: Trainer, pipe, monitor: RunMonitor, run_dir: Path, summary: dict, saved_cfg):
         """``summary``: what summary.json will hold (a trainer records when it met the target there);
-        ``saved_cfg``: the config checkpoints hold (``cfg`` is one data-parallel rank's share of it)."""
-        self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = cfg, trainer, pipe, monitor, run_dir
+        ``saved_cfg``: the config checkpoints hold (the trainer's ``cfg`` is one data-parallel rank's share of it)."""
+        self.cfg, self.trainer, self.pipe, self.monitor, self.run_dir = trainer.cfg, trainer, pipe, monitor, run_dir
         self.summary, self.saved_cfg = summary, saved_cfg
         self.loop = pipe.loop
         self.runner = InferenceThread(pipe.loop)
-        self.meter = BridgeMeter(pipe.pool.control) if pipe.pool.num_remote_groups else None
-        self.watch = StallWatch(pipe.loop, after=cfg.pipeline.stall_s)
+        remote = pipe.pool.num_remote_groups
+        self.meter = BridgeMeter(pipe.pool.control, remote) if remote else None
+        self.watch = StallWatch(pipe.loop, after=self.cfg.pipeline.stall_s)
         self.t_start = self.logged_at = self.saved_at = time.monotonic()
         self._said_waiting, self._said_no_host = 0.0, False
 
@@ -268,7 +263,7 @@ class Run:
         if self.meter is None or self._said_no_host or now - self.t_start < 3 * self.cfg.pipeline.stall_s:
             return
         self._said_no_host = True
-        if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
+        if line := self.meter.waiting_line():
             print(f"{line} after {now - self.t_start:.0f} s; training goes on with the local envs", flush=True)
 
     def out_of_time(self) -> bool:
@@ -282,7 +277,7 @@ class Run:
         now = time.monotonic()
         if self.meter is not None and now - since > 10 and now - self._said_waiting > 10:
             self._said_waiting = now
-            if line := self.meter.waiting_line(self.pipe.pool.num_remote_groups):
+            if line := self.meter.waiting_line():
                 print(line, flush=True)
         self.watch.poll()
         # Data-parallel ranks decide the time budget together (in the trainer's ``spent``): one that stopped
@@ -379,7 +374,7 @@ def _start_or_resume(trainer_cls: type[Trainer], prepared: Prepared, ranks: Solo
     if resumed is not None:
         run_dir = checkpoint.run_dir_of(resumed["path"])
     else:
-        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__{trainer_cls.algo_name(cfg)}__"
+        name = cfg.run_name or (f"{spec.env_id.replace('/', '_').replace(':', '.')}__{prepared.recipe.name}__"
                                 f"{cfg.env.seed}__{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir = checkpoint.new_run_dir(cfg.log_dir, name)
     t = trainer_cls(prepared, device, ranks)  # what it builds and restores depends on them (R2D2's replay)
@@ -429,7 +424,7 @@ class _Quiet(nullcontext):
     scalars = text = progress = _nothing
 
 
-def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable | None = None) -> dict:
+def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable) -> dict:
     """Train the ``prepared`` run until a budget ends; returns the summary (also on Ctrl-C, re-raised after
     saving). ``from_checkpoint``: the family's (``families.Family``), which plays the videos."""
     cfg = prepared.config
@@ -465,16 +460,15 @@ def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callabl
 ENV_ERRORS = "env_errors.log"  # in the run folder: every env worker's traceback, whole
 
 
-def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
-          from_checkpoint: Callable | None) -> dict:
+def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None, from_checkpoint: Callable) -> dict:
     """The pipeline, the trainer's updates until a budget ends, and however it ends, the last writes (rank 0's)."""
     summary = monitor.summary = {"status": "done", "run_dir": str(run_dir)}
     torch.set_num_threads(t.learner_threads())
     # A rank's env seeds are its own by its shape (``PipelineShape.seed_block``).
     with monitor, Pipeline(t.cfg.env, t.cfg.pipeline, lambda s, d: policy, t.spec, t.shape, consume=t.consume,
                            bridge=t.cfg.bridge, errors_file=str(run_dir / ENV_ERRORS)) as pipe, \
-            TrainingVideos(t, cfg, t.spec, monitor, run_dir, from_checkpoint) as videos:
-        r = Run(t.cfg, t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
+            TrainingVideos(t, cfg, monitor, from_checkpoint) as videos:
+        r = Run(t, pipe, monitor, run_dir, summary, saved_cfg=cfg)
         if pipe.pool.bridge_port is not None:
             print(bridge_line(t.cfg.bridge.listen, pipe.pool.bridge_port, pipe.pool.num_remote_groups,
                               pipe.pool.envs_per_group), flush=True)
@@ -503,7 +497,7 @@ def _loop(t: Trainer, cfg, policy, monitor, run_dir: Path, resumed: dict | None,
             finally:
                 r.runner.stop()
                 t.settle(r)
-                _finish(t, r, run_dir, summary, failure, resumed)
+                _finish(r, failure, resumed)
     return summary
 
 
@@ -517,8 +511,9 @@ def bridge_line(listen: str, port: int, groups: int, envs_per_group: int) -> str
             f"{'<this machine' + chr(39) + 's address>' if wildcard else host}:{port}")
 
 
-def _finish(t: Trainer, r: Run, run_dir: Path, summary: dict, failure, resumed) -> None:
+def _finish(r: Run, failure, resumed) -> None:
     """The last scalars, checkpoint and summary.json: rank 0's; another rank only fills its summary."""
+    t, run_dir, summary = r.trainer, r.run_dir, r.summary
     results = lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),  # noqa: E731
                        "checkpoint": checkpoint.newest(run_dir) if t.ranks.main else None}
     if not t.ranks.main:

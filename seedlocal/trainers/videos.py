@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from contextlib import AbstractContextManager, suppress
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -51,12 +50,12 @@ class TrainingVideos(AbstractContextManager):
     """The run's videos, for ``run``: ``maybe`` from the learner's thread after each unit of learning;
     ``close`` (or leaving the ``with`` block) drops an episode being recorded and ends the thread."""
 
-    def __init__(self, trainer, cfg, spec, monitor, run_dir: Path, from_checkpoint: Callable | None):
+    def __init__(self, trainer, cfg, monitor, from_checkpoint: Callable):
         """Every ``cfg.video_every_min`` minutes (none at 0; rank 0's only), played by ``from_checkpoint``."""
         # What a checkpoint of the run holds besides the trainer's state.
         self.base = {"identity": trainer.identity(), "config": dataclasses.asdict(cfg)}
         self.every_s = (cfg.video_every_min if trainer.ranks.main else 0.0) * 60.0
-        self.run_dir, self.monitor, self.spec = Path(run_dir), monitor, spec
+        self.monitor, self.spec = monitor, trainer.spec
         self.from_checkpoint, self.seed = from_checkpoint, cfg.env.seed + 10_000
         self.made = 0
         self._due = time.monotonic() + self.every_s
@@ -64,7 +63,7 @@ class TrainingVideos(AbstractContextManager):
         self._job: tuple | None = None  # handed over, and kept until its video is done
         self._stop = False
         self._thread = None
-        if self.every_s > 0 and from_checkpoint is not None:
+        if self.every_s > 0:
             self._thread = threading.Thread(target=self._serve, name="seedlocal-videos", daemon=True)
             self._thread.start()
 
@@ -80,7 +79,8 @@ class TrainingVideos(AbstractContextManager):
         if state is None:  # nothing to act with yet (a population before its first generation)
             return
         x = trainer.counters[trainer.x_axis]
-        job = ({**self.base, **on_cpu(state), "path": f"{self.run_dir} at {trainer.x_axis} {x:,d}"}, trainer.x_axis, x)
+        job = ({**self.base, **on_cpu(state), "path": f"{self.monitor.run_dir} at {trainer.x_axis} {x:,d}"},
+               trainer.x_axis, x)
         with self._cond:
             self._job = job
             self._cond.notify_all()
@@ -121,7 +121,7 @@ class TrainingVideos(AbstractContextManager):
 
         frames = video.record(acting, self.spec, self.seed + self.made, MAX_STEPS)
         gif, h, w = video.encode_gif(frames)
-        path = self.run_dir / "videos" / f"{x_axis}_{x:012d}.gif"
+        path = self.monitor.run_dir / "videos" / f"{x_axis}_{x:012d}.gif"
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(gif)
         self.monitor.image_summary(TAG, gif, h, w, x)

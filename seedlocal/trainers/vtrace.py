@@ -31,7 +31,6 @@ from seedlocal.trainers.vtrace_interval import DIAGNOSTICS, VTraceLearning
 
 
 class VTraceTrainer(VTraceLearning):
-    algo = "vtrace"
     checkpoint_parts = ("model", "optimizer", "counters")
 
     def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
@@ -43,7 +42,6 @@ class VTraceTrainer(VTraceLearning):
         self.shuffle = torch.Generator().manual_seed(self.stream("shuffle"))
         self.precision = resolve_precision(a.precision, self.model.kind, device)
         apply_precision(self.precision, device)
-        self.k = self.shape.unrolls_per_batch  # unrolls per batch
         self.rows_per_batch = a.batch_size * cfg.pipeline.unroll_length
         self.lr = a.learning_rate
         self.prefetch = None  # once the pipeline runs (start)
@@ -98,7 +96,8 @@ class VTraceTrainer(VTraceLearning):
     def start(self, run: Run) -> None:
         # Actors wait for the learner (sync) by getting their unrolls back only after its update;
         # a synchronous learner holds one batch at a time: one set is enough.
-        batcher = Batcher(run.pipe.store, run.pipe.layout.obs_keys(), self.k, self.device, sets=1 if self.sync else 2)
+        batcher = Batcher(run.pipe.store, run.pipe.layout.obs_keys(), self.shape.unrolls_per_batch, self.device,
+                          sets=1 if self.sync else 2)
         self.prefetch = Prefetcher(run.loop, batcher, release_early=not self.sync)
         if not self.sync:
             self.prefetch.start()

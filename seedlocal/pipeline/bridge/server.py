@@ -516,10 +516,10 @@ def run_bridge_server(a: ServerArgs) -> None:
 
 
 class BridgeMeter:
-    """The learner's ``bridge/`` scalars, read from the control block the server writes."""
+    """The learner's ``bridge/`` scalars, read from the control block the server writes for its ``remote_groups``."""
 
-    def __init__(self, control):
-        self.c, self.t = control, time.monotonic()
+    def __init__(self, control, remote_groups: int):
+        self.c, self.t, self.remote_groups = control, time.monotonic(), remote_groups
         self.steps, self.bytes = control["host_steps"].copy(), control["host_bytes"].copy()
 
     def scalars(self) -> dict[str, float]:
@@ -536,9 +536,9 @@ class BridgeMeter:
         self.t, self.steps, self.bytes = now, steps, nbytes
         return out
 
-    def waiting_line(self, remote_groups: int) -> str | None:
+    def waiting_line(self) -> str | None:
         """A status line while remote groups have no host, else None."""
-        missing = remote_groups - int(self.c["group_connected"].sum())
+        missing = self.remote_groups - int(self.c["group_connected"].sum())
         if missing <= 0:
             return None
-        return f"seedlocal: waiting for actor hosts: {missing} of {remote_groups} remote groups have none"
+        return f"seedlocal: waiting for actor hosts: {missing} of {self.remote_groups} remote groups have none"
