@@ -110,6 +110,21 @@ def test_population_forward_refuses_a_strategy_the_network_cannot_use():
         PopulationForward(PolicyNet(spec, encoder="impala"), num_slots=2, strategy="bmm")
 
 
+def test_population_forward_builds_its_layer_plan_once(monkeypatch):
+    """The plan gives the candidate strategies too: PopulationForward (and eval's ``serving``) walk the network
+    once, not once for the plan and again for ``strategies``."""
+    from seedlocal.policies import population_forward
+
+    calls = []
+    plan = population_forward._layer_plan
+    monkeypatch.setattr(population_forward, "_layer_plan", lambda *a: calls.append(1) or plan(*a))
+    net = PolicyNet(validate_env(EnvConfig(id="CartPole-v1")))
+    fwd = PopulationForward(net, num_slots=2)
+    assert len(calls) == 1 and fwd.candidates == ("bmm", "mulsum", "vmap")
+    served = PopulationPolicy.serving(net, None, greedy=True)
+    assert len(calls) == 2 and served.forward.strategy == "bmm"
+
+
 @contextlib.contextmanager
 def population_pipeline(num_groups: int, policy_options: dict | None = None, env: str = "CartPole-v1",
                         net_options: dict | None = None, **pipe):

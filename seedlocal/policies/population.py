@@ -25,7 +25,7 @@ from torch import nn
 from seedlocal.algos.distributions import Categorical
 from seedlocal.networks import PolicyNet, flatten_obs, legal_only
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
-from seedlocal.policies.population_forward import PopulationForward, strategies
+from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.policies.population_norm import PopulationNorm
 from seedlocal.spec import MASK_KEY
 
@@ -113,7 +113,8 @@ class PopulationPolicy(Policy):
         rule. No action noise: eval plays the policy itself. The forward is the network's first strategy, not
         ``auto``, whose choice by timing could change an output's last bit from one eval to the next."""
         device = next(net.parameters()).device
-        policy = cls(net, 1, 1, device, greedy=greedy, strategy=strategies(net)[0])
+        policy = cls(net, 1, 1, device, greedy=greedy)
+        policy.forward.strategy = policy.forward.candidates[0]
         policy.spec, policy.pinned, policy.norm = spec, True, None  # nothing commits statistics in eval
         slot = torch.zeros(1, dtype=torch.long, device=device)
         policy.forward.load(slot, torch.nn.utils.parameters_to_vector(net.parameters()).unsqueeze(0), slot)

@@ -81,7 +81,10 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
 
 def strategies(template: nn.Module) -> tuple[str, ...]:
     """The population forward strategies a network can use (see ``PopulationForward``)."""
-    plan = _layer_plan(template, _offsets(template))
+    return _strategies(_layer_plan(template, _offsets(template)))
+
+
+def _strategies(plan: list | None) -> tuple[str, ...]:
     if plan is None:
         return ("vmap", "loop")
     # mulsum's broadcast product is [rows, in, out]: fine for an MLP's layers, a
@@ -119,7 +122,7 @@ class PopulationForward:
         offsets = _offsets(template)
         self.size = sum(n for _, _, n in self.layout)
         self.plan = _layer_plan(template, offsets)
-        self.candidates = strategies(template)
+        self.candidates = _strategies(self.plan)  # from this plan: strategies(template) would build it again
         if strategy not in ("auto",) + self.candidates:
             raise ValueError(f"strategy={strategy!r}: expected auto or one of {', '.join(self.candidates)} "
                              f"for this network")
