@@ -257,12 +257,13 @@ class PopulationTrainer(VTraceLearning):
                 one = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock,
                                    precision=self.precision, after_update=self._bump_version, shuffle=mb.shuffle)
                 each.append((one, one.pop("updates")))
-        for (mb, batch), (stats, n) in zip(work, each):
+        losses = torch.stack([stats["total_loss"] for stats, _ in each]).tolist()  # one device sync, not P
+        for (mb, batch), (stats, n), loss in zip(work, each, losses):
             self._learned(stats, n, version0, float(batch["policy_version"].mean()), mb.params.echo)
             mb.counters["updates"] += n
             mb.counters["steps"] += self.rows_per_batch
             self.counters["updates"] += n
-            mb.loss_sum += float(stats["total_loss"])
+            mb.loss_sum += loss
             mb.n += 1
 
     def pbt_step(self, monitor) -> list[pbt.Exploit]:
