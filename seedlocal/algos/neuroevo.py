@@ -26,7 +26,7 @@ import functools
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from seedlocal.errors import fail
 
@@ -50,17 +50,9 @@ class ParamSpace:
                     m.reset_parameters()
         return parameters_to_vector(module.parameters()).detach().clone()
 
-    def load(self, module: nn.Module, flat: Tensor) -> None:
-        """Write ``flat`` into ``module``'s parameters (in place of their data)."""
-        if flat.numel() != self.size:
-            raise ValueError(f"vector has {flat.numel()} elements, the space {self.size}")
-        first = next(module.parameters())
-        # vector_to_parameters rebinds param.data to slices of the vector: it must have the module's device and dtype.
-        vector_to_parameters(flat.detach().to(device=first.device, dtype=first.dtype), module.parameters())
-
     def stack(self, flats: list[Tensor]) -> Tensor:
-        """[P, size] matrix of P parameter vectors."""
-        return torch.stack([f.reshape(self.size) for f in flats])
+        """[P, size] matrix of P parameter vectors (P = 0 too: a rank with no member of a small population)."""
+        return torch.stack([f.reshape(self.size) for f in flats]) if flats else torch.empty(0, self.size)
 
 
 NOISE_TABLE_SEED = 0x5EED

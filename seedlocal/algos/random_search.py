@@ -50,9 +50,7 @@ def ask(state: RSState, p: RSParams) -> list[int]:
 def tell(state: RSState, fitness) -> RSState:
     """Keep the best of this generation if it beats the best so far."""
     f = nan_to_worst(fitness)
-    seeds = state.seeds(f.numel())
-    best_seed, best_fitness = state.best_seed, state.best_fitness
-    for s, x in zip(seeds, f.tolist()):
-        if x > best_fitness:  # strict: ties keep the earlier best; -inf never wins
-            best_seed, best_fitness = s, x
-    return state.next(best_seed=best_seed, best_fitness=best_fitness)
+    i = int(f.argmax())  # the first of equal bests
+    if f[i] > state.best_fitness:  # strict: ties keep the earlier best; -inf never wins
+        return state.next(best_seed=state.seeds(f.numel())[i], best_fitness=float(f[i]))
+    return state.next()

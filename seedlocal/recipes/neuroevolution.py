@@ -116,9 +116,9 @@ def per_rank(cfg: NeuroevoRun, ranks: int, shape_of) -> NeuroevoRun:
     return cfg
 
 
-def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
+def _mujoco_pipeline(envs: int) -> PipelineConfig:
     # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
-    return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
+    return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
 
 
 # Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/
@@ -218,8 +218,7 @@ def check(cfg: NeuroevoRun, spec, shape) -> None:
     if not (cfg.generations or cfg.total_frames or cfg.seconds):
         fail("generations", 0, "with no frame or time budget the run would never end")
     fail_if(lambda v: v < 1, cfg, ("episodes_per_member", "best_episodes"), "must be positive")
-    if cfg.max_episode_frames < -1:
-        fail("max_episode_frames", cfg.max_episode_frames, "must be >= 0 (0 = no cap), or -1 (by env kind)")
+    fail_if(lambda v: v < -1, cfg, ("max_episode_frames",), "must be >= 0 (0 = no cap), or -1 (by env kind)")
     fail_if(lambda v: not v >= 0, cfg, ("action_noise", "reward_shift"), "must be >= 0")
     if cfg.action_noise and spec.num_actions is not None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")

@@ -93,13 +93,10 @@ class Evolver(ABC):
             crc = zlib.crc32(k.encode() + data, crc)
         return crc
 
-    def _mine(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's part of a population's rows (all of them for one process)."""
-        part = self.ranks.part(rows.shape[0])
-        return rows[part.start:part.stop]
-
-    def _rows(self, vecs: list) -> torch.Tensor:
-        return self.space.stack(vecs) if vecs else torch.empty(0, self.space.size)
+    def _mine(self, items):
+        """This rank's part of a population's rows, genomes or seeds (all of them for one process)."""
+        part = self.ranks.part(len(items))
+        return items[part.start:part.stop]
 
     def _everyone(self, jobs: list, check, episodes: int) -> tuple[list[list[float]], list[list[float]]]:
         """(fitness, returns) of every rank's members in rank order, ``episodes`` values each: this rank's
@@ -154,7 +151,7 @@ class GAEvolver(Evolver):
         return self._cache[g]
 
     def _vecs(self, genomes) -> torch.Tensor:
-        return self._rows([self._genome_vec(g) for g in genomes])
+        return self.space.stack([self._genome_vec(g) for g in genomes])
 
     def step(self, pool, check) -> tuple[list[float], float]:
         """(fitness, the elite's return)."""
@@ -168,8 +165,7 @@ class GAEvolver(Evolver):
         fitness = self._means(self.evaluating, check)
         candidates = ga.tell(self.state, cfg.algo, fitness)
         pool.commit_obs_stats()
-        part = self.ranks.part(len(candidates))
-        scored = pool.submit(self._vecs(candidates[part.start:part.stop]), cfg.algo.elite_episodes, front=True)
+        scored = pool.submit(self._vecs(self._mine(candidates)), cfg.algo.elite_episodes, front=True)
         children = ga.children(self.state, cfg.algo, fitness)
         self._next = pool.submit(self._vecs(children[max(mine.start, 1) - 1:max(mine.stop, 1) - 1]), n_eps)
         scores, returns = self._everyone([scored], check, cfg.algo.elite_episodes)
@@ -248,8 +244,7 @@ class RandomSearchEvolver(Evolver):
     def _population(self, state: random_search.RSState) -> tuple[list[int], torch.Tensor]:
         """The population's seeds, and this rank's part of its vectors."""
         seeds = random_search.ask(state, self.cfg.algo)
-        mine = self.ranks.part(len(seeds))
-        return seeds, self._rows([self.space.init(s) for s in seeds[mine.start:mine.stop]])
+        return seeds, self.space.stack([self.space.init(s) for s in self._mine(seeds)])
 
     def step(self, pool, check) -> tuple[list[float], float]:
         """(fitness, the winner's return)."""

@@ -292,5 +292,3 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
             net.obs_norm.load_state_dict(state["obs_norm"])
     trained = bool(state.get("config", {}).get("greedy", True))
     return PopulationPolicy.serving(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
-
-

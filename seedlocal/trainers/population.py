@@ -11,6 +11,7 @@ reward scaling.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import queue
@@ -178,13 +179,11 @@ class PopulationTrainer(VTraceLearning):
         small updates would be P rounds of kernel launches, and while the members' hyperparameters share the
         update's shape (PBT may move them apart). On the CPU one after another: waiting for every member's batch
         would hold the members that are ready (though one batched update is faster there, ``population_vtrace``)."""
-        if self.device.type != "cuda":
-            return False
-        try:
-            shared_params([mb.params for mb in self.members])
-        except ConfigError:
-            return False
-        return True
+        if self.device.type == "cuda":
+            with contextlib.suppress(ConfigError):
+                shared_params([mb.params for mb in self.members])
+                return True
+        return False
 
     def _ready(self, run: Run, t0: float, every: bool) -> list[Member] | str:
         """The member to learn now: of those whose batch is full, the one with the fewest steps learned (``every``:
