@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from types import SimpleNamespace
 from typing import Sequence
 
 import torch
@@ -75,18 +76,14 @@ def _stacked_batch(batches: Sequence[dict]) -> dict:
     return out
 
 
-class _Member:
-    """One member's network, its ``unroll`` and ``forward`` (as ``algos/vtrace.py``'s helpers call a model's) run on
-    that member's tensors."""
-
-    def __init__(self, stack: MemberStack, tensors: dict[str, Tensor]):
-        self.unroll = functools.partial(stack.call, tensors, "unroll")
-        self.forward = functools.partial(stack.call, tensors, "forward")
+def _member(stack: MemberStack, tensors: dict[str, Tensor]) -> SimpleNamespace:
+    """One member's network as ``network_outputs`` calls a model: its ``unroll`` on that member's tensors."""
+    return SimpleNamespace(unroll=functools.partial(stack.call, tensors, "unroll"))
 
 
 def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
     """IMPALA's one update on a whole batch, targets from the differentiated forward (as ``learner_step``)."""
-    member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
+    member, pm = _member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
     logits, values = network_outputs(member, batch, episode_starts(batch["ignored"]), precision)
     targets = batch_targets(pm, batch, logits.detach(), values.detach())
     loss, stats = update_loss(pm, policy_dist(batch), logits[:-1], values[:-1], targets)  # row T only bootstraps
@@ -95,16 +92,16 @@ def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
 
 def _batch_targets(tensors, batch, costs, *, stack, p, precision):
     """V-trace targets over a whole batch, as rows (no gradient: they stay fixed for the batch's updates)."""
-    member, pm = _Member(stack, tensors), dataclasses.replace(p, **costs)
+    member, pm = _member(stack, tensors), dataclasses.replace(p, **costs)
     targets = batch_targets(pm, batch, *network_outputs(member, batch, episode_starts(batch["ignored"]), precision))
     return as_rows(batch["obs"], targets)
 
 
 def _minibatch_loss(params, buffers, obs, targets, idx, costs, *, stack, p, precision, dist):
     """One update's loss on the rows ``idx`` of a member's batch (as ``learner_step``'s minibatch passes)."""
-    member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
+    pm = dataclasses.replace(p, **costs)
     with autocast(idx.device, precision):
-        logits, values = member.forward({k: v[idx] for k, v in obs.items()})
+        logits, values = stack.call({**params, **buffers}, "forward", {k: v[idx] for k, v in obs.items()})
     return update_loss(pm, dist, logits.float(), values.float(), targets.select(idx))
 
 

@@ -7,7 +7,6 @@ Conventions (besides ``neuroevo``'s):
   * Each generation evaluates P fresh initialisation seeds (vectors via ``ParamSpace.init``) and keeps the best (seed,
     fitness) seen so far.
   * The best fitness is one evaluation, as reported by the caller: with noisy episodes it is an optimistic estimate.
-  * ``tell`` recovers the seeds from ``len(fitness)``. NaN is never kept; ties keep the earlier best.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def ask(state: RSState, p: RSParams) -> list[int]:
 
 
 def tell(state: RSState, fitness) -> RSState:
-    """Keep the best of this generation if it beats the best so far."""
+    """Keep the best of this generation (``fitness`` of ``ask``'s seeds, in order) if it beats the best so far."""
     f = nan_to_worst(fitness)
     i = int(f.argmax())  # the first of equal bests
     if f[i] > state.best_fitness:  # strict: ties keep the earlier best; -inf never wins

@@ -112,8 +112,7 @@ class MembersPolicy(ModelPolicy):
 
     def plan(self, groups, first, done, ep_return, ep_length=None) -> np.ndarray:
         if done.any():
-            E = done.shape[1]
-            members = np.asarray(groups, dtype=np.int64) * E // self.envs_per_member
+            members = self.members_of(np.asarray(groups) * done.shape[1])  # a group's first env's member
             for m in np.unique(members[done.any(axis=1)]).tolist():
                 ended = done & (members == m)[:, None]
                 self.episodes[m].add(ep_return[ended], ep_length[ended] if ep_length is not None

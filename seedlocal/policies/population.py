@@ -75,14 +75,9 @@ class PopulationPolicy(Policy):
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
                  max_episode_steps: int = 0):
-        """Box actions: the network's output is the action (mapped onto the env's bounds, ``envs/bounds.py``),
-        plus Gaussian noise of std ``action_noise`` if set (Salimans et al.'s MuJoCo runs). ``reward_shift`` is
-        taken from every step's reward in the fitness (not in the returns reported): ARS's removal of the survival
-        bonus on Hopper, Walker2d, Ant and Humanoid. With a template that has ``obs_norm``, the population shares
-        observation statistics, gathered as it plays (``PopulationNorm``) and taken into use by
-        ``commit_obs_stats`` between generations; a job normalises by the statistics committed when it was
-        submitted. ``max_episode_steps`` (0: none) ends a job's episode at that many steps, scored on its return
-        so far (see the module docstring)."""
+        """``action_noise``, ``reward_shift``: the run's options (``NeuroevoRun``); a Box action is the network's
+        output (mapped onto the env's bounds, ``envs/bounds.py``). With a template that has ``obs_norm``, the
+        population shares observation statistics (``PopulationNorm``, ``commit_obs_stats``)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps
@@ -108,10 +103,9 @@ class PopulationPolicy(Policy):
 
     @classmethod
     def serving(cls, net: PolicyNet, spec, greedy: bool) -> PopulationPolicy:
-        """``net`` alone, its own parameters the one member on every env slot: seedlocal eval's policy for a
-        neuroevolution checkpoint (and the videos' during training), acting by training's forward and action
-        rule. No action noise: eval plays the policy itself. The forward is the network's first strategy, not
-        ``auto``, whose choice by timing could change an output's last bit from one eval to the next."""
+        """``net`` alone on every env slot, without action noise: eval's policy for a neuroevolution checkpoint (and
+        the videos'). The forward is the network's first strategy, not ``auto``, whose choice by timing could
+        change an output's last bit from one eval to the next."""
         device = next(net.parameters()).device
         policy = cls(net, 1, 1, device, greedy=greedy)
         policy.forward.strategy = policy.forward.candidates[0]

@@ -101,10 +101,8 @@ def _offsets(template: nn.Module) -> dict[str, int]:
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
-    Strategies (the README's "Neuroevolution" describes them; a network's candidates are ``strategies(template)``):
-    ``bmm`` (plain layers, see ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``. ``auto`` runs every
-    candidate on each of its first few batches and keeps the lowest median time (``scripts/bench_population.py``
-    times them all).
+    Strategies (the README's "Neuroevolution"; a network's candidates: ``strategies``): ``bmm`` (plain layers,
+    ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``; ``auto`` times them on its first batches (``__call__``).
 
     Slot rows hold each Linear weight transposed, [in, out]: a row's product is then a vector-matrix product over
     contiguous ``out`` vectors. On the 2-core development machine (P = 256 CartPole MLPs, 12-100% of slots active)

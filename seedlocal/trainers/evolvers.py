@@ -2,8 +2,7 @@
 
 An ``Evolver`` holds one algorithm's state (``algos/ga.py``, ``es.py``, ``ars.py``, ``random_search.py``: the
 math) and runs its generations on the ``PopulationPolicy`` (``policies/population.py``): ``generation(pool) ->
-stats``. One subclass per rhythm of submissions: GA (children beside the elite candidates' re-evaluation), a
-centre with antithetic pairs around it (ES and ARS) and random search (the winner beside the next population).
+stats``, one subclass per rhythm of submissions.
 
 Jobs run asynchronously: the next population is submitted before this one's last work (the elite candidates',
 the centre's or winner's episodes) ends, so the envs never wait for the bookkeeping. A run that stops (or

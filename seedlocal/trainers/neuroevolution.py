@@ -1,10 +1,8 @@
 """``seedlocal train ga|es|ars|random-search``: neuroevolution on the pipeline.
 
-The learner thread asks the algorithm for a population, posts it to the ``PopulationPolicy`` (a work queue of
-member x episode jobs served by the inference thread in batched forward passes, ``policies/population.py``), waits
-for every return, tells the algorithm, logs and checkpoints, once per generation. Each run config names its
-algorithm (``GARun.name``, ``.algo_module``); its evolver (``EVOLVERS``, ``trainers/evolvers.py``) runs its
-generations.
+Once per generation the learner thread runs the run config's evolver (``EVOLVERS``, ``trainers/evolvers.py``) on
+the ``PopulationPolicy`` (the inference thread's work queue of member x episode jobs, ``policies/population.py``),
+then logs and checkpoints.
 
 Counters: ``generation``, ``frames`` and ``episodes`` advance by whole generations, and a checkpoint holds them
 with the state they produced. A long generation (Atari: minutes) is followed while it runs: the progress line and
@@ -38,7 +36,6 @@ def episode_step_cap(prepared: Prepared) -> int:
     return -(-episode_frame_cap(prepared.config, prepared.kind) // prepared.spec.frames_per_step)
 
 
-# Each algorithm's generations (what runs them, trainers/evolvers.py), by its run configuration.
 EVOLVERS: dict[type, type[Evolver]] = {GARun: GAEvolver, ESRun: ESEvolver, ARSRun: ARSEvolver,
                                        RandomSearchRun: RandomSearchEvolver}
 
