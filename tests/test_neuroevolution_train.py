@@ -102,12 +102,16 @@ def test_population_forward_minatar_grids(strategy):
     assert fwd.strategy in ("bmm", "vmap", "loop")
 
 
-def test_population_forward_refuses_a_strategy_the_network_cannot_use():
-    spec = validate_env(EnvConfig(id="Pong-v5"))
-    with pytest.raises(ValueError, match="strategy='mulsum'"):
-        PopulationForward(PolicyNet(spec), num_slots=2, strategy="mulsum")
-    with pytest.raises(ValueError, match="strategy='bmm'"):  # the ResNet's residual blocks
-        PopulationForward(PolicyNet(spec, encoder="impala"), num_slots=2, strategy="bmm")
+def test_a_forward_strategy_the_network_cannot_use_is_refused_before_the_run():
+    """The recipe's refusal, one line naming the option (the forward itself no longer checks again)."""
+    from seedlocal.api import _prepared
+    from seedlocal.errors import ConfigError
+
+    pong = {"env": {"id": "Pong-v5"}}
+    with pytest.raises(ConfigError, match="forward='mulsum': expected one of auto, bmm, vmap, loop for a nature"):
+        _prepared("ga", {**pong, "forward": "mulsum"})
+    with pytest.raises(ConfigError, match="forward='bmm': expected one of auto, vmap, loop for a impala"):
+        _prepared("ga", {**pong, "network": {"encoder": "impala"}, "forward": "bmm"})  # its residual blocks
 
 
 def test_population_forward_builds_its_layer_plan_once(monkeypatch):

@@ -120,10 +120,8 @@ class PopulationForward:
         offsets = _offsets(template)
         self.size = sum(n for _, _, n in self.layout)
         self.plan = _layer_plan(template, offsets)
-        self.candidates = _strategies(self.plan)  # from this plan: strategies(template) would build it again
-        if strategy not in ("auto",) + self.candidates:
-            raise ValueError(f"strategy={strategy!r}: expected auto or one of {', '.join(self.candidates)} "
-                             f"for this network")
+        # From this plan: strategies(template) would build it again. The recipe refused a strategy not among them.
+        self.candidates = _strategies(self.plan)
         # Slot layout: each Linear weight of a plan stored [in, out] (see the class docstring); ``_perm`` maps slot
         # positions to positions of the flat parameter vector (None: the same layout).
         linear = [op for op in self.plan or () if op[0] == "linear"]
