@@ -84,14 +84,11 @@ class MembersForward:
                   for k, v in obs.items()}
         with autocast(device, self.precision, cache=False):
             params, values = vmap(lambda t, o: self.stack.call(t, "forward", o))(tensors, padded)
-        pos_t = None if pos is None else torch.from_numpy(pos).to(device)
-        return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
-
-
-def _unpad(x: Tensor, pos: Tensor | None) -> Tensor:
-    """[members present, per, ...] -> rows [n, ...] in the caller's order."""
-    flat = x.reshape((-1,) + tuple(x.shape[2:]))
-    return flat if pos is None else flat.index_select(0, pos)
+        params, values = params.float().flatten(0, 1), values.float().flatten(0, 1)  # [members present * per, ...]
+        if pos is None:
+            return params, values
+        pos_t = torch.from_numpy(pos).to(device)  # back into the caller's order
+        return params.index_select(0, pos_t), values.index_select(0, pos_t)
 
 
 class MembersPolicy(ModelPolicy):

@@ -116,9 +116,8 @@ class PopulationForward:
     def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
                  strategy: str = "auto"):
         self.template = template.to(device)
-        self.layout = [(name, p.shape, p.numel()) for name, p in template.named_parameters()]
         offsets = _offsets(template)
-        self.size = sum(n for _, _, n in self.layout)
+        self.size = sum(p.numel() for p in template.parameters())
         self.plan = _layer_plan(template, offsets)
         # From this plan: strategies(template) would build it again. The recipe refused a strategy not among them.
         self.candidates = _strategies(self.plan)
@@ -129,8 +128,9 @@ class PopulationForward:
         for _, w, out_f, in_f, _, _ in linear:
             perm[w:w + out_f * in_f] = w + torch.arange(out_f * in_f).view(out_f, in_f).t().reshape(-1)
         self._perm = perm.to(device) if linear else None
-        self._transposed = {name for name, shape, _ in self.layout
-                            if offsets[name] in {op[1] for op in linear} and len(shape) == 2}
+        weights = {op[1] for op in linear}
+        self.layout = [(name, p.shape, offsets[name], offsets[name] in weights)  # the last: held [in, out]
+                       for name, p in template.named_parameters()]
         self.strategy = strategy
         self._trials: dict[str, list[float]] = {c: [] for c in self.candidates}
         norm = getattr(template, "obs_norm", None)
@@ -237,11 +237,10 @@ class PopulationForward:
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """One slot row as the template's parameters (views)."""
-        out, o = {}, 0
-        for name, shape, n in self.layout:
-            out[name] = flat[o:o + n].view(shape[1], shape[0]).t() if name in self._transposed \
-                else flat[o:o + n].view(shape)
-            o += n
+        out = {}
+        for name, shape, o, transposed in self.layout:
+            row = flat[o:o + shape.numel()]
+            out[name] = row.view(shape[::-1]).t() if transposed else row.view(shape)
         return out
 
     def _one(self, flat: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -105,11 +105,9 @@ class Evolver(ABC):
             job.wait(check)
         fitness = [x for job in jobs for member in job.fitness for x in member]
         returns = [x for job in jobs for member in job.returns for x in member]
-        rows = self.ranks.gather(fitness + returns)
-        flat_f = [x for row in rows for x in row[:len(row) // 2]]
-        flat_r = [x for row in rows for x in row[len(row) // 2:]]
-        return ([flat_f[i:i + episodes] for i in range(0, len(flat_f), episodes)],
-                [flat_r[i:i + episodes] for i in range(0, len(flat_r), episodes)])
+        rows = self.ranks.gather(fitness + returns)  # each rank's fitness, then its returns
+        halves = [[x for row in rows for x in row[:len(row) // 2]], [x for row in rows for x in row[len(row) // 2:]]]
+        return tuple([flat[i:i + episodes] for i in range(0, len(flat), episodes)] for flat in halves)
 
     def _means(self, jobs: list, check) -> list[float]:
         """Each member's mean fitness (its return, less any reward shift), every rank's members."""
