@@ -74,10 +74,12 @@ class PopulationPolicy(Policy):
 
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
-                 max_episode_steps: int = 0):
+                 max_episode_steps: int = 0, pool_stats: Callable | None = None):
         """``action_noise``, ``reward_shift``: the run's options (``NeuroevoRun``); a Box action is the network's
         output (mapped onto the env's bounds, ``envs/bounds.py``). With a template that has ``obs_norm``, the
-        population shares observation statistics (``PopulationNorm``, ``commit_obs_stats``)."""
+        population shares observation statistics (``PopulationNorm``, ``commit_obs_stats``); ``pool_stats``
+        (split populations: ``Ranks.pool_moments``) pools every rank's observations into each commit, so that
+        every rank's jobs normalise by the same statistics."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps
@@ -87,9 +89,7 @@ class PopulationPolicy(Policy):
         self.forward = PopulationForward(template, n, device, strategy)
         self.norm = PopulationNorm(self.forward.norm_size, device) if self.forward.norm_size else None
         self.pinned = False  # ``serving``: one member on every env slot, whatever slot ids it is given
-        # Data-parallel ranks (split populations): pools every rank's observations into each commit (``Ranks.
-        # pool_moments``), so that every rank's jobs normalise by the same statistics; None for one process.
-        self.pool_stats: Callable | None = None
+        self.pool_stats = pool_stats
         self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
         self.steps = np.zeros(n, np.int64)  # steps each slot's job episode has played (0 idle), for progress
         self._env_job: list[Job | None] = [None] * n

@@ -111,9 +111,8 @@ class NeuroevoTrainer(Trainer):
         self.population = PopulationPolicy(self.template, self.shape.envs_per_group, self.shape.num_groups,
                                            self.device, greedy=cfg.greedy, strategy=cfg.forward,
                                            action_noise=cfg.action_noise, reward_shift=fitness_shift(cfg, self.spec),
-                                           max_episode_steps=episode_step_cap(self.prepared))
-        if self.ranks.world > 1:
-            self.population.pool_stats = self.ranks.pool_moments
+                                           max_episode_steps=episode_step_cap(self.prepared),
+                                           pool_stats=self.ranks.pool_moments if self.ranks.world > 1 else None)
         return self.population
 
     def learner_threads(self) -> int:
