@@ -27,8 +27,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from seedlocal.errors import fail
-
 
 class _Method(nn.Module):
     """Runs one method of the wrapped network: ``functional_call`` calls only ``forward``, learners ``unroll`` too."""
@@ -109,13 +107,6 @@ class MemberStack:
         if getattr(self._local, "template", None) is None:
             self._local.template = _Method(copy.deepcopy(self.template))
         return self._local.template
-
-    def refuse_recurrent(self) -> None:
-        """Batched calls are for feed-forward members: torch.func has no vmap rule for an LSTM cell."""
-        lstm = getattr(self.template, "lstm", None)
-        if lstm is not None:
-            fail("network.lstm_size", lstm.hidden_size, "members with an LSTM core cannot share a batched call "
-                 "(torch.func has no vmap rule for aten::lstm_cell): they act and learn one by one")
 
     def check(self) -> None:
         """Raise if a member's tensor is no longer its row of the stack (see the module docstring)."""

@@ -20,7 +20,7 @@ On a GPU this is the intended path, P small networks in about the kernels of one
 (``scripts/bench_population_learners.py --device cuda``). On the 2-core development CPU one update of P = 8 MinAtar
 torsos took 1.4-4.0x less time than 8 ``learner_step`` calls (three runs of that script). Not here: ``learner_step``'s
 ``diagnose`` and data-parallel ranks (a population splits its members across ranks instead; no gradient crosses them),
-and LSTM cores (``MemberStack.refuse_recurrent``).
+and LSTM cores (refused by the recipe).
 """
 
 from __future__ import annotations
@@ -141,7 +141,6 @@ def population_learner_step(stack: MemberStack, optimizers, batches: Sequence[di
     parameters): ``p.echo`` passes of ``p.minibatches`` updates, each one vmapped gradient call for all members.
     ``shuffles[i]``: member i's minibatch order (as ``learner_step``'s ``shuffle``; torch's default CPU
     generator if None). Returns ``learner_step``'s statistics as [P] device tensors, and ``updates``."""
-    stack.refuse_recurrent()
     if not len(stack) == len(optimizers) == len(batches) == len(params):
         raise ValueError(f"{len(stack)} members need as many optimizers, batches and params")
     p = shared_params(params)

@@ -1,8 +1,8 @@
 """One forward for a population of learners: every member's env rows in one batched call over the members' stacked
 weights (issue 46; the design's "a population is a batch dimension").
 
-Reference: PureJaxRL (Lu et al. 2022, "Discovered Policy Optimisation"): ``vmap`` over agents' stacked parameters,
-here ``torch.func.vmap`` over ``functional_call`` on an ``algos/member_stack.py`` ``MemberStack``.
+Reference: PureJaxRL's ``vmap`` over agents' stacked parameters (cited in ``algos/member_stack.py``), here
+``torch.func.vmap`` over ``functional_call`` on a ``MemberStack``.
 
 Why not ``PopulationForward`` (``population_forward.py``), neuroevolution's batched forward: it keeps a copy of a
 network per *env slot* and runs each row through its own copy (a batched matrix-vector product per row), because a
@@ -60,10 +60,9 @@ class MembersForward:
     """Policy parameters (logits, or a Gaussian's mean and log-std) [n, ...] and values [n] for rows of many
     members' envs: row i from member ``members[i]``'s network on ``obs`` row i, in one call. Reads the stack's
     tensors as they are: call it under the learners' weight lock when they may be mid-update. Feed-forward
-    networks only (``MemberStack.refuse_recurrent``)."""
+    networks only: torch.func has no vmap rule for an LSTM cell (the recipe refuses a population with one)."""
 
     def __init__(self, stack: MemberStack, precision: str = "fp32"):
-        stack.refuse_recurrent()
         self.stack, self.precision = stack, precision
 
     @torch.inference_mode()
@@ -92,13 +91,11 @@ class MembersForward:
 
 
 class MembersPolicy(ModelPolicy):
-    """A population of learners acting (``trainers/population.py``): member m owns the env slots
-    ``m * envs_per_member`` .. ``(m + 1) * envs_per_member - 1`` (its whole groups); every batch's rows go through
-    their own member's network in one ``MembersForward`` call, and each member's actions are sampled from its
-    own ``generators[m]``, so that a member's acting does not depend on which other rows shared its batch.
-    Frame stacks, precision and Box actions are ``ModelPolicy``'s. With ``episodes`` (one ``EpisodeLog`` per
-    member) it ``plans``: every ready group is offered to it with its episode ends, which it adds to its
-    member's log and serves (the loop's own log pools every member's episodes)."""
+    """A population of learners acting (``trainers/population.py``; docs/populations.md): member m owns the env
+    slots ``m * envs_per_member`` .. ``(m + 1) * envs_per_member - 1``; its rows go through its own network in one
+    ``MembersForward`` call and its actions come from its own ``generators[m]``, whatever rows share the batch.
+    With ``episodes`` (one ``EpisodeLog`` per member) it ``plans``: each ready group's episode ends go to its
+    member's log (the loop's own log pools every member's episodes)."""
 
     def __init__(self, stack: MemberStack, spec: EnvSpec, envs_per_member: int, generators: list,
                  lock: WeightLock | None = None, precision: str = "fp32", frames: int = 1, episodes=None):

@@ -77,9 +77,8 @@ class PopulationPolicy(Policy):
                  max_episode_steps: int = 0, pool_stats: Callable | None = None):
         """``action_noise``, ``reward_shift``: the run's options (``NeuroevoRun``); a Box action is the network's
         output (mapped onto the env's bounds, ``envs/bounds.py``). With a template that has ``obs_norm``, the
-        population shares observation statistics (``PopulationNorm``, ``commit_obs_stats``); ``pool_stats``
-        (split populations: ``Ranks.pool_moments``) pools every rank's observations into each commit, so that
-        every rank's jobs normalise by the same statistics."""
+        population shares observation statistics (``PopulationNorm``, ``commit_obs_stats``; ``pool_stats``: a split
+        population's ``Ranks.pool_moments``, ``PopulationNorm.commit``'s ``pool``)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps

@@ -97,8 +97,8 @@ class NeuroevoTrainer(Trainer):
         return self.counters["generation"], self.counters["frames"]
 
     def join_ranks(self, ranks) -> None:
-        """Split populations: every rank holds the same state already (from the run's seed, or from the same
-        checkpoint); each evaluates its part of every population (``Evolver.ranks``)."""
+        """Split populations (``trainers/evolvers.py``): every rank holds the same state already, from the run's
+        seed or the same checkpoint."""
         self.evolver.ranks = ranks
 
     def describe(self) -> str:
