@@ -61,8 +61,7 @@ class NeuroevoTrainer(Trainer):
         cfg, spec = self.cfg, self.spec
         self.algo = cfg.name
         self.template = build_policy(cfg, spec)
-        self.space = ParamSpace(self.template)
-        self.evolver = EVOLVERS[type(cfg)](cfg, self.space)
+        self.evolver = EVOLVERS[type(cfg)](cfg, ParamSpace(self.template))
         self.counters = {"generation": 0, "frames": 0, "episodes": 0}
         self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
         self.reached, self.generated = False, False
@@ -103,7 +102,7 @@ class NeuroevoTrainer(Trainer):
 
     def describe(self) -> str:
         cap = episode_frame_cap(self.cfg, self.prepared.kind)
-        return (f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
+        return (f"{self.algo} on {self.spec.env_id}, {self.evolver.space.size:,d} parameters per network"
                 + (f", episodes cut at {cap:,d} frames" if cap else ""))
 
     def policy(self):

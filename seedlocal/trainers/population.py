@@ -77,8 +77,7 @@ class Member:
 
     def restore(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])  # in place: its tensors stay rows of the stack
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.shuffle.set_state(saved["shuffle"])
+        self.optimizer.load_state_dict(saved["optimizer"])  # (its shuffle: the trainer draws it afresh)
         self.sampling.set_state(saved["sampling"])  # a CUDA generator's state too is a CPU byte tensor
         self.params = dataclasses.replace(self.params, **saved["values"])
         self.counters.update(saved["counters"])
