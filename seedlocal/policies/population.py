@@ -185,8 +185,7 @@ class PopulationPolicy(Policy):
                     self._env_job[lo + j] = job
                     loads.setdefault(job, []).append((lo + j, m))
                 if (a < 0).all():
-                    # Idle group: restart it on fresh episodes if work waits
-                    # (its envs are mid-episode), else let its worker sleep.
+                    # Idle: restart on fresh episodes if work waits (its envs are mid-episode), else let it sleep.
                     codes[i] = RESTART if self._queue or self._spare else HOLD
         for job, pairs in loads.items():
             envs, members = zip(*pairs)
@@ -218,8 +217,6 @@ class PopulationPolicy(Policy):
                 self.norm.see(lambda: flatten_obs(self.forward.mlp_keys, obs, self.forward.obs_classes))
             # legal_only: the plan's and the statistics' forwards write the layers out, not PolicyNet.forward.
             out = legal_only(self.forward(slots[active], obs), obs)
-            # The action rule: over a Box the output itself (the env maps it onto its bounds), plus noise if set;
-            # over Discrete actions the argmax of the logits (the deep-GA convention) or a sample from their softmax.
             if self.continuous:
                 chosen = out + self.action_noise * torch.randn_like(out) if self.action_noise else out
             else:
