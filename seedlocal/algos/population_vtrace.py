@@ -12,9 +12,8 @@ stay its own and the arithmetic after the gradient is exactly ``learner_step``'s
 per update (a few foreach kernels each); one Adam over the stacked tensors with a [P, 1, ...] learning rate would launch
 fewer, but would be a second Adam to keep equal to torch's.
 
-Each member has its own ``VTraceParams``, as P ``learner_step``s would: ``PER_MEMBER`` values enter the vmapped loss
-as [P] tensors, ``AFTER_GRADIENT`` ones act after it; the rest shapes the update and must agree (``shared_params``),
-whether the policy term is clipped at all included: a vmapped loss cannot branch per member.
+Each member has its own ``VTraceParams``, as P ``learner_step``s would; what shapes the update must agree
+(``shared_params``): a vmapped loss cannot branch per member.
 
 On a GPU this is the intended path, P small networks in about the kernels of one; unmeasured there
 (``scripts/bench_population_learners.py --device cuda``). On the 2-core development CPU one update of P = 8 MinAtar
