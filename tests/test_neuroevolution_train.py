@@ -116,7 +116,7 @@ def test_a_forward_strategy_the_network_cannot_use_is_refused_before_the_run():
 
 def test_population_forward_builds_its_layer_plan_once(monkeypatch):
     """The plan gives the candidate strategies too: PopulationForward (and eval's ``serving``) walk the network
-    once, not once for the plan and again for ``strategies``."""
+    once, not once for the plan and again for the candidates."""
     from seedlocal.policies import population_forward
 
     calls = []

@@ -79,19 +79,6 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     return plan if plan and plan[-1][0] == "linear" else None
 
 
-def strategies(template: nn.Module) -> tuple[str, ...]:
-    """The population forward strategies a network can use (see ``PopulationForward``)."""
-    return _strategies(_layer_plan(template, _offsets(template)))
-
-
-def _strategies(plan: list | None) -> tuple[str, ...]:
-    if plan is None:
-        return ("vmap", "loop")
-    # mulsum's broadcast product is [rows, in, out]: fine for an MLP's layers, a
-    # copy of every member's weights per step for a torso's 1,024-3,136 features.
-    return ("bmm", "vmap", "loop") if plan[0][0] == "conv" else ("bmm", "mulsum", "vmap")
-
-
 def _offsets(template: nn.Module) -> dict[str, int]:
     """Where each parameter starts in the network's flat vector."""
     names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
@@ -101,7 +88,7 @@ def _offsets(template: nn.Module) -> dict[str, int]:
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
-    Strategies (the README's "Neuroevolution"; a network's candidates: ``strategies``): ``bmm`` (plain layers,
+    Strategies (the README's "Neuroevolution"; a network's: ``candidates``): ``bmm`` (plain layers,
     ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``; ``auto`` times them on its first batches (``__call__``).
 
     Slot rows hold each Linear weight transposed, [in, out]: a row's product is then a vector-matrix product over
@@ -119,8 +106,10 @@ class PopulationForward:
         offsets = _offsets(template)
         self.size = sum(p.numel() for p in template.parameters())
         self.plan = _layer_plan(template, offsets)
-        # From this plan: strategies(template) would build it again. The recipe refused a strategy not among them.
-        self.candidates = _strategies(self.plan)
+        # What this network can use (the recipe refuses any other). mulsum's broadcast product is [rows, in, out]:
+        # fine for an MLP's layers, a copy of every member's weights per step for a torso's 1,024-3,136 features.
+        self.candidates = (("vmap", "loop") if self.plan is None else ("bmm", "vmap", "loop")
+                           if self.plan[0][0] == "conv" else ("bmm", "mulsum", "vmap"))
         # Slot layout: each Linear weight of a plan stored [in, out] (see the class docstring); ``_perm`` maps slot
         # positions to positions of the flat parameter vector (None: the same layout).
         linear = [op for op in self.plan or () if op[0] == "linear"]

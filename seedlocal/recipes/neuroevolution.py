@@ -14,7 +14,7 @@ from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.errors import fail, fail_if
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
-from seedlocal.policies.population_forward import strategies
+from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import sized_pipeline
 
@@ -227,7 +227,7 @@ def check(cfg: NeuroevoRun, spec, shape) -> None:
     copies = cfg.algo.population_size + shape.num_envs  # the population's vectors and one row per env slot
     net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
                              f"{copies:,} copies (the population's vectors and one per env slot)")
-    forwards = ("auto",) + strategies(net)
+    forwards = ("auto",) + PopulationForward(net, num_slots=0, device="meta").candidates  # shapes only
     if cfg.forward not in forwards:
         fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
 
