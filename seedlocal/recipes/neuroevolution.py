@@ -202,10 +202,9 @@ def identity(cfg: NeuroevoRun, spec) -> dict:
 
 def episode_frame_cap(cfg: NeuroevoRun, kind: Kind) -> int:
     """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the env
-    kind's (``Kind.episode_frames``). Without a cap, one member that survives without scoring holds its whole
-    generation up to the emulator's own limit (envpool's Atari v5: 108,000 frames). The deep GA (Such et al.
-    2017, arXiv:1712.06567) capped Atari at 20,000 frames, as Uber's released code does (uber-research/
-    deep-neuroevolution: gpu_implementation/ga.py, max_frames = 5000 * 4)."""
+    kind's (``Kind.episode_frames``; the deep GA's 20,000 for Atari: uber-research/deep-neuroevolution's
+    gpu_implementation/ga.py, max_frames = 5000 * 4). Without a cap, one member that survives without scoring
+    holds its whole generation up to the emulator's own limit (envpool's Atari v5: 108,000 frames)."""
     return cfg.max_episode_frames if cfg.max_episode_frames >= 0 else kind.episode_frames
 
 

@@ -330,9 +330,8 @@ class PopulationTrainer(VTraceLearning):
         best = self.best()
         finals = [mb.score() for mb in self.members]
         stats = dataclasses.asdict(summarize(finals)) if all(f is not None for f in finals) else None
-        members = [{"member": mb.index, "values": mb.values, "steps": mb.counters["steps"],
-                    "updates": mb.counters["updates"], "episodes": mb.counters["episodes"],
-                    "mean_return_last20": finals[mb.index]} for mb in self.members]
+        members = [{"member": mb.index, "values": mb.values, **mb.counters, "mean_return_last20": finals[mb.index]}
+                   for mb in self.members]  # counters: steps, updates, episodes
         write_curves(run.run_dir, self.curves)
         return {**super().results(run), "mean_return_last20": finals[best],
                 "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": best,
@@ -352,9 +351,8 @@ class PopulationTrainer(VTraceLearning):
 
 
 def write_curves(run_dir: Path, curves: list[tuple[int, int, int, float]]) -> None:
-    """population.csv (run steps, member, member steps, mean of its last 20) and population.svg: each member's
-    curve (grey) and the IQM of the members' values at each log (black), drawn as plain SVG so that the plot
-    needs no plotting library."""
+    """``CURVES`` (run steps, member, member steps, mean of its last 20) and ``PLOT``: each member's curve (grey)
+    and their IQM at each log (black), in plain SVG so that the plot needs no plotting library."""
     if not curves:
         return
     lines = ["run_steps,member,member_steps,return_mean20"] + [f"{a},{m},{b},{r:.6g}" for a, m, b, r in curves]
