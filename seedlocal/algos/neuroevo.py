@@ -94,10 +94,10 @@ def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
 
 
 def centered_ranks(x: Tensor) -> Tensor:
-    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.): the smallest -0.5, the largest +0.5,
-    so the transform ignores the scale of the fitness and outliers. Tied values share the mean of the ranks they span:
-    games with small integer scores (MinAtar, Atari early on) tie most of a population, and ranking ties by position
-    would turn each tied antithetic pair into a step along its own noise. NaN counts as the worst value."""
+    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.), so the transform ignores the scale of
+    the fitness and outliers. Tied values share the mean of the ranks they span: games with small integer scores
+    (MinAtar, Atari early on) tie most of a population, and ranking ties by position would turn each tied antithetic
+    pair into a step along its own noise. NaN counts as the worst value."""
     x = nan_to_worst(x.detach())
     n = x.numel()
     if n <= 1:

@@ -1,11 +1,6 @@
-"""A population of networks playing episodes: the work queue of (member, episode) jobs (the README's
-"Neuroevolution": slots, held groups, asynchronous jobs, the episode cap).
-
-Every env slot plays one (member, episode) job at a time, taken from the queue when its episode begins; an idle slot
-gets no forward pass, and a group whose envs all idle is *held* until more work arrives, then restarts on fresh
-episodes. The forward is ``policies/population_forward.py``'s, the shared observation statistics
-``policies/population_norm.py``'s. A job's episode that reaches ``max_episode_steps`` ends there for its job, scored
-on its return so far; its env plays on unserved, as an idle slot's does.
+"""A population of networks playing episodes: the work queue of (member, episode) jobs, one at a time on each env
+slot (the README's "Neuroevolution" says how slots, held groups, asynchronous jobs and the episode cap behave). The
+forward is ``policies/population_forward.py``'s, the shared observation statistics ``policies/population_norm.py``'s.
 
 ``seedlocal eval`` plays a checkpoint's member through the same class (``PopulationPolicy.serving``: that one member
 on every slot), so eval acts by training's forward and action rule.
@@ -75,10 +70,11 @@ class PopulationPolicy(Policy):
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
                  max_episode_steps: int = 0, pool_stats: Callable | None = None):
-        """``action_noise``, ``reward_shift``: the run's options (``NeuroevoRun``); a Box action is the network's
-        output (mapped onto the env's bounds, ``envs/bounds.py``). With a template that has ``obs_norm``, the
-        population shares observation statistics (``PopulationNorm``, ``commit_obs_stats``; ``pool_stats``: a split
-        population's ``Ranks.pool_moments``, ``PopulationNorm.commit``'s ``pool``)."""
+        """``action_noise``, ``reward_shift``, ``max_episode_steps`` (0: no cap; a capped episode is scored on its
+        return so far): the run's options (``NeuroevoRun``); a Box action is the network's output (mapped onto the
+        env's bounds, ``envs/bounds.py``). With a template that has ``obs_norm``, the population shares observation
+        statistics (``PopulationNorm``, ``commit_obs_stats``; ``pool_stats``: a split population's
+        ``Ranks.pool_moments``, ``PopulationNorm.commit``'s ``pool``)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps
