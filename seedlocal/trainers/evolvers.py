@@ -136,9 +136,8 @@ class GAEvolver(Evolver):
                          "elite": tuple(d["elite"]) if d["elite"] is not None else None})
 
     def _genome_vec(self, g: tuple) -> torch.Tensor:
-        # Children are one mutation from a cached parent: rebuilding a genome from all its seeds every generation
-        # would cost a noise slice per seed. A split population's rank did not build every parent: it mutates on
-        # from the longest cached ancestor (the same additions, in order, as from g[0]).
+        # Children are one mutation from a cached parent (ga.py's conventions), not a noise slice per seed. A split
+        # population's rank did not build every parent: it mutates on from the longest cached ancestor.
         if g not in self._cache:
             k = next((k for k in range(len(g) - 1, 0, -1) if g[:k] in self._cache), 0)
             vec = self._cache[g[:k]] if k else self.space.init(g[0])

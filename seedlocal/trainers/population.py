@@ -1,12 +1,10 @@
 """``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46; how the run is shared,
 the three modes and PBT's round: docs/populations.md).
 
-Each member is a learner of its own (``Member``) with a contiguous block of whole env groups. Its network's
-tensors are rows of one ``MemberStack``, which the inference thread serves in one vmapped call (``MembersPolicy``)
-while each learner writes its own rows in place. The learner thread routes each finished unroll by its group to
-its member's batch and learns from a member's batch as soon as it is full (on CUDA: every member's at once,
-``together``). Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation,
-reward scaling.
+Each member (``Member``) is a learner with a contiguous block of whole env groups; its network's tensors are rows
+of one ``MemberStack``, served in one vmapped call (``MembersPolicy``) while each learner writes its rows in place
+(routing and learning: ``_ready``, ``together``). Not yet (refused by the recipe): data-parallel ranks, LSTM cores,
+observation normalisation, reward scaling.
 """
 
 from __future__ import annotations
