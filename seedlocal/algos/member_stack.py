@@ -6,10 +6,9 @@ stacked parameters, so that P small networks cost about what one does; here with
 
 Each member stays an ordinary module, so its own ``learner_step``, optimizer, checkpoint and PBT copy
 (``algos/pbt.py``'s ``copy_member``) work on it as on a single learner; but its parameters and buffers *are* row i of
-one [P, ...] tensor per name (each row laid out as the member's own tensor was, a channels-last convolution weight
-staying channels last). A member's optimizer step, ``load_state_dict`` or observation statistics' update writes its row
-in place, so the batched forward (``policies/members.py``) and the batched update (``algos/population_vtrace.py``) read
-every member's latest values with no copy and no re-stacking.
+one [P, ...] tensor per name (``_stacked``). A member's optimizer step or ``load_state_dict`` writes its row in place,
+so the batched forward (``policies/members.py``) and the batched update (``algos/population_vtrace.py``) read every
+member's latest values with no copy and no re-stacking.
 
 The trade-off, against re-stacking the members' weights after each update: no copy of P networks per update and no
 moment where the inference loop reads a stack half rebuilt, for one rule: a member's tensors may not be replaced, only

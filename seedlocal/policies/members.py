@@ -4,13 +4,11 @@ weights (issue 46; the design's "a population is a batch dimension").
 Reference: PureJaxRL's ``vmap`` over agents' stacked parameters (cited in ``algos/member_stack.py``), here
 ``torch.func.vmap`` over ``functional_call`` on a ``MemberStack``.
 
-Why not ``PopulationForward`` (``population_forward.py``), neuroevolution's batched forward: it keeps a copy of a
-network per *env slot* and runs each row through its own copy (a batched matrix-vector product per row), because a
-neuroevolution member plays one episode on one slot and moves on. A learner owns whole env groups for the whole run,
-and its weights change at every update: per-slot copies would be refreshed on every slot after every update, and
-each row would still be a product of its own. Here each member's rows go through its weights together (a matrix
-product per member), read in place from the stack the learners write, and an actor-critic's two heads come out as
-they do from ``ActorCritic.forward``.
+Why not ``PopulationForward``, neuroevolution's batched forward: it keeps a network per *env slot*, each row through
+its own copy (a matrix-vector product per row), because a neuroevolution member plays one episode on one slot and
+moves on. A learner owns whole env groups for the run and its weights change at every update: per-slot copies would
+be refreshed on every slot after every update. Here each member's rows go through its weights together (a matrix
+product per member), read in place from the stack the learners write, with ``ActorCritic.forward``'s two heads.
 
 Rows arrive in any order (whole env groups: usually contiguous runs) and are padded per member for one vmapped call
 (``row_layout``). On the 2-core development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in one call

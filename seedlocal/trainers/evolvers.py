@@ -119,8 +119,7 @@ class Evolver(ABC):
 
 
 class GAEvolver(Evolver):
-    """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's
-    children."""
+    """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's children."""
 
     state_class = ga.GAState
 
