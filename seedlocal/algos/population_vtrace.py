@@ -1,10 +1,9 @@
 """V-trace for a population of learners in one batched update.
 
 Reference: PureJaxRL (C. Lu et al., 2022, "Discovered Policy Optimisation", NeurIPS): P agents learn at once by ``vmap``
-over their stacked parameters. Here ``torch.func``'s ``vmap(grad(...))`` over an ``algos/member_stack.py``
-``MemberStack`` runs every member's forward, V-trace targets and loss (``algos/vtrace.py``'s own ``network_outputs``,
-``batch_targets`` and ``update_loss``, unchanged) and gradients in one call per update: the same updates as P
-``learner_step`` calls, member by member, on the same batches.
+over their stacked parameters. Here ``torch.func``'s ``vmap(grad(...))`` over a ``MemberStack`` runs every member's
+forward, V-trace targets and loss (``algos/vtrace.py``'s own functions, unchanged) and gradients in one call per
+update: the same updates as P ``learner_step`` calls, member by member, on the same batches.
 
 After the gradients each member is clipped to its own ``max_grad_norm`` and stepped by its own optimizer (torch's Adam
 or RMSprop over its own parameters, which are rows of the stack), so its learning rate, schedule and optimizer state
@@ -18,8 +17,7 @@ Each member has its own ``VTraceParams``, as P ``learner_step``s would; what sha
 On a GPU this is the intended path, P small networks in about the kernels of one; unmeasured there
 (``scripts/bench_population_learners.py --device cuda``). On the 2-core development CPU one update of P = 8 MinAtar
 torsos took 1.4-4.0x less time than 8 ``learner_step`` calls (three runs of that script). Not here: ``learner_step``'s
-``diagnose`` and data-parallel ranks (a population splits its members across ranks instead; no gradient crosses them),
-and LSTM cores (refused by the recipe).
+``diagnose``, and (refused by the recipe) data-parallel ranks and LSTM cores.
 """
 
 from __future__ import annotations

@@ -221,8 +221,7 @@ def check(cfg: NeuroevoRun, spec, shape) -> None:
     fail_if(lambda v: not v >= 0, cfg, ("action_noise", "reward_shift"), "must be >= 0")
     if cfg.action_noise and spec.num_actions is not None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
-    if cfg.network.lstm_size:
-        fail("network.lstm_size", cfg.network.lstm_size, "a genome is a feed-forward network here: leave it 0")
+    fail_if(bool, cfg.network, ("lstm_size",), "a genome is a feed-forward network here: leave it 0", "network.")
     copies = cfg.algo.population_size + shape.num_envs  # the population's vectors and one row per env slot
     net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
                              f"{copies:,} copies (the population's vectors and one per env slot)")
