@@ -8,9 +8,8 @@ Conventions:
   * A parameter vector is a flat float32 CPU tensor in ``parameters()`` order.
   * Everything random is named by an int seed, so a vector can be rebuilt from a few seeds anywhere (the workers of both
     papers ship seeds, not weights).
-  * Perturbations are not drawn per seed: as in both papers' code, one block of Gaussian noise (the *noise table*) is
-    drawn once from a fixed seed and a seed names an offset into it, so a perturbation costs a slice, not a generator
-    call (``noise``).
+  * Perturbations are slices of one block of Gaussian noise (the *noise table*, ``noise``) drawn once from a fixed
+    seed, as in both papers' code: a seed names an offset, so a perturbation costs a slice, not a generator call.
   * The algorithms keep no generator state: the draws of generation g come from ``generation_rng(seed, g)``, so a state
     (a ``Generation``) is resumable, and ``dataclasses.asdict`` of it loads with ``torch.load(weights_only=True)``.
     ``ask`` draws nothing into it: asking twice gives the same seeds.
