@@ -79,12 +79,6 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     return plan if plan and plan[-1][0] == "linear" else None
 
 
-def _offsets(template: nn.Module) -> dict[str, int]:
-    """Where each parameter starts in the network's flat vector."""
-    names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
-    return dict(zip(names, itertools.accumulate(sizes, initial=0)))
-
-
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
@@ -103,8 +97,9 @@ class PopulationForward:
     def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
                  strategy: str = "auto"):
         self.template = template.to(device)
-        offsets = _offsets(template)
-        self.size = sum(p.numel() for p in template.parameters())
+        names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
+        *starts, self.size = itertools.accumulate(sizes, initial=0)
+        offsets = dict(zip(names, starts))  # where each parameter starts in the flat vector
         self.plan = _layer_plan(template, offsets)
         # What this network can use (the recipe refuses any other). mulsum's broadcast product is [rows, in, out]:
         # fine for an MLP's layers, a copy of every member's weights per step for a torso's 1,024-3,136 features.
