@@ -52,10 +52,6 @@ class Job:
                 check()
         return self.returns
 
-    @property
-    def members(self) -> int:
-        return len(self.returns)
-
     def members_done(self) -> int:
         """Members whose every episode has a return (read from any thread: the lists only grow)."""
         return sum(len(r) >= self.episodes for r in self.returns)

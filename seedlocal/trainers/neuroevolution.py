@@ -231,7 +231,7 @@ class NeuroevoTrainer(Trainer):
         dt = max(time.monotonic() - t0, 1e-9)
         run.monitor.progress(
             f"gen {self.counters['generation'] + 1:>4d}  members {sum(j.members_done() for j in jobs):>4d}"
-            f"/{sum(j.members for j in jobs)} finished  frames {self.counters['frames'] + frames:>12,d}  "
+            f"/{sum(len(j.returns) for j in jobs)} finished  frames {self.counters['frames'] + frames:>12,d}  "
             f"frames/s {frames / dt:>9,.0f}  longest episode {pop.longest_running() * self.frames_per_step:,d} "
             f"frames  {dt:,.0f} s")
 
