@@ -24,8 +24,7 @@ MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its 
 TRIAL_BATCHES = 5  # batches on which ``auto`` times every strategy before it settles
 
 
-def _linear(params: torch.Tensor, h: torch.Tensor, w: int, out_f: int, in_f: int, b: int,
-            mulsum: bool) -> torch.Tensor:
+def _linear(params: torch.Tensor, h: torch.Tensor, w: int, out_f: int, in_f: int, b: int, mulsum: bool) -> torch.Tensor:
     """Rows of ``h`` [n, in] each through its own Linear layer, whose weight sits [in, out] in the slot rows
     ``params`` [n, size] (views: no copy): a batched matmul, or (``mulsum``) a broadcast multiply summed over
     ``in``, which a CPU runs as a few vector loops across rows of contiguous ``out`` vectors where bmm makes one
@@ -94,8 +93,7 @@ class PopulationForward:
     the population's shared ones become meanwhile, and the forward reads them from the same views as the weights.
     """
 
-    def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
-                 strategy: str = "auto"):
+    def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu", strategy: str = "auto"):
         self.template = template.to(device)
         names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
         *starts, self.size = itertools.accumulate(sizes, initial=0)
@@ -132,8 +130,7 @@ class PopulationForward:
         return params if self._perm is None else params.index_select(1, self._perm)
 
     def stats_of(self, norm: RunningNorm) -> torch.Tensor:
-        """``norm``'s statistics as a slot row's tail holds them: [mean, scale], float32
-        (the values ``norm`` itself multiplies by: the same outputs, bit for bit)."""
+        """``norm``'s statistics as a slot row's tail holds them: [mean, scale] (what ``norm`` multiplies by: bit for bit)."""
         return torch.cat([norm.mean, norm.scale()]).to(self.slots.dtype)
 
     def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor,
