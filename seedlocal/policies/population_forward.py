@@ -130,7 +130,7 @@ class PopulationForward:
         return params if self._perm is None else params.index_select(1, self._perm)
 
     def stats_of(self, norm: RunningNorm) -> torch.Tensor:
-        """``norm``'s statistics as a slot row's tail holds them: [mean, scale] (what ``norm`` multiplies by: bit for bit)."""
+        """``norm``'s statistics as a slot row's tail holds them: [mean, scale], what ``norm`` multiplies by."""
         return torch.cat([norm.mean, norm.scale()]).to(self.slots.dtype)
 
     def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor,
