@@ -239,19 +239,18 @@ class PopulationTrainer(VTraceLearning):
     def _learn(self, run: Run, work: list[tuple[Member, dict]], together: bool) -> None:
         """Each member's ``learner_step`` in turn, or (``together``) one ``population_learner_step`` for all."""
         version0 = run.loop.version
+        kw = dict(step_lock=self.lock, precision=self.precision, after_update=self._bump_version)
         if together:
             batches = [{k: v for k, v in b.items() if k != "policy_version"} for _, b in work]  # (a host array)
             stats = population_learner_step(self.stack, [mb.optimizer for mb, _ in work], batches,
-                                            [mb.params for mb, _ in work], step_lock=self.lock,
-                                            precision=self.precision, after_update=self._bump_version,
+                                            [mb.params for mb, _ in work], **kw,
                                             shuffles=[mb.shuffle for mb, _ in work])
             n = stats.pop("updates")
             each = [({k: v[i] for k, v in stats.items()}, n) for i in range(len(work))]
         else:
             each = []
             for mb, batch in work:
-                one = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock,
-                                   precision=self.precision, after_update=self._bump_version, shuffle=mb.shuffle)
+                one = learner_step(mb.model, mb.optimizer, batch, mb.params, shuffle=mb.shuffle, **kw)
                 each.append((one, one.pop("updates")))
         losses = torch.stack([stats["total_loss"] for stats, _ in each]).tolist()  # one device sync, not P
         for (mb, batch), (stats, n), loss in zip(work, each, losses):
