@@ -43,8 +43,7 @@ def row_layout(members: np.ndarray, num_members: int) -> tuple[np.ndarray, int, 
     counts = np.bincount(members, minlength=num_members)
     present = np.flatnonzero(counts)
     per = int(counts.max())
-    slot = np.zeros(num_members, np.int64)
-    slot[present] = np.arange(len(present))
+    slot = np.cumsum(counts > 0) - 1  # a present member's place among the present ones
     pos = slot[members] * per + occurrence(members)
     if len(members) == len(present) * per and np.array_equal(pos, np.arange(len(members))):
         return present, per, None, None
