@@ -114,9 +114,7 @@ class PopulationPolicy(Policy):
         work nobody waits for yet never delays a population."""
         norm = self.forward.template.obs_norm if self.forward.norm_size else None
         # A copy of the statistics committed now: a commit while the job plays does not reach its episodes (an
-        # ARS pair is scored under one normalisation). On CUDA it is made on this (the learner's) stream after the
-        # commit's writes and before ``Job.made`` is recorded, so the inference stream, which waits for that
-        # event, reads it whole, as the parameters; the forward reads no other copy of the statistics.
+        # ARS pair is scored under one normalisation). Made before ``Job.made`` is recorded, as the parameters are.
         job = Job(params.to(self.device), episodes, None if norm is None else self.forward.stats_of(norm))
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
