@@ -210,8 +210,8 @@ def episode_frame_cap(cfg: NeuroevoRun, kind: Kind) -> int:
 
 def check(cfg: NeuroevoRun, spec, shape) -> None:
     """The neuroevolution families' own refusals, one line each naming the field."""
-    if cfg.pipeline.cuda_graphs:
-        fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
+    fail_if(bool, cfg.pipeline, ("cuda_graphs",),
+            "population evaluation does not use it (its batches change members every step)", "pipeline.")
     cfg.algo_module.validate(cfg.algo)
     fail_if(lambda v: v < 0, cfg, ("generations", "total_frames", "seconds"), "must be >= 0")
     if not (cfg.generations or cfg.total_frames or cfg.seconds):
@@ -222,7 +222,7 @@ def check(cfg: NeuroevoRun, spec, shape) -> None:
     if cfg.action_noise and spec.num_actions is not None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
     fail_if(bool, cfg.network, ("lstm_size",), "a genome is a feed-forward network here: leave it 0", "network.")
-    copies = cfg.algo.population_size + shape.num_envs  # the population's vectors and one row per env slot
+    copies = cfg.algo.population_size + shape.num_envs
     net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
                              f"{copies:,} copies (the population's vectors and one per env slot)")
     forwards = ("auto",) + PopulationForward(net, num_slots=0, device="meta").candidates  # shapes only
