@@ -144,6 +144,8 @@ class PopulationForward:
             rows = torch.cat([rows, stats.expand(len(rows), -1)], 1)
         self.slots.index_copy_(0, slot_ids, rows)
 
+    # -- forward ------------------------------------------------------------------
+
     @torch.inference_mode()
     def __call__(self, slot_ids: np.ndarray, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits [B, A]: row i from the network in slot ``slot_ids[i]`` (ascending, or one slot on every row)

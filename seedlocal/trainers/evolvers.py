@@ -40,8 +40,6 @@ class RanksDiverged(WorkerDied):
 class Evolver(ABC):
     """One algorithm behind one interface, for ``cfg`` (a ``NeuroevoRun``) over the networks of ``space``."""
 
-    state_class: ClassVar[type]
-    """the algorithm's state, rebuilt from a checkpoint's dict"""
     ranks: Solo = Solo()
     """the data-parallel ranks the population is split among (set by the trainer's ``join_ranks``)"""
 
@@ -65,7 +63,7 @@ class Evolver(ABC):
         return dataclasses.asdict(self.state)
 
     def restore(self, d: dict) -> None:
-        self.state = self.state_class(**d)
+        self.state = type(self.state)(**d)  # a checkpoint's dict as the algorithm's state class (init_state's)
 
     def generation(self, pool, check=None) -> dict:
         """One generation (``step``) and its statistics."""
@@ -120,8 +118,6 @@ class Evolver(ABC):
 
 class GAEvolver(Evolver):
     """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's children."""
-
-    state_class = ga.GAState
 
     def __init__(self, cfg, space: ParamSpace):
         super().__init__(cfg, space)
@@ -211,7 +207,6 @@ class ESEvolver(CentreEvolver):
     """Salimans et al.'s ES, from an initialised network."""
 
     algo = es
-    state_class = es.ESState
 
     def init_state(self, seed: int) -> es.ESState:
         return es.init(self.space.init(seed), seed)
@@ -221,7 +216,6 @@ class ARSEvolver(CentreEvolver):
     """ARS, from the zero policy (its Algorithm 2's M_0 = 0)."""
 
     algo = ars
-    state_class = ars.ARSState
 
     def init_state(self, seed: int) -> ars.ARSState:
         return ars.init(self.space.size, seed)
@@ -230,8 +224,6 @@ class ARSEvolver(CentreEvolver):
 class RandomSearchEvolver(Evolver):
     """Random search: the population's fitness, its winner scored beside the next population; the best network
     ever seen is kept."""
-
-    state_class = random_search.RSState
 
     def init_state(self, seed: int) -> random_search.RSState:
         return random_search.init(seed)
