@@ -116,9 +116,9 @@ def per_rank(cfg: NeuroevoRun, ranks: int, shape_of) -> NeuroevoRun:
     return cfg
 
 
-def _mujoco_pipeline(envs: int) -> PipelineConfig:
+def _mujoco_pipeline(envs: int, workers: int = 2) -> PipelineConfig:
     # Every member's episode at once where the cores allow: episodes last up to 1,000 steps.
-    return PipelineConfig(num_workers=2, envs_per_worker=envs // 2, unroll_length=8)
+    return PipelineConfig(num_workers=workers, envs_per_worker=envs // workers, unroll_length=8)
 
 
 # Atari frames: Uber's released Atari configurations (deep-neuroevolution, gpu_implementation/configurations/
