@@ -69,12 +69,12 @@ def test_obs_norm_takes_the_vector_fields_beside_the_image():
 @pytest.mark.parametrize("obs_norm", [False, True])
 @pytest.mark.parametrize("strategy", ["vmap", "loop"])
 def test_the_population_forward_gives_each_member_s_own_output(strategy, obs_norm):
-    from seedlocal.policies.population_forward import PopulationForward, strategies
+    from seedlocal.policies.population_forward import PopulationForward
 
     spec = validate_env(EnvConfig(id=CATCH))
     nets = [PolicyNet(spec, obs_norm=obs_norm) for _ in range(3)]
-    assert strategies(nets[0]) == ("vmap", "loop")  # its layers are no chain for bmm
     fwd = PopulationForward(nets[0], num_slots=6, strategy=strategy)
+    assert fwd.candidates == ("vmap", "loop")  # its layers are no chain for bmm
     members = torch.tensor([2, 0, 1, 1, 0, 2])
     stats = None
     if obs_norm:  # statistics far from the identity's, shared by every member

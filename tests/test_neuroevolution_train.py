@@ -102,12 +102,31 @@ def test_population_forward_minatar_grids(strategy):
     assert fwd.strategy in ("bmm", "vmap", "loop")
 
 
-def test_population_forward_refuses_a_strategy_the_network_cannot_use():
-    spec = validate_env(EnvConfig(id="Pong-v5"))
-    with pytest.raises(ValueError, match="strategy='mulsum'"):
-        PopulationForward(PolicyNet(spec), num_slots=2, strategy="mulsum")
-    with pytest.raises(ValueError, match="strategy='bmm'"):  # the ResNet's residual blocks
-        PopulationForward(PolicyNet(spec, encoder="impala"), num_slots=2, strategy="bmm")
+def test_a_forward_strategy_the_network_cannot_use_is_refused_before_the_run():
+    """The recipe's refusal, one line naming the option (the forward itself no longer checks again)."""
+    from seedlocal.api import _prepared
+    from seedlocal.errors import ConfigError
+
+    pong = {"env": {"id": "Pong-v5"}}
+    with pytest.raises(ConfigError, match="forward='mulsum': expected one of auto, bmm, vmap, loop for a nature"):
+        _prepared("ga", {**pong, "forward": "mulsum"})
+    with pytest.raises(ConfigError, match="forward='bmm': expected one of auto, vmap, loop for a impala"):
+        _prepared("ga", {**pong, "network": {"encoder": "impala"}, "forward": "bmm"})  # its residual blocks
+
+
+def test_population_forward_builds_its_layer_plan_once(monkeypatch):
+    """The plan gives the candidate strategies too: PopulationForward (and eval's ``serving``) walk the network
+    once, not once for the plan and again for the candidates."""
+    from seedlocal.policies import population_forward
+
+    calls = []
+    plan = population_forward._layer_plan
+    monkeypatch.setattr(population_forward, "_layer_plan", lambda *a: calls.append(1) or plan(*a))
+    net = PolicyNet(validate_env(EnvConfig(id="CartPole-v1")))
+    fwd = PopulationForward(net, num_slots=2)
+    assert len(calls) == 1 and fwd.candidates == ("bmm", "mulsum", "vmap")
+    served = PopulationPolicy.serving(net, None, greedy=True)
+    assert len(calls) == 2 and served.forward.strategy == "bmm"
 
 
 @contextlib.contextmanager
@@ -503,7 +522,7 @@ def test_the_frame_cap_lets_endless_episodes_end_scored_on_their_return_so_far(t
     net = build_policy(cfg, spec)
     expected = []
     for vec in evolver._vecs(evolver.state.genomes):
-        evolver.space.load(net, vec)
+        torch.nn.utils.vector_to_parameters(vec, net.parameters())
         env = gymnasium.make(ENDLESS.id)
         obs, _ = env.reset(seed=0)
         ret = 0.0

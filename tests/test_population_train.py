@@ -292,6 +292,33 @@ def test_members_learn_together_in_one_batched_update_where_asked(tmp_path, monk
     assert all(m["episodes"] for m in members)
 
 
+@pytest.mark.parametrize("together", [False, True])
+def test_a_learning_step_reads_the_members_losses_in_one_conversion(together, monkeypatch):
+    """Each member's loss enters its interval's sum as before, read from the device once for all members (on CUDA
+    a float() per member was a sync per member)."""
+    from types import SimpleNamespace
+
+    from seedlocal.trainers import population
+
+    t = _trainer(size=4)
+    losses = torch.tensor([0.25, 1.5, -3.0, 7.0])
+
+    def one(model, *args, **kw):
+        return {"total_loss": losses[[mb.model for mb in t.members].index(model)].clone(), "updates": 2}
+
+    monkeypatch.setattr(population, "learner_step", one)
+    monkeypatch.setattr(population, "population_learner_step", lambda *a, **kw: {"total_loss": losses, "updates": 2})
+    monkeypatch.setattr(t, "_learned", lambda *a: None)
+    conversions = []
+    to_float = torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda self: conversions.append(1) or to_float(self))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("a loss read with item()"))
+    t._learn(SimpleNamespace(loop=SimpleNamespace(version=0)),
+             [(mb, {"policy_version": np.zeros(4)}) for mb in t.members], together)
+    assert not conversions and [mb.loss_sum for mb in t.members] == [0.25, 1.5, -3.0, 7.0]
+    assert [mb.n for mb in t.members] == [1] * 4 and t.counters["updates"] == 8
+
+
 @pytest.mark.slow
 def test_eight_minatar_members_share_the_steps(tmp_path):
     """Issue 46's measured case: 8 MinAtar learners on 8 groups of 8 envs, one unroll per group. With freed unrolls

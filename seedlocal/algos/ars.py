@@ -4,18 +4,16 @@ Reference: H. Mania, A. Guy and B. Recht, 2018, "Simple random search provides a
 learning", arXiv:1803.07055 (Algorithm 2, section 3; its code, modestyachts/ARS).
 
 Conventions (besides ``neuroevo``'s):
-  * theta (the paper's M), for ARS a linear policy, starts at zero.
-  * Generation g draws N direction seeds; delta_k = ``noise(seed_k, size)`` and the population is ordered [theta +
-    nu*delta_1, theta - nu*delta_1, theta + nu*delta_2, ...].
+  * theta (the paper's M, a linear policy) starts at zero. Generation g draws N direction seeds, delta_k =
+    ``noise(seed_k, size)``, and the population is ``antithetic``'s [theta + nu*delta_1, theta - nu*delta_1, ...].
   * The b directions with the highest max(r+_k, r-_k) are kept, exactly b of them (ties: the lower k first; the paper's
     code keeps every tie at the cut), and theta += alpha / (b * sigma_R) * sum_k (r+_k - r-_k) delta_k, sigma_R the
     (population) standard deviation of the 2b returns kept. b = N is V1, b < N is V1-t.
   * A non-finite return (NaN, +-inf) counts, in that sum and in sigma_R, as the generation's worst (or, for +inf, best)
     finite return.
-  * V2 and V2-t are this update on states normalised by their running mean and standard deviation. The caller does that,
-    not this module: the statistics are shared by the population, gathered from its rollouts and taken into use between
-    generations (``--network.obs-norm``); so is the survival-bonus shift of Hopper, Walker2d, Ant and Humanoid
-    (``NeuroevoRun.remove_survival_bonus``).
+  * V2 and V2-t are this update on states normalised by their running mean and standard deviation, which the caller
+    does (``--network.obs-norm``: statistics the population shares, taken into use between generations), as it does
+    the survival-bonus shift (``NeuroevoRun.remove_survival_bonus``).
 
 Defaults: the paper's V2-t hyperparameters for Hopper-v1: step size alpha = 0.01, N = 8 directions, the top b = 4 of
 them, exploration noise nu = 0.025. Its V2-t settings for HalfCheetah-v1 are alpha = 0.02, N = 32, b = 4, nu = 0.03 (the

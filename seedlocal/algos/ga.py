@@ -8,11 +8,8 @@ Conventions (besides ``neuroevo``'s):
     (``mutate``), so theta = init(g[0]) + sigma * eps(g[1]) + sigma * eps(g[2]) + ... with eps(s) = ``noise(s, size)``.
     The sum is taken in order, one addition at a time, so a worker that keeps last generation's vectors (keyed by
     genome) builds each child bit for bit with a single mutation.
-  * Storage: a genome grows by one seed per generation, 8 bytes as an int64 (+ the tuple's overhead); pickled, a 31-bit
-    seed takes 5 bytes.
   * One generation: evaluate each of ``genomes`` once -> ``tell`` (the elite candidates) -> evaluate each candidate
-    ``elite_episodes`` times -> ``advance``. The next generation's children (``children``) are known once the fitness
-    is, so their evaluation may overlap the candidates'.
+    ``elite_episodes`` times -> ``advance``; ``children`` may play meanwhile.
   * The next population is [elite] + children; fitness ties go to the lower index, so an elite that ties with a child
     stays ahead of it. The state holds plain types only.
 """

@@ -6,10 +6,9 @@ stacked parameters, so that P small networks cost about what one does; here with
 
 Each member stays an ordinary module, so its own ``learner_step``, optimizer, checkpoint and PBT copy
 (``algos/pbt.py``'s ``copy_member``) work on it as on a single learner; but its parameters and buffers *are* row i of
-one [P, ...] tensor per name (each row laid out as the member's own tensor was, a channels-last convolution weight
-staying channels last). A member's optimizer step, ``load_state_dict`` or observation statistics' update writes its row
-in place, so the batched forward (``policies/members.py``) and the batched update (``algos/population_vtrace.py``) read
-every member's latest values with no copy and no re-stacking.
+one [P, ...] tensor per name (``_stacked``). A member's optimizer step or ``load_state_dict`` writes its row in place,
+so the batched forward (``policies/members.py``) and the batched update (``algos/population_vtrace.py``) read every
+member's latest values with no copy and no re-stacking.
 
 The trade-off, against re-stacking the members' weights after each update: no copy of P networks per update and no
 moment where the inference loop reads a stack half rebuilt, for one rule: a member's tensors may not be replaced, only
@@ -26,8 +25,6 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
-
-from seedlocal.errors import fail
 
 
 class _Method(nn.Module):
@@ -109,13 +106,6 @@ class MemberStack:
         if getattr(self._local, "template", None) is None:
             self._local.template = _Method(copy.deepcopy(self.template))
         return self._local.template
-
-    def refuse_recurrent(self) -> None:
-        """Batched calls are for feed-forward members: torch.func has no vmap rule for an LSTM cell."""
-        lstm = getattr(self.template, "lstm", None)
-        if lstm is not None:
-            fail("network.lstm_size", lstm.hidden_size, "members with an LSTM core cannot share a batched call "
-                 "(torch.func has no vmap rule for aten::lstm_cell): they act and learn one by one")
 
     def check(self) -> None:
         """Raise if a member's tensor is no longer its row of the stack (see the module docstring)."""

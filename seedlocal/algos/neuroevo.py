@@ -8,9 +8,8 @@ Conventions:
   * A parameter vector is a flat float32 CPU tensor in ``parameters()`` order.
   * Everything random is named by an int seed, so a vector can be rebuilt from a few seeds anywhere (the workers of both
     papers ship seeds, not weights).
-  * Perturbations are not drawn per seed: as in both papers' code, one block of Gaussian noise (the *noise table*) is
-    drawn once from a fixed seed and a seed names an offset into it, so a perturbation costs a slice, not a generator
-    call (``noise``).
+  * Perturbations are slices of one block of Gaussian noise (the *noise table*, ``noise``) drawn once from a fixed
+    seed, as in both papers' code: a seed names an offset, so a perturbation costs a slice, not a generator call.
   * The algorithms keep no generator state: the draws of generation g come from ``generation_rng(seed, g)``, so a state
     (a ``Generation``) is resumable, and ``dataclasses.asdict`` of it loads with ``torch.load(weights_only=True)``.
     ``ask`` draws nothing into it: asking twice gives the same seeds.
@@ -26,7 +25,7 @@ import functools
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from seedlocal.errors import fail
 
@@ -50,17 +49,9 @@ class ParamSpace:
                     m.reset_parameters()
         return parameters_to_vector(module.parameters()).detach().clone()
 
-    def load(self, module: nn.Module, flat: Tensor) -> None:
-        """Write ``flat`` into ``module``'s parameters (in place of their data)."""
-        if flat.numel() != self.size:
-            raise ValueError(f"vector has {flat.numel()} elements, the space {self.size}")
-        first = next(module.parameters())
-        # vector_to_parameters rebinds param.data to slices of the vector: it must have the module's device and dtype.
-        vector_to_parameters(flat.detach().to(device=first.device, dtype=first.dtype), module.parameters())
-
     def stack(self, flats: list[Tensor]) -> Tensor:
-        """[P, size] matrix of P parameter vectors."""
-        return torch.stack([f.reshape(self.size) for f in flats])
+        """[P, size] matrix of P parameter vectors (P = 0 too: a rank with no member of a small population)."""
+        return torch.stack([f.reshape(self.size) for f in flats]) if flats else torch.empty(0, self.size)
 
 
 NOISE_TABLE_SEED = 0x5EED
@@ -102,10 +93,10 @@ def noise_sum(weights: list[float], seeds: list[int], size: int) -> Tensor:
 
 
 def centered_ranks(x: Tensor) -> Tensor:
-    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.): the smallest -0.5, the largest +0.5,
-    so the transform ignores the scale of the fitness and outliers. Tied values share the mean of the ranks they span:
-    games with small integer scores (MinAtar, Atari early on) tie most of a population, and ranking ties by position
-    would turn each tied antithetic pair into a step along its own noise. NaN counts as the worst value."""
+    """Ranks of the 1-D ``x`` mapped linearly onto [-0.5, 0.5] (Salimans et al.), so the transform ignores the scale of
+    the fitness and outliers. Tied values share the mean of the ranks they span: games with small integer scores
+    (MinAtar, Atari early on) tie most of a population, and ranking ties by position would turn each tied antithetic
+    pair into a step along its own noise. NaN counts as the worst value."""
     x = nan_to_worst(x.detach())
     n = x.numel()
     if n <= 1:

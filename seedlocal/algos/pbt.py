@@ -7,15 +7,11 @@ member of the top (*exploit*), then perturbs those hyperparameters (*explore*). 
 
 Why x0.8 / x1.2 and not Sample Factory 2's x or / U[1.1, 1.5], applied with p = 0.15 per hyperparameter: it is the
 paper's own explore for its RL runs and Ray's, so results compare with theirs; a small set of factors makes the lineage
-readable (each step names its factor) and a run's walk of a value exact to replay. ``PBTParams.factors`` takes any set,
-e.g. (1/1.3, 1.3).
+readable (each step names its factor) and a run's walk of a value exact to replay (``PBTParams.factors``: any set).
 
-A hyperparameter's distribution (``Choice``, ``LogUniform``) serves three ends: a sweep's values (``sweep_values``),
-PBT's resampling, and the range a perturbation is clipped to. On the command line (``parse_space``):
-
-* ``name=a,b,c``: a list of values (``Choice``); PBT's perturbation moves to a neighbouring value, as Ray's does for a
-  list;
-* ``name=lo..hi``: log-uniform on [lo, hi] (``LogUniform``), 0 < lo < hi.
+A hyperparameter's distribution serves three ends: a sweep's values (``sweep_values``), PBT's resampling, and the
+range a perturbation is clipped to. On the command line (``parse_space``) ``name=a,b,c`` is a list (``Choice``, whose
+perturbation moves to a neighbouring value, as Ray's does) and ``name=lo..hi`` log-uniform on [lo, hi] (``LogUniform``).
 
 Everything here but ``copy_member`` is plain data in, plain data out, with randomness from a numpy ``Generator`` the
 caller owns (and checkpoints).

@@ -8,8 +8,7 @@ at the Edge of the Statistical Precipice", NeurIPS (arXiv:2108.13264), and its l
   less than a quarter (n = 5, 6, 7 drop one each side; n < 4 drops none), unlike the textbook IQM that weights the
   boundary scores by a fraction: rliable's figures are the rule here, so a summary reads the same as a paper's.
 * rliable's confidence intervals come from a stratified bootstrap over runs within each task; one task (one env, P
-  members) makes it the plain bootstrap over members: ``resamples`` draws of P members with replacement, the statistic
-  of each, and the (1 - confidence) / 2 and (1 + confidence) / 2 percentiles of those (numpy's linear interpolation).
+  members) makes it the plain bootstrap over members (``bootstrap_ci``, numpy's linear interpolation).
 
 Pure numpy: no torch, no process. A NaN or infinite score is refused in one line (a diverged member is a fact to report,
 not a number to average).

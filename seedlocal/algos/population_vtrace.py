@@ -1,10 +1,9 @@
 """V-trace for a population of learners in one batched update.
 
 Reference: PureJaxRL (C. Lu et al., 2022, "Discovered Policy Optimisation", NeurIPS): P agents learn at once by ``vmap``
-over their stacked parameters. Here ``torch.func``'s ``vmap(grad(...))`` over an ``algos/member_stack.py``
-``MemberStack`` runs every member's forward, V-trace targets and loss (``algos/vtrace.py``'s own ``network_outputs``,
-``batch_targets`` and ``update_loss``, unchanged) and gradients in one call per update: the same updates as P
-``learner_step`` calls, member by member, on the same batches.
+over their stacked parameters. Here ``torch.func``'s ``vmap(grad(...))`` over a ``MemberStack`` runs every member's
+forward, V-trace targets and loss (``algos/vtrace.py``'s own functions, unchanged) and gradients in one call per
+update: the same updates as P ``learner_step`` calls, member by member, on the same batches.
 
 After the gradients each member is clipped to its own ``max_grad_norm`` and stepped by its own optimizer (torch's Adam
 or RMSprop over its own parameters, which are rows of the stack), so its learning rate, schedule and optimizer state
@@ -12,15 +11,13 @@ stay its own and the arithmetic after the gradient is exactly ``learner_step``'s
 per update (a few foreach kernels each); one Adam over the stacked tensors with a [P, 1, ...] learning rate would launch
 fewer, but would be a second Adam to keep equal to torch's.
 
-Each member has its own ``VTraceParams``, as P ``learner_step``s would: ``PER_MEMBER`` values enter the vmapped loss
-as [P] tensors, ``AFTER_GRADIENT`` ones act after it; the rest shapes the update and must agree (``shared_params``),
-whether the policy term is clipped at all included: a vmapped loss cannot branch per member.
+Each member has its own ``VTraceParams``, as P ``learner_step``s would; what shapes the update must agree
+(``shared_params``): a vmapped loss cannot branch per member.
 
 On a GPU this is the intended path, P small networks in about the kernels of one; unmeasured there
 (``scripts/bench_population_learners.py --device cuda``). On the 2-core development CPU one update of P = 8 MinAtar
 torsos took 1.4-4.0x less time than 8 ``learner_step`` calls (three runs of that script). Not here: ``learner_step``'s
-``diagnose`` and data-parallel ranks (a population splits its members across ranks instead; no gradient crosses them),
-and LSTM cores (``MemberStack.refuse_recurrent``).
+``diagnose``, and (refused by the recipe) data-parallel ranks and LSTM cores.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from types import SimpleNamespace
 from typing import Sequence
 
 import torch
@@ -75,18 +73,14 @@ def _stacked_batch(batches: Sequence[dict]) -> dict:
     return out
 
 
-class _Member:
-    """One member's network, its ``unroll`` and ``forward`` (as ``algos/vtrace.py``'s helpers call a model's) run on
-    that member's tensors."""
-
-    def __init__(self, stack: MemberStack, tensors: dict[str, Tensor]):
-        self.unroll = functools.partial(stack.call, tensors, "unroll")
-        self.forward = functools.partial(stack.call, tensors, "forward")
+def _member(stack: MemberStack, tensors: dict[str, Tensor]) -> SimpleNamespace:
+    """One member's network as ``network_outputs`` calls a model: its ``unroll`` on that member's tensors."""
+    return SimpleNamespace(unroll=functools.partial(stack.call, tensors, "unroll"))
 
 
 def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
     """IMPALA's one update on a whole batch, targets from the differentiated forward (as ``learner_step``)."""
-    member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
+    member, pm = _member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
     logits, values = network_outputs(member, batch, episode_starts(batch["ignored"]), precision)
     targets = batch_targets(pm, batch, logits.detach(), values.detach())
     loss, stats = update_loss(pm, policy_dist(batch), logits[:-1], values[:-1], targets)  # row T only bootstraps
@@ -95,16 +89,16 @@ def _whole_batch_loss(params, buffers, batch, costs, *, stack, p, precision):
 
 def _batch_targets(tensors, batch, costs, *, stack, p, precision):
     """V-trace targets over a whole batch, as rows (no gradient: they stay fixed for the batch's updates)."""
-    member, pm = _Member(stack, tensors), dataclasses.replace(p, **costs)
+    member, pm = _member(stack, tensors), dataclasses.replace(p, **costs)
     targets = batch_targets(pm, batch, *network_outputs(member, batch, episode_starts(batch["ignored"]), precision))
     return as_rows(batch["obs"], targets)
 
 
 def _minibatch_loss(params, buffers, obs, targets, idx, costs, *, stack, p, precision, dist):
     """One update's loss on the rows ``idx`` of a member's batch (as ``learner_step``'s minibatch passes)."""
-    member, pm = _Member(stack, {**params, **buffers}), dataclasses.replace(p, **costs)
+    pm = dataclasses.replace(p, **costs)
     with autocast(idx.device, precision):
-        logits, values = member.forward({k: v[idx] for k, v in obs.items()})
+        logits, values = stack.call({**params, **buffers}, "forward", {k: v[idx] for k, v in obs.items()})
     return update_loss(pm, dist, logits.float(), values.float(), targets.select(idx))
 
 
@@ -144,7 +138,6 @@ def population_learner_step(stack: MemberStack, optimizers, batches: Sequence[di
     parameters): ``p.echo`` passes of ``p.minibatches`` updates, each one vmapped gradient call for all members.
     ``shuffles[i]``: member i's minibatch order (as ``learner_step``'s ``shuffle``; torch's default CPU
     generator if None). Returns ``learner_step``'s statistics as [P] device tensors, and ``updates``."""
-    stack.refuse_recurrent()
     if not len(stack) == len(optimizers) == len(batches) == len(params):
         raise ValueError(f"{len(stack)} members need as many optimizers, batches and params")
     p = shared_params(params)

@@ -7,7 +7,6 @@ Conventions (besides ``neuroevo``'s):
   * Each generation evaluates P fresh initialisation seeds (vectors via ``ParamSpace.init``) and keeps the best (seed,
     fitness) seen so far.
   * The best fitness is one evaluation, as reported by the caller: with noisy episodes it is an optimistic estimate.
-  * ``tell`` recovers the seeds from ``len(fitness)``. NaN is never kept; ties keep the earlier best.
 """
 
 from __future__ import annotations
@@ -48,11 +47,9 @@ def ask(state: RSState, p: RSParams) -> list[int]:
 
 
 def tell(state: RSState, fitness) -> RSState:
-    """Keep the best of this generation if it beats the best so far."""
+    """Keep the best of this generation (``fitness`` of ``ask``'s seeds, in order) if it beats the best so far."""
     f = nan_to_worst(fitness)
-    seeds = state.seeds(f.numel())
-    best_seed, best_fitness = state.best_seed, state.best_fitness
-    for s, x in zip(seeds, f.tolist()):
-        if x > best_fitness:  # strict: ties keep the earlier best; -inf never wins
-            best_seed, best_fitness = s, x
-    return state.next(best_seed=best_seed, best_fitness=best_fitness)
+    i = int(f.argmax())  # the first of equal bests
+    if f[i] > state.best_fitness:  # strict: ties keep the earlier best; -inf never wins
+        return state.next(best_seed=state.seeds(f.numel())[i], best_fitness=float(f[i]))
+    return state.next()

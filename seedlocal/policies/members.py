@@ -1,16 +1,14 @@
 """One forward for a population of learners: every member's env rows in one batched call over the members' stacked
 weights (issue 46; the design's "a population is a batch dimension").
 
-Reference: PureJaxRL (Lu et al. 2022, "Discovered Policy Optimisation"): ``vmap`` over agents' stacked parameters,
-here ``torch.func.vmap`` over ``functional_call`` on an ``algos/member_stack.py`` ``MemberStack``.
+Reference: PureJaxRL's ``vmap`` over agents' stacked parameters (cited in ``algos/member_stack.py``), here
+``torch.func.vmap`` over ``functional_call`` on a ``MemberStack``.
 
-Why not ``PopulationForward`` (``population_forward.py``), neuroevolution's batched forward: it keeps a copy of a
-network per *env slot* and runs each row through its own copy (a batched matrix-vector product per row), because a
-neuroevolution member plays one episode on one slot and moves on. A learner owns whole env groups for the whole run,
-and its weights change at every update: per-slot copies would be refreshed on every slot after every update, and
-each row would still be a product of its own. Here each member's rows go through its weights together (a matrix
-product per member), read in place from the stack the learners write, and an actor-critic's two heads come out as
-they do from ``ActorCritic.forward``.
+Why not ``PopulationForward``, neuroevolution's batched forward: it keeps a network per *env slot*, each row through
+its own copy (a matrix-vector product per row), because a neuroevolution member plays one episode on one slot and
+moves on. A learner owns whole env groups for the run and its weights change at every update: per-slot copies would
+be refreshed on every slot after every update. Here each member's rows go through its weights together (a matrix
+product per member), read in place from the stack the learners write, with ``ActorCritic.forward``'s two heads.
 
 Rows arrive in any order (whole env groups: usually contiguous runs) and are padded per member for one vmapped call
 (``row_layout``). On the 2-core development CPU, 8 MinAtar members' 64 rows each took 1.2-3.0x less time in one call
@@ -45,8 +43,7 @@ def row_layout(members: np.ndarray, num_members: int) -> tuple[np.ndarray, int, 
     counts = np.bincount(members, minlength=num_members)
     present = np.flatnonzero(counts)
     per = int(counts.max())
-    slot = np.zeros(num_members, np.int64)
-    slot[present] = np.arange(len(present))
+    slot = np.cumsum(counts > 0) - 1  # a present member's place among the present ones
     pos = slot[members] * per + occurrence(members)
     if len(members) == len(present) * per and np.array_equal(pos, np.arange(len(members))):
         return present, per, None, None
@@ -60,10 +57,9 @@ class MembersForward:
     """Policy parameters (logits, or a Gaussian's mean and log-std) [n, ...] and values [n] for rows of many
     members' envs: row i from member ``members[i]``'s network on ``obs`` row i, in one call. Reads the stack's
     tensors as they are: call it under the learners' weight lock when they may be mid-update. Feed-forward
-    networks only (``MemberStack.refuse_recurrent``)."""
+    networks only: torch.func has no vmap rule for an LSTM cell (the recipe refuses a population with one)."""
 
     def __init__(self, stack: MemberStack, precision: str = "fp32"):
-        stack.refuse_recurrent()
         self.stack, self.precision = stack, precision
 
     @torch.inference_mode()
@@ -84,24 +80,19 @@ class MembersForward:
                   for k, v in obs.items()}
         with autocast(device, self.precision, cache=False):
             params, values = vmap(lambda t, o: self.stack.call(t, "forward", o))(tensors, padded)
-        pos_t = None if pos is None else torch.from_numpy(pos).to(device)
-        return _unpad(params.float(), pos_t), _unpad(values.float(), pos_t)
-
-
-def _unpad(x: Tensor, pos: Tensor | None) -> Tensor:
-    """[members present, per, ...] -> rows [n, ...] in the caller's order."""
-    flat = x.reshape((-1,) + tuple(x.shape[2:]))
-    return flat if pos is None else flat.index_select(0, pos)
+        params, values = params.float().flatten(0, 1), values.float().flatten(0, 1)  # [members present * per, ...]
+        if pos is None:
+            return params, values
+        pos_t = torch.from_numpy(pos).to(device)  # back into the caller's order
+        return params.index_select(0, pos_t), values.index_select(0, pos_t)
 
 
 class MembersPolicy(ModelPolicy):
-    """A population of learners acting (``trainers/population.py``): member m owns the env slots
-    ``m * envs_per_member`` .. ``(m + 1) * envs_per_member - 1`` (its whole groups); every batch's rows go through
-    their own member's network in one ``MembersForward`` call, and each member's actions are sampled from its
-    own ``generators[m]``, so that a member's acting does not depend on which other rows shared its batch.
-    Frame stacks, precision and Box actions are ``ModelPolicy``'s. With ``episodes`` (one ``EpisodeLog`` per
-    member) it ``plans``: every ready group is offered to it with its episode ends, which it adds to its
-    member's log and serves (the loop's own log pools every member's episodes)."""
+    """A population of learners acting (``trainers/population.py``; docs/populations.md): member m owns the env
+    slots ``m * envs_per_member`` .. ``(m + 1) * envs_per_member - 1``; its rows go through its own network in one
+    ``MembersForward`` call and its actions come from its own ``generators[m]``, whatever rows share the batch.
+    With ``episodes`` (one ``EpisodeLog`` per member) it ``plans``: each ready group's episode ends go to its
+    member's log (the loop's own log pools every member's episodes)."""
 
     def __init__(self, stack: MemberStack, spec: EnvSpec, envs_per_member: int, generators: list,
                  lock: WeightLock | None = None, precision: str = "fp32", frames: int = 1, episodes=None):
@@ -112,8 +103,7 @@ class MembersPolicy(ModelPolicy):
 
     def plan(self, groups, first, done, ep_return, ep_length=None) -> np.ndarray:
         if done.any():
-            E = done.shape[1]
-            members = np.asarray(groups, dtype=np.int64) * E // self.envs_per_member
+            members = self.members_of(np.asarray(groups) * done.shape[1])  # a group's first env's member
             for m in np.unique(members[done.any(axis=1)]).tolist():
                 ended = done & (members == m)[:, None]
                 self.episodes[m].add(ep_return[ended], ep_length[ended] if ep_length is not None

@@ -1,11 +1,6 @@
-"""A population of networks playing episodes: the work queue of (member, episode) jobs (the README's
-"Neuroevolution": slots, held groups, asynchronous jobs, the episode cap).
-
-Every env slot plays one (member, episode) job at a time, taken from the queue when its episode begins; an idle slot
-gets no forward pass, and a group whose envs all idle is *held* until more work arrives, then restarts on fresh
-episodes. The forward is ``policies/population_forward.py``'s, the shared observation statistics
-``policies/population_norm.py``'s. A job's episode that reaches ``max_episode_steps`` ends there for its job, scored
-on its return so far; its env plays on unserved, as an idle slot's does.
+"""A population of networks playing episodes: the work queue of (member, episode) jobs, one at a time on each env
+slot (the README's "Neuroevolution" says how slots, held groups, asynchronous jobs and the episode cap behave). The
+forward is ``policies/population_forward.py``'s, the shared observation statistics ``policies/population_norm.py``'s.
 
 ``seedlocal eval`` plays a checkpoint's member through the same class (``PopulationPolicy.serving``: that one member
 on every slot), so eval acts by training's forward and action rule.
@@ -25,7 +20,7 @@ from torch import nn
 from seedlocal.algos.distributions import Categorical
 from seedlocal.networks import PolicyNet, flatten_obs, legal_only
 from seedlocal.pipeline.policy import HOLD, RESTART, SERVE, Policy, Unhold
-from seedlocal.policies.population_forward import PopulationForward, strategies
+from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.policies.population_norm import PopulationNorm
 from seedlocal.spec import MASK_KEY
 
@@ -57,10 +52,6 @@ class Job:
                 check()
         return self.returns
 
-    @property
-    def members(self) -> int:
-        return len(self.returns)
-
     def members_done(self) -> int:
         """Members whose every episode has a return (read from any thread: the lists only grow)."""
         return sum(len(r) >= self.episodes for r in self.returns)
@@ -74,15 +65,12 @@ class PopulationPolicy(Policy):
 
     def __init__(self, template: nn.Module, envs_per_group: int, num_groups: int, device: torch.device,
                  greedy: bool = True, strategy: str = "auto", action_noise: float = 0.0, reward_shift: float = 0.0,
-                 max_episode_steps: int = 0):
-        """Box actions: the network's output is the action (mapped onto the env's bounds, ``envs/bounds.py``),
-        plus Gaussian noise of std ``action_noise`` if set (Salimans et al.'s MuJoCo runs). ``reward_shift`` is
-        taken from every step's reward in the fitness (not in the returns reported): ARS's removal of the survival
-        bonus on Hopper, Walker2d, Ant and Humanoid. With a template that has ``obs_norm``, the population shares
-        observation statistics, gathered as it plays (``PopulationNorm``) and taken into use by
-        ``commit_obs_stats`` between generations; a job normalises by the statistics committed when it was
-        submitted. ``max_episode_steps`` (0: none) ends a job's episode at that many steps, scored on its return
-        so far (see the module docstring)."""
+                 max_episode_steps: int = 0, pool_stats: Callable | None = None):
+        """``action_noise``, ``reward_shift``, ``max_episode_steps`` (0: no cap; a capped episode is scored on its
+        return so far): the run's options (``NeuroevoRun``); a Box action is the network's output (mapped onto the
+        env's bounds, ``envs/bounds.py``). With a template that has ``obs_norm``, the population shares observation
+        statistics (``PopulationNorm``, ``commit_obs_stats``; ``pool_stats``: a split population's
+        ``Ranks.pool_moments``, ``PopulationNorm.commit``'s ``pool``)."""
         self.E, self.device, self.greedy = envs_per_group, device, greedy
         self.continuous = bool(getattr(template, "continuous", False))
         self.action_noise, self.reward_shift, self.max_episode_steps = action_noise, reward_shift, max_episode_steps
@@ -92,9 +80,7 @@ class PopulationPolicy(Policy):
         self.forward = PopulationForward(template, n, device, strategy)
         self.norm = PopulationNorm(self.forward.norm_size, device) if self.forward.norm_size else None
         self.pinned = False  # ``serving``: one member on every env slot, whatever slot ids it is given
-        # Data-parallel ranks (split populations): pools every rank's observations into each commit (``Ranks.
-        # pool_moments``), so that every rank's jobs normalise by the same statistics; None for one process.
-        self.pool_stats: Callable | None = None
+        self.pool_stats = pool_stats
         self.assign = np.full(n, -1, np.int64)  # member per env slot; -1 idle
         self.steps = np.zeros(n, np.int64)  # steps each slot's job episode has played (0 idle), for progress
         self._env_job: list[Job | None] = [None] * n
@@ -108,12 +94,12 @@ class PopulationPolicy(Policy):
 
     @classmethod
     def serving(cls, net: PolicyNet, spec, greedy: bool) -> PopulationPolicy:
-        """``net`` alone, its own parameters the one member on every env slot: seedlocal eval's policy for a
-        neuroevolution checkpoint (and the videos' during training), acting by training's forward and action
-        rule. No action noise: eval plays the policy itself. The forward is the network's first strategy, not
-        ``auto``, whose choice by timing could change an output's last bit from one eval to the next."""
+        """``net`` alone on every env slot, without action noise: eval's policy for a neuroevolution checkpoint (and
+        the videos'). The forward is the network's first strategy, not ``auto``, whose choice by timing could
+        change an output's last bit from one eval to the next."""
         device = next(net.parameters()).device
-        policy = cls(net, 1, 1, device, greedy=greedy, strategy=strategies(net)[0])
+        policy = cls(net, 1, 1, device, greedy=greedy)
+        policy.forward.strategy = policy.forward.candidates[0]
         policy.spec, policy.pinned, policy.norm = spec, True, None  # nothing commits statistics in eval
         slot = torch.zeros(1, dtype=torch.long, device=device)
         policy.forward.load(slot, torch.nn.utils.parameters_to_vector(net.parameters()).unsqueeze(0), slot)
@@ -128,9 +114,7 @@ class PopulationPolicy(Policy):
         work nobody waits for yet never delays a population."""
         norm = self.forward.template.obs_norm if self.forward.norm_size else None
         # A copy of the statistics committed now: a commit while the job plays does not reach its episodes (an
-        # ARS pair is scored under one normalisation). On CUDA it is made on this (the learner's) stream after the
-        # commit's writes and before ``Job.made`` is recorded, so the inference stream, which waits for that
-        # event, reads it whole, as the parameters; the forward reads no other copy of the statistics.
+        # ARS pair is scored under one normalisation). Made before ``Job.made`` is recorded, as the parameters are.
         job = Job(params.to(self.device), episodes, None if norm is None else self.forward.stats_of(norm))
         # Interleave members so every one gets its first episode early.
         entries = [(job, m) for _ in range(episodes) for m in range(params.shape[0])]
@@ -191,8 +175,7 @@ class PopulationPolicy(Policy):
                     self._env_job[lo + j] = job
                     loads.setdefault(job, []).append((lo + j, m))
                 if (a < 0).all():
-                    # Idle group: restart it on fresh episodes if work waits
-                    # (its envs are mid-episode), else let its worker sleep.
+                    # Idle: restart on fresh episodes if work waits (its envs are mid-episode), else let it sleep.
                     codes[i] = RESTART if self._queue or self._spare else HOLD
         for job, pairs in loads.items():
             envs, members = zip(*pairs)
@@ -224,8 +207,6 @@ class PopulationPolicy(Policy):
                 self.norm.see(lambda: flatten_obs(self.forward.mlp_keys, obs, self.forward.obs_classes))
             # legal_only: the plan's and the statistics' forwards write the layers out, not PolicyNet.forward.
             out = legal_only(self.forward(slots[active], obs), obs)
-            # The action rule: over a Box the output itself (the env maps it onto its bounds), plus noise if set;
-            # over Discrete actions the argmax of the logits (the deep-GA convention) or a sample from their softmax.
             if self.continuous:
                 chosen = out + self.action_noise * torch.randn_like(out) if self.action_noise else out
             else:

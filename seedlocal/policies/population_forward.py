@@ -24,8 +24,7 @@ MAX_RUNS = 4  # a batch in more runs of consecutive slots than this gathers its 
 TRIAL_BATCHES = 5  # batches on which ``auto`` times every strategy before it settles
 
 
-def _linear(params: torch.Tensor, h: torch.Tensor, w: int, out_f: int, in_f: int, b: int,
-            mulsum: bool) -> torch.Tensor:
+def _linear(params: torch.Tensor, h: torch.Tensor, w: int, out_f: int, in_f: int, b: int, mulsum: bool) -> torch.Tensor:
     """Rows of ``h`` [n, in] each through its own Linear layer, whose weight sits [in, out] in the slot rows
     ``params`` [n, size] (views: no copy): a batched matmul, or (``mulsum``) a broadcast multiply summed over
     ``in``, which a CPU runs as a few vector loops across rows of contiguous ``out`` vectors where bmm makes one
@@ -79,29 +78,11 @@ def _layer_plan(template: nn.Module, offsets: dict[str, int]) -> list | None:
     return plan if plan and plan[-1][0] == "linear" else None
 
 
-def strategies(template: nn.Module) -> tuple[str, ...]:
-    """The population forward strategies a network can use (see ``PopulationForward``)."""
-    plan = _layer_plan(template, _offsets(template))
-    if plan is None:
-        return ("vmap", "loop")
-    # mulsum's broadcast product is [rows, in, out]: fine for an MLP's layers, a
-    # copy of every member's weights per step for a torso's 1,024-3,136 features.
-    return ("bmm", "vmap", "loop") if plan[0][0] == "conv" else ("bmm", "mulsum", "vmap")
-
-
-def _offsets(template: nn.Module) -> dict[str, int]:
-    """Where each parameter starts in the network's flat vector."""
-    names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
-    return dict(zip(names, itertools.accumulate(sizes, initial=0)))
-
-
 class PopulationForward:
     """Per-slot parameter rows and a batched forward over them.
 
-    Strategies (the README's "Neuroevolution" describes them; a network's candidates are ``strategies(template)``):
-    ``bmm`` (plain layers, see ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``. ``auto`` runs every
-    candidate on each of its first few batches and keeps the lowest median time (``scripts/bench_population.py``
-    times them all).
+    Strategies (the README's "Neuroevolution"; a network's: ``candidates``): ``bmm`` (plain layers,
+    ``_layer_plan``), ``mulsum`` (MLPs), ``vmap``, ``loop``; ``auto`` times them on its first batches (``__call__``).
 
     Slot rows hold each Linear weight transposed, [in, out]: a row's product is then a vector-matrix product over
     contiguous ``out`` vectors. On the 2-core development machine (P = 256 CartPole MLPs, 12-100% of slots active)
@@ -112,17 +93,16 @@ class PopulationForward:
     the population's shared ones become meanwhile, and the forward reads them from the same views as the weights.
     """
 
-    def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu",
-                 strategy: str = "auto"):
+    def __init__(self, template: nn.Module, num_slots: int, device: torch.device | str = "cpu", strategy: str = "auto"):
         self.template = template.to(device)
-        self.layout = [(name, p.shape, p.numel()) for name, p in template.named_parameters()]
-        offsets = _offsets(template)
-        self.size = sum(n for _, _, n in self.layout)
+        names, sizes = zip(*[(name, p.numel()) for name, p in template.named_parameters()])
+        *starts, self.size = itertools.accumulate(sizes, initial=0)
+        offsets = dict(zip(names, starts))  # where each parameter starts in the flat vector
         self.plan = _layer_plan(template, offsets)
-        self.candidates = strategies(template)
-        if strategy not in ("auto",) + self.candidates:
-            raise ValueError(f"strategy={strategy!r}: expected auto or one of {', '.join(self.candidates)} "
-                             f"for this network")
+        # What this network can use (the recipe refuses any other). mulsum's broadcast product is [rows, in, out]:
+        # fine for an MLP's layers, a copy of every member's weights per step for a torso's 1,024-3,136 features.
+        self.candidates = (("vmap", "loop") if self.plan is None else ("bmm", "vmap", "loop")
+                           if self.plan[0][0] == "conv" else ("bmm", "mulsum", "vmap"))
         # Slot layout: each Linear weight of a plan stored [in, out] (see the class docstring); ``_perm`` maps slot
         # positions to positions of the flat parameter vector (None: the same layout).
         linear = [op for op in self.plan or () if op[0] == "linear"]
@@ -130,8 +110,9 @@ class PopulationForward:
         for _, w, out_f, in_f, _, _ in linear:
             perm[w:w + out_f * in_f] = w + torch.arange(out_f * in_f).view(out_f, in_f).t().reshape(-1)
         self._perm = perm.to(device) if linear else None
-        self._transposed = {name for name, shape, _ in self.layout
-                            if offsets[name] in {op[1] for op in linear} and len(shape) == 2}
+        weights = {op[1] for op in linear}
+        self.layout = [(name, p.shape, offsets[name], offsets[name] in weights)  # the last: held [in, out]
+                       for name, p in template.named_parameters()]
         self.strategy = strategy
         self._trials: dict[str, list[float]] = {c: [] for c in self.candidates}
         norm = getattr(template, "obs_norm", None)
@@ -149,8 +130,7 @@ class PopulationForward:
         return params if self._perm is None else params.index_select(1, self._perm)
 
     def stats_of(self, norm: RunningNorm) -> torch.Tensor:
-        """``norm``'s statistics as a slot row's tail holds them: [mean, scale], float32
-        (the values ``norm`` itself multiplies by: the same outputs, bit for bit)."""
+        """``norm``'s statistics as a slot row's tail holds them: [mean, scale], what ``norm`` multiplies by."""
         return torch.cat([norm.mean, norm.scale()]).to(self.slots.dtype)
 
     def load(self, slot_ids: torch.Tensor, params: torch.Tensor, members: torch.Tensor,
@@ -238,11 +218,10 @@ class PopulationForward:
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """One slot row as the template's parameters (views)."""
-        out, o = {}, 0
-        for name, shape, n in self.layout:
-            out[name] = flat[o:o + n].view(shape[1], shape[0]).t() if name in self._transposed \
-                else flat[o:o + n].view(shape)
-            o += n
+        out = {}
+        for name, shape, o, transposed in self.layout:
+            row = flat[o:o + shape.numel()]
+            out[name] = row.view(shape[::-1]).t() if transposed else row.view(shape)
         return out
 
     def _one(self, flat: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,10 +1,9 @@
 """A population's shared observation statistics: gathered while it plays, taken into use between generations.
 
 Every member of a population normalises its observations by the same statistics (ARS's V2, Mania et al. 2018),
-whatever member saw them. The inference thread adds the rows of every ``OBS_STATS_EVERY``-th batch it serves
-(``see``); the learner thread, between generations, merges them into the template's ``obs_norm`` (``commit``), which
-jobs submitted from then on copy (``PopulationForward.stats_of``). On CUDA the rows are written on the inference
-thread's stream and read on the learner's: a CUDA event recorded after each write hands them over.
+whatever member saw them: gathered by the inference thread (``see``), merged into the template's ``obs_norm`` by the
+learner thread between generations (``commit``; on CUDA a CUDA event hands the rows over between their streams), and
+copied by every job submitted after that (``PopulationForward.stats_of``).
 """
 
 from __future__ import annotations

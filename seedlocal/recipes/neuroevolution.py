@@ -14,7 +14,7 @@ from seedlocal.config.machine import Machine
 from seedlocal.config.schema import EnvConfig, NetworkConfig, PipelineConfig, RunConfig
 from seedlocal.errors import fail, fail_if
 from seedlocal.networks import PolicyNet, action_identity, encoder_identity, obs_identity
-from seedlocal.policies.population_forward import strategies
+from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.recipes import Given, Kind, Recipe
 from seedlocal.shape import sized_pipeline
 
@@ -202,33 +202,30 @@ def identity(cfg: NeuroevoRun, spec) -> dict:
 
 def episode_frame_cap(cfg: NeuroevoRun, kind: Kind) -> int:
     """Frames after which an evaluation episode ends (0: none): ``max_episode_frames``, or with -1 the env
-    kind's (``Kind.episode_frames``). Without a cap, one member that survives without scoring holds its whole
-    generation up to the emulator's own limit (envpool's Atari v5: 108,000 frames). The deep GA (Such et al.
-    2017, arXiv:1712.06567) capped Atari at 20,000 frames, as Uber's released code does (uber-research/
-    deep-neuroevolution: gpu_implementation/ga.py, max_frames = 5000 * 4)."""
+    kind's (``Kind.episode_frames``; the deep GA's 20,000 for Atari: uber-research/deep-neuroevolution's
+    gpu_implementation/ga.py, max_frames = 5000 * 4). Without a cap, one member that survives without scoring
+    holds its whole generation up to the emulator's own limit (envpool's Atari v5: 108,000 frames)."""
     return cfg.max_episode_frames if cfg.max_episode_frames >= 0 else kind.episode_frames
 
 
 def check(cfg: NeuroevoRun, spec, shape) -> None:
     """The neuroevolution families' own refusals, one line each naming the field."""
-    if cfg.pipeline.cuda_graphs:
-        fail("pipeline.cuda_graphs", True, "population evaluation does not use it (its batches change members every step)")
+    fail_if(bool, cfg.pipeline, ("cuda_graphs",),
+            "population evaluation does not use it (its batches change members every step)", "pipeline.")
     cfg.algo_module.validate(cfg.algo)
     fail_if(lambda v: v < 0, cfg, ("generations", "total_frames", "seconds"), "must be >= 0")
     if not (cfg.generations or cfg.total_frames or cfg.seconds):
         fail("generations", 0, "with no frame or time budget the run would never end")
     fail_if(lambda v: v < 1, cfg, ("episodes_per_member", "best_episodes"), "must be positive")
-    if cfg.max_episode_frames < -1:
-        fail("max_episode_frames", cfg.max_episode_frames, "must be >= 0 (0 = no cap), or -1 (by env kind)")
+    fail_if(lambda v: v < -1, cfg, ("max_episode_frames",), "must be >= 0 (0 = no cap), or -1 (by env kind)")
     fail_if(lambda v: not v >= 0, cfg, ("action_noise", "reward_shift"), "must be >= 0")
     if cfg.action_noise and spec.num_actions is not None:
         fail("action_noise", cfg.action_noise, "perturbs Box actions; this env's actions are Discrete")
-    if cfg.network.lstm_size:
-        fail("network.lstm_size", cfg.network.lstm_size, "a genome is a feed-forward network here: leave it 0")
-    copies = cfg.algo.population_size + shape.num_envs  # the population's vectors and one row per env slot
+    fail_if(bool, cfg.network, ("lstm_size",), "a genome is a feed-forward network here: leave it 0", "network.")
+    copies = cfg.algo.population_size + shape.num_envs
     net = check_network_fits(lambda: build_policy(cfg, spec), copies, "network.hidden",
                              f"{copies:,} copies (the population's vectors and one per env slot)")
-    forwards = ("auto",) + strategies(net)
+    forwards = ("auto",) + PopulationForward(net, num_slots=0, device="meta").candidates  # shapes only
     if cfg.forward not in forwards:
         fail("forward", cfg.forward, f"expected one of {', '.join(forwards)} for a {net.kind} network")
 

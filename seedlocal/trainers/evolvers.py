@@ -2,8 +2,7 @@
 
 An ``Evolver`` holds one algorithm's state (``algos/ga.py``, ``es.py``, ``ars.py``, ``random_search.py``: the
 math) and runs its generations on the ``PopulationPolicy`` (``policies/population.py``): ``generation(pool) ->
-stats``. One subclass per rhythm of submissions: GA (children beside the elite candidates' re-evaluation), a
-centre with antithetic pairs around it (ES and ARS) and random search (the winner beside the next population).
+stats``, one subclass per rhythm of submissions.
 
 Jobs run asynchronously: the next population is submitted before this one's last work (the elite candidates',
 the centre's or winner's episodes) ends, so the envs never wait for the bookkeeping. A run that stops (or
@@ -41,8 +40,6 @@ class RanksDiverged(WorkerDied):
 class Evolver(ABC):
     """One algorithm behind one interface, for ``cfg`` (a ``NeuroevoRun``) over the networks of ``space``."""
 
-    state_class: ClassVar[type]
-    """the algorithm's state, rebuilt from a checkpoint's dict"""
     ranks: Solo = Solo()
     """the data-parallel ranks the population is split among (set by the trainer's ``join_ranks``)"""
 
@@ -66,7 +63,7 @@ class Evolver(ABC):
         return dataclasses.asdict(self.state)
 
     def restore(self, d: dict) -> None:
-        self.state = self.state_class(**d)
+        self.state = type(self.state)(**d)  # a checkpoint's dict as the algorithm's state class (init_state's)
 
     def generation(self, pool, check=None) -> dict:
         """One generation (``step``) and its statistics."""
@@ -93,13 +90,10 @@ class Evolver(ABC):
             crc = zlib.crc32(k.encode() + data, crc)
         return crc
 
-    def _mine(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's part of a population's rows (all of them for one process)."""
-        part = self.ranks.part(rows.shape[0])
-        return rows[part.start:part.stop]
-
-    def _rows(self, vecs: list) -> torch.Tensor:
-        return self.space.stack(vecs) if vecs else torch.empty(0, self.space.size)
+    def _mine(self, items):
+        """This rank's part of a population's rows, genomes or seeds (all of them for one process)."""
+        part = self.ranks.part(len(items))
+        return items[part.start:part.stop]
 
     def _everyone(self, jobs: list, check, episodes: int) -> tuple[list[list[float]], list[list[float]]]:
         """(fitness, returns) of every rank's members in rank order, ``episodes`` values each: this rank's
@@ -109,11 +103,9 @@ class Evolver(ABC):
             job.wait(check)
         fitness = [x for job in jobs for member in job.fitness for x in member]
         returns = [x for job in jobs for member in job.returns for x in member]
-        rows = self.ranks.gather(fitness + returns)
-        flat_f = [x for row in rows for x in row[:len(row) // 2]]
-        flat_r = [x for row in rows for x in row[len(row) // 2:]]
-        return ([flat_f[i:i + episodes] for i in range(0, len(flat_f), episodes)],
-                [flat_r[i:i + episodes] for i in range(0, len(flat_r), episodes)])
+        rows = self.ranks.gather(fitness + returns)  # each rank's fitness, then its returns
+        halves = [[x for row in rows for x in row[:len(row) // 2]], [x for row in rows for x in row[len(row) // 2:]]]
+        return tuple([flat[i:i + episodes] for i in range(0, len(flat), episodes)] for flat in halves)
 
     def _means(self, jobs: list, check) -> list[float]:
         """Each member's mean fitness (its return, less any reward shift), every rank's members."""
@@ -125,10 +117,7 @@ class Evolver(ABC):
 
 
 class GAEvolver(Evolver):
-    """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's
-    children."""
-
-    state_class = ga.GAState
+    """The deep GA: the population's fitness, then its elite candidates scored beside the next generation's children."""
 
     def __init__(self, cfg, space: ParamSpace):
         super().__init__(cfg, space)
@@ -142,9 +131,8 @@ class GAEvolver(Evolver):
                          "elite": tuple(d["elite"]) if d["elite"] is not None else None})
 
     def _genome_vec(self, g: tuple) -> torch.Tensor:
-        # Children are one mutation from a cached parent: rebuilding a genome from all its seeds every generation
-        # would cost a noise slice per seed. A split population's rank did not build every parent: it mutates on
-        # from the longest cached ancestor (the same additions, in order, as from g[0]).
+        # Children are one mutation from a cached parent (ga.py's conventions), not a noise slice per seed. A split
+        # population's rank did not build every parent: it mutates on from the longest cached ancestor.
         if g not in self._cache:
             k = next((k for k in range(len(g) - 1, 0, -1) if g[:k] in self._cache), 0)
             vec = self._cache[g[:k]] if k else self.space.init(g[0])
@@ -154,7 +142,7 @@ class GAEvolver(Evolver):
         return self._cache[g]
 
     def _vecs(self, genomes) -> torch.Tensor:
-        return self._rows([self._genome_vec(g) for g in genomes])
+        return self.space.stack([self._genome_vec(g) for g in genomes])
 
     def step(self, pool, check) -> tuple[list[float], float]:
         """(fitness, the elite's return)."""
@@ -168,8 +156,7 @@ class GAEvolver(Evolver):
         fitness = self._means(self.evaluating, check)
         candidates = ga.tell(self.state, cfg.algo, fitness)
         pool.commit_obs_stats()
-        part = self.ranks.part(len(candidates))
-        scored = pool.submit(self._vecs(candidates[part.start:part.stop]), cfg.algo.elite_episodes, front=True)
+        scored = pool.submit(self._vecs(self._mine(candidates)), cfg.algo.elite_episodes, front=True)
         children = ga.children(self.state, cfg.algo, fitness)
         self._next = pool.submit(self._vecs(children[max(mine.start, 1) - 1:max(mine.stop, 1) - 1]), n_eps)
         scores, returns = self._everyone([scored], check, cfg.algo.elite_episodes)
@@ -220,7 +207,6 @@ class ESEvolver(CentreEvolver):
     """Salimans et al.'s ES, from an initialised network."""
 
     algo = es
-    state_class = es.ESState
 
     def init_state(self, seed: int) -> es.ESState:
         return es.init(self.space.init(seed), seed)
@@ -230,7 +216,6 @@ class ARSEvolver(CentreEvolver):
     """ARS, from the zero policy (its Algorithm 2's M_0 = 0)."""
 
     algo = ars
-    state_class = ars.ARSState
 
     def init_state(self, seed: int) -> ars.ARSState:
         return ars.init(self.space.size, seed)
@@ -240,16 +225,13 @@ class RandomSearchEvolver(Evolver):
     """Random search: the population's fitness, its winner scored beside the next population; the best network
     ever seen is kept."""
 
-    state_class = random_search.RSState
-
     def init_state(self, seed: int) -> random_search.RSState:
         return random_search.init(seed)
 
     def _population(self, state: random_search.RSState) -> tuple[list[int], torch.Tensor]:
         """The population's seeds, and this rank's part of its vectors."""
         seeds = random_search.ask(state, self.cfg.algo)
-        mine = self.ranks.part(len(seeds))
-        return seeds, self._rows([self.space.init(s) for s in seeds[mine.start:mine.stop]])
+        return seeds, self.space.stack([self.space.init(s) for s in self._mine(seeds)])
 
     def step(self, pool, check) -> tuple[list[float], float]:
         """(fitness, the winner's return)."""

@@ -1,10 +1,8 @@
 """``seedlocal train ga|es|ars|random-search``: neuroevolution on the pipeline.
 
-The learner thread asks the algorithm for a population, posts it to the ``PopulationPolicy`` (a work queue of
-member x episode jobs served by the inference thread in batched forward passes, ``policies/population.py``), waits
-for every return, tells the algorithm, logs and checkpoints, once per generation. Each run config names its
-algorithm (``GARun.name``, ``.algo_module``); its evolver (``EVOLVERS``, ``trainers/evolvers.py``) runs its
-generations.
+Once per generation the learner thread runs the run config's evolver (``EVOLVERS``, ``trainers/evolvers.py``) on
+the ``PopulationPolicy`` (the inference thread's work queue of member x episode jobs, ``policies/population.py``),
+then logs and checkpoints.
 
 Counters: ``generation``, ``frames`` and ``episodes`` advance by whole generations, and a checkpoint holds them
 with the state they produced. A long generation (Atari: minutes) is followed while it runs: the progress line and
@@ -38,7 +36,6 @@ def episode_step_cap(prepared: Prepared) -> int:
     return -(-episode_frame_cap(prepared.config, prepared.kind) // prepared.spec.frames_per_step)
 
 
-# Each algorithm's generations (what runs them, trainers/evolvers.py), by its run configuration.
 EVOLVERS: dict[type, type[Evolver]] = {GARun: GAEvolver, ESRun: ESEvolver, ARSRun: ARSEvolver,
                                        RandomSearchRun: RandomSearchEvolver}
 
@@ -64,8 +61,7 @@ class NeuroevoTrainer(Trainer):
         cfg, spec = self.cfg, self.spec
         self.algo = cfg.name
         self.template = build_policy(cfg, spec)
-        self.space = ParamSpace(self.template)
-        self.evolver = EVOLVERS[type(cfg)](cfg, self.space)
+        self.evolver = EVOLVERS[type(cfg)](cfg, ParamSpace(self.template))
         self.counters = {"generation": 0, "frames": 0, "episodes": 0}
         self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
         self.reached, self.generated = False, False
@@ -100,13 +96,13 @@ class NeuroevoTrainer(Trainer):
         return self.counters["generation"], self.counters["frames"]
 
     def join_ranks(self, ranks) -> None:
-        """Split populations: every rank holds the same state already (from the run's seed, or from the same
-        checkpoint); each evaluates its part of every population (``Evolver.ranks``)."""
+        """Split populations (``trainers/evolvers.py``): every rank holds the same state already, from the run's
+        seed or the same checkpoint."""
         self.evolver.ranks = ranks
 
     def describe(self) -> str:
         cap = episode_frame_cap(self.cfg, self.prepared.kind)
-        return (f"{self.algo} on {self.spec.env_id}, {self.space.size:,d} parameters per network"
+        return (f"{self.algo} on {self.spec.env_id}, {self.evolver.space.size:,d} parameters per network"
                 + (f", episodes cut at {cap:,d} frames" if cap else ""))
 
     def policy(self):
@@ -114,9 +110,8 @@ class NeuroevoTrainer(Trainer):
         self.population = PopulationPolicy(self.template, self.shape.envs_per_group, self.shape.num_groups,
                                            self.device, greedy=cfg.greedy, strategy=cfg.forward,
                                            action_noise=cfg.action_noise, reward_shift=fitness_shift(cfg, self.spec),
-                                           max_episode_steps=episode_step_cap(self.prepared))
-        if self.ranks.world > 1:
-            self.population.pool_stats = self.ranks.pool_moments
+                                           max_episode_steps=episode_step_cap(self.prepared),
+                                           pool_stats=self.ranks.pool_moments if self.ranks.world > 1 else None)
         return self.population
 
     def learner_threads(self) -> int:
@@ -236,7 +231,7 @@ class NeuroevoTrainer(Trainer):
         dt = max(time.monotonic() - t0, 1e-9)
         run.monitor.progress(
             f"gen {self.counters['generation'] + 1:>4d}  members {sum(j.members_done() for j in jobs):>4d}"
-            f"/{sum(j.members for j in jobs)} finished  frames {self.counters['frames'] + frames:>12,d}  "
+            f"/{sum(len(j.returns) for j in jobs)} finished  frames {self.counters['frames'] + frames:>12,d}  "
             f"frames/s {frames / dt:>9,.0f}  longest episode {pop.longest_running() * self.frames_per_step:,d} "
             f"frames  {dt:,.0f} s")
 
@@ -292,5 +287,3 @@ def from_checkpoint(state: dict, device: torch.device, greedy: bool | None = Non
             net.obs_norm.load_state_dict(state["obs_norm"])
     trained = bool(state.get("config", {}).get("greedy", True))
     return PopulationPolicy.serving(net.to(device).eval(), spec, greedy=trained if greedy is None else greedy)
-
-

@@ -1,16 +1,15 @@
 """``seedlocal train vtrace --population.size P``: P V-trace learners in one run (issue 46; how the run is shared,
 the three modes and PBT's round: docs/populations.md).
 
-Each member is a learner of its own (``Member``) with a contiguous block of whole env groups. Its network's
-tensors are rows of one ``MemberStack``, which the inference thread serves in one vmapped call (``MembersPolicy``)
-while each learner writes its own rows in place. The learner thread routes each finished unroll by its group to
-its member's batch and learns from a member's batch as soon as it is full (on CUDA: every member's at once,
-``together``). Not yet (refused by the recipe): data-parallel ranks, LSTM cores, observation normalisation,
-reward scaling.
+Each member (``Member``) is a learner with a contiguous block of whole env groups; its network's tensors are rows
+of one ``MemberStack``, served in one vmapped call (``MembersPolicy``) while each learner writes its rows in place
+(routing and learning: ``_ready``, ``together``). Not yet (refused by the recipe): data-parallel ranks, LSTM cores,
+observation normalisation, reward scaling.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import queue
@@ -76,8 +75,7 @@ class Member:
 
     def restore(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])  # in place: its tensors stay rows of the stack
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.shuffle.set_state(saved["shuffle"])
+        self.optimizer.load_state_dict(saved["optimizer"])  # (its shuffle: the trainer draws it afresh)
         self.sampling.set_state(saved["sampling"])  # a CUDA generator's state too is a CPU byte tensor
         self.params = dataclasses.replace(self.params, **saved["values"])
         self.counters.update(saved["counters"])
@@ -178,13 +176,11 @@ class PopulationTrainer(VTraceLearning):
         small updates would be P rounds of kernel launches, and while the members' hyperparameters share the
         update's shape (PBT may move them apart). On the CPU one after another: waiting for every member's batch
         would hold the members that are ready (though one batched update is faster there, ``population_vtrace``)."""
-        if self.device.type != "cuda":
-            return False
-        try:
-            shared_params([mb.params for mb in self.members])
-        except ConfigError:
-            return False
-        return True
+        if self.device.type == "cuda":
+            with contextlib.suppress(ConfigError):
+                shared_params([mb.params for mb in self.members])
+                return True
+        return False
 
     def _ready(self, run: Run, t0: float, every: bool) -> list[Member] | str:
         """The member to learn now: of those whose batch is full, the one with the fewest steps learned (``every``:
@@ -243,26 +239,26 @@ class PopulationTrainer(VTraceLearning):
     def _learn(self, run: Run, work: list[tuple[Member, dict]], together: bool) -> None:
         """Each member's ``learner_step`` in turn, or (``together``) one ``population_learner_step`` for all."""
         version0 = run.loop.version
+        kw = dict(step_lock=self.lock, precision=self.precision, after_update=self._bump_version)
         if together:
             batches = [{k: v for k, v in b.items() if k != "policy_version"} for _, b in work]  # (a host array)
             stats = population_learner_step(self.stack, [mb.optimizer for mb, _ in work], batches,
-                                            [mb.params for mb, _ in work], step_lock=self.lock,
-                                            precision=self.precision, after_update=self._bump_version,
+                                            [mb.params for mb, _ in work], **kw,
                                             shuffles=[mb.shuffle for mb, _ in work])
             n = stats.pop("updates")
             each = [({k: v[i] for k, v in stats.items()}, n) for i in range(len(work))]
         else:
             each = []
             for mb, batch in work:
-                one = learner_step(mb.model, mb.optimizer, batch, mb.params, step_lock=self.lock,
-                                   precision=self.precision, after_update=self._bump_version, shuffle=mb.shuffle)
+                one = learner_step(mb.model, mb.optimizer, batch, mb.params, shuffle=mb.shuffle, **kw)
                 each.append((one, one.pop("updates")))
-        for (mb, batch), (stats, n) in zip(work, each):
+        losses = torch.stack([stats["total_loss"] for stats, _ in each]).tolist()  # one device sync, not P
+        for (mb, batch), (stats, n), loss in zip(work, each, losses):
             self._learned(stats, n, version0, float(batch["policy_version"].mean()), mb.params.echo)
             mb.counters["updates"] += n
             mb.counters["steps"] += self.rows_per_batch
             self.counters["updates"] += n
-            mb.loss_sum += float(stats["total_loss"])
+            mb.loss_sum += loss
             mb.n += 1
 
     def pbt_step(self, monitor) -> list[pbt.Exploit]:
@@ -331,9 +327,8 @@ class PopulationTrainer(VTraceLearning):
         best = self.best()
         finals = [mb.score() for mb in self.members]
         stats = dataclasses.asdict(summarize(finals)) if all(f is not None for f in finals) else None
-        members = [{"member": mb.index, "values": mb.values, "steps": mb.counters["steps"],
-                    "updates": mb.counters["updates"], "episodes": mb.counters["episodes"],
-                    "mean_return_last20": finals[mb.index]} for mb in self.members]
+        members = [{"member": mb.index, "values": mb.values, **mb.counters, "mean_return_last20": finals[mb.index]}
+                   for mb in self.members]  # counters: steps, updates, episodes
         write_curves(run.run_dir, self.curves)
         return {**super().results(run), "mean_return_last20": finals[best],
                 "population": {"size": len(self.members), "mode": self.cfg.population.mode, "best": best,
@@ -353,9 +348,8 @@ class PopulationTrainer(VTraceLearning):
 
 
 def write_curves(run_dir: Path, curves: list[tuple[int, int, int, float]]) -> None:
-    """population.csv (run steps, member, member steps, mean of its last 20) and population.svg: each member's
-    curve (grey) and the IQM of the members' values at each log (black), drawn as plain SVG so that the plot
-    needs no plotting library."""
+    """``CURVES`` (run steps, member, member steps, mean of its last 20) and ``PLOT``: each member's curve (grey)
+    and their IQM at each log (black), in plain SVG so that the plot needs no plotting library."""
     if not curves:
         return
     lines = ["run_steps,member,member_steps,return_mean20"] + [f"{a},{m},{b},{r:.6g}" for a, m, b, r in curves]
