@@ -52,14 +52,9 @@ class NeuroevoTrainer(Trainer):
     checkpoint_parts = ("algo_state", "best_params", "best_return", "counters")
     consume = False  # unrolls are scratch here: no learner reads them
 
-    @classmethod
-    def algo_name(cls, cfg) -> str:
-        return cfg.name
-
     def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
         super().__init__(prepared, device, ranks)
         cfg, spec = self.cfg, self.spec
-        self.algo = cfg.name
         self.template = build_policy(cfg, spec)
         self.evolver = EVOLVERS[type(cfg)](cfg, ParamSpace(self.template))
         self.counters = {"generation": 0, "frames": 0, "episodes": 0}

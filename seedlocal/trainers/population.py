@@ -83,7 +83,6 @@ class Member:
 
 
 class PopulationTrainer(VTraceLearning):
-    algo = "vtrace"
     checkpoint_parts = ("members", "population", "counters")
 
     def __init__(self, prepared: Prepared, device, ranks: Solo = Solo()):
