@@ -153,6 +153,7 @@ def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
              "reward": torch.ones(L, B), "terminated": torch.zeros(L, B, dtype=torch.bool),
              "truncated": torch.zeros(L, B, dtype=torch.bool), "ignored": torch.zeros(L, B, dtype=torch.bool),
              "core_state": torch.zeros(B, 2, 16)}
+    batch["ignored_host"] = batch["ignored"].numpy()
     obs = batch["obs"][""].requires_grad_(True)
     opt = torch.optim.Adam(online.parameters(), lr=1e-3)
     stats, prio = learner_step(online, target, opt, batch, torch.ones(B), p)
@@ -177,9 +178,9 @@ def test_target_network_is_a_frozen_independent_copy():
     assert not any(p.requires_grad for p in target.parameters())
     assert all(p.requires_grad for p in online.parameters())
     obs, core, first = {"": torch.randn(5, 2, 4)}, torch.zeros(2, 2, 16), torch.zeros(5, 2, dtype=torch.bool)
-    before = target.unroll(obs, core, first)[0]
-    assert torch.equal(before, online.unroll(obs, core, first)[0])
+    before = target.unroll(obs, core, first, [])[0]
+    assert torch.equal(before, online.unroll(obs, core, first, [])[0])
     with torch.no_grad():
         for p in online.parameters():
             p.add_(1.0)
-    assert torch.equal(target.unroll(obs, core, first)[0], before)
+    assert torch.equal(target.unroll(obs, core, first, [])[0], before)

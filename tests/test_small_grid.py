@@ -197,6 +197,7 @@ def test_r2d2_learns_from_a_bool_grid():
     target.load_state_dict(online.state_dict())
     assert online.kind == "minatar"
     batch = {**_learner_batch(11, 3, spec), "core_state": torch.zeros(3, 2, 16)}
+    batch["ignored_host"] = batch["ignored"].numpy()
     conv = online.encoder.conv[0].weight
     before = conv.detach().clone()
     p = R2D2Params(burn_in=4, unroll_length=6, n_step=2, batch_size=3)

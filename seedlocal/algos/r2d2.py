@@ -162,18 +162,16 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
 
     ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the networks' device): ``obs`` (dict), ``action``,
     ``reward``, ``terminated``, ``truncated``, ``ignored`` [L, B] and ``core_state`` [B, 2, H], the recurrent state the
-    actor had before row 0; optionally ``ignored_host``, a numpy copy of ``ignored``, so that nothing waits for the
-    device. ``online.unroll(obs, core, first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the importance
+    actor had before row 0; ``ignored_host``, a numpy copy of ``ignored``, so that nothing waits for the device.
+    ``online.unroll(obs, core, first, starts)`` returns (Q [L', B, A], final core). ``weights`` [B] are the importance
     weights of the sampled sequences. ``ranks``: data-parallel learners, each sampling its own replay.
     """
     ignored = batch["ignored"]
     first = episode_starts(ignored)
     b = p.burn_in
-    # Where the LSTM cuts its fused runs, from the host's copy of the flags if any: reading a GPU's would wait for it.
-    head_starts = tail_starts = None
-    if batch.get("ignored_host") is not None:
-        first_host = episode_starts(batch["ignored_host"])
-        head_starts, tail_starts = cut_rows(first_host[:b]), cut_rows(first_host[b:])
+    # Where the LSTM cuts its fused runs, from the host's copy of the flags: reading a GPU's would wait for it.
+    first_host = episode_starts(batch["ignored_host"])
+    head_starts, tail_starts = cut_rows(first_host[:b]), cut_rows(first_host[b:])
     head = {k: v[:b] for k, v in batch["obs"].items()}
     tail = {k: v[b:] for k, v in batch["obs"].items()}
     core = batch["core_state"]
