@@ -293,11 +293,10 @@ def obs_identity(spec: EnvSpec) -> dict:
     return out
 
 
-def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
-                classes: dict[str, tuple[int, int]] | None = None) -> torch.Tensor:
+def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor], classes: dict[str, tuple[int, int]]) -> torch.Tensor:
     """Every observation field as floats, flattened and side by side: an MLP's input. Fields in ``classes`` (Discrete
     spaces: key -> (n, start)) enter one-hot: a state index is a category, not a magnitude."""
-    flat = [_one_hot(obs[k], *classes[k]) if classes and k in classes
+    flat = [_one_hot(obs[k], *classes[k]) if k in classes
             else as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 

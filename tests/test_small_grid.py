@@ -88,9 +88,9 @@ def test_explicit_encoders_on_a_small_grid():
 
 def test_a_bool_grid_is_not_scaled_and_uint8_pixels_are():
     x = random_grid(3)
-    assert torch.equal(flatten_obs([""], {"": x}), x.reshape(3, -1).float())  # the MLP's input
+    assert torch.equal(flatten_obs([""], {"": x}, {}), x.reshape(3, -1).float())  # the MLP's input
     pixels = torch.tensor([[0, 128, 255]], dtype=torch.uint8)
-    torch.testing.assert_close(flatten_obs([""], {"": pixels}), pixels.float() / 255)
+    torch.testing.assert_close(flatten_obs([""], {"": pixels}, {}), pixels.float() / 255)
     # Through the conv torso: a bool grid gives what its 0/1 floats give.
     _, torso = build_encoder(grid_spec(), "minatar", ())
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_a_bool_grid_is_not_scaled_and_uint8_pixels_are():
         assert torch.equal(out, torso(x.permute(0, 3, 1, 2).float()))
     # Under CPU autocast a bool grid converts straight to bf16, unscaled.
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        as_read = flatten_obs([""], {"": x})
+        as_read = flatten_obs([""], {"": x}, {})
     assert as_read.dtype == torch.bfloat16 and torch.equal(as_read.float(), x.reshape(3, -1).float())
 
 
