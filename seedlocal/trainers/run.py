@@ -50,8 +50,6 @@ class Trainer(abc.ABC):
     """what a checkpoint must hold for this trainer to resume it"""
     consume: bool = True
     """whether the learner takes full unrolls (False: they are free again at once)"""
-    ranks: Solo = Solo()
-    """the data-parallel learner ranks this trainer is one of (``join_ranks``)"""
 
     @classmethod
     def algo_name(cls, cfg) -> str:
