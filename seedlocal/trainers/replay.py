@@ -153,9 +153,7 @@ class SequenceReplay:
 
     def append(self, env: int, rows: dict[str, np.ndarray]) -> None:
         """Steps of one env, in order: each of the replay's fields [n, ...] (``ignored`` marks auto-reset rows)."""
-        n = len(rows["ignored"])
-        if not n:
-            return
+        n = len(rows["ignored"])  # an unroll's algo.unroll_length >= 1
         steps = self.count[env] + np.arange(n)  # absolute
         pos = steps % self.cap
         # Evict sequences whose rows (or the frames stacked before them) these steps overwrite.
