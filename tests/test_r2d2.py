@@ -130,7 +130,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
         out = history(torch.from_numpy(frames[t:t + 1]), torch.tensor([0]), torch.tensor([first]), 1)
         acted.append(out[0, :, 0, 0].tolist())
     fields = {"obs": ((1, 2, 2), "uint8"), "ignored": ((), "bool")}
-    r = SequenceReplay(1, 4, length=n, stride=n - 1, fields=fields, core_shape=(2, 1), frame="obs", stack=4)
+    r = SequenceReplay(1, 4, length=n, stride=n - 1, fields=fields, core_shape=(2, 1), stack=4)
     r.append(0, {"obs": frames, "ignored": ignored})
     stacked = r._stacked(np.array([0]), np.arange(n)[:, None])[:, 0, :, 0, 0, 0]
     assert stacked.tolist() == acted

@@ -15,6 +15,7 @@ from collections import deque
 
 import numpy as np
 
+from seedlocal.shm.rollout import obs_key
 from seedlocal.spec import episode_starts
 
 PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
@@ -73,19 +74,18 @@ class SumTree:
 class SequenceReplay:
     """Per-env step streams, prioritized sequences over them (see module docstring).
 
-    ``fields`` maps a per-step field name to (shape, dtype); ``frame`` is the name of the field stacked ``stack``
-    deep at sampling time (None: no stacking). Steps arrive per env with ``append``; a sequence slot exists for
+    ``fields`` maps a per-step field name to (shape, dtype); a lone observation's (``obs``) is stacked ``stack``
+    deep at sampling time. Steps arrive per env with ``append``; a sequence slot exists for
     every ``stride``-aligned start whose ``length`` rows are complete."""
 
     def __init__(self, num_envs: int, sequences: int, length: int, stride: int,
                  fields: dict[str, tuple[tuple[int, ...], str]], core_shape: tuple[int, ...],
-                 frame: str | None = None, stack: int = 1, alpha: float = 0.9, compress: bool = False,
-                 seed: int = 0):
+                 stack: int = 1, alpha: float = 0.9, compress: bool = False, seed: int = 0):
         self.length, self.stride, self.capacity, self.fields = length, stride, sequences, fields
-        self.frame, self.stack, self.alpha, self.compress = frame, max(1, stack), alpha, compress
+        self.frame, self.stack, self.alpha, self.compress = obs_key(""), max(1, stack), alpha, compress
         # Room for every live sequence of an env plus the one being filled and the frames stacked before it.
         self.cap = max(1, -(-sequences // num_envs)) * stride + length + self.stack
-        self.data = {name: np.empty((num_envs, self.cap), object) if compress and name == frame
+        self.data = {name: np.empty((num_envs, self.cap), object) if compress and name == self.frame
                      else np.zeros((num_envs, self.cap) + tuple(shape), dtype)
                      for name, (shape, dtype) in fields.items()}
         # Where each step's episode began (absolute step number), for stacking within an episode.
