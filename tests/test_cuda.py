@@ -263,11 +263,11 @@ def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights():
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
         _, prio_cpu = learner_step(cpu_online, cpu_target, torch.optim.Adam(cpu_online.parameters(), lr=1e-4),
-                                   batch | host, weights, p)
+                                   batch | host, weights, p, WeightLock())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             _, prio_gpu = learner_step(gpu_online, gpu_target, torch.optim.Adam(gpu_online.parameters(), lr=1e-4),
-                                       _to(batch, CUDA) | host, weights.to(CUDA), p)
+                                       _to(batch, CUDA) | host, weights.to(CUDA), p, WeightLock(CUDA))
             torch.cuda.synchronize()
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32

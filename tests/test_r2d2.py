@@ -140,6 +140,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
 def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
     from seedlocal.algos.r2d2 import R2D2Params, learner_step
     from seedlocal.networks import RecurrentQNet
+    from seedlocal.pipeline.cuda import WeightLock
     from seedlocal.envs.spaces import describe
 
     torch.manual_seed(0)
@@ -156,12 +157,12 @@ def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
     batch["ignored_host"] = batch["ignored"].numpy()
     obs = batch["obs"][""].requires_grad_(True)
     opt = torch.optim.Adam(online.parameters(), lr=1e-3)
-    stats, prio = learner_step(online, target, opt, batch, torch.ones(B), p)
+    stats, prio = learner_step(online, target, opt, batch, torch.ones(B), p, WeightLock())
     assert prio.shape == (B,) and (prio > 0).all()
     assert set(stats) == {"loss", "grad_norm", "td_abs", "q_mean"}
     # The burn-in rows only warm up the state: no gradient reaches them; the trained rows get one.
     assert obs.grad is not None and obs.grad[:4].abs().sum() == 0 and obs.grad[4:-1].abs().sum() > 0
-    stats2, _ = learner_step(online, target, opt, batch, torch.zeros(B), p)
+    stats2, _ = learner_step(online, target, opt, batch, torch.zeros(B), p, WeightLock())
     assert stats2["loss"] == 0.0 and stats2["grad_norm"] == 0.0  # zero importance weight: no gradient
 
 

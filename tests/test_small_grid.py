@@ -14,6 +14,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.networks import (ActorCritic, MinAtarCNN, PolicyNet, RecurrentQNet, auto_encoder, build_encoder,
                                 checkpoint_encoder, conv_features, encoder_identity, flatten_obs, image_layout)
+from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.shm.rollout import TensorSpec
 from seedlocal.spec import EnvSpec
@@ -202,7 +203,7 @@ def test_r2d2_learns_from_a_bool_grid():
     before = conv.detach().clone()
     p = R2D2Params(burn_in=4, unroll_length=6, n_step=2, batch_size=3)
     stats, prio = learner_step(online, target, torch.optim.Adam(online.parameters(), lr=1e-3), batch,
-                               torch.ones(3), p)
+                               torch.ones(3), p, WeightLock())
     assert prio.shape == (3,) and math.isfinite(float(stats["loss"])) and not torch.equal(conv, before)
 
 

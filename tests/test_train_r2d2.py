@@ -60,6 +60,7 @@ def test_learner_lstm_gets_contiguous_states_flat_weights_and_host_side_cuts():
     from torch.overrides import TorchFunctionMode
 
     from seedlocal.algos.r2d2 import R2D2Params, learner_step
+    from seedlocal.pipeline.cuda import WeightLock
 
     class Spy(TorchFunctionMode):
         def __init__(self):
@@ -89,7 +90,8 @@ def test_learner_lstm_gets_contiguous_states_flat_weights_and_host_side_cuts():
     net = copy.deepcopy(online)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     with Spy() as spy:
-        _, prio = learner_step(net, target, opt, {**batch, "ignored_host": ignored.numpy()}, torch.ones(B), p)
+        _, prio = learner_step(net, target, opt, {**batch, "ignored_host": ignored.numpy()}, torch.ones(B), p,
+                               WeightLock())
     for args in spy.lstm:
         assert all(t.is_contiguous() for t in args[1]), "a strided state reached the LSTM"
         assert args[2] is net.lstm._flat_weights or args[2] is target.lstm._flat_weights

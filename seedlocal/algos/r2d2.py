@@ -17,7 +17,6 @@ Conventions (time-major, a batch of B stored sequences of L rows):
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -157,7 +156,7 @@ def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
 
 
 def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D2Params,
-                 step_lock=None, ranks=None) -> tuple[dict[str, float], Tensor]:
+                 step_lock, ranks=None) -> tuple[dict[str, float], Tensor]:
     """One update on a batch of sequences; returns (stats, new priorities [B]).
 
     ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the networks' device): ``obs`` (dict), ``action``,
@@ -194,7 +193,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     valid = ~ignored[b:-1]
     loss, delta = td_loss(q_taken, targets, valid, weights)
     grad_norm = clipped_gradients(loss, online, optimizer, p, ranks)  # every rank has as many sequences
-    with step_lock if step_lock is not None else contextlib.nullcontext():
+    with step_lock:
         optimizer.step()
     priorities = sequence_priorities(delta.abs(), valid, p.priority_eta)
     # 0-dim device tensors, summed by the caller and read once per log: only the priorities cross to the host per update
