@@ -59,7 +59,7 @@ def fill(args: Args) -> tuple[dict[str, SequenceReplay], int]:
     frame = env.observation_space.shape
     fields = {"obs": (frame, "uint8"), "action": ((), "int64"), "reward": ((), "float32"),
               "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")}
-    replays = {kind: SequenceReplay(args.envs, args.sequences, LENGTH, UNROLL, fields, (2, LSTM), frame="obs",
+    replays = {kind: SequenceReplay(args.envs, args.sequences, LENGTH, UNROLL, fields, (2, LSTM),
                                     stack=4, compress=kind == "lz4") for kind in ("raw", "lz4")}
     rng = np.random.default_rng(0)
     obs, _ = env.reset()

@@ -293,11 +293,10 @@ def obs_identity(spec: EnvSpec) -> dict:
     return out
 
 
-def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor],
-                classes: dict[str, tuple[int, int]] | None = None) -> torch.Tensor:
+def flatten_obs(obs_keys: list[str], obs: dict[str, torch.Tensor], classes: dict[str, tuple[int, int]]) -> torch.Tensor:
     """Every observation field as floats, flattened and side by side: an MLP's input. Fields in ``classes`` (Discrete
     spaces: key -> (n, start)) enter one-hot: a state index is a category, not a magnitude."""
-    flat = [_one_hot(obs[k], *classes[k]) if classes and k in classes
+    flat = [_one_hot(obs[k], *classes[k]) if k in classes
             else as_float(obs[k]).reshape(obs[k].shape[0], -1) for k in obs_keys]
     return torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
 
@@ -517,10 +516,9 @@ class RecurrentQNet(_Encoded):
         twin.lstm.flatten_parameters()  # a no-op off cuDNN
         return twin
 
-    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor,
-               starts: list[int] | None = None):
-        """``starts``: the rows t > 0 where some env starts an episode, when the caller has them on the host (otherwise
-        read from ``first``, which on a GPU waits for the device)."""
+    def unroll(self, obs: dict[str, torch.Tensor], core: torch.Tensor, first: torch.Tensor, starts: list[int]):
+        """``starts``: the rows t > 0 where some env starts an episode (``cut_rows`` of the host's copy of ``first``:
+        reading ``first`` on a GPU would wait for the device)."""
         L, B = first.shape
         flat = {k: v.reshape((L * B,) + v.shape[2:]) for k, v in obs.items()}
         x = self._encode(flat).reshape(L, B, -1)
@@ -529,7 +527,7 @@ class RecurrentQNet(_Encoded):
         # Run the fused LSTM kernel over each stretch of rows in which no env starts an episode, zeroing the state only
         # where one does: a handful of kernel calls per sequence instead of one cell call per row (3-5x faster learner
         # steps on a CPU), the same arithmetic.
-        cuts = [0, *(cut_rows(first.cpu().numpy()) if starts is None else starts), L]
+        cuts = [0, *starts, L]
         outs = []
         for t0, t1 in zip(cuts[:-1], cuts[1:]):
             if t0 > 0:

@@ -100,11 +100,10 @@ class RewardScaler:
         self.returns = np.zeros(num_envs, np.float64)
         self.count, self.mean, self.var = 0.0, 0.0, 1.0
 
-    def update(self, rewards: np.ndarray, ends: np.ndarray, env_ids: np.ndarray,
-               counted: np.ndarray | None = None, pool=None) -> None:
+    def update(self, rewards: np.ndarray, ends: np.ndarray, env_ids: np.ndarray, counted: np.ndarray,
+               pool=None) -> None:
         """Fold a batch in (see the class); with ``pool`` (data-parallel ranks' ``pool_moments``) the
         statistics take every rank's returns, each env's running return staying with its rank."""
-        counted = np.ones(rewards.shape, bool) if counted is None else counted
         # The k-th unroll of an env in this batch is chained after its (k-1)-th: one pass per k.
         nth = occurrence(env_ids)
         seen = []

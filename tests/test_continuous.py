@@ -77,8 +77,9 @@ def test_running_norm_and_reward_scaler_match_numpy_and_restore_bitwise():
     rewards = rng.normal(size=(6, 3))
     ends = np.zeros((6, 3), bool)
     ends[2, 1] = True
-    scaler.update(rewards[:3], ends[:3], np.array([0, 1, 2]))
-    scaler.update(rewards[3:], ends[3:], np.array([0, 1, 2]))  # each env's return runs on across batches
+    every = np.ones((3, 3), bool)  # no auto-reset rows
+    scaler.update(rewards[:3], ends[:3], np.array([0, 1, 2]), every)
+    scaler.update(rewards[3:], ends[3:], np.array([0, 1, 2]), every)  # each env's return runs on across batches
     seen, ret = [], np.zeros(3)
     for t in range(6):
         ret = ret * 0.9 + rewards[t]

@@ -241,8 +241,7 @@ def _r2d2_batch(L, B, H, A, g):
             "ignored": ignored, "core_state": torch.randn(B, 2, H, generator=g)}
 
 
-@pytest.mark.parametrize("host_cuts", [False, True])
-def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights(host_cuts):
+def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights():
     """cuDNN's RNN gets contiguous states and the LSTM's flat weight buffer:
     no error, no per-call repacking warning, and the update (fp32, TF32 off)
     lands where the CPU's does."""
@@ -258,17 +257,17 @@ def test_r2d2_learner_step_on_cuda_matches_cpu_without_repacking_weights(host_cu
     cpu_target = copy.deepcopy(cpu_online)
     gpu_online, gpu_target = copy.deepcopy(cpu_online).to(CUDA), copy.deepcopy(cpu_target).to(CUDA)
     batch = _r2d2_batch(p.burn_in + p.unroll_length + 1, 4, 32, spec.num_actions, torch.Generator().manual_seed(2))
-    host = {"ignored_host": batch["ignored"].numpy()} if host_cuts else {}
+    host = {"ignored_host": batch["ignored"].numpy()}
     weights = torch.rand(4, generator=torch.Generator().manual_seed(3)) + 0.5
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
         _, prio_cpu = learner_step(cpu_online, cpu_target, torch.optim.Adam(cpu_online.parameters(), lr=1e-4),
-                                   batch | host, weights, p)
+                                   batch | host, weights, p, WeightLock())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             _, prio_gpu = learner_step(gpu_online, gpu_target, torch.optim.Adam(gpu_online.parameters(), lr=1e-4),
-                                       _to(batch, CUDA) | host, weights.to(CUDA), p)
+                                       _to(batch, CUDA) | host, weights.to(CUDA), p, WeightLock(CUDA))
             torch.cuda.synchronize()
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32

@@ -112,7 +112,7 @@ def test_the_learners_see_only_legal_actions():
         (Categorical.log_prob(logits, legal_actions).sum() + entropy.sum()).backward()
         assert all(torch.isfinite(w.grad).all() for w in model.parameters() if w.grad is not None)
     net = RecurrentQNet(spec, lstm_size=16)
-    q, _ = net.unroll(obs, torch.zeros(B, 2, 16), torch.zeros(T, B, dtype=torch.bool))
+    q, _ = net.unroll(obs, torch.zeros(B, 2, 16), torch.zeros(T, B, dtype=torch.bool), [])
     assert (q[~mask] == ILLEGAL).all() and (q[mask] > ILLEGAL / 2).all()
     target = torch.randn(T, B, spec.num_actions)
     boot = double_q_bootstrap(q, target)

@@ -130,7 +130,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
         out = history(torch.from_numpy(frames[t:t + 1]), torch.tensor([0]), torch.tensor([first]), 1)
         acted.append(out[0, :, 0, 0].tolist())
     fields = {"obs": ((1, 2, 2), "uint8"), "ignored": ((), "bool")}
-    r = SequenceReplay(1, 4, length=n, stride=n - 1, fields=fields, core_shape=None, frame="obs", stack=4)
+    r = SequenceReplay(1, 4, length=n, stride=n - 1, fields=fields, core_shape=(2, 1), stack=4)
     r.append(0, {"obs": frames, "ignored": ignored})
     stacked = r._stacked(np.array([0]), np.arange(n)[:, None])[:, 0, :, 0, 0, 0]
     assert stacked.tolist() == acted
@@ -140,6 +140,7 @@ def test_acting_and_replay_stack_frames_the_same_way():
 def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
     from seedlocal.algos.r2d2 import R2D2Params, learner_step
     from seedlocal.networks import RecurrentQNet
+    from seedlocal.pipeline.cuda import WeightLock
     from seedlocal.envs.spaces import describe
 
     torch.manual_seed(0)
@@ -153,14 +154,15 @@ def test_learner_step_trains_only_after_the_burn_in_and_returns_priorities():
              "reward": torch.ones(L, B), "terminated": torch.zeros(L, B, dtype=torch.bool),
              "truncated": torch.zeros(L, B, dtype=torch.bool), "ignored": torch.zeros(L, B, dtype=torch.bool),
              "core_state": torch.zeros(B, 2, 16)}
+    batch["ignored_host"] = batch["ignored"].numpy()
     obs = batch["obs"][""].requires_grad_(True)
     opt = torch.optim.Adam(online.parameters(), lr=1e-3)
-    stats, prio = learner_step(online, target, opt, batch, torch.ones(B), p)
+    stats, prio = learner_step(online, target, opt, batch, torch.ones(B), p, WeightLock())
     assert prio.shape == (B,) and (prio > 0).all()
     assert set(stats) == {"loss", "grad_norm", "td_abs", "q_mean"}
     # The burn-in rows only warm up the state: no gradient reaches them; the trained rows get one.
     assert obs.grad is not None and obs.grad[:4].abs().sum() == 0 and obs.grad[4:-1].abs().sum() > 0
-    stats2, _ = learner_step(online, target, opt, batch, torch.zeros(B), p)
+    stats2, _ = learner_step(online, target, opt, batch, torch.zeros(B), p, WeightLock())
     assert stats2["loss"] == 0.0 and stats2["grad_norm"] == 0.0  # zero importance weight: no gradient
 
 
@@ -177,9 +179,9 @@ def test_target_network_is_a_frozen_independent_copy():
     assert not any(p.requires_grad for p in target.parameters())
     assert all(p.requires_grad for p in online.parameters())
     obs, core, first = {"": torch.randn(5, 2, 4)}, torch.zeros(2, 2, 16), torch.zeros(5, 2, dtype=torch.bool)
-    before = target.unroll(obs, core, first)[0]
-    assert torch.equal(before, online.unroll(obs, core, first)[0])
+    before = target.unroll(obs, core, first, [])[0]
+    assert torch.equal(before, online.unroll(obs, core, first, [])[0])
     with torch.no_grad():
         for p in online.parameters():
             p.add_(1.0)
-    assert torch.equal(target.unroll(obs, core, first)[0], before)
+    assert torch.equal(target.unroll(obs, core, first, [])[0], before)

@@ -43,10 +43,17 @@ def steps(env: int, start: int, n: int, ignored_at=()) -> dict:
             "truncated": np.zeros(n, bool), "ignored": ign}
 
 
+def feed(r: SequenceReplay, env: int, start: int, n: int) -> None:
+    """As ``ReplayFeeder.ingest`` feeds an unroll: the actor's recurrent state at its start, then its rows."""
+    for s in range(start, start + n, r.stride):
+        r.set_core(env, s, np.full((2, 3), s, np.float32))
+    r.append(env, steps(env, start, n))
+
+
 @pytest.mark.parametrize("compress", [False, True])
 def test_sequences_are_index_ranges_with_stacks_rebuilt_within_episodes(compress):
     r = SequenceReplay(num_envs=2, sequences=20, length=7, stride=4, fields=fields(), core_shape=(2, 3),
-                       frame="obs", stack=3, compress=compress)
+                       stack=3, compress=compress)
     for env in (0, 1):
         for s in range(0, 40, 4):
             r.set_core(env, s, np.full((2, 3), 100 * env + s, np.float32))
@@ -70,14 +77,13 @@ def test_sequences_are_index_ranges_with_stacks_rebuilt_within_episodes(compress
 
 
 def test_overwritten_sequences_are_evicted_and_stale_priority_updates_dropped():
-    r = SequenceReplay(num_envs=1, sequences=3, length=6, stride=4, fields=fields(), core_shape=None,
-                       frame="obs", stack=2)
+    r = SequenceReplay(num_envs=1, sequences=3, length=6, stride=4, fields=fields(), core_shape=(2, 3), stack=2)
     for s in range(0, 20, 4):
-        r.append(0, steps(0, s, 4))
+        feed(r, 0, s, 4)
     _, slots, gens, _ = r.sample(4, beta=0.5)
     before = set(zip(r.slot_start[slots].tolist(), slots.tolist()))
     for s in range(20, 60, 4):  # the ring wraps several times: old sequences go
-        r.append(0, steps(0, s, 4))
+        feed(r, 0, s, 4)
     assert r.size <= 3
     alive = {start for start, _ in r.live[0]}
     assert min(alive) >= 60 - r.cap
@@ -90,12 +96,11 @@ def test_overwritten_sequences_are_evicted_and_stale_priority_updates_dropped():
 
 
 def test_a_cut_stream_never_stitches_steps_across_it():
-    r = SequenceReplay(num_envs=1, sequences=10, length=6, stride=4, fields=fields(), core_shape=None,
-                       frame="obs", stack=2)
-    r.append(0, steps(0, 0, 6))
+    r = SequenceReplay(num_envs=1, sequences=10, length=6, stride=4, fields=fields(), core_shape=(2, 3), stack=2)
+    feed(r, 0, 0, 6)
     r.cut(0)  # a restart: steps 6.. are gone, the stream resumes at the next stride boundary
     assert r.count[0] == 8
-    r.append(0, steps(0, 8, 12))
+    feed(r, 0, 8, 12)
     starts = sorted(s for s, _ in r.live[0])
     assert starts == [0, 8, 12] and all(s >= 8 or s + 6 <= 6 for s in starts)
 
@@ -105,10 +110,10 @@ def test_new_sequences_enter_at_the_recent_largest_priority_not_the_all_time_one
     error does not set every later insertion for the rest of the run."""
     from seedlocal.trainers.replay import PRIORITY_WINDOW
 
-    r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
-                       frame="obs", stack=1, alpha=1.0)
+    r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=(2, 3),
+                       stack=1, alpha=1.0)
     for s in range(0, 40, 4):
-        r.append(0, steps(0, s, 4))
+        feed(r, 0, s, 4)
     _, slots, gens, _ = r.sample(4, beta=0.5)
     r.update_priorities(slots, gens, np.full(4, 80.0))  # an early spike
     assert r.max_priority == 80.0
@@ -116,24 +121,24 @@ def test_new_sequences_enter_at_the_recent_largest_priority_not_the_all_time_one
         _, slots, gens, _ = r.sample(4, beta=0.5)
         r.update_priorities(slots, gens, np.full(4, 0.5))
     assert r.max_priority == 0.5
-    r.append(0, steps(0, 40, 4))
+    feed(r, 0, 40, 4)
     newest = r.live[0][-1][1]
     assert r.tree.get(np.array([newest]))[0] == pytest.approx(0.5)
     state = r.state_dict()
-    fresh = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
-                           frame="obs", stack=1, alpha=1.0)
+    fresh = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=(2, 3),
+                           stack=1, alpha=1.0)
     fresh.load_state_dict(state)
     assert fresh.max_priority == 0.5
     old = dict(state)
     del old["recent_max"]
+    old["barrier"] = np.zeros(1, np.int64)  # a replay saved when cuts kept one
     old["max_priority"] = 7.0  # a replay saved before the window
     fresh.load_state_dict(old)
     assert fresh.max_priority == 7.0
 
 
 def test_a_cut_drops_the_recurrent_states_of_sequences_that_will_never_complete():
-    r = SequenceReplay(num_envs=2, sequences=10, length=6, stride=4, fields=fields(), core_shape=(2, 3),
-                       frame="obs", stack=1)
+    r = SequenceReplay(num_envs=2, sequences=10, length=6, stride=4, fields=fields(), core_shape=(2, 3), stack=1)
     r.set_core(0, 0, np.zeros((2, 3)))
     r.append(0, steps(0, 0, 4))
     r.set_core(0, 4, np.ones((2, 3)))  # the sequence starting at 4 needs rows up to 9
@@ -158,8 +163,7 @@ def test_episode_starts_follow_the_one_rule_everywhere():
     np.testing.assert_array_equal(episode_starts(ign), [False, False, True, False, False])
     np.testing.assert_array_equal(episode_starts(ign, before=True), [True, False, True, False, False])
     assert episode_starts(torch.from_numpy(ign)).tolist() == [False, False, True, False, False]
-    r = SequenceReplay(num_envs=1, sequences=10, length=4, stride=2, fields=fields(), core_shape=None,
-                       frame="obs", stack=1)
+    r = SequenceReplay(num_envs=1, sequences=10, length=4, stride=2, fields=fields(), core_shape=(2, 3), stack=1)
     r.append(0, steps(0, 0, 3, ignored_at=(2,)))  # step 3, in the next append, starts an episode
     r.append(0, steps(0, 3, 3))
     assert r.ep_start[0, :6].tolist() == [0, 0, 0, 3, 3, 3]
@@ -170,13 +174,12 @@ def test_the_learner_owes_no_updates_while_the_replay_warms_up():
     ``min_replay`` sequences the learner does not learn and the actors step on."""
     from seedlocal.trainers.replay_feeder import ReplayFeeder
 
-    r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=None,
-                       frame="obs", stack=1)
+    r = SequenceReplay(num_envs=1, sequences=50, length=6, stride=4, fields=fields(), core_shape=(2, 3), stack=1)
     feeder = ReplayFeeder(r, np.zeros(1, bool), 1, 4, replay_ratio=1.0, batch_size=2, min_replay=5)
     for s in range(0, 20, 4):
-        r.append(0, steps(0, s, 4))
+        feed(r, 0, s, 4)
         feeder.added_steps += 4
     assert r.size == 4 and not feeder.behind() and feeder.owed_updates() == 0  # 20 steps in, warm-up not over
-    r.append(0, steps(0, 20, 4))
+    feed(r, 0, 20, 4)
     feeder.added_steps += 4
     assert r.size == 5 and feeder.behind() and feeder.owed_updates() == 3  # 24 rows owed, 8 rows an update

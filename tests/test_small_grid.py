@@ -14,6 +14,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.networks import (ActorCritic, MinAtarCNN, PolicyNet, RecurrentQNet, auto_encoder, build_encoder,
                                 checkpoint_encoder, conv_features, encoder_identity, flatten_obs, image_layout)
+from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.policies.population_forward import PopulationForward
 from seedlocal.shm.rollout import TensorSpec
 from seedlocal.spec import EnvSpec
@@ -88,9 +89,9 @@ def test_explicit_encoders_on_a_small_grid():
 
 def test_a_bool_grid_is_not_scaled_and_uint8_pixels_are():
     x = random_grid(3)
-    assert torch.equal(flatten_obs([""], {"": x}), x.reshape(3, -1).float())  # the MLP's input
+    assert torch.equal(flatten_obs([""], {"": x}, {}), x.reshape(3, -1).float())  # the MLP's input
     pixels = torch.tensor([[0, 128, 255]], dtype=torch.uint8)
-    torch.testing.assert_close(flatten_obs([""], {"": pixels}), pixels.float() / 255)
+    torch.testing.assert_close(flatten_obs([""], {"": pixels}, {}), pixels.float() / 255)
     # Through the conv torso: a bool grid gives what its 0/1 floats give.
     _, torso = build_encoder(grid_spec(), "minatar", ())
     with torch.no_grad():
@@ -98,7 +99,7 @@ def test_a_bool_grid_is_not_scaled_and_uint8_pixels_are():
         assert torch.equal(out, torso(x.permute(0, 3, 1, 2).float()))
     # Under CPU autocast a bool grid converts straight to bf16, unscaled.
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        as_read = flatten_obs([""], {"": x})
+        as_read = flatten_obs([""], {"": x}, {})
     assert as_read.dtype == torch.bfloat16 and torch.equal(as_read.float(), x.reshape(3, -1).float())
 
 
@@ -197,11 +198,12 @@ def test_r2d2_learns_from_a_bool_grid():
     target.load_state_dict(online.state_dict())
     assert online.kind == "minatar"
     batch = {**_learner_batch(11, 3, spec), "core_state": torch.zeros(3, 2, 16)}
+    batch["ignored_host"] = batch["ignored"].numpy()
     conv = online.encoder.conv[0].weight
     before = conv.detach().clone()
     p = R2D2Params(burn_in=4, unroll_length=6, n_step=2, batch_size=3)
     stats, prio = learner_step(online, target, torch.optim.Adam(online.parameters(), lr=1e-3), batch,
-                               torch.ones(3), p)
+                               torch.ones(3), p, WeightLock())
     assert prio.shape == (3,) and math.isfinite(float(stats["loss"])) and not torch.equal(conv, before)
 
 

@@ -17,7 +17,6 @@ Conventions (time-major, a batch of B stored sequences of L rows):
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -157,23 +156,21 @@ def per_env_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
 
 
 def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D2Params,
-                 step_lock=None, ranks=None) -> tuple[dict[str, float], Tensor]:
+                 step_lock, ranks=None) -> tuple[dict[str, float], Tensor]:
     """One update on a batch of sequences; returns (stats, new priorities [B]).
 
     ``batch`` (time-major, L = burn_in + unroll_length + 1 rows, on the networks' device): ``obs`` (dict), ``action``,
     ``reward``, ``terminated``, ``truncated``, ``ignored`` [L, B] and ``core_state`` [B, 2, H], the recurrent state the
-    actor had before row 0; optionally ``ignored_host``, a numpy copy of ``ignored``, so that nothing waits for the
-    device. ``online.unroll(obs, core, first)`` returns (Q [L', B, A], final core). ``weights`` [B] are the importance
+    actor had before row 0; ``ignored_host``, a numpy copy of ``ignored``, so that nothing waits for the device.
+    ``online.unroll(obs, core, first, starts)`` returns (Q [L', B, A], final core). ``weights`` [B] are the importance
     weights of the sampled sequences. ``ranks``: data-parallel learners, each sampling its own replay.
     """
     ignored = batch["ignored"]
     first = episode_starts(ignored)
     b = p.burn_in
-    # Where the LSTM cuts its fused runs, from the host's copy of the flags if any: reading a GPU's would wait for it.
-    head_starts = tail_starts = None
-    if batch.get("ignored_host") is not None:
-        first_host = episode_starts(batch["ignored_host"])
-        head_starts, tail_starts = cut_rows(first_host[:b]), cut_rows(first_host[b:])
+    # Where the LSTM cuts its fused runs, from the host's copy of the flags: reading a GPU's would wait for it.
+    first_host = episode_starts(batch["ignored_host"])
+    head_starts, tail_starts = cut_rows(first_host[:b]), cut_rows(first_host[b:])
     head = {k: v[:b] for k, v in batch["obs"].items()}
     tail = {k: v[b:] for k, v in batch["obs"].items()}
     core = batch["core_state"]
@@ -196,7 +193,7 @@ def learner_step(online, target, optimizer, batch: dict, weights: Tensor, p: R2D
     valid = ~ignored[b:-1]
     loss, delta = td_loss(q_taken, targets, valid, weights)
     grad_norm = clipped_gradients(loss, online, optimizer, p, ranks)  # every rank has as many sequences
-    with step_lock if step_lock is not None else contextlib.nullcontext():
+    with step_lock:
         optimizer.step()
     priorities = sequence_priorities(delta.abs(), valid, p.priority_eta)
     # 0-dim device tensors, summed by the caller and read once per log: only the priorities cross to the host per update

@@ -46,7 +46,7 @@ def make_replay(cfg: R2D2Run, spec, num_envs: int, core_shape, seed: int) -> Seq
     fields.update({"action": (spec.action.shape, spec.action.dtype), "reward": ((), "float32"),
                    "terminated": ((), "bool"), "truncated": ((), "bool"), "ignored": ((), "bool")})
     return SequenceReplay(num_envs=num_envs, sequences=a.replay_size, length=a.burn_in + a.unroll_length + 1,
-                          stride=a.unroll_length, fields=fields, core_shape=core_shape, frame="obs",
+                          stride=a.unroll_length, fields=fields, core_shape=core_shape,
                           stack=stacking(spec, cfg.frame_stack), alpha=a.priority_exponent, compress=cfg.compress,
                           seed=seed)
 

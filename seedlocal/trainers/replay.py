@@ -15,12 +15,12 @@ from collections import deque
 
 import numpy as np
 
+from seedlocal.shm.rollout import obs_key
 from seedlocal.spec import episode_starts
 
 PRIORITY_WINDOW = 100  # learner updates whose largest priority a new sequence enters at
 # What a replay's checkpoint holds as plain arrays (state_dict), besides its data, tree and queues.
-_ARRAYS = ("ep_start", "count", "barrier", "cur_ep", "after_ignored", "core", "slot_env", "slot_start", "slot_gen",
-           "next_start")
+_ARRAYS = ("ep_start", "count", "cur_ep", "after_ignored", "core", "slot_env", "slot_start", "slot_gen", "next_start")
 
 
 class SumTree:
@@ -74,28 +74,26 @@ class SumTree:
 class SequenceReplay:
     """Per-env step streams, prioritized sequences over them (see module docstring).
 
-    ``fields`` maps a per-step field name to (shape, dtype); ``frame`` is the name of the field stacked ``stack``
-    deep at sampling time (None: no stacking). Steps arrive per env with ``append``; a sequence slot exists for
+    ``fields`` maps a per-step field name to (shape, dtype); a lone observation's (``obs``) is stacked ``stack``
+    deep at sampling time. Steps arrive per env with ``append``; a sequence slot exists for
     every ``stride``-aligned start whose ``length`` rows are complete."""
 
     def __init__(self, num_envs: int, sequences: int, length: int, stride: int,
-                 fields: dict[str, tuple[tuple[int, ...], str]], core_shape: tuple[int, ...] | None,
-                 frame: str | None = None, stack: int = 1, alpha: float = 0.9, compress: bool = False,
-                 seed: int = 0):
+                 fields: dict[str, tuple[tuple[int, ...], str]], core_shape: tuple[int, ...],
+                 stack: int = 1, alpha: float = 0.9, compress: bool = False, seed: int = 0):
         self.length, self.stride, self.capacity, self.fields = length, stride, sequences, fields
-        self.frame, self.stack, self.alpha, self.compress = frame, max(1, stack), alpha, compress
+        self.frame, self.stack, self.alpha, self.compress = obs_key(""), max(1, stack), alpha, compress
         # Room for every live sequence of an env plus the one being filled and the frames stacked before it.
         self.cap = max(1, -(-sequences // num_envs)) * stride + length + self.stack
-        self.data = {name: np.empty((num_envs, self.cap), object) if compress and name == frame
+        self.data = {name: np.empty((num_envs, self.cap), object) if compress and name == self.frame
                      else np.zeros((num_envs, self.cap) + tuple(shape), dtype)
                      for name, (shape, dtype) in fields.items()}
         # Where each step's episode began (absolute step number), for stacking within an episode.
         self.ep_start = np.zeros((num_envs, self.cap), np.int64)
         self.count = np.zeros(num_envs, np.int64)  # steps written per env (absolute write position)
-        self.barrier = np.zeros(num_envs, np.int64)  # no sequence starts before this step (stream cuts)
         self.cur_ep = np.zeros(num_envs, np.int64)
         self.after_ignored = np.ones(num_envs, bool)
-        self.core = np.zeros((self.capacity,) + tuple(core_shape), np.float32) if core_shape else None
+        self.core = np.zeros((self.capacity,) + tuple(core_shape), np.float32)
         self.pending_core: dict[tuple[int, int], np.ndarray] = {}
         self.tree = SumTree(self.capacity)
         self.slot_env, self.slot_start, self.slot_gen = (np.zeros(self.capacity, np.int64) for _ in range(3))
@@ -143,21 +141,19 @@ class SequenceReplay:
     def cut(self, env: int) -> None:
         """The env's stream breaks (a restarted worker, a lost host): start sequences afresh."""
         start = -(-int(self.count[env]) // self.stride) * self.stride
-        self.count[env] = self.barrier[env] = self.next_start[env] = start
+        self.count[env] = self.next_start[env] = start
         self.after_ignored[env] = True
         # States kept for sequences that will now never complete would stay (and be checkpointed) for ever.
         self.pending_core = {k: v for k, v in self.pending_core.items() if k[0] != env}
 
     def set_core(self, env: int, step: int, core: np.ndarray) -> None:
         """The recurrent state the actor had before absolute step ``step`` of ``env``."""
-        if step % self.stride == 0 and self.core is not None:
+        if step % self.stride == 0:
             self.pending_core[(env, step)] = np.array(core, np.float32)
 
     def append(self, env: int, rows: dict[str, np.ndarray]) -> None:
         """Steps of one env, in order: each of the replay's fields [n, ...] (``ignored`` marks auto-reset rows)."""
-        n = len(rows["ignored"])
-        if not n:
-            return
+        n = len(rows["ignored"])  # an unroll's algo.unroll_length >= 1
         steps = self.count[env] + np.arange(n)  # absolute
         pos = steps % self.cap
         # Evict sequences whose rows (or the frames stacked before them) these steps overwrite.
@@ -191,14 +187,13 @@ class SequenceReplay:
 
     def _add_sequence(self, env: int, start: int) -> None:
         core = self.pending_core.pop((env, start), None)
-        # Skipped: a start without its recurrent state (e.g. the stream was cut), before a cut, or with no free slot.
-        if (self.core is not None and core is None) or start < self.barrier[env] or not self.free:
+        # Skipped: a start without its recurrent state (e.g. the stream was cut), or with no free slot.
+        if core is None or not self.free:
             return
         slot = self.free.popleft()
         self.slot_env[slot], self.slot_start[slot] = env, start
         self.slot_gen[slot] += 1
-        if self.core is not None:
-            self.core[slot] = core
+        self.core[slot] = core
         self.tree.update(np.array([slot]), np.array([self.max_priority ** self.alpha]))
         self.live[env].append((start, slot))
         self.added += 1
@@ -220,8 +215,7 @@ class SequenceReplay:
         pos = steps % self.cap
         out = {name: self._stacked(env, steps) if name == self.frame else self.data[name][env[None, :], pos]
                for name in self.fields}
-        if self.core is not None:
-            out["core_state"] = self.core[slots]
+        out["core_state"] = self.core[slots]
         return out, slots, self.slot_gen[slots].copy(), weights
 
     def _frames(self, env: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -262,5 +256,4 @@ class SequenceReplay:
         """Bytes held, every field included (compressed frames at their compressed size)."""
         data = sum(sum(len(b) for b in arr.ravel() if b is not None) + arr.size * 8 if arr.dtype == object
                    else arr.nbytes for arr in self.data.values())
-        core = self.core.nbytes if self.core is not None else 0
-        return self.ep_start.nbytes + self.tree.tree.nbytes + 4 * self.slot_env.nbytes + data + core
+        return self.ep_start.nbytes + self.tree.tree.nbytes + 4 * self.slot_env.nbytes + data + self.core.nbytes

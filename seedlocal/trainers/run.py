@@ -48,8 +48,6 @@ class Trainer(abc.ABC):
     """what a checkpoint must hold for this trainer to resume it"""
     consume: bool = True
     """whether the learner takes full unrolls (False: they are free again at once)"""
-    ranks: Solo = Solo()
-    """the data-parallel learner ranks this trainer is one of (``join_ranks``)"""
 
     def __init__(self, prepared: Prepared, device: torch.device, ranks: Solo = Solo()):
         """``prepared``: the run (a data-parallel rank's share of it, one of ``ranks``: ``prepare.for_rank``)."""
