@@ -123,7 +123,7 @@ class PopulationForward:
         # What the MLP reads (a MULTI torso's vector fields), flat, and what obs_norm normalises.
         self.mlp_keys = list(getattr(getattr(template, "encoder", None), "vector_keys",
                                      getattr(template, "obs_keys", [""])))
-        self.obs_classes = getattr(getattr(template, "encoder", None), "classes", None)  # Discrete fields: one-hot
+        self.obs_classes = getattr(getattr(template, "encoder", None), "classes", {})  # Discrete fields: one-hot
 
     def to_slots(self, params: torch.Tensor) -> torch.Tensor:
         """Flat parameter vectors [n, size] in the slot layout."""
