@@ -127,8 +127,7 @@ class _Session:
         self.pool = None
         self.ended: HostStopped | _Lost | None = None  # why the stream ended, as run() raises it
         self.rtts: deque[float] = deque(maxlen=4096)
-        self.connected = False  # the learner spoke after its ASSIGN: it was up, whatever ends the session
-        self.heard = 0.0  # when it last did (monotonic)
+        self.heard: float | None = None  # when the learner last spoke after its ASSIGN (monotonic): it was up
         self.timed_out = False  # the handshake's deadline cancelled the call
         self.reader: threading.Thread | None = None  # reads the learner's answers once workers run
 
@@ -148,7 +147,7 @@ class _Session:
         channel = _channel(self.cfg)
         try:
             call, answer = self._handshake(channel)
-            self._start_workers(answer, *self._accept(answer))
+            self._start_workers(answer)
             self._step_loop(call)
             raise self.ended
         finally:
@@ -207,14 +206,16 @@ class _Session:
         self.timed_out = True
         call.cancel()  # ends the read under way in _next
 
-    def _accept(self, answer: dict) -> tuple[object, wire.GroupLayout]:
-        """The EnvSpec of the learner's (verified) env and its group layout, or a refusal: a module this host does
-        not allow is never imported, and an env whose spaces differ from the learner's is not run."""
+    def _start_workers(self, answer: dict) -> None:
+        """The local store and env workers for the learner's (verified) env and groups, each group set to step first,
+        and where each one's exchange stands; or a refusal: a module this host does not allow is never imported, and
+        an env whose spaces differ from the learner's is not run."""
         from seedlocal.envs.spaces import with_box_actions
+        from seedlocal.pipeline.actors import ActorPool
 
-        env_id = str(answer.get("env_id", ""))
+        cfg, env_id = self.cfg, str(answer.get("env_id", ""))
         module = env_id.partition(":")[0] if ":" in env_id else ""  # '' for a registered id
-        if module and module not in self.cfg.allow_module:
+        if module and module not in cfg.allow_module:
             self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
                          f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
         try:
@@ -222,20 +223,12 @@ class _Session:
             spec = with_box_actions(spec, str(answer.get("box_actions")))
         except ValueError as e:
             self._refuse(f"cannot run {env_id!r} here: {e}")
-        want = wire.GroupLayout.from_json(answer["layout"])
+        self.layout = want = wire.GroupLayout.from_json(answer["layout"])
         if dict(want.obs) != dict(spec.obs):
             self._refuse(f"observations here are {spec.obs}, the learner's are {want.obs}")
         if want.action != spec.action:
             self._refuse(f"actions here are {spec.action}, the learner's are {want.action}")
-        return spec, want
-
-    def _start_workers(self, answer: dict, spec, layout: wire.GroupLayout) -> None:
-        """The local store and env workers for the assigned groups, each group set to step first, and where each
-        one's exchange stands."""
-        from seedlocal.pipeline.actors import ActorPool
-
-        cfg, G, E = self.cfg, len(answer["groups"]), layout.envs
-        self.layout = layout
+        G, E = len(answer["groups"]), want.envs
         self.ids, self.epochs = list(answer["groups"]), list(answer["epochs"])  # the learner's, by local index
         self.seqs = np.zeros(G, np.int64)  # messages sent per group
         self.sent_at = np.zeros(G)  # when each group's last message left (perf_counter), for the round trip
@@ -255,14 +248,14 @@ class _Session:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
         self.reader = threading.Thread(target=self._read, args=(call,), daemon=True)
-        self.heard = t_stats = t_line = time.monotonic()  # what came while the workers started is read now
+        start = t_stats = t_line = time.monotonic()  # silence counts from here: what came before is read now
         self.reader.start()
         steps = steps_line = 0
         while self.ended is None:
             self.pool.obs_ready.wait(0.1)
             steps += self._send_ready_groups()
             now = time.monotonic()
-            if now - self.heard > self.cfg.answer_timeout_s:
+            if now - (self.heard or start) > self.cfg.answer_timeout_s:
                 raise _Lost(f"the learner at {self.cfg.connect} said nothing for {self.cfg.answer_timeout_s:g} s "
                             "(--answer-timeout-s)")
             if now - t_stats >= 1.0:  # a dead worker stops this host (the learner restarts its envs elsewhere)
@@ -341,7 +334,7 @@ class _Session:
         try:
             for msg in call:
                 h, payload = wire.unpack(msg)
-                self.heard, self.connected = time.monotonic(), True
+                self.heard = time.monotonic()
                 if h.kind == wire.ALIVE:
                     continue
                 if h.kind == wire.REFUSE:
@@ -416,7 +409,7 @@ def run(cfg: ActorsConfig, describe) -> int:
         except _Lost as e:
             why = str(e)
         now = time.monotonic()
-        if session.connected:  # it was up: the retry budget starts now
+        if session.heard is not None:  # it was up: the retry budget starts now
             lost_since, backoff = None, 0.5
         lost_since = lost_since or now
         if now - lost_since >= cfg.retry_s:

@@ -110,7 +110,7 @@ def log(msg: str) -> None:
 class _Host:
     """One connected actor host: its groups and the queue its responses go out of."""
 
-    def __init__(self, slot: int, peer: str, groups: list[int]):
+    def __init__(self, slot: int, peer: str, groups: list[_Group]):
         self.slot, self.peer, self.groups = slot, peer, groups
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.done = threading.Event()  # its request stream ended: after a goodbye, the host has read it
@@ -224,7 +224,7 @@ class BridgeServer:
                 return None, {"reason": "this learner has no free remote env slots "
                                         "(all of bridge.remote_envs are in use)"}
             slot = self.host_slots.index(None)  # there are as many as groups, and one is free
-            host = self.host_slots[slot] = _Host(slot, peer, [g.gid for g in free])
+            host = self.host_slots[slot] = _Host(slot, peer, free)
             self.assignments += 1
             for g in free:
                 with g.lock:
@@ -232,21 +232,19 @@ class BridgeServer:
                 self.control["group_connected"][g.gid] = 1
             self.control["host_connected"][slot] = 1
         spec = self.a.spec
-        return host, {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
+        return host, {"groups": [g.gid for g in free], "epochs": [g.epoch for g in free],
                       "env_id": spec.env_id, "backend": spec.backend, "frame_stack": spec.frame_stack,
                       "box_actions": spec.box_actions, "layout": self.a.layout,
-                      "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, shape),
-                      "version": wire.VERSION}
+                      "seed": remote_seed(self.a.seed, self.assignments, free[0].index, shape), "version": wire.VERSION}
 
     def drop(self, host: _Host, why: str) -> None:
         """The host is gone: its groups are lost until the loop acknowledges."""
         with self.lock:
-            for gid in host.groups:
-                g = self.groups[gid]
+            for g in host.groups:
                 with g.lock:
                     g.host, g.expect, g.lost = None, None, True
-                    self.control["group_connected"][gid] = 0
-                    self.control["group_lost"][gid] += 1
+                    self.control["group_connected"][g.gid] = 0
+                    self.control["group_lost"][g.gid] += 1
             self.host_slots[host.slot] = None
             self.control["host_connected"][host.slot] = 0
             self.control["bridge_disconnects"][0] += 1
@@ -277,7 +275,7 @@ class BridgeServer:
             log(f"refused {peer}: {answer['reason']}")
             yield wire.pack_json(wire.REFUSE, answer)
             return
-        log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
+        log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {answer['groups']})")
         if nonces is not None:
             # Only to a host that has proven the token: a stranger learns nothing derived from it. It covers
             # every field, so that no one on the path can change what the host runs (env id, seeds, layout).
