@@ -118,18 +118,6 @@ def _channel(cfg: ActorsConfig):
     return grpc.insecure_channel(address, CHANNEL_OPTIONS)
 
 
-@dataclass
-class _HostGroups:
-    """The learner's groups on this host, by local index, and where each one's exchange stands."""
-
-    ids: list[int]  # the learner's group ids
-    epochs: list[int]
-    layout: wire.GroupLayout
-    seqs: np.ndarray  # messages sent per group
-    sent_at: np.ndarray  # when each group's last message left (perf_counter), for the round trip
-    in_flight: np.ndarray  # a message sent, its answer not yet back
-
-
 class _Session:
     """One connection: a local ActorPool served over one gRPC stream."""
 
@@ -137,11 +125,9 @@ class _Session:
         self.cfg, self.token, self.describe = cfg, token, describe
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.pool = None
-        self.ended: str | None = None  # why the stream ended
-        self.final = False
+        self.ended: HostStopped | _Lost | None = None  # why the stream ended, as run() raises it
         self.rtts: deque[float] = deque(maxlen=4096)
-        self.connected = False  # the learner spoke after its ASSIGN: it was up, whatever ends the session
-        self.heard = 0.0  # when it last did (monotonic)
+        self.heard: float | None = None  # when the learner last spoke after its ASSIGN (monotonic): it was up
         self.timed_out = False  # the handshake's deadline cancelled the call
         self.reader: threading.Thread | None = None  # reads the learner's answers once workers run
 
@@ -161,12 +147,9 @@ class _Session:
         channel = _channel(self.cfg)
         try:
             call, answer = self._handshake(channel)
-            spec, layout = self._accept(answer)
-            groups = self._start_workers(answer, spec, layout)
-            self._step_loop(call, groups)
-            if self.final:  # said after an ASSIGN this host accepted: by a learner verified as far as it can be
-                raise HostStopped(f"the learner at {self.cfg.connect} stopped; exiting", 0)
-            raise _Lost(self.ended)
+            self._start_workers(answer)
+            self._step_loop(call)
+            raise self.ended
         finally:
             self.out.put(None)
             channel.close()  # ends the reader's read: it writes into the pool's memory, which close() unmaps
@@ -176,8 +159,9 @@ class _Session:
                 self.pool.close()
 
     def _handshake(self, channel) -> tuple[object, dict]:
-        """HELLO, the token exchange where the learner asks for it, and its ASSIGN, within answer_timeout_s:
-        the call and the assignment, verified as far as this host can before anything in it is used."""
+        """HELLO, the token exchange where the learner asks for it (its CHALLENGE, this host's PROOF), and its ASSIGN,
+        within answer_timeout_s: the call and the assignment, verified as far as this host can before anything in it
+        is used."""
         cfg, nonce = self.cfg, wire.new_nonce()
         self._put(wire.pack_json(wire.HELLO, {
             "version": wire.VERSION, "groups": worker_groups(cfg.num_workers),
@@ -188,27 +172,18 @@ class _Session:
         deadline.daemon = True
         deadline.start()
         try:
-            return call, self._assignment(call, nonce)
+            h, answer = self._next(call)
+            learner_nonce = None
+            if h.kind == wire.CHALLENGE:
+                learner_nonce = wire.check_nonce(answer.get("nonce"))
+                # Without a token this host cannot prove anything: the learner refuses it, and says so.
+                proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
+                self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
+                h, answer = self._next(call)
         except wire.WireError as e:  # a message, or the nonce in one, that breaks the protocol
             raise HostStopped(f"the learner at {cfg.connect} broke the handshake: {e}", 2) from None
         finally:
             deadline.cancel()
-
-    def _time_out(self, call) -> None:
-        self.timed_out = True
-        call.cancel()  # ends the read under way in _next
-
-    def _assignment(self, call, nonce: str) -> dict:
-        """The learner's ASSIGN (after its CHALLENGE and this host's PROOF where it has a token), checked."""
-        cfg = self.cfg
-        h, answer = self._next(call)
-        learner_nonce = None
-        if h.kind == wire.CHALLENGE:
-            learner_nonce = wire.check_nonce(answer.get("nonce"))
-            # Without a token this host cannot prove anything: the learner refuses it, and says so.
-            proof = wire.token_proof(self.token, "host", nonce, learner_nonce) if self.token else ""
-            self._put(wire.pack_json(wire.PROOF, {"proof": proof}))
-            h, answer = self._next(call)
         if h.kind == wire.REFUSE:
             # Never status 0, even if it says it is final: before its ASSIGN nothing the learner says is
             # proven, and a stranger at the address must not pass for a learner that stopped cleanly (a
@@ -225,16 +200,22 @@ class _Session:
             self._refuse("the learner did not prove that it holds this host's bridge token and sent this "
                          "assignment (the tokens differ, the learner has none, or the assignment was altered "
                          "on the way)")
-        return answer
+        return call, answer
 
-    def _accept(self, answer: dict) -> tuple[object, wire.GroupLayout]:
-        """The EnvSpec of the learner's (verified) env and its group layout, or a refusal: a module this host does
-        not allow is never imported, and an env whose spaces differ from the learner's is not run."""
+    def _time_out(self, call) -> None:
+        self.timed_out = True
+        call.cancel()  # ends the read under way in _next
+
+    def _start_workers(self, answer: dict) -> None:
+        """The local store and env workers for the learner's (verified) env and groups, each group set to step first,
+        and where each one's exchange stands; or a refusal: a module this host does not allow is never imported, and
+        an env whose spaces differ from the learner's is not run."""
         from seedlocal.envs.spaces import with_box_actions
+        from seedlocal.pipeline.actors import ActorPool
 
-        env_id = str(answer.get("env_id", ""))
+        cfg, env_id = self.cfg, str(answer.get("env_id", ""))
         module = env_id.partition(":")[0] if ":" in env_id else ""  # '' for a registered id
-        if module and module not in self.cfg.allow_module:
+        if module and module not in cfg.allow_module:
             self._refuse(f"the learner's env {env_id!r} imports the module {module!r}, which this host "
                          f"imports only if allowed: pass --allow-module {module} to seedlocal actors")
         try:
@@ -242,21 +223,16 @@ class _Session:
             spec = with_box_actions(spec, str(answer.get("box_actions")))
         except ValueError as e:
             self._refuse(f"cannot run {env_id!r} here: {e}")
-        want = wire.GroupLayout.from_json(answer["layout"])
+        self.layout = want = wire.GroupLayout.from_json(answer["layout"])
         if dict(want.obs) != dict(spec.obs):
             self._refuse(f"observations here are {spec.obs}, the learner's are {want.obs}")
         if want.action != spec.action:
             self._refuse(f"actions here are {spec.action}, the learner's are {want.action}")
-        return spec, want
-
-    def _start_workers(self, answer: dict, spec, layout: wire.GroupLayout) -> _HostGroups:
-        """The local store and env workers for the assigned groups, each group set to step first."""
-        from seedlocal.pipeline.actors import ActorPool
-
-        cfg, G = self.cfg, len(answer["groups"])
-        groups = _HostGroups(list(answer["groups"]), list(answer["epochs"]), layout, np.zeros(G, np.int64),
-                             np.zeros(G), np.zeros(G, bool))
-        E = layout.envs
+        G, E = len(answer["groups"]), want.envs
+        self.ids, self.epochs = list(answer["groups"]), list(answer["epochs"])  # the learner's, by local index
+        self.seqs = np.zeros(G, np.int64)  # messages sent per group
+        self.sent_at = np.zeros(G)  # when each group's last message left (perf_counter), for the round trip
+        self.in_flight = np.zeros(G, bool)  # a message sent, its answer not yet back
         shape = actor_host_shape(G, E, cfg.env_threads)
         store_layout = RolloutLayout(num_buffers=G, length=2, envs=E, obs=spec.obs, action=spec.action)
         self.pool = pool = ActorPool(spec, store_layout, shape, int(answer["seed"]), max_restarts=0)
@@ -266,21 +242,20 @@ class _Session:
         if cfg.progress:
             print(f"seedlocal actors: connected to {cfg.connect}: {G * E} envs of {spec.env_id} "
                   f"({shape.num_workers} worker{'s' if shape.num_workers > 1 else ''})", flush=True)
-        return groups
 
-    def _step_loop(self, call, groups: _HostGroups) -> None:
+    def _step_loop(self, call) -> None:
         """Until the stream ends (the reader thread says why) or the learner is silent for answer_timeout_s:
         ship each group whose observations are ready, report the round trip each second (and stop if a worker
         died), a status line each 10 s."""
-        self.reader = threading.Thread(target=self._read, args=(call, groups), daemon=True)
-        self.heard = t_stats = t_line = time.monotonic()  # what came while the workers started is read now
+        self.reader = threading.Thread(target=self._read, args=(call,), daemon=True)
+        start = t_stats = t_line = time.monotonic()  # silence counts from here: what came before is read now
         self.reader.start()
         steps = steps_line = 0
         while self.ended is None:
             self.pool.obs_ready.wait(0.1)
-            steps += self._send_ready_groups(groups)
+            steps += self._send_ready_groups()
             now = time.monotonic()
-            if now - self.heard > self.cfg.answer_timeout_s:
+            if now - (self.heard or start) > self.cfg.answer_timeout_s:
                 raise _Lost(f"the learner at {self.cfg.connect} said nothing for {self.cfg.answer_timeout_s:g} s "
                             "(--answer-timeout-s)")
             if now - t_stats >= 1.0:  # a dead worker stops this host (the learner restarts its envs elsewhere)
@@ -296,25 +271,24 @@ class _Session:
                       f"p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
                 t_line, steps_line = now, steps
 
-    def _send_ready_groups(self, groups: _HostGroups) -> int:
+    def _send_ready_groups(self) -> int:
         """Send the learner every group whose worker has published its observations (FIRST after a
         reset, else STEP); returns the env steps sent."""
         pool = self.pool
         state, trow, store = pool.control["state"], pool.control["target_row"], pool.store
         steps = 0
-        for i in np.flatnonzero((state == OBS_READY) & ~groups.in_flight).tolist():
+        for i in np.flatnonzero((state == OBS_READY) & ~self.in_flight).tolist():
             if not pool.ready[i].try_acquire():  # acquire: the worker's rows are ours now
                 continue
             kind = wire.FIRST if trow[i] == 0 else wire.STEP
-            arrays = {k: store[obs_key(k)][i, trow[i]] for k in groups.layout.obs}
+            arrays = {k: store[obs_key(k)][i, trow[i]] for k in self.layout.obs}
             if kind == wire.STEP:
                 arrays.update({k: store[k][i, 0] for k in wire.STEP_ORDER})
-                steps += groups.layout.envs
-            groups.seqs[i] += 1
-            msg = wire.pack(kind, groups.ids[i], groups.epochs[i], int(groups.seqs[i]),
-                            groups.layout.encode(kind, arrays))
-            groups.in_flight[i] = True
-            groups.sent_at[i] = time.perf_counter()
+                steps += self.layout.envs
+            self.seqs[i] += 1
+            msg = wire.pack(kind, self.ids[i], self.epochs[i], int(self.seqs[i]), self.layout.encode(kind, arrays))
+            self.in_flight[i] = True
+            self.sent_at[i] = time.perf_counter()
             self._put(msg)
         return steps
 
@@ -354,35 +328,36 @@ class _Session:
         time.sleep(0.5)  # let the refusal reach the learner
         raise HostStopped(f"this host cannot serve the learner at {self.cfg.connect}: {why}", 2)
 
-    def _read(self, call, groups: _HostGroups) -> None:
-        pool, local = self.pool, {gid: i for i, gid in enumerate(groups.ids)}
+    def _read(self, call) -> None:
+        pool, local = self.pool, {gid: i for i, gid in enumerate(self.ids)}
         state, trow, store = pool.control["state"], pool.control["target_row"], pool.store
         try:
             for msg in call:
                 h, payload = wire.unpack(msg)
-                self.heard, self.connected = time.monotonic(), True
+                self.heard = time.monotonic()
                 if h.kind == wire.ALIVE:
                     continue
                 if h.kind == wire.REFUSE:
                     info = wire.unpack_json(payload)
-                    self.final = bool(info.get("final"))
-                    self.ended = info.get("reason", "refused")
+                    # A final one comes after an ASSIGN this host accepted: from a learner verified as far as it can be.
+                    self.ended = (HostStopped(f"the learner at {self.cfg.connect} stopped; exiting", 0)
+                                  if info.get("final") else _Lost(info.get("reason", "refused")))
                     return
                 i = local.get(h.group)
                 if i is None or h.kind not in (wire.ACTION, wire.RESET):
                     raise wire.WireError(f"unexpected {wire.KIND_NAMES[h.kind]} for group {h.group}")
                 if h.kind == wire.ACTION:
-                    store["action"][i, 0] = groups.layout.decode(wire.ACTION, payload)["action"]
+                    store["action"][i, 0] = self.layout.decode(wire.ACTION, payload)["action"]
                 trow[i], state[i] = (1, ACTION_READY) if h.kind == wire.ACTION else (0, RESET)
-                self.rtts.append((time.perf_counter() - groups.sent_at[i]) * 1e3)
-                groups.in_flight[i] = False
+                self.rtts.append((time.perf_counter() - self.sent_at[i]) * 1e3)
+                self.in_flight[i] = False
                 pool.wake[i].post()  # release: publishes the action row and state
-            self.ended = "the learner closed the stream"
+            self.ended = _Lost("the learner closed the stream")
         except wire.WireError as e:
-            self.ended = f"protocol error from the learner: {e}"
+            self.ended = _Lost(f"protocol error from the learner: {e}")
         except Exception as e:  # grpc.RpcError: the connection broke
             details = e.details() if callable(getattr(e, "details", None)) else str(e)
-            self.ended = f"connection lost ({details})"
+            self.ended = _Lost(f"connection lost ({details})")
         finally:
             pool.obs_ready.post()
 
@@ -434,7 +409,7 @@ def run(cfg: ActorsConfig, describe) -> int:
         except _Lost as e:
             why = str(e)
         now = time.monotonic()
-        if session.connected:  # it was up: the retry budget starts now
+        if session.heard is not None:  # it was up: the retry budget starts now
             lost_since, backoff = None, 0.5
         lost_since = lost_since or now
         if now - lost_since >= cfg.retry_s:

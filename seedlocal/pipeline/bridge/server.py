@@ -110,11 +110,9 @@ def log(msg: str) -> None:
 class _Host:
     """One connected actor host: its groups and the queue its responses go out of."""
 
-    def __init__(self, slot: int, peer: str):
-        self.slot, self.peer = slot, peer
+    def __init__(self, slot: int, peer: str, groups: list[_Group]):
+        self.slot, self.peer, self.groups = slot, peer, groups
         self.out: queue.SimpleQueue = queue.SimpleQueue()
-        self.groups: list[int] = []
-        self.alive = True
         self.done = threading.Event()  # its request stream ended: after a goodbye, the host has read it
 
 
@@ -138,7 +136,7 @@ class BridgeServer:
         self.largest = wire.largest_from_host(self.layout)  # gRPC refuses a longer message before reading it
         self.groups = {gid: _Group(gid, i) for i, gid in enumerate(a.groups)}
         self.lock = threading.Lock()  # assignment of groups and host slots
-        self.host_slots: list[_Host | None] = [None] * len(a.groups)
+        self.host_slots: list[_Host | None] = [None] * len(a.groups)  # each host holds a group at least
         self.handshaking: dict[str, int] = {}  # streams in the handshake, by peer address
         self.assignments = 0
         self.stopping = threading.Event()
@@ -211,56 +209,54 @@ class BridgeServer:
         self.a.ready[g.index].post()  # release: publishes the rows above
         self.a.obs_ready.post()
 
-    def assign(self, host: _Host, hello: dict) -> dict:
-        """Give a new host free groups, or say why not (REFUSE)."""
+    def assign(self, peer: str, hello: dict) -> tuple[_Host | None, dict]:
+        """A new host holding free groups and its ASSIGN's fields, or None and why not (REFUSE's)."""
         want = int(hello.get("groups", 0) or 0)
         epw = int(hello.get("envs_per_worker", 0) or 0)
         group, shape = self.layout.envs, self.a.shape
         if epw and epw != shape.envs_per_worker:
-            return {"reason": f"this learner runs groups of {group} envs: actor hosts need --envs-per-worker "
-                              f"{shape.envs_per_worker} (or leave it out), not {epw}"}
+            return None, {"reason": f"this learner runs groups of {group} envs: actor hosts need --envs-per-worker "
+                                    f"{shape.envs_per_worker} (or leave it out), not {epw}"}
         with self.lock:
             free = [g for g in self.groups.values() if g.host is None and not g.lost]
             free = free[: shape.whole_workers(len(free))][: want or None]
             if not free:
-                return {"reason": "this learner has no free remote env slots (all of bridge.remote_envs are in use)"}
+                return None, {"reason": "this learner has no free remote env slots "
+                                        "(all of bridge.remote_envs are in use)"}
+            slot = self.host_slots.index(None)  # there are as many as groups, and one is free
+            host = self.host_slots[slot] = _Host(slot, peer, free)
             self.assignments += 1
             for g in free:
                 with g.lock:
                     g.host, g.epoch, g.expect, g.seq = host, g.epoch + 1, wire.FIRST, 0
                 self.control["group_connected"][g.gid] = 1
-            host.groups = [g.gid for g in free]
-            self.control["host_connected"][host.slot] = 1
-        return {"groups": host.groups, "epochs": [self.groups[gid].epoch for gid in host.groups],
-                "env_id": self.a.spec.env_id, "backend": self.a.spec.backend, "frame_stack": self.a.spec.frame_stack,
-                "box_actions": self.a.spec.box_actions, "layout": self.a.layout,
-                "seed": remote_seed(self.a.seed, self.assignments, self.groups[host.groups[0]].index, shape),
-                "version": wire.VERSION}
+            self.control["host_connected"][slot] = 1
+        spec = self.a.spec
+        return host, {"groups": [g.gid for g in free], "epochs": [g.epoch for g in free],
+                      "env_id": spec.env_id, "backend": spec.backend, "frame_stack": spec.frame_stack,
+                      "box_actions": spec.box_actions, "layout": self.a.layout,
+                      "seed": remote_seed(self.a.seed, self.assignments, free[0].index, shape), "version": wire.VERSION}
 
     def drop(self, host: _Host, why: str) -> None:
         """The host is gone: its groups are lost until the loop acknowledges."""
         with self.lock:
-            if not host.alive:
-                return
-            host.alive = False
-            for gid in host.groups:
-                g = self.groups[gid]
+            for g in host.groups:
                 with g.lock:
                     g.host, g.expect, g.lost = None, None, True
-                    self.control["group_connected"][gid] = 0
-                    self.control["group_lost"][gid] += 1
+                    self.control["group_connected"][g.gid] = 0
+                    self.control["group_lost"][g.gid] += 1
             self.host_slots[host.slot] = None
             self.control["host_connected"][host.slot] = 0
-            if host.groups:
-                self.control["bridge_disconnects"][0] += 1
+            self.control["bridge_disconnects"][0] += 1
         self.a.obs_ready.post()  # the loop notices lost groups when it checks its workers
         host.out.put(None)
-        if host.groups and not self.said_goodbye.is_set():  # after the goodbye, hosts leave as told
+        if not self.said_goodbye.is_set():  # after the goodbye, hosts leave as told
             log(f"actor host {host.peer} disconnected ({why}); its {len(host.groups)} groups restart on fresh "
                 "episodes when a host takes them")
 
     def stream(self, requests, context):
-        """The one RPC: a bidirectional stream of raw messages with one actor host."""
+        """The one RPC: a bidirectional stream of raw messages with one actor host: its handshake, then its ASSIGN
+        (proven where the host proved the token) and stream (``_serve``), or its refusal."""
         peer = context.peer()
         address = self._begin_handshake(peer, context)
         try:
@@ -268,8 +264,23 @@ class BridgeServer:
         finally:
             with self.lock:
                 self.handshaking[address] -= 1
-        if shaken is not None:
-            yield from self._admit(requests, peer, *shaken)
+        if shaken is None:
+            return
+        hello, nonces = shaken
+        try:
+            host, answer = self.assign(peer, hello)
+        except (ValueError, TypeError) as e:
+            host, answer = None, {"reason": f"bad handshake: {e}"}
+        if host is None:
+            log(f"refused {peer}: {answer['reason']}")
+            yield wire.pack_json(wire.REFUSE, answer)
+            return
+        log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {answer['groups']})")
+        if nonces is not None:
+            # Only to a host that has proven the token: a stranger learns nothing derived from it. It covers
+            # every field, so that no one on the path can change what the host runs (env id, seeds, layout).
+            answer["proof"] = wire.token_proof(self.a.token, "learner", *nonces, answer)
+        yield from self._serve(requests, host, answer)
 
     def _begin_handshake(self, peer: str, context) -> str:
         """Count the stream against its address's handshakes (returned), or refuse it before reading a byte:
@@ -330,32 +341,6 @@ class BridgeServer:
             return None
         return hello, nonces
 
-    def _admit(self, requests, peer: str, hello: dict, nonces: tuple[str, str] | None):
-        """A host slot and free groups for a host that passed the handshake, and its ASSIGN (proven where the
-        host proved the token) and stream (``_serve``), or its refusal."""
-        with self.lock:
-            slot = next((i for i, h in enumerate(self.host_slots) if h is None), None)
-            if slot is not None:
-                host = self.host_slots[slot] = _Host(slot, peer)
-        if slot is None:
-            yield wire.pack_json(wire.REFUSE, {"reason": "this learner has no free remote env slots"})
-            return
-        try:
-            answer = self.assign(host, hello)
-        except (ValueError, TypeError) as e:
-            answer = {"reason": f"bad handshake: {e}"}
-        if "reason" in answer:  # the host holds no groups yet: dropping it frees its slot alone
-            log(f"refused {peer}: {answer['reason']}")
-            self.drop(host, "refused")
-            yield wire.pack_json(wire.REFUSE, answer)
-            return
-        log(f"actor host {peer} connected: {len(host.groups) * self.layout.envs} envs (groups {host.groups})")
-        if nonces is not None:
-            # Only to a host that has proven the token: a stranger learns nothing derived from it. It covers
-            # every field, so that no one on the path can change what the host runs (env id, seeds, layout).
-            answer["proof"] = wire.token_proof(self.a.token, "learner", *nonces, answer)
-        yield from self._serve(requests, host, answer)
-
     def _serve(self, requests, host: _Host, answer: dict):
         """Send the ASSIGN, then the host's outgoing queue (the group threads' actions and resets) until
         the host is dropped or the learner says goodbye; its messages are read on a thread of their own."""
@@ -380,8 +365,6 @@ class BridgeServer:
         why = "stream ended"
         try:
             for msg in requests:
-                if not host.alive:
-                    return
                 if len(msg) >= wire.HEADER_SIZE and msg[3] == wire.REFUSE:
                     why = "it gave up: " + wire.unpack_json(wire.unpack(msg)[1]).get("reason", "?")
                     log(f"actor host {host.peer} refused the assignment: {why[12:]}")
