@@ -112,8 +112,8 @@ class VTraceLearning(StepTrainer):
             frame = self.spec.obs[""]
             self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
                                        frame.shape[1:], torch_dtype(frame.dtype), self.device)
-        super().start(run)  # last but the interval: a started trainer (``settle``) has one
-        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+        self.iv = Interval(self.counters["steps"], run.loop.stats, run.pipe.pool.worker_stats())
+        super().start(run)  # last: a started trainer (``settle``) has its interval
 
     def _waited(self, run: Run, t0: float) -> float:
         """Now, a batch having come after a wait since ``t0``: the first begins the interval's rates (``begin``)."""
