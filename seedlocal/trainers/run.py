@@ -220,7 +220,7 @@ class StepTrainer(Trainer):
 
     @abc.abstractmethod
     def _take_episodes(self, run: "Run") -> None:
-        """The episodes the inference thread counted since the last call, into the counters and curves."""
+        """The episodes that ended since the last call, into the counters and curves."""
 
     def settle(self, run: "Run") -> None:
         if hasattr(self, "steps0"):  # started: the steps and episodes of this session
