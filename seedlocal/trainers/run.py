@@ -296,10 +296,9 @@ class Run:
 
     def save(self) -> None:
         t = self.trainer
-        x, frames = t.position()
         checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.saved_cfg),
                                        **t.state(), "counters": dict(t.counters), "rng": rng_state()},
-                        x, frames, keep=self.cfg.keep_checkpoints)
+                        *t.position(), keep=self.cfg.keep_checkpoints)
         self.saved_at = time.monotonic()
 
 
