@@ -61,7 +61,6 @@ class NeuroevoTrainer(Trainer):
         self.gen_s, self.frames_run = 0.0, 0  # time inside generations (this session): the rate leaves start-up out
         self.reached, self.generated = False, False
         self.values: dict = {}
-        self._counted = (0, 0, 0, 0)  # ``_totals`` when the counters last advanced
         self._inside: float | None = None  # when the generation in evaluation began; None between generations
         self._obs_norm = self.template.obs_norm  # as of the last whole generation (see advance)
 
@@ -113,7 +112,7 @@ class NeuroevoTrainer(Trainer):
         return self.cfg.pipeline.learner_threads or torch.get_num_threads()
 
     def start(self, run: Run) -> None:
-        self._counted = self._totals(run.loop)
+        self._counted = self._totals(run.loop)  # ``_totals`` when the counters last advanced
 
     def spent(self, run: Run) -> str | None:
         cfg, c = self.cfg, self.counters
@@ -250,9 +249,8 @@ class NeuroevoTrainer(Trainer):
         more_frames, more_episodes = self._uncounted() if inside else (0, 0)
         gen_s = self.gen_s + (time.monotonic() - self._inside if inside else 0.0)
         frames = c["frames"] + more_frames
-        return {"algo": self.algo, "env": self.spec.env_id, "generations": c["generation"],
-                "steps": frames // self.frames_per_step, "frames": frames, "episodes": c["episodes"] + more_episodes,
-                "best_member_return": best if math.isfinite(best) else None,
+        return {"generations": c["generation"], "steps": frames // self.frames_per_step, "frames": frames,
+                "episodes": c["episodes"] + more_episodes, "best_member_return": best if math.isfinite(best) else None,
                 "frames_per_s": round((self.frames_run + more_frames) / gen_s, 1) if gen_s else None,
                 "forward": self.population.forward.strategy, "population": self.cfg.algo.population_size,
                 **{k: run.summary.get(k) for k in ("generations_to_target", "steps_to_target", "frames_to_target")}}

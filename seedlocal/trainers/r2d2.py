@@ -17,7 +17,6 @@ import torch
 from seedlocal.algos.frames import net_spec, stacking
 from seedlocal.algos.r2d2 import learner_step, per_env_epsilons
 from seedlocal.arithmetic import apply_precision
-from seedlocal.config.checks import usable_cores
 from seedlocal.errors import ConfigError
 from seedlocal.monitor import nothing_stepped
 from seedlocal.networks import checkpoint_network
@@ -127,7 +126,7 @@ class R2D2Trainer(StepTrainer):
         # A small MLP + LSTM update gains nothing from more threads, and OpenMP threads that wait on each
         # other while env workers hold the cores made CartPole updates ~50x slower on a loaded 2-core box.
         big = self.online.kind in ("nature", "impala")
-        return self.cfg.pipeline.learner_threads or (usable_cores() if big else 1)
+        return super().learner_threads() if big else (self.cfg.pipeline.learner_threads or 1)
 
     def start(self, run: Run) -> None:
         super().start(run)
@@ -161,7 +160,7 @@ class R2D2Trainer(StepTrainer):
         now, first = time.monotonic(), self.feeder.added_steps == 0
         if self.feeder.take(run.loop, WAIT_S):
             self._waiting = None
-            self._take_episodes()
+            self._take_episodes(run)
             if first:  # the interval from the first unroll on: the workers' start-up is no slow first point
                 run.logged_at, self.log_steps = time.monotonic(), self._steps(run)
             return None
@@ -190,7 +189,7 @@ class R2D2Trainer(StepTrainer):
         for k, v in {**stats, "n": 1}.items():
             self.acc[k] = self.acc.get(k, 0) + v
 
-    def _take_episodes(self) -> None:
+    def _take_episodes(self, run: Run) -> None:
         self.counters["episodes"] += self.feeder.episodes
         self.local_episodes += self.feeder.episodes
         self.feeder.episodes = 0
@@ -244,11 +243,6 @@ class R2D2Trainer(StepTrainer):
         # Episodes that end after the last update belong on the curve too (start() sets the count they add to).
         return super().has_last_log() or bool(self.acc) or (
             hasattr(self, "steps0") and self.counters["episodes"] != self.logged_episodes)
-
-    def settle(self, run: Run) -> None:
-        if hasattr(self, "steps0"):
-            self.counters["steps"] = self._steps(run)
-        self._take_episodes()
 
     def results(self, run: Run) -> dict:
         train, ev = self._returns()

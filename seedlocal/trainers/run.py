@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from seedlocal import checkpoint
-from seedlocal.config.checks import resolve_device, split_address
+from seedlocal.config.checks import resolve_device, split_address, usable_cores
 from seedlocal.config.resume import resume_line
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.actors import start_server
@@ -97,7 +97,8 @@ class Trainer(abc.ABC):
         return None
 
     def learner_threads(self) -> int:
-        return self.cfg.pipeline.learner_threads or 1
+        """The learner's torch threads: ``pipeline.learner_threads``, or by default every usable core."""
+        return self.cfg.pipeline.learner_threads or usable_cores()
 
     def join_ranks(self, ranks: Solo) -> None:
         """Be one of ``ranks``' learners (data-parallel, ``pipeline/ranks.py``): a trainer that can makes its
@@ -137,7 +138,7 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def results(self, run: "Run") -> dict:
-        """What summary.json reports (besides status, run_dir, stopped_by)."""
+        """What summary.json reports (besides status, run_dir, stopped_by, algo, env, seconds, checkpoint)."""
 
     @abc.abstractmethod
     def outcome(self, summary: dict) -> tuple[str, str | None]:
@@ -215,6 +216,15 @@ class StepTrainer(Trainer):
         """Data-parallel ranks: ``spent``'s all-reduce found the ranks' ``episodes`` this session, their mean of
         means ``reached`` and the sums of ``_more_sums``."""
 
+    @abc.abstractmethod
+    def _take_episodes(self, run: "Run") -> None:
+        """The episodes that ended since the last call, into the counters and curves."""
+
+    def settle(self, run: "Run") -> None:
+        if hasattr(self, "steps0"):  # started: the steps and episodes of this session
+            self.counters["steps"] = self._steps(run)
+            self._take_episodes(run)
+
     def has_last_log(self) -> bool:
         # With ranks, an all-reduce after the last log (spent() runs after log()) that moved the ranks' means, which
         # is what stopped a run at its target.
@@ -222,9 +232,9 @@ class StepTrainer(Trainer):
 
     def results(self, run: "Run") -> dict:
         c, to_target = self.counters, run.summary.get("steps_to_target")
-        return {"algo": self.algo, "env": self.spec.env_id, "steps": c["steps"],
-                "frames": c["steps"] * self.frames_per_step, "updates": c["updates"], "episodes": c["episodes"],
-                "steps_to_target": to_target, "return_at_target": run.summary.get("return_at_target"),
+        return {"steps": c["steps"], "frames": c["steps"] * self.frames_per_step, "updates": c["updates"],
+                "episodes": c["episodes"], "steps_to_target": to_target,
+                "return_at_target": run.summary.get("return_at_target"),
                 "frames_to_target": to_target * self.frames_per_step if to_target is not None else None}
 
 
@@ -284,10 +294,9 @@ class Run:
 
     def save(self) -> None:
         t = self.trainer
-        x, frames = t.position()
         checkpoint.save(self.run_dir, {"identity": t.identity(), "config": dataclasses.asdict(self.saved_cfg),
                                        **t.state(), "counters": dict(t.counters), "rng": rng_state()},
-                        x, frames, keep=self.cfg.keep_checkpoints)
+                        *t.position(), keep=self.cfg.keep_checkpoints)
         self.saved_at = time.monotonic()
 
 
@@ -416,10 +425,7 @@ class _Quiet(nullcontext):
     """A data-parallel rank other than 0's monitor: it writes no TensorBoard scalars or text (rank 0 writes the
     run's, with every rank's counts reduced into them) and shows no progress line."""
 
-    def _nothing(self, *args) -> None:
-        pass
-
-    scalars = text = progress = _nothing
+    scalars = text = progress = lambda self, *args: None  # noqa: E731
 
 
 def run(trainer_cls: type[Trainer], prepared: Prepared, from_checkpoint: Callable) -> dict:
@@ -512,7 +518,8 @@ def bridge_line(listen: str, port: int, groups: int, envs_per_group: int) -> str
 def _finish(r: Run, failure, resumed) -> None:
     """The last scalars, checkpoint and summary.json: rank 0's; another rank only fills its summary."""
     t, run_dir, summary = r.trainer, r.run_dir, r.summary
-    results = lambda: {**t.results(r), "seconds": round(r.elapsed(), 2),  # noqa: E731
+    results = lambda: {"algo": t.algo, "env": t.spec.env_id, **t.results(r),  # noqa: E731
+                       "seconds": round(r.elapsed(), 2),
                        "checkpoint": checkpoint.newest(run_dir) if t.ranks.main else None}
     if not t.ranks.main:
         summary.update(results())

@@ -12,7 +12,6 @@ import numpy as np
 
 from seedlocal.algos.frames import UnrollStacks, stacking
 from seedlocal.algos.vtrace import VTraceParams
-from seedlocal.config.checks import usable_cores
 from seedlocal.dtypes import torch_dtype
 from seedlocal.pipeline.cuda import WeightLock
 from seedlocal.pipeline.ranks import Solo
@@ -107,17 +106,14 @@ class VTraceLearning(StepTrainer):
         self.recent: deque[float] = deque(maxlen=20)
         self.iv: Interval | None = None  # once the pipeline runs (start)
 
-    def learner_threads(self) -> int:
-        return self.cfg.pipeline.learner_threads or usable_cores()
-
     def start(self, run: Run) -> None:
-        super().start(run)
         self._loop = run.loop  # whose policy version each optimiser step moves on (``_bump_version``)
         if self.frame_stack > 1:
             frame = self.spec.obs[""]
             self.stacks = UnrollStacks(self.frame_stack, self.shape.num_envs, self.shape.envs_per_group,
                                        frame.shape[1:], torch_dtype(frame.dtype), self.device)
-        self.iv = Interval(self.steps0, run.loop.stats, run.pipe.pool.worker_stats())
+        self.iv = Interval(self.counters["steps"], run.loop.stats, run.pipe.pool.worker_stats())
+        super().start(run)  # last: a started trainer (``settle``) has its interval
 
     def _waited(self, run: Run, t0: float) -> float:
         """Now, a batch having come after a wait since ``t0``: the first begins the interval's rates (``begin``)."""
@@ -175,12 +171,3 @@ class VTraceLearning(StepTrainer):
         # Episodes that end after the last update (the ones that reach --stop-at-return among them) belong on the
         # curve too.
         return super().has_last_log() or (self.iv is not None and (self.iv.n > 0 or self.iv.ep_n > 0))
-
-    def settle(self, run: Run) -> None:
-        if self.iv is not None:
-            self.counters["steps"] = self._steps(run)
-            self._take_episodes(run)
-
-    @abc.abstractmethod
-    def _take_episodes(self, run: Run) -> None:
-        """The episodes the inference thread counted since the last call, into the counters and curves."""
