@@ -1,6 +1,7 @@
 """Every test must leave no process and no shared-memory segment behind."""
 
 import os
+import time
 
 # Before torch loads (here and in every process a test starts, which inherit it): the suite runs two test
 # processes (pyproject's -n 2), each starting learners and env workers, on 2-core machines. OpenMP's threads spin
@@ -21,15 +22,18 @@ def seedlocal_segments(pid: int | None = None) -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(prefix)}
 
 
-def leaked_segments() -> set[str]:
+def leaked_segments(settle_s: float = 5.0) -> set[str]:
     """seedlocal segments whose creating process (the pid in the name) is gone: what a finished run left.
-    Segments of runs still going (another test run on the machine) are not counted."""
-    out = set()
-    for name in seedlocal_segments():
-        pid = name[len(SEGMENT_PREFIX):].split("_", 1)[0]
-        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
-            out.add(name)
-    return out
+    Segments of runs still going (another test run on the machine) are not counted, nor those that go within
+    ``settle_s``: the other test process's, between a kill of their creator and its parent's or a sweep's unlink
+    (test_lifecycle makes such an orphan on purpose). A leak stays."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = {name for name in seedlocal_segments()
+               if not ((pid := name[len(SEGMENT_PREFIX):].split("_", 1)[0]).isdigit() and psutil.pid_exists(int(pid)))}
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)
 
 
 def _helper(cmdline: list[str]) -> bool:
