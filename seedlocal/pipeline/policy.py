@@ -91,9 +91,8 @@ class Policy(abc.ABC):
 
 class StepPolicy(Policy):
     """A policy around a network's one-step forward ``step(obs, core)``, read under ``lock``: replayed from CUDA
-    graphs with ``cuda_graphs`` (``GraphedStep``); with ``stack`` > 1 the env sends single frames, stacked here per
-    env slot (``algos/frames.py``; ``slots``: the slots to make stacks for at once), as the learner stacks its
-    unrolls."""
+    graphs with ``cuda_graphs`` (``GraphedStep``); with ``stack`` > 1 fed frames stacked per env slot (the env sends
+    single ones; ``algos/frames.py``, stacks for ``slots`` made at once), as the learner stacks its unrolls."""
 
     def __init__(self, step, spec: EnvSpec, lock: WeightLock, device, cuda_graphs: bool, stack: int, slots: int = 0):
         self.spec, self.lock, self.device = spec, lock, device
@@ -107,10 +106,8 @@ class StepPolicy(Policy):
             core = None if self.core_state is None else torch.zeros((1,) + self.core_state.shape, device=self.device)
             self._step.capture(sizes, obs, core)
 
-    def _stacked(self, obs: dict[str, torch.Tensor], env_ids: np.ndarray, first: np.ndarray | None,
-                 ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """``obs`` with its frames stacked on their env slots' (``env_ids``; ``ids``: the same on the device, where
-        the caller has them already), as ``act`` is given them."""
+    def _stacked(self, obs, env_ids: np.ndarray, first, ids=None):
+        """``act``'s ``obs`` with its frames stacked (``ids``: ``env_ids`` on the device, where the caller has them)."""
         if self.frames is None:
             return obs
         ids = torch.from_numpy(env_ids).to(self.device) if ids is None else ids
