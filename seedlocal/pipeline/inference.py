@@ -88,11 +88,13 @@ class LoopStats:
     first_batch_at: float = 0.0  # time.monotonic() when the first batch went back to its workers
 
 
-def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """What the workers need of a batch, as numpy. On an accelerator the actions and every output go in one float32
-    block, so a batch costs one device-to-host copy and one wait rather than one per field; integer actions survive
-    the round trip exactly (< 2**24)."""
-    if actions.device.type == "cpu":
+def to_host(actions: torch.Tensor, outputs: dict[str, torch.Tensor],
+            pack: bool | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """What the workers need of a batch, as numpy. On an accelerator (``pack`` defaults to that) the actions and
+    every output go in one float32 block, so a batch costs one device-to-host copy and one wait rather than one
+    per field; integer actions survive the round trip exactly (< 2**24)."""
+    pack = actions.device.type != "cpu" if pack is None else pack
+    if not pack:
         return actions.cpu().numpy(), {name: t.cpu().numpy() for name, t in outputs.items()}
     n = actions.shape[0]
     parts = [actions, *outputs.values()]
