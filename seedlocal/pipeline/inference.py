@@ -164,10 +164,9 @@ class InferenceLoop:
         # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields: one index per
         # row (buf * L + row) reaches a field, so one np.take gathers a batch's observations.
         self._obs_keys = self.layout.obs_keys()
-        fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
-        fields += [f"out.{name}" for name in self.layout.outputs]
+        fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action",
+                                   "policy_version", *(f"out.{name}" for name in self.layout.outputs)]
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
-        self._flat_version = self.store["policy_version"].reshape(-1)
         self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)  # group g's env slots (env_ids)
         # The policy reads a batch of k groups as the first k * E rows of the staging buffer [G * E, ...]; np.take
         # gathers into its [G, E, ...] view.
@@ -186,11 +185,9 @@ class InferenceLoop:
             self.pool.obs_ready.post()  # wake the loop to move a parked or waiting group on
 
     def _start_fresh(self, g: int) -> bool:
-        """Group ``g`` drops its partial unroll and its recurrent state for fresh episodes; whether it found a free
-        unroll to start in (else it waits for one: ``UnrollAllocator.restart``)."""
+        """Group ``g`` drops its partial unroll for fresh episodes (``_batch_core`` zeroes their recurrent state);
+        whether it found a free unroll to start in (else it waits for one: ``UnrollAllocator.restart``)."""
         self._owned[g] = False
-        if self.core is not None:
-            self.core[g].zero_()
         return self.unrolls.restart(g)
 
     def _resume(self) -> None:
@@ -412,7 +409,7 @@ class InferenceLoop:
         flat["action"][b.flat] = b.actions.reshape((k, E) + b.actions.shape[1:])
         for name, v in b.outputs.items():
             flat[f"out.{name}"][b.flat] = v.reshape((k, E) + v.shape[1:])
-        self._flat_version[b.flat] = self.version
+        flat["policy_version"][b.flat] = self.version
         self._trow[b.groups] = b.rows + 1
         self._hand_back(b.groups, ACTION_READY)
         if not self.stats.batches:

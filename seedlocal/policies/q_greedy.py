@@ -46,8 +46,7 @@ class R2D2Policy(StepPolicy):
 
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
-        n = next(iter(obs.values())).shape[0]
-        env_ids = env_ids if env_ids is not None else np.arange(n)
+        env_ids = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         ids = torch.from_numpy(env_ids).to(self.device)
         mask = obs.get(MASK_KEY)
         obs = self._stacked(obs, env_ids, first, ids)
