@@ -446,9 +446,9 @@ class StallWatch:
     """Notices a learner waiting on envs that make no progress (a hung env; docs/pipeline.md, "Failure handling").
 
     The learner calls ``start`` as it begins to wait and ``poll`` while it waits: after ``after`` s without an env
-    step, ``poll`` names (every ``every`` s) the local workers still inside an env's step or reset and returns True,
-    so a run can stop at its budget; a lone stuck worker is named after ``3 x after`` s. With a bridge a whole-run
-    stall is said only where a local worker is stuck (the bridge meter reports waiting for actor hosts)."""
+    step, ``poll`` names (every ``every`` s) the local workers still inside an env's step or reset; a lone stuck
+    worker is named after ``3 x after`` s. With a bridge a whole-run stall is said only where a local worker is
+    stuck (the bridge meter reports waiting for actor hosts)."""
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
@@ -482,9 +482,9 @@ class StallWatch:
         names = [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
         return f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
-    def poll(self) -> bool:
+    def poll(self) -> None:
         if not self.enabled:
-            return False
+            return
         now, steps = time.monotonic(), self.loop.stats.env_steps
         if steps != self._steps:
             self._steps, self._t = steps, now
@@ -493,12 +493,10 @@ class StallWatch:
                 self._said_one = now
                 print(f"seedlocal: {stuck} made no step for {3 * self.after:.0f} s while the others run (a hung env, "
                       "or a stopped process?)", flush=True)
-            return False
+            return
         stalled = now - self._t
-        if stalled < self.after:
-            return False
-        if now - self._said < self.every:
-            return True
+        if stalled < self.after or now - self._said < self.every:
+            return
         # No env of the run has stepped for ``after`` s, so a group waiting now has waited that long: its state
         # decides (the per-group counts _stuck_workers compares may be from a poll long before the stall).
         names = self._names(self._waiting())
@@ -508,7 +506,6 @@ class StallWatch:
                      else "no local env group is stepping")
             print(f"seedlocal: no env steps for {stalled:.0f} s: {where} (a hung env?); "
                   "the run stops at its time budget or on Ctrl-C", flush=True)
-        return True
 
 
 class InferenceThread(threading.Thread):
