@@ -143,14 +143,15 @@ class InferenceLoop:
         free again at once). ``threads``: torch's CPU threads for whichever thread serves batches (a count per
         OS thread, so a learner in another thread keeps its own)."""
         self.pool, self.policy, self.device, self.threads = pool, policy, device, threads
-        self.store, ctl, self.layout = pool.store, pool.control, pool.layout
+        self.store, ctl, layout = pool.store, pool.control, pool.layout
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-        self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.shape.num_groups
+        self.E, self.L, self.G = pool.envs_per_group, layout.length, pool.shape.num_groups
         self.min_batch_envs, self.batch_timeout_s = max(1, pool.shape.min_batch_envs), batch_timeout_s
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
         self.completed: queue.Queue[int] = queue.Queue()
-        self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
+        self._obs_keys = layout.obs_keys()
+        self.unrolls = UnrollAllocator(self.store, ctl, self.G, self._obs_keys, pool.epoch_of,
                                        hand_on=self.completed.put if consume else None)
         self._last_check = 0.0
         self._stop = threading.Event()
@@ -163,9 +164,8 @@ class InferenceLoop:
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
         # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields: one index per
         # row (buf * L + row) reaches a field, so one np.take gathers a batch's observations.
-        self._obs_keys = self.layout.obs_keys()
         fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action",
-                                   "policy_version", *(f"out.{name}" for name in self.layout.outputs)]
+                                   "policy_version", *(f"out.{name}" for name in layout.outputs)]
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
         self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)  # group g's env slots (env_ids)
         # The policy reads a batch of k groups as the first k * E rows of the staging buffer [G * E, ...]; np.take
