@@ -370,8 +370,7 @@ class InferenceLoop:
         core = self._batch_core(b)
         obs = self._stage(b)
         t0 = time.perf_counter()
-        flat_core = None if core is None else core.reshape((len(b.groups) * self.E,) + core.shape[2:])
-        actions, outputs, new_core = self.policy.act(obs, flat_core, self._env_ids[b.groups].ravel(), b.first.ravel())
+        actions, outputs, new_core = self.policy.act(obs, core, self._env_ids[b.groups].ravel(), b.first.ravel())
         b.actions, b.outputs = to_host(actions, outputs)
         if b.actions.dtype.kind == "f" and not np.isfinite(b.actions).all():
             # Never sent: a simulator stepped with NaN goes on silently with NaN state.
@@ -379,10 +378,10 @@ class InferenceLoop:
                            "statistics diverged); no env was stepped with it")
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
-            self.core[torch.from_numpy(b.groups)] = new_core.reshape(core.shape)
+            self.core[torch.from_numpy(b.groups)] = new_core.unflatten(0, (len(b.groups), self.E))
 
     def _batch_core(self, b: _Batch) -> torch.Tensor | None:
-        """The groups' recurrent state [k, E, ...], zeroed at episode starts; stored for each unroll starting here."""
+        """The groups' recurrent state [k * E, ...], zeroed at episode starts; stored for each unroll starting here."""
         if self.core is None:
             return None
         core = self.core[torch.from_numpy(b.groups)]
@@ -390,7 +389,7 @@ class InferenceLoop:
         starting = np.flatnonzero(b.rows == 0)
         if len(starting):  # the state each new unroll starts from: one copy for them all
             self.store["core_state"][b.bufs[starting]] = core[torch.from_numpy(starting)].cpu().numpy()
-        return core
+        return core.flatten(0, 1)
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
         """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
