@@ -48,10 +48,9 @@ class R2D2Policy(StepPolicy):
     def act(self, obs, core=None, env_ids=None, first=None):
         env_ids = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         ids = torch.from_numpy(env_ids).to(self.device)
-        mask = obs.get(MASK_KEY)
         obs = self._stacked(obs, env_ids, first, ids)
         with self.lock.reading():
             q, core = self._step(obs, core)
-        u, random = self._draws(q.shape[0], q.shape[1], mask)
+        u, random = self._draws(q.shape[0], q.shape[1], obs.get(MASK_KEY))
         explore = u < (self.eps[ids] if self.eps.ndim else self.eps)
         return torch.where(explore, random, q.argmax(-1)), {}, core.float()
