@@ -24,7 +24,6 @@ class R2D2Policy(StepPolicy):
         eps = torch.as_tensor(epsilons, dtype=torch.float32)
         super().__init__(net.step, spec, lock, device, cuda_graphs, stack, len(eps) if eps.ndim else 0)
         self.net = net
-        self.outputs = {}
         self.core_state = net.core_spec
         self.acting = ("epsilon-greedy, an epsilon per env slot" if eps.ndim else
                        f"epsilon-greedy, epsilon {float(eps):g}" if float(eps) else "argmax")
