@@ -90,7 +90,8 @@ class Policy(abc.ABC):
 
 
 class StepPolicy(Policy):
-    """A policy around a network's one-step forward ``step(obs, core)``, read under ``lock``: replayed from CUDA
+    """A policy around a network's one-step forward ``step(obs, core)``, run under ``lock`` (a ``WeightLock`` shared
+    with the learner's optimiser step: no forward reads parameters halfway through an update); replayed from CUDA
     graphs with ``cuda_graphs`` (``GraphedStep``); with ``stack`` > 1 fed frames stacked per env slot (the env sends
     single ones; ``algos/frames.py``, stacks for ``slots`` made at once), as the learner stacks its unrolls."""
 

@@ -16,13 +16,9 @@ from seedlocal.spec import EnvSpec
 
 
 class ModelPolicy(StepPolicy):
-    """Samples actions from an ``ActorCritic`` without tracking gradients.
-
-    ``lock`` (a ``WeightLock`` shared with the learner's optimiser step) keeps a forward pass from reading
-    parameters halfway through an update; ``cuda_graphs`` and ``stack`` are ``StepPolicy``'s. ``greedy`` takes the
-    distribution's mode (a categorical's argmax, a Gaussian's mean) instead of a sample: ``seedlocal eval --policy
-    argmax``.
-    """
+    """Samples actions from an ``ActorCritic`` without tracking gradients (``lock``, ``cuda_graphs``, ``stack``:
+    ``StepPolicy``'s; no lock: one of its own). ``greedy`` takes the distribution's mode (a categorical's argmax, a
+    Gaussian's mean) instead of a sample: ``seedlocal eval --policy argmax``."""
 
     def __init__(self, model: ActorCritic, spec: EnvSpec, lock: WeightLock | None = None,
                  precision: str = "fp32", cuda_graphs: bool = False, greedy: bool = False, stack: int = 1):
