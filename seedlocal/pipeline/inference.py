@@ -143,14 +143,15 @@ class InferenceLoop:
         free again at once). ``threads``: torch's CPU threads for whichever thread serves batches (a count per
         OS thread, so a learner in another thread keeps its own)."""
         self.pool, self.policy, self.device, self.threads = pool, policy, device, threads
-        self.store, ctl, self.layout = pool.store, pool.control, pool.layout
+        self.store, ctl, layout = pool.store, pool.control, pool.layout
         self._state, self._tbuf, self._trow = ctl["state"], ctl["target_buf"], ctl["target_row"]
-        self.E, self.L, self.G = pool.envs_per_group, pool.layout.length, pool.shape.num_groups
+        self.E, self.L, self.G = pool.envs_per_group, layout.length, pool.shape.num_groups
         self.min_batch_envs, self.batch_timeout_s = max(1, pool.shape.min_batch_envs), batch_timeout_s
         self.version = 0  # bumped by the learner after each parameter update
         self.stats = LoopStats()
         self.completed: queue.Queue[int] = queue.Queue()
-        self.unrolls = UnrollAllocator(self.store, ctl, self.G, pool.layout.obs_keys(), pool.epoch_of,
+        self._obs_keys = layout.obs_keys()
+        self.unrolls = UnrollAllocator(self.store, ctl, self.G, self._obs_keys, pool.epoch_of,
                                        hand_on=self.completed.put if consume else None)
         self._last_check = 0.0
         self._stop = threading.Event()
@@ -163,11 +164,9 @@ class InferenceLoop:
         self._remote = np.arange(self.G) >= pool.num_local_groups if pool.num_remote_groups else None
         # What every batch reuses, made once. [buffers * rows, envs, ...] views of the store's fields: one index per
         # row (buf * L + row) reaches a field, so one np.take gathers a batch's observations.
-        self._obs_keys = self.layout.obs_keys()
-        fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action"]
-        fields += [f"out.{name}" for name in self.layout.outputs]
+        fields = self._obs_keys + ["terminated", "truncated", "ignored", "ep_return", "ep_length", "action",
+                                   "policy_version", *(f"out.{name}" for name in layout.outputs)]
         self._flat = {k: self.store[k].reshape((-1,) + self.store[k].shape[2:]) for k in fields}
-        self._flat_version = self.store["policy_version"].reshape(-1)
         self._env_ids = np.arange(self.G * self.E).reshape(self.G, self.E)  # group g's env slots (env_ids)
         # The policy reads a batch of k groups as the first k * E rows of the staging buffer [G * E, ...]; np.take
         # gathers into its [G, E, ...] view.
@@ -186,11 +185,9 @@ class InferenceLoop:
             self.pool.obs_ready.post()  # wake the loop to move a parked or waiting group on
 
     def _start_fresh(self, g: int) -> bool:
-        """Group ``g`` drops its partial unroll and its recurrent state for fresh episodes; whether it found a free
-        unroll to start in (else it waits for one: ``UnrollAllocator.restart``)."""
+        """Group ``g`` drops its partial unroll for fresh episodes (``_batch_core`` zeroes their recurrent state);
+        whether it found a free unroll to start in (else it waits for one: ``UnrollAllocator.restart``)."""
         self._owned[g] = False
-        if self.core is not None:
-            self.core[g].zero_()
         return self.unrolls.restart(g)
 
     def _resume(self) -> None:
@@ -373,8 +370,7 @@ class InferenceLoop:
         core = self._batch_core(b)
         obs = self._stage(b)
         t0 = time.perf_counter()
-        flat_core = None if core is None else core.reshape((len(b.groups) * self.E,) + core.shape[2:])
-        actions, outputs, new_core = self.policy.act(obs, flat_core, self._env_ids[b.groups].ravel(), b.first.ravel())
+        actions, outputs, new_core = self.policy.act(obs, core, self._env_ids[b.groups].ravel(), b.first.ravel())
         b.actions, b.outputs = to_host(actions, outputs)
         if b.actions.dtype.kind == "f" and not np.isfinite(b.actions).all():
             # Never sent: a simulator stepped with NaN goes on silently with NaN state.
@@ -382,10 +378,10 @@ class InferenceLoop:
                            "statistics diverged); no env was stepped with it")
         self.stats.forward_s += time.perf_counter() - t0
         if new_core is not None:
-            self.core[torch.from_numpy(b.groups)] = new_core.reshape(core.shape)
+            self.core[torch.from_numpy(b.groups)] = new_core.unflatten(0, (len(b.groups), self.E))
 
     def _batch_core(self, b: _Batch) -> torch.Tensor | None:
-        """The groups' recurrent state [k, E, ...], zeroed at episode starts; stored for each unroll starting here."""
+        """The groups' recurrent state [k * E, ...], zeroed at episode starts; stored for each unroll starting here."""
         if self.core is None:
             return None
         core = self.core[torch.from_numpy(b.groups)]
@@ -393,7 +389,7 @@ class InferenceLoop:
         starting = np.flatnonzero(b.rows == 0)
         if len(starting):  # the state each new unroll starts from: one copy for them all
             self.store["core_state"][b.bufs[starting]] = core[torch.from_numpy(starting)].cpu().numpy()
-        return core
+        return core.flatten(0, 1)
 
     def _stage(self, b: _Batch) -> dict[str, torch.Tensor]:
         """The batch's observations: one ``np.take`` per field into the staging buffer, then on the device."""
@@ -412,7 +408,7 @@ class InferenceLoop:
         flat["action"][b.flat] = b.actions.reshape((k, E) + b.actions.shape[1:])
         for name, v in b.outputs.items():
             flat[f"out.{name}"][b.flat] = v.reshape((k, E) + v.shape[1:])
-        self._flat_version[b.flat] = self.version
+        flat["policy_version"][b.flat] = self.version
         self._trow[b.groups] = b.rows + 1
         self._hand_back(b.groups, ACTION_READY)
         if not self.stats.batches:
@@ -449,9 +445,9 @@ class StallWatch:
     """Notices a learner waiting on envs that make no progress (a hung env; docs/pipeline.md, "Failure handling").
 
     The learner calls ``start`` as it begins to wait and ``poll`` while it waits: after ``after`` s without an env
-    step, ``poll`` names (every ``every`` s) the local workers still inside an env's step or reset and returns True,
-    so a run can stop at its budget; a lone stuck worker is named after ``3 x after`` s. With a bridge a whole-run
-    stall is said only where a local worker is stuck (the bridge meter reports waiting for actor hosts)."""
+    step, ``poll`` names (every ``every`` s) the local workers still inside an env's step or reset; a lone stuck
+    worker is named after ``3 x after`` s. With a bridge a whole-run stall is said only where a local worker is
+    stuck (the bridge meter reports waiting for actor hosts)."""
 
     def __init__(self, loop: InferenceLoop, after: float = 10.0, every: float = 30.0):
         self.loop, self.after, self.every = loop, after, every
@@ -485,9 +481,9 @@ class StallWatch:
         names = [f"{w} (pid {pool.procs[w].pid})" for w in workers if pool.procs[w] is not None]
         return f"env worker{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
-    def poll(self) -> bool:
+    def poll(self) -> None:
         if not self.enabled:
-            return False
+            return
         now, steps = time.monotonic(), self.loop.stats.env_steps
         if steps != self._steps:
             self._steps, self._t = steps, now
@@ -496,12 +492,10 @@ class StallWatch:
                 self._said_one = now
                 print(f"seedlocal: {stuck} made no step for {3 * self.after:.0f} s while the others run (a hung env, "
                       "or a stopped process?)", flush=True)
-            return False
+            return
         stalled = now - self._t
-        if stalled < self.after:
-            return False
-        if now - self._said < self.every:
-            return True
+        if stalled < self.after or now - self._said < self.every:
+            return
         # No env of the run has stepped for ``after`` s, so a group waiting now has waited that long: its state
         # decides (the per-group counts _stuck_workers compares may be from a poll long before the stall).
         names = self._names(self._waiting())
@@ -511,7 +505,6 @@ class StallWatch:
                      else "no local env group is stepping")
             print(f"seedlocal: no env steps for {stalled:.0f} s: {where} (a hung env?); "
                   "the run stops at its time budget or on Ctrl-C", flush=True)
-        return True
 
 
 class InferenceThread(threading.Thread):

@@ -23,6 +23,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from seedlocal.algos.frames import FrameHistory
+from seedlocal.pipeline.cuda import GraphedStep, WeightLock
 from seedlocal.spec import EnvSpec, TensorSpec
 
 SERVE, HOLD, RESTART = 0, 1, 2  # what a planning policy may ask for each ready group
@@ -85,6 +87,33 @@ class Policy(abc.ABC):
             first: np.ndarray | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
         """(actions [n, ...], ``outputs`` [n, ...] each, new core [n, ...] or None) for a batch of ``n`` rows.
         Called without ``env_ids``/``first``: rows 0..n-1, mid-episode."""
+
+
+class StepPolicy(Policy):
+    """A policy around a network's one-step forward ``step(obs, core)``, run under ``lock`` (a ``WeightLock`` shared
+    with the learner's optimiser step: no forward reads parameters halfway through an update); replayed from CUDA
+    graphs with ``cuda_graphs`` (``GraphedStep``); with ``stack`` > 1 fed frames stacked per env slot (the env sends
+    single ones; ``algos/frames.py``, stacks for ``slots`` made at once), as the learner stacks its unrolls."""
+
+    def __init__(self, step, spec: EnvSpec, lock: WeightLock, device, cuda_graphs: bool, stack: int, slots: int = 0):
+        self.spec, self.lock, self.device = spec, lock, device
+        self._step = GraphedStep(step, device) if cuda_graphs else step
+        self.frames = FrameHistory(spec.obs[""], stack, device, slots) if stack > 1 else None
+
+    def prepare(self, sizes, obs):
+        if isinstance(self._step, GraphedStep):
+            if self.frames is not None:  # the network sees stacked frames
+                obs = {**obs, "": obs[""].expand(-1, self.frames.stack, -1, -1)}
+            core = None if self.core_state is None else torch.zeros((1,) + self.core_state.shape, device=self.device)
+            self._step.capture(sizes, obs, core)
+
+    def _stacked(self, obs, env_ids: np.ndarray, first, ids=None):
+        """``act``'s ``obs`` with its frames stacked (``ids``: ``env_ids`` on the device, where the caller has them)."""
+        if self.frames is None:
+            return obs
+        ids = torch.from_numpy(env_ids).to(self.device) if ids is None else ids
+        starts = torch.from_numpy(first if first is not None else np.zeros(len(env_ids), bool)).to(self.device)
+        return {**obs, "": self.frames(obs[""], ids, starts, int(env_ids.max()) + 1)}
 
 
 class Acting:

@@ -34,9 +34,7 @@ class Job:
         self.params, self.stats = params, stats
         # On CUDA the inference thread reads ``params`` and ``stats`` on its own stream: it waits for this event,
         # recorded after the kernels that made them.
-        self.made = torch.cuda.Event() if params.is_cuda else None
-        if self.made is not None:
-            self.made.record(torch.cuda.current_stream(params.device))
+        self.made = torch.cuda.current_stream(params.device).record_event() if params.is_cuda else None
         self.episodes = episodes
         self.returns: list[list[float]] = [[] for _ in range(params.shape[0])]
         self.fitness: list[list[float]] = [[] for _ in range(params.shape[0])]

@@ -24,9 +24,8 @@ class PopulationNorm:
 
     def __init__(self, size: int, device: torch.device):
         self.size, self.device = size, device
-        # Made, written and (through ``_written``, a CUDA event) handed over by the inference thread.
-        self._seen: RunningNorm | None = None
-        self._written = None
+        # A RunningNorm made, written and (through ``_written``, a CUDA event) handed over by the inference thread.
+        self._seen = self._written = None
         self._lock = threading.Lock()
         self._batches = 0
 

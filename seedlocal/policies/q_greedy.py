@@ -8,39 +8,27 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from seedlocal.algos.frames import FrameHistory
 from seedlocal.networks import RecurrentQNet
-from seedlocal.pipeline.cuda import GraphedStep, WeightLock
-from seedlocal.pipeline.policy import Policy
+from seedlocal.pipeline.cuda import WeightLock
+from seedlocal.pipeline.policy import StepPolicy
 from seedlocal.spec import MASK_KEY
 
 
-class R2D2Policy(Policy):
+class R2D2Policy(StepPolicy):
     """``epsilons``: one per env slot (training's schedule), or one number for every env (seedlocal eval). The
     random draws come from a generator seeded with ``seed`` on ``draws_on`` (default: the policy's device; eval
     draws on the host, so that it explores alike on every device)."""
 
     def __init__(self, net: RecurrentQNet, spec, epsilons: torch.Tensor | float, lock: WeightLock, device,
                  stack: int, seed: int, cuda_graphs: bool = False, draws_on: str | None = None):
-        self.net, self.spec, self.lock, self.device = net, spec, lock, device
-        self._step = GraphedStep(net.step, device) if cuda_graphs else net.step
-        self.outputs = {}
-        self.core_state = net.core_spec
         eps = torch.as_tensor(epsilons, dtype=torch.float32)
+        super().__init__(net.step, spec, lock, device, cuda_graphs, stack, len(eps) if eps.ndim else 0)
+        self.net = net
+        self.core_state = net.core_spec
         self.acting = ("epsilon-greedy, an epsilon per env slot" if eps.ndim else
                        f"epsilon-greedy, epsilon {float(eps):g}" if float(eps) else "argmax")
         self.eps = eps.to(device)
-        self.stack = stack
-        self.frames = FrameHistory(spec.obs[""], stack, device, len(self.eps) if self.eps.ndim else 0) \
-            if stack > 1 else None
         self.generator = torch.Generator(device=draws_on or device).manual_seed(seed)
-
-    def prepare(self, sizes, obs):
-        if isinstance(self._step, GraphedStep):
-            if self.stack > 1:  # the network sees stacked frames (and an action mask beside them)
-                obs = {**obs, "": torch.zeros((1, self.stack) + tuple(obs[""].shape[2:]), dtype=obs[""].dtype,
-                                              device=self.device)}
-            self._step.capture(sizes, obs, torch.zeros((1,) + self.core_state.shape, device=self.device))
 
     def _draws(self, n: int, actions: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform [0, 1) numbers and random actions for ``n`` rows, from this policy's generator; with an action
@@ -57,16 +45,11 @@ class R2D2Policy(Policy):
 
     @torch.inference_mode()
     def act(self, obs, core=None, env_ids=None, first=None):
-        n = next(iter(obs.values())).shape[0]
-        env_ids = env_ids if env_ids is not None else np.arange(n)
+        env_ids = env_ids if env_ids is not None else np.arange(next(iter(obs.values())).shape[0])
         ids = torch.from_numpy(env_ids).to(self.device)
-        mask = obs.get(MASK_KEY)
-        if self.stack > 1:
-            starts = first if first is not None else np.zeros(n, bool)
-            obs = {**obs, "": self.frames(obs[""], ids, torch.from_numpy(starts).to(self.device),
-                                          int(env_ids.max()) + 1)}
+        obs = self._stacked(obs, env_ids, first, ids)
         with self.lock.reading():
             q, core = self._step(obs, core)
-        u, random = self._draws(q.shape[0], q.shape[1], mask)
+        u, random = self._draws(q.shape[0], q.shape[1], obs.get(MASK_KEY))
         explore = u < (self.eps[ids] if self.eps.ndim else self.eps)
         return torch.where(explore, random, q.argmax(-1)), {}, core.float()
