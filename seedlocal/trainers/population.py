@@ -131,7 +131,8 @@ class PopulationTrainer(VTraceLearning):
         start = self.counters["steps"]
         for mb, own in zip(self.members, saved["members"]):
             mb.restore(own)
-            # A resumed session draws minibatches and actions of its own (as a single learner's does).
+            # A resumed session draws minibatches of its own (as a single learner's does); actions go on from the
+            # saved sampling stream (Member.restore).
             mb.shuffle.manual_seed(stream_seed(self.cfg.env.seed + mb.index, 0, "shuffle", start))
         self.stack.check()
         p = saved["population"]
