@@ -45,7 +45,7 @@ class ActionBounds:
         self._affine = bool(((self.scale != 1) | (self.centre != 0)).any())  # [-1, 1] itself: clipped only
         self.dtype = np.dtype(spec.box_dtype)
         self._round = self.dtype.kind in "iub"
-        self._out = None
+        self._out = self._cast = None
 
     def __call__(self, actions: np.ndarray) -> np.ndarray:
         """``actions``: [n, prod(shape)]; returns [n, *shape] in the space's dtype, within the bounds."""
@@ -64,7 +64,12 @@ class ActionBounds:
             np.clip(np.reshape(actions, out.shape), self.low, self.high, out=out)
         if self._round:
             np.rint(out, out=out)
-        return out.astype(self.dtype, copy=False).reshape((n,) + self.shape)
+        if self.dtype != out.dtype:  # into a kept buffer: no allocation per step (the groups copy what they keep)
+            if self._cast is None or len(self._cast) != n:
+                self._cast = np.empty(out.shape, self.dtype)
+            np.copyto(self._cast, out, casting="unsafe")
+            out = self._cast
+        return out.reshape((n,) + self.shape)
 
 
 def action_bounds(spec: EnvSpec) -> ActionBounds | None:
