@@ -328,3 +328,16 @@ def test_eight_minatar_members_share_the_steps(tmp_path):
                   algo={"batch_size": 64}, network={}, total_steps=12_000, population={"size": 8})
     steps = [m["steps"] for m in data["population"]["members"]]
     assert 2 * min(steps) >= max(steps), steps
+
+
+def test_a_population_refuses_ranks_that_torchrun_started_without_learners():
+    """torchrun's ranks may leave --learners out (it counts 1 then, so the recipe's check passes): the trainer
+    itself refuses to be one of several ranks, rather than each rank training a population of its own."""
+    from seedlocal.errors import ConfigError
+    from seedlocal.pipeline.ranks import Solo
+
+    class TwoRanks(Solo):
+        world = 2
+
+    with pytest.raises(ConfigError, match="learners=2: vtrace has no data-parallel learner"):
+        _trainer(size=2).join_ranks(TwoRanks())

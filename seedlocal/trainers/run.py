@@ -25,6 +25,7 @@ import torch
 from seedlocal import checkpoint
 from seedlocal.config.checks import resolve_device, split_address, usable_cores
 from seedlocal.config.resume import resume_line
+from seedlocal.errors import ConfigError
 from seedlocal.monitor import RunMonitor, closing_line
 from seedlocal.pipeline.actors import start_server
 from seedlocal.pipeline.bridge.server import BridgeMeter
@@ -102,7 +103,10 @@ class Trainer(abc.ABC):
 
     def join_ranks(self, ranks: Solo) -> None:
         """Be one of ``ranks``' learners (data-parallel, ``pipeline/ranks.py``): a trainer that can makes its
-        parameters equal here; its recipe's check refuses more than one to one that cannot (a V-trace population)."""
+        parameters equal here; one that cannot refuses more than one (its recipe refuses --learners > 1 first, but
+        torchrun's ranks may leave --learners out)."""
+        if ranks.world > 1:
+            raise ConfigError(f"learners={ranks.world}: {self.algo} has no data-parallel learner; give --learners 1")
 
     def start(self, run: "Run") -> None:
         """The pipeline and its inference thread are up."""
