@@ -70,7 +70,7 @@ class Member:
 
     def state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "shuffle": self.shuffle.get_state(), "sampling": self.sampling.get_state(), "values": self.values,
+                "sampling": self.sampling.get_state(), "values": self.values,  # (no shuffle: a resume draws afresh)
                 "counters": dict(self.counters), "recent": list(self.recent)}
 
     def restore(self, saved: dict) -> None:
